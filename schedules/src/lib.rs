@@ -1,0 +1,2 @@
+//! Pipeline schedules as data (being written).
+#![deny(missing_docs)]

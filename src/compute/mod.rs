@@ -1,0 +1,11 @@
+//! Running graphs on ONNX Runtime through `ort`.
+
+mod chain;
+mod probe;
+mod runtime;
+mod session;
+
+pub use chain::{StageChain, StepOutput, TensorMap, TrainSession};
+pub use probe::probe_values;
+pub use runtime::{find_library, Runtime, RuntimeInfo, ORT_VERSION};
+pub use session::{GraphSession, SessionOptions};

@@ -1,0 +1,205 @@
+//! Finding and loading the ONNX Runtime shared library.
+//!
+//! pipetrain links no ONNX Runtime at build time (`ort`'s `load-dynamic`): the library
+//! comes from PyPI's `onnxruntime` wheel, which ships `onnxruntime/capi/libonnxruntime.so.*`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{Error, Result};
+
+/// The ONNX Runtime version pipetrain is built and tested against.
+pub const ORT_VERSION: &str = "1.31.1";
+
+/// Where the library was found, and how.
+#[derive(Debug, Clone)]
+pub struct RuntimeInfo {
+    /// The shared library.
+    pub library: PathBuf,
+    /// How it was found ("ORT_DYLIB_PATH", "project .venv", "python3 on PATH").
+    pub found_by: String,
+    /// The version string the library reports.
+    pub version: String,
+    /// The execution providers the library offers.
+    pub providers: Vec<String>,
+}
+
+/// Finds the library: `explicit` (from `ORT_DYLIB_PATH` or a config) when given; else a
+/// `.venv` made by `scripts/setup.sh` in the current folder, the executable's folders or
+/// their parents; else the `onnxruntime` package of `python3` on `PATH`.
+///
+/// # Errors
+/// `RuntimeLibrary` saying where it looked and how to install the library.
+pub fn find_library(explicit: Option<&Path>) -> Result<(PathBuf, String)> {
+    if let Some(p) = explicit {
+        return if p.is_file() {
+            Ok((p.to_path_buf(), "ORT_DYLIB_PATH".into()))
+        } else {
+            Err(Error::RuntimeLibrary {
+                reason: format!("ORT_DYLIB_PATH is {} but no such file exists", p.display()),
+            })
+        };
+    }
+    let mut roots: Vec<PathBuf> = Vec::new();
+    if let Ok(cwd) = std::env::current_dir() {
+        roots.extend(cwd.ancestors().map(Path::to_path_buf));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        roots.extend(exe.ancestors().skip(1).map(Path::to_path_buf));
+    }
+    for root in &roots {
+        if let Some(lib) = library_in_venv(&root.join(".venv")) {
+            return Ok((lib, format!("project .venv at {}", root.display())));
+        }
+    }
+    if let Some(lib) = library_of_python("python3") {
+        return Ok((lib, "python3 on PATH".into()));
+    }
+    Err(Error::RuntimeLibrary {
+        reason: format!(
+            "no libonnxruntime found (looked at ORT_DYLIB_PATH, .venv/ in {} and its parents, \
+             and python3's onnxruntime package). Install it with `bash scripts/setup.sh` \
+             (pip install onnxruntime=={ORT_VERSION} into .venv) or set ORT_DYLIB_PATH to the \
+             library file",
+            roots
+                .first()
+                .map_or_else(|| "the current folder".into(), |r| r.display().to_string())
+        ),
+    })
+}
+
+fn library_in_venv(venv: &Path) -> Option<PathBuf> {
+    let lib = venv.join("lib");
+    let entries = std::fs::read_dir(&lib).ok()?;
+    for entry in entries.flatten() {
+        let capi = entry.path().join("site-packages/onnxruntime/capi");
+        if let Some(found) = library_in(&capi) {
+            return Some(found);
+        }
+    }
+    None
+}
+
+fn library_of_python(python: &str) -> Option<PathBuf> {
+    let out = Command::new(python)
+        .args([
+            "-c",
+            "import importlib.util, os; s = importlib.util.find_spec('onnxruntime'); \
+             print(os.path.join(os.path.dirname(s.origin), 'capi') if s else '')",
+        ])
+        .output()
+        .ok()?;
+    let dir = String::from_utf8(out.stdout).ok()?;
+    library_in(Path::new(dir.trim()))
+}
+
+fn library_in(capi: &Path) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(capi)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libonnxruntime.so"))
+        })
+        .collect();
+    // Prefer the fully versioned file name (libonnxruntime.so.1.31.1).
+    found.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    found.into_iter().next()
+}
+
+/// A loaded ONNX Runtime: the environment every session is created in.
+#[derive(Clone)]
+pub struct Runtime {
+    env: ort::environment::Environment,
+    info: RuntimeInfo,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").field("info", &self.info).finish()
+    }
+}
+
+impl Runtime {
+    /// Loads the library found by [`find_library`] and creates the environment.
+    ///
+    /// ONNX Runtime loads into a process once (that is `ort`'s and ONNX Runtime's own
+    /// design): a second `init` in the same process reuses the library already loaded.
+    ///
+    /// # Errors
+    /// `RuntimeLibrary` when the library cannot be found or loaded, `Ort` when the
+    /// environment cannot be created.
+    pub fn init(explicit: Option<&Path>) -> Result<Runtime> {
+        let (library, found_by) = find_library(explicit)?;
+        let env = ort::init_from(&library)
+            .map_err(|e| Error::RuntimeLibrary {
+                reason: format!("{}: {e}", library.display()),
+            })?
+            .with_name("pipetrain")
+            .build()
+            .map_err(Error::ort("creating the environment"))?;
+        let info = RuntimeInfo {
+            version: version(&library),
+            providers: providers().unwrap_or_default(),
+            library,
+            found_by,
+        };
+        Ok(Runtime { env, info })
+    }
+
+    /// [`Runtime::init`] with the library in `ORT_DYLIB_PATH` when that is set: what the
+    /// binary, tests and benchmarks call.
+    ///
+    /// # Errors
+    /// As [`Runtime::init`].
+    pub fn from_env() -> Result<Runtime> {
+        let explicit = std::env::var_os("ORT_DYLIB_PATH")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        Runtime::init(explicit.as_deref())
+    }
+
+    /// What was loaded.
+    pub fn info(&self) -> &RuntimeInfo {
+        &self.info
+    }
+
+    pub(crate) fn env(&self) -> &ort::environment::Environment {
+        &self.env
+    }
+}
+
+fn version(library: &Path) -> String {
+    // The wheel names the file by its version (libonnxruntime.so.1.31.1); the build info
+    // string says the same in other words and is shown by `pipetrain doctor`.
+    library
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("libonnxruntime.so."))
+        .map_or_else(|| ort::info().to_string(), str::to_string)
+}
+
+fn providers() -> Option<Vec<String>> {
+    let api = ort::api();
+    let mut list: *mut *mut std::ffi::c_char = std::ptr::null_mut();
+    let mut n: std::ffi::c_int = 0;
+    // SAFETY: the API writes an array of `n` C strings that we read, copy, and hand back to
+    // ReleaseAvailableProviders exactly once.
+    unsafe {
+        let status = (api.GetAvailableProviders)(&mut list, &mut n);
+        if !status.0.is_null() || list.is_null() {
+            return None;
+        }
+        let names = (0..n as isize)
+            .map(|i| {
+                std::ffi::CStr::from_ptr(*list.offset(i))
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        let _ = (api.ReleaseAvailableProviders)(list, n);
+        Some(names)
+    }
+}

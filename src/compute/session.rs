@@ -1,0 +1,167 @@
+//! One ONNX Runtime session per graph, fed from pipetrain-owned buffers.
+
+use std::borrow::Cow;
+
+use ort::session::{builder::GraphOptimizationLevel, Session, SessionInputValue};
+use ort::value::{DynValue, TensorElementType, TensorRef, ValueType};
+use prost::Message;
+
+use crate::compute::Runtime;
+use crate::graph::Graph;
+use crate::tensor::{Tensor, TensorData};
+use crate::{Error, Result};
+
+/// How sessions are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// Threads inside one operator (ONNX Runtime's intra-op pool).
+    pub intra_threads: usize,
+    /// Threads across independent operators (1 = sequential execution).
+    pub inter_threads: usize,
+    /// Run ONNX Runtime's graph optimizations (fusions, constant folding).
+    pub optimize: bool,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            intra_threads: 2,
+            inter_threads: 1,
+            optimize: true,
+        }
+    }
+}
+
+/// A graph ready to run: an ONNX Runtime session and the order of its inputs and outputs.
+pub struct GraphSession {
+    session: Session,
+    label: String,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+}
+
+impl std::fmt::Debug for GraphSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphSession")
+            .field("label", &self.label)
+            .field("inputs", &self.inputs)
+            .field("outputs", &self.outputs)
+            .finish()
+    }
+}
+
+impl GraphSession {
+    /// Creates a session for `graph`; `label` names it in errors ("stage 1 backward").
+    ///
+    /// # Errors
+    /// `Ort` when ONNX Runtime rejects the graph (the message names the node).
+    pub fn new(
+        rt: &Runtime,
+        graph: &Graph,
+        opts: &SessionOptions,
+        label: &str,
+    ) -> Result<GraphSession> {
+        let bytes = graph.to_model().encode_to_vec();
+        let ctx = || format!("creating the session for {label}");
+        let level = if opts.optimize {
+            GraphOptimizationLevel::All
+        } else {
+            GraphOptimizationLevel::Disable
+        };
+        let session = Session::builder(rt.env())
+            .and_then(|b| b.with_optimization_level(level).map_err(Into::into))
+            .and_then(|b| b.with_intra_threads(opts.intra_threads).map_err(Into::into))
+            .and_then(|b| b.with_inter_threads(opts.inter_threads).map_err(Into::into))
+            .and_then(|b| {
+                b.with_parallel_execution(opts.inter_threads > 1)
+                    .map_err(Into::into)
+            })
+            .and_then(|mut b| b.commit_from_memory(&bytes))
+            .map_err(Error::ort(ctx()))?;
+        Ok(GraphSession {
+            session,
+            label: label.into(),
+            inputs: graph.inputs.iter().map(|v| v.name.clone()).collect(),
+            outputs: graph.outputs.iter().map(|v| v.name.clone()).collect(),
+        })
+    }
+
+    /// The graph's input names, in order.
+    pub fn input_names(&self) -> &[String] {
+        &self.inputs
+    }
+
+    /// The graph's output names, in order.
+    pub fn output_names(&self) -> &[String] {
+        &self.outputs
+    }
+
+    /// Runs the graph. Every feed is lent to ONNX Runtime without a copy; the outputs are
+    /// returned in the graph's output order.
+    ///
+    /// # Errors
+    /// `Ort` when a feed is missing or has the wrong type or shape, or a kernel fails.
+    pub fn run(&mut self, feeds: &[(&str, &Tensor)]) -> Result<Vec<Tensor>> {
+        let ctx = || format!("running {}", self.label);
+        let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
+            Vec::with_capacity(feeds.len());
+        for (name, t) in feeds {
+            inputs.push((Cow::Borrowed(*name), view(t).map_err(Error::ort(ctx()))?));
+        }
+        let label = self.label.clone();
+        let outputs = self
+            .session
+            .run(inputs)
+            .map_err(Error::ort(format!("running {label}")))?;
+        let mut result = Vec::with_capacity(self.outputs.len());
+        for name in &self.outputs {
+            let value = outputs.get(name).ok_or_else(|| Error::BadTensor {
+                name: name.clone(),
+                reason: format!("{label} did not produce this output"),
+            })?;
+            result.push(to_host(value, name)?);
+        }
+        Ok(result)
+    }
+}
+
+/// Lends a host tensor to ONNX Runtime.
+fn view(t: &Tensor) -> ort::Result<SessionInputValue<'_>> {
+    let shape = t.shape.clone();
+    Ok(match &t.data {
+        TensorData::F32(v) => TensorRef::from_array_view((shape, v.as_slice()))?.into(),
+        TensorData::F64(v) => TensorRef::from_array_view((shape, v.as_slice()))?.into(),
+        TensorData::I64(v) => TensorRef::from_array_view((shape, v.as_slice()))?.into(),
+        TensorData::I32(v) => TensorRef::from_array_view((shape, v.as_slice()))?.into(),
+        TensorData::Bool(v) => TensorRef::from_array_view((shape, v.as_slice()))?.into(),
+    })
+}
+
+/// Copies an ONNX Runtime output into a host tensor.
+pub(crate) fn to_host(value: &DynValue, name: &str) -> Result<Tensor> {
+    let bad = |reason: String| Error::BadTensor {
+        name: name.into(),
+        reason,
+    };
+    let ValueType::Tensor { ty, .. } = value.dtype() else {
+        return Err(bad("output is not a tensor".into()));
+    };
+    let ctx = || format!("reading output `{name}`");
+    macro_rules! take {
+        ($t:ty, $variant:ident) => {{
+            let (shape, data) = value
+                .try_extract_tensor::<$t>()
+                .map_err(Error::ort(ctx()))?;
+            let shape = shape.iter().map(|&d| d as usize).collect();
+            Tensor::new(shape, TensorData::$variant(data.to_vec()))
+        }};
+    }
+    match ty {
+        TensorElementType::Float32 => take!(f32, F32),
+        TensorElementType::Float64 => take!(f64, F64),
+        TensorElementType::Int64 => take!(i64, I64),
+        TensorElementType::Int32 => take!(i32, I32),
+        TensorElementType::Bool => take!(bool, Bool),
+        other => Err(bad(format!("unsupported output element type {other:?}"))),
+    }
+}

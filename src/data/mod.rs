@@ -1,0 +1,7 @@
+//! Data and weight files: NumPy arrays and archives, safetensors.
+
+mod npy;
+mod weights;
+
+pub use npy::{parse_npy, read_npz};
+pub use weights::read_safetensors;

@@ -1,0 +1,156 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in `pipetrain`: each variant names the file, node, value or
+/// field involved and the rule that was broken.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+    /// The bytes of a file are not a valid ONNX protobuf (truncated, or another format).
+    #[error("{path}: not a valid ONNX model: {reason}")]
+    NotOnnx {
+        /// The file.
+        path: PathBuf,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// An initializer's external data could not be resolved.
+    #[error("{path}: initializer `{tensor}`: external data: {reason}")]
+    ExternalData {
+        /// The model file.
+        path: PathBuf,
+        /// The initializer.
+        tensor: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The model imports an operator set this version cannot handle.
+    #[error("model imports opset {version} of domain `{domain}`; pipetrain handles {supported}")]
+    UnsupportedOpset {
+        /// The domain (`""` is the default ONNX domain).
+        domain: String,
+        /// The imported version.
+        version: i64,
+        /// What is supported, in words.
+        supported: String,
+    },
+    /// A node on the path from a trainable parameter to the loss has no gradient rule.
+    #[error(
+        "node `{node}` ({op_type}) has no gradient rule, but parameter `{param}` needs a gradient through it"
+    )]
+    NoGradient {
+        /// The node's name (or its first output when unnamed).
+        node: String,
+        /// Its operator type.
+        op_type: String,
+        /// A parameter whose gradient flows through the node.
+        param: String,
+    },
+    /// A node's gradient rule cannot handle this particular use of the op.
+    #[error("node `{node}` ({op_type}): gradient not supported: {reason}")]
+    UnsupportedGradient {
+        /// The node.
+        node: String,
+        /// Its operator type.
+        op_type: String,
+        /// The case that is not handled.
+        reason: String,
+    },
+    /// A name given by the user (prediction, label, cut edge, ...) is not in the graph.
+    #[error("{role} `{name}` is not a value of the graph{hint}")]
+    MissingValue {
+        /// What the name was given as (e.g. "prediction", "label", "cut edge").
+        role: &'static str,
+        /// The name.
+        name: String,
+        /// A suggestion, starting with "; " when present.
+        hint: String,
+    },
+    /// The graph is malformed or inconsistent.
+    #[error("invalid graph: {reason}")]
+    InvalidGraph {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor has a type or shape that the operation cannot use.
+    #[error("value `{name}`: {reason}")]
+    BadTensor {
+        /// The tensor or value.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// ONNX Runtime reported an error.
+    #[error("ONNX Runtime: {context}: {source}")]
+    Ort {
+        /// What pipetrain was doing.
+        context: String,
+        /// ONNX Runtime's message.
+        source: ort::Error,
+    },
+    /// The ONNX Runtime shared library could not be found or loaded.
+    #[error("ONNX Runtime library not usable: {reason}")]
+    RuntimeLibrary {
+        /// Where it was looked for and how to install it.
+        reason: String,
+    },
+    /// A data file (npy, npz, safetensors) is malformed or does not match what is expected.
+    #[error("{path}: {what}: {reason}")]
+    Data {
+        /// The file.
+        path: PathBuf,
+        /// The array or tensor inside it (or "file").
+        what: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A configuration field breaks a rule.
+    #[error("{path}: field `{field}`: {rule}")]
+    Config {
+        /// The configuration file (or "<config>" when built in code).
+        path: PathBuf,
+        /// The field, dotted for nested tables.
+        field: String,
+        /// The rule that the value breaks.
+        rule: String,
+    },
+    /// A pipeline partition request cannot be met.
+    #[error("cannot partition into stages: {reason}")]
+    Partition {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Wraps an ONNX Runtime error with what pipetrain was doing at the time.
+    pub(crate) fn ort(context: impl Into<String>) -> impl FnOnce(ort::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Ort { context, source }
+    }
+
+    /// Wraps an I/O error with the path it concerns.
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { path, source }
+    }
+
+    /// An invalid-graph error.
+    pub(crate) fn graph(reason: impl Into<String>) -> Error {
+        Error::InvalidGraph {
+            reason: reason.into(),
+        }
+    }
+}

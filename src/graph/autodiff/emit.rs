@@ -1,0 +1,226 @@
+//! Emitting backward nodes: unique names, constants, and the few compound patterns that
+//! many gradient rules share (un-broadcasting, reshaping like a forward value).
+
+use crate::graph::ir::{float_attr, int_attr, ints_attr, make_node, tensor_attr};
+use crate::onnx::proto::{AttributeProto, NodeProto};
+use crate::tensor::{DType, Tensor, TensorData};
+
+/// Collects the backward nodes; each node records the forward node it belongs to (its
+/// anchor), which is how the stage partition places backward work.
+#[derive(Debug, Default)]
+pub struct Emitter {
+    /// Emitted nodes.
+    pub nodes: Vec<NodeProto>,
+    /// For each emitted node, the index of its forward anchor node.
+    pub anchors: Vec<usize>,
+    anchor: usize,
+    prefix: String,
+    counter: usize,
+    /// Use ONNX Runtime's `com.microsoft.FusedMatMul` for transposed products.
+    pub contrib: bool,
+    /// Whether a `com.microsoft` node was emitted (the domain must then be imported).
+    pub used_contrib: bool,
+}
+
+impl Emitter {
+    /// An emitter; `contrib` allows ONNX Runtime's contrib ops.
+    pub fn new(contrib: bool) -> Emitter {
+        Emitter {
+            contrib,
+            ..Default::default()
+        }
+    }
+
+    /// Subsequent nodes belong to forward node `anchor`, named under `prefix`.
+    pub fn set_anchor(&mut self, anchor: usize, prefix: &str) {
+        self.anchor = anchor;
+        self.prefix = prefix.to_string();
+    }
+
+    /// A fresh value name.
+    pub fn fresh(&mut self, hint: &str) -> String {
+        self.counter += 1;
+        format!("grad/{}/{}_{}", self.prefix, hint, self.counter)
+    }
+
+    /// Emits a node with explicit outputs.
+    pub fn node(
+        &mut self,
+        op: &str,
+        domain: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        attrs: Vec<AttributeProto>,
+    ) {
+        let name = format!("grad/{}/{}_{}", self.prefix, op, self.counter);
+        self.counter += 1;
+        let mut n = make_node(op, &name, inputs, outputs, attrs);
+        n.domain = domain.into();
+        if domain == "com.microsoft" {
+            self.used_contrib = true;
+        }
+        self.nodes.push(n);
+        self.anchors.push(self.anchor);
+    }
+
+    /// Emits a one-output node of the default domain and returns its output.
+    pub fn op(&mut self, op: &str, inputs: &[&str], attrs: Vec<AttributeProto>) -> String {
+        let out = self.fresh(op);
+        self.node(op, "", inputs, &[&out], attrs);
+        out
+    }
+
+    /// Emits a node with `n` outputs and returns them.
+    pub fn op_n(
+        &mut self,
+        op: &str,
+        inputs: &[&str],
+        n: usize,
+        attrs: Vec<AttributeProto>,
+    ) -> Vec<String> {
+        let outs: Vec<String> = (0..n).map(|_| self.fresh(op)).collect();
+        let refs: Vec<&str> = outs.iter().map(String::as_str).collect();
+        self.node(op, "", inputs, &refs, attrs);
+        outs
+    }
+
+    /// A `Constant` node holding `t`.
+    pub fn constant(&mut self, t: Tensor) -> String {
+        let out = self.fresh("const");
+        let proto = t.to_proto(&out);
+        self.node(
+            "Constant",
+            "",
+            &[],
+            &[&out],
+            vec![tensor_attr("value", proto)],
+        );
+        out
+    }
+
+    /// An int64 vector constant (axes, shapes, perms).
+    pub fn ints(&mut self, v: &[i64]) -> String {
+        self.constant(Tensor {
+            shape: vec![v.len()],
+            data: TensorData::I64(v.to_vec()),
+        })
+    }
+
+    /// A scalar constant of a float type.
+    pub fn scalar(&mut self, v: f64, dtype: DType) -> String {
+        let data = match dtype {
+            DType::F64 => TensorData::F64(vec![v]),
+            _ => TensorData::F32(vec![v as f32]),
+        };
+        self.constant(Tensor {
+            shape: vec![],
+            data,
+        })
+    }
+
+    /// `a * b` (elementwise, broadcasting).
+    pub fn mul(&mut self, a: &str, b: &str) -> String {
+        self.op("Mul", &[a, b], vec![])
+    }
+
+    /// `x * c` for a scalar constant `c`.
+    pub fn scale(&mut self, x: &str, c: f64, dtype: DType) -> String {
+        if c == 1.0 {
+            return x.to_string();
+        }
+        let k = self.scalar(c, dtype);
+        self.mul(x, &k)
+    }
+
+    /// `ReduceSum(x, axes)`.
+    pub fn reduce_sum(&mut self, x: &str, axes: &[i64], keepdims: bool) -> String {
+        let axes = self.ints(axes);
+        self.op(
+            "ReduceSum",
+            &[x, &axes],
+            vec![int_attr("keepdims", keepdims as i64)],
+        )
+    }
+
+    /// `Reshape(x, shape)` with a constant shape.
+    pub fn reshape(&mut self, x: &str, shape: &[usize]) -> String {
+        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        let s = self.ints(&dims);
+        self.op("Reshape", &[x, &s], vec![])
+    }
+
+    /// `Reshape(g, Shape(like))`: the shape comes from the value at run time.
+    pub fn reshape_like(&mut self, g: &str, like: &str) -> String {
+        let s = self.op("Shape", &[like], vec![]);
+        self.op("Reshape", &[g, &s], vec![])
+    }
+
+    /// Sums `g` (of shape `from`) down to `to`, undoing numpy-style broadcasting.
+    pub fn unbroadcast(&mut self, g: &str, from: &[usize], to: &[usize]) -> String {
+        if from == to {
+            return g.to_string();
+        }
+        let lead = from.len() - to.len().min(from.len());
+        let mut axes: Vec<i64> = (0..lead as i64).collect();
+        for (i, &d) in to.iter().enumerate() {
+            if d == 1 && from[lead + i] != 1 {
+                axes.push((lead + i) as i64);
+            }
+        }
+        let summed = if axes.is_empty() {
+            g.to_string()
+        } else {
+            self.reduce_sum(g, &axes, true)
+        };
+        self.reshape(&summed, to)
+    }
+
+    /// `alpha * op(a) @ op(b)` where `op` transposes the last two axes when asked; `ra`/`rb`
+    /// are the operands' ranks. Uses `com.microsoft.FusedMatMul` when contrib ops are
+    /// allowed (one kernel, no transposed copy), else Transpose + MatMul (+ Mul).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_t(
+        &mut self,
+        (a, ra): (&str, usize),
+        (b, rb): (&str, usize),
+        ta: bool,
+        tb: bool,
+        alpha: f64,
+        dtype: DType,
+    ) -> String {
+        if self.contrib && (ta || tb || alpha != 1.0) {
+            let out = self.fresh("FusedMatMul");
+            self.node(
+                "FusedMatMul",
+                "com.microsoft",
+                &[a, b],
+                &[&out],
+                vec![
+                    int_attr("transA", ta as i64),
+                    int_attr("transB", tb as i64),
+                    float_attr("alpha", alpha as f32),
+                ],
+            );
+            return out;
+        }
+        let a = if ta {
+            self.swap_last(a, ra)
+        } else {
+            a.to_string()
+        };
+        let b = if tb {
+            self.swap_last(b, rb)
+        } else {
+            b.to_string()
+        };
+        let y = self.op("MatMul", &[&a, &b], vec![]);
+        self.scale(&y, alpha, dtype)
+    }
+
+    /// Transposes the last two axes of a value of rank `rank`.
+    pub fn swap_last(&mut self, x: &str, rank: usize) -> String {
+        let mut perm: Vec<i64> = (0..rank as i64).collect();
+        perm.swap(rank - 2, rank - 1);
+        self.op("Transpose", &[x], vec![ints_attr("perm", &perm)])
+    }
+}

@@ -1,0 +1,247 @@
+//! Reverse-mode automatic differentiation that emits ONNX backward graphs.
+//!
+//! The forward graph is walked from the loss back to the requested values; each node on
+//! the way contributes nodes computing its inputs' gradients from its outputs' gradients
+//! (its rule, in `rules/`). A value used by several nodes (a tied embedding, a residual)
+//! gets the `Sum` of its contributions. Every emitted node records the forward node it
+//! belongs to, so that the stage partition can place it.
+
+mod emit;
+mod rules;
+
+use std::collections::{HashMap, HashSet};
+
+pub use emit::Emitter;
+
+use crate::graph::ir::{node_label, Graph, Metas, ValueMeta};
+use crate::onnx::proto::NodeProto;
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// The backward part of a training graph.
+#[derive(Debug, Default)]
+pub struct Backward {
+    /// The backward nodes, in execution order.
+    pub nodes: Vec<NodeProto>,
+    /// For each backward node, the index of the forward node it belongs to.
+    pub anchors: Vec<usize>,
+    /// `(value, its gradient's name)` for every requested value the loss depends on.
+    pub grads: Vec<(String, String)>,
+    /// Requested values the loss does not depend on (their gradient is zero).
+    pub no_grad: Vec<String>,
+    /// Whether a `com.microsoft` node was emitted.
+    pub used_contrib: bool,
+}
+
+/// What a gradient rule sees of its node.
+pub struct RuleCtx<'a> {
+    /// The forward node.
+    pub node: &'a NodeProto,
+    /// The gradient of each output, when some later node uses that output.
+    pub dy: Vec<Option<String>>,
+    /// Whether each input needs a gradient.
+    pub needs: Vec<bool>,
+    /// Types and shapes of forward values.
+    pub metas: &'a Metas,
+    /// Constant values of the forward graph.
+    pub consts: &'a HashMap<String, Tensor>,
+    /// The default-domain opset.
+    pub opset: i64,
+    /// Where the rule emits its nodes.
+    pub e: &'a mut Emitter,
+}
+
+impl RuleCtx<'_> {
+    /// The name of input `i` (empty when the optional input is absent).
+    pub fn input(&self, i: usize) -> &str {
+        self.node.input.get(i).map_or("", String::as_str)
+    }
+
+    /// The name of output `i`.
+    pub fn output(&self, i: usize) -> &str {
+        self.node.output.get(i).map_or("", String::as_str)
+    }
+
+    /// The type and shape of a forward value.
+    ///
+    /// # Errors
+    /// `InvalidGraph` when the value was not measured.
+    pub fn meta(&self, name: &str) -> Result<&ValueMeta> {
+        self.metas
+            .get(name)
+            .ok_or_else(|| Error::graph(format!("no type or shape known for value `{name}`")))
+    }
+
+    /// The gradient of output `i`.
+    ///
+    /// # Errors
+    /// `UnsupportedGradient` when no gradient reached that output (rules call this only
+    /// for outputs the loss depends on).
+    pub fn dy(&self, i: usize) -> Result<String> {
+        self.dy
+            .get(i)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| self.unsupported(format!("output {i} has no gradient")))
+    }
+
+    /// Whether input `i` needs a gradient.
+    pub fn needs(&self, i: usize) -> bool {
+        self.needs.get(i).copied().unwrap_or(false)
+    }
+
+    /// The error for a case this rule does not handle.
+    pub fn unsupported(&self, reason: impl Into<String>) -> Error {
+        Error::UnsupportedGradient {
+            node: node_label(self.node),
+            op_type: self.node.op_type.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The constant integer values of optional input `i` (axes, shapes, pads).
+    ///
+    /// # Errors
+    /// `UnsupportedGradient` when the input is present but not a constant.
+    pub fn const_ints(&self, i: usize) -> Result<Option<Vec<i64>>> {
+        let name = self.input(i);
+        if name.is_empty() {
+            return Ok(None);
+        }
+        self.consts
+            .get(name)
+            .and_then(Tensor::to_i64_vec)
+            .map(Some)
+            .ok_or_else(|| self.unsupported(format!("input `{name}` must be a constant")))
+    }
+
+    /// The constant float value of optional input `i`.
+    pub fn const_scalar(&self, i: usize) -> Option<f64> {
+        let t = self.consts.get(self.input(i))?;
+        (t.len() == 1).then(|| t.to_f64_vec()[0])
+    }
+}
+
+/// Builds the backward nodes computing the gradients of `loss` with respect to `wrt`,
+/// seeded with the value `seed` (the loss's own gradient, a scalar fed at run time).
+///
+/// # Errors
+/// `NoGradient` naming the node and a parameter when a node on the path has no rule;
+/// `UnsupportedGradient` when a rule cannot handle the node's attributes.
+pub fn differentiate(
+    fwd: &Graph,
+    metas: &Metas,
+    loss: &str,
+    seed: &str,
+    wrt: &[String],
+    contrib: bool,
+) -> Result<Backward> {
+    let consts = fwd.constants();
+    let is_float = |v: &str| metas.get(v).is_some_and(|m| m.dtype.is_float());
+
+    // Forward sweep: which values depend on a requested value, and through which one.
+    let mut source: HashMap<&str, &str> = wrt.iter().map(|w| (w.as_str(), w.as_str())).collect();
+    for n in &fwd.nodes {
+        if let Some(src) = n.input.iter().find_map(|i| source.get(i.as_str()).copied()) {
+            for o in n.output.iter().filter(|o| is_float(o)) {
+                source.insert(o.as_str(), src);
+            }
+        }
+    }
+    // Backward sweep: which of those the loss depends on.
+    let mut useful: HashSet<&str> = HashSet::from([loss]);
+    let mut on_path = vec![false; fwd.nodes.len()];
+    for (i, n) in fwd.nodes.iter().enumerate().rev() {
+        if n.output.iter().any(|o| useful.contains(o.as_str()))
+            && n.input.iter().any(|v| source.contains_key(v.as_str()))
+        {
+            on_path[i] = true;
+            for v in n.input.iter().filter(|v| source.contains_key(v.as_str())) {
+                useful.insert(v.as_str());
+            }
+        }
+    }
+
+    let mut e = Emitter::new(contrib);
+    let mut contributions: HashMap<String, Vec<String>> = HashMap::new();
+    contributions.insert(loss.to_string(), vec![seed.to_string()]);
+    let opset = fwd.opset();
+    for (i, n) in fwd.nodes.iter().enumerate().rev() {
+        if !on_path[i] {
+            continue;
+        }
+        e.set_anchor(i, &node_label(n));
+        let dy: Vec<Option<String>> = n
+            .output
+            .iter()
+            .map(|o| contributions.remove(o).map(|c| accumulate(&mut e, c)))
+            .collect();
+        if dy.iter().all(Option::is_none) {
+            continue;
+        }
+        let needs: Vec<bool> = n
+            .input
+            .iter()
+            .map(|v| useful.contains(v.as_str()) && is_float(v))
+            .collect();
+        let mut ctx = RuleCtx {
+            node: n,
+            dy,
+            needs,
+            metas,
+            consts: &consts,
+            opset,
+            e: &mut e,
+        };
+        let Some(dx) = rules::gradient(&mut ctx)? else {
+            let input = n.input.iter().find(|v| source.contains_key(v.as_str()));
+            return Err(Error::NoGradient {
+                node: node_label(n),
+                op_type: n.op_type.clone(),
+                param: input
+                    .and_then(|v| source.get(v.as_str()))
+                    .map_or_else(String::new, |p| p.to_string()),
+            });
+        };
+        for (j, g) in dx.into_iter().enumerate() {
+            if let Some(g) = g.filter(|_| ctx.needs(j)) {
+                contributions.entry(n.input[j].clone()).or_default().push(g);
+            }
+        }
+    }
+
+    let consumers = fwd.consumers();
+    let mut grads = Vec::new();
+    let mut no_grad = Vec::new();
+    for w in wrt {
+        match contributions.remove(w) {
+            Some(c) => {
+                let first_use = consumers.get(w.as_str()).and_then(|c| c.first());
+                e.set_anchor(first_use.copied().unwrap_or(0), w);
+                let name = format!("{w}_grad");
+                let refs: Vec<&str> = c.iter().map(String::as_str).collect();
+                let op = if c.len() == 1 { "Identity" } else { "Sum" };
+                e.node(op, "", &refs, &[&name], vec![]);
+                grads.push((w.clone(), name));
+            }
+            None => no_grad.push(w.clone()),
+        }
+    }
+    Ok(Backward {
+        used_contrib: e.used_contrib,
+        nodes: e.nodes,
+        anchors: e.anchors,
+        grads,
+        no_grad,
+    })
+}
+
+/// One gradient from several contributions: their `Sum`, anchored at the current node
+/// (the value's producer).
+fn accumulate(e: &mut Emitter, mut c: Vec<String>) -> String {
+    if c.len() == 1 {
+        return c.pop().expect("one element");
+    }
+    let refs: Vec<&str> = c.iter().map(String::as_str).collect();
+    e.op("Sum", &refs, vec![])
+}

@@ -1,0 +1,183 @@
+//! Softmax, LogSoftmax, SoftmaxCrossEntropyLoss and LayerNormalization.
+
+use super::elementwise::{dtype, shape};
+use super::Grads;
+use crate::graph::autodiff::RuleCtx;
+use crate::graph::ir::{attr_f, attr_i, attr_s, int_attr};
+use crate::tensor::DType;
+use crate::Result;
+
+/// An axis attribute made non-negative.
+fn norm_axis(axis: i64, rank: usize) -> usize {
+    if axis < 0 {
+        (axis + rank as i64) as usize
+    } else {
+        axis as usize
+    }
+}
+
+pub fn softmax(ctx: &mut RuleCtx, log: bool) -> Result<Grads> {
+    let dy = ctx.dy(0)?;
+    let y = ctx.output(0).to_string();
+    let rank = shape(ctx, &y)?.len();
+    let axis = norm_axis(attr_i(ctx.node, "axis").unwrap_or(-1), rank) as i64;
+    let dx = if log {
+        // dX = dY - softmax(X) * sum(dY)
+        let s = ctx.e.reduce_sum(&dy, &[axis], true);
+        let p = ctx.e.op("Exp", &[&y], vec![]);
+        let ps = ctx.e.mul(&p, &s);
+        ctx.e.op("Sub", &[&dy, &ps], vec![])
+    } else {
+        // dX = Y * (dY - sum(dY * Y))
+        let dyy = ctx.e.mul(&dy, &y);
+        let s = ctx.e.reduce_sum(&dyy, &[axis], true);
+        let diff = ctx.e.op("Sub", &[&dy, &s], vec![]);
+        ctx.e.mul(&y, &diff)
+    };
+    Ok(vec![Some(dx)])
+}
+
+pub fn softmax_cross_entropy(ctx: &mut RuleCtx) -> Result<Grads> {
+    let dloss = ctx.dy(0)?;
+    if !ctx.input(2).is_empty() {
+        return Err(ctx.unsupported("class weights (input 2)"));
+    }
+    let log_prob = ctx.output(1).to_string();
+    if log_prob.is_empty() {
+        return Err(
+            ctx.unsupported("the log_prob output is needed (the training-graph builder adds it)")
+        );
+    }
+    let (scores, labels) = (ctx.input(0).to_string(), ctx.input(1).to_string());
+    let ss = shape(ctx, &scores)?;
+    let t = dtype(ctx, &scores)?;
+    let reduction = attr_s(ctx.node, "reduction").unwrap_or_else(|| "mean".into());
+    let ignore = attr_i(ctx.node, "ignore_index");
+
+    // one_hot[n, c, ...] = (labels[n, ...] == c)
+    let labels64 = if dtype(ctx, &labels)? == DType::I64 {
+        labels.clone()
+    } else {
+        ctx.e.op(
+            "Cast",
+            &[&labels],
+            vec![int_attr("to", DType::I64.onnx() as i64)],
+        )
+    };
+    let one = ctx.e.ints(&[1]);
+    let lab = ctx.e.op("Unsqueeze", &[&labels64, &one], vec![]);
+    let mut class_shape = vec![1usize; ss.len()];
+    class_shape[1] = ss[1];
+    let classes: Vec<i64> = (0..ss[1] as i64).collect();
+    let classes = ctx.e.constant(crate::tensor::Tensor {
+        shape: class_shape,
+        data: crate::tensor::TensorData::I64(classes),
+    });
+    let hit = ctx.e.op("Equal", &[&lab, &classes], vec![]);
+    let onehot = ctx
+        .e
+        .op("Cast", &[&hit], vec![int_attr("to", t.onnx() as i64)]);
+    let prob = ctx.e.op("Exp", &[&log_prob], vec![]);
+    let mut d = ctx.e.op("Sub", &[&prob, &onehot], vec![]);
+
+    // Ignored positions get no gradient and do not count in the mean.
+    let mask = ignore.map(|ii| {
+        let iiv = ctx.e.constant(crate::tensor::Tensor {
+            shape: vec![],
+            data: crate::tensor::TensorData::I64(vec![ii]),
+        });
+        let eq = ctx.e.op("Equal", &[&lab, &iiv], vec![]);
+        let keep = ctx.e.op("Not", &[&eq], vec![]);
+        ctx.e
+            .op("Cast", &[&keep], vec![int_attr("to", t.onnx() as i64)])
+    });
+    if let Some(m) = &mask {
+        d = ctx.e.mul(&d, m);
+    }
+    let scale = match reduction.as_str() {
+        "mean" => {
+            let count = match &mask {
+                Some(m) => ctx.e.op("ReduceSum", &[m], vec![int_attr("keepdims", 0)]),
+                None => {
+                    let n: usize = ss.iter().product::<usize>() / ss[1];
+                    ctx.e.scalar(n as f64, t)
+                }
+            };
+            ctx.e.op("Div", &[&dloss, &count], vec![])
+        }
+        "sum" => dloss,
+        "none" => ctx.e.op("Unsqueeze", &[&dloss, &one], vec![]),
+        other => return Err(ctx.unsupported(format!("reduction=\"{other}\""))),
+    };
+    Ok(vec![Some(ctx.e.mul(&d, &scale)), None, None])
+}
+
+pub fn layer_norm(ctx: &mut RuleCtx) -> Result<Grads> {
+    let dy = ctx.dy(0)?;
+    let (x, scale) = (ctx.input(0).to_string(), ctx.input(1).to_string());
+    let sx = shape(ctx, &x)?;
+    let t = dtype(ctx, &x)?;
+    let r = sx.len();
+    let a = norm_axis(attr_i(ctx.node, "axis").unwrap_or(-1), r);
+    let eps = attr_f(ctx.node, "epsilon").unwrap_or(1e-5) as f64;
+    let norm_axes: Vec<i64> = (a as i64..r as i64).collect();
+    let lead_axes: Vec<i64> = (0..a as i64).collect();
+    let count: usize = sx[a..].iter().product();
+    let inv_count = 1.0 / count as f64;
+
+    // The forward node's Mean/InvStdDev outputs when it has them in X's type (ONNX
+    // Runtime stashes float32 statistics by default), else recomputed from X.
+    let stats_usable = |i: usize| {
+        let name = ctx.output(i);
+        !name.is_empty() && ctx.metas.get(name).is_some_and(|m| m.dtype == t)
+    };
+    let (mean, inv) = if stats_usable(1) && stats_usable(2) {
+        (ctx.output(1).to_string(), ctx.output(2).to_string())
+    } else {
+        let s = ctx.e.reduce_sum(&x, &norm_axes, true);
+        let mean = ctx.e.scale(&s, inv_count, t);
+        let c = ctx.e.op("Sub", &[&x, &mean], vec![]);
+        let c2 = ctx.e.mul(&c, &c);
+        let vs = ctx.e.reduce_sum(&c2, &norm_axes, true);
+        let var = ctx.e.scale(&vs, inv_count, t);
+        let e = ctx.e.scalar(eps, t);
+        let ve = ctx.e.op("Add", &[&var, &e], vec![]);
+        let sd = ctx.e.op("Sqrt", &[&ve], vec![]);
+        (mean, ctx.e.op("Reciprocal", &[&sd], vec![]))
+    };
+    let centered = ctx.e.op("Sub", &[&x, &mean], vec![]);
+    let xhat = ctx.e.mul(&centered, &inv);
+
+    let mut g = vec![None, None, None];
+    let norm_shape = sx[a..].to_vec();
+    let sum_lead = |ctx: &mut RuleCtx, v: &str, i: usize| -> Result<String> {
+        let s = if lead_axes.is_empty() {
+            v.to_string()
+        } else {
+            ctx.e.reduce_sum(v, &lead_axes, false)
+        };
+        let to = shape(ctx, ctx.input(i))?;
+        Ok(ctx.e.unbroadcast(&s, &norm_shape, &to))
+    };
+    if ctx.needs(2) {
+        g[2] = Some(sum_lead(ctx, &dy, 2)?);
+    }
+    if ctx.needs(1) {
+        let p = ctx.e.mul(&dy, &xhat);
+        g[1] = Some(sum_lead(ctx, &p, 1)?);
+    }
+    if ctx.needs(0) {
+        // dX = inv * (g - mean(g) - xhat * mean(g * xhat)), g = dY * scale
+        let gx = ctx.e.mul(&dy, &scale);
+        let s1 = ctx.e.reduce_sum(&gx, &norm_axes, true);
+        let m1 = ctx.e.scale(&s1, inv_count, t);
+        let gxh = ctx.e.mul(&gx, &xhat);
+        let s2 = ctx.e.reduce_sum(&gxh, &norm_axes, true);
+        let m2 = ctx.e.scale(&s2, inv_count, t);
+        let xm2 = ctx.e.mul(&xhat, &m2);
+        let d1 = ctx.e.op("Sub", &[&gx, &m1], vec![]);
+        let d2 = ctx.e.op("Sub", &[&d1, &xm2], vec![]);
+        g[0] = Some(ctx.e.mul(&d2, &inv));
+    }
+    Ok(g)
+}

@@ -1,0 +1,50 @@
+//! Exporting the trained inference model: the original forward model with the trained
+//! values in its initializers (no loss, no gradient nodes).
+
+use crate::onnx::proto::ModelProto;
+use crate::onnx::MAX_IR_VERSION;
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// `original` with each named initializer replaced by its trained value.
+///
+/// # Errors
+/// `MissingValue` when a name is not an initializer of the model; `BadTensor` when a
+/// value's type or shape differs from the initializer's.
+pub fn export_inference_model(
+    original: &ModelProto,
+    trained: &[(&str, &Tensor)],
+) -> Result<ModelProto> {
+    let mut model = original.clone();
+    model.ir_version = model.ir_version.min(MAX_IR_VERSION);
+    let graph = model
+        .graph
+        .as_mut()
+        .ok_or_else(|| Error::graph("the model has no graph"))?;
+    for (name, value) in trained {
+        let slot = graph
+            .initializer
+            .iter_mut()
+            .find(|t| t.name == *name)
+            .ok_or_else(|| Error::MissingValue {
+                role: "trained parameter",
+                name: name.to_string(),
+                hint: "; it is not an initializer of the original model".into(),
+            })?;
+        let dims: Vec<i64> = value.shape.iter().map(|&d| d as i64).collect();
+        if slot.dims != dims || slot.data_type != value.dtype().onnx() {
+            return Err(Error::BadTensor {
+                name: name.to_string(),
+                reason: format!(
+                    "trained value has type {:?} shape {:?}, the model's initializer type code {} shape {:?}",
+                    value.dtype(),
+                    dims,
+                    slot.data_type,
+                    slot.dims
+                ),
+            });
+        }
+        *slot = value.to_proto(name);
+    }
+    Ok(model)
+}

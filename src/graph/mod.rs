@@ -1,0 +1,16 @@
+//! Graphs: the IR, loss attachment, reverse-mode autodiff, stage partitioning and export.
+
+pub mod autodiff;
+mod export;
+mod ir;
+mod loss;
+mod partition;
+mod stages;
+mod training;
+
+pub use export::export_inference_model;
+pub use ir::*;
+pub use loss::{attach_loss, LossSpec, LOSS};
+pub use partition::{assign_stages, BalanceBy, Partition, StageAssignment};
+pub use stages::{build_stage_graphs, StageGraphs, StageIo};
+pub use training::{build_training_graph, Param, TrainOptions, TrainingGraph, LOSS_GRAD};

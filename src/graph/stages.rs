@@ -1,0 +1,353 @@
+//! Per-stage graphs: forward, backward, and the backward split into an input-gradient
+//! part and a weight-gradient part (for zero-bubble schedules).
+//!
+//! The contract between neighbouring stages of a linear pipeline: after stage `s`'s
+//! forward, every forward value computed at stages `<= s` and used at stages `> s`
+//! crosses to stage `s + 1` (`fwd_send`); stage `s` receives what stage `s - 1` sent
+//! (`fwd_recv`), feeds its graphs what they need and passes the rest on. Gradients cross
+//! the other way (`bwd_send`, `bwd_recv`).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use crate::graph::ir::{value_info, Graph};
+use crate::graph::loss::LOSS;
+use crate::graph::partition::{constant_nodes, StageAssignment};
+use crate::graph::training::TrainingGraph;
+use crate::{Error, Result};
+
+/// What one stage exchanges with its neighbours and keeps between its passes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StageIo {
+    /// Parameters this stage owns (and updates).
+    pub params: Vec<String>,
+    /// Data inputs its graphs read (model inputs, label).
+    pub data: Vec<String>,
+    /// Forward values arriving from the previous stage.
+    pub fwd_recv: Vec<String>,
+    /// Forward values leaving for the next stage.
+    pub fwd_send: Vec<String>,
+    /// Gradients arriving from the next stage.
+    pub bwd_recv: Vec<String>,
+    /// Gradients leaving for the previous stage.
+    pub bwd_send: Vec<String>,
+    /// Forward values the backward reads (produced here or received), kept per micro-batch.
+    pub stash: Vec<String>,
+    /// Values the input-gradient graph hands to the weight-gradient graph.
+    pub i_to_w: Vec<String>,
+    /// Whether this stage computes the loss (and its backward reads `loss_grad`).
+    pub has_loss: bool,
+}
+
+/// The graphs of one pipeline stage.
+#[derive(Debug, Clone)]
+pub struct StageGraphs {
+    /// Stage index.
+    pub stage: usize,
+    /// Forward: activations for the next stage, the stash, and the loss on the last stage.
+    pub forward: Graph,
+    /// Full backward: gradients for the previous stage and for this stage's parameters.
+    pub backward: Graph,
+    /// Input-gradient half of the backward (may have no nodes on the first stage).
+    pub backward_input: Graph,
+    /// Weight-gradient half of the backward.
+    pub backward_weight: Graph,
+    /// The exchange contract.
+    pub io: StageIo,
+}
+
+/// Cuts the training graph into per-stage graphs.
+///
+/// # Errors
+/// `Partition` when a parameter is used by more than one stage (tied weights across
+/// stages would need their gradients summed and their updates shared between stages).
+pub fn build_stage_graphs(tg: &TrainingGraph, a: &StageAssignment) -> Result<Vec<StageGraphs>> {
+    let g = &tg.graph;
+    let is_const = constant_nodes(tg);
+    let node_stage: Vec<Option<usize>> = (0..g.nodes.len())
+        .map(|i| {
+            if i < tg.forward_len {
+                a.stage[i]
+            } else {
+                a.stage[tg.anchors[i - tg.forward_len]]
+            }
+        })
+        .collect();
+    let mut producer: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        for o in n.output.iter().filter(|o| !o.is_empty()) {
+            producer.insert(o, i);
+        }
+    }
+    let data: HashSet<&str> = tg.data_inputs.iter().map(String::as_str).collect();
+
+    // Which stages use each value (and each parameter).
+    let mut users: HashMap<&str, BTreeSet<usize>> = HashMap::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        if let Some(s) = node_stage[i] {
+            for v in n.input.iter().filter(|v| !v.is_empty()) {
+                users.entry(v.as_str()).or_default().insert(s);
+            }
+        }
+    }
+    for p in &tg.params {
+        let stages = users.get(p.name.as_str()).cloned().unwrap_or_default();
+        if stages.len() > 1 {
+            return Err(Error::Partition {
+                reason: format!(
+                    "parameter `{}` is used by stages {:?}; tied parameters must stay in one stage (move the cut)",
+                    p.name, stages
+                ),
+            });
+        }
+    }
+    let crossing = |s: usize, forward: bool| -> Vec<String> {
+        let mut out: Vec<String> = producer
+            .iter()
+            .filter(|(_, &i)| {
+                node_stage[i].is_some_and(|ps| if forward { ps <= s } else { ps >= s })
+                    && (i < tg.forward_len) == forward
+            })
+            .filter(|(v, _)| {
+                users
+                    .get(*v)
+                    .is_some_and(|u| u.iter().any(|&us| if forward { us > s } else { us < s }))
+            })
+            .map(|(v, _)| v.to_string())
+            .collect();
+        out.sort_by_key(|v| producer[v.as_str()]);
+        out
+    };
+
+    let mut result = Vec::with_capacity(a.stages);
+    for s in 0..a.stages {
+        let fwd: Vec<usize> = (0..tg.forward_len)
+            .filter(|&i| node_stage[i] == Some(s))
+            .collect();
+        let bwd: Vec<usize> = (tg.forward_len..g.nodes.len())
+            .filter(|&i| node_stage[i] == Some(s))
+            .collect();
+        let fwd_send = crossing(s, true);
+        let fwd_recv = if s == 0 {
+            vec![]
+        } else {
+            crossing(s - 1, true)
+        };
+        let bwd_send = if s == 0 { vec![] } else { crossing(s, false) };
+        let bwd_recv = if s + 1 == a.stages {
+            vec![]
+        } else {
+            crossing(s + 1, false)
+        };
+
+        let produced = |nodes: &[usize]| -> HashSet<&str> {
+            nodes
+                .iter()
+                .flat_map(|&i| g.nodes[i].output.iter().map(String::as_str))
+                .collect()
+        };
+        let (fwd_made, bwd_made) = (produced(&fwd), produced(&bwd));
+        let bwd_full = with_constants(g, &bwd, &producer, &is_const);
+        let bwd_inputs = external_inputs(g, &bwd_full);
+        let stash: Vec<String> = bwd_inputs
+            .iter()
+            .filter(|v| fwd_made.contains(v.as_str()) || fwd_recv.contains(v))
+            .cloned()
+            .collect();
+        let has_loss = fwd_made.contains(LOSS);
+        let mut fwd_outputs: Vec<String> = fwd_send
+            .iter()
+            .filter(|v| fwd_made.contains(v.as_str()))
+            .cloned()
+            .collect();
+        for v in &stash {
+            if fwd_made.contains(v.as_str()) && !fwd_outputs.contains(v) {
+                fwd_outputs.push(v.clone());
+            }
+        }
+        if has_loss && !fwd_outputs.iter().any(|v| v == LOSS) {
+            fwd_outputs.push(LOSS.into());
+        }
+        let stage_params: Vec<String> = tg
+            .params
+            .iter()
+            .filter(|p| users.get(p.name.as_str()).is_some_and(|u| u.contains(&s)))
+            .map(|p| p.name.clone())
+            .collect();
+        let grads: Vec<String> = tg
+            .params
+            .iter()
+            .filter(|p| bwd_made.contains(p.grad.as_str()))
+            .map(|p| p.grad.clone())
+            .collect();
+        let mut bwd_outputs: Vec<String> = bwd_send
+            .iter()
+            .filter(|v| bwd_made.contains(v.as_str()))
+            .cloned()
+            .collect();
+        bwd_outputs.extend(grads.iter().cloned());
+
+        // Split backward: nodes the outgoing gradients depend on, and the rest.
+        let targets: HashSet<&str> = bwd_send
+            .iter()
+            .filter(|v| bwd_made.contains(v.as_str()))
+            .map(String::as_str)
+            .collect();
+        let input_part = ancestors(g, &bwd, &targets, &producer);
+        let weight_part: Vec<usize> = bwd
+            .iter()
+            .copied()
+            .filter(|i| !input_part.contains(i))
+            .collect();
+        let input_nodes: Vec<usize> = bwd
+            .iter()
+            .copied()
+            .filter(|i| input_part.contains(i))
+            .collect();
+        let weight_full = with_constants(g, &weight_part, &producer, &is_const);
+        let input_made = produced(&input_nodes);
+        let i_to_w: Vec<String> = external_inputs(g, &weight_full)
+            .into_iter()
+            .filter(|v| input_made.contains(v.as_str()))
+            .collect();
+        let mut input_outputs: Vec<String> = targets.iter().map(|v| v.to_string()).collect();
+        input_outputs.sort_by_key(|v| producer[v.as_str()]);
+        input_outputs.extend(i_to_w.iter().cloned());
+
+        let fwd_full = with_constants(g, &fwd, &producer, &is_const);
+        let mut used_data: BTreeSet<String> = BTreeSet::new();
+        for set in [&fwd_full, &bwd_full] {
+            for v in external_inputs(g, set) {
+                if data.contains(v.as_str()) {
+                    used_data.insert(v);
+                }
+            }
+        }
+        let input_full = with_constants(g, &input_nodes, &producer, &is_const);
+        let label = |part: &str| format!("stage{s}_{part}");
+        result.push(StageGraphs {
+            stage: s,
+            forward: subgraph(tg, &fwd_full, &fwd_outputs, &label("forward"))?,
+            backward: subgraph(tg, &bwd_full, &bwd_outputs, &label("backward"))?,
+            backward_input: subgraph(tg, &input_full, &input_outputs, &label("backward_input"))?,
+            backward_weight: subgraph(tg, &weight_full, &grads, &label("backward_weight"))?,
+            io: StageIo {
+                params: stage_params,
+                data: used_data.into_iter().collect(),
+                fwd_recv,
+                fwd_send,
+                bwd_recv,
+                bwd_send,
+                stash,
+                i_to_w,
+                has_loss,
+            },
+        });
+    }
+    Ok(result)
+}
+
+/// `nodes` plus the constant nodes they (transitively) read, in graph order.
+fn with_constants(
+    g: &Graph,
+    nodes: &[usize],
+    producer: &HashMap<&str, usize>,
+    is_const: &[bool],
+) -> Vec<usize> {
+    let mut set: BTreeSet<usize> = nodes.iter().copied().collect();
+    let mut todo: Vec<usize> = nodes.to_vec();
+    while let Some(i) = todo.pop() {
+        for v in &g.nodes[i].input {
+            if let Some(&p) = producer.get(v.as_str()) {
+                if is_const.get(p).copied().unwrap_or(false) && set.insert(p) {
+                    todo.push(p);
+                }
+            }
+        }
+    }
+    set.into_iter().collect()
+}
+
+/// Values `nodes` read that none of them produces (initializers excluded).
+fn external_inputs(g: &Graph, nodes: &[usize]) -> Vec<String> {
+    let made: HashSet<&str> = nodes
+        .iter()
+        .flat_map(|&i| g.nodes[i].output.iter().map(String::as_str))
+        .collect();
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for &i in nodes {
+        for v in &g.nodes[i].input {
+            if !v.is_empty()
+                && !made.contains(v.as_str())
+                && g.initializer(v).is_none()
+                && seen.insert(v.as_str())
+            {
+                out.push(v.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The nodes among `within` that `targets` depend on.
+fn ancestors(
+    g: &Graph,
+    within: &[usize],
+    targets: &HashSet<&str>,
+    producer: &HashMap<&str, usize>,
+) -> HashSet<usize> {
+    let allowed: HashSet<usize> = within.iter().copied().collect();
+    let mut found = HashSet::new();
+    let mut todo: Vec<usize> = targets
+        .iter()
+        .filter_map(|t| producer.get(t).copied())
+        .collect();
+    while let Some(i) = todo.pop() {
+        if !allowed.contains(&i) || !found.insert(i) {
+            continue;
+        }
+        for v in &g.nodes[i].input {
+            if let Some(&p) = producer.get(v.as_str()) {
+                todo.push(p);
+            }
+        }
+    }
+    found
+}
+
+/// A graph of `nodes` with typed inputs for everything they read from outside.
+fn subgraph(tg: &TrainingGraph, nodes: &[usize], outputs: &[String], name: &str) -> Result<Graph> {
+    let g = &tg.graph;
+    let typed = |v: &str| {
+        let meta = tg
+            .metas
+            .get(v)
+            .ok_or_else(|| Error::graph(format!("{name}: no type known for `{v}`")))?;
+        Ok(value_info(v, meta))
+    };
+    let inputs = external_inputs(g, nodes)
+        .iter()
+        .map(|v| typed(v))
+        .collect::<Result<Vec<_>>>()?;
+    let used: HashSet<&str> = nodes
+        .iter()
+        .flat_map(|&i| g.nodes[i].input.iter().map(String::as_str))
+        .collect();
+    Ok(Graph {
+        name: name.into(),
+        nodes: nodes.iter().map(|&i| g.nodes[i].clone()).collect(),
+        inputs,
+        outputs: outputs
+            .iter()
+            .map(|v| typed(v))
+            .collect::<Result<Vec<_>>>()?,
+        initializers: g
+            .initializers
+            .iter()
+            .filter(|t| used.contains(t.name.as_str()))
+            .cloned()
+            .collect(),
+        opsets: g.opsets.clone(),
+        ir_version: g.ir_version,
+    })
+}

@@ -1,0 +1,262 @@
+//! Building the training graph: forward model, loss, and backward, with parameters as
+//! inputs bound to pipetrain-owned buffers.
+
+use std::collections::HashSet;
+
+use crate::compute::{probe_values, Runtime};
+use crate::graph::autodiff::{differentiate, Backward};
+use crate::graph::ir::{node_label, untyped_value_info, value_info, Graph, Metas, ValueMeta};
+use crate::graph::loss::{attach_loss, LossSpec, LOSS};
+use crate::onnx::proto::ModelProto;
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// The input that seeds the backward pass: the gradient of the loss (1, or a scale for
+/// gradient accumulation or loss scaling).
+pub const LOSS_GRAD: &str = "loss_grad";
+
+/// How to build a training graph.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// The loss.
+    pub loss: LossSpec,
+    /// Parameters to train; `None` trains every floating-point initializer.
+    pub trainable: Option<Vec<String>>,
+    /// Allow ONNX Runtime's contrib ops (`com.microsoft.FusedMatMul`) in backward graphs.
+    pub contrib_ops: bool,
+}
+
+/// A trainable parameter.
+#[derive(Debug, Clone)]
+pub struct Param {
+    /// Initializer name in the model.
+    pub name: String,
+    /// Its gradient's name in the training graph.
+    pub grad: String,
+    /// Type and shape.
+    pub meta: ValueMeta,
+    /// Initial value (from the model).
+    pub init: Tensor,
+}
+
+/// A forward model with its loss and backward graph.
+#[derive(Debug, Clone)]
+pub struct TrainingGraph {
+    /// Forward and loss nodes (the first `forward_len` nodes of `graph`), then backward.
+    pub graph: Graph,
+    /// How many of `graph.nodes` are forward (model and loss) nodes.
+    pub forward_len: usize,
+    /// For each backward node, the forward node it belongs to.
+    pub anchors: Vec<usize>,
+    /// Trainable parameters (graph inputs).
+    pub params: Vec<Param>,
+    /// Data inputs (model inputs and the label), fed per micro-batch.
+    pub data_inputs: Vec<String>,
+    /// Type and shape of every value, measured on the example batch.
+    pub metas: Metas,
+    /// Parameters the loss does not depend on.
+    pub unused_params: Vec<String>,
+}
+
+impl TrainingGraph {
+    /// The parameter of that name.
+    pub fn param(&self, name: &str) -> Option<&Param> {
+        self.params.iter().find(|p| p.name == name)
+    }
+}
+
+/// Builds the training graph of `model` for micro-batches shaped like `example` (the
+/// model's inputs and the label, by name).
+///
+/// # Errors
+/// `UnsupportedOpset`, `MissingValue` (prediction, label, trainable name), `NoGradient`,
+/// `UnsupportedGradient`, or `Ort` when the model does not run on the example.
+pub fn build_training_graph(
+    rt: &Runtime,
+    model: &ModelProto,
+    opts: &TrainOptions,
+    example: &[(&str, &Tensor)],
+) -> Result<TrainingGraph> {
+    let mut g = Graph::from_model(model)?;
+    add_outputs_backward_needs(&mut g);
+    for v in &g.inputs {
+        if !example.iter().any(|(n, _)| *n == v.name) {
+            return Err(Error::MissingValue {
+                role: "model input",
+                name: v.name.clone(),
+                hint: "; the data must provide every model input".into(),
+            });
+        }
+    }
+    let label = opts.loss.label();
+    let model_feeds: Vec<(&str, &Tensor)> = example
+        .iter()
+        .filter(|(n, _)| Some(*n) != label || g.inputs.iter().any(|v| v.name == *n))
+        .copied()
+        .collect();
+    let forward_metas = probe_values(rt, &g, &model_feeds)?;
+    let pred_name = match &opts.loss {
+        LossSpec::SoftmaxCrossEntropy { prediction, .. } | LossSpec::Mse { prediction, .. } => {
+            prediction
+        }
+        LossSpec::Output { name } => name,
+    };
+    let pred_meta = forward_metas
+        .get(pred_name)
+        .ok_or_else(|| Error::MissingValue {
+            role: "prediction",
+            name: pred_name.clone(),
+            hint: g.value_names_hint(),
+        })?;
+    let label_meta = label
+        .and_then(|l| example.iter().find(|(n, _)| *n == l))
+        .map(|(_, t)| ValueMeta {
+            dtype: t.dtype(),
+            shape: t.shape.clone(),
+        });
+    attach_loss(&mut g, &opts.loss, pred_meta, label_meta.as_ref())?;
+    g.outputs = vec![untyped_value_info(LOSS)];
+    let data_inputs: Vec<String> = g.inputs.iter().map(|v| v.name.clone()).collect();
+
+    // Parameters: trainable initializers become inputs.
+    let trainable: Vec<String> = match &opts.trainable {
+        Some(names) => {
+            for n in names {
+                if g.initializer(n).is_none() {
+                    return Err(Error::MissingValue {
+                        role: "trainable parameter",
+                        name: n.clone(),
+                        hint: "; it must be an initializer of the model".into(),
+                    });
+                }
+            }
+            names.clone()
+        }
+        None => g
+            .initializers
+            .iter()
+            .filter(|t| crate::tensor::DType::from_onnx(t.data_type).is_some_and(|d| d.is_float()))
+            .map(|t| t.name.clone())
+            .collect(),
+    };
+    let trainable_set: HashSet<&str> = trainable.iter().map(String::as_str).collect();
+    let mut inits = Vec::new();
+    let mut param_values = Vec::new();
+    for t in std::mem::take(&mut g.initializers) {
+        if trainable_set.contains(t.name.as_str()) {
+            param_values.push((t.name.clone(), Tensor::from_proto(&t)?));
+        } else {
+            inits.push(t);
+        }
+    }
+    g.initializers = inits;
+    let loss_metas = {
+        let mut feeds = example.to_vec();
+        feeds.extend(param_values.iter().map(|(n, t)| (n.as_str(), t)));
+        let mut probe_graph = g.clone();
+        for (n, t) in &param_values {
+            probe_graph.inputs.push(value_info(n, &meta_of(t)));
+        }
+        probe_values(rt, &probe_graph, &feeds)?
+    };
+    let loss_meta = loss_metas
+        .get(LOSS)
+        .cloned()
+        .ok_or_else(|| Error::graph("the loss was not computed"))?;
+    if loss_meta.numel() != 1 {
+        return Err(Error::BadTensor {
+            name: LOSS.into(),
+            reason: format!(
+                "the loss must be a scalar, it has shape {:?}",
+                loss_meta.shape
+            ),
+        });
+    }
+
+    let backward: Backward = differentiate(
+        &g,
+        &loss_metas,
+        LOSS,
+        LOSS_GRAD,
+        &trainable,
+        opts.contrib_ops,
+    )?;
+    let forward_len = g.nodes.len();
+    let mut full = g;
+    full.nodes.extend(backward.nodes.iter().cloned());
+    if backward.used_contrib {
+        full.import_domain("com.microsoft", 1);
+    }
+    let seed_meta = ValueMeta {
+        dtype: loss_meta.dtype,
+        shape: vec![],
+    };
+    full.inputs.push(value_info(LOSS_GRAD, &seed_meta));
+    let mut params = Vec::new();
+    for (name, init) in param_values {
+        let meta = meta_of(&init);
+        match backward.grads.iter().find(|(w, _)| *w == name) {
+            Some((_, grad)) => {
+                full.inputs.push(value_info(&name, &meta));
+                full.outputs.push(untyped_value_info(grad));
+                params.push(Param {
+                    grad: grad.clone(),
+                    name,
+                    meta,
+                    init,
+                });
+            }
+            // The loss does not depend on it: it stays a constant of the graph.
+            None => full.initializers.push(init.to_proto(&name)),
+        }
+    }
+    // Measure the backward values too (stage graphs declare their types).
+    let mut feeds: Vec<(&str, &Tensor)> = example.to_vec();
+    feeds.extend(params.iter().map(|p| (p.name.as_str(), &p.init)));
+    let seed = Tensor::zeros(loss_meta.dtype, vec![]);
+    feeds.push((LOSS_GRAD, &seed));
+    let metas = probe_values(rt, &full, &feeds)?;
+    Ok(TrainingGraph {
+        graph: full,
+        forward_len,
+        anchors: backward.anchors,
+        params,
+        data_inputs,
+        metas,
+        unused_params: backward.no_grad,
+    })
+}
+
+fn meta_of(t: &Tensor) -> ValueMeta {
+    ValueMeta {
+        dtype: t.dtype(),
+        shape: t.shape.clone(),
+    }
+}
+
+/// Names the optional outputs that backward rules read (LayerNormalization's statistics,
+/// SoftmaxCrossEntropyLoss's log-probabilities, Dropout's mask, MaxPool's indices) when
+/// the model leaves them out.
+fn add_outputs_backward_needs(g: &mut Graph) {
+    for n in &mut g.nodes {
+        if !(n.domain.is_empty() || n.domain == "ai.onnx") {
+            continue;
+        }
+        let wanted: &[&str] = match n.op_type.as_str() {
+            "LayerNormalization" => &["", "mean", "inv_std_dev"],
+            "SoftmaxCrossEntropyLoss" => &["", "log_prob"],
+            "Dropout" => &["", "mask"],
+            "MaxPool" => &["", "indices"],
+            _ => continue,
+        };
+        let label = node_label(n);
+        for (i, suffix) in wanted.iter().enumerate().skip(1) {
+            if n.output.len() <= i {
+                n.output.resize(i + 1, String::new());
+            }
+            if n.output[i].is_empty() {
+                n.output[i] = format!("{label}/{suffix}");
+            }
+        }
+    }
+}

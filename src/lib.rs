@@ -1,0 +1,23 @@
+//! pipetrain: trains ONNX models across pipeline stages and data-parallel replicas, on a
+//! stock ONNX Runtime build.
+//!
+//! # Layout
+//! - [`onnx`]: protobuf types (generated once, committed) and model files.
+//! - [`tensor`]: host tensors, the buffers pipetrain owns.
+//! - [`graph`]: the graph IR, loss attachment, reverse-mode autodiff emitting ONNX
+//!   backward graphs, stage partitioning, per-stage forward / backward / input-grad /
+//!   weight-grad graphs, and export of the trained inference model.
+//! - [`compute`]: ONNX Runtime through `ort` (`load-dynamic`): finding the library,
+//!   sessions fed without copies, the shape probe, training-step runners.
+//! - [`data`]: NumPy and safetensors files.
+//! - [`Error`]: the one error type.
+#![deny(missing_docs)]
+
+pub mod compute;
+pub mod data;
+mod error;
+pub mod graph;
+pub mod onnx;
+pub mod tensor;
+
+pub use error::{Error, Result};
