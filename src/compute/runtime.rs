@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
 use crate::{Error, Result};
 
@@ -126,12 +127,32 @@ impl Runtime {
     /// Loads the library found by [`find_library`] and creates the environment.
     ///
     /// ONNX Runtime loads into a process once (that is `ort`'s and ONNX Runtime's own
-    /// design): a second `init` in the same process reuses the library already loaded.
+    /// design): a second `init` in the same process returns the runtime already loaded.
     ///
     /// # Errors
     /// `RuntimeLibrary` when the library cannot be found or loaded, `Ort` when the
     /// environment cannot be created.
     pub fn init(explicit: Option<&Path>) -> Result<Runtime> {
+        // ONNX Runtime allows one environment per process, and `ort` refuses a second
+        // one even after the first is dropped; so the process's runtime is kept here
+        // and handed out again. This is the only process-wide state in pipetrain.
+        static LOADED: Mutex<Option<Runtime>> = Mutex::new(None);
+        let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(rt) = loaded.as_ref() {
+            if explicit.is_some_and(|p| p != rt.info.library) {
+                return Err(Error::RuntimeLibrary {
+                    reason: format!(
+                        "{} is already loaded in this process; cannot switch to {}",
+                        rt.info.library.display(),
+                        explicit
+                            .map(Path::display)
+                            .map(|d| d.to_string())
+                            .unwrap_or_default()
+                    ),
+                });
+            }
+            return Ok(rt.clone());
+        }
         let (library, found_by) = find_library(explicit)?;
         let env = ort::init_from(&library)
             .map_err(|e| Error::RuntimeLibrary {
@@ -146,7 +167,9 @@ impl Runtime {
             library,
             found_by,
         };
-        Ok(Runtime { env, info })
+        let rt = Runtime { env, info };
+        *loaded = Some(rt.clone());
+        Ok(rt)
     }
 
     /// [`Runtime::init`] with the library in `ORT_DYLIB_PATH` when that is set: what the

@@ -96,6 +96,12 @@ pub fn attach_loss(
     if !g.has_value(prediction) {
         return Err(missing("prediction", prediction, g));
     }
+    if g.has_value(LOSS) {
+        return Err(Error::graph(format!(
+            "the model already has a value named `{LOSS}`, the name pipetrain gives the loss; \
+             use `output` as the loss kind if it is the loss"
+        )));
+    }
     let lm = match (g.inputs.iter().any(|v| &v.name == label), label_meta) {
         (_, Some(m)) => m.clone(),
         (true, None) => {

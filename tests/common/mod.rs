@@ -2,6 +2,8 @@
 //! in `../shared/peers` (see its README).
 #![allow(dead_code)]
 
+pub mod gradcheck;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 
