@@ -1,0 +1,105 @@
+//! When each action ran, and what that says about the schedule: makespan, idle time,
+//! bubble fraction, peak in-flight activations. Produced by [`crate::simulate()`] from a
+//! cost model, or by [`crate::Trace::to_timeline`] from a real run.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ir::{Action, ActionKind};
+
+/// One action's run, in seconds from the start of the step.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Span {
+    /// What ran.
+    pub action: Action,
+    /// When it started.
+    pub start: f64,
+    /// When it ended.
+    pub end: f64,
+}
+
+/// Per-rank spans, each rank's in the order it ran them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeline {
+    /// Stages of the schedule (the length of [`Timeline::peak_in_flight`]).
+    pub stages: usize,
+    /// Spans of each rank.
+    pub ranks: Vec<Vec<Span>>,
+}
+
+impl Timeline {
+    /// End of the last span: the step's duration (spans start at 0 or later).
+    pub fn makespan(&self) -> f64 {
+        self.ranks
+            .iter()
+            .flatten()
+            .map(|s| s.end)
+            .fold(0.0, f64::max)
+    }
+
+    /// Time each rank spends working. Transfers do not count: a blocked receive is waiting,
+    /// and an asynchronous send overlaps compute.
+    pub fn busy(&self) -> Vec<f64> {
+        self.ranks
+            .iter()
+            .map(|spans| {
+                spans
+                    .iter()
+                    .filter(|s| !s.action.kind().is_transfer())
+                    .map(|s| s.end - s.start)
+                    .sum()
+            })
+            .collect()
+    }
+
+    /// Time each rank is not working between 0 and the makespan.
+    pub fn idle(&self) -> Vec<f64> {
+        let makespan = self.makespan();
+        self.busy().into_iter().map(|b| makespan - b).collect()
+    }
+
+    /// Sum of [`Timeline::idle`] over the ranks.
+    pub fn total_idle(&self) -> f64 {
+        self.idle().into_iter().sum()
+    }
+
+    /// Idle share of all rank time: `total_idle / (ranks * makespan)`, 0 for an empty step.
+    /// For 1F1B and GPipe with equal F and B costs and free transfers this is
+    /// `(p - 1) / (m + p - 1)`.
+    pub fn bubble_fraction(&self) -> f64 {
+        let capacity = self.ranks.len() as f64 * self.makespan();
+        if capacity > 0.0 {
+            self.total_idle() / capacity
+        } else {
+            0.0
+        }
+    }
+
+    /// For each stage, the most micro-batches whose activations it held at once. A
+    /// micro-batch's activations are held from the start of its `F` until its `B` or its `W`
+    /// completes: the weight gradient needs the stage's inputs, so `I` alone frees only part
+    /// of them, and this counts the whole stash. Stages on one rank run in that rank's order,
+    /// so the count follows each rank's spans.
+    pub fn peak_in_flight(&self) -> Vec<usize> {
+        let mut now = vec![0usize; self.stages];
+        let mut peak = vec![0usize; self.stages];
+        for span in self.ranks.iter().flatten() {
+            let s = span.action.stage();
+            if s >= self.stages {
+                continue;
+            }
+            match span.action.kind() {
+                ActionKind::Forward => {
+                    now[s] += 1;
+                    peak[s] = peak[s].max(now[s]);
+                }
+                ActionKind::Backward | ActionKind::BackwardWeight => {
+                    now[s] = now[s].saturating_sub(1)
+                }
+                _ => {}
+            }
+        }
+        peak
+    }
+}
