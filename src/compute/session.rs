@@ -8,6 +8,7 @@ use prost::Message;
 
 use crate::compute::Runtime;
 use crate::graph::Graph;
+use crate::onnx::proto::ModelProto;
 use crate::tensor::{Tensor, TensorData};
 use crate::{Error, Result};
 
@@ -61,7 +62,21 @@ impl GraphSession {
         opts: &SessionOptions,
         label: &str,
     ) -> Result<GraphSession> {
-        let bytes = graph.to_model().encode_to_vec();
+        GraphSession::from_model(rt, &graph.to_model(), opts, label)
+    }
+
+    /// Creates a session for a model as it is (an exported model, say).
+    ///
+    /// # Errors
+    /// `Ort` when ONNX Runtime rejects the model.
+    pub fn from_model(
+        rt: &Runtime,
+        model: &ModelProto,
+        opts: &SessionOptions,
+        label: &str,
+    ) -> Result<GraphSession> {
+        let graph = model.graph.clone().unwrap_or_default();
+        let bytes = model.encode_to_vec();
         let ctx = || format!("creating the session for {label}");
         let level = if opts.optimize {
             GraphOptimizationLevel::All
@@ -81,8 +96,13 @@ impl GraphSession {
         Ok(GraphSession {
             session,
             label: label.into(),
-            inputs: graph.inputs.iter().map(|v| v.name.clone()).collect(),
-            outputs: graph.outputs.iter().map(|v| v.name.clone()).collect(),
+            inputs: graph
+                .input
+                .iter()
+                .filter(|v| !graph.initializer.iter().any(|t| t.name == v.name))
+                .map(|v| v.name.clone())
+                .collect(),
+            outputs: graph.output.iter().map(|v| v.name.clone()).collect(),
         })
     }
 

@@ -63,6 +63,47 @@ impl TrainingGraph {
     pub fn param(&self, name: &str) -> Option<&Param> {
         self.params.iter().find(|p| p.name == name)
     }
+
+    /// A forward-only graph computing `outputs` (evaluation, inference): the forward
+    /// nodes they depend on, with parameters as inputs.
+    ///
+    /// # Errors
+    /// `MissingValue` when an output is not a forward value.
+    pub fn forward_graph(&self, outputs: &[&str]) -> Result<Graph> {
+        let fwd = &self.graph.nodes[..self.forward_len];
+        let mut needed: HashSet<&str> = outputs.iter().copied().collect();
+        let mut keep = vec![false; fwd.len()];
+        for (i, n) in fwd.iter().enumerate().rev() {
+            if n.output.iter().any(|o| needed.contains(o.as_str())) {
+                keep[i] = true;
+                needed.extend(n.input.iter().map(String::as_str));
+            }
+        }
+        let mut g = self.graph.clone();
+        g.nodes = fwd
+            .iter()
+            .zip(&keep)
+            .filter(|(_, &k)| k)
+            .map(|(n, _)| n.clone())
+            .collect();
+        g.inputs.retain(|v| needed.contains(v.name.as_str()));
+        g.outputs = outputs
+            .iter()
+            .map(|o| {
+                let meta = self
+                    .metas
+                    .get(*o)
+                    .filter(|_| fwd.iter().any(|n| n.output.iter().any(|x| x == o)));
+                meta.map(|m| value_info(o, m))
+                    .ok_or_else(|| Error::MissingValue {
+                        role: "forward output",
+                        name: o.to_string(),
+                        hint: "; it must be computed by the model".into(),
+                    })
+            })
+            .collect::<Result<_>>()?;
+        Ok(g)
+    }
 }
 
 /// Builds the training graph of `model` for micro-batches shaped like `example` (the
@@ -89,11 +130,7 @@ pub fn build_training_graph(
         }
     }
     let label = opts.loss.label();
-    let model_feeds: Vec<(&str, &Tensor)> = example
-        .iter()
-        .filter(|(n, _)| Some(*n) != label || g.inputs.iter().any(|v| v.name == *n))
-        .copied()
-        .collect();
+    let model_feeds = feeds_for(&g, example);
     let forward_metas = probe_values(rt, &g, &model_feeds)?;
     let pred_name = match &opts.loss {
         LossSpec::SoftmaxCrossEntropy { prediction, .. } | LossSpec::Mse { prediction, .. } => {
@@ -151,7 +188,7 @@ pub fn build_training_graph(
     }
     g.initializers = inits;
     let loss_metas = {
-        let mut feeds = example.to_vec();
+        let mut feeds = feeds_for(&g, example);
         feeds.extend(param_values.iter().map(|(n, t)| (n.as_str(), t)));
         let mut probe_graph = g.clone();
         for (n, t) in &param_values {
@@ -211,7 +248,7 @@ pub fn build_training_graph(
         }
     }
     // Measure the backward values too (stage graphs declare their types).
-    let mut feeds: Vec<(&str, &Tensor)> = example.to_vec();
+    let mut feeds = feeds_for(&full, example);
     feeds.extend(params.iter().map(|p| (p.name.as_str(), &p.init)));
     let seed = Tensor::zeros(loss_meta.dtype, vec![]);
     feeds.push((LOSS_GRAD, &seed));
@@ -225,6 +262,15 @@ pub fn build_training_graph(
         metas,
         unused_params: backward.no_grad,
     })
+}
+
+/// The example tensors that are inputs of `g` (data files may hold more arrays).
+fn feeds_for<'a>(g: &Graph, example: &[(&'a str, &'a Tensor)]) -> Vec<(&'a str, &'a Tensor)> {
+    example
+        .iter()
+        .filter(|(n, _)| g.inputs.iter().any(|v| v.name == *n))
+        .copied()
+        .collect()
 }
 
 fn meta_of(t: &Tensor) -> ValueMeta {
