@@ -9,15 +9,19 @@
 //!   weight-grad graphs, and export of the trained inference model.
 //! - [`compute`]: ONNX Runtime through `ort` (`load-dynamic`): finding the library,
 //!   sessions fed without copies, the shape probe, training-step runners.
-//! - [`data`]: NumPy and safetensors files.
+//! - [`data`]: NumPy and safetensors files, per-step batches.
+//! - [`config`]: the training configuration (TOML), validated up front.
+//! - [`train`]: the one-process training loop over the stage graphs.
 //! - [`Error`]: the one error type.
 #![deny(missing_docs)]
 
 pub mod compute;
+pub mod config;
 pub mod data;
 mod error;
 pub mod graph;
 pub mod onnx;
 pub mod tensor;
+pub mod train;
 
 pub use error::{Error, Result};

@@ -40,6 +40,7 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
         intra_threads: 1,
         inter_threads: 1,
         optimize: false,
+        spin: false,
     };
     let mut session = GraphSession::new(rt, &probe, &opts, "the shape probe")?;
     let values = session.run(feeds)?;

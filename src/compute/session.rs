@@ -21,6 +21,9 @@ pub struct SessionOptions {
     pub inter_threads: usize,
     /// Run ONNX Runtime's graph optimizations (fusions, constant folding).
     pub optimize: bool,
+    /// Let idle intra-op threads spin waiting for work (faster for one session alone,
+    /// slower when several sessions share the cores).
+    pub spin: bool,
 }
 
 impl Default for SessionOptions {
@@ -29,6 +32,7 @@ impl Default for SessionOptions {
             intra_threads: 2,
             inter_threads: 1,
             optimize: true,
+            spin: true,
         }
     }
 }
@@ -90,6 +94,16 @@ impl GraphSession {
             .and_then(|b| {
                 b.with_parallel_execution(opts.inter_threads > 1)
                     .map_err(Into::into)
+            })
+            .and_then(|b| {
+                // Idle intra-op threads spin for work by default; with several sessions
+                // on few cores (pipeline stages), spinning threads of an idle session
+                // steal the cores a busy one needs.
+                b.with_config_entry(
+                    "session.intra_op.allow_spinning",
+                    if opts.spin { "1" } else { "0" },
+                )
+                .map_err(Into::into)
             })
             .and_then(|mut b| b.commit_from_memory(&bytes))
             .map_err(Error::ort(ctx()))?;

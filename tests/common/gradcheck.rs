@@ -237,6 +237,7 @@ impl GradCheck {
                 intra_threads: 1,
                 inter_threads: 1,
                 optimize: true,
+                spin: false,
             },
         )
         .map_err(|e| e.to_string())?;

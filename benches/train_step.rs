@@ -1,0 +1,146 @@
+//! Training-step throughput on the peers' models (../shared/peers), as the peers measure
+//! it: 2 threads, batch 64 (mlp) / 8 x 64 (tiny_gpt), forward + loss + backward + SGD
+//! update, 10 warm-up steps then windows of 50 steps, median of the windows.
+//!
+//! `cargo bench --bench train_step` prints steps/s per model and, when
+//! `../shared/peers/results/throughput.csv` is there, the ratio to the best peer's
+//! figure in it (run `../shared/peers/run_peers.sh bench` in the same sitting for a fair
+//! ratio: the CSV is rewritten by that run).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::Instant;
+
+use common::PeerModel;
+use pipetrain::compute::{SessionOptions, StageChain, TensorMap, TrainSession};
+use pipetrain::graph::{
+    assign_stages, build_stage_graphs, build_training_graph, BalanceBy, Partition,
+};
+use pipetrain::tensor::Tensor;
+
+const WARMUP: usize = 10;
+const WINDOW: usize = 50;
+const WINDOWS: usize = 5;
+
+fn main() {
+    let rt = common::runtime();
+
+    println!("| model | runner | train SGD steps/s (median of {WINDOWS} x {WINDOW}) | min | max | best peer SGD steps/s | ratio |");
+    println!("|---|---|---|---|---|---|---|");
+    for model in ["mlp", "tiny_gpt"] {
+        let peer = PeerModel::load(model);
+        let batches: Vec<TensorMap> = (0..200).map(|s| peer.batch(s)).collect();
+        let tg = build_training_graph(
+            &rt,
+            &peer.model_with_init(),
+            &peer.options(),
+            &PeerModel::example(&batches[0]),
+        )
+        .unwrap();
+        let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
+        let best_peer = best_peer_sgd(model);
+
+        let opts = SessionOptions {
+            intra_threads: 2,
+            inter_threads: 1,
+            optimize: true,
+            spin: true,
+        };
+        let mut fused = TrainSession::new(&rt, &tg, &opts).unwrap();
+        let mut params: TensorMap = tg
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.init.clone()))
+            .collect();
+        let rates = measure(|i| {
+            let out = fused.step(&params, &batches[i % 200], &seed).unwrap();
+            common::sgd(&mut params, &out.grads, 0.05);
+        });
+        report(model, "one graph", &rates, best_peer);
+
+        let stages = build_stage_graphs(
+            &tg,
+            &assign_stages(
+                &tg,
+                &Partition::Balanced {
+                    stages: 2,
+                    by: BalanceBy::Flops,
+                },
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let opts = SessionOptions {
+            spin: false,
+            ..opts
+        };
+        let mut chain = StageChain::new(&rt, &tg, &stages, &opts, false).unwrap();
+        let mut params: TensorMap = tg
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.init.clone()))
+            .collect();
+        let rates = measure(|i| {
+            let out = chain.step(&params, &batches[i % 200], &seed).unwrap();
+            common::sgd(&mut params, &out.grads, 0.05);
+        });
+        report(model, "2 stages in a chain", &rates, best_peer);
+    }
+}
+
+fn measure(mut step: impl FnMut(usize)) -> Vec<f64> {
+    let mut i = 0;
+    for _ in 0..WARMUP {
+        step(i);
+        i += 1;
+    }
+    let mut rates: Vec<f64> = (0..WINDOWS)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..WINDOW {
+                step(i);
+                i += 1;
+            }
+            WINDOW as f64 / t.elapsed().as_secs_f64()
+        })
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    rates
+}
+
+fn report(model: &str, runner: &str, rates: &[f64], best_peer: Option<f64>) {
+    let median = rates[rates.len() / 2];
+    let (peer, ratio) = match best_peer {
+        Some(p) => (format!("{p:.1}"), format!("{:.2}x", median / p)),
+        None => ("-".into(), "-".into()),
+    };
+    println!(
+        "| {model} | {runner} | {median:.1} | {:.1} | {:.1} | {peer} | {ratio} |",
+        rates[0],
+        rates[rates.len() - 1]
+    );
+}
+
+/// The best peer's median SGD training steps/s from the peers' throughput.csv.
+fn best_peer_sgd(model: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(common::peers_dir().join("results/throughput.csv")).ok()?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next()?.split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name);
+    let (m, mode, opt, v) = (
+        col("model")?,
+        col("mode")?,
+        col("opt")?,
+        col("steps_per_s_median")?,
+    );
+    lines
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            let hit = f.get(m) == Some(&model)
+                && f.get(mode) == Some(&"train")
+                && f.get(opt) == Some(&"sgd");
+            hit.then(|| f.get(v)?.parse::<f64>().ok()).flatten()
+        })
+        .reduce(f64::max)
+}

@@ -1,0 +1,174 @@
+//! Turning the arrays of a data file into per-step batches.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::compute::TensorMap;
+use crate::config::{DataConfig, DataLayout};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// Makes the batch of each step from an `.npz` file's arrays.
+#[derive(Debug)]
+pub struct Batches {
+    arrays: HashMap<String, Tensor>,
+    layout: DataLayout,
+    order: Option<Vec<Vec<usize>>>,
+    batch_size: usize,
+    rows: usize,
+}
+
+impl Batches {
+    /// Reads the data file and checks that the layout's arrays are there and agree.
+    ///
+    /// # Errors
+    /// `Io`/`Data` for the file, `Config` naming the field whose array is missing or
+    /// malformed.
+    pub fn open(cfg: &DataConfig, config_path: &Path) -> Result<Batches> {
+        let arrays = super::read_npz(&cfg.path)?;
+        let bad = |field: &str, rule: String| Error::Config {
+            path: config_path.to_path_buf(),
+            field: field.into(),
+            rule,
+        };
+        let get = |field: &str, name: &str| -> Result<&Tensor> {
+            arrays.get(name).ok_or_else(|| {
+                let mut have: Vec<&String> = arrays.keys().collect();
+                have.sort();
+                bad(
+                    field,
+                    format!(
+                        "{} has no array `{name}` (it has {have:?})",
+                        cfg.path.display()
+                    ),
+                )
+            })
+        };
+        let used: Vec<(&str, &str)> = match &cfg.layout {
+            DataLayout::Arrays { feeds } => feeds
+                .values()
+                .map(|a| ("data.layout.feeds", a.as_str()))
+                .collect(),
+            DataLayout::NextToken { array, .. } => vec![("data.layout.array", array.as_str())],
+        };
+        let mut rows = None;
+        for (field, name) in used {
+            let t = get(field, name)?;
+            let n = *t
+                .shape
+                .first()
+                .ok_or_else(|| bad(field, format!("array `{name}` is a scalar")))?;
+            if rows.is_some_and(|r| r != n) {
+                return Err(bad(
+                    field,
+                    format!(
+                        "array `{name}` has {n} rows, other arrays {}",
+                        rows.unwrap_or(0)
+                    ),
+                ));
+            }
+            rows = Some(n);
+            if let DataLayout::NextToken { .. } = cfg.layout {
+                if t.shape.len() != 2 || t.shape[1] < 2 || t.as_i64().is_none() {
+                    return Err(bad(
+                        field,
+                        format!(
+                            "array `{name}` must be int64 [rows, T + 1], got {:?} {:?}",
+                            t.dtype(),
+                            t.shape
+                        ),
+                    ));
+                }
+            }
+        }
+        let rows = rows.unwrap_or(0);
+        let order = match &cfg.batch_order {
+            Some(name) => {
+                let t = get("data.batch_order", name)?;
+                let v = t
+                    .to_i64_vec()
+                    .filter(|_| t.shape.len() == 2)
+                    .ok_or_else(|| {
+                        bad(
+                            "data.batch_order",
+                            format!("array `{name}` must be an integer [steps, batch] array"),
+                        )
+                    })?;
+                if let Some(&r) = v.iter().find(|&&r| r < 0 || r as usize >= rows) {
+                    return Err(bad(
+                        "data.batch_order",
+                        format!("row index {r} is outside the {rows} rows of data"),
+                    ));
+                }
+                let w = t.shape[1];
+                Some(
+                    v.chunks(w.max(1))
+                        .map(|c| c.iter().map(|&r| r as usize).collect::<Vec<usize>>())
+                        .collect::<Vec<_>>(),
+                )
+            }
+            None => None,
+        };
+        let batch_size = match (&order, cfg.batch_size) {
+            (Some(o), _) => o.first().map_or(0, Vec::len),
+            (None, Some(b)) => b,
+            (None, None) => 0,
+        };
+        if batch_size == 0 || batch_size > rows {
+            return Err(bad(
+                "data.batch_size",
+                format!("batches of {batch_size} rows from {rows} rows of data"),
+            ));
+        }
+        Ok(Batches {
+            arrays,
+            layout: cfg.layout.clone(),
+            order,
+            batch_size,
+            rows,
+        })
+    }
+
+    /// Rows per batch.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// The batch of step `step` (the order repeats when the steps outnumber it).
+    ///
+    /// # Errors
+    /// `BadTensor` only if the arrays changed shape since `open` (they cannot).
+    pub fn batch(&self, step: usize) -> Result<TensorMap> {
+        let rows: Vec<usize> = match &self.order {
+            Some(o) => o[step % o.len()].clone(),
+            None => (0..self.batch_size)
+                .map(|i| (step * self.batch_size + i) % self.rows)
+                .collect(),
+        };
+        let mut out = TensorMap::new();
+        match &self.layout {
+            DataLayout::Arrays { feeds } => {
+                for (input, array) in feeds {
+                    out.insert(input.clone(), self.arrays[array].gather_rows(&rows)?);
+                }
+            }
+            DataLayout::NextToken {
+                array,
+                input,
+                label,
+            } => {
+                let t = self.arrays[array].gather_rows(&rows)?;
+                let (b, w) = (t.shape[0], t.shape[1]);
+                let v = t.as_i64().unwrap_or_default();
+                let shifted = |off: usize| -> Vec<i64> {
+                    (0..b)
+                        .flat_map(|r| v[r * w + off..r * w + off + w - 1].iter().copied())
+                        .collect()
+                };
+                out.insert(input.clone(), Tensor::i64(vec![b, w - 1], shifted(0))?);
+                out.insert(label.clone(), Tensor::i64(vec![b, w - 1], shifted(1))?);
+            }
+        }
+        Ok(out)
+    }
+}
