@@ -28,6 +28,7 @@ fn main() {
 
     println!("| model | runner | train SGD steps/s (median of {WINDOWS} x {WINDOW}) | min | max | best peer SGD steps/s | ratio |");
     println!("|---|---|---|---|---|---|---|");
+    let mut profiles = Vec::new();
     for model in ["mlp", "tiny_gpt"] {
         let peer = PeerModel::load(model);
         let batches: Vec<TensorMap> = (0..200).map(|s| peer.batch(s)).collect();
@@ -46,6 +47,7 @@ fn main() {
             inter_threads: 1,
             optimize: true,
             spin: true,
+            profile: false,
         };
         let mut fused = TrainSession::new(&rt, &tg, &opts).unwrap();
         let mut params: TensorMap = tg
@@ -86,7 +88,101 @@ fn main() {
             common::sgd(&mut params, &out.grads, 0.05);
         });
         report(model, "2 stages in a chain", &rates, best_peer);
+        profiles.push((model, where_time_goes(&rt, &tg, &batches, &seed, opts)));
     }
+    for (model, table) in profiles {
+        println!("\n{model}: where one training step's time goes (ONNX Runtime profile, 20 steps, one graph)\n{table}");
+    }
+}
+
+/// Runs 20 profiled steps and sums ONNX Runtime's kernel times per operator type, next
+/// to the wall time of the whole step (the difference is pipetrain's own host work:
+/// binding, copying gradients out, SGD).
+fn where_time_goes(
+    rt: &pipetrain::compute::Runtime,
+    tg: &pipetrain::graph::TrainingGraph,
+    batches: &[TensorMap],
+    seed: &Tensor,
+    opts: SessionOptions,
+) -> String {
+    let opts = SessionOptions {
+        profile: true,
+        spin: true,
+        ..opts
+    };
+    let mut session = TrainSession::new(rt, tg, &opts).unwrap();
+    let mut params: TensorMap = tg
+        .params
+        .iter()
+        .map(|p| (p.name.clone(), p.init.clone()))
+        .collect();
+    for i in 0..5 {
+        let out = session.step(&params, &batches[i], seed).unwrap();
+        common::sgd(&mut params, &out.grads, 0.05);
+    }
+    let t = Instant::now();
+    let mut run_us = 0.0;
+    for i in 0..20 {
+        let r = Instant::now();
+        let out = session.step(&params, &batches[i], seed).unwrap();
+        run_us += r.elapsed().as_secs_f64() * 1e6;
+        common::sgd(&mut params, &out.grads, 0.05);
+    }
+    let wall_us = t.elapsed().as_secs_f64() * 1e6;
+    let path = session.end_profiling().unwrap();
+    let events: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let mut per_op: std::collections::HashMap<String, f64> = Default::default();
+    let mut model_run_us = 0.0;
+    for e in &events {
+        let dur = e["dur"].as_f64().unwrap_or(0.0);
+        if e["cat"] == "Node"
+            && e["name"]
+                .as_str()
+                .is_some_and(|n| n.ends_with("_kernel_time"))
+        {
+            *per_op
+                .entry(e["args"]["op_name"].as_str().unwrap_or("?").to_string())
+                .or_default() += dur;
+        } else if e["cat"] == "Session" && e["name"] == "model_run" {
+            model_run_us += dur;
+        }
+    }
+    // The first 5 (warm-up) runs are in the profile too: keep the last 20 of them.
+    let scale = 20.0 / 25.0;
+    let kernels: f64 = per_op.values().sum::<f64>() * scale;
+    let mut ops: Vec<(String, f64)> = per_op.into_iter().map(|(k, v)| (k, v * scale)).collect();
+    ops.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let mut out = String::from("| part | us/step | share of step |\n|---|---|---|\n");
+    let per = |us: f64| us / 20.0;
+    let share = |us: f64| 100.0 * us / wall_us;
+    for (op, us) in ops.iter().take(8) {
+        out += &format!("| kernel {op} | {:.0} | {:.1}% |\n", per(*us), share(*us));
+    }
+    out += &format!(
+        "| all kernels | {:.0} | {:.1}% |\n",
+        per(kernels),
+        share(kernels)
+    );
+    out += &format!(
+        "| ORT run outside kernels | {:.0} | {:.1}% |\n",
+        per(model_run_us * scale - kernels),
+        share(model_run_us * scale - kernels)
+    );
+    let glue = run_us - model_run_us * scale;
+    out += &format!(
+        "| around ORT's run (lending feeds, copying outputs out) | {:.0} | {:.1}% |\n",
+        per(glue),
+        share(glue)
+    );
+    out += &format!(
+        "| pipetrain host work (batch, SGD) | {:.0} | {:.1}% |\n",
+        per(wall_us - run_us),
+        share(wall_us - run_us)
+    );
+    out += &format!("| step (wall) | {:.0} | 100% |", per(wall_us));
+    out
 }
 
 fn measure(mut step: impl FnMut(usize)) -> Vec<f64> {

@@ -72,6 +72,7 @@ pub fn train(
         optimize: cfg.runtime.optimize,
         // One session alone may spin; stage sessions take turns on the same cores.
         spin: cfg.pipeline.partition.is_none(),
+        profile: false,
     };
     let mut runner = match &cfg.pipeline.partition {
         Some(p) => {

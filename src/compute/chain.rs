@@ -44,6 +44,14 @@ impl TrainSession {
         })
     }
 
+    /// Stops profiling (see [`SessionOptions::profile`]) and returns the profile's path.
+    ///
+    /// # Errors
+    /// `Ort` when the session was not profiling.
+    pub fn end_profiling(&mut self) -> Result<std::path::PathBuf> {
+        self.session.end_profiling()
+    }
+
     /// Forward, loss and backward on one micro-batch; `seed` is the loss's gradient.
     ///
     /// # Errors

@@ -41,6 +41,7 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
         inter_threads: 1,
         optimize: false,
         spin: false,
+        profile: false,
     };
     let mut session = GraphSession::new(rt, &probe, &opts, "the shape probe")?;
     let values = session.run(feeds)?;

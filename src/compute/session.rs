@@ -24,6 +24,9 @@ pub struct SessionOptions {
     /// Let idle intra-op threads spin waiting for work (faster for one session alone,
     /// slower when several sessions share the cores).
     pub spin: bool,
+    /// Record ONNX Runtime's per-operator profile (a JSON file in the current folder,
+    /// named after the session; see [`GraphSession::end_profiling`]).
+    pub profile: bool,
 }
 
 impl Default for SessionOptions {
@@ -33,6 +36,7 @@ impl Default for SessionOptions {
             inter_threads: 1,
             optimize: true,
             spin: true,
+            profile: false,
         }
     }
 }
@@ -105,6 +109,18 @@ impl GraphSession {
                 )
                 .map_err(Into::into)
             })
+            .and_then(|b| {
+                if opts.profile {
+                    let name: String = label
+                        .chars()
+                        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                        .collect();
+                    b.with_profiling(format!("pipetrain_{name}"))
+                        .map_err(Into::into)
+                } else {
+                    Ok(b)
+                }
+            })
             .and_then(|mut b| b.commit_from_memory(&bytes))
             .map_err(Error::ort(ctx()))?;
         Ok(GraphSession {
@@ -118,6 +134,18 @@ impl GraphSession {
                 .collect(),
             outputs: graph.output.iter().map(|v| v.name.clone()).collect(),
         })
+    }
+
+    /// Stops profiling and returns the profile file's path (sessions made with
+    /// `profile: true`).
+    ///
+    /// # Errors
+    /// `Ort` when the session was not profiling.
+    pub fn end_profiling(&mut self) -> Result<std::path::PathBuf> {
+        self.session
+            .end_profiling()
+            .map(Into::into)
+            .map_err(Error::ort(format!("ending the profile of {}", self.label)))
     }
 
     /// The graph's input names, in order.

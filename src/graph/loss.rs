@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::graph::ir::{
     int_attr, make_node, string_attr, tensor_attr, value_info, Graph, ValueMeta,
 };
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
 /// The name of the scalar loss value in every training graph.
@@ -65,111 +65,14 @@ pub fn attach_loss(
     prediction_meta: &ValueMeta,
     label_meta: Option<&ValueMeta>,
 ) -> Result<()> {
-    let (prediction, label) = match spec {
-        LossSpec::Output { name } => {
-            if !g.has_value(name) {
-                return Err(missing("loss output", name, g));
-            }
-            if prediction_meta.numel() != 1 {
-                return Err(Error::BadTensor {
-                    name: name.clone(),
-                    reason: format!(
-                        "a loss must be a scalar, this has shape {:?}",
-                        prediction_meta.shape
-                    ),
-                });
-            }
-            g.nodes.push(make_node(
-                "Identity",
-                "loss/identity",
-                &[name],
-                &[LOSS],
-                vec![],
-            ));
-            return Ok(());
-        }
-        LossSpec::SoftmaxCrossEntropy {
-            prediction, label, ..
-        }
-        | LossSpec::Mse { prediction, label } => (prediction, label),
-    };
-    if !g.has_value(prediction) {
-        return Err(missing("prediction", prediction, g));
-    }
-    if g.has_value(LOSS) {
-        return Err(Error::graph(format!(
-            "the model already has a value named `{LOSS}`, the name pipetrain gives the loss; \
-             use `output` as the loss kind if it is the loss"
-        )));
-    }
-    let lm = match (g.inputs.iter().any(|v| &v.name == label), label_meta) {
-        (_, Some(m)) => m.clone(),
-        (true, None) => {
-            return Err(Error::MissingValue {
-                role: "label",
-                name: label.clone(),
-                hint: "; its shape is unknown (no data provides it)".into(),
-            })
-        }
-        (false, None) => return Err(missing("label", label, g)),
-    };
-    if !g.inputs.iter().any(|v| &v.name == label) {
-        g.inputs.push(value_info(label, &lm));
-    }
-    let ps = &prediction_meta.shape;
-    // The label as the loss op wants it: [N, d1, ...] for logits [N, C, d1, ...] (cross
-    // entropy), the prediction's shape (MSE). Data often comes in another layout of the
-    // same size (e.g. [B, T] targets for [B*T, V] logits), so reshape when sizes agree.
-    let want: Vec<usize> = match spec {
-        LossSpec::SoftmaxCrossEntropy { .. } => {
-            if ps.len() < 2 {
-                return Err(Error::BadTensor {
-                    name: prediction.clone(),
-                    reason: format!(
-                        "cross-entropy needs logits of rank >= 2 (classes on axis 1), got {ps:?}"
-                    ),
-                });
-            }
-            ps.iter()
-                .enumerate()
-                .filter(|&(i, _)| i != 1)
-                .map(|(_, &d)| d)
-                .collect()
-        }
-        _ => ps.clone(),
-    };
-    if lm.numel() != want.iter().product::<usize>() {
-        return Err(Error::BadTensor {
-            name: label.clone(),
-            reason: format!(
-                "label shape {:?} does not fit prediction shape {ps:?} (expected {want:?})",
-                lm.shape
-            ),
-        });
-    }
-    let label_in = if lm.shape == want {
-        label.clone()
-    } else {
-        let shape = Tensor::i64(vec![want.len()], want.iter().map(|&d| d as i64).collect())?;
-        let s = "loss/label_shape";
-        g.nodes.push(make_node(
-            "Constant",
-            s,
-            &[],
-            &[s],
-            vec![tensor_attr("value", shape.to_proto(s))],
-        ));
-        g.nodes.push(make_node(
-            "Reshape",
-            "loss/label_reshape",
-            &[label, s],
-            &["loss/label"],
-            vec![],
-        ));
-        "loss/label".to_string()
-    };
     match spec {
-        LossSpec::SoftmaxCrossEntropy { ignore_index, .. } => {
+        LossSpec::Output { name } => attach_output(g, name, prediction_meta),
+        LossSpec::SoftmaxCrossEntropy {
+            prediction,
+            label,
+            ignore_index,
+        } => {
+            let label_in = prepare_label(g, prediction, label, true, prediction_meta, label_meta)?;
             let mut attrs = vec![string_attr("reduction", "mean")];
             if let Some(ii) = ignore_index {
                 attrs.push(int_attr("ignore_index", *ii));
@@ -181,18 +84,18 @@ pub fn attach_loss(
                 &[LOSS, "loss/log_prob"],
                 attrs,
             ));
+            Ok(())
         }
-        LossSpec::Mse { .. } => {
+        LossSpec::Mse { prediction, label } => {
+            let label_in = prepare_label(g, prediction, label, false, prediction_meta, label_meta)?;
+            let rank = prediction_meta.shape.len();
             let inv_n = 1.0 / prediction_meta.numel() as f64;
-            let scale = Tensor {
-                shape: vec![],
-                data: match prediction_meta.dtype {
-                    crate::tensor::DType::F64 => crate::tensor::TensorData::F64(vec![inv_n]),
-                    _ => crate::tensor::TensorData::F32(vec![inv_n as f32]),
-                },
+            let scale = match prediction_meta.dtype {
+                DType::F64 => Tensor::f64(vec![], vec![inv_n])?,
+                _ => Tensor::f32(vec![], vec![inv_n as f32])?,
             };
-            let axes = Tensor::i64(vec![ps.len()], (0..ps.len() as i64).collect())?;
-            let nodes = [
+            let axes = Tensor::i64(vec![rank], (0..rank as i64).collect())?;
+            g.nodes.extend([
                 make_node(
                     "Sub",
                     "loss/diff",
@@ -207,13 +110,7 @@ pub fn attach_loss(
                     &["loss/square"],
                     vec![],
                 ),
-                make_node(
-                    "Constant",
-                    "loss/axes",
-                    &[],
-                    &["loss/axes"],
-                    vec![tensor_attr("value", axes.to_proto("loss/axes"))],
-                ),
+                constant_node("loss/axes", &axes),
                 make_node(
                     "ReduceSum",
                     "loss/sum",
@@ -221,13 +118,7 @@ pub fn attach_loss(
                     &["loss/sum"],
                     vec![int_attr("keepdims", 0)],
                 ),
-                make_node(
-                    "Constant",
-                    "loss/inv_n",
-                    &[],
-                    &["loss/inv_n"],
-                    vec![tensor_attr("value", scale.to_proto("loss/inv_n"))],
-                ),
+                constant_node("loss/inv_n", &scale),
                 make_node(
                     "Mul",
                     "loss/mean",
@@ -235,12 +126,122 @@ pub fn attach_loss(
                     &[LOSS],
                     vec![],
                 ),
-            ];
-            g.nodes.extend(nodes);
+            ]);
+            Ok(())
         }
-        LossSpec::Output { .. } => unreachable!("handled above"),
+    }
+}
+
+/// The model's own scalar output is the loss.
+fn attach_output(g: &mut Graph, name: &str, meta: &ValueMeta) -> Result<()> {
+    if !g.has_value(name) {
+        return Err(missing("loss output", name, g));
+    }
+    if meta.numel() != 1 {
+        return Err(Error::BadTensor {
+            name: name.into(),
+            reason: format!("a loss must be a scalar, this has shape {:?}", meta.shape),
+        });
+    }
+    if name != LOSS {
+        g.nodes.push(make_node(
+            "Identity",
+            "loss/identity",
+            &[name],
+            &[LOSS],
+            vec![],
+        ));
     }
     Ok(())
+}
+
+/// Checks the prediction, adds the label input, and returns the label as the loss op
+/// wants it: [N, d1, ...] for logits [N, C, d1, ...] (cross entropy, `class_axis`), the
+/// prediction's shape (MSE). Data often comes in another layout of the same size (e.g.
+/// [B, T] targets for [B*T, V] logits), so the label is reshaped when the sizes agree.
+fn prepare_label(
+    g: &mut Graph,
+    prediction: &str,
+    label: &str,
+    class_axis: bool,
+    prediction_meta: &ValueMeta,
+    label_meta: Option<&ValueMeta>,
+) -> Result<String> {
+    if !g.has_value(prediction) {
+        return Err(missing("prediction", prediction, g));
+    }
+    if g.has_value(LOSS) {
+        return Err(Error::graph(format!(
+            "the model already has a value named `{LOSS}`, the name pipetrain gives the loss; \
+             use `output` as the loss kind if it is the loss"
+        )));
+    }
+    let is_input = g.inputs.iter().any(|v| v.name == label);
+    let lm = match (label_meta, is_input) {
+        (Some(m), _) => m.clone(),
+        (None, true) => {
+            return Err(Error::MissingValue {
+                role: "label",
+                name: label.into(),
+                hint: "; its shape is unknown (no data provides it)".into(),
+            })
+        }
+        (None, false) => return Err(missing("label", label, g)),
+    };
+    if !is_input {
+        g.inputs.push(value_info(label, &lm));
+    }
+    let ps = &prediction_meta.shape;
+    let want: Vec<usize> = if class_axis {
+        if ps.len() < 2 {
+            return Err(Error::BadTensor {
+                name: prediction.into(),
+                reason: format!(
+                    "cross-entropy needs logits of rank >= 2 (classes on axis 1), got {ps:?}"
+                ),
+            });
+        }
+        ps.iter()
+            .enumerate()
+            .filter(|&(i, _)| i != 1)
+            .map(|(_, &d)| d)
+            .collect()
+    } else {
+        ps.clone()
+    };
+    if lm.numel() != want.iter().product::<usize>() {
+        return Err(Error::BadTensor {
+            name: label.into(),
+            reason: format!(
+                "label shape {:?} does not fit prediction shape {ps:?} (expected {want:?})",
+                lm.shape
+            ),
+        });
+    }
+    if lm.shape == want {
+        return Ok(label.into());
+    }
+    let shape = Tensor::i64(vec![want.len()], want.iter().map(|&d| d as i64).collect())?;
+    g.nodes.push(constant_node("loss/label_shape", &shape));
+    g.nodes.push(make_node(
+        "Reshape",
+        "loss/label_reshape",
+        &[label, "loss/label_shape"],
+        &["loss/label"],
+        vec![],
+    ));
+    Ok("loss/label".into())
+}
+
+/// A `Constant` node whose output has the node's name.
+fn constant_node(name: &str, t: &Tensor) -> crate::onnx::proto::NodeProto {
+    make_node(
+        "Constant",
+        name,
+        &[],
+        &[name],
+        vec![tensor_attr("value", t.to_proto(name))],
+    )
 }
 
 fn missing(role: &'static str, name: &str, g: &Graph) -> Error {

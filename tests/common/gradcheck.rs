@@ -238,6 +238,7 @@ impl GradCheck {
                 inter_threads: 1,
                 optimize: true,
                 spin: false,
+                profile: false,
             },
         )
         .map_err(|e| e.to_string())?;
