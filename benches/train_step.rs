@@ -2,10 +2,9 @@
 //! it: 2 threads, batch 64 (mlp) / 8 x 64 (tiny_gpt), forward + loss + backward + SGD
 //! update, 10 warm-up steps then windows of 50 steps, median of the windows.
 //!
-//! `cargo bench --bench train_step` prints steps/s per model and, when
-//! `../shared/peers/results/throughput.csv` is there, the ratio to the best peer's
-//! figure in it (run `../shared/peers/run_peers.sh bench` in the same sitting for a fair
-//! ratio: the CSV is rewritten by that run).
+//! `cargo bench --bench train_step` prints steps/s per model and the ratio to the best
+//! peer's figure in `../shared/peers/results/throughput.csv` (measured on another day);
+//! `benches/side_by_side.sh` runs the peers and this bench in one sitting for a fair ratio.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -116,15 +115,15 @@ fn where_time_goes(
         .iter()
         .map(|p| (p.name.clone(), p.init.clone()))
         .collect();
-    for i in 0..5 {
-        let out = session.step(&params, &batches[i], seed).unwrap();
+    for batch in &batches[..5] {
+        let out = session.step(&params, batch, seed).unwrap();
         common::sgd(&mut params, &out.grads, 0.05);
     }
     let t = Instant::now();
     let mut run_us = 0.0;
-    for i in 0..20 {
+    for batch in &batches[..20] {
         let r = Instant::now();
-        let out = session.step(&params, &batches[i], seed).unwrap();
+        let out = session.step(&params, batch, seed).unwrap();
         run_us += r.elapsed().as_secs_f64() * 1e6;
         common::sgd(&mut params, &out.grads, 0.05);
     }
@@ -132,7 +131,9 @@ fn where_time_goes(
     let path = session.end_profiling().unwrap();
     let events: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&path);
+    if std::env::var_os("KEEP_PROFILE").is_none() {
+        let _ = std::fs::remove_file(&path);
+    }
     let mut per_op: std::collections::HashMap<String, f64> = Default::default();
     let mut model_run_us = 0.0;
     for e in &events {
@@ -218,9 +219,14 @@ fn report(model: &str, runner: &str, rates: &[f64], best_peer: Option<f64>) {
     );
 }
 
-/// The best peer's median SGD training steps/s from the peers' throughput.csv.
+/// The best peer's median SGD training steps/s: from the CSV named by
+/// `PEERS_THROUGHPUT_CSV` (what `benches/side_by_side.sh` measured in the same sitting),
+/// else from the peers' stored `results/throughput.csv`.
 fn best_peer_sgd(model: &str) -> Option<f64> {
-    let text = std::fs::read_to_string(common::peers_dir().join("results/throughput.csv")).ok()?;
+    let path = std::env::var_os("PEERS_THROUGHPUT_CSV")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| common::peers_dir().join("results/throughput.csv"));
+    let text = std::fs::read_to_string(path).ok()?;
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next()?.split(',').collect();
     let col = |name: &str| header.iter().position(|h| *h == name);
