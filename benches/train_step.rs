@@ -60,6 +60,22 @@ fn main() {
         });
         report(model, "one graph", &rates, best_peer);
 
+        let nospin = SessionOptions {
+            spin: false,
+            ..opts
+        };
+        let mut fused = TrainSession::new(&rt, &tg, &nospin).unwrap();
+        let mut params: TensorMap = tg
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.init.clone()))
+            .collect();
+        let rates = measure(|i| {
+            let out = fused.step(&params, &batches[i % 200], &seed).unwrap();
+            common::sgd(&mut params, &out.grads, 0.05);
+        });
+        report(model, "one graph, no spinning", &rates, best_peer);
+
         let stages = build_stage_graphs(
             &tg,
             &assign_stages(

@@ -156,7 +156,7 @@ impl Emitter {
     }
 
     /// Sums `g` (of shape `from`) down to `to`, undoing numpy-style broadcasting.
-    pub fn unbroadcast(&mut self, g: &str, from: &[usize], to: &[usize]) -> String {
+    pub fn unbroadcast(&mut self, g: &str, from: &[usize], to: &[usize], dtype: DType) -> String {
         if from == to {
             return g.to_string();
         }
@@ -167,12 +167,35 @@ impl Emitter {
                 axes.push((lead + i) as i64);
             }
         }
+        let k = axes.len();
         let summed = if axes.is_empty() {
             g.to_string()
+        } else if axes.iter().enumerate().all(|(i, &a)| a == i as i64) {
+            self.sum_leading(g, from, k, dtype)
         } else {
             self.reduce_sum(g, &axes, true)
         };
         self.reshape(&summed, to)
+    }
+
+    /// Sums over the first `k` axes of `g` (of shape `from`); the result has shape
+    /// `from[k..]`. Written as a row of ones times `g` seen as a matrix: ONNX Runtime's
+    /// CPU ReduceSum over leading axes ran 14x slower than that product (296 vs 21 us for
+    /// a bias gradient of tiny_gpt's MLP, [8, 64, 512] -> [512]).
+    pub fn sum_leading(&mut self, g: &str, from: &[usize], k: usize, dtype: DType) -> String {
+        let rows: usize = from[..k].iter().product();
+        let cols: usize = from[k..].iter().product();
+        let data = match dtype {
+            DType::F64 => TensorData::F64(vec![1.0; rows]),
+            _ => TensorData::F32(vec![1.0; rows]),
+        };
+        let ones = self.constant(Tensor {
+            shape: vec![1, rows],
+            data,
+        });
+        let m = self.reshape(g, &[rows, cols]);
+        let s = self.op("MatMul", &[&ones, &m], vec![]);
+        self.reshape(&s, &from[k..])
     }
 
     /// `alpha * op(a) @ op(b)` where `op` transposes the last two axes when asked; `ra`/`rb`

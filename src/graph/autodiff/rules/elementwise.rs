@@ -21,7 +21,8 @@ pub(super) fn dtype(ctx: &RuleCtx, name: &str) -> Result<DType> {
 fn to_input(ctx: &mut RuleCtx, g: &str, i: usize) -> Result<String> {
     let from = shape(ctx, ctx.output(0))?;
     let to = shape(ctx, ctx.input(i))?;
-    Ok(ctx.e.unbroadcast(g, &from, &to))
+    let t = dtype(ctx, ctx.input(i))?;
+    Ok(ctx.e.unbroadcast(g, &from, &to, t))
 }
 
 /// A rule for a one-input op whose gradient is `dY * f(X, Y)`.

@@ -50,7 +50,7 @@ pub fn matmul(ctx: &mut RuleCtx) -> Result<Grads> {
         let full = ctx.e.matmul_t((&dy2, ry), (&b2, rb), false, true, 1.0, t);
         let mut full_shape = batch.clone();
         full_shape.extend([m, k]);
-        let d = ctx.e.unbroadcast(&full, &full_shape, &sa2);
+        let d = ctx.e.unbroadcast(&full, &full_shape, &sa2, t);
         g[0] = Some(if sa.len() == 1 {
             ctx.e.reshape(&d, &sa)
         } else {
@@ -69,7 +69,7 @@ pub fn matmul(ctx: &mut RuleCtx) -> Result<Grads> {
             let full = ctx.e.matmul_t((&a2, ra), (&dy2, ry), true, false, 1.0, t);
             let mut full_shape = batch.clone();
             full_shape.extend([k, n]);
-            ctx.e.unbroadcast(&full, &full_shape, &sb2)
+            ctx.e.unbroadcast(&full, &full_shape, &sb2, t)
         };
         g[1] = Some(if sb.len() == 1 {
             ctx.e.reshape(&d, &sb)
@@ -122,7 +122,7 @@ pub fn gemm(ctx: &mut RuleCtx) -> Result<Grads> {
         let from = shape(ctx, ctx.output(0))?;
         let to = shape(ctx, ctx.input(2))?;
         let scaled = ctx.e.scale(&dy, beta, t);
-        g[2] = Some(ctx.e.unbroadcast(&scaled, &from, &to));
+        g[2] = Some(ctx.e.unbroadcast(&scaled, &from, &to, t));
     }
     Ok(g)
 }

@@ -154,10 +154,10 @@ pub fn layer_norm(ctx: &mut RuleCtx) -> Result<Grads> {
         let s = if lead_axes.is_empty() {
             v.to_string()
         } else {
-            ctx.e.reduce_sum(v, &lead_axes, false)
+            ctx.e.sum_leading(v, &sx, lead_axes.len(), t)
         };
         let to = shape(ctx, ctx.input(i))?;
-        Ok(ctx.e.unbroadcast(&s, &norm_shape, &to))
+        Ok(ctx.e.unbroadcast(&s, &norm_shape, &to, t))
     };
     if ctx.needs(2) {
         g[2] = Some(sum_lead(ctx, &dy, 2)?);

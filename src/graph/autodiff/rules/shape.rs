@@ -195,5 +195,6 @@ pub fn expand(ctx: &mut RuleCtx) -> Result<Grads> {
     let dy = ctx.dy(0)?;
     let from = shape(ctx, ctx.output(0))?;
     let to = shape(ctx, ctx.input(0))?;
-    Ok(vec![Some(ctx.e.unbroadcast(&dy, &from, &to)), None])
+    let t = dtype(ctx, ctx.input(0))?;
+    Ok(vec![Some(ctx.e.unbroadcast(&dy, &from, &to, t)), None])
 }
