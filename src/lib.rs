@@ -21,6 +21,8 @@ pub mod data;
 mod error;
 pub mod graph;
 pub mod onnx;
+pub mod optim;
+pub mod telemetry;
 pub mod tensor;
 pub mod train;
 

@@ -1,0 +1,1 @@
+//! Telemetry: metrics, progress, timeline drawings (being written).
