@@ -1,9 +1,37 @@
-//! pipetrain's actor runtime.
+//! pipetrain's actor runtime: pipeline stages and data-parallel replicas as tokio tasks
+//! exchanging micro-batch activations and gradients through bounded flume mailboxes,
+//! under a schedule from `pipetrain-schedules`.
 //!
 //! # Layout
-//! Not built yet: the stage, scheduler, coordinator and data actors arrive with the
-//! runtime issue. The crate exists now so that the workspace has its final shape and
-//! the dependency direction `pipetrain -> pipetrain-actors -> pipetrain-schedules` holds.
+//! - `traits`: what the runtime is generic over: [`StageCompute`] (one stage of one
+//!   replica), [`DataSource`] (micro-batches), [`Collective`] (gradient reduction).
+//! - `stage`: the stage actor, one per (pipeline rank, replica); runs its rank's actions.
+//! - `scheduler`: the scheduler actor; hands out steps and runs the watchdog, whose
+//!   report names who waits on whom.
+//! - `coordinator`: learning rate per step, the step's loss, per-step results.
+//! - `data`: the data actors, one per (replica, stage that reads data), prefetching.
+//! - `collective`: in-process AllReduce ([`LocalCollective`]), one group per stage.
+//! - `engine`: [`run`] starts all of them for a run and stops them in order.
+//! - `sim`: simulated stages sleeping modelled costs, for schedule tests and replays on
+//!   a virtual clock (`tokio::time::pause`); [`replay`] re-drives a recorded run.
+//! - `error`: [`ActorError`], the crate's one error type.
 #![deny(missing_docs)]
 
+mod collective;
+mod coordinator;
+mod data;
+mod engine;
+mod error;
+mod scheduler;
+pub mod sim;
+mod stage;
+mod traits;
+
+pub use collective::LocalCollective;
+pub use coordinator::StepResult;
+pub use data::PREFETCH;
+pub use engine::{lowered, run, EngineSettings, RunOutput, RunTrace};
+pub use error::{ActorError, BoxError};
 pub use pipetrain_schedules as schedules;
+pub use sim::{replay, ReplayDivergence};
+pub use traits::{BackwardPart, Collective, DataSource, ForwardOut, StageCompute};

@@ -1,0 +1,159 @@
+//! The coordinator actor: learning rate per step, the step's loss from the last stage of
+//! every replica, and the per-step report (metrics).
+//!
+//! Its decisions are pure functions (the learning-rate schedule is handed in; the loss is
+//! the mean of the micro-batch losses); the actor only gathers and orders.
+
+use std::collections::BTreeMap;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinSet;
+
+use crate::error::ActorError;
+
+/// Messages waiting for the coordinator: one loss per micro-batch and replica can arrive
+/// at once at the end of a step, plus the scheduler's requests.
+const MAILBOX: usize = 64;
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepResult {
+    /// Step index.
+    pub step: u64,
+    /// Mean loss over every micro-batch of every replica.
+    pub loss: f64,
+    /// The learning rate the step used.
+    pub lr: f64,
+}
+
+enum Msg {
+    Begin {
+        step: u64,
+        reply: oneshot::Sender<f64>,
+    },
+    Loss {
+        step: u64,
+        replica: usize,
+        mb: usize,
+        loss: f64,
+    },
+    End {
+        step: u64,
+        reply: oneshot::Sender<Result<StepResult, ActorError>>,
+    },
+}
+
+/// The coordinator's handle.
+#[derive(Clone)]
+pub struct CoordinatorHandle {
+    tx: flume::Sender<Msg>,
+}
+
+fn gone() -> ActorError {
+    ActorError::ActorGone {
+        actor: "the coordinator".into(),
+    }
+}
+
+impl CoordinatorHandle {
+    /// Starts the coordinator; `lr_at(step)` is the learning-rate schedule and
+    /// `expected` the number of losses each step must report (replicas x micro-batches).
+    pub(crate) fn spawn(
+        lr_at: Box<dyn Fn(u64) -> f64 + Send + Sync>,
+        expected: usize,
+        tasks: &mut JoinSet<Result<(), ActorError>>,
+    ) -> CoordinatorHandle {
+        let (tx, rx) = flume::bounded(MAILBOX);
+        tasks.spawn(run(rx, lr_at, expected));
+        CoordinatorHandle { tx }
+    }
+
+    /// The learning rate of `step`.
+    ///
+    /// # Errors
+    /// `ActorGone` when the coordinator has stopped.
+    pub(crate) async fn begin(&self, step: u64) -> Result<f64, ActorError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send_async(Msg::Begin { step, reply })
+            .await
+            .map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())
+    }
+
+    /// Reports a micro-batch's loss.
+    pub(crate) async fn loss(
+        &self,
+        step: u64,
+        replica: usize,
+        mb: usize,
+        loss: f64,
+    ) -> Result<(), ActorError> {
+        self.tx
+            .send_async(Msg::Loss {
+                step,
+                replica,
+                mb,
+                loss,
+            })
+            .await
+            .map_err(|_| gone())
+    }
+
+    /// Closes `step` and returns its result.
+    pub(crate) async fn end(&self, step: u64) -> Result<StepResult, ActorError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send_async(Msg::End { step, reply })
+            .await
+            .map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+}
+
+#[tracing::instrument(skip_all)]
+async fn run(
+    rx: flume::Receiver<Msg>,
+    lr_at: Box<dyn Fn(u64) -> f64 + Send + Sync>,
+    expected: usize,
+) -> Result<(), ActorError> {
+    let mut lrs: BTreeMap<u64, f64> = BTreeMap::new();
+    // Keyed by (replica, mb) so the mean adds in a fixed order, whatever the arrival order.
+    let mut losses: BTreeMap<u64, BTreeMap<(usize, usize), f64>> = BTreeMap::new();
+    while let Ok(msg) = rx.recv_async().await {
+        match msg {
+            Msg::Begin { step, reply } => {
+                let lr = lr_at(step);
+                lrs.insert(step, lr);
+                let _ = reply.send(lr);
+            }
+            Msg::Loss {
+                step,
+                replica,
+                mb,
+                loss,
+            } => {
+                losses.entry(step).or_default().insert((replica, mb), loss);
+            }
+            Msg::End { step, reply } => {
+                let got = losses.remove(&step).unwrap_or_default();
+                let result = if got.len() == expected {
+                    Ok(StepResult {
+                        step,
+                        loss: got.values().sum::<f64>() / expected as f64,
+                        lr: lrs.remove(&step).unwrap_or(f64::NAN),
+                    })
+                } else {
+                    Err(ActorError::Settings {
+                        reason: format!(
+                            "step {step}: {} micro-batch losses reported, {expected} expected",
+                            got.len()
+                        ),
+                    })
+                };
+                let _ = reply.send(result);
+            }
+        }
+    }
+    Ok(())
+}

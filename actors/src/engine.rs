@@ -1,0 +1,248 @@
+//! Starting a run: the actors, their mailboxes, and the order they stop in.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pipetrain_schedules::{lower, validate, LowerOptions, Schedule, Trace};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::collective::LocalCollective;
+use crate::coordinator::{CoordinatorHandle, StepResult};
+use crate::data::spawn_data_actor;
+use crate::error::ActorError;
+use crate::scheduler::{Member, SchedulerActor};
+use crate::stage::{StageActor, Status};
+use crate::traits::{DataSource, StageCompute};
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct EngineSettings {
+    /// The compute-only schedule (F, B, I, W per rank); the engine adds the transfers,
+    /// the all-reduce and the optimizer step.
+    pub schedule: Schedule,
+    /// Data-parallel replicas.
+    pub replicas: usize,
+    /// Fail the run when no actor makes progress for this long.
+    pub watchdog: Duration,
+    /// Record what every actor did (see [`RunTrace`]).
+    pub record_trace: bool,
+}
+
+/// What every actor did, step by step: enough to draw the run and to replay it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunTrace {
+    /// The lowered schedule every step ran.
+    pub schedule: Schedule,
+    /// Data-parallel replicas.
+    pub replicas: usize,
+    /// `steps[s][r]`: replica `r`'s trace of step `s` (times from the run's start).
+    pub steps: Vec<Vec<Trace>>,
+}
+
+/// What a stage actor hands back: its index among the scheduler's members, its computes.
+type StageActorResult<C> = Result<(usize, HashMap<usize, C>), ActorError>;
+
+/// The outcome of [`run`].
+pub struct RunOutput<C> {
+    /// One result per step.
+    pub steps: Vec<StepResult>,
+    /// The trace, when recorded.
+    pub trace: Option<RunTrace>,
+    /// The stage computes, handed back (`[replica][stage]`), e.g. to export parameters.
+    pub computes: Vec<Vec<C>>,
+}
+
+/// The lowered schedule the engine runs: transfers, then all-reduce and optimizer step.
+///
+/// # Errors
+/// What lowering or validation refuse.
+pub fn lowered(schedule: &Schedule) -> Result<Schedule, ActorError> {
+    let l = lower(
+        schedule,
+        LowerOptions {
+            all_reduce: true,
+            optimizer_step: true,
+        },
+    )?;
+    validate(&l)?;
+    Ok(l)
+}
+
+/// Runs `steps` optimizer steps: `computes[replica][stage]` does the work, `data` feeds
+/// it, `lr_at` gives each step's learning rate, `on_step` sees each step's result.
+///
+/// # Errors
+/// `Settings` when the computes do not match the schedule; any actor's error; `Stalled`
+/// with the who-waits-on-whom report when nothing moves for `settings.watchdog`.
+///
+/// # Cancel safety
+/// Dropping the future aborts every actor of the run.
+pub async fn run<C, D>(
+    settings: &EngineSettings,
+    computes: Vec<Vec<C>>,
+    data: Arc<D>,
+    lr_at: Box<dyn Fn(u64) -> f64 + Send + Sync>,
+    steps: std::ops::Range<u64>,
+    on_step: impl FnMut(&StepResult) + Send,
+) -> Result<RunOutput<C>, ActorError>
+where
+    C: StageCompute,
+    D: DataSource<Payload = C::Payload>,
+{
+    let schedule = lowered(&settings.schedule)?;
+    let (stages, ranks, m) = (
+        schedule.stages(),
+        schedule.num_ranks(),
+        schedule.micro_batches(),
+    );
+    let replicas = settings.replicas;
+    if replicas == 0 || computes.len() != replicas || computes.iter().any(|c| c.len() != stages) {
+        return Err(ActorError::Settings {
+            reason: format!(
+                "{replicas} replicas x {stages} stages of compute needed, got {:?}",
+                computes.iter().map(Vec::len).collect::<Vec<_>>()
+            ),
+        });
+    }
+    let mut helpers: JoinSet<Result<(), ActorError>> = JoinSet::new();
+    let mut actors: JoinSet<StageActorResult<C>> = JoinSet::new();
+    let coordinator = CoordinatorHandle::spawn(lr_at, replicas * m, &mut helpers);
+    let collective = Arc::new(LocalCollective::spawn(stages, replicas, &mut helpers));
+    let progress = Arc::new(AtomicU64::new(0));
+    let origin = Instant::now();
+    let placement = schedule.placement().to_vec();
+    let mut members = Vec::new();
+    for (replica, replica_computes) in computes.into_iter().enumerate() {
+        // A rank's mailbox holds every transfer one step can address to it, so no send
+        // ever waits on a full mailbox while its receiver waits on the sender.
+        let capacity = |rank: usize| {
+            schedule.ranks()[rank]
+                .iter()
+                .filter(|a| a.kind().is_transfer())
+                .count()
+                + 1
+        };
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..ranks).map(|r| flume::bounded(capacity(r))).unzip();
+        let mut by_rank: Vec<HashMap<usize, C>> = (0..ranks).map(|_| HashMap::new()).collect();
+        for (stage, c) in replica_computes.into_iter().enumerate() {
+            by_rank[placement[stage]].insert(stage, c);
+        }
+        for (rank, (inbox, local)) in rxs.into_iter().zip(by_rank).enumerate() {
+            let mut feeds = HashMap::new();
+            for &stage in local.keys() {
+                if data.feeds(stage) {
+                    let rx = spawn_data_actor(
+                        data.clone(),
+                        replica,
+                        stage,
+                        m,
+                        steps.clone(),
+                        &mut helpers,
+                    );
+                    feeds.insert(stage, rx);
+                }
+            }
+            let (control_tx, control_rx) = flume::bounded(1);
+            let (status_tx, status_rx) = watch::channel(Status::Idle);
+            let mut stage_ids: Vec<usize> = local.keys().copied().collect();
+            stage_ids.sort_unstable();
+            members.push(Member {
+                replica,
+                rank,
+                stages: stage_ids,
+                control: control_tx,
+                status: status_rx,
+            });
+            let actor = StageActor {
+                replica,
+                rank,
+                actions: schedule.ranks()[rank].clone(),
+                placement: placement.clone(),
+                computes: local,
+                inbox,
+                peers: txs.clone(),
+                data: feeds,
+                control: control_rx,
+                collective: collective.clone(),
+                coordinator: coordinator.clone(),
+                status: status_tx,
+                progress: progress.clone(),
+                origin,
+                record: settings.record_trace,
+            };
+            let index = members.len() - 1;
+            actors.spawn(async move { actor.run().await.map(|c| (index, c)) });
+        }
+    }
+    let scheduler = SchedulerActor {
+        members,
+        coordinator,
+        progress,
+        watchdog: settings.watchdog,
+        replicas,
+        ranks,
+    };
+    let mut results = Vec::new();
+    let mut on_step = on_step;
+    let traces = scheduler
+        .run(steps, |r| {
+            results.push(r.clone());
+            on_step(r);
+        })
+        .await;
+    // The scheduler's control handles are gone: stage actors finish and hand back their
+    // computes. On failure, tear everything down instead.
+    let traces = match traces {
+        Ok(t) => t,
+        Err(e) => {
+            actors.abort_all();
+            helpers.abort_all();
+            return Err(e);
+        }
+    };
+    let mut returned: Vec<Option<(usize, HashMap<usize, C>)>> = Vec::new();
+    while let Some(joined) = actors.join_next().await {
+        let (index, c) = joined.map_err(|e| ActorError::ActorGone {
+            actor: format!("a stage actor ({e})"),
+        })??;
+        returned.push(Some((index, c)));
+    }
+    helpers.abort_all();
+    let mut computes: Vec<Vec<Option<C>>> = (0..replicas)
+        .map(|_| (0..stages).map(|_| None).collect())
+        .collect();
+    let per_replica = ranks;
+    for (index, map) in returned.into_iter().flatten() {
+        let replica = index / per_replica;
+        for (stage, c) in map {
+            computes[replica][stage] = Some(c);
+        }
+    }
+    let computes = computes
+        .into_iter()
+        .map(|r| {
+            r.into_iter()
+                .map(|c| {
+                    c.ok_or_else(|| ActorError::ActorGone {
+                        actor: "a stage compute".into(),
+                    })
+                })
+                .collect()
+        })
+        .collect::<Result<Vec<Vec<C>>, ActorError>>()?;
+    Ok(RunOutput {
+        steps: results,
+        trace: settings.record_trace.then_some(RunTrace {
+            schedule,
+            replicas,
+            steps: traces,
+        }),
+        computes,
+    })
+}

@@ -1,0 +1,162 @@
+//! The scheduler actor: hands every stage actor its step, waits for all of them, and
+//! watches progress. When nothing moves for the watchdog's time it fails the run with a
+//! report of who waits on whom.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pipetrain_schedules::{Trace, TraceEvent};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::coordinator::{CoordinatorHandle, StepResult};
+use crate::error::ActorError;
+use crate::stage::{Answer, Status, StepPlan};
+
+/// One stage actor as the scheduler sees it.
+pub(crate) struct Member {
+    pub replica: usize,
+    pub rank: usize,
+    pub stages: Vec<usize>,
+    pub control: flume::Sender<StepPlan>,
+    pub status: watch::Receiver<Status>,
+}
+
+/// Drives the run.
+pub(crate) struct SchedulerActor {
+    pub members: Vec<Member>,
+    pub coordinator: CoordinatorHandle,
+    pub progress: Arc<AtomicU64>,
+    pub watchdog: Duration,
+    pub replicas: usize,
+    pub ranks: usize,
+}
+
+impl SchedulerActor {
+    /// Runs steps `first..first + count`, calling `on_step` after each; returns the
+    /// per-step traces ([step][replica]) when the stage actors record them.
+    pub async fn run(
+        mut self,
+        steps: std::ops::Range<u64>,
+        mut on_step: impl FnMut(&StepResult) + Send,
+    ) -> Result<Vec<Vec<Trace>>, ActorError> {
+        let mut traces = Vec::new();
+        // Every member answers once per step.
+        let (done_tx, done_rx) = flume::bounded(self.members.len());
+        for step in steps {
+            let lr = self.coordinator.begin(step).await?;
+            for (index, m) in self.members.iter().enumerate() {
+                let plan = StepPlan {
+                    step,
+                    lr,
+                    index,
+                    reply: done_tx.clone(),
+                };
+                m.control.send_async(plan).await.map_err(|_| self.gone(m))?;
+            }
+            let events = self.wait_all(&done_rx).await?;
+            let mut per_replica = vec![
+                Trace {
+                    ranks: vec![Vec::new(); self.ranks]
+                };
+                self.replicas
+            ];
+            for (m, ev) in self.members.iter().zip(events) {
+                per_replica[m.replica].ranks[m.rank] = ev;
+            }
+            traces.push(per_replica);
+            let result = self.coordinator.end(step).await?;
+            on_step(&result);
+        }
+        Ok(traces)
+    }
+
+    /// Waits for every member's answer; fails with the who-waits-on-whom report when no
+    /// actor changes what it does for the watchdog's time.
+    async fn wait_all(
+        &mut self,
+        done: &flume::Receiver<Answer>,
+    ) -> Result<Vec<Vec<TraceEvent>>, ActorError> {
+        let mut events: Vec<Option<Vec<TraceEvent>>> = vec![None; self.members.len()];
+        let mut left = self.members.len();
+        // The watchdog looks at the progress counter this often.
+        let tick = (self.watchdog / 8).max(Duration::from_millis(1));
+        let mut seen = self.progress.load(Ordering::Relaxed);
+        let mut last_change = Instant::now();
+        while left > 0 {
+            tokio::select! {
+                answer = done.recv_async() => {
+                    let (i, result) = answer.map_err(|_| ActorError::ActorGone { actor: "every stage actor".into() })?;
+                    events[i] = Some(result?);
+                    left -= 1;
+                }
+                _ = tokio::time::sleep(tick) => {
+                    let now = self.progress.load(Ordering::Relaxed);
+                    if now != seen {
+                        seen = now;
+                        last_change = Instant::now();
+                    } else if last_change.elapsed() >= self.watchdog {
+                        return Err(ActorError::Stalled {
+                            seconds: self.watchdog.as_secs_f64(),
+                            report: self.report(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(events.into_iter().map(Option::unwrap_or_default).collect())
+    }
+
+    /// One line per stage actor: what it is doing or waiting for.
+    fn report(&self) -> String {
+        let mut lines = Vec::new();
+        for m in &self.members {
+            let who = if m.stages.len() == 1 {
+                format!("replica {} stage {}", m.replica, m.stages[0])
+            } else {
+                format!(
+                    "replica {} rank {} (stages {:?})",
+                    m.replica, m.rank, m.stages
+                )
+            };
+            let what = match &*m.status.borrow() {
+                Status::Idle => "is idle (its step is done)".to_string(),
+                Status::Finished => "has stopped".to_string(),
+                Status::Running(a) => format!("is running {}", describe(a)),
+                Status::Waiting { action, from } => {
+                    format!("waits for {} from {from}", describe(action))
+                }
+            };
+            lines.push(format!("{who} {what}"));
+        }
+        lines.join("\n")
+    }
+
+    fn gone(&self, m: &Member) -> ActorError {
+        ActorError::ActorGone {
+            actor: format!("replica {} rank {}", m.replica, m.rank),
+        }
+    }
+}
+
+/// "RecvGrad mb 5", "F mb 2", "AllReduce".
+fn describe(a: &pipetrain_schedules::Action) -> String {
+    use pipetrain_schedules::ActionKind as K;
+    let name = match a.kind() {
+        K::Forward => "F",
+        K::Backward => "B",
+        K::BackwardInput => "I",
+        K::BackwardWeight => "W",
+        K::SendAct => "SendAct",
+        K::RecvAct => "RecvAct",
+        K::SendGrad => "SendGrad",
+        K::RecvGrad => "RecvGrad",
+        K::AllReduce => "AllReduce",
+        K::OptimizerStep => "OptimizerStep",
+    };
+    match a.micro_batch() {
+        Some(mb) => format!("{name} mb {mb}"),
+        None => name.to_string(),
+    }
+}

@@ -1,0 +1,341 @@
+//! The stage actor: one per (pipeline rank, data-parallel replica). It owns the compute
+//! of the stages its rank holds (one, or several with virtual stages) and runs the rank's
+//! action list every step, exchanging activations and gradients with its peers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use pipetrain_schedules::{Action, ActionKind, TraceEvent};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::coordinator::CoordinatorHandle;
+use crate::data::DataItem;
+use crate::error::ActorError;
+use crate::traits::{BackwardPart, Collective, StageCompute};
+
+/// Which way a transfer goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Flow {
+    /// Activations, stage s -> s + 1.
+    Act,
+    /// Gradients, stage s -> s - 1.
+    Grad,
+}
+
+/// A message between stage actors: what `stage` (the receiving stage) gets for `mb`.
+pub(crate) struct Transfer<P> {
+    pub flow: Flow,
+    pub stage: usize,
+    pub mb: usize,
+    pub payload: P,
+}
+
+/// A stage actor's answer at the end of a step: its index among the scheduler's
+/// members, and its trace events or its error.
+pub(crate) type Answer = (usize, Result<Vec<TraceEvent>, ActorError>);
+
+/// What the scheduler hands a stage actor each step.
+pub(crate) struct StepPlan {
+    pub step: u64,
+    pub lr: f64,
+    pub index: usize,
+    pub reply: flume::Sender<Answer>,
+}
+
+/// What an actor is doing, for the watchdog's report.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Status {
+    Idle,
+    Running(Action),
+    Waiting { action: Action, from: String },
+    Finished,
+}
+
+/// Everything a stage actor is given at spawn.
+pub(crate) struct StageActor<C: StageCompute, K: Collective> {
+    pub replica: usize,
+    pub rank: usize,
+    pub actions: Vec<Action>,
+    pub placement: Vec<usize>,
+    pub computes: HashMap<usize, C>,
+    pub inbox: flume::Receiver<Transfer<C::Payload>>,
+    pub peers: Vec<flume::Sender<Transfer<C::Payload>>>,
+    pub data: HashMap<usize, flume::Receiver<DataItem<C::Payload>>>,
+    pub control: flume::Receiver<StepPlan>,
+    pub collective: Arc<K>,
+    pub coordinator: CoordinatorHandle,
+    pub status: watch::Sender<Status>,
+    pub progress: Arc<AtomicU64>,
+    pub origin: Instant,
+    pub record: bool,
+}
+
+impl<C: StageCompute, K: Collective> StageActor<C, K> {
+    /// Runs steps until the scheduler's handle drops.
+    #[tracing::instrument(skip(self), fields(replica = self.replica, rank = self.rank))]
+    pub async fn run(mut self) -> Result<HashMap<usize, C>, ActorError> {
+        while let Ok(plan) = self.control.recv_async().await {
+            let result = self.step(plan.step, plan.lr).await;
+            let failed = result.is_err();
+            // The scheduler may already have given up (watchdog): nobody to tell then.
+            let _ = plan.reply.send_async((plan.index, result)).await;
+            if failed {
+                // The run is over for everyone; the scheduler tears the rest down.
+                break;
+            }
+        }
+        self.set(Status::Finished);
+        Ok(self.computes)
+    }
+
+    fn set(&self, s: Status) {
+        self.progress.fetch_add(1, Ordering::Relaxed);
+        let _ = self.status.send(s);
+    }
+
+    async fn step(&mut self, step: u64, lr: f64) -> Result<Vec<TraceEvent>, ActorError> {
+        let mut outgoing: HashMap<(Flow, usize, usize), C::Payload> = HashMap::new();
+        let mut arrived: HashMap<(Flow, usize, usize), C::Payload> = HashMap::new();
+        let mut events = Vec::new();
+        for i in 0..self.actions.len() {
+            let action = self.actions[i];
+            self.set(Status::Running(action));
+            let start = self
+                .act(action, step, lr, &mut outgoing, &mut arrived)
+                .await?;
+            if self.record {
+                events.push(TraceEvent {
+                    action,
+                    start_ns: (start - self.origin).as_nanos() as u64,
+                    end_ns: (Instant::now() - self.origin).as_nanos() as u64,
+                });
+            }
+        }
+        self.set(Status::Idle);
+        if let Some(((flow, stage, mb), _)) = arrived.into_iter().next() {
+            return Err(self.protocol(format!(
+                "{flow:?} for stage {stage} mb {mb} arrived but was never used"
+            )));
+        }
+        Ok(events)
+    }
+
+    async fn act(
+        &mut self,
+        action: Action,
+        step: u64,
+        lr: f64,
+        outgoing: &mut HashMap<(Flow, usize, usize), C::Payload>,
+        arrived: &mut HashMap<(Flow, usize, usize), C::Payload>,
+    ) -> Result<Instant, ActorError> {
+        // Traces time the work itself: waiting for an input is idle time, not work.
+        let mut start = Instant::now();
+        let s = action.stage();
+        let mb = action.micro_batch().unwrap_or(0);
+        let last = self.placement.len() - 1;
+        match action.kind() {
+            ActionKind::Forward => {
+                let input = if s == 0 {
+                    None
+                } else if let Some(local) = outgoing.remove(&(Flow::Act, s - 1, mb)) {
+                    // The previous stage is on this rank.
+                    Some(local)
+                } else {
+                    Some(self.receive(Action::recv_act(s, mb), arrived).await?)
+                };
+                if s > 0 && input.is_none() {
+                    return Err(
+                        self.protocol(format!("{action} has no input from stage {}", s - 1))
+                    );
+                }
+                let data = match self.data.get(&s) {
+                    Some(rx) => {
+                        self.set(Status::Waiting {
+                            action,
+                            from: "its data".into(),
+                        });
+                        let item = rx.recv_async().await.map_err(|_| ActorError::ActorGone {
+                            actor: format!("data actor of replica {} stage {s}", self.replica),
+                        })?;
+                        self.set(Status::Running(action));
+                        if (item.step, item.mb) != (step, mb) {
+                            return Err(self.protocol(format!(
+                                "{action} of step {step} got data of step {} mb {}",
+                                item.step, item.mb
+                            )));
+                        }
+                        Some(item.payload.map_err(|source| ActorError::Data {
+                            replica: self.replica,
+                            step,
+                            micro_batch: mb,
+                            source,
+                        })?)
+                    }
+                    None => None,
+                };
+                start = Instant::now();
+                let out = self
+                    .compute(s)?
+                    .forward(mb, input, data)
+                    .await
+                    .map_err(|source| self.failed(action, source))?;
+                if let Some(loss) = out.loss {
+                    self.coordinator.loss(step, self.replica, mb, loss).await?;
+                }
+                if let Some(p) = out.output.filter(|_| s < last) {
+                    outgoing.insert((Flow::Act, s, mb), p);
+                }
+            }
+            ActionKind::Backward | ActionKind::BackwardInput | ActionKind::BackwardWeight => {
+                let part = match action.kind() {
+                    ActionKind::Backward => BackwardPart::Full,
+                    ActionKind::BackwardInput => BackwardPart::Input,
+                    _ => BackwardPart::Weight,
+                };
+                let grad = if s == last || part == BackwardPart::Weight {
+                    None
+                } else {
+                    match outgoing.remove(&(Flow::Grad, s + 1, mb)) {
+                        Some(local) => Some(local),
+                        None => Some(self.receive(Action::recv_grad(s, mb), arrived).await?),
+                    }
+                };
+                start = Instant::now();
+                let out = self
+                    .compute(s)?
+                    .backward(mb, part, grad)
+                    .await
+                    .map_err(|source| self.failed(action, source))?;
+                if let Some(p) = out.filter(|_| s > 0) {
+                    outgoing.insert((Flow::Grad, s, mb), p);
+                }
+            }
+            ActionKind::SendAct | ActionKind::SendGrad => {
+                let (flow, to) = if action.kind() == ActionKind::SendAct {
+                    (Flow::Act, s + 1)
+                } else {
+                    (Flow::Grad, s.wrapping_sub(1))
+                };
+                let payload = outgoing
+                    .remove(&(flow, s, mb))
+                    .ok_or_else(|| self.protocol(format!("{action} has nothing to send")))?;
+                let peer = self
+                    .placement
+                    .get(to)
+                    .copied()
+                    .ok_or_else(|| self.protocol(format!("{action}: no stage {to}")))?;
+                self.set(Status::Waiting {
+                    action,
+                    from: format!("room in rank {peer}'s mailbox"),
+                });
+                self.peers[peer]
+                    .send_async(Transfer {
+                        flow,
+                        stage: to,
+                        mb,
+                        payload,
+                    })
+                    .await
+                    .map_err(|_| ActorError::ActorGone {
+                        actor: format!("replica {} rank {peer}", self.replica),
+                    })?;
+            }
+            // A receive is posted here and waited for by the compute that reads it (as
+            // MPI's irecv and wait): sends never block (mailboxes hold a whole step), so
+            // only true data dependencies make an actor wait, as the simulator models.
+            ActionKind::RecvAct | ActionKind::RecvGrad => {}
+            ActionKind::AllReduce => {
+                let grads = self.compute(s)?.take_grads();
+                self.set(Status::Waiting {
+                    action,
+                    from: format!("the other replicas of stage {s}"),
+                });
+                let sum = self
+                    .collective
+                    .all_reduce_sum(s, self.replica, grads)
+                    .await?;
+                self.compute(s)?.put_grads(sum);
+            }
+            ActionKind::OptimizerStep => {
+                self.compute(s)?
+                    .update(step, lr)
+                    .await
+                    .map_err(|source| self.failed(action, source))?;
+            }
+        }
+        Ok(start)
+    }
+
+    /// Waits until the transfer `recv` names has arrived and takes it; transfers for
+    /// later actions that arrive meanwhile are kept.
+    async fn receive(
+        &mut self,
+        recv: Action,
+        arrived: &mut HashMap<(Flow, usize, usize), C::Payload>,
+    ) -> Result<C::Payload, ActorError> {
+        let s = recv.stage();
+        let mb = recv.micro_batch().unwrap_or(0);
+        let (flow, from) = if recv.kind() == ActionKind::RecvAct {
+            (Flow::Act, s.wrapping_sub(1))
+        } else {
+            (Flow::Grad, s + 1)
+        };
+        if let Some(p) = arrived.remove(&(flow, s, mb)) {
+            return Ok(p);
+        }
+        self.set(Status::Waiting {
+            action: recv,
+            from: format!("stage {from}"),
+        });
+        loop {
+            let t = self
+                .inbox
+                .recv_async()
+                .await
+                .map_err(|_| ActorError::ActorGone {
+                    actor: format!("every peer of replica {} rank {}", self.replica, self.rank),
+                })?;
+            if (t.flow, t.stage, t.mb) == (flow, s, mb) {
+                self.progress.fetch_add(1, Ordering::Relaxed);
+                return Ok(t.payload);
+            }
+            let key = (t.flow, t.stage, t.mb);
+            if arrived.insert(key, t.payload).is_some() {
+                return Err(self.protocol(format!(
+                    "{:?} for stage {} mb {} arrived twice",
+                    key.0, key.1, key.2
+                )));
+            }
+        }
+    }
+
+    fn compute(&mut self, stage: usize) -> Result<&mut C, ActorError> {
+        let (replica, rank) = (self.replica, self.rank);
+        self.computes
+            .get_mut(&stage)
+            .ok_or_else(|| ActorError::Protocol {
+                replica,
+                rank,
+                reason: format!("stage {stage} is not on this rank"),
+            })
+    }
+
+    fn failed(&self, action: Action, source: crate::error::BoxError) -> ActorError {
+        ActorError::Compute {
+            replica: self.replica,
+            stage: action.stage(),
+            action,
+            source,
+        }
+    }
+
+    fn protocol(&self, reason: String) -> ActorError {
+        ActorError::Protocol {
+            replica: self.replica,
+            rank: self.rank,
+            reason,
+        }
+    }
+}

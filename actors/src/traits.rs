@@ -1,0 +1,93 @@
+//! What the runtime needs from the world: stage compute, data, and collectives.
+//!
+//! The root crate implements these with ONNX Runtime sessions and host buffers; tests
+//! and replays implement them with simulated stages that sleep on a virtual clock.
+
+use std::future::Future;
+
+use crate::error::{ActorError, BoxError};
+
+/// Which part of a stage's backward to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackwardPart {
+    /// Input and weight gradients together (`B`).
+    Full,
+    /// Only the gradients for the previous stage (`I`, zero-bubble schedules).
+    Input,
+    /// Only the parameter gradients (`W`).
+    Weight,
+}
+
+/// What a forward pass produced.
+#[derive(Debug)]
+pub struct ForwardOut<P> {
+    /// Activations for the next stage (`None` on the last stage).
+    pub output: Option<P>,
+    /// The micro-batch's loss, on the stage that computes it.
+    pub loss: Option<f64>,
+}
+
+/// One pipeline stage of one replica: its parameters, gradients, optimizer state and
+/// the activations it keeps between a micro-batch's forward and backward.
+pub trait StageCompute: Send + 'static {
+    /// Activations and gradients crossing between stages, and data fed to a stage.
+    type Payload: Send + 'static;
+
+    /// Forward of micro-batch `mb`: `input` from the previous stage (`None` on the first),
+    /// `data` when this stage reads the micro-batch's data.
+    fn forward(
+        &mut self,
+        mb: usize,
+        input: Option<Self::Payload>,
+        data: Option<Self::Payload>,
+    ) -> impl Future<Output = Result<ForwardOut<Self::Payload>, BoxError>> + Send;
+
+    /// Backward (or part of it) of micro-batch `mb`, with the gradient from the next
+    /// stage (`None` on the last, and for [`BackwardPart::Weight`]). Returns the gradient
+    /// for the previous stage when this part computes one.
+    fn backward(
+        &mut self,
+        mb: usize,
+        part: BackwardPart,
+        grad: Option<Self::Payload>,
+    ) -> impl Future<Output = Result<Option<Self::Payload>, BoxError>> + Send;
+
+    /// Hands out the parameter gradients accumulated this step (flat), for reduction.
+    fn take_grads(&mut self) -> Vec<f32>;
+
+    /// Takes back the (reduced) gradients.
+    fn put_grads(&mut self, grads: Vec<f32>);
+
+    /// Applies the optimizer with learning rate `lr` and clears the gradients.
+    fn update(&mut self, step: u64, lr: f64) -> impl Future<Output = Result<(), BoxError>> + Send;
+}
+
+/// Where micro-batches come from: each replica's shard of each step's global batch.
+pub trait DataSource: Send + Sync + 'static {
+    /// The payload a stage is fed.
+    type Payload: Send + 'static;
+
+    /// Whether `stage` reads data (the first stage's inputs, the last stage's labels).
+    fn feeds(&self, stage: usize) -> bool;
+
+    /// The data `stage` of `replica` reads for micro-batch `mb` of `step`.
+    fn micro_batch(
+        &self,
+        step: u64,
+        replica: usize,
+        mb: usize,
+        stage: usize,
+    ) -> Result<Self::Payload, BoxError>;
+}
+
+/// Gradient reduction across the data-parallel replicas of one stage.
+pub trait Collective: Send + Sync + 'static {
+    /// The element-wise sum over replicas of `buf`, returned to every replica. Summed in
+    /// replica order, so every replica gets identical bits.
+    fn all_reduce_sum(
+        &self,
+        stage: usize,
+        replica: usize,
+        buf: Vec<f32>,
+    ) -> impl Future<Output = Result<Vec<f32>, ActorError>> + Send;
+}

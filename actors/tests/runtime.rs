@@ -1,0 +1,179 @@
+//! The runtime driven by simulated stages on a virtual clock (`start_paused`): exact and
+//! instant, and the same code that trains for real.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pipetrain_actors::schedules::{
+    interleaved_1f1b, one_f_one_b, simulate, zb_h1, ActionKind, CostModel, Schedule, StageCost,
+};
+use pipetrain_actors::sim::{CostFn, SimData, SimStage};
+use pipetrain_actors::{lowered, replay, run, ActorError, EngineSettings, RunOutput};
+
+const MS: f64 = 1e-3;
+
+/// F = 1 ms, B = 2 ms (I = W = 1 ms), optimizer step free.
+fn costs() -> CostFn {
+    Arc::new(|_, _, a| {
+        let ms = match a.kind() {
+            ActionKind::Forward | ActionKind::BackwardInput | ActionKind::BackwardWeight => 1,
+            ActionKind::Backward => 2,
+            _ => 0,
+        };
+        Duration::from_millis(ms)
+    })
+}
+
+async fn go(
+    schedule: Schedule,
+    replicas: usize,
+    steps: u64,
+    record: bool,
+) -> Result<RunOutput<SimStage>, ActorError> {
+    let stages = schedule.stages();
+    let computes = (0..replicas)
+        .map(|r| {
+            (0..stages)
+                .map(|s| SimStage::new(s, stages, r, costs()))
+                .collect()
+        })
+        .collect();
+    let settings = EngineSettings {
+        schedule,
+        replicas,
+        watchdog: Duration::from_secs(5),
+        record_trace: record,
+    };
+    run(
+        &settings,
+        computes,
+        Arc::new(SimData { stages }),
+        Box::new(|s| 0.1 / (1 + s) as f64),
+        0..steps,
+        |_| {},
+    )
+    .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_f_one_b_runs_as_simulated() {
+    for (p, m) in [(1, 1), (2, 4), (4, 8), (3, 7)] {
+        let schedule = one_f_one_b(p, m).unwrap();
+        let out = go(schedule.clone(), 1, 2, true).await.unwrap();
+        assert_eq!(out.steps.len(), 2);
+        // Loss: mean of 1 / (1 + step + mb) over micro-batches; lr from the schedule fn.
+        let want: f64 = (0..m).map(|mb| 1.0 / (2.0 + mb as f64)).sum::<f64>() / m as f64;
+        assert!((out.steps[1].loss - want).abs() < 1e-12 && out.steps[1].lr == 0.05);
+        let trace = out.trace.unwrap();
+        // Every rank ran exactly its lowered list, in order.
+        for (rank, events) in trace.steps[0][0].ranks.iter().enumerate() {
+            let ran: Vec<_> = events.iter().map(|e| e.action).collect();
+            assert_eq!(ran, trace.schedule.ranks()[rank], "p={p} m={m} rank {rank}");
+        }
+        // On a virtual clock with free transfers the run's timeline is the simulator's.
+        let measured = trace.steps[0][0].to_timeline(p).unwrap();
+        let predicted = simulate(
+            &lowered(&schedule).unwrap(),
+            &CostModel::uniform(p, StageCost::split(1.0 * MS, 1.0 * MS, 1.0 * MS)),
+        )
+        .unwrap();
+        assert!(
+            (measured.makespan() - predicted.makespan()).abs() < 1e-9,
+            "p={p} m={m}: {} vs {}",
+            measured.makespan(),
+            predicted.makespan()
+        );
+        let closed_form = (p - 1) as f64 / (m + p - 1) as f64;
+        assert!((predicted.bubble_fraction() - closed_form).abs() < 1e-9);
+        assert!(
+            (measured.bubble_fraction() - closed_form).abs() < 1e-9,
+            "p={p} m={m}: bubble {} vs {closed_form}, idle {:?} vs {:?}",
+            measured.bubble_fraction(),
+            measured.idle(),
+            predicted.idle()
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn data_parallel_replicas_reduce_and_interleaved_ranks_hold_two_stages() {
+    let out = go(one_f_one_b(2, 4).unwrap(), 3, 2, false).await.unwrap();
+    assert_eq!(out.computes.len(), 3);
+    assert_eq!(out.steps.len(), 2);
+    let out = go(interleaved_1f1b(2, 2, 4).unwrap(), 2, 2, true)
+        .await
+        .unwrap();
+    assert_eq!(out.computes[1].len(), 4);
+    let zb = go(zb_h1(3, 6).unwrap(), 2, 1, true).await.unwrap();
+    assert_eq!(zb.steps.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stage_that_never_sends_fails_the_run_with_who_waits_on_whom() {
+    let (p, m) = (4, 8);
+    let computes = vec![(0..p)
+        .map(|s| {
+            let st = SimStage::new(s, p, 0, costs());
+            if s == 1 {
+                st.hang_in_forward(3)
+            } else {
+                st
+            }
+        })
+        .collect()];
+    let watchdog = Duration::from_secs(2);
+    let settings = EngineSettings {
+        schedule: one_f_one_b(p, m).unwrap(),
+        replicas: 1,
+        watchdog,
+        record_trace: false,
+    };
+    let start = tokio::time::Instant::now();
+    let err = run(
+        &settings,
+        computes,
+        Arc::new(SimData { stages: p }),
+        Box::new(|_| 0.1),
+        0..1,
+        |_| {},
+    )
+    .await
+    .err()
+    .expect("the run must fail");
+    let waited = start.elapsed();
+    let ActorError::Stalled { report, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(
+        report.contains("replica 0 stage 1 is running F mb 3"),
+        "{report}"
+    );
+    assert!(
+        report.contains("replica 0 stage 2 waits for RecvAct mb 3 from stage 1"),
+        "{report}"
+    );
+    assert!(
+        report.contains("replica 0 stage 0 waits for RecvGrad mb"),
+        "{report}"
+    );
+    // Within the configured time (plus one watchdog tick and the work before the hang).
+    assert!(
+        waited <= watchdog + watchdog / 8 + Duration::from_millis(50),
+        "{waited:?}"
+    );
+    assert!(err.to_string().contains("no progress for 2.0s"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn recorded_runs_replay_in_the_same_order() {
+    for schedule in [one_f_one_b(4, 8).unwrap(), zb_h1(4, 8).unwrap()] {
+        let out = go(schedule, 2, 2, true).await.unwrap();
+        let trace = out.trace.unwrap();
+        // Through the file format.
+        let text = serde_json::to_string(&trace).unwrap();
+        let back: pipetrain_actors::RunTrace = serde_json::from_str(&text).unwrap();
+        let (replayed, divergence) = replay(&back).await.unwrap();
+        assert_eq!(divergence, None);
+        assert_eq!(replayed.steps.len(), 2);
+    }
+}
