@@ -62,6 +62,27 @@ pub enum TensorData {
     Bool(Vec<bool>),
 }
 
+/// Borrowed elements of one type.
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub enum ViewData<'a> {
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+    I64(&'a [i64]),
+    I32(&'a [i32]),
+    Bool(&'a [bool]),
+}
+
+/// A borrowed tensor: a shape and elements owned elsewhere (a slice of a flat parameter
+/// buffer, or a [`Tensor`]). What ONNX Runtime is fed without copies.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorView<'a> {
+    /// The dimensions.
+    pub shape: &'a [usize],
+    /// The elements.
+    pub data: ViewData<'a>,
+}
+
 /// A host tensor: row-major elements and their shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor {
@@ -113,6 +134,21 @@ impl Tensor {
             DType::Bool => TensorData::Bool(vec![false; n]),
         };
         Tensor { shape, data }
+    }
+
+    /// A borrowed view of the whole tensor.
+    pub fn view(&self) -> TensorView<'_> {
+        let data = match &self.data {
+            TensorData::F32(v) => ViewData::F32(v),
+            TensorData::F64(v) => ViewData::F64(v),
+            TensorData::I64(v) => ViewData::I64(v),
+            TensorData::I32(v) => ViewData::I32(v),
+            TensorData::Bool(v) => ViewData::Bool(v),
+        };
+        TensorView {
+            shape: &self.shape,
+            data,
+        }
     }
 
     /// The element type.

@@ -9,7 +9,7 @@ use prost::Message;
 use crate::compute::Runtime;
 use crate::graph::Graph;
 use crate::onnx::proto::ModelProto;
-use crate::tensor::{Tensor, TensorData};
+use crate::tensor::{Tensor, TensorData, TensorView, ViewData};
 use crate::{Error, Result};
 
 /// How sessions are made.
@@ -164,6 +164,15 @@ impl GraphSession {
     /// # Errors
     /// `Ort` when a feed is missing or has the wrong type or shape, or a kernel fails.
     pub fn run(&mut self, feeds: &[(&str, &Tensor)]) -> Result<Vec<Tensor>> {
+        let views: Vec<(&str, TensorView<'_>)> = feeds.iter().map(|(n, t)| (*n, t.view())).collect();
+        self.run_views(&views)
+    }
+
+    /// [`GraphSession::run`] with borrowed views (slices of a flat parameter buffer, say).
+    ///
+    /// # Errors
+    /// As [`GraphSession::run`].
+    pub fn run_views(&mut self, feeds: &[(&str, TensorView<'_>)]) -> Result<Vec<Tensor>> {
         let ctx = || format!("running {}", self.label);
         let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
             Vec::with_capacity(feeds.len());
@@ -188,14 +197,14 @@ impl GraphSession {
 }
 
 /// Lends a host tensor to ONNX Runtime.
-fn view(t: &Tensor) -> ort::Result<SessionInputValue<'_>> {
-    let shape = t.shape.clone();
-    Ok(match &t.data {
-        TensorData::F32(v) => TensorRef::from_array_view((shape, v.as_slice()))?.into(),
-        TensorData::F64(v) => TensorRef::from_array_view((shape, v.as_slice()))?.into(),
-        TensorData::I64(v) => TensorRef::from_array_view((shape, v.as_slice()))?.into(),
-        TensorData::I32(v) => TensorRef::from_array_view((shape, v.as_slice()))?.into(),
-        TensorData::Bool(v) => TensorRef::from_array_view((shape, v.as_slice()))?.into(),
+fn view<'a>(t: &TensorView<'a>) -> ort::Result<SessionInputValue<'a>> {
+    let shape = t.shape.to_vec();
+    Ok(match t.data {
+        ViewData::F32(v) => TensorRef::from_array_view((shape, v))?.into(),
+        ViewData::F64(v) => TensorRef::from_array_view((shape, v))?.into(),
+        ViewData::I64(v) => TensorRef::from_array_view((shape, v))?.into(),
+        ViewData::I32(v) => TensorRef::from_array_view((shape, v))?.into(),
+        ViewData::Bool(v) => TensorRef::from_array_view((shape, v))?.into(),
     })
 }
 

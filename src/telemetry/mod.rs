@@ -1,1 +1,18 @@
-//! Telemetry: metrics, progress, timeline drawings (being written).
+//! Telemetry: what a run reports while it trains and after. Nothing here prints on its
+//! own: every part writes to a file or a writer the caller passes.
+//!
+//! # Layout
+//! - `metrics`: [`MetricsWriter`] writes one [`StepMetrics`] per line (JSON Lines),
+//!   flushed as it goes, for other programs to follow.
+//! - `progress`: [`Progress`], a progress bar redrawn in place on a terminal and written as
+//!   plain lines elsewhere; [`render`] formats one line.
+//! - `svg`: [`timeline_svg`] draws a pipeline [`pipetrain_schedules::Timeline`] (simulated
+//!   or traced) as a standalone SVG, with its makespan, bubble fraction and idle time.
+
+mod metrics;
+mod progress;
+mod svg;
+
+pub use metrics::{MetricsWriter, StepMetrics};
+pub use progress::{render, Progress};
+pub use svg::timeline_svg;
