@@ -1,15 +1,21 @@
-//! The training configuration (TOML), validated up front.
+//! The training configuration (TOML), validated once, up front.
 //!
 //! Field names follow ONNX Runtime's `TrainingRunner::Parameters` where one applies
-//! (`model_path`, `num_train_steps`, `display_loss_steps`, ...). Relative paths are
-//! relative to the configuration file's folder.
+//! (`model_path`, `batch_size`, `num_train_steps`, `gradient_accumulation_steps`,
+//! `display_loss_steps`, `data_parallel_size`, ...), with its meanings: `batch_size` is the
+//! samples of one micro-batch, and `num_train_steps` counts forward/backward passes of a
+//! replica, so a run makes `num_train_steps / gradient_accumulation_steps` optimizer steps
+//! of `batch_size x gradient_accumulation_steps x data_parallel_size` samples each.
+//! Relative paths are relative to the configuration file's folder.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use pipetrain_schedules::ScheduleSpec;
 use serde::Deserialize;
 
-use crate::graph::{LossSpec, Partition};
+use crate::graph::{BalanceBy, LossSpec, Partition};
+use crate::optim::{LrSchedule, OptimizerConfig};
 use crate::{Error, Result};
 
 /// A training run.
@@ -24,27 +30,58 @@ pub struct TrainConfig {
     /// Where the trained inference model is written.
     #[serde(default)]
     pub output_path: Option<PathBuf>,
-    /// Optimizer steps to run.
+    /// Samples per micro-batch (per replica).
+    pub batch_size: usize,
+    /// Forward/backward passes per replica over the whole run.
     pub num_train_steps: usize,
-    /// Log the loss every this many steps.
-    #[serde(default = "default_display")]
+    /// Micro-batches per optimizer step and replica (pipeline micro-batches).
+    #[serde(default = "one")]
+    pub gradient_accumulation_steps: usize,
+    /// Log the loss every this many optimizer steps.
+    #[serde(default = "ten")]
     pub display_loss_steps: usize,
+    /// Data-parallel replicas.
+    #[serde(default = "one")]
+    pub data_parallel_size: usize,
+    /// Pipeline ranks.
+    #[serde(default = "one")]
+    pub pipeline_parallel_size: usize,
+    /// Tensor-parallel size (ORT's `horizontal_parallel_size`); only 1 is supported.
+    #[serde(default = "one")]
+    pub horizontal_parallel_size: usize,
+    /// Processes x devices of the job, when launched on a cluster; must equal
+    /// data x horizontal x pipeline parallel sizes.
+    #[serde(default)]
+    pub world_size: Option<usize>,
     /// The loss.
     pub loss: LossSpec,
     /// Training data.
     pub data: DataConfig,
     /// The optimizer.
     pub optimizer: OptimizerConfig,
-    /// Pipeline stages.
+    /// The learning rate and its schedule.
+    pub lr_schedule: LrSchedule,
+    /// Pipeline schedule and partition.
     #[serde(default)]
     pub pipeline: PipelineConfig,
     /// ONNX Runtime settings.
     #[serde(default)]
     pub runtime: RuntimeConfig,
+    /// Fail the run when no stage makes progress for this many seconds.
+    #[serde(default = "watchdog")]
+    pub watchdog_seconds: f64,
 }
 
-fn default_display() -> usize {
+fn one() -> usize {
+    1
+}
+
+fn ten() -> usize {
     10
+}
+
+fn watchdog() -> f64 {
+    300.0
 }
 
 /// Where batches come from.
@@ -53,13 +90,10 @@ fn default_display() -> usize {
 pub struct DataConfig {
     /// An `.npz` archive.
     pub path: PathBuf,
-    /// An integer array `[steps, batch]` of row indices: step `s` uses rows
-    /// `batch_order[s]`. Without it, step `s` takes the next `batch_size` rows.
+    /// An integer array `[steps, global batch]` of row indices: optimizer step `s` uses
+    /// rows `batch_order[s]`. Without it, steps take consecutive rows.
     #[serde(default)]
     pub batch_order: Option<String>,
-    /// Rows per batch when there is no `batch_order`.
-    #[serde(default)]
-    pub batch_size: Option<usize>,
     /// How the arrays feed the model.
     pub layout: DataLayout,
 }
@@ -73,8 +107,8 @@ pub enum DataLayout {
         /// Model input or label name -> array name.
         feeds: BTreeMap<String, String>,
     },
-    /// Language modelling: `array` rows of `T + 1` tokens give the input
-    /// `row[..T]` and the label `row[1..]`.
+    /// Language modelling: `array` rows of `T + 1` tokens give the input `row[..T]` and
+    /// the label `row[1..]`.
     NextToken {
         /// The token array.
         array: String,
@@ -85,60 +119,61 @@ pub enum DataLayout {
     },
 }
 
-/// The optimizer (more kinds arrive with the runtime).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum OptimizerConfig {
-    /// Plain SGD: `p -= lr * g`.
-    Sgd {
-        /// Learning rate.
-        lr: f64,
-    },
+/// Which pipeline schedule.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleKind {
+    /// All forwards, then all backwards.
+    Gpipe,
+    /// One forward, one backward (PipeDream-flush).
+    #[default]
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// 1F1B over `virtual_stages` stages per rank.
+    #[serde(rename = "interleaved_1f1b")]
+    Interleaved1f1b,
+    /// Zero-bubble ZB-H1: backward split into input and weight gradients.
+    ZbH1,
 }
 
-/// Pipeline stages.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// Pipeline schedule and partition.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineConfig {
-    /// How to cut the model; none trains it as one stage.
+    /// The schedule.
+    #[serde(default)]
+    pub schedule: ScheduleKind,
+    /// Stages per rank (interleaved schedules).
+    #[serde(default = "one")]
+    pub virtual_stages: usize,
+    /// How to cut the model; default: balanced by FLOPs.
     #[serde(default)]
     pub partition: Option<Partition>,
-    /// Run each stage's backward as input-gradient and weight-gradient halves.
-    #[serde(default)]
-    pub split_backward: bool,
 }
 
-/// ONNX Runtime settings.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RuntimeConfig {
-    /// Threads per operator.
-    #[serde(default = "default_threads")]
-    pub intra_op_threads: usize,
-    /// ONNX Runtime graph optimizations.
-    #[serde(default = "default_true")]
-    pub optimize: bool,
-    /// Allow `com.microsoft` contrib ops (FusedMatMul) in backward graphs.
-    #[serde(default = "default_true")]
-    pub contrib_ops: bool,
-}
-
-impl Default for RuntimeConfig {
+impl Default for PipelineConfig {
     fn default() -> Self {
-        RuntimeConfig {
-            intra_op_threads: default_threads(),
-            optimize: true,
-            contrib_ops: true,
+        PipelineConfig {
+            schedule: ScheduleKind::default(),
+            virtual_stages: 1,
+            partition: None,
         }
     }
 }
 
-fn default_threads() -> usize {
-    2
-}
-
-fn default_true() -> bool {
-    true
+/// ONNX Runtime settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Threads per operator; default: the machine's cores shared among the stage actors.
+    #[serde(default)]
+    pub intra_op_threads: Option<usize>,
+    /// Switch off ONNX Runtime's graph optimizations.
+    #[serde(default)]
+    pub disable_optimizations: bool,
+    /// Keep backward graphs to standard ONNX ops (no `com.microsoft.FusedMatMul`).
+    #[serde(default)]
+    pub standard_ops_only: bool,
 }
 
 impl TrainConfig {
@@ -158,7 +193,7 @@ impl TrainConfig {
     pub fn parse(text: &str, path: &Path) -> Result<TrainConfig> {
         let mut cfg: TrainConfig = toml::from_str(text).map_err(|e| Error::Config {
             path: path.to_path_buf(),
-            field: field_of(&e),
+            field: field_at(text, &e),
             rule: e.message().to_string(),
         })?;
         let dir = path.parent().unwrap_or(Path::new("."));
@@ -175,108 +210,218 @@ impl TrainConfig {
         Ok(cfg)
     }
 
+    /// Optimizer steps in the run.
+    pub fn optimizer_steps(&self) -> usize {
+        self.num_train_steps / self.gradient_accumulation_steps
+    }
+
+    /// Samples per optimizer step over all replicas.
+    pub fn global_batch(&self) -> usize {
+        self.batch_size * self.gradient_accumulation_steps * self.data_parallel_size
+    }
+
+    /// Pipeline stages (ranks x virtual stages).
+    pub fn stages(&self) -> usize {
+        self.pipeline_parallel_size * self.pipeline.virtual_stages
+    }
+
+    /// The partition into [`TrainConfig::stages`] stages.
+    pub fn partition(&self) -> Partition {
+        self.pipeline
+            .partition
+            .clone()
+            .unwrap_or(Partition::Balanced {
+                stages: self.stages(),
+                by: BalanceBy::Flops,
+            })
+    }
+
+    /// The schedule's specification.
+    pub fn schedule(&self) -> ScheduleSpec {
+        let (p, m) = (
+            self.pipeline_parallel_size,
+            self.gradient_accumulation_steps,
+        );
+        match self.pipeline.schedule {
+            ScheduleKind::Gpipe => ScheduleSpec::GPipe {
+                stages: p,
+                micro_batches: m,
+            },
+            ScheduleKind::OneFOneB => ScheduleSpec::OneFOneB {
+                stages: p,
+                micro_batches: m,
+            },
+            ScheduleKind::Interleaved1f1b => ScheduleSpec::Interleaved1F1B {
+                ranks: p,
+                virtual_stages: self.pipeline.virtual_stages,
+                micro_batches: m,
+            },
+            ScheduleKind::ZbH1 => ScheduleSpec::ZbH1 {
+                stages: p,
+                micro_batches: m,
+            },
+        }
+    }
+
+    /// Whether stages run their backward as input-gradient and weight-gradient halves.
+    pub fn split_backward(&self) -> bool {
+        self.pipeline.schedule == ScheduleKind::ZbH1
+    }
+
     fn validate(&self, path: &Path) -> Result<()> {
         let bad = |field: &str, rule: String| Error::Config {
             path: path.to_path_buf(),
             field: field.into(),
             rule,
         };
-        if self.num_train_steps == 0 {
-            return Err(bad("num_train_steps", "must be at least 1".into()));
+        let positive = [
+            ("batch_size", self.batch_size),
+            ("num_train_steps", self.num_train_steps),
+            (
+                "gradient_accumulation_steps",
+                self.gradient_accumulation_steps,
+            ),
+            ("display_loss_steps", self.display_loss_steps),
+            ("data_parallel_size", self.data_parallel_size),
+            ("pipeline_parallel_size", self.pipeline_parallel_size),
+            ("horizontal_parallel_size", self.horizontal_parallel_size),
+            ("pipeline.virtual_stages", self.pipeline.virtual_stages),
+        ];
+        for (field, v) in positive {
+            if v == 0 {
+                return Err(bad(field, "must be at least 1".into()));
+            }
         }
-        if self.display_loss_steps == 0 {
-            return Err(bad("display_loss_steps", "must be at least 1".into()));
-        }
-        if self.data.batch_order.is_none() && self.data.batch_size.is_none_or(|b| b == 0) {
+        if self.horizontal_parallel_size != 1 {
             return Err(bad(
-                "data.batch_size",
-                "needs a positive value when data.batch_order is not given".into(),
+                "horizontal_parallel_size",
+                "tensor parallelism is not supported; use 1".into(),
             ));
         }
-        let OptimizerConfig::Sgd { lr } = self.optimizer;
-        if !(lr.is_finite() && lr > 0.0) {
+        let product =
+            self.data_parallel_size * self.horizontal_parallel_size * self.pipeline_parallel_size;
+        if let Some(world) = self.world_size.filter(|&w| w != product) {
             return Err(bad(
-                "optimizer.lr",
-                format!("must be a positive number, got {lr}"),
+                "world_size",
+                format!(
+                    "must equal data_parallel_size x horizontal_parallel_size x pipeline_parallel_size = {product}, got {world}"
+                ),
             ));
         }
-        if self.runtime.intra_op_threads == 0 {
+        if self.num_train_steps % self.gradient_accumulation_steps != 0 {
+            return Err(bad(
+                "num_train_steps",
+                format!(
+                    "must be divisible by gradient_accumulation_steps ({}), got {}",
+                    self.gradient_accumulation_steps, self.num_train_steps
+                ),
+            ));
+        }
+        let (p, m) = (
+            self.pipeline_parallel_size,
+            self.gradient_accumulation_steps,
+        );
+        let needs_full_pipe = matches!(
+            self.pipeline.schedule,
+            ScheduleKind::OneFOneB | ScheduleKind::ZbH1
+        );
+        if needs_full_pipe && m < p {
+            return Err(bad(
+                "gradient_accumulation_steps",
+                format!(
+                    "{:?} needs at least as many micro-batches as pipeline stages ({p}), got {m}",
+                    self.pipeline.schedule
+                ),
+            ));
+        }
+        if self.pipeline.virtual_stages > 1
+            && self.pipeline.schedule != ScheduleKind::Interleaved1f1b
+        {
+            return Err(bad(
+                "pipeline.virtual_stages",
+                "only the interleaved_1f1b schedule has virtual stages".into(),
+            ));
+        }
+        if let Err(e) = self.schedule().generate() {
+            return Err(bad("pipeline.schedule", e.to_string()));
+        }
+        if let Some(Partition::CutAt(cuts)) = &self.pipeline.partition {
+            if cuts.len() + 1 != self.stages() {
+                return Err(bad(
+                    "pipeline.partition.cut_at",
+                    format!(
+                        "{} cuts make {} stages; the pipeline has {}",
+                        cuts.len(),
+                        cuts.len() + 1,
+                        self.stages()
+                    ),
+                ));
+            }
+        }
+        if let Some(Partition::Balanced { stages, .. }) = &self.pipeline.partition {
+            if *stages != self.stages() {
+                return Err(bad(
+                    "pipeline.partition.balanced.stages",
+                    format!(
+                        "must equal pipeline_parallel_size x virtual_stages = {}, got {stages}",
+                        self.stages()
+                    ),
+                ));
+            }
+        }
+        if !(self.watchdog_seconds.is_finite() && self.watchdog_seconds > 0.0) {
+            return Err(bad(
+                "watchdog_seconds",
+                format!("must be a positive number, got {}", self.watchdog_seconds),
+            ));
+        }
+        if self.runtime.intra_op_threads == Some(0) {
             return Err(bad("runtime.intra_op_threads", "must be at least 1".into()));
         }
-        if let Some(Partition::Balanced { stages: 0, .. }) = self.pipeline.partition {
-            return Err(bad(
-                "pipeline.partition.balanced.stages",
-                "must be at least 1".into(),
-            ));
-        }
+        self.optimizer.validate(path)?;
+        self.lr_schedule.validate(path)?;
         Ok(())
     }
 }
 
-/// The dotted field a TOML error is about, from its position in the text when serde
-/// names none.
-fn field_of(e: &toml::de::Error) -> String {
-    let msg = e.message();
-    // serde's messages quote the offending key: "unknown field `lr_rate`, expected ...".
-    if let Some(start) = msg.find('`') {
-        if let Some(len) = msg[start + 1..].find('`') {
-            return msg[start + 1..start + 1 + len].to_string();
-        }
-    }
-    "<document>".into()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const GOOD: &str = r#"
-model_path = "m.onnx"
-num_train_steps = 10
-[loss]
-kind = "mse"
-prediction = "y"
-label = "t"
-[data]
-path = "d.npz"
-batch_size = 4
-layout = { kind = "arrays", feeds = { x = "x", t = "t" } }
-[optimizer]
-kind = "sgd"
-lr = 0.1
-"#;
-
-    fn err(text: &str) -> String {
-        TrainConfig::parse(text, Path::new("/cfg/run.toml"))
-            .unwrap_err()
-            .to_string()
-    }
-
-    #[test]
-    fn paths_resolve_against_the_config_folder() {
-        let c = TrainConfig::parse(GOOD, Path::new("/cfg/run.toml")).unwrap();
-        assert_eq!(c.model_path, Path::new("/cfg/m.onnx"));
-        assert_eq!(c.data.path, Path::new("/cfg/d.npz"));
-        assert_eq!(c.runtime.intra_op_threads, 2);
-    }
-
-    #[test]
-    fn each_rule_names_its_field() {
-        let e = err(&GOOD.replace("num_train_steps = 10", "num_train_steps = 0"));
-        assert!(
-            e.contains("run.toml") && e.contains("`num_train_steps`") && e.contains("at least 1"),
-            "{e}"
-        );
-        let e = err(&GOOD.replace("lr = 0.1", "lr = -1.0"));
-        assert!(
-            e.contains("`optimizer.lr`") && e.contains("positive"),
-            "{e}"
-        );
-        let e = err(&GOOD.replace("lr = 0.1", "lr = 0.1\nmomentum = 0.9"));
-        assert!(e.contains("momentum") && e.contains("unknown field"), "{e}");
-        let e = err(&GOOD.replace("kind = \"sgd\"", "kind = \"adagrad\""));
-        assert!(e.contains("adagrad"), "{e}");
-        let e = err(&GOOD.replace("batch_size = 4\n", ""));
-        assert!(e.contains("`data.batch_size`"), "{e}");
+/// The dotted name of the field a TOML error points at: the key on the error's line,
+/// under the nearest `[table]` header above it.
+fn field_at(text: &str, e: &toml::de::Error) -> String {
+    let Some(span) = e.span() else {
+        return "<document>".into();
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[line_start..]
+        .find('\n')
+        .map_or(text.len(), |i| line_start + i);
+    let line = text[line_start..line_end].trim();
+    let is_header = line.starts_with('[') && line.ends_with(']');
+    let header = |l: &str| l.trim_matches(|c| c == '[' || c == ']').trim().to_string();
+    let table = if is_header {
+        Some(header(line))
+    } else {
+        before[..line_start]
+            .lines()
+            .rev()
+            .map(str::trim)
+            .find(|l| l.starts_with('[') && l.ends_with(']'))
+            .map(header)
+    };
+    // serde names an unknown key itself; otherwise the key is the one on the error's line.
+    let named = e
+        .message()
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split('`').next());
+    let key = match named {
+        Some(k) => k,
+        None if is_header => "",
+        None => line.split('=').next().unwrap_or("").trim(),
+    };
+    match (table, key.is_empty()) {
+        (Some(t), false) => format!("{t}.{key}"),
+        (Some(t), true) => t,
+        (None, false) => key.to_string(),
+        (None, true) => "<document>".into(),
     }
 }

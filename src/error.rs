@@ -123,6 +123,12 @@ pub enum Error {
         /// The rule that the value breaks.
         rule: String,
     },
+    /// The actor runtime stopped the run (a stage failed, or the watchdog fired).
+    #[error("{source}")]
+    Runtime {
+        /// What the runtime reported.
+        source: Box<pipetrain_actors::ActorError>,
+    },
     /// A pipeline partition request cannot be met.
     #[error("cannot partition into stages: {reason}")]
     Partition {
@@ -142,7 +148,7 @@ impl Error {
     }
 
     /// Wraps an I/O error with the path it concerns.
-    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+    pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.into();
         move |source| Error::Io { path, source }
     }

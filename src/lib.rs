@@ -22,6 +22,7 @@ mod error;
 pub mod graph;
 pub mod onnx;
 pub mod optim;
+pub mod pipeline;
 pub mod telemetry;
 pub mod tensor;
 pub mod train;

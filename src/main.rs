@@ -1,11 +1,15 @@
 //! The `pipetrain` command line.
 
-use std::path::PathBuf;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use pipetrain::compute::Runtime;
 use pipetrain::config::TrainConfig;
+use pipetrain::telemetry::{timeline_svg, MetricsWriter, Progress, StepMetrics};
+use pipetrain::{Error, Result};
+use pipetrain_schedules::{lower, simulate, CostModel, LowerOptions, ScheduleSpec, StageCost};
 
 #[derive(Parser)]
 #[command(
@@ -26,6 +30,70 @@ enum Command {
     Train {
         /// The configuration file.
         config: PathBuf,
+        /// Write one JSON object per optimizer step to this file (JSON Lines).
+        #[arg(long)]
+        metrics: Option<PathBuf>,
+        /// Record what every actor did to this file (JSON), for `schedule replay|draw`.
+        #[arg(long)]
+        trace: Option<PathBuf>,
+    },
+    /// Pipeline schedules: print, simulate, draw, replay.
+    Schedule {
+        #[command(subcommand)]
+        command: ScheduleCommand,
+    },
+}
+
+#[derive(clap::Args, Clone)]
+struct ScheduleArgs {
+    /// gpipe, 1f1b, interleaved_1f1b, zb_h1 or zb_v.
+    #[arg(long, default_value = "1f1b")]
+    kind: String,
+    /// Pipeline ranks.
+    #[arg(long, default_value_t = 4)]
+    stages: usize,
+    /// Micro-batches per step.
+    #[arg(long, default_value_t = 8)]
+    micro_batches: usize,
+    /// Stages per rank (interleaved_1f1b).
+    #[arg(long, default_value_t = 2)]
+    virtual_stages: usize,
+    /// Forward time per micro-batch and stage.
+    #[arg(long, default_value_t = 1.0)]
+    forward: f64,
+    /// Input-gradient time (the backward is input + weight).
+    #[arg(long, default_value_t = 1.0)]
+    backward_input: f64,
+    /// Weight-gradient time.
+    #[arg(long, default_value_t = 1.0)]
+    backward_weight: f64,
+    /// Time of each transfer between ranks.
+    #[arg(long, default_value_t = 0.0)]
+    comm: f64,
+}
+
+#[derive(Subcommand)]
+enum ScheduleCommand {
+    /// Print each rank's actions (with sends and receives).
+    Show(ScheduleArgs),
+    /// Simulate under a cost model: makespan, bubble, idle and peak activations.
+    Simulate(ScheduleArgs),
+    /// Draw the simulated timeline as SVG (or a recorded run's with --trace).
+    Draw {
+        #[command(flatten)]
+        args: ScheduleArgs,
+        /// Draw this recorded run (`train --trace`) instead: its first step, replica 0.
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// The SVG file to write.
+        #[arg(long, short)]
+        output: PathBuf,
+    },
+    /// Re-drive a recorded run (`train --trace`) offline with simulated stages on a
+    /// virtual clock and check that every actor ran its actions in the recorded order.
+    Replay {
+        /// The trace file.
+        trace: PathBuf,
     },
 }
 
@@ -36,10 +104,14 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    let result = match cli.command {
+    let result = match Cli::parse().command {
         Command::Doctor => doctor(),
-        Command::Train { config } => train(&config),
+        Command::Train {
+            config,
+            metrics,
+            trace,
+        } => train(&config, metrics.as_deref(), trace.as_deref()),
+        Command::Schedule { command } => schedule(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -50,7 +122,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn doctor() -> pipetrain::Result<()> {
+fn doctor() -> Result<()> {
     let rt = Runtime::from_env()?;
     let info = rt.info();
     println!("library:   {}", info.library.display());
@@ -60,37 +132,217 @@ fn doctor() -> pipetrain::Result<()> {
     Ok(())
 }
 
-fn train(config: &std::path::Path) -> pipetrain::Result<()> {
+fn train(config: &Path, metrics: Option<&Path>, trace: Option<&Path>) -> Result<()> {
     let cfg = TrainConfig::load(config)?;
     let rt = Runtime::from_env()?;
     eprintln!(
-        "pipetrain: {} with ONNX Runtime {} ({})",
+        "pipetrain: {} | {} stage(s) x {} replica(s), {} micro-batches of {} | ONNX Runtime {}",
         cfg.model_path.display(),
-        rt.info().version,
-        rt.info().library.display()
+        cfg.stages(),
+        cfg.data_parallel_size,
+        cfg.gradient_accumulation_steps,
+        cfg.batch_size,
+        rt.info().version
     );
-    let total = cfg.num_train_steps;
-    let every = cfg.display_loss_steps;
-    let summary = pipetrain::train::train(&rt, &cfg, config, |r| {
-        if r.step % every == 0 || r.step + 1 == total {
-            let rate = (r.step + 1) as f64 / r.elapsed.as_secs_f64().max(1e-9);
-            println!(
-                "step {:>6}/{total}  loss {:.6}  {rate:.1} steps/s",
-                r.step, r.loss
-            );
+    let mut writer = metrics.map(MetricsWriter::create).transpose()?;
+    let total = cfg.optimizer_steps() as u64;
+    let stderr = std::io::stderr();
+    let is_terminal = stderr.is_terminal();
+    let mut progress =
+        Progress::new(total, stderr, is_terminal).every(cfg.display_loss_steps as u64);
+    let global = cfg.global_batch() as f64;
+    let mut last = 0.0;
+    let mut failed: Option<Error> = None;
+    let summary = pipetrain::train::train(&rt, &cfg, config, trace.is_some(), |r| {
+        let elapsed = r.elapsed.as_secs_f64();
+        let rate = (r.step + 1) as f64 / elapsed.max(1e-9);
+        let _ = progress.update(r.step + 1, r.loss, rate);
+        if let Some(w) = writer.as_mut() {
+            let m = StepMetrics {
+                step: r.step + 1,
+                loss: r.loss,
+                lr: r.lr,
+                samples_per_s: global / (elapsed - last).max(1e-9),
+                elapsed_s: elapsed,
+                step_s: Some(elapsed - last),
+                ..Default::default()
+            };
+            if let Err(e) = w.write(&m) {
+                failed.get_or_insert(e);
+            }
         }
+        last = elapsed;
     })?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
     let secs = summary.elapsed.as_secs_f64().max(1e-9);
-    println!(
-        "done: {} steps on {} stage(s) in {secs:.2}s, {:.1} steps/s, {:.0} samples/s, final loss {:.6}",
+    let line = format!(
+        "done: {} steps on {} stage(s), {:.2}s, {:.1} steps/s, {:.0} samples/s, final loss {:.6}",
         summary.steps,
         summary.stages,
+        secs,
         summary.steps as f64 / secs,
-        (summary.steps * summary.batch_size) as f64 / secs,
+        (summary.steps * summary.global_batch) as f64 / secs,
         summary.final_loss
     );
+    let _ = progress.finish(&line);
+    if let (Some(path), Some(t)) = (trace, &summary.trace) {
+        pipetrain::train::save_trace(t, path)?;
+        eprintln!("trace: {}", path.display());
+    }
     if let Some(out) = &cfg.output_path {
-        println!("trained model: {}", out.display());
+        eprintln!("trained model: {}", out.display());
     }
     Ok(())
+}
+
+fn schedule_error(e: impl std::fmt::Display) -> Error {
+    Error::Config {
+        path: "<command line>".into(),
+        field: "schedule".into(),
+        rule: e.to_string(),
+    }
+}
+
+fn build_schedule(a: &ScheduleArgs) -> Result<pipetrain_schedules::Schedule> {
+    let (p, m) = (a.stages, a.micro_batches);
+    let spec = match a.kind.as_str() {
+        "gpipe" => ScheduleSpec::GPipe {
+            stages: p,
+            micro_batches: m,
+        },
+        "1f1b" => ScheduleSpec::OneFOneB {
+            stages: p,
+            micro_batches: m,
+        },
+        "interleaved_1f1b" => ScheduleSpec::Interleaved1F1B {
+            ranks: p,
+            virtual_stages: a.virtual_stages,
+            micro_batches: m,
+        },
+        "zb_h1" => ScheduleSpec::ZbH1 {
+            stages: p,
+            micro_batches: m,
+        },
+        "zb_v" => ScheduleSpec::ZbV {
+            ranks: p,
+            micro_batches: m,
+        },
+        other => {
+            return Err(schedule_error(format!(
+                "unknown kind `{other}` (gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v)"
+            )))
+        }
+    };
+    let compute = spec.generate().map_err(schedule_error)?;
+    lower(
+        &compute,
+        LowerOptions {
+            all_reduce: true,
+            optimizer_step: true,
+        },
+    )
+    .map_err(schedule_error)
+}
+
+fn timeline(a: &ScheduleArgs) -> Result<pipetrain_schedules::Timeline> {
+    let s = build_schedule(a)?;
+    let mut costs = CostModel::uniform(
+        s.stages(),
+        StageCost::split(a.forward, a.backward_input, a.backward_weight),
+    );
+    costs.comm_latency = a.comm;
+    simulate(&s, &costs).map_err(schedule_error)
+}
+
+fn schedule(cmd: ScheduleCommand) -> Result<()> {
+    match cmd {
+        ScheduleCommand::Show(a) => {
+            let s = build_schedule(&a)?;
+            for (rank, actions) in s.ranks().iter().enumerate() {
+                let text: Vec<String> = actions.iter().map(ToString::to_string).collect();
+                println!("rank {rank}: {}", text.join(" "));
+            }
+        }
+        ScheduleCommand::Simulate(a) => {
+            let t = timeline(&a)?;
+            println!("makespan         {:.3}", t.makespan());
+            println!("bubble fraction  {:.4}", t.bubble_fraction());
+            for (rank, idle) in t.idle().iter().enumerate() {
+                println!("rank {rank} idle      {idle:.3}");
+            }
+            let peaks: Vec<String> = t.peak_in_flight().iter().map(ToString::to_string).collect();
+            println!("peak in-flight activations per stage: {}", peaks.join(" "));
+        }
+        ScheduleCommand::Draw {
+            args,
+            trace,
+            output,
+        } => {
+            let (t, title) =
+                match trace {
+                    Some(path) => {
+                        let run = read_trace(&path)?;
+                        let first = run.steps.first().and_then(|r| r.first()).ok_or_else(|| {
+                            Error::Data {
+                                path: path.clone(),
+                                what: "trace".into(),
+                                reason: "no step recorded".into(),
+                            }
+                        })?;
+                        let t = first
+                            .to_timeline(run.schedule.stages())
+                            .map_err(schedule_error)?;
+                        (t, format!("recorded run: {}", path.display()))
+                    }
+                    None => (
+                        timeline(&args)?,
+                        format!(
+                            "{} p={} m={} (simulated)",
+                            args.kind, args.stages, args.micro_batches
+                        ),
+                    ),
+                };
+            pipetrain::onnx::save_bytes(&output, timeline_svg(&t, &title).as_bytes())?;
+            println!("wrote {}", output.display());
+        }
+        ScheduleCommand::Replay { trace } => {
+            let run = read_trace(&trace)?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .map_err(Error::io(&trace))?;
+            let (_, divergence) =
+                rt.block_on(pipetrain_actors::replay(&run))
+                    .map_err(|e| Error::Runtime {
+                        source: Box::new(e),
+                    })?;
+            match divergence {
+                None => println!(
+                    "replayed {} step(s) x {} replica(s): every actor ran its actions in the recorded order",
+                    run.steps.len(),
+                    run.replicas
+                ),
+                Some(d) => {
+                    return Err(Error::Data {
+                        path: trace,
+                        what: "replay".into(),
+                        reason: format!("{d:?}"),
+                    })
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn read_trace(path: &Path) -> Result<pipetrain_actors::RunTrace> {
+    let text = std::fs::read(path).map_err(Error::io(path))?;
+    serde_json::from_slice(&text).map_err(|e| Error::Data {
+        path: path.to_path_buf(),
+        what: "trace".into(),
+        reason: e.to_string(),
+    })
 }

@@ -1,28 +1,34 @@
-//! The training loop of one process: the model's stages run one after another.
-//!
-//! This is the compute core driven directly; the actor runtime (stage actors exchanging
-//! micro-batches under a schedule) drives the same stage graphs concurrently.
+//! A training run on the actor runtime: the configuration's model, cut into stages, one
+//! [`OrtStage`] per (stage, replica), fed by [`StepData`] and driven by
+//! `pipetrain_actors::run` under the configured pipeline schedule.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::compute::{Runtime, SessionOptions, StageChain, StepOutput, TensorMap, TrainSession};
-use crate::config::{OptimizerConfig, TrainConfig};
+use pipetrain_actors::{EngineSettings, RunTrace, StepResult};
+
+use crate::compute::{Runtime, SessionOptions};
+use crate::config::TrainConfig;
 use crate::data::{read_safetensors, Batches};
 use crate::graph::{
     assign_stages, build_stage_graphs, build_training_graph, export_inference_model, TrainOptions,
 };
-use crate::onnx::{load_model, save_model};
-use crate::tensor::{Tensor, TensorData};
+use crate::onnx::proto::ModelProto;
+use crate::onnx::{load_model, save_model, write_atomically};
+use crate::pipeline::{OrtStage, StepData};
+use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 /// What one optimizer step did.
 #[derive(Debug, Clone)]
 pub struct StepReport {
     /// Step index (from 0).
-    pub step: usize,
-    /// Loss of the step's batch before the update.
+    pub step: u64,
+    /// Mean loss of the step's global batch, before the update.
     pub loss: f64,
+    /// The learning rate of the step.
+    pub lr: f64,
     /// Time since training started.
     pub elapsed: Duration,
 }
@@ -30,148 +36,181 @@ pub struct StepReport {
 /// The outcome of a run.
 #[derive(Debug, Clone)]
 pub struct TrainSummary {
-    /// Steps run.
+    /// Optimizer steps run.
     pub steps: usize,
     /// Loss of the last step.
     pub final_loss: f64,
-    /// Samples per step.
-    pub batch_size: usize,
-    /// Training time (graph building excluded).
+    /// Samples per optimizer step (all replicas).
+    pub global_batch: usize,
+    /// Training time (graph building and session creation excluded).
     pub elapsed: Duration,
-    /// Number of pipeline stages.
+    /// Pipeline stages.
     pub stages: usize,
+    /// The trained parameters (replica 0's; every replica holds the same).
+    pub parameters: Vec<(String, Tensor)>,
+    /// What every actor did, when asked for.
+    pub trace: Option<RunTrace>,
 }
 
-/// Trains as `cfg` says, calling `on_step` after every step.
+/// Trains as `cfg` says (a tokio runtime of its own; see [`train_async`] to embed).
 ///
 /// # Errors
-/// Any error of loading, graph building or running, naming its file or field.
+/// As [`train_async`].
 pub fn train(
     rt: &Runtime,
     cfg: &TrainConfig,
     config_path: &Path,
-    mut on_step: impl FnMut(&StepReport),
+    record_trace: bool,
+    on_step: impl FnMut(&StepReport) + Send,
 ) -> Result<TrainSummary> {
-    let original = load_model(&cfg.model_path)?;
-    let mut model = original.clone();
+    let actors = cfg.data_parallel_size * cfg.pipeline_parallel_size;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(actors + 1)
+        .enable_time()
+        .build()
+        .map_err(Error::io(config_path))?;
+    runtime.block_on(train_async(rt, cfg, config_path, record_trace, on_step))
+}
+
+/// Trains as `cfg` says, calling `on_step` after every optimizer step. Needs tokio's
+/// multi-thread runtime: stages compute on their own worker threads.
+///
+/// # Errors
+/// Any error of loading, graph building or running, naming its file or field; a stalled
+/// pipeline's who-waits-on-whom report.
+pub async fn train_async(
+    rt: &Runtime,
+    cfg: &TrainConfig,
+    config_path: &Path,
+    record_trace: bool,
+    mut on_step: impl FnMut(&StepReport) + Send,
+) -> Result<TrainSummary> {
+    let mut model = load_model(&cfg.model_path)?;
     if let Some(init) = &cfg.init_path {
         apply_init(&mut model, &read_safetensors(init)?, init)?;
     }
-    let batches = Batches::open(&cfg.data, config_path)?;
-    let first = batches.batch(0)?;
+    let (d, m) = (cfg.data_parallel_size, cfg.gradient_accumulation_steps);
+    let batches = Batches::open(&cfg.data, cfg.global_batch(), config_path)?;
+    let first = batches.part(0, 0, d * m)?;
     let example: Vec<(&str, &Tensor)> = first.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let opts = TrainOptions {
         loss: cfg.loss.clone(),
         trainable: None,
-        contrib_ops: cfg.runtime.contrib_ops,
+        contrib_ops: !cfg.runtime.standard_ops_only,
     };
     let tg = build_training_graph(rt, &model, &opts, &example)?;
+    let assignment = assign_stages(&tg, &cfg.partition())?;
+    let stages = build_stage_graphs(&tg, &assignment)?;
+    let actors = d * cfg.pipeline_parallel_size;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let session_opts = SessionOptions {
-        intra_threads: cfg.runtime.intra_op_threads,
+        intra_threads: cfg
+            .runtime
+            .intra_op_threads
+            .unwrap_or((cores / actors).max(1)),
         inter_threads: 1,
-        optimize: cfg.runtime.optimize,
-        // One session alone may spin; stage sessions take turns on the same cores.
-        spin: cfg.pipeline.partition.is_none(),
+        optimize: !cfg.runtime.disable_optimizations,
+        // Spinning threads only pay when one session has the cores to itself.
+        spin: actors == 1,
         profile: false,
     };
-    let mut runner = match &cfg.pipeline.partition {
-        Some(p) => {
-            let a = assign_stages(&tg, p)?;
-            let stages = build_stage_graphs(&tg, &a)?;
-            Runner::Chain(
-                StageChain::new(rt, &tg, &stages, &session_opts, cfg.pipeline.split_backward)?,
-                a.stages,
-            )
-        }
-        None => Runner::Whole(TrainSession::new(rt, &tg, &session_opts)?),
-    };
-    let mut params: TensorMap = tg
-        .params
-        .iter()
-        .map(|p| (p.name.clone(), p.init.clone()))
-        .collect();
-    let seed = match tg.metas.get(crate::graph::LOSS).map(|m| m.dtype) {
-        Some(crate::tensor::DType::F64) => Tensor::f64(vec![], vec![1.0])?,
-        _ => Tensor::f32(vec![], vec![1.0])?,
-    };
-    let OptimizerConfig::Sgd { lr } = cfg.optimizer;
-    let start = Instant::now();
-    let mut last = f64::NAN;
-    for step in 0..cfg.num_train_steps {
-        let batch = if step == 0 {
-            first.clone()
-        } else {
-            batches.batch(step)?
-        };
-        let out = runner.step(&params, &batch, &seed)?;
-        sgd(&mut params, &out.grads, lr);
-        last = out.loss;
-        on_step(&StepReport {
-            step,
-            loss: out.loss,
-            elapsed: start.elapsed(),
-        });
+    let seed_scale = 1.0 / (m * d) as f64;
+    let mut computes = Vec::with_capacity(d);
+    for _ in 0..d {
+        let replica = stages
+            .iter()
+            .map(|g| {
+                OrtStage::new(
+                    rt,
+                    &tg,
+                    g,
+                    &session_opts,
+                    cfg.split_backward(),
+                    &cfg.optimizer,
+                    seed_scale,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        computes.push(replica);
     }
+    let reads = stages.iter().map(|s| s.io.data.clone()).collect();
+    let data = Arc::new(StepData::new(batches, m, d, reads));
+    let schedule = cfg.schedule().generate().map_err(|e| Error::Config {
+        path: config_path.to_path_buf(),
+        field: "pipeline.schedule".into(),
+        rule: e.to_string(),
+    })?;
+    let settings = EngineSettings {
+        schedule,
+        replicas: d,
+        watchdog: Duration::from_secs_f64(cfg.watchdog_seconds),
+        record_trace,
+    };
+    let total = cfg.optimizer_steps() as u64;
+    let lr = cfg.lr_schedule.clone();
+    let start = Instant::now();
+    let out = pipetrain_actors::run(
+        &settings,
+        computes,
+        data,
+        Box::new(move |step| lr.lr_at(step, total)),
+        0..total,
+        |r: &StepResult| {
+            on_step(&StepReport {
+                step: r.step,
+                loss: r.loss,
+                lr: r.lr,
+                elapsed: start.elapsed(),
+            })
+        },
+    )
+    .await
+    .map_err(|e| Error::Runtime {
+        source: Box::new(e),
+    })?;
     let elapsed = start.elapsed();
-    if let Some(out) = &cfg.output_path {
-        let trained: Vec<(&str, &Tensor)> = params.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+    let parameters: Vec<(String, Tensor)> = out
+        .computes
+        .first()
+        .into_iter()
+        .flatten()
+        .flat_map(OrtStage::parameters)
+        .collect();
+    if let Some(path) = &cfg.output_path {
+        let trained: Vec<(&str, &Tensor)> =
+            parameters.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
         }
-        save_model(&export_inference_model(&model, &trained)?, out)?;
+        save_model(&export_inference_model(&model, &trained)?, path)?;
     }
     Ok(TrainSummary {
-        steps: cfg.num_train_steps,
-        final_loss: last,
-        batch_size: batches.batch_size(),
+        steps: out.steps.len(),
+        final_loss: out.steps.last().map_or(f64::NAN, |s| s.loss),
+        global_batch: cfg.global_batch(),
         elapsed,
-        stages: runner.stages(),
+        stages: assignment.stages,
+        parameters,
+        trace: out.trace,
     })
 }
 
-enum Runner {
-    Whole(TrainSession),
-    Chain(StageChain, usize),
-}
-
-impl Runner {
-    fn step(&mut self, params: &TensorMap, data: &TensorMap, seed: &Tensor) -> Result<StepOutput> {
-        match self {
-            Runner::Whole(s) => s.step(params, data, seed),
-            Runner::Chain(c, _) => c.step(params, data, seed),
-        }
-    }
-
-    fn stages(&self) -> usize {
-        match self {
-            Runner::Whole(_) => 1,
-            Runner::Chain(_, n) => *n,
-        }
-    }
-}
-
-/// `p -= lr * g` (PyTorch's SGD without momentum or weight decay).
-fn sgd(params: &mut TensorMap, grads: &TensorMap, lr: f64) {
-    for (name, g) in grads {
-        let Some(p) = params.get_mut(name) else {
-            continue;
-        };
-        match (&mut p.data, &g.data) {
-            (TensorData::F32(w), TensorData::F32(d)) => {
-                let lr = lr as f32;
-                w.iter_mut().zip(d).for_each(|(w, d)| *w -= lr * d);
-            }
-            (TensorData::F64(w), TensorData::F64(d)) => {
-                w.iter_mut().zip(d).for_each(|(w, d)| *w -= lr * d)
-            }
-            _ => {}
-        }
-    }
+/// Writes a run's trace as JSON (atomically).
+///
+/// # Errors
+/// `Io` when the file cannot be written.
+pub fn save_trace(trace: &RunTrace, path: &Path) -> Result<()> {
+    let text = serde_json::to_vec_pretty(trace).map_err(|e| Error::Data {
+        path: path.to_path_buf(),
+        what: "trace".into(),
+        reason: e.to_string(),
+    })?;
+    write_atomically(path, &text)
 }
 
 /// Replaces initializers by the safetensors file's tensors of the same name.
 fn apply_init(
-    model: &mut crate::onnx::proto::ModelProto,
+    model: &mut ModelProto,
     init: &std::collections::HashMap<String, Tensor>,
     path: &Path,
 ) -> Result<()> {

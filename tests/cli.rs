@@ -2,24 +2,50 @@
 
 mod common;
 
-use std::process::Command;
+use std::path::PathBuf;
+use std::process::{Command, Output};
 
-fn pipetrain(args: &[&str]) -> std::process::Output {
+fn pipetrain(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pipetrain"))
         .args(args)
         .output()
         .unwrap()
 }
 
+fn ok(out: &Output) -> String {
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    text
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// An example with absolute paths and fewer steps, written to the temp folder.
+fn example(name: &str, edits: &[(&str, &str)]) -> PathBuf {
+    let mut text = std::fs::read_to_string(format!(
+        "{}/examples/{name}.toml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let peers = common::peers_dir().join("data");
+    text = text.replace("../../shared/peers/data", peers.to_str().unwrap());
+    for (old, new) in edits {
+        assert!(text.contains(old), "{name}: {old}");
+        text = text.replace(old, new);
+    }
+    let path = tmp(&format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
 #[test]
 fn doctor_reports_the_library_and_cpu_provider() {
-    let out = pipetrain(&["doctor"]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = ok(&pipetrain(&["doctor"]));
     assert!(
         text.contains("libonnxruntime.so") && text.contains("version:   1.31.1"),
         "{text}"
@@ -28,57 +54,112 @@ fn doctor_reports_the_library_and_cpu_provider() {
 }
 
 #[test]
-fn train_runs_the_mlp_example_in_two_stages_and_exports() {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli");
-    std::fs::create_dir_all(&dir).unwrap();
-    let example = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/mlp_sgd.toml"
-    ))
-    .unwrap();
-    let peers = common::peers_dir().join("data");
-    let out_model = dir.join("mlp.onnx");
-    let _ = std::fs::remove_file(&out_model);
-    let cfg = example
-        .replace("../../shared/peers/data", peers.to_str().unwrap())
-        .replace("../runs/mlp_sgd/model.onnx", out_model.to_str().unwrap())
-        .replace("num_train_steps = 200", "num_train_steps = 30")
-        + "\n[pipeline]\npartition = { balanced = { stages = 2, by = \"params\" } }\n";
-    let path = dir.join("mlp.toml");
-    std::fs::write(&path, cfg).unwrap();
-    let out = pipetrain(&["train", path.to_str().unwrap()]);
-    let text = String::from_utf8_lossy(&out.stdout);
+fn a_recorded_1f1b_run_and_a_zero_bubble_run_replay_in_order() {
+    let model = tmp("mlp_pipeline.onnx");
+    let _ = std::fs::remove_file(&model);
+    for (schedule, out) in [("1f1b", Some(&model)), ("zb_h1", None)] {
+        let steps =
+            "num_train_steps = 40            # forward/backward passes: 10 optimizer steps x 4";
+        let mut edits = vec![
+            ("num_train_steps = 800            # forward/backward passes: 200 optimizer steps x 4", steps),
+            ("schedule = \"1f1b\"", if schedule == "1f1b" { "schedule = \"1f1b\"" } else { "schedule = \"zb_h1\"" }),
+        ];
+        let model_line = format!("output_path = \"{}\"", model.display());
+        if out.is_some() {
+            edits.push((
+                "output_path = \"../runs/mlp_pipeline/model.onnx\"",
+                &model_line,
+            ));
+        }
+        let cfg = example("mlp_pipeline", &edits);
+        let trace = tmp(&format!("{schedule}.trace.json"));
+        let metrics = tmp(&format!("{schedule}.jsonl"));
+        let text = ok(&pipetrain(&[
+            "train",
+            cfg.to_str().unwrap(),
+            "--trace",
+            trace.to_str().unwrap(),
+            "--metrics",
+            metrics.to_str().unwrap(),
+        ]));
+        assert!(text.contains("done: 10 steps on 2 stage(s)"), "{text}");
+        // Step 1's loss is the initial weights' loss on batch 0, as in the peers' curves.
+        let first = std::fs::read_to_string(&metrics).unwrap();
+        assert!(
+            first.lines().count() == 10 && first.contains("\"loss\":2.29836"),
+            "{first}"
+        );
+        let text = ok(&pipetrain(&["schedule", "replay", trace.to_str().unwrap()]));
+        assert!(text.contains("replayed 10 step(s) x 1 replica(s): every actor ran its actions in the recorded order"), "{text}");
+        let svg = tmp(&format!("{schedule}.svg"));
+        ok(&pipetrain(&[
+            "schedule",
+            "draw",
+            "--trace",
+            trace.to_str().unwrap(),
+            "-o",
+            svg.to_str().unwrap(),
+        ]));
+        assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    }
     assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+        pipetrain::onnx::load_model(&model).is_ok(),
+        "the trained model was exported"
     );
-    // Step 0 is the loss of the initial weights, as in the peers' curves.
-    assert!(text.contains("step      0/30  loss 2.298364"), "{text}");
-    assert!(text.contains("done: 30 steps on 2 stage(s)"), "{text}");
-    assert!(pipetrain::onnx::load_model(&out_model).is_ok());
+}
+
+#[test]
+fn schedule_show_and_simulate_print_the_schedule_and_its_figures() {
+    let text = ok(&pipetrain(&[
+        "schedule",
+        "show",
+        "--kind",
+        "1f1b",
+        "--stages",
+        "2",
+        "--micro-batches",
+        "3",
+    ]));
+    assert!(text.contains("rank 0: 0F0 0SEND_F0 0F1 0SEND_F1"), "{text}");
+    let text = ok(&pipetrain(&[
+        "schedule",
+        "simulate",
+        "--kind",
+        "1f1b",
+        "--stages",
+        "4",
+        "--micro-batches",
+        "8",
+    ]));
+    // (p - 1) / (m + p - 1) = 3 / 11 with F = B.
+    assert!(text.contains("bubble fraction  0.2727"), "{text}");
+    let text = ok(&pipetrain(&[
+        "schedule",
+        "simulate",
+        "--kind",
+        "zb_h1",
+        "--stages",
+        "4",
+        "--micro-batches",
+        "8",
+    ]));
+    assert!(text.contains("bubble fraction"), "{text}");
 }
 
 #[test]
 fn a_bad_config_names_file_and_field() {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli");
-    std::fs::create_dir_all(&dir).unwrap();
-    let example = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/mlp_sgd.toml"
-    ))
-    .unwrap();
-    let path = dir.join("bad.toml");
-    std::fs::write(
-        &path,
-        example.replace(
+    let path = example(
+        "mlp_sgd",
+        &[(
             "batch_order = \"batch_idx\"",
             "batch_order = \"batch_idx\"\nshuffle = true",
-        ),
-    )
-    .unwrap();
+        )],
+    );
     let out = pipetrain(&["train", path.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("bad.toml") && err.contains("shuffle"), "{err}");
+    assert!(
+        err.contains("mlp_sgd.toml") && err.contains("`data.shuffle`"),
+        "{err}"
+    );
 }

@@ -164,7 +164,8 @@ impl GraphSession {
     /// # Errors
     /// `Ort` when a feed is missing or has the wrong type or shape, or a kernel fails.
     pub fn run(&mut self, feeds: &[(&str, &Tensor)]) -> Result<Vec<Tensor>> {
-        let views: Vec<(&str, TensorView<'_>)> = feeds.iter().map(|(n, t)| (*n, t.view())).collect();
+        let views: Vec<(&str, TensorView<'_>)> =
+            feeds.iter().map(|(n, t)| (*n, t.view())).collect();
         self.run_views(&views)
     }
 

@@ -24,7 +24,7 @@ impl Batches {
     /// # Errors
     /// `Io`/`Data` for the file, `Config` naming the field whose array is missing or
     /// malformed.
-    pub fn open(cfg: &DataConfig, config_path: &Path) -> Result<Batches> {
+    pub fn open(cfg: &DataConfig, global_batch: usize, config_path: &Path) -> Result<Batches> {
         let arrays = super::read_npz(&cfg.path)?;
         let bad = |field: &str, rule: String| Error::Config {
             path: config_path.to_path_buf(),
@@ -109,14 +109,20 @@ impl Batches {
             }
             None => None,
         };
-        let batch_size = match (&order, cfg.batch_size) {
-            (Some(o), _) => o.first().map_or(0, Vec::len),
-            (None, Some(b)) => b,
-            (None, None) => 0,
-        };
-        if batch_size == 0 || batch_size > rows {
+        if let Some(width) = order.as_ref().and_then(|o| o.first()).map(Vec::len) {
+            if width != global_batch {
+                return Err(bad(
+                    "batch_size",
+                    format!(
+                        "batch_size x gradient_accumulation_steps x data_parallel_size = {global_batch} must equal the {width} rows per step of data.batch_order"
+                    ),
+                ));
+            }
+        }
+        let batch_size = global_batch;
+        if batch_size > rows {
             return Err(bad(
-                "data.batch_size",
+                "batch_size",
                 format!("batches of {batch_size} rows from {rows} rows of data"),
             ));
         }
@@ -139,17 +145,37 @@ impl Batches {
     /// # Errors
     /// `BadTensor` only if the arrays changed shape since `open` (they cannot).
     pub fn batch(&self, step: usize) -> Result<TensorMap> {
-        let rows: Vec<usize> = match &self.order {
+        self.of_rows(&self.rows_of(step))
+    }
+
+    /// Part `part` of `parts` equal parts of step `step`'s batch (a micro-batch of one
+    /// replica); the batch must divide evenly (checked by the configuration).
+    ///
+    /// # Errors
+    /// As [`Batches::batch`].
+    pub fn part(&self, step: usize, part: usize, parts: usize) -> Result<TensorMap> {
+        let rows = self.rows_of(step);
+        let len = rows.len() / parts.max(1);
+        let start = (part * len).min(rows.len());
+        self.of_rows(&rows[start..(start + len).min(rows.len())])
+    }
+
+    /// The data rows of step `step`'s batch.
+    fn rows_of(&self, step: usize) -> Vec<usize> {
+        match &self.order {
             Some(o) => o[step % o.len()].clone(),
             None => (0..self.batch_size)
                 .map(|i| (step * self.batch_size + i) % self.rows)
                 .collect(),
-        };
+        }
+    }
+
+    fn of_rows(&self, rows: &[usize]) -> Result<TensorMap> {
         let mut out = TensorMap::new();
         match &self.layout {
             DataLayout::Arrays { feeds } => {
                 for (input, array) in feeds {
-                    out.insert(input.clone(), self.arrays[array].gather_rows(&rows)?);
+                    out.insert(input.clone(), self.arrays[array].gather_rows(rows)?);
                 }
             }
             DataLayout::NextToken {
@@ -157,7 +183,7 @@ impl Batches {
                 input,
                 label,
             } => {
-                let t = self.arrays[array].gather_rows(&rows)?;
+                let t = self.arrays[array].gather_rows(rows)?;
                 let (b, w) = (t.shape[0], t.shape[1]);
                 let v = t.as_i64().unwrap_or_default();
                 let shifted = |off: usize| -> Vec<i64> {

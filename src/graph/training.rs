@@ -129,9 +129,19 @@ pub fn build_training_graph(
             });
         }
     }
+    let resized = fit_inputs_to_example(&mut g, example)?;
     let label = opts.loss.label();
     let model_feeds = feeds_for(&g, example);
-    let forward_metas = probe_values(rt, &g, &model_feeds)?;
+    let forward_metas = probe_values(rt, &g, &model_feeds).map_err(|e| match (&resized, e) {
+        (Some(what), Error::Ort { context, source }) => Error::Ort {
+            context: format!(
+                "{context} ({what}; a model exported with a fixed batch size can only train \
+                 micro-batches of that size)"
+            ),
+            source,
+        },
+        (_, e) => e,
+    })?;
     let pred_name = match &opts.loss {
         LossSpec::SoftmaxCrossEntropy { prediction, .. } | LossSpec::Mse { prediction, .. } => {
             prediction
@@ -262,6 +272,44 @@ pub fn build_training_graph(
         metas,
         unused_params: backward.no_grad,
     })
+}
+
+/// Micro-batches may be smaller than the batch the model was exported with: declares each
+/// model input with the example's shape when only sizes (not ranks or types) differ.
+/// Returns a description of the first change, for errors.
+fn fit_inputs_to_example(g: &mut Graph, example: &[(&str, &Tensor)]) -> Result<Option<String>> {
+    let mut changed = None;
+    for v in &mut g.inputs {
+        let Some((_, t)) = example.iter().find(|(n, _)| *n == v.name) else {
+            continue;
+        };
+        let Some((elem, dims)) = crate::graph::ir::declared_type(v) else {
+            continue;
+        };
+        if elem != t.dtype().onnx() || dims.len() != t.shape.len() {
+            return Err(Error::BadTensor {
+                name: v.name.clone(),
+                reason: format!(
+                    "the model declares element type {elem} and rank {}, the data gives {:?} {:?}",
+                    dims.len(),
+                    t.dtype(),
+                    t.shape
+                ),
+            });
+        }
+        let fits = dims
+            .iter()
+            .zip(&t.shape)
+            .all(|(d, &n)| d.is_none_or(|d| d == n as i64));
+        if !fits {
+            changed.get_or_insert(format!(
+                "model input `{}` is declared {dims:?}, the micro-batch is {:?}",
+                v.name, t.shape
+            ));
+            *v = value_info(&v.name, &meta_of(t));
+        }
+    }
+    Ok(changed)
 }
 
 /// The example tensors that are inputs of `g` (data files may hold more arrays).

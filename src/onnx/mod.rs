@@ -127,6 +127,15 @@ pub fn save_model(model: &ModelProto, path: &Path) -> Result<()> {
     write_atomically(path, &model.encode_to_vec())
 }
 
+/// Writes any file atomically (through a temporary file and a rename), as
+/// [`save_model`] does: traces, drawings, checkpoints.
+///
+/// # Errors
+/// `Io` when the folder cannot be written.
+pub fn save_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomically(path, bytes)
+}
+
 /// Writes bytes to `path` through a temporary file and a rename.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());

@@ -1,0 +1,122 @@
+//! Adam and AdamW, as `torch.optim.Adam` and `torch.optim.AdamW`.
+
+use super::{check_lengths, load_buffers, Optimizer};
+use crate::Result;
+
+/// How weight decay enters the update: the one difference between Adam and AdamW.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decay {
+    /// Adam: `g = g + weight_decay * p`, so the decay is rescaled by the second moment.
+    L2,
+    /// AdamW (Loshchilov & Hutter): `p = p * (1 - lr * weight_decay)` before the update.
+    Decoupled,
+}
+
+/// `torch.optim.Adam` (`amsgrad=False`) and `torch.optim.AdamW`, default single-tensor
+/// path, per value, with `t` counting steps from 1:
+///
+/// ```text
+/// g = g + weight_decay * p                     (Adam only)
+/// p = p * (1 - lr * weight_decay)              (AdamW only)
+/// m = lerp(m, g, 1 - beta1)                    (= beta1 * m + (1 - beta1) * g)
+/// v = beta2 * v + (1 - beta2) * g * g
+/// p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+/// ```
+///
+/// `lerp` is PyTorch's CPU formula (`m + w * (g - m)` for `|w| < 0.5`), so the first moment
+/// rounds as PyTorch's does. The last line is the one in the peers' README once the bias
+/// corrections are moved onto the scalars, which is how PyTorch computes it.
+pub(crate) struct Adam {
+    decay: Decay,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    weight_decay: f64,
+    /// First moment (`exp_avg`).
+    m: Vec<f32>,
+    /// Second moment (`exp_avg_sq`).
+    v: Vec<f32>,
+    step: u64,
+}
+
+impl Adam {
+    /// Adam or AdamW over `len` values, moments zero.
+    pub(crate) fn new(
+        len: usize,
+        decay: Decay,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+    ) -> Adam {
+        Adam {
+            decay,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            m: vec![0.0; len],
+            v: vec![0.0; len],
+            step: 0,
+        }
+    }
+}
+
+/// PyTorch's CPU `lerp` for one value; `w` is the same for the whole loop, so the branch
+/// becomes a select and the loop still vectorizes.
+#[inline(always)]
+fn lerp(a: f32, b: f32, w: f32) -> f32 {
+    if w.abs() < 0.5 {
+        a + w * (b - a)
+    } else {
+        b - (b - a) * (1.0 - w)
+    }
+}
+
+impl Optimizer for Adam {
+    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<()> {
+        check_lengths(self.m.len(), params, grads)?;
+        self.step += 1;
+        let t = self.step as f64;
+        let bias1 = 1.0 - self.beta1.powf(t);
+        let bias2 = 1.0 - self.beta2.powf(t);
+        let step_size = (lr / bias1) as f32;
+        let bias2_sqrt = bias2.sqrt() as f32;
+        // One loop for both kinds: the unused decay is a multiply by exactly 1 or an add of
+        // exactly 0 * p, which leaves every finite value unchanged.
+        let (l2, shrink) = match self.decay {
+            Decay::L2 => (self.weight_decay as f32, 1.0f32),
+            Decay::Decoupled => (0.0, (1.0 - lr * self.weight_decay) as f32),
+        };
+        let w1 = (1.0 - self.beta1) as f32;
+        let b2 = self.beta2 as f32;
+        let w2 = (1.0 - self.beta2) as f32;
+        let eps = self.eps as f32;
+        let moments = self.m.iter_mut().zip(self.v.iter_mut());
+        for ((p, &g), (m, v)) in params.iter_mut().zip(grads).zip(moments) {
+            let g = g + l2 * *p;
+            *m = lerp(*m, g, w1);
+            *v = *v * b2 + w2 * g * g;
+            let denom = v.sqrt() / bias2_sqrt + eps;
+            *p = *p * shrink - step_size * (*m / denom);
+        }
+        Ok(())
+    }
+
+    fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    fn state(&self) -> Vec<(&'static str, &[f32])> {
+        vec![("exp_avg", &self.m), ("exp_avg_sq", &self.v)]
+    }
+
+    fn load_state(&mut self, step: u64, state: &[(&str, &[f32])]) -> Result<()> {
+        load_buffers(
+            &mut [("exp_avg", &mut self.m), ("exp_avg_sq", &mut self.v)],
+            state,
+        )?;
+        self.step = step;
+        Ok(())
+    }
+}

@@ -1,0 +1,106 @@
+//! Stochastic gradient descent, as `torch.optim.SGD`.
+
+use super::{check_lengths, load_buffers, Optimizer};
+use crate::Result;
+
+/// `torch.optim.SGD` (default single-tensor path, `maximize=False`), per value:
+///
+/// ```text
+/// g = g + weight_decay * p                       (L2, added to the gradient)
+/// b = g                                          (first step: the buffer starts as g)
+/// b = momentum * b + (1 - dampening) * g         (later steps)
+/// d = g + momentum * b   (Nesterov)   or   d = b
+/// p = p - lr * d
+/// ```
+///
+/// With `momentum == 0` there is no buffer and `d = g`.
+pub(crate) struct Sgd {
+    momentum: f64,
+    dampening: f64,
+    nesterov: bool,
+    weight_decay: f64,
+    len: usize,
+    /// The momentum buffer; empty when `momentum == 0`.
+    buf: Vec<f32>,
+    step: u64,
+}
+
+impl Sgd {
+    /// Plain SGD or SGD with momentum over `len` values.
+    pub(crate) fn new(
+        len: usize,
+        momentum: f64,
+        dampening: f64,
+        nesterov: bool,
+        weight_decay: f64,
+    ) -> Sgd {
+        Sgd {
+            momentum,
+            dampening,
+            nesterov,
+            weight_decay,
+            len,
+            buf: if momentum == 0.0 {
+                Vec::new()
+            } else {
+                vec![0.0; len]
+            },
+            step: 0,
+        }
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<()> {
+        check_lengths(self.len, params, grads)?;
+        let lr = lr as f32;
+        let wd = self.weight_decay as f32;
+        if self.momentum == 0.0 {
+            for (p, &g) in params.iter_mut().zip(grads) {
+                let g = g + wd * *p;
+                *p -= lr * g;
+            }
+        } else {
+            let m = self.momentum as f32;
+            // PyTorch's first step sets the buffer to the gradient. The buffer is still
+            // zero then, so `0 * b + 1 * g` is that value exactly, and the loop stays one
+            // branch-free loop that vectorizes.
+            let (keep, take) = if self.step == 0 {
+                (0.0, 1.0)
+            } else {
+                (m, (1.0 - self.dampening) as f32)
+            };
+            // Likewise `gc * g + bc * b` is exactly `g + m * b` (Nesterov) or `b`.
+            let (gc, bc) = if self.nesterov { (1.0, m) } else { (0.0, 1.0) };
+            for ((p, &g), b) in params.iter_mut().zip(grads).zip(&mut self.buf) {
+                let g = g + wd * *p;
+                *b = keep * *b + take * g;
+                *p -= lr * (gc * g + bc * *b);
+            }
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    fn state(&self) -> Vec<(&'static str, &[f32])> {
+        if self.momentum == 0.0 {
+            Vec::new()
+        } else {
+            vec![("momentum_buffer", &self.buf)]
+        }
+    }
+
+    fn load_state(&mut self, step: u64, state: &[(&str, &[f32])]) -> Result<()> {
+        if self.momentum == 0.0 {
+            load_buffers(&mut [], state)?;
+        } else {
+            load_buffers(&mut [("momentum_buffer", &mut self.buf)], state)?;
+        }
+        self.step = step;
+        Ok(())
+    }
+}

@@ -1,0 +1,232 @@
+//! Every configuration rule: a bad value is refused up front with the file, the field and
+//! the rule in the message.
+
+use std::path::Path;
+
+use pipetrain::config::TrainConfig;
+
+const GOOD: &str = r#"
+model_path = "../../shared/peers/data/mlp.onnx"
+batch_size = 16
+gradient_accumulation_steps = 4
+num_train_steps = 40
+pipeline_parallel_size = 2
+data_parallel_size = 1
+[loss]
+kind = "softmax_cross_entropy"
+prediction = "logits"
+label = "y"
+[data]
+path = "../../shared/peers/data/mlp_data.npz"
+batch_order = "batch_idx"
+layout = { kind = "arrays", feeds = { x = "x", y = "y" } }
+[optimizer]
+kind = "adamw"
+[lr_schedule]
+kind = "linear"
+lr = 1e-3
+warmup_ratio = 0.1
+[pipeline]
+schedule = "1f1b"
+"#;
+
+fn path() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rules.toml")
+}
+
+fn refused(text: &str, field: &str, rule: &str) {
+    let err = TrainConfig::parse(text, &path())
+        .expect_err(&format!("must refuse: {field}"))
+        .to_string();
+    assert!(err.contains("rules.toml"), "names the file: {err}");
+    assert!(
+        err.contains(&format!("`{field}`")),
+        "names `{field}`: {err}"
+    );
+    assert!(err.contains(rule), "says `{rule}`: {err}");
+}
+
+fn with(old: &str, new: &str) -> String {
+    assert!(GOOD.contains(old), "{old}");
+    GOOD.replacen(old, new, 1)
+}
+
+#[test]
+fn the_good_config_is_accepted_and_derived_values_follow_ort() {
+    let c = TrainConfig::parse(GOOD, &path()).unwrap();
+    assert_eq!(c.optimizer_steps(), 10);
+    assert_eq!(c.global_batch(), 64);
+    assert_eq!(c.stages(), 2);
+}
+
+#[test]
+fn parallel_sizes() {
+    refused(
+        &with(
+            "data_parallel_size = 1",
+            "data_parallel_size = 1\nworld_size = 4",
+        ),
+        "world_size",
+        "must equal data_parallel_size x horizontal_parallel_size x pipeline_parallel_size = 2",
+    );
+    refused(
+        &with(
+            "data_parallel_size = 1",
+            "data_parallel_size = 1\nhorizontal_parallel_size = 2",
+        ),
+        "horizontal_parallel_size",
+        "tensor parallelism is not supported",
+    );
+    refused(
+        &with("pipeline_parallel_size = 2", "pipeline_parallel_size = 0"),
+        "pipeline_parallel_size",
+        "at least 1",
+    );
+    refused(
+        &with("data_parallel_size = 1", "data_parallel_size = 0"),
+        "data_parallel_size",
+        "at least 1",
+    );
+}
+
+#[test]
+fn steps_and_micro_batches() {
+    refused(
+        &with("num_train_steps = 40", "num_train_steps = 42"),
+        "num_train_steps",
+        "divisible by gradient_accumulation_steps (4)",
+    );
+    refused(
+        &with("num_train_steps = 40", "num_train_steps = 0"),
+        "num_train_steps",
+        "at least 1",
+    );
+    refused(
+        &with(
+            "gradient_accumulation_steps = 4",
+            "gradient_accumulation_steps = 1",
+        )
+        .replace("num_train_steps = 40", "num_train_steps = 10"),
+        "gradient_accumulation_steps",
+        "needs at least as many micro-batches as pipeline stages (2), got 1",
+    );
+    refused(
+        &with("batch_size = 16", "batch_size = 0"),
+        "batch_size",
+        "at least 1",
+    );
+}
+
+#[test]
+fn schedule_and_partition() {
+    refused(
+        &with(
+            "schedule = \"1f1b\"",
+            "schedule = \"1f1b\"\nvirtual_stages = 2",
+        ),
+        "pipeline.virtual_stages",
+        "only the interleaved_1f1b schedule",
+    );
+    refused(
+        &with(
+            "schedule = \"1f1b\"",
+            "schedule = \"interleaved_1f1b\"\nvirtual_stages = 2",
+        )
+        .replace(
+            "gradient_accumulation_steps = 4",
+            "gradient_accumulation_steps = 5",
+        )
+        .replace("num_train_steps = 40", "num_train_steps = 50"),
+        "pipeline.schedule",
+        "multiple",
+    );
+    refused(
+        &with(
+            "schedule = \"1f1b\"",
+            "schedule = \"1f1b\"\npartition = { cut_at = [\"a\", \"b\"] }",
+        ),
+        "pipeline.partition.cut_at",
+        "2 cuts make 3 stages; the pipeline has 2",
+    );
+    refused(
+        &with(
+            "schedule = \"1f1b\"",
+            "schedule = \"1f1b\"\npartition = { balanced = { stages = 3, by = \"params\" } }",
+        ),
+        "pipeline.partition.balanced.stages",
+        "must equal pipeline_parallel_size x virtual_stages = 2",
+    );
+    refused(
+        &with("schedule = \"1f1b\"", "schedule = \"2f2b\""),
+        "pipeline.schedule",
+        "unknown variant `2f2b`",
+    );
+}
+
+#[test]
+fn optimizer_and_learning_rate() {
+    refused(
+        &with("kind = \"adamw\"", "kind = \"adagrad\""),
+        "optimizer.kind",
+        "unknown variant `adagrad`",
+    );
+    refused(
+        &with("kind = \"adamw\"", "kind = \"adamw\"\nbeta1 = 1.5"),
+        "optimizer.beta1",
+        "[0, 1)",
+    );
+    refused(
+        &with("kind = \"adamw\"", "kind = \"sgd\"\nnesterov = true"),
+        "optimizer.nesterov",
+        "momentum",
+    );
+    refused(&with("lr = 1e-3", "lr = -1e-3"), "lr_schedule.lr", "");
+    refused(
+        &with("warmup_ratio = 0.1", "warmup_ratio = 1.5"),
+        "lr_schedule.warmup_ratio",
+        "",
+    );
+}
+
+#[test]
+fn unknown_keys_and_other_values() {
+    refused(
+        &with("batch_size = 16", "batch_size = 16\nlearning_rate = 0.1"),
+        "learning_rate",
+        "unknown field `learning_rate`",
+    );
+    refused(
+        &with("kind = \"adamw\"", "kind = \"adamw\"\nmomentum = 0.9"),
+        "optimizer.momentum",
+        "unknown field `momentum`",
+    );
+    refused(
+        &with("batch_size = 16", "batch_size = 16\nwatchdog_seconds = 0"),
+        "watchdog_seconds",
+        "positive",
+    );
+    refused(
+        &with(
+            "num_train_steps = 40",
+            "num_train_steps = 40\ndisplay_loss_steps = 0",
+        ),
+        "display_loss_steps",
+        "at least 1",
+    );
+}
+
+#[test]
+fn a_global_batch_that_does_not_fit_the_data_is_refused_before_training() {
+    // 16 x 4 x 1 = 64 rows a step fit batch_idx; 12 x 4 = 48 do not.
+    let cfg = TrainConfig::parse(&with("batch_size = 16", "batch_size = 12"), &path()).unwrap();
+    let rt = pipetrain::compute::Runtime::from_env().unwrap();
+    let err = pipetrain::train::train(&rt, &cfg, &path(), false, |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("rules.toml")
+            && err.contains("`batch_size`")
+            && err.contains("= 48 must equal the 64 rows per step"),
+        "{err}"
+    );
+}
