@@ -110,8 +110,9 @@ pub async fn train_async(
             .unwrap_or((cores / actors).max(1)),
         inter_threads: 1,
         optimize: !cfg.runtime.disable_optimizations,
-        // Spinning threads only pay when one session has the cores to itself.
-        spin: actors == 1,
+        // A stage has several sessions (forward, backward): threads of an idle one
+        // spinning for work would steal the cores of the busy one.
+        spin: false,
         profile: false,
     };
     let seed_scale = 1.0 / (m * d) as f64;
@@ -145,6 +146,7 @@ pub async fn train_async(
         replicas: d,
         watchdog: Duration::from_secs_f64(cfg.watchdog_seconds),
         record_trace,
+        threads: pipetrain_actors::ActorThreads::Dedicated,
     };
     let total = cfg.optimizer_steps() as u64;
     let lr = cfg.lr_schedule.clone();

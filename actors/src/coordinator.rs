@@ -11,9 +11,9 @@ use tokio::task::JoinSet;
 
 use crate::error::ActorError;
 
-/// Messages waiting for the coordinator: one loss per micro-batch and replica can arrive
-/// at once at the end of a step, plus the scheduler's requests.
-const MAILBOX: usize = 64;
+/// Requests waiting for the coordinator: only the scheduler sends, one at a time, plus
+/// room for the look-ahead step's request.
+const MAILBOX: usize = 2;
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,14 +31,9 @@ enum Msg {
         step: u64,
         reply: oneshot::Sender<f64>,
     },
-    Loss {
-        step: u64,
-        replica: usize,
-        mb: usize,
-        loss: f64,
-    },
     End {
         step: u64,
+        losses: Vec<(usize, usize, f64)>,
         reply: oneshot::Sender<Result<StepResult, ActorError>>,
     },
 }
@@ -81,30 +76,20 @@ impl CoordinatorHandle {
         rx.await.map_err(|_| gone())
     }
 
-    /// Reports a micro-batch's loss.
-    pub(crate) async fn loss(
+    /// Closes `step` with its micro-batch losses `(replica, mb, loss)` and returns its
+    /// result.
+    pub(crate) async fn end(
         &self,
         step: u64,
-        replica: usize,
-        mb: usize,
-        loss: f64,
-    ) -> Result<(), ActorError> {
-        self.tx
-            .send_async(Msg::Loss {
-                step,
-                replica,
-                mb,
-                loss,
-            })
-            .await
-            .map_err(|_| gone())
-    }
-
-    /// Closes `step` and returns its result.
-    pub(crate) async fn end(&self, step: u64) -> Result<StepResult, ActorError> {
+        losses: Vec<(usize, usize, f64)>,
+    ) -> Result<StepResult, ActorError> {
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send_async(Msg::End { step, reply })
+            .send_async(Msg::End {
+                step,
+                losses,
+                reply,
+            })
             .await
             .map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
@@ -118,8 +103,6 @@ async fn run(
     expected: usize,
 ) -> Result<(), ActorError> {
     let mut lrs: BTreeMap<u64, f64> = BTreeMap::new();
-    // Keyed by (replica, mb) so the mean adds in a fixed order, whatever the arrival order.
-    let mut losses: BTreeMap<u64, BTreeMap<(usize, usize), f64>> = BTreeMap::new();
     while let Ok(msg) = rx.recv_async().await {
         match msg {
             Msg::Begin { step, reply } => {
@@ -127,16 +110,14 @@ async fn run(
                 lrs.insert(step, lr);
                 let _ = reply.send(lr);
             }
-            Msg::Loss {
+            Msg::End {
                 step,
-                replica,
-                mb,
-                loss,
+                losses,
+                reply,
             } => {
-                losses.entry(step).or_default().insert((replica, mb), loss);
-            }
-            Msg::End { step, reply } => {
-                let got = losses.remove(&step).unwrap_or_default();
+                // Keyed by (replica, mb) so the mean adds in a fixed order.
+                let got: BTreeMap<(usize, usize), f64> =
+                    losses.into_iter().map(|(r, mb, l)| ((r, mb), l)).collect();
                 let result = if got.len() == expected {
                     Ok(StepResult {
                         step,

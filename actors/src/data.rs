@@ -8,8 +8,10 @@ use tokio::task::JoinSet;
 use crate::error::{ActorError, BoxError};
 use crate::traits::DataSource;
 
-/// Micro-batches prepared ahead of the stage that reads them: two keep the stage from
-/// waiting on batch assembly without holding much memory.
+/// Steps of micro-batches prepared ahead of the stage that reads them: two keep the
+/// stage from waiting on batch assembly without holding much memory. A step's
+/// micro-batches travel as one message, so the stage's thread and the data actor wake
+/// each other once a step, not once a micro-batch.
 pub const PREFETCH: usize = 2;
 
 /// One prepared micro-batch (or the source's error for it, which the stage reports).
@@ -27,16 +29,20 @@ pub(crate) fn spawn_data_actor<D: DataSource>(
     micro_batches: usize,
     steps: std::ops::Range<u64>,
     tasks: &mut JoinSet<Result<(), ActorError>>,
-) -> flume::Receiver<DataItem<D::Payload>> {
+) -> flume::Receiver<Vec<DataItem<D::Payload>>> {
     let (tx, rx) = flume::bounded(PREFETCH);
     tasks.spawn(async move {
         for step in steps {
-            for mb in 0..micro_batches {
-                let payload = source.micro_batch(step, replica, mb, stage);
-                if tx.send_async(DataItem { step, mb, payload }).await.is_err() {
-                    // The stage stopped (run over or failed): nothing more to prepare.
-                    return Ok(());
-                }
+            let batch = (0..micro_batches)
+                .map(|mb| DataItem {
+                    step,
+                    mb,
+                    payload: source.micro_batch(step, replica, mb, stage),
+                })
+                .collect();
+            if tx.send_async(batch).await.is_err() {
+                // The stage stopped (run over or failed): nothing more to prepare.
+                return Ok(());
             }
         }
         Ok(())

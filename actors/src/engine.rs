@@ -31,6 +31,26 @@ pub struct EngineSettings {
     pub watchdog: Duration,
     /// Record what every actor did (see [`RunTrace`]).
     pub record_trace: bool,
+    /// Where stage actors run.
+    pub threads: ActorThreads,
+}
+
+/// Where stage actors run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActorThreads {
+    /// As tokio tasks: for computes that only await (simulated stages on a paused clock).
+    Tasks,
+    /// Each on an OS thread of its own, driving its future with the runtime's handle:
+    /// for computes that block while they compute (ONNX Runtime), which would otherwise
+    /// stall a tokio worker. An actor's thread wakes directly when a message arrives, with
+    /// no task hand-off between workers.
+    Dedicated,
+}
+
+/// Stage actors started one way or the other.
+enum Running<C> {
+    Tasks(JoinSet<StageActorResult<C>>),
+    Threads(Vec<std::thread::JoinHandle<StageActorResult<C>>>),
 }
 
 /// What every actor did, step by step: enough to draw the run and to replay it.
@@ -111,7 +131,10 @@ where
         });
     }
     let mut helpers: JoinSet<Result<(), ActorError>> = JoinSet::new();
-    let mut actors: JoinSet<StageActorResult<C>> = JoinSet::new();
+    let mut actors = match settings.threads {
+        ActorThreads::Tasks => Running::Tasks(JoinSet::new()),
+        ActorThreads::Dedicated => Running::Threads(Vec::new()),
+    };
     let coordinator = CoordinatorHandle::spawn(lr_at, replicas * m, &mut helpers);
     let collective = Arc::new(LocalCollective::spawn(stages, replicas, &mut helpers));
     let progress = Arc::new(AtomicU64::new(0));
@@ -168,16 +191,31 @@ where
                 inbox,
                 peers: txs.clone(),
                 data: feeds,
+                data_ahead: HashMap::new(),
                 control: control_rx,
                 collective: collective.clone(),
-                coordinator: coordinator.clone(),
                 status: status_tx,
                 progress: progress.clone(),
                 origin,
                 record: settings.record_trace,
             };
             let index = members.len() - 1;
-            actors.spawn(async move { actor.run().await.map(|c| (index, c)) });
+            let body = async move { actor.run().await.map(|c| (index, c)) };
+            match &mut actors {
+                Running::Tasks(set) => {
+                    set.spawn(body);
+                }
+                Running::Threads(threads) => {
+                    let handle = tokio::runtime::Handle::current();
+                    let thread = std::thread::Builder::new()
+                        .name(format!("stage-actor-r{replica}-k{rank}"))
+                        .spawn(move || handle.block_on(body))
+                        .map_err(|e| ActorError::Settings {
+                            reason: format!("cannot start a stage actor thread: {e}"),
+                        })?;
+                    threads.push(thread);
+                }
+            }
         }
     }
     let scheduler = SchedulerActor {
@@ -201,17 +239,38 @@ where
     let traces = match traces {
         Ok(t) => t,
         Err(e) => {
-            actors.abort_all();
+            // Threads cannot be aborted: they end when their channels close, and one
+            // stuck in a compute that never returns stays until the process exits.
+            if let Running::Tasks(set) = &mut actors {
+                set.abort_all();
+            }
             helpers.abort_all();
             return Err(e);
         }
     };
     let mut returned: Vec<Option<(usize, HashMap<usize, C>)>> = Vec::new();
-    while let Some(joined) = actors.join_next().await {
-        let (index, c) = joined.map_err(|e| ActorError::ActorGone {
-            actor: format!("a stage actor ({e})"),
-        })??;
-        returned.push(Some((index, c)));
+    match actors {
+        Running::Tasks(mut set) => {
+            while let Some(joined) = set.join_next().await {
+                let (index, c) = joined.map_err(|e| ActorError::ActorGone {
+                    actor: format!("a stage actor ({e})"),
+                })??;
+                returned.push(Some((index, c)));
+            }
+        }
+        Running::Threads(threads) => {
+            for t in threads {
+                let joined = tokio::task::spawn_blocking(move || t.join())
+                    .await
+                    .map_err(|e| ActorError::ActorGone {
+                        actor: format!("a stage actor thread ({e})"),
+                    })?;
+                let (index, c) = joined.map_err(|_| ActorError::ActorGone {
+                    actor: "a stage actor thread (it panicked)".into(),
+                })??;
+                returned.push(Some((index, c)));
+            }
+        }
     }
     helpers.abort_all();
     let mut computes: Vec<Vec<Option<C>>> = (0..replicas)

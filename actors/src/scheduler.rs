@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use pipetrain_schedules::{Trace, TraceEvent};
+use pipetrain_schedules::Trace;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::coordinator::{CoordinatorHandle, StepResult};
 use crate::error::ActorError;
-use crate::stage::{Answer, Status, StepPlan};
+use crate::stage::{Answer, Status, StepOutcome, StepPlan};
 
 /// One stage actor as the scheduler sees it.
 pub(crate) struct Member {
@@ -42,20 +42,27 @@ impl SchedulerActor {
         mut on_step: impl FnMut(&StepResult) + Send,
     ) -> Result<Vec<Vec<Trace>>, ActorError> {
         let mut traces = Vec::new();
-        // Every member answers once per step.
-        let (done_tx, done_rx) = flume::bounded(self.members.len());
-        for step in steps {
-            let lr = self.coordinator.begin(step).await?;
-            for (index, m) in self.members.iter().enumerate() {
-                let plan = StepPlan {
-                    step,
-                    lr,
-                    index,
-                    reply: done_tx.clone(),
-                };
-                m.control.send_async(plan).await.map_err(|_| self.gone(m))?;
+        // Each member can have two steps' answers in flight (see the look-ahead below).
+        let (done_tx, done_rx) = flume::bounded(2 * self.members.len());
+        let mut early: Vec<Answer> = Vec::new();
+        if !steps.is_empty() {
+            self.hand_out(steps.start, &done_tx).await?;
+        }
+        for step in steps.clone() {
+            // Hand out the next step before this one ends: an actor that finishes goes on
+            // at once instead of waiting for the round trip through the scheduler and the
+            // coordinator. Steps stay in order: each actor runs its plans one by one, and
+            // a step's optimizer update is the last action of its list.
+            if step + 1 < steps.end {
+                self.hand_out(step + 1, &done_tx).await?;
             }
-            let events = self.wait_all(&done_rx).await?;
+            let outcomes = self.wait_all(step, &done_rx, &mut early).await?;
+            let mut losses = Vec::new();
+            let mut events = Vec::with_capacity(outcomes.len());
+            for (m, o) in self.members.iter().zip(outcomes) {
+                losses.extend(o.losses.into_iter().map(|(mb, l)| (m.replica, mb, l)));
+                events.push(o.events);
+            }
             let mut per_replica = vec![
                 Trace {
                     ranks: vec![Vec::new(); self.ranks]
@@ -66,30 +73,60 @@ impl SchedulerActor {
                 per_replica[m.replica].ranks[m.rank] = ev;
             }
             traces.push(per_replica);
-            let result = self.coordinator.end(step).await?;
+            let result = self.coordinator.end(step, losses).await?;
             on_step(&result);
         }
         Ok(traces)
+    }
+
+    /// Sends every member its plan for `step`.
+    async fn hand_out(&self, step: u64, reply: &flume::Sender<Answer>) -> Result<(), ActorError> {
+        let lr = self.coordinator.begin(step).await?;
+        for (index, m) in self.members.iter().enumerate() {
+            let plan = StepPlan {
+                step,
+                lr,
+                index,
+                reply: reply.clone(),
+            };
+            m.control.send_async(plan).await.map_err(|_| self.gone(m))?;
+        }
+        Ok(())
     }
 
     /// Waits for every member's answer; fails with the who-waits-on-whom report when no
     /// actor changes what it does for the watchdog's time.
     async fn wait_all(
         &mut self,
+        step: u64,
         done: &flume::Receiver<Answer>,
-    ) -> Result<Vec<Vec<TraceEvent>>, ActorError> {
-        let mut events: Vec<Option<Vec<TraceEvent>>> = vec![None; self.members.len()];
-        let mut left = self.members.len();
+        early: &mut Vec<Answer>,
+    ) -> Result<Vec<StepOutcome>, ActorError> {
+        let mut events: Vec<Option<StepOutcome>> = (0..self.members.len()).map(|_| None).collect();
+        // Answers for the next step may come before this one's last: keep them.
+        let take = |(i, s, result): Answer,
+                    events: &mut Vec<Option<StepOutcome>>,
+                    early: &mut Vec<Answer>|
+         -> Result<(), ActorError> {
+            if s == step {
+                events[i] = Some(result?);
+            } else {
+                early.push((i, s, result));
+            }
+            Ok(())
+        };
+        for a in std::mem::take(early) {
+            take(a, &mut events, early)?;
+        }
         // The watchdog looks at the progress counter this often.
         let tick = (self.watchdog / 8).max(Duration::from_millis(1));
         let mut seen = self.progress.load(Ordering::Relaxed);
         let mut last_change = Instant::now();
-        while left > 0 {
+        while events.iter().any(Option::is_none) {
             tokio::select! {
                 answer = done.recv_async() => {
-                    let (i, result) = answer.map_err(|_| ActorError::ActorGone { actor: "every stage actor".into() })?;
-                    events[i] = Some(result?);
-                    left -= 1;
+                    let a = answer.map_err(|_| ActorError::ActorGone { actor: "every stage actor".into() })?;
+                    take(a, &mut events, early)?;
                 }
                 _ = tokio::time::sleep(tick) => {
                     let now = self.progress.load(Ordering::Relaxed);

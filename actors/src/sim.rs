@@ -196,6 +196,7 @@ pub async fn replay(
         replicas: recorded.replicas,
         watchdog: Duration::from_secs(3600),
         record_trace: true,
+        threads: crate::engine::ActorThreads::Tasks,
     };
     let out = run(
         &settings,

@@ -10,7 +10,6 @@ use pipetrain_schedules::{Action, ActionKind, TraceEvent};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::coordinator::CoordinatorHandle;
 use crate::data::DataItem;
 use crate::error::ActorError;
 use crate::traits::{BackwardPart, Collective, StageCompute};
@@ -32,9 +31,20 @@ pub(crate) struct Transfer<P> {
     pub payload: P,
 }
 
+/// What a stage actor did in a step.
+#[derive(Debug, Default)]
+pub(crate) struct StepOutcome {
+    /// Trace events, when recording.
+    pub events: Vec<TraceEvent>,
+    /// `(micro-batch, loss)` for the micro-batches whose loss this actor computed. They
+    /// travel with the answer rather than as messages of their own: one cross-thread
+    /// wake-up per step instead of one per micro-batch.
+    pub losses: Vec<(usize, f64)>,
+}
+
 /// A stage actor's answer at the end of a step: its index among the scheduler's
-/// members, and its trace events or its error.
-pub(crate) type Answer = (usize, Result<Vec<TraceEvent>, ActorError>);
+/// members, the step, and what it did or its error.
+pub(crate) type Answer = (usize, u64, Result<StepOutcome, ActorError>);
 
 /// What the scheduler hands a stage actor each step.
 pub(crate) struct StepPlan {
@@ -62,10 +72,11 @@ pub(crate) struct StageActor<C: StageCompute, K: Collective> {
     pub computes: HashMap<usize, C>,
     pub inbox: flume::Receiver<Transfer<C::Payload>>,
     pub peers: Vec<flume::Sender<Transfer<C::Payload>>>,
-    pub data: HashMap<usize, flume::Receiver<DataItem<C::Payload>>>,
+    pub data: HashMap<usize, flume::Receiver<Vec<DataItem<C::Payload>>>>,
+    /// The rest of the step's micro-batches per data-reading stage.
+    pub data_ahead: HashMap<usize, std::collections::VecDeque<DataItem<C::Payload>>>,
     pub control: flume::Receiver<StepPlan>,
     pub collective: Arc<K>,
-    pub coordinator: CoordinatorHandle,
     pub status: watch::Sender<Status>,
     pub progress: Arc<AtomicU64>,
     pub origin: Instant,
@@ -80,7 +91,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             let result = self.step(plan.step, plan.lr).await;
             let failed = result.is_err();
             // The scheduler may already have given up (watchdog): nobody to tell then.
-            let _ = plan.reply.send_async((plan.index, result)).await;
+            let _ = plan.reply.send_async((plan.index, plan.step, result)).await;
             if failed {
                 // The run is over for everyone; the scheduler tears the rest down.
                 break;
@@ -95,18 +106,25 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
         let _ = self.status.send(s);
     }
 
-    async fn step(&mut self, step: u64, lr: f64) -> Result<Vec<TraceEvent>, ActorError> {
+    async fn step(&mut self, step: u64, lr: f64) -> Result<StepOutcome, ActorError> {
         let mut outgoing: HashMap<(Flow, usize, usize), C::Payload> = HashMap::new();
         let mut arrived: HashMap<(Flow, usize, usize), C::Payload> = HashMap::new();
-        let mut events = Vec::new();
+        let mut out = StepOutcome::default();
         for i in 0..self.actions.len() {
             let action = self.actions[i];
             self.set(Status::Running(action));
             let start = self
-                .act(action, step, lr, &mut outgoing, &mut arrived)
+                .act(
+                    action,
+                    step,
+                    lr,
+                    &mut outgoing,
+                    &mut arrived,
+                    &mut out.losses,
+                )
                 .await?;
             if self.record {
-                events.push(TraceEvent {
+                out.events.push(TraceEvent {
                     action,
                     start_ns: (start - self.origin).as_nanos() as u64,
                     end_ns: (Instant::now() - self.origin).as_nanos() as u64,
@@ -119,7 +137,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                 "{flow:?} for stage {stage} mb {mb} arrived but was never used"
             )));
         }
-        Ok(events)
+        Ok(out)
     }
 
     async fn act(
@@ -129,6 +147,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
         lr: f64,
         outgoing: &mut HashMap<(Flow, usize, usize), C::Payload>,
         arrived: &mut HashMap<(Flow, usize, usize), C::Payload>,
+        losses: &mut Vec<(usize, f64)>,
     ) -> Result<Instant, ActorError> {
         // Traces time the work itself: waiting for an input is idle time, not work.
         let mut start = Instant::now();
@@ -150,30 +169,22 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                         self.protocol(format!("{action} has no input from stage {}", s - 1))
                     );
                 }
-                let data = match self.data.get(&s) {
-                    Some(rx) => {
-                        self.set(Status::Waiting {
-                            action,
-                            from: "its data".into(),
-                        });
-                        let item = rx.recv_async().await.map_err(|_| ActorError::ActorGone {
-                            actor: format!("data actor of replica {} stage {s}", self.replica),
-                        })?;
-                        self.set(Status::Running(action));
-                        if (item.step, item.mb) != (step, mb) {
-                            return Err(self.protocol(format!(
-                                "{action} of step {step} got data of step {} mb {}",
-                                item.step, item.mb
-                            )));
-                        }
-                        Some(item.payload.map_err(|source| ActorError::Data {
-                            replica: self.replica,
-                            step,
-                            micro_batch: mb,
-                            source,
-                        })?)
+                let data = if self.data.contains_key(&s) {
+                    let item = self.next_data(s, step, action).await?;
+                    if (item.step, item.mb) != (step, mb) {
+                        return Err(self.protocol(format!(
+                            "{action} of step {step} got data of step {} mb {}",
+                            item.step, item.mb
+                        )));
                     }
-                    None => None,
+                    Some(item.payload.map_err(|source| ActorError::Data {
+                        replica: self.replica,
+                        step,
+                        micro_batch: mb,
+                        source,
+                    })?)
+                } else {
+                    None
                 };
                 start = Instant::now();
                 let out = self
@@ -182,7 +193,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                     .await
                     .map_err(|source| self.failed(action, source))?;
                 if let Some(loss) = out.loss {
-                    self.coordinator.loss(step, self.replica, mb, loss).await?;
+                    losses.push((mb, loss));
                 }
                 if let Some(p) = out.output.filter(|_| s < last) {
                     outgoing.insert((Flow::Act, s, mb), p);
@@ -266,6 +277,35 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             }
         }
         Ok(start)
+    }
+
+    /// The next micro-batch of data for `stage`: from the step's batch already received,
+    /// else from the data actor (one message a step).
+    async fn next_data(
+        &mut self,
+        stage: usize,
+        step: u64,
+        action: Action,
+    ) -> Result<DataItem<C::Payload>, ActorError> {
+        if let Some(item) = self.data_ahead.get_mut(&stage).and_then(|q| q.pop_front()) {
+            return Ok(item);
+        }
+        self.set(Status::Waiting {
+            action,
+            from: "its data".into(),
+        });
+        let gone = || ActorError::ActorGone {
+            actor: format!("data actor of replica {} stage {stage}", self.replica),
+        };
+        let rx = self.data.get(&stage).ok_or_else(gone)?;
+        let batch = rx.recv_async().await.map_err(|_| gone())?;
+        self.set(Status::Running(action));
+        let mut items: std::collections::VecDeque<_> = batch.into();
+        let first = items
+            .pop_front()
+            .ok_or_else(|| self.protocol(format!("empty data for step {step}")))?;
+        self.data_ahead.insert(stage, items);
+        Ok(first)
     }
 
     /// Waits until the transfer `recv` names has arrived and takes it; transfers for

@@ -8,7 +8,7 @@ use pipetrain_actors::schedules::{
     interleaved_1f1b, one_f_one_b, simulate, zb_h1, ActionKind, CostModel, Schedule, StageCost,
 };
 use pipetrain_actors::sim::{CostFn, SimData, SimStage};
-use pipetrain_actors::{lowered, replay, run, ActorError, EngineSettings, RunOutput};
+use pipetrain_actors::{lowered, replay, run, ActorError, ActorThreads, EngineSettings, RunOutput};
 
 const MS: f64 = 1e-3;
 
@@ -43,6 +43,7 @@ async fn go(
         replicas,
         watchdog: Duration::from_secs(5),
         record_trace: record,
+        threads: ActorThreads::Tasks,
     };
     run(
         &settings,
@@ -127,6 +128,7 @@ async fn a_stage_that_never_sends_fails_the_run_with_who_waits_on_whom() {
         replicas: 1,
         watchdog,
         record_trace: false,
+        threads: ActorThreads::Tasks,
     };
     let start = tokio::time::Instant::now();
     let err = run(

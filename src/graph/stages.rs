@@ -51,6 +51,10 @@ pub struct StageGraphs {
     pub backward_input: Graph,
     /// Weight-gradient half of the backward.
     pub backward_weight: Graph,
+    /// On the last stage (whose backward needs nothing from another stage): forward and
+    /// backward as one graph, giving the loss, the gradients for the previous stage and
+    /// the parameter gradients in one run, with no stash between two sessions.
+    pub fused: Option<Graph>,
     /// The exchange contract.
     pub io: StageIo,
 }
@@ -224,12 +228,23 @@ pub fn build_stage_graphs(tg: &TrainingGraph, a: &StageAssignment) -> Result<Vec
         }
         let input_full = with_constants(g, &input_nodes, &producer, &is_const);
         let label = |part: &str| format!("stage{s}_{part}");
+        let fused = if has_loss && bwd_recv.is_empty() {
+            let mut nodes: Vec<usize> = fwd_full.iter().chain(&bwd_full).copied().collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            let mut outputs = vec![LOSS.to_string()];
+            outputs.extend(bwd_outputs.iter().cloned());
+            Some(subgraph(tg, &nodes, &outputs, &label("forward_backward"))?)
+        } else {
+            None
+        };
         result.push(StageGraphs {
             stage: s,
             forward: subgraph(tg, &fwd_full, &fwd_outputs, &label("forward"))?,
             backward: subgraph(tg, &bwd_full, &bwd_outputs, &label("backward"))?,
             backward_input: subgraph(tg, &input_full, &input_outputs, &label("backward_input"))?,
             backward_weight: subgraph(tg, &weight_full, &grads, &label("backward_weight"))?,
+            fused,
             io: StageIo {
                 params: stage_params,
                 data: used_data.into_iter().collect(),

@@ -24,6 +24,11 @@ pub struct OrtStage {
     backward: Option<GraphSession>,
     backward_input: Option<GraphSession>,
     backward_weight: Option<GraphSession>,
+    /// The last stage's forward and backward in one session (see `StageGraphs::fused`):
+    /// its forward then does the backward too, and the backward only hands on the result.
+    fused: Option<GraphSession>,
+    /// Gradients for the previous stage computed by the fused forward, per micro-batch.
+    fused_out: HashMap<usize, Payload>,
     layout: ParamLayout,
     params: Vec<f32>,
     grads: Vec<f32>,
@@ -80,13 +85,24 @@ impl OrtStage {
             .enumerate()
             .map(|(i, p)| (p.grad.clone(), i))
             .collect();
+        let fused = match (&graphs.fused, split_backward) {
+            (Some(g), false) => session(g)?,
+            _ => None,
+        };
+        let separate = fused.is_none();
         Ok(OrtStage {
-            forward: session(&graphs.forward)?,
-            backward: if split_backward {
-                None
+            forward: if separate {
+                session(&graphs.forward)?
             } else {
-                session(&graphs.backward)?
+                None
             },
+            backward: if separate && !split_backward {
+                session(&graphs.backward)?
+            } else {
+                None
+            },
+            fused,
+            fused_out: HashMap::new(),
             backward_input: if split_backward {
                 session(&graphs.backward_input)?
             } else {
@@ -153,8 +169,9 @@ impl OrtStage {
             };
             feeds.push((n.as_str(), view));
         }
-        // ONNX Runtime computes on this thread; tell tokio so its other tasks move on.
-        let outputs = tokio::task::block_in_place(|| session.run_views(&feeds))?;
+        // ONNX Runtime computes on this thread: the engine gives each stage actor a
+        // thread of its own (`ActorThreads::Dedicated`), so no tokio worker is held up.
+        let outputs = session.run_views(&feeds)?;
         Ok(session
             .output_names()
             .iter()
@@ -209,6 +226,21 @@ impl StageCompute for OrtStage {
     ) -> Result<ForwardOut<Payload>, BoxError> {
         let input = input.unwrap_or_default();
         let data = data.unwrap_or_default();
+        if let Some(mut session) = self.fused.take() {
+            let outputs = self.run(&mut session, &[&input, &data]);
+            self.fused = Some(session);
+            let rest = self.accumulate(outputs?)?;
+            let loss = rest
+                .get(LOSS)
+                .and_then(|t| t.to_f64_vec().first().copied())
+                .ok_or("the fused stage computed no loss")?;
+            let send = pick(&self.io.bwd_send, &[&rest, &input]);
+            self.fused_out.insert(mb, send);
+            return Ok(ForwardOut {
+                output: None,
+                loss: Some(loss),
+            });
+        }
         let mut session = self.forward.take();
         let outputs = match session.as_mut() {
             Some(s) => self.run(s, &[&input, &data]),
@@ -239,6 +271,13 @@ impl StageCompute for OrtStage {
         part: BackwardPart,
         grad: Option<Payload>,
     ) -> Result<Option<Payload>, BoxError> {
+        if self.fused.is_some() {
+            let send = self
+                .fused_out
+                .remove(&mb)
+                .ok_or_else(|| format!("backward of micro-batch {mb} before its forward"))?;
+            return Ok((!self.io.bwd_send.is_empty()).then_some(send));
+        }
         let grad = grad.unwrap_or_default();
         let stash = match part {
             BackwardPart::Input => self.stash.get(&mb).cloned(),

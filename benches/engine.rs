@@ -1,0 +1,255 @@
+//! Engine overhead and pipeline idle time (issue: actor runtime).
+//!
+//! 1. dp = pp = 1: the actor runtime driving one `OrtStage` vs a bare loop calling the same
+//!    stage's forward, backward and update (same sessions, same host work), interleaved
+//!    in windows so machine noise hits both alike.
+//! 2. pp = 2 (1F1B, 4 micro-batches): each stage's measured idle time in the recorded
+//!    trace vs the simulator's prediction for the measured F/B times.
+//!
+//! `cargo bench --bench engine`
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::path::Path;
+use std::time::Instant;
+
+use pipetrain::compute::Runtime;
+use pipetrain::config::TrainConfig;
+use pipetrain_actors::schedules::{simulate, ActionKind, CostModel, StageCost};
+use pipetrain_actors::{BackwardPart, StageCompute};
+
+const WINDOWS: usize = 7;
+const STEPS: usize = 60;
+
+fn config(model: &str, pp: usize, accum: usize, batch: usize, steps: usize) -> TrainConfig {
+    let (label, layout) = if model == "mlp" {
+        (
+            "y",
+            r#"batch_order = "batch_idx"
+layout = { kind = "arrays", feeds = { x = "x", y = "y" } }"#,
+        )
+    } else {
+        (
+            "targets",
+            r#"layout = { kind = "next_token", array = "tokens", input = "tokens", label = "targets" }"#,
+        )
+    };
+    let text = format!(
+        r#"
+model_path = "../../shared/peers/data/{model}.onnx"
+init_path = "../../shared/peers/data/{model}_init.safetensors"
+batch_size = {batch}
+gradient_accumulation_steps = {accum}
+num_train_steps = {n}
+pipeline_parallel_size = {pp}
+[loss]
+kind = "softmax_cross_entropy"
+prediction = "logits"
+label = "{label}"
+[data]
+path = "../../shared/peers/data/{model}_data.npz"
+{layout}
+[optimizer]
+kind = "sgd"
+[lr_schedule]
+kind = "constant"
+lr = 0.05
+"#,
+        n = steps * accum
+    );
+    TrainConfig::parse(
+        &text,
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/bench.toml"),
+    )
+    .unwrap()
+}
+
+fn main() {
+    let rt = common::runtime();
+    println!("## Engine overhead at dp = pp = 1 (train SGD steps/s, {WINDOWS} interleaved windows of {STEPS} steps)\n");
+    println!(
+        "| model | bare loop over the stage | actor engine | engine slower by |\n|---|---|---|---|"
+    );
+    for (model, batch) in [("mlp", 64), ("tiny_gpt", 8)] {
+        let cfg = config(model, 1, 1, batch, STEPS);
+        let tokio = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .unwrap();
+        let (mut bare, mut engine) = (Vec::new(), Vec::new());
+        for _ in 0..WINDOWS {
+            // On a thread of its own, as the engine runs a stage.
+            let (rt2, cfg2) = (rt.clone(), cfg.clone());
+            let h = tokio.handle().clone();
+            bare.push(
+                std::thread::spawn(move || h.block_on(bare_loop(&rt2, &cfg2)))
+                    .join()
+                    .unwrap(),
+            );
+            // The summary times the steps only (graph building and sessions excluded), as
+            // the bare loop does.
+            let s = tokio
+                .block_on(pipetrain::train::train_async(
+                    &rt,
+                    &cfg,
+                    Path::new("bench.toml"),
+                    false,
+                    |_| {},
+                ))
+                .unwrap();
+            engine.push(s.steps as f64 / s.elapsed.as_secs_f64());
+        }
+        let (b, e) = (median(&mut bare), median(&mut engine));
+        println!(
+            "| {model} | {b:.1} | {e:.1} | {:+.1}% |",
+            100.0 * (b / e - 1.0)
+        );
+    }
+
+    println!("\n## Idle time per stage at pp = 2 (1F1B, 4 micro-batches): measured vs simulated\n");
+    println!("| model | stage | F ms | B ms | idle measured ms/step | idle simulated ms/step | difference |\n|---|---|---|---|---|---|---|");
+    for (model, batch) in [("mlp", 16), ("tiny_gpt", 8)] {
+        let cfg = config(model, 2, 4, batch, 30);
+        let s = pipetrain::train::train(&rt, &cfg, Path::new("bench.toml"), true, |_| {}).unwrap();
+        let trace = s.trace.unwrap();
+        // Skip the first 5 steps (warm-up).
+        let steps = &trace.steps[5..];
+        let mut f = [0.0f64; 2];
+        let mut b = [0.0f64; 2];
+        let mut idle = [0.0f64; 2];
+        for step in steps {
+            let t = &step[0];
+            // Compute only: a rank reaches its step's first (zero-length) transfer posts
+            // while the previous step is still draining, which is not this step's time.
+            let work =
+                |e: &&pipetrain_actors::schedules::TraceEvent| !e.action.kind().is_transfer();
+            let start = t
+                .ranks
+                .iter()
+                .flatten()
+                .filter(work)
+                .map(|e| e.start_ns)
+                .min()
+                .unwrap_or(0);
+            let end = t
+                .ranks
+                .iter()
+                .flatten()
+                .filter(work)
+                .map(|e| e.end_ns)
+                .max()
+                .unwrap_or(0);
+            for (rank, events) in t.ranks.iter().enumerate() {
+                let mut busy = 0.0;
+                for e in events.iter().filter(work) {
+                    let d = (e.end_ns - e.start_ns) as f64 / 1e9;
+                    busy += d;
+                    match e.action.kind() {
+                        ActionKind::Forward => f[rank] += d,
+                        ActionKind::Backward => b[rank] += d,
+                        _ => {}
+                    }
+                }
+                idle[rank] += (end - start) as f64 / 1e9 - busy;
+            }
+        }
+        let n = steps.len() as f64;
+        let per_mb = |x: f64| x / (n * 4.0);
+        let costs = CostModel {
+            stages: (0..2)
+                // A full backward costs input + weight halves: split it evenly.
+                .map(|s| StageCost::split(per_mb(f[s]), per_mb(b[s]) / 2.0, per_mb(b[s]) / 2.0))
+                .collect(),
+            ..CostModel::uniform(2, StageCost::split(0.0, 0.0, 0.0))
+        };
+        let predicted = simulate(
+            &pipetrain_actors::lowered(&cfg.schedule().generate().unwrap()).unwrap(),
+            &costs,
+        )
+        .unwrap();
+        for s in 0..2 {
+            let (m, p) = (idle[s] / n * 1e3, predicted.idle()[s] * 1e3);
+            println!(
+                "| {model} | {s} | {:.3} | {:.3} | {m:.3} | {p:.3} | {:+.1}% |",
+                per_mb(f[s]) * 1e3,
+                per_mb(b[s]) * 1e3,
+                100.0 * (m / p - 1.0)
+            );
+        }
+    }
+}
+
+/// Steps/s of a loop calling the stage's forward, backward and update directly.
+async fn bare_loop(rt: &Runtime, cfg: &TrainConfig) -> f64 {
+    let (mut stage, data) = single_stage(rt, cfg);
+    use pipetrain_actors::DataSource;
+    let t = Instant::now();
+    for step in 0..STEPS as u64 {
+        let d = data.micro_batch(step, 0, 0, 0).unwrap();
+        stage.forward(0, None, Some(d)).await.unwrap();
+        stage.backward(0, BackwardPart::Full, None).await.unwrap();
+        let g = stage.take_grads();
+        stage.put_grads(g);
+        stage.update(step, 0.05).await.unwrap();
+    }
+    STEPS as f64 / t.elapsed().as_secs_f64()
+}
+
+/// The stage and data the engine would build for a one-stage config.
+fn single_stage(
+    rt: &Runtime,
+    cfg: &TrainConfig,
+) -> (pipetrain::pipeline::OrtStage, pipetrain::pipeline::StepData) {
+    let mut model = pipetrain::onnx::load_model(&cfg.model_path).unwrap();
+    let init = pipetrain::data::read_safetensors(cfg.init_path.as_ref().unwrap()).unwrap();
+    for t in &mut model.graph.as_mut().unwrap().initializer {
+        if let Some(v) = init.get(&t.name) {
+            *t = v.to_proto(&t.name);
+        }
+    }
+    let batches =
+        pipetrain::data::Batches::open(&cfg.data, cfg.global_batch(), Path::new("bench.toml"))
+            .unwrap();
+    let first = batches.part(0, 0, 1).unwrap();
+    let example: Vec<_> = first.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let opts = pipetrain::graph::TrainOptions {
+        loss: cfg.loss.clone(),
+        trainable: None,
+        contrib_ops: true,
+    };
+    let tg = pipetrain::graph::build_training_graph(rt, &model, &opts, &example).unwrap();
+    let stages = pipetrain::graph::build_stage_graphs(
+        &tg,
+        &pipetrain::graph::assign_stages(&tg, &cfg.partition()).unwrap(),
+    )
+    .unwrap();
+    let session = pipetrain::compute::SessionOptions {
+        intra_threads: 2,
+        inter_threads: 1,
+        optimize: true,
+        spin: false,
+        profile: false,
+    };
+    let stage = pipetrain::pipeline::OrtStage::new(
+        rt,
+        &tg,
+        &stages[0],
+        &session,
+        false,
+        &cfg.optimizer,
+        1.0,
+    )
+    .unwrap();
+    let reads = stages.iter().map(|s| s.io.data.clone()).collect();
+    (
+        stage,
+        pipetrain::pipeline::StepData::new(batches, 1, 1, reads),
+    )
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
