@@ -13,9 +13,7 @@ use std::time::Instant;
 
 use common::PeerModel;
 use pipetrain::compute::{SessionOptions, StageChain, TensorMap, TrainSession};
-use pipetrain::graph::{
-    assign_stages, build_stage_graphs, build_training_graph, BalanceBy, Partition,
-};
+use pipetrain::graph::{assign_stages, build_stage_graphs, BalanceBy, Partition};
 use pipetrain::tensor::Tensor;
 
 const WARMUP: usize = 10;
@@ -31,16 +29,9 @@ fn main() {
     for model in ["mlp", "tiny_gpt"] {
         let peer = PeerModel::load(model);
         let batches: Vec<TensorMap> = (0..200).map(|s| peer.batch(s)).collect();
-        let tg = build_training_graph(
-            &rt,
-            &peer.model_with_init(),
-            &peer.options(),
-            &PeerModel::example(&batches[0]),
-        )
-        .unwrap();
+        let tg = peer.training_graph(&rt);
         let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
         let best_peer = best_peer_sgd(model);
-
         let opts = SessionOptions {
             intra_threads: 2,
             inter_threads: 1,
@@ -48,34 +39,10 @@ fn main() {
             spin: true,
             profile: false,
         };
-        let mut fused = TrainSession::new(&rt, &tg, &opts).unwrap();
-        let mut params: TensorMap = tg
-            .params
-            .iter()
-            .map(|p| (p.name.clone(), p.init.clone()))
-            .collect();
-        let rates = measure(|i| {
-            let out = fused.step(&params, &batches[i % 200], &seed).unwrap();
-            common::sgd(&mut params, &out.grads, 0.05);
-        });
-        report(model, "one graph", &rates, best_peer);
-
         let nospin = SessionOptions {
             spin: false,
             ..opts
         };
-        let mut fused = TrainSession::new(&rt, &tg, &nospin).unwrap();
-        let mut params: TensorMap = tg
-            .params
-            .iter()
-            .map(|p| (p.name.clone(), p.init.clone()))
-            .collect();
-        let rates = measure(|i| {
-            let out = fused.step(&params, &batches[i % 200], &seed).unwrap();
-            common::sgd(&mut params, &out.grads, 0.05);
-        });
-        report(model, "one graph, no spinning", &rates, best_peer);
-
         let stages = build_stage_graphs(
             &tg,
             &assign_stages(
@@ -88,21 +55,35 @@ fn main() {
             .unwrap(),
         )
         .unwrap();
-        let opts = SessionOptions {
-            spin: false,
-            ..opts
-        };
-        let mut chain = StageChain::new(&rt, &tg, &stages, &opts, false).unwrap();
-        let mut params: TensorMap = tg
-            .params
-            .iter()
-            .map(|p| (p.name.clone(), p.init.clone()))
-            .collect();
-        let rates = measure(|i| {
-            let out = chain.step(&params, &batches[i % 200], &seed).unwrap();
-            common::sgd(&mut params, &out.grads, 0.05);
-        });
-        report(model, "2 stages in a chain", &rates, best_peer);
+        let runners: [(&str, MakeRunner); 3] = [
+            (
+                "one graph",
+                Box::new(|| Runner::Whole(TrainSession::new(&rt, &tg, &opts).unwrap())),
+            ),
+            (
+                "one graph, no spinning",
+                Box::new(|| Runner::Whole(TrainSession::new(&rt, &tg, &nospin).unwrap())),
+            ),
+            (
+                "2 stages in a chain",
+                Box::new(|| {
+                    Runner::Chain(StageChain::new(&rt, &tg, &stages, &nospin, false).unwrap())
+                }),
+            ),
+        ];
+        for (name, make) in runners {
+            let mut runner = make();
+            let mut params: TensorMap = tg
+                .params
+                .iter()
+                .map(|p| (p.name.clone(), p.init.clone()))
+                .collect();
+            let rates = measure(|i| {
+                let out = runner.step(&params, &batches[i % 200], &seed);
+                common::sgd(&mut params, &out.grads, 0.05);
+            });
+            report(model, name, &rates, best_peer);
+        }
         profiles.push((model, where_time_goes(&rt, &tg, &batches, &seed, opts)));
     }
     for (model, table) in profiles {
@@ -200,6 +181,29 @@ fn where_time_goes(
     );
     out += &format!("| step (wall) | {:.0} | 100% |", per(wall_us));
     out
+}
+
+/// Builds a runner once its turn comes (sessions of the others are dropped by then).
+type MakeRunner<'a> = Box<dyn Fn() -> Runner + 'a>;
+
+/// The two ways of running a training step that the bench compares.
+enum Runner {
+    Whole(TrainSession),
+    Chain(StageChain),
+}
+
+impl Runner {
+    fn step(
+        &mut self,
+        params: &TensorMap,
+        data: &TensorMap,
+        seed: &Tensor,
+    ) -> pipetrain::compute::StepOutput {
+        match self {
+            Runner::Whole(s) => s.step(params, data, seed).unwrap(),
+            Runner::Chain(c) => c.step(params, data, seed).unwrap(),
+        }
+    }
 }
 
 fn measure(mut step: impl FnMut(usize)) -> Vec<f64> {

@@ -31,13 +31,7 @@ fn mlp_path() -> PathBuf {
 fn exported_model_gives_pipetrains_logits_in_onnx_runtime() {
     let rt = common::runtime();
     let peer = PeerModel::load("tiny_gpt");
-    let tg = build_training_graph(
-        &rt,
-        &peer.model_with_init(),
-        &peer.options(),
-        &PeerModel::example(&peer.batch(0)),
-    )
-    .unwrap();
+    let tg = peer.training_graph(&rt);
     let mut session = TrainSession::new(&rt, &tg, &SessionOptions::default()).unwrap();
     let mut params: TensorMap = tg
         .params

@@ -5,20 +5,12 @@ mod common;
 
 use common::{reference_curve, sgd, PeerModel};
 use pipetrain::compute::{SessionOptions, TensorMap, TrainSession};
-use pipetrain::graph::build_training_graph;
 use pipetrain::tensor::Tensor;
 
 fn sgd_curve(name: &'static str) -> Vec<f64> {
     let rt = common::runtime();
     let peer = PeerModel::load(name);
-    let batch0 = peer.batch(0);
-    let tg = build_training_graph(
-        &rt,
-        &peer.model_with_init(),
-        &peer.options(),
-        &PeerModel::example(&batch0),
-    )
-    .unwrap();
+    let tg = peer.training_graph(&rt);
     let mut session = TrainSession::new(&rt, &tg, &SessionOptions::default()).unwrap();
     let mut params: TensorMap = tg
         .params

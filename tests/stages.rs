@@ -13,9 +13,7 @@ mod common;
 
 use common::PeerModel;
 use pipetrain::compute::{SessionOptions, StageChain, StepOutput, TrainSession};
-use pipetrain::graph::{
-    assign_stages, build_stage_graphs, build_training_graph, BalanceBy, Partition, TrainingGraph,
-};
+use pipetrain::graph::{assign_stages, build_stage_graphs, BalanceBy, Partition, TrainingGraph};
 use pipetrain::tensor::Tensor;
 
 fn run_uncut(
@@ -114,13 +112,7 @@ fn partitions() -> Vec<(&'static str, Partition, usize)> {
 fn tiny_gpt_stages_are_bit_identical_without_optimizations_on_one_thread() {
     let rt = common::runtime();
     let peer = PeerModel::load("tiny_gpt");
-    let tg = build_training_graph(
-        &rt,
-        &peer.model_with_init(),
-        &peer.options(),
-        &PeerModel::example(&peer.batch(0)),
-    )
-    .unwrap();
+    let tg = peer.training_graph(&rt);
     let opts = SessionOptions {
         optimize: false,
         intra_threads: 1,
@@ -148,13 +140,7 @@ fn tiny_gpt_and_mlp_stages_match_with_graph_optimizations() {
     let opts = SessionOptions::default();
     for model in ["tiny_gpt", "mlp"] {
         let peer = PeerModel::load(model);
-        let tg = build_training_graph(
-            &rt,
-            &peer.model_with_init(),
-            &peer.options(),
-            &PeerModel::example(&peer.batch(0)),
-        )
-        .unwrap();
+        let tg = peer.training_graph(&rt);
         let uncut = run_uncut(&rt, &tg, &peer, &opts);
         let parts = if model == "mlp" {
             vec![
@@ -196,13 +182,7 @@ fn tiny_gpt_and_mlp_stages_match_with_graph_optimizations() {
 fn stage_contracts_chain_up() {
     let rt = common::runtime();
     let peer = PeerModel::load("tiny_gpt");
-    let tg = build_training_graph(
-        &rt,
-        &peer.model_with_init(),
-        &peer.options(),
-        &PeerModel::example(&peer.batch(0)),
-    )
-    .unwrap();
+    let tg = peer.training_graph(&rt);
     let (_, p, _) = partitions().remove(1);
     let stages = build_stage_graphs(&tg, &assign_stages(&tg, &p).unwrap()).unwrap();
     for w in stages.windows(2) {

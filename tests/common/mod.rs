@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use pipetrain::compute::{Runtime, TensorMap};
-use pipetrain::graph::{LossSpec, TrainOptions};
+use pipetrain::config::{DataConfig, DataLayout};
+use pipetrain::data::Batches;
+use pipetrain::graph::{build_training_graph, LossSpec, TrainOptions, TrainingGraph};
 use pipetrain::onnx::proto::ModelProto;
 use pipetrain::tensor::Tensor;
 
@@ -27,8 +29,7 @@ pub struct PeerModel {
     pub name: &'static str,
     pub model: ModelProto,
     pub init: HashMap<String, Tensor>,
-    pub data: HashMap<String, Tensor>,
-    pub batch_idx: Vec<Vec<usize>>,
+    batches: Batches,
 }
 
 impl PeerModel {
@@ -37,17 +38,31 @@ impl PeerModel {
         let model = pipetrain::onnx::load_model(&dir.join(format!("{name}.onnx"))).unwrap();
         let init = pipetrain::data::read_safetensors(&dir.join(format!("{name}_init.safetensors")))
             .unwrap();
-        let data = pipetrain::data::read_npz(&dir.join(format!("{name}_data.npz"))).unwrap();
-        let idx = &data["batch_idx"];
-        let width = idx.shape[1];
-        let flat: Vec<usize> = idx.to_f64_vec().into_iter().map(|v| v as usize).collect();
-        let batch_idx = flat.chunks(width).map(<[usize]>::to_vec).collect();
+        // The same batches `pipetrain train` makes from the examples' data sections.
+        let (layout, global) = if name == "mlp" {
+            let feeds = [("x", "x"), ("y", "y")]
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .into();
+            (DataLayout::Arrays { feeds }, 64)
+        } else {
+            let layout = DataLayout::NextToken {
+                array: "tokens".into(),
+                input: "tokens".into(),
+                label: "targets".into(),
+            };
+            (layout, 8)
+        };
+        let cfg = DataConfig {
+            path: dir.join(format!("{name}_data.npz")),
+            batch_order: Some("batch_idx".into()),
+            layout,
+        };
+        let batches = Batches::open(&cfg, global, &dir).unwrap();
         PeerModel {
             name,
             model,
             init,
-            data,
-            batch_idx,
+            batches,
         }
     }
 
@@ -76,32 +91,20 @@ impl PeerModel {
         }
     }
 
+    /// The training graph of the model with its initial weights, for the peers' batch.
+    pub fn training_graph(&self, rt: &Runtime) -> TrainingGraph {
+        build_training_graph(
+            rt,
+            &self.model_with_init(),
+            &self.options(),
+            &PeerModel::example(&self.batch(0)),
+        )
+        .unwrap()
+    }
+
     /// The inputs and labels of step `step`.
     pub fn batch(&self, step: usize) -> TensorMap {
-        let rows = &self.batch_idx[step];
-        let mut m = TensorMap::new();
-        if self.name == "mlp" {
-            m.insert("x".into(), self.data["x"].gather_rows(rows).unwrap());
-            m.insert("y".into(), self.data["y"].gather_rows(rows).unwrap());
-        } else {
-            let t = self.data["tokens"].gather_rows(rows).unwrap();
-            let (b, w) = (t.shape[0], t.shape[1]);
-            let v = t.as_i64().unwrap();
-            let take = |off: usize| -> Vec<i64> {
-                (0..b)
-                    .flat_map(|r| v[r * w + off..r * w + off + w - 1].iter().copied())
-                    .collect()
-            };
-            m.insert(
-                "tokens".into(),
-                Tensor::i64(vec![b, w - 1], take(0)).unwrap(),
-            );
-            m.insert(
-                "targets".into(),
-                Tensor::i64(vec![b, w - 1], take(1)).unwrap(),
-            );
-        }
-        m
+        self.batches.batch(step).unwrap()
     }
 
     /// The feeds of a batch as a list.
