@@ -67,6 +67,15 @@ pub struct TrainConfig {
     /// ONNX Runtime settings.
     #[serde(default)]
     pub runtime: RuntimeConfig,
+    /// Evaluate every this many optimizer steps (ORT's `evaluation_period`); none: never.
+    #[serde(default)]
+    pub evaluation_period: Option<usize>,
+    /// Evaluation micro-batches per replica, of `batch_size` samples each.
+    #[serde(default = "one")]
+    pub eval_micro_batches: usize,
+    /// The evaluation data; default: the training data file's first rows (no batch order).
+    #[serde(default)]
+    pub eval_data: Option<DataConfig>,
     /// Fail the run when no stage makes progress for this many seconds.
     #[serde(default = "watchdog")]
     pub watchdog_seconds: f64,
@@ -204,6 +213,9 @@ impl TrainConfig {
         };
         resolve(&mut cfg.model_path);
         resolve(&mut cfg.data.path);
+        if let Some(e) = cfg.eval_data.as_mut() {
+            resolve(&mut e.path);
+        }
         cfg.init_path.as_mut().map(resolve);
         cfg.output_path.as_mut().map(resolve);
         cfg.validate(path)?;
@@ -263,6 +275,14 @@ impl TrainConfig {
         }
     }
 
+    /// The evaluation data: `eval_data`, else the training file read from its first rows.
+    pub fn eval_data(&self) -> DataConfig {
+        self.eval_data.clone().unwrap_or_else(|| DataConfig {
+            batch_order: None,
+            ..self.data.clone()
+        })
+    }
+
     /// Whether stages run their backward as input-gradient and weight-gradient halves.
     pub fn split_backward(&self) -> bool {
         self.pipeline.schedule == ScheduleKind::ZbH1
@@ -286,6 +306,8 @@ impl TrainConfig {
             ("pipeline_parallel_size", self.pipeline_parallel_size),
             ("horizontal_parallel_size", self.horizontal_parallel_size),
             ("pipeline.virtual_stages", self.pipeline.virtual_stages),
+            ("eval_micro_batches", self.eval_micro_batches),
+            ("evaluation_period", self.evaluation_period.unwrap_or(1)),
         ];
         for (field, v) in positive {
             if v == 0 {

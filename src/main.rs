@@ -157,6 +157,9 @@ fn train(config: &Path, metrics: Option<&Path>, trace: Option<&Path>) -> Result<
         let elapsed = r.elapsed.as_secs_f64();
         let rate = (r.step + 1) as f64 / elapsed.max(1e-9);
         let _ = progress.update(r.step + 1, r.loss, rate);
+        if let Some(e) = r.eval_loss {
+            let _ = progress.note(&format!("step {}: eval loss {e:.6}", r.step + 1));
+        }
         if let Some(w) = writer.as_mut() {
             let m = StepMetrics {
                 step: r.step + 1,
@@ -165,6 +168,7 @@ fn train(config: &Path, metrics: Option<&Path>, trace: Option<&Path>) -> Result<
                 samples_per_s: global / (elapsed - last).max(1e-9),
                 elapsed_s: elapsed,
                 step_s: Some(elapsed - last),
+                eval_loss: r.eval_loss,
                 ..Default::default()
             };
             if let Err(e) = w.write(&m) {

@@ -29,6 +29,8 @@ pub struct StepReport {
     pub loss: f64,
     /// The learning rate of the step.
     pub lr: f64,
+    /// Mean loss on the evaluation set after the step, when one was run.
+    pub eval_loss: Option<f64>,
     /// Time since training started.
     pub elapsed: Duration,
 }
@@ -135,7 +137,20 @@ pub async fn train_async(
         computes.push(replica);
     }
     let reads = stages.iter().map(|s| s.io.data.clone()).collect();
-    let data = Arc::new(StepData::new(batches, m, d, reads));
+    let mut data = StepData::new(batches, m, d, reads);
+    let evaluation = match cfg.evaluation_period {
+        Some(every) => {
+            let k = cfg.eval_micro_batches;
+            let eval = Batches::open(&cfg.eval_data(), cfg.batch_size * k * d, config_path)?;
+            data = data.with_eval(eval, k);
+            Some(pipetrain_actors::EvalSettings {
+                every: every as u64,
+                micro_batches: k,
+            })
+        }
+        None => None,
+    };
+    let data = Arc::new(data);
     let schedule = cfg.schedule().generate().map_err(|e| Error::Config {
         path: config_path.to_path_buf(),
         field: "pipeline.schedule".into(),
@@ -147,6 +162,7 @@ pub async fn train_async(
         watchdog: Duration::from_secs_f64(cfg.watchdog_seconds),
         record_trace,
         threads: pipetrain_actors::ActorThreads::Dedicated,
+        evaluation,
     };
     let total = cfg.optimizer_steps() as u64;
     let lr = cfg.lr_schedule.clone();
@@ -162,6 +178,7 @@ pub async fn train_async(
                 step: r.step,
                 loss: r.loss,
                 lr: r.lr,
+                eval_loss: r.eval_loss,
                 elapsed: start.elapsed(),
             })
         },

@@ -178,6 +178,7 @@ fn metrics_lines_round_trip_and_are_flushed_as_written() {
             step_s: Some(0.48),
             grad_norm: Some(1.75),
             bubble_fraction: Some(3.0 / 11.0),
+            eval_loss: Some(5.875),
         },
     ];
     let mut w = MetricsWriter::create(&path).unwrap();

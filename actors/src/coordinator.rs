@@ -24,9 +24,16 @@ pub struct StepResult {
     pub loss: f64,
     /// The learning rate the step used.
     pub lr: f64,
+    /// Mean loss over the evaluation set after this step, when one was run.
+    pub eval_loss: Option<f64>,
 }
 
 enum Msg {
+    Eval {
+        step: u64,
+        losses: Vec<(usize, usize, f64)>,
+        reply: oneshot::Sender<Result<f64, ActorError>>,
+    },
     Begin {
         step: u64,
         reply: oneshot::Sender<f64>,
@@ -76,6 +83,24 @@ impl CoordinatorHandle {
         rx.await.map_err(|_| gone())
     }
 
+    /// The evaluation after `step`: the mean of its micro-batch losses.
+    pub(crate) async fn evaluated(
+        &self,
+        step: u64,
+        losses: Vec<(usize, usize, f64)>,
+    ) -> Result<f64, ActorError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send_async(Msg::Eval {
+                step,
+                losses,
+                reply,
+            })
+            .await
+            .map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
     /// Closes `step` with its micro-batch losses `(replica, mb, loss)` and returns its
     /// result.
     pub(crate) async fn end(
@@ -105,6 +130,22 @@ async fn run(
     let mut lrs: BTreeMap<u64, f64> = BTreeMap::new();
     while let Ok(msg) = rx.recv_async().await {
         match msg {
+            Msg::Eval {
+                step,
+                losses,
+                reply,
+            } => {
+                let got: BTreeMap<(usize, usize), f64> =
+                    losses.into_iter().map(|(r, mb, l)| ((r, mb), l)).collect();
+                let result = if got.is_empty() {
+                    Err(ActorError::Settings {
+                        reason: format!("the evaluation after step {step} reported no loss"),
+                    })
+                } else {
+                    Ok(got.values().sum::<f64>() / got.len() as f64)
+                };
+                let _ = reply.send(result);
+            }
             Msg::Begin { step, reply } => {
                 let lr = lr_at(step);
                 lrs.insert(step, lr);
@@ -123,6 +164,7 @@ async fn run(
                         step,
                         loss: got.values().sum::<f64>() / expected as f64,
                         lr: lrs.remove(&step).unwrap_or(f64::NAN),
+                        eval_loss: None,
                     })
                 } else {
                     Err(ActorError::Settings {

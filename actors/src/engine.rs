@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pipetrain_schedules::{lower, validate, LowerOptions, Schedule, Trace};
+use pipetrain_schedules::{lower, validate, Action, LowerOptions, Schedule, Trace};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -33,6 +33,36 @@ pub struct EngineSettings {
     pub record_trace: bool,
     /// Where stage actors run.
     pub threads: ActorThreads,
+    /// Evaluate on the data source's evaluation set now and then.
+    pub evaluation: Option<EvalSettings>,
+}
+
+/// When and how much to evaluate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvalSettings {
+    /// After every this many optimizer steps.
+    pub every: u64,
+    /// Evaluation micro-batches per replica.
+    pub micro_batches: usize,
+}
+
+/// A rank's forward-only list for `k` evaluation micro-batches: micro-batch by
+/// micro-batch, its stages in order, receiving from and sending to other ranks.
+fn eval_actions(placement: &[usize], rank: usize, k: usize) -> Vec<Action> {
+    let last = placement.len() - 1;
+    let mut list = Vec::new();
+    for mb in 0..k {
+        for s in (0..placement.len()).filter(|&s| placement[s] == rank) {
+            if s > 0 && placement[s - 1] != rank {
+                list.push(Action::recv_act(s, mb));
+            }
+            list.push(Action::forward(s, mb));
+            if s < last && placement[s + 1] != rank {
+                list.push(Action::send_act(s, mb));
+            }
+        }
+    }
+    list
 }
 
 /// Where stage actors run.
@@ -140,16 +170,18 @@ where
     let progress = Arc::new(AtomicU64::new(0));
     let origin = Instant::now();
     let placement = schedule.placement().to_vec();
+    let eval_k = settings.evaluation.map_or(0, |e| e.micro_batches);
     let mut members = Vec::new();
     for (replica, replica_computes) in computes.into_iter().enumerate() {
-        // A rank's mailbox holds every transfer one step can address to it, so no send
-        // ever waits on a full mailbox while its receiver waits on the sender.
+        // A rank's mailbox holds every transfer one round (a step, or an evaluation) can
+        // address to it, so no send ever waits on a full mailbox while its receiver
+        // waits on the sender.
         let capacity = |rank: usize| {
-            schedule.ranks()[rank]
+            let train = schedule.ranks()[rank]
                 .iter()
                 .filter(|a| a.kind().is_transfer())
-                .count()
-                + 1
+                .count();
+            train.max(eval_actions(&placement, rank, eval_k).len()) + 1
         };
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..ranks).map(|r| flume::bounded(capacity(r))).unzip();
         let mut by_rank: Vec<HashMap<usize, C>> = (0..ranks).map(|_| HashMap::new()).collect();
@@ -193,6 +225,7 @@ where
                 data: feeds,
                 data_ahead: HashMap::new(),
                 control: control_rx,
+                eval_actions: eval_actions(&placement, rank, eval_k),
                 collective: collective.clone(),
                 status: status_tx,
                 progress: progress.clone(),
@@ -218,6 +251,33 @@ where
             }
         }
     }
+    let evaluation = settings.evaluation.map(|e| {
+        let source = data.clone();
+        let placement = placement.clone();
+        let data: crate::scheduler::EvalData<C::Payload> = Box::new(move |replica, rank| {
+            let mut per_stage = HashMap::new();
+            for stage in (0..placement.len()).filter(|&s| placement[s] == rank && source.feeds(s)) {
+                let batches = (0..e.micro_batches)
+                    .map(|mb| {
+                        source
+                            .eval_micro_batch(replica, mb, stage)
+                            .map_err(|source| ActorError::Data {
+                                replica,
+                                step: u64::MAX,
+                                micro_batch: mb,
+                                source,
+                            })
+                    })
+                    .collect::<Result<std::collections::VecDeque<_>, _>>()?;
+                per_stage.insert(stage, batches);
+            }
+            Ok(per_stage)
+        });
+        crate::scheduler::Evaluation {
+            every: e.every.max(1),
+            data,
+        }
+    });
     let scheduler = SchedulerActor {
         members,
         coordinator,
@@ -225,6 +285,7 @@ where
         watchdog: settings.watchdog,
         replicas,
         ranks,
+        evaluation,
     };
     let mut results = Vec::new();
     let mut on_step = on_step;

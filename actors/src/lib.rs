@@ -30,7 +30,7 @@ mod traits;
 pub use collective::LocalCollective;
 pub use coordinator::StepResult;
 pub use data::PREFETCH;
-pub use engine::{lowered, run, ActorThreads, EngineSettings, RunOutput, RunTrace};
+pub use engine::{lowered, run, ActorThreads, EngineSettings, EvalSettings, RunOutput, RunTrace};
 pub use error::{ActorError, BoxError};
 pub use pipetrain_schedules as schedules;
 pub use sim::{replay, ReplayDivergence};

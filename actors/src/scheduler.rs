@@ -2,6 +2,7 @@
 //! watches progress. When nothing moves for the watchdog's time it fails the run with a
 //! report of who waits on whom.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,81 +13,146 @@ use tokio::time::Instant;
 
 use crate::coordinator::{CoordinatorHandle, StepResult};
 use crate::error::ActorError;
-use crate::stage::{Answer, Status, StepOutcome, StepPlan};
+use crate::stage::{Answer, Status, StepOutcome, StepPlan, Work};
 
 /// One stage actor as the scheduler sees it.
-pub(crate) struct Member {
+pub(crate) struct Member<P> {
     pub replica: usize,
     pub rank: usize,
     pub stages: Vec<usize>,
-    pub control: flume::Sender<StepPlan>,
+    pub control: flume::Sender<StepPlan<P>>,
     pub status: watch::Receiver<Status>,
 }
 
+/// The evaluation data of one member (replica, rank): per stage it holds that reads data,
+/// the evaluation micro-batches in order.
+pub(crate) type EvalData<P> =
+    Box<dyn Fn(usize, usize) -> Result<HashMap<usize, VecDeque<P>>, ActorError> + Send + Sync>;
+
+/// When to evaluate, and on what.
+pub(crate) struct Evaluation<P> {
+    /// After every this many optimizer steps.
+    pub every: u64,
+    /// The data of a member.
+    pub data: EvalData<P>,
+}
+
+/// One round of work handed to every member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Round {
+    Train(u64),
+    /// Evaluation after training step `.0`.
+    Eval(u64),
+}
+
 /// Drives the run.
-pub(crate) struct SchedulerActor {
-    pub members: Vec<Member>,
+pub(crate) struct SchedulerActor<P> {
+    pub members: Vec<Member<P>>,
     pub coordinator: CoordinatorHandle,
     pub progress: Arc<AtomicU64>,
     pub watchdog: Duration,
     pub replicas: usize,
     pub ranks: usize,
+    pub evaluation: Option<Evaluation<P>>,
 }
 
-impl SchedulerActor {
-    /// Runs steps `first..first + count`, calling `on_step` after each; returns the
-    /// per-step traces ([step][replica]) when the stage actors record them.
+impl<P: Send + 'static> SchedulerActor<P> {
+    /// Runs steps `first..first + count` (with evaluations between them when asked),
+    /// calling `on_step` after each; returns the per-step traces ([step][replica]) when
+    /// the stage actors record them.
     pub async fn run(
         mut self,
         steps: std::ops::Range<u64>,
         mut on_step: impl FnMut(&StepResult) + Send,
     ) -> Result<Vec<Vec<Trace>>, ActorError> {
+        let mut rounds = Vec::new();
+        for step in steps {
+            rounds.push(Round::Train(step));
+            if self
+                .evaluation
+                .as_ref()
+                .is_some_and(|e| (step + 1) % e.every == 0)
+            {
+                rounds.push(Round::Eval(step));
+            }
+        }
         let mut traces = Vec::new();
-        // Each member can have two steps' answers in flight (see the look-ahead below).
+        // Each member can have two rounds' answers in flight (see the look-ahead below).
         let (done_tx, done_rx) = flume::bounded(2 * self.members.len());
         let mut early: Vec<Answer> = Vec::new();
-        if !steps.is_empty() {
-            self.hand_out(steps.start, &done_tx).await?;
+        if let Some(&first) = rounds.first() {
+            self.hand_out(0, first, &done_tx).await?;
         }
-        for step in steps.clone() {
-            // Hand out the next step before this one ends: an actor that finishes goes on
+        let mut pending: Option<StepResult> = None;
+        for (i, &round) in rounds.iter().enumerate() {
+            // Hand out the next round before this one ends: an actor that finishes goes on
             // at once instead of waiting for the round trip through the scheduler and the
-            // coordinator. Steps stay in order: each actor runs its plans one by one, and
+            // coordinator. Rounds stay in order: each actor runs its plans one by one, and
             // a step's optimizer update is the last action of its list.
-            if step + 1 < steps.end {
-                self.hand_out(step + 1, &done_tx).await?;
+            if let Some(&next) = rounds.get(i + 1) {
+                self.hand_out(i as u64 + 1, next, &done_tx).await?;
             }
-            let outcomes = self.wait_all(step, &done_rx, &mut early).await?;
+            let outcomes = self.wait_all(i as u64, &done_rx, &mut early).await?;
             let mut losses = Vec::new();
             let mut events = Vec::with_capacity(outcomes.len());
             for (m, o) in self.members.iter().zip(outcomes) {
                 losses.extend(o.losses.into_iter().map(|(mb, l)| (m.replica, mb, l)));
                 events.push(o.events);
             }
-            let mut per_replica = vec![
-                Trace {
-                    ranks: vec![Vec::new(); self.ranks]
-                };
-                self.replicas
-            ];
-            for (m, ev) in self.members.iter().zip(events) {
-                per_replica[m.replica].ranks[m.rank] = ev;
+            match round {
+                Round::Train(step) => {
+                    let mut per_replica = vec![
+                        Trace {
+                            ranks: vec![Vec::new(); self.ranks]
+                        };
+                        self.replicas
+                    ];
+                    for (m, ev) in self.members.iter().zip(events) {
+                        per_replica[m.replica].ranks[m.rank] = ev;
+                    }
+                    traces.push(per_replica);
+                    if let Some(r) = pending.take() {
+                        on_step(&r);
+                    }
+                    pending = Some(self.coordinator.end(step, losses).await?);
+                }
+                Round::Eval(step) => {
+                    let loss = self.coordinator.evaluated(step, losses).await?;
+                    if let Some(r) = pending.as_mut() {
+                        r.eval_loss = Some(loss);
+                    }
+                }
             }
-            traces.push(per_replica);
-            let result = self.coordinator.end(step, losses).await?;
-            on_step(&result);
+        }
+        if let Some(r) = pending.take() {
+            on_step(&r);
         }
         Ok(traces)
     }
 
-    /// Sends every member its plan for `step`.
-    async fn hand_out(&self, step: u64, reply: &flume::Sender<Answer>) -> Result<(), ActorError> {
-        let lr = self.coordinator.begin(step).await?;
-        for (index, m) in self.members.iter().enumerate() {
+    /// Sends every member its plan for `round` (the `index`-th of the run).
+    async fn hand_out(
+        &self,
+        index: u64,
+        round: Round,
+        reply: &flume::Sender<Answer>,
+    ) -> Result<(), ActorError> {
+        let (step, lr) = match round {
+            Round::Train(step) => (step, self.coordinator.begin(step).await?),
+            Round::Eval(step) => (step, 0.0),
+        };
+        for (i, m) in self.members.iter().enumerate() {
+            let work = match (round, &self.evaluation) {
+                (Round::Train(_), _) => Work::Train,
+                (Round::Eval(_), Some(e)) => Work::Eval((e.data)(m.replica, m.rank)?),
+                (Round::Eval(_), None) => Work::Eval(HashMap::new()),
+            };
             let plan = StepPlan {
+                round: index,
                 step,
                 lr,
-                index,
+                index: i,
+                work,
                 reply: reply.clone(),
             };
             m.control.send_async(plan).await.map_err(|_| self.gone(m))?;
@@ -98,7 +164,7 @@ impl SchedulerActor {
     /// actor changes what it does for the watchdog's time.
     async fn wait_all(
         &mut self,
-        step: u64,
+        round: u64,
         done: &flume::Receiver<Answer>,
         early: &mut Vec<Answer>,
     ) -> Result<Vec<StepOutcome>, ActorError> {
@@ -108,7 +174,7 @@ impl SchedulerActor {
                     events: &mut Vec<Option<StepOutcome>>,
                     early: &mut Vec<Answer>|
          -> Result<(), ActorError> {
-            if s == step {
+            if s == round {
                 events[i] = Some(result?);
             } else {
                 early.push((i, s, result));
@@ -170,7 +236,7 @@ impl SchedulerActor {
         lines.join("\n")
     }
 
-    fn gone(&self, m: &Member) -> ActorError {
+    fn gone(&self, m: &Member<P>) -> ActorError {
         ActorError::ActorGone {
             actor: format!("replica {} rank {}", m.replica, m.rank),
         }

@@ -101,6 +101,26 @@ impl StageCompute for SimStage {
         Ok((part != BackwardPart::Weight && self.stage > 0).then_some(mb))
     }
 
+    async fn evaluate(
+        &mut self,
+        mb: usize,
+        input: Option<usize>,
+        data: Option<usize>,
+    ) -> Result<ForwardOut<usize>, BoxError> {
+        if self.stage > 0 && input != Some(mb) {
+            return Err(mismatch("activation", mb, input));
+        }
+        if let Some(d) = data.filter(|&d| d != mb) {
+            return Err(mismatch("data", mb, Some(d)));
+        }
+        self.spend(Action::forward(self.stage, mb)).await;
+        let last = self.stage + 1 == self.stages;
+        Ok(ForwardOut {
+            output: (!last).then_some(mb),
+            loss: last.then_some(2.0 + mb as f64),
+        })
+    }
+
     fn take_grads(&mut self) -> Vec<f32> {
         vec![self.replica as f32]
     }
@@ -131,6 +151,15 @@ impl DataSource for SimData {
     fn micro_batch(
         &self,
         _step: u64,
+        _replica: usize,
+        mb: usize,
+        _stage: usize,
+    ) -> Result<usize, BoxError> {
+        Ok(mb)
+    }
+
+    fn eval_micro_batch(
+        &self,
         _replica: usize,
         mb: usize,
         _stage: usize,
@@ -197,6 +226,7 @@ pub async fn replay(
         watchdog: Duration::from_secs(3600),
         record_trace: true,
         threads: crate::engine::ActorThreads::Tasks,
+        evaluation: None,
     };
     let out = run(
         &settings,

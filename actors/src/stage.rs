@@ -42,15 +42,26 @@ pub(crate) struct StepOutcome {
     pub losses: Vec<(usize, f64)>,
 }
 
-/// A stage actor's answer at the end of a step: its index among the scheduler's
-/// members, the step, and what it did or its error.
+/// A stage actor's answer at the end of a round: its index among the scheduler's
+/// members, the round, and what it did or its error.
 pub(crate) type Answer = (usize, u64, Result<StepOutcome, ActorError>);
 
-/// What the scheduler hands a stage actor each step.
-pub(crate) struct StepPlan {
+/// What a round of work is.
+pub(crate) enum Work<P> {
+    /// A training step: the rank's lowered action list.
+    Train,
+    /// Evaluation: forward only over the micro-batches given per stage that reads data.
+    Eval(HashMap<usize, std::collections::VecDeque<P>>),
+}
+
+/// What the scheduler hands a stage actor each round.
+pub(crate) struct StepPlan<P> {
+    /// Position of the round in the run (answers are matched by it).
+    pub round: u64,
     pub step: u64,
     pub lr: f64,
     pub index: usize,
+    pub work: Work<P>,
     pub reply: flume::Sender<Answer>,
 }
 
@@ -75,7 +86,9 @@ pub(crate) struct StageActor<C: StageCompute, K: Collective> {
     pub data: HashMap<usize, flume::Receiver<Vec<DataItem<C::Payload>>>>,
     /// The rest of the step's micro-batches per data-reading stage.
     pub data_ahead: HashMap<usize, std::collections::VecDeque<DataItem<C::Payload>>>,
-    pub control: flume::Receiver<StepPlan>,
+    pub control: flume::Receiver<StepPlan<C::Payload>>,
+    /// The rank's forward-only list for an evaluation round.
+    pub eval_actions: Vec<Action>,
     pub collective: Arc<K>,
     pub status: watch::Sender<Status>,
     pub progress: Arc<AtomicU64>,
@@ -88,10 +101,16 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
     #[tracing::instrument(skip(self), fields(replica = self.replica, rank = self.rank))]
     pub async fn run(mut self) -> Result<HashMap<usize, C>, ActorError> {
         while let Ok(plan) = self.control.recv_async().await {
-            let result = self.step(plan.step, plan.lr).await;
+            let result = match plan.work {
+                Work::Train => self.step(plan.step, plan.lr).await,
+                Work::Eval(data) => self.evaluate(data).await,
+            };
             let failed = result.is_err();
             // The scheduler may already have given up (watchdog): nobody to tell then.
-            let _ = plan.reply.send_async((plan.index, plan.step, result)).await;
+            let _ = plan
+                .reply
+                .send_async((plan.index, plan.round, result))
+                .await;
             if failed {
                 // The run is over for everyone; the scheduler tears the rest down.
                 break;
@@ -224,34 +243,15 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                 }
             }
             ActionKind::SendAct | ActionKind::SendGrad => {
-                let (flow, to) = if action.kind() == ActionKind::SendAct {
-                    (Flow::Act, s + 1)
+                let flow = if action.kind() == ActionKind::SendAct {
+                    Flow::Act
                 } else {
-                    (Flow::Grad, s.wrapping_sub(1))
+                    Flow::Grad
                 };
                 let payload = outgoing
                     .remove(&(flow, s, mb))
                     .ok_or_else(|| self.protocol(format!("{action} has nothing to send")))?;
-                let peer = self
-                    .placement
-                    .get(to)
-                    .copied()
-                    .ok_or_else(|| self.protocol(format!("{action}: no stage {to}")))?;
-                self.set(Status::Waiting {
-                    action,
-                    from: format!("room in rank {peer}'s mailbox"),
-                });
-                self.peers[peer]
-                    .send_async(Transfer {
-                        flow,
-                        stage: to,
-                        mb,
-                        payload,
-                    })
-                    .await
-                    .map_err(|_| ActorError::ActorGone {
-                        actor: format!("replica {} rank {peer}", self.replica),
-                    })?;
+                self.send(action, payload).await?;
             }
             // A receive is posted here and waited for by the compute that reads it (as
             // MPI's irecv and wait): sends never block (mailboxes hold a whole step), so
@@ -277,6 +277,84 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             }
         }
         Ok(start)
+    }
+
+    /// Sends what `action` (a SendAct or SendGrad) names to the neighbouring stage.
+    async fn send(&mut self, action: Action, payload: C::Payload) -> Result<(), ActorError> {
+        let s = action.stage();
+        let (flow, to) = if action.kind() == ActionKind::SendAct {
+            (Flow::Act, s + 1)
+        } else {
+            (Flow::Grad, s.wrapping_sub(1))
+        };
+        let peer = self
+            .placement
+            .get(to)
+            .copied()
+            .ok_or_else(|| self.protocol(format!("{action}: no stage {to}")))?;
+        self.set(Status::Waiting {
+            action,
+            from: format!("room in rank {peer}'s mailbox"),
+        });
+        self.peers[peer]
+            .send_async(Transfer {
+                flow,
+                stage: to,
+                mb: action.micro_batch().unwrap_or(0),
+                payload,
+            })
+            .await
+            .map_err(|_| ActorError::ActorGone {
+                actor: format!("replica {} rank {peer}", self.replica),
+            })
+    }
+
+    /// An evaluation round: forward only, no stash, no gradients.
+    async fn evaluate(
+        &mut self,
+        mut data: HashMap<usize, std::collections::VecDeque<C::Payload>>,
+    ) -> Result<StepOutcome, ActorError> {
+        let mut outgoing: HashMap<(Flow, usize, usize), C::Payload> = HashMap::new();
+        let mut arrived: HashMap<(Flow, usize, usize), C::Payload> = HashMap::new();
+        let mut out = StepOutcome::default();
+        let last = self.placement.len() - 1;
+        for i in 0..self.eval_actions.len() {
+            let action = self.eval_actions[i];
+            self.set(Status::Running(action));
+            let (s, mb) = (action.stage(), action.micro_batch().unwrap_or(0));
+            match action.kind() {
+                ActionKind::Forward => {
+                    let input = if s == 0 {
+                        None
+                    } else if let Some(local) = outgoing.remove(&(Flow::Act, s - 1, mb)) {
+                        Some(local)
+                    } else {
+                        Some(self.receive(Action::recv_act(s, mb), &mut arrived).await?)
+                    };
+                    let batch = data.get_mut(&s).and_then(|q| q.pop_front());
+                    let result = self
+                        .compute(s)?
+                        .evaluate(mb, input, batch)
+                        .await
+                        .map_err(|source| self.failed(action, source))?;
+                    if let Some(loss) = result.loss {
+                        out.losses.push((mb, loss));
+                    }
+                    if let Some(p) = result.output.filter(|_| s < last) {
+                        outgoing.insert((Flow::Act, s, mb), p);
+                    }
+                }
+                ActionKind::SendAct => {
+                    let payload = outgoing
+                        .remove(&(Flow::Act, s, mb))
+                        .ok_or_else(|| self.protocol(format!("{action} has nothing to send")))?;
+                    self.send(action, payload).await?;
+                }
+                _ => {}
+            }
+        }
+        self.set(Status::Idle);
+        Ok(out)
     }
 
     /// The next micro-batch of data for `stage`: from the step's batch already received,

@@ -52,6 +52,14 @@ pub trait StageCompute: Send + 'static {
         grad: Option<Self::Payload>,
     ) -> impl Future<Output = Result<Option<Self::Payload>, BoxError>> + Send;
 
+    /// Forward of micro-batch `mb` for evaluation: no activations kept, no gradients.
+    fn evaluate(
+        &mut self,
+        mb: usize,
+        input: Option<Self::Payload>,
+        data: Option<Self::Payload>,
+    ) -> impl Future<Output = Result<ForwardOut<Self::Payload>, BoxError>> + Send;
+
     /// Hands out the parameter gradients accumulated this step (flat), for reduction.
     fn take_grads(&mut self) -> Vec<f32>;
 
@@ -78,6 +86,18 @@ pub trait DataSource: Send + Sync + 'static {
         mb: usize,
         stage: usize,
     ) -> Result<Self::Payload, BoxError>;
+
+    /// The data `stage` of `replica` reads for evaluation micro-batch `mb` (the same
+    /// evaluation set every time). By default there is none.
+    fn eval_micro_batch(
+        &self,
+        replica: usize,
+        mb: usize,
+        stage: usize,
+    ) -> Result<Self::Payload, BoxError> {
+        let _ = (replica, mb, stage);
+        Err("no evaluation data".into())
+    }
 }
 
 /// Gradient reduction across the data-parallel replicas of one stage.

@@ -44,6 +44,7 @@ async fn go(
         watchdog: Duration::from_secs(5),
         record_trace: record,
         threads: ActorThreads::Tasks,
+        evaluation: None,
     };
     run(
         &settings,
@@ -129,6 +130,7 @@ async fn a_stage_that_never_sends_fails_the_run_with_who_waits_on_whom() {
         watchdog,
         record_trace: false,
         threads: ActorThreads::Tasks,
+        evaluation: None,
     };
     let start = tokio::time::Instant::now();
     let err = run(
@@ -177,5 +179,47 @@ async fn recorded_runs_replay_in_the_same_order() {
         let (replayed, divergence) = replay(&back).await.unwrap();
         assert_eq!(divergence, None);
         assert_eq!(replayed.steps.len(), 2);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn evaluation_rounds_run_forward_only_between_steps() {
+    for schedule in [
+        one_f_one_b(3, 4).unwrap(),
+        interleaved_1f1b(2, 2, 4).unwrap(),
+    ] {
+        let stages = schedule.stages();
+        let computes = (0..2)
+            .map(|r| {
+                (0..stages)
+                    .map(|s| SimStage::new(s, stages, r, costs()))
+                    .collect()
+            })
+            .collect();
+        let settings = EngineSettings {
+            schedule,
+            replicas: 2,
+            watchdog: Duration::from_secs(5),
+            record_trace: false,
+            threads: ActorThreads::Tasks,
+            evaluation: Some(pipetrain_actors::EvalSettings {
+                every: 2,
+                micro_batches: 3,
+            }),
+        };
+        let out = run(
+            &settings,
+            computes,
+            Arc::new(SimData { stages }),
+            Box::new(|_| 0.1),
+            0..5,
+            |_| {},
+        )
+        .await
+        .unwrap();
+        let evals: Vec<Option<f64>> = out.steps.iter().map(|s| s.eval_loss).collect();
+        // Simulated evaluation losses are 2 + mb: mean over 3 micro-batches = 3.
+        assert_eq!(evals, vec![None, Some(3.0), None, Some(3.0), None]);
+        assert_eq!(out.steps.len(), 5);
     }
 }

@@ -45,6 +45,8 @@ pub struct StageGraphs {
     pub stage: usize,
     /// Forward: activations for the next stage, the stash, and the loss on the last stage.
     pub forward: Graph,
+    /// Forward for evaluation: activations for the next stage and the loss, nothing kept.
+    pub evaluate: Graph,
     /// Full backward: gradients for the previous stage and for this stage's parameters.
     pub backward: Graph,
     /// Input-gradient half of the backward (may have no nodes on the first stage).
@@ -228,6 +230,14 @@ pub fn build_stage_graphs(tg: &TrainingGraph, a: &StageAssignment) -> Result<Vec
         }
         let input_full = with_constants(g, &input_nodes, &producer, &is_const);
         let label = |part: &str| format!("stage{s}_{part}");
+        let mut eval_outputs: Vec<String> = fwd_send
+            .iter()
+            .filter(|v| fwd_made.contains(v.as_str()))
+            .cloned()
+            .collect();
+        if has_loss {
+            eval_outputs.push(LOSS.into());
+        }
         let fused = if has_loss && bwd_recv.is_empty() {
             let mut nodes: Vec<usize> = fwd_full.iter().chain(&bwd_full).copied().collect();
             nodes.sort_unstable();
@@ -241,6 +251,7 @@ pub fn build_stage_graphs(tg: &TrainingGraph, a: &StageAssignment) -> Result<Vec
         result.push(StageGraphs {
             stage: s,
             forward: subgraph(tg, &fwd_full, &fwd_outputs, &label("forward"))?,
+            evaluate: subgraph(tg, &fwd_full, &eval_outputs, &label("evaluate"))?,
             backward: subgraph(tg, &bwd_full, &bwd_outputs, &label("backward"))?,
             backward_input: subgraph(tg, &input_full, &input_outputs, &label("backward_input"))?,
             backward_weight: subgraph(tg, &weight_full, &grads, &label("backward_weight"))?,

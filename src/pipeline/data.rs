@@ -11,6 +11,8 @@ use crate::pipeline::stage::Payload;
 /// The data each stage reads, from one data file.
 pub struct StepData {
     batches: Batches,
+    /// The evaluation set: its first batch, split like a training step's.
+    eval: Option<(Batches, usize)>,
     micro_batches: usize,
     replicas: usize,
     /// For each stage, the data inputs its graphs read.
@@ -27,10 +29,26 @@ impl StepData {
     ) -> StepData {
         StepData {
             batches,
+            eval: None,
             micro_batches,
             replicas,
             reads,
         }
+    }
+}
+
+impl StepData {
+    /// Evaluates on the first batch of `eval`, split into `micro_batches` per replica.
+    pub fn with_eval(mut self, eval: Batches, micro_batches: usize) -> StepData {
+        self.eval = Some((eval, micro_batches));
+        self
+    }
+
+    fn pick(&self, mut all: crate::compute::TensorMap, stage: usize) -> Payload {
+        self.reads[stage]
+            .iter()
+            .filter_map(|n| all.remove(n).map(|t| (n.clone(), Arc::new(t))))
+            .collect()
     }
 }
 
@@ -49,12 +67,20 @@ impl DataSource for StepData {
         stage: usize,
     ) -> Result<Payload, BoxError> {
         let parts = self.micro_batches * self.replicas;
-        let mut all = self
+        let all = self
             .batches
             .part(step as usize, replica * self.micro_batches + mb, parts)?;
-        Ok(self.reads[stage]
-            .iter()
-            .filter_map(|n| all.remove(n).map(|t| (n.clone(), Arc::new(t))))
-            .collect())
+        Ok(self.pick(all, stage))
+    }
+
+    fn eval_micro_batch(
+        &self,
+        replica: usize,
+        mb: usize,
+        stage: usize,
+    ) -> Result<Payload, BoxError> {
+        let (eval, k) = self.eval.as_ref().ok_or("no evaluation data configured")?;
+        let all = eval.part(0, replica * k + mb, k * self.replicas)?;
+        Ok(self.pick(all, stage))
     }
 }

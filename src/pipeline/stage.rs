@@ -27,6 +27,8 @@ pub struct OrtStage {
     /// The last stage's forward and backward in one session (see `StageGraphs::fused`):
     /// its forward then does the backward too, and the backward only hands on the result.
     fused: Option<GraphSession>,
+    /// Forward for evaluation (no stash, no gradients).
+    evaluate: Option<GraphSession>,
     /// Gradients for the previous stage computed by the fused forward, per micro-batch.
     fused_out: HashMap<usize, Payload>,
     layout: ParamLayout,
@@ -102,6 +104,7 @@ impl OrtStage {
                 None
             },
             fused,
+            evaluate: session(&graphs.evaluate)?,
             fused_out: HashMap::new(),
             backward_input: if split_backward {
                 session(&graphs.backward_input)?
@@ -314,6 +317,35 @@ impl StageCompute for OrtStage {
         }
         let send = pick(&self.io.bwd_send, &[&rest, &grad]);
         Ok((!self.io.bwd_send.is_empty()).then_some(send))
+    }
+
+    async fn evaluate(
+        &mut self,
+        _mb: usize,
+        input: Option<Payload>,
+        data: Option<Payload>,
+    ) -> Result<ForwardOut<Payload>, BoxError> {
+        let input = input.unwrap_or_default();
+        let data = data.unwrap_or_default();
+        let mut session = self.evaluate.take();
+        let outputs = match session.as_mut() {
+            Some(s) => self.run(s, &[&input, &data]),
+            None => Ok(Vec::new()),
+        };
+        self.evaluate = session;
+        let outputs: Payload = outputs?
+            .into_iter()
+            .map(|(n, t)| (n, Arc::new(t)))
+            .collect();
+        let loss = match outputs.get(LOSS) {
+            Some(t) => Some(t.to_f64_vec().first().copied().ok_or("empty loss")?),
+            None => None,
+        };
+        let send = pick(&self.io.fwd_send, &[&outputs, &input]);
+        Ok(ForwardOut {
+            output: (!self.io.fwd_send.is_empty()).then_some(send),
+            loss,
+        })
     }
 
     fn take_grads(&mut self) -> Vec<f32> {

@@ -1,0 +1,79 @@
+//! Evaluation rounds: every `evaluation_period` steps the pipeline runs the evaluation set
+//! forward only, and the mean loss equals the loss of that set computed independently
+//! (the whole training graph in one session, same weights).
+
+mod common;
+
+use std::path::Path;
+
+use pipetrain::compute::{SessionOptions, TensorMap, TrainSession};
+use pipetrain::config::TrainConfig;
+use pipetrain::tensor::Tensor;
+
+#[test]
+fn evaluation_after_every_period_matches_the_whole_graph_loss() {
+    let rt = common::runtime();
+    // A learning rate so small that the weights stay at their initial values to ~1e-9.
+    let text = r#"
+model_path = "../../shared/peers/data/mlp.onnx"
+init_path = "../../shared/peers/data/mlp_init.safetensors"
+batch_size = 16
+gradient_accumulation_steps = 4
+num_train_steps = 40
+pipeline_parallel_size = 2
+evaluation_period = 5
+eval_micro_batches = 4
+[loss]
+kind = "softmax_cross_entropy"
+prediction = "logits"
+label = "y"
+[data]
+path = "../../shared/peers/data/mlp_data.npz"
+batch_order = "batch_idx"
+layout = { kind = "arrays", feeds = { x = "x", y = "y" } }
+[optimizer]
+kind = "sgd"
+[lr_schedule]
+kind = "constant"
+lr = 1e-9
+"#;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/evaluation.toml");
+    let cfg = TrainConfig::parse(text, &path).unwrap();
+    let mut evals = Vec::new();
+    pipetrain::train::train(&rt, &cfg, &path, false, |r| {
+        evals.push((r.step, r.eval_loss))
+    })
+    .unwrap();
+    let at: Vec<u64> = evals
+        .iter()
+        .filter(|(_, e)| e.is_some())
+        .map(|(s, _)| *s)
+        .collect();
+    assert_eq!(at, vec![4, 9], "after steps 5 and 10");
+
+    // The evaluation set: the data file's first 4 x 16 rows, in the whole training graph.
+    let peer = common::PeerModel::load("mlp");
+    let data = pipetrain::data::read_npz(&common::peers_dir().join("data/mlp_data.npz")).unwrap();
+    let rows: Vec<usize> = (0..64).collect();
+    let batch: TensorMap = ["x", "y"]
+        .iter()
+        .map(|n| (n.to_string(), data[*n].gather_rows(&rows).unwrap()))
+        .collect();
+    let tg = peer.training_graph(&rt);
+    let params: TensorMap = tg
+        .params
+        .iter()
+        .map(|p| (p.name.clone(), p.init.clone()))
+        .collect();
+    let reference = TrainSession::new(&rt, &tg, &SessionOptions::default())
+        .unwrap()
+        .step(&params, &batch, &Tensor::f32(vec![], vec![1.0]).unwrap())
+        .unwrap()
+        .loss;
+    for (step, e) in evals.iter().filter_map(|(s, e)| e.map(|e| (s, e))) {
+        assert!(
+            (e - reference).abs() < 1e-5,
+            "step {step}: eval loss {e} vs {reference}"
+        );
+    }
+}
