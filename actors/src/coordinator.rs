@@ -70,17 +70,19 @@ impl CoordinatorHandle {
         CoordinatorHandle { tx }
     }
 
+    /// Sends the request `make` builds around a reply channel and waits for the reply.
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> Result<T, ActorError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send_async(make(reply)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())
+    }
+
     /// The learning rate of `step`.
     ///
     /// # Errors
     /// `ActorGone` when the coordinator has stopped.
     pub(crate) async fn begin(&self, step: u64) -> Result<f64, ActorError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send_async(Msg::Begin { step, reply })
-            .await
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())
+        self.ask(|reply| Msg::Begin { step, reply }).await
     }
 
     /// The evaluation after `step`: the mean of its micro-batch losses.
@@ -89,16 +91,12 @@ impl CoordinatorHandle {
         step: u64,
         losses: Vec<(usize, usize, f64)>,
     ) -> Result<f64, ActorError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send_async(Msg::Eval {
-                step,
-                losses,
-                reply,
-            })
-            .await
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        self.ask(|reply| Msg::Eval {
+            step,
+            losses,
+            reply,
+        })
+        .await?
     }
 
     /// Closes `step` with its micro-batch losses `(replica, mb, loss)` and returns its
@@ -108,16 +106,12 @@ impl CoordinatorHandle {
         step: u64,
         losses: Vec<(usize, usize, f64)>,
     ) -> Result<StepResult, ActorError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send_async(Msg::End {
-                step,
-                losses,
-                reply,
-            })
-            .await
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        self.ask(|reply| Msg::End {
+            step,
+            losses,
+            reply,
+        })
+        .await?
     }
 }
 

@@ -107,17 +107,11 @@ impl StageCompute for SimStage {
         input: Option<usize>,
         data: Option<usize>,
     ) -> Result<ForwardOut<usize>, BoxError> {
-        if self.stage > 0 && input != Some(mb) {
-            return Err(mismatch("activation", mb, input));
-        }
-        if let Some(d) = data.filter(|&d| d != mb) {
-            return Err(mismatch("data", mb, Some(d)));
-        }
-        self.spend(Action::forward(self.stage, mb)).await;
-        let last = self.stage + 1 == self.stages;
+        // Evaluation losses (2 + mb) differ from training ones, so tests tell them apart.
+        let out = self.forward(mb, input, data).await?;
         Ok(ForwardOut {
-            output: (!last).then_some(mb),
-            loss: last.then_some(2.0 + mb as f64),
+            loss: out.loss.map(|_| 2.0 + mb as f64),
+            ..out
         })
     }
 

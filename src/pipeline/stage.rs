@@ -205,6 +205,48 @@ impl OrtStage {
     }
 }
 
+impl OrtStage {
+    /// Runs the forward (or, for `eval`, the evaluation) graph; its outputs, shared.
+    fn forward_pass(&mut self, eval: bool, input: &Payload, data: &Payload) -> Result<Payload> {
+        let mut session = if eval {
+            self.evaluate.take()
+        } else {
+            self.forward.take()
+        };
+        let outputs = match session.as_mut() {
+            Some(s) => self.run(s, &[input, data]),
+            None => Ok(Vec::new()),
+        };
+        if eval {
+            self.evaluate = session;
+        } else {
+            self.forward = session;
+        }
+        Ok(outputs?
+            .into_iter()
+            .map(|(n, t)| (n, Arc::new(t)))
+            .collect())
+    }
+
+    /// What a forward pass hands on: the next stage's activations (its own outputs and
+    /// what it passes through) and the loss on the last stage.
+    fn forward_out(
+        &self,
+        outputs: &Payload,
+        input: &Payload,
+    ) -> Result<ForwardOut<Payload>, BoxError> {
+        let loss = match outputs.get(LOSS) {
+            Some(t) => Some(t.to_f64_vec().first().copied().ok_or("empty loss")?),
+            None => None,
+        };
+        let send = pick(&self.io.fwd_send, &[outputs, input]);
+        Ok(ForwardOut {
+            output: (!self.io.fwd_send.is_empty()).then_some(send),
+            loss,
+        })
+    }
+}
+
 /// The values of `names` found in `sources` (first match wins).
 fn pick(names: &[String], sources: &[&Payload]) -> Payload {
     names
@@ -244,28 +286,11 @@ impl StageCompute for OrtStage {
                 loss: Some(loss),
             });
         }
-        let mut session = self.forward.take();
-        let outputs = match session.as_mut() {
-            Some(s) => self.run(s, &[&input, &data]),
-            None => Ok(Vec::new()),
-        };
-        self.forward = session;
-        let outputs: Payload = outputs?
-            .into_iter()
-            .map(|(n, t)| (n, Arc::new(t)))
-            .collect();
-        let loss = match outputs.get(LOSS) {
-            Some(t) => Some(t.to_f64_vec().first().copied().ok_or("empty loss")?),
-            None => None,
-        };
+        let outputs = self.forward_pass(false, &input, &data)?;
         let mut keep = pick(&self.io.stash, &[&outputs, &input]);
         keep.extend(data.iter().map(|(k, v)| (k.clone(), v.clone())));
         self.stash.insert(mb, keep);
-        let send = pick(&self.io.fwd_send, &[&outputs, &input]);
-        Ok(ForwardOut {
-            output: (!self.io.fwd_send.is_empty()).then_some(send),
-            loss,
-        })
+        self.forward_out(&outputs, &input)
     }
 
     async fn backward(
@@ -327,25 +352,8 @@ impl StageCompute for OrtStage {
     ) -> Result<ForwardOut<Payload>, BoxError> {
         let input = input.unwrap_or_default();
         let data = data.unwrap_or_default();
-        let mut session = self.evaluate.take();
-        let outputs = match session.as_mut() {
-            Some(s) => self.run(s, &[&input, &data]),
-            None => Ok(Vec::new()),
-        };
-        self.evaluate = session;
-        let outputs: Payload = outputs?
-            .into_iter()
-            .map(|(n, t)| (n, Arc::new(t)))
-            .collect();
-        let loss = match outputs.get(LOSS) {
-            Some(t) => Some(t.to_f64_vec().first().copied().ok_or("empty loss")?),
-            None => None,
-        };
-        let send = pick(&self.io.fwd_send, &[&outputs, &input]);
-        Ok(ForwardOut {
-            output: (!self.io.fwd_send.is_empty()).then_some(send),
-            loss,
-        })
+        let outputs = self.forward_pass(true, &input, &data)?;
+        self.forward_out(&outputs, &input)
     }
 
     fn take_grads(&mut self) -> Vec<f32> {
