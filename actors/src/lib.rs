@@ -6,6 +6,7 @@
 //! - `traits`: what the runtime is generic over: [`StageCompute`] (one stage of one
 //!   replica), [`DataSource`] (micro-batches), [`Collective`] (gradient reduction).
 //! - `stage`: the stage actor, one per (pipeline rank, replica); runs its rank's actions.
+//! - `messages`: transfers between stage actors, plans and answers, actor status.
 //! - `scheduler`: the scheduler actor; hands out steps and runs the watchdog, whose
 //!   report names who waits on whom.
 //! - `coordinator`: learning rate per step, the step's loss, per-step results.
@@ -22,6 +23,7 @@ mod coordinator;
 mod data;
 mod engine;
 mod error;
+mod messages;
 mod scheduler;
 pub mod sim;
 mod stage;

@@ -12,67 +12,8 @@ use tokio::time::Instant;
 
 use crate::data::DataItem;
 use crate::error::ActorError;
+pub(crate) use crate::messages::{Answer, Flow, Status, StepOutcome, StepPlan, Transfer, Work};
 use crate::traits::{BackwardPart, Collective, StageCompute};
-
-/// Which way a transfer goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Flow {
-    /// Activations, stage s -> s + 1.
-    Act,
-    /// Gradients, stage s -> s - 1.
-    Grad,
-}
-
-/// A message between stage actors: what `stage` (the receiving stage) gets for `mb`.
-pub(crate) struct Transfer<P> {
-    pub flow: Flow,
-    pub stage: usize,
-    pub mb: usize,
-    pub payload: P,
-}
-
-/// What a stage actor did in a step.
-#[derive(Debug, Default)]
-pub(crate) struct StepOutcome {
-    /// Trace events, when recording.
-    pub events: Vec<TraceEvent>,
-    /// `(micro-batch, loss)` for the micro-batches whose loss this actor computed. They
-    /// travel with the answer rather than as messages of their own: one cross-thread
-    /// wake-up per step instead of one per micro-batch.
-    pub losses: Vec<(usize, f64)>,
-}
-
-/// A stage actor's answer at the end of a round: its index among the scheduler's
-/// members, the round, and what it did or its error.
-pub(crate) type Answer = (usize, u64, Result<StepOutcome, ActorError>);
-
-/// What a round of work is.
-pub(crate) enum Work<P> {
-    /// A training step: the rank's lowered action list.
-    Train,
-    /// Evaluation: forward only over the micro-batches given per stage that reads data.
-    Eval(HashMap<usize, std::collections::VecDeque<P>>),
-}
-
-/// What the scheduler hands a stage actor each round.
-pub(crate) struct StepPlan<P> {
-    /// Position of the round in the run (answers are matched by it).
-    pub round: u64,
-    pub step: u64,
-    pub lr: f64,
-    pub index: usize,
-    pub work: Work<P>,
-    pub reply: flume::Sender<Answer>,
-}
-
-/// What an actor is doing, for the watchdog's report.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Status {
-    Idle,
-    Running(Action),
-    Waiting { action: Action, from: String },
-    Finished,
-}
 
 /// Everything a stage actor is given at spawn.
 pub(crate) struct StageActor<C: StageCompute, K: Collective> {
