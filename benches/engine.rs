@@ -74,7 +74,8 @@ fn main() {
     for (model, batch) in [("mlp", 64), ("tiny_gpt", 8)] {
         let cfg = config(model, 1, 1, batch, STEPS);
         let tokio = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            // As `pipetrain::train::train` builds it.
+            .worker_threads(1)
             .enable_time()
             .build()
             .unwrap();
