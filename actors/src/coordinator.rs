@@ -129,14 +129,11 @@ async fn run(
                 losses,
                 reply,
             } => {
-                let got: BTreeMap<(usize, usize), f64> =
-                    losses.into_iter().map(|(r, mb, l)| ((r, mb), l)).collect();
-                let result = if got.is_empty() {
-                    Err(ActorError::Settings {
+                let result = match mean_loss(losses) {
+                    (0, _) => Err(ActorError::Settings {
                         reason: format!("the evaluation after step {step} reported no loss"),
-                    })
-                } else {
-                    Ok(got.values().sum::<f64>() / got.len() as f64)
+                    }),
+                    (_, mean) => Ok(mean),
                 };
                 let _ = reply.send(result);
             }
@@ -150,21 +147,18 @@ async fn run(
                 losses,
                 reply,
             } => {
-                // Keyed by (replica, mb) so the mean adds in a fixed order.
-                let got: BTreeMap<(usize, usize), f64> =
-                    losses.into_iter().map(|(r, mb, l)| ((r, mb), l)).collect();
-                let result = if got.len() == expected {
+                let (count, mean) = mean_loss(losses);
+                let result = if count == expected {
                     Ok(StepResult {
                         step,
-                        loss: got.values().sum::<f64>() / expected as f64,
+                        loss: mean,
                         lr: lrs.remove(&step).unwrap_or(f64::NAN),
                         eval_loss: None,
                     })
                 } else {
                     Err(ActorError::Settings {
                         reason: format!(
-                            "step {step}: {} micro-batch losses reported, {expected} expected",
-                            got.len()
+                            "step {step}: {count} micro-batch losses reported, {expected} expected"
                         ),
                     })
                 };
@@ -173,4 +167,13 @@ async fn run(
         }
     }
     Ok(())
+}
+
+/// The number of distinct `(replica, mb)` losses and their mean, added in
+/// `(replica, mb)` order so the result does not depend on arrival order.
+fn mean_loss(losses: Vec<(usize, usize, f64)>) -> (usize, f64) {
+    let ordered: BTreeMap<(usize, usize), f64> =
+        losses.into_iter().map(|(r, mb, l)| ((r, mb), l)).collect();
+    let n = ordered.len();
+    (n, ordered.values().sum::<f64>() / n.max(1) as f64)
 }

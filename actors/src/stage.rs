@@ -116,14 +116,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
         let last = self.placement.len() - 1;
         match action.kind() {
             ActionKind::Forward => {
-                let input = if s == 0 {
-                    None
-                } else if let Some(local) = outgoing.remove(&(Flow::Act, s - 1, mb)) {
-                    // The previous stage is on this rank.
-                    Some(local)
-                } else {
-                    Some(self.receive(Action::recv_act(s, mb), arrived).await?)
-                };
+                let input = self.forward_input(s, mb, outgoing, arrived).await?;
                 if s > 0 && input.is_none() {
                     return Err(
                         self.protocol(format!("{action} has no input from stage {}", s - 1))
@@ -220,6 +213,26 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
         Ok(start)
     }
 
+    /// The activations stage `s` reads for micro-batch `mb`: none on the first stage, the
+    /// previous stage's output when it is on this rank, else what arrives from its rank.
+    async fn forward_input(
+        &mut self,
+        s: usize,
+        mb: usize,
+        outgoing: &mut HashMap<(Flow, usize, usize), C::Payload>,
+        arrived: &mut HashMap<(Flow, usize, usize), C::Payload>,
+    ) -> Result<Option<C::Payload>, ActorError> {
+        if s == 0 {
+            return Ok(None);
+        }
+        if let Some(local) = outgoing.remove(&(Flow::Act, s - 1, mb)) {
+            return Ok(Some(local));
+        }
+        self.receive(Action::recv_act(s, mb), arrived)
+            .await
+            .map(Some)
+    }
+
     /// Sends what `action` (a SendAct or SendGrad) names to the neighbouring stage.
     async fn send(&mut self, action: Action, payload: C::Payload) -> Result<(), ActorError> {
         let s = action.stage();
@@ -265,13 +278,9 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             let (s, mb) = (action.stage(), action.micro_batch().unwrap_or(0));
             match action.kind() {
                 ActionKind::Forward => {
-                    let input = if s == 0 {
-                        None
-                    } else if let Some(local) = outgoing.remove(&(Flow::Act, s - 1, mb)) {
-                        Some(local)
-                    } else {
-                        Some(self.receive(Action::recv_act(s, mb), &mut arrived).await?)
-                    };
+                    let input = self
+                        .forward_input(s, mb, &mut outgoing, &mut arrived)
+                        .await?;
                     let batch = data.get_mut(&s).and_then(|q| q.pop_front());
                     let result = self
                         .compute(s)?
