@@ -193,7 +193,11 @@ async fn bare_loop(rt: &Runtime, cfg: &TrainConfig) -> f64 {
         stage.backward(0, BackwardPart::Full, None).await.unwrap();
         let g = stage.take_grads();
         stage.put_grads(g);
-        stage.update(step, 0.05).await.unwrap();
+        // What the engine does at the step's end: statistics, then the update.
+        let policy = pipetrain_actors::GradPolicy::default();
+        let stats = stage.grad_stats(step);
+        let (decision, _) = policy.decide(policy.scaling.initial_state(), &[stats]);
+        stage.update(step, 0.05, &decision).await.unwrap();
     }
     STEPS as f64 / t.elapsed().as_secs_f64()
 }
@@ -233,16 +237,9 @@ fn single_stage(
         spin: false,
         profile: false,
     };
-    let stage = pipetrain::pipeline::OrtStage::new(
-        rt,
-        &tg,
-        &stages[0],
-        &session,
-        false,
-        &cfg.optimizer,
-        1.0,
-    )
-    .unwrap();
+    let settings = pipetrain::pipeline::StageSettings::new(cfg.optimizer.clone(), 1.0);
+    let stage =
+        pipetrain::pipeline::OrtStage::new(rt, &tg, &stages[0], &session, &settings).unwrap();
     let reads = stages.iter().map(|s| s.io.data.clone()).collect();
     (
         stage,

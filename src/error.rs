@@ -123,6 +123,14 @@ pub enum Error {
         /// The rule that the value breaks.
         rule: String,
     },
+    /// A checkpoint is incomplete, damaged, or does not fit the run.
+    #[error("{path}: {reason}")]
+    Checkpoint {
+        /// The checkpoint's file (or folder) at fault.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// The actor runtime stopped the run (a stage failed, or the watchdog fired).
     #[error("{source}")]
     Runtime {

@@ -7,6 +7,8 @@
 //! - [`graph`]: the graph IR, loss attachment, reverse-mode autodiff emitting ONNX
 //!   backward graphs, stage partitioning, per-stage forward / backward / input-grad /
 //!   weight-grad graphs, and export of the trained inference model.
+//! - [`checkpoint`]: checkpoints (safetensors shards per stage keyed by parameter name, a
+//!   manifest written last), exact and layout-free resume.
 //! - [`compute`]: ONNX Runtime through `ort` (`load-dynamic`): finding the library,
 //!   sessions fed without copies, the shape probe, training-step runners.
 //! - [`data`]: NumPy and safetensors files, per-step batches.
@@ -15,6 +17,7 @@
 //! - [`Error`]: the one error type.
 #![deny(missing_docs)]
 
+pub mod checkpoint;
 pub mod compute;
 pub mod config;
 pub mod data;

@@ -36,6 +36,27 @@ enum Command {
         /// Record what every actor did to this file (JSON), for `schedule replay|draw`.
         #[arg(long)]
         trace: Option<PathBuf>,
+        /// Resume from the newest complete checkpoint in `checkpoints_dir` (start from
+        /// scratch when there is none); `checkpoint_to_load_path` names one explicitly.
+        #[arg(long)]
+        resume: bool,
+    },
+    /// Checkpoints: inspect one, or list a checkpoints folder.
+    Checkpoint {
+        #[command(subcommand)]
+        command: CheckpointCommand,
+    },
+    /// Write the inference model (ONNX) of a checkpoint.
+    Export {
+        /// The checkpoint folder.
+        #[arg(long)]
+        checkpoint: PathBuf,
+        /// The model it was trained from (default: the path its manifest records).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// The ONNX file to write.
+        #[arg(long, short)]
+        output: PathBuf,
     },
     /// Pipeline schedules: print, simulate, draw, replay.
     Schedule {
@@ -70,6 +91,17 @@ struct ScheduleArgs {
     /// Time of each transfer between ranks.
     #[arg(long, default_value_t = 0.0)]
     comm: f64,
+}
+
+#[derive(Subcommand)]
+enum CheckpointCommand {
+    /// Step, layout, optimizer, data position, loss scaler, tensors and sizes of a
+    /// checkpoint (loading it completely, so a damaged one is reported); given a
+    /// checkpoints folder, each checkpoint in it and whether it is complete.
+    Inspect {
+        /// A checkpoint folder, or a `checkpoints_dir`.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -110,8 +142,18 @@ fn main() -> ExitCode {
             config,
             metrics,
             trace,
-        } => train(&config, metrics.as_deref(), trace.as_deref()),
+            resume,
+        } => train(&config, metrics.as_deref(), trace.as_deref(), resume),
         Command::Schedule { command } => schedule(command),
+        Command::Checkpoint {
+            command: CheckpointCommand::Inspect { dir },
+        } => pipetrain::checkpoint::inspect(&dir).map(|text| print!("{text}")),
+        Command::Export {
+            checkpoint,
+            model,
+            output,
+        } => pipetrain::checkpoint::export(&checkpoint, model.as_deref(), &output)
+            .map(|()| println!("wrote {}", output.display())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -132,8 +174,20 @@ fn doctor() -> Result<()> {
     Ok(())
 }
 
-fn train(config: &Path, metrics: Option<&Path>, trace: Option<&Path>) -> Result<()> {
-    let cfg = TrainConfig::load(config)?;
+fn train(config: &Path, metrics: Option<&Path>, trace: Option<&Path>, resume: bool) -> Result<()> {
+    let mut cfg = TrainConfig::load(config)?;
+    if resume && cfg.checkpoint_to_load_path.is_none() {
+        match pipetrain::train::latest_checkpoint(&cfg, config)? {
+            Some(path) => cfg.checkpoint_to_load_path = Some(path),
+            None => eprintln!(
+                "pipetrain: no complete checkpoint in {}; starting from step 0",
+                cfg.checkpoints_dir
+                    .as_deref()
+                    .unwrap_or(Path::new("?"))
+                    .display()
+            ),
+        }
+    }
     let rt = Runtime::from_env()?;
     eprintln!(
         "pipetrain: {} | {} stage(s) x {} replica(s), {} micro-batches of {} | ONNX Runtime {}",
@@ -144,21 +198,48 @@ fn train(config: &Path, metrics: Option<&Path>, trace: Option<&Path>) -> Result<
         cfg.batch_size,
         rt.info().version
     );
-    let mut writer = metrics.map(MetricsWriter::create).transpose()?;
+    if let Some(path) = &cfg.checkpoint_to_load_path {
+        eprintln!("pipetrain: resuming from {}", path.display());
+    }
+    let resuming = cfg.checkpoint_to_load_path.is_some();
+    let mut writer = match metrics {
+        // A resumed run continues its metrics file.
+        Some(p) if resuming => Some(MetricsWriter::append(p)?),
+        Some(p) => Some(MetricsWriter::create(p)?),
+        None => None,
+    };
     let total = cfg.optimizer_steps() as u64;
     let stderr = std::io::stderr();
     let is_terminal = stderr.is_terminal();
     let mut progress =
         Progress::new(total, stderr, is_terminal).every(cfg.display_loss_steps as u64);
     let global = cfg.global_batch() as f64;
+    let scaled = cfg.loss_scale != 1.0;
     let mut last = 0.0;
+    let mut first: Option<u64> = None;
     let mut failed: Option<Error> = None;
     let summary = pipetrain::train::train(&rt, &cfg, config, trace.is_some(), |r| {
+        let first = *first.get_or_insert(r.step);
         let elapsed = r.elapsed.as_secs_f64();
-        let rate = (r.step + 1) as f64 / elapsed.max(1e-9);
+        let rate = (r.step + 1 - first) as f64 / elapsed.max(1e-9);
         let _ = progress.update(r.step + 1, r.loss, rate);
         if let Some(e) = r.eval_loss {
             let _ = progress.note(&format!("step {}: eval loss {e:.6}", r.step + 1));
+        }
+        if r.skipped {
+            let _ = progress.note(&format!(
+                "step {}: gradient overflow at loss scale {}; update skipped, scale halved",
+                r.step + 1,
+                r.loss_scale
+            ));
+        }
+        for c in &r.saved {
+            let _ = progress.note(&format!(
+                "checkpoint: {} ({:.1} MiB in {:.2}s)",
+                c.path.display(),
+                c.bytes as f64 / (1 << 20) as f64,
+                c.seconds
+            ));
         }
         if let Some(w) = writer.as_mut() {
             let m = StepMetrics {
@@ -169,6 +250,11 @@ fn train(config: &Path, metrics: Option<&Path>, trace: Option<&Path>) -> Result<
                 elapsed_s: elapsed,
                 step_s: Some(elapsed - last),
                 eval_loss: r.eval_loss,
+                grad_norm: Some(r.grad_norm),
+                clip_coef: r.clip_coef,
+                loss_scale: scaled.then_some(r.loss_scale),
+                skipped: r.skipped,
+                samples: Some((r.step + 1) * global as u64),
                 ..Default::default()
             };
             if let Err(e) = w.write(&m) {
@@ -181,8 +267,13 @@ fn train(config: &Path, metrics: Option<&Path>, trace: Option<&Path>) -> Result<
         return Err(e);
     }
     let secs = summary.elapsed.as_secs_f64().max(1e-9);
+    let resumed = if summary.first_step > 0 {
+        format!(" (resumed at step {})", summary.first_step)
+    } else {
+        String::new()
+    };
     let line = format!(
-        "done: {} steps on {} stage(s), {:.2}s, {:.1} steps/s, {:.0} samples/s, final loss {:.6}",
+        "done: {} steps on {} stage(s){resumed}, {:.2}s, {:.1} steps/s, {:.0} samples/s, final loss {:.6}",
         summary.steps,
         summary.stages,
         secs,

@@ -11,9 +11,11 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::checkpoint::CheckpointSettings;
 use crate::collective::LocalCollective;
-use crate::coordinator::{CoordinatorHandle, StepResult};
+use crate::coordinator::{CoordinatorHandle, CoordinatorSettings, StepResult};
 use crate::data::spawn_data_actor;
+use crate::decide::{GradPolicy, ScalerState};
 use crate::error::ActorError;
 use crate::scheduler::{Member, SchedulerActor};
 use crate::stage::{StageActor, Status};
@@ -35,6 +37,32 @@ pub struct EngineSettings {
     pub threads: ActorThreads,
     /// Evaluate on the data source's evaluation set now and then.
     pub evaluation: Option<EvalSettings>,
+    /// Clipping and loss scaling.
+    pub policy: GradPolicy,
+    /// The loss scaler's state to start from (a resumed run's); `None`: the policy's
+    /// initial state.
+    pub scaler: Option<ScalerState>,
+    /// Save checkpoints now and then.
+    pub checkpoint: Option<CheckpointSettings>,
+}
+
+impl EngineSettings {
+    /// Runs `schedule` on `replicas` replicas with the defaults: a 300 s watchdog, no
+    /// trace, stage actors on their own threads, no evaluation, no clipping or loss
+    /// scaling, no checkpoints.
+    pub fn new(schedule: Schedule, replicas: usize) -> EngineSettings {
+        EngineSettings {
+            schedule,
+            replicas,
+            watchdog: Duration::from_secs(300),
+            record_trace: false,
+            threads: ActorThreads::Dedicated,
+            evaluation: None,
+            policy: GradPolicy::default(),
+            scaler: None,
+            checkpoint: None,
+        }
+    }
 }
 
 /// When and how much to evaluate.
@@ -165,7 +193,21 @@ where
         ActorThreads::Tasks => Running::Tasks(JoinSet::new()),
         ActorThreads::Dedicated => Running::Threads(Vec::new()),
     };
-    let coordinator = CoordinatorHandle::spawn(lr_at, replicas * m, &mut helpers);
+    let coordinator = CoordinatorHandle::spawn(
+        CoordinatorSettings {
+            lr_at,
+            expected_losses: replicas * m,
+            replicas,
+            stages,
+            policy: settings.policy,
+            scaler: settings
+                .scaler
+                .unwrap_or_else(|| settings.policy.scaling.initial_state()),
+            checkpointer: settings.checkpoint.as_ref().map(|c| c.checkpointer.clone()),
+        },
+        replicas * ranks,
+        &mut helpers,
+    );
     let collective = Arc::new(LocalCollective::spawn(stages, replicas, &mut helpers));
     let progress = Arc::new(AtomicU64::new(0));
     let origin = Instant::now();
@@ -231,6 +273,8 @@ where
                 progress: progress.clone(),
                 origin,
                 record: settings.record_trace,
+                coordinator: coordinator.clone(),
+                policy: settings.policy,
             };
             let index = members.len() - 1;
             let body = async move { actor.run().await.map(|c| (index, c)) };
@@ -286,6 +330,8 @@ where
         replicas,
         ranks,
         evaluation,
+        checkpoint: settings.checkpoint.clone(),
+        last_step: steps.end.saturating_sub(1),
     };
     let mut results = Vec::new();
     let mut on_step = on_step;

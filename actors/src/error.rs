@@ -57,6 +57,26 @@ pub enum ActorError {
         /// Which actor.
         actor: String,
     },
+    /// A loss or gradient was not finite, without dynamic loss scaling to skip the step.
+    #[error(
+        "optimizer step {step}: non-finite {what}, first in stage {stage}; the run stops here (checkpoints already complete are kept)"
+    )]
+    NonFinite {
+        /// Optimizer step, counting from 1.
+        step: u64,
+        /// The lowest-numbered stage where it appeared.
+        stage: usize,
+        /// What was not finite.
+        what: String,
+    },
+    /// A checkpoint could not be written or completed.
+    #[error("checkpoint after {steps_done} steps: {source}")]
+    Checkpoint {
+        /// The steps it was to hold.
+        steps_done: u64,
+        /// What went wrong.
+        source: BoxError,
+    },
     /// A message arrived that the schedule did not call for.
     #[error("replica {replica} rank {rank}: {reason}")]
     Protocol {

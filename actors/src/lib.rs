@@ -9,7 +9,12 @@
 //! - `messages`: transfers between stage actors, plans and answers, actor status.
 //! - `scheduler`: the scheduler actor; hands out steps and runs the watchdog, whose
 //!   report names who waits on whom.
-//! - `coordinator`: learning rate per step, the step's loss, per-step results.
+//! - `coordinator`: learning rate per step, the step's loss, the update decision
+//!   (clipping, loss scaling, overflow), checkpoints completed in step order, per-step
+//!   results.
+//! - `decide`: the coordinator's decisions as pure functions ([`GradPolicy::decide`],
+//!   the loss scaler, when to evaluate and save).
+//! - `checkpoint`: what saving needs from the world ([`Checkpointer`], [`SaveJob`]).
 //! - `data`: the data actors, one per (replica, stage that reads data), prefetching.
 //! - `collective`: in-process AllReduce ([`LocalCollective`]), one group per stage.
 //! - `engine`: [`run`] starts all of them for a run and stops them in order.
@@ -18,9 +23,11 @@
 //! - `error`: [`ActorError`], the crate's one error type.
 #![deny(missing_docs)]
 
+pub mod checkpoint;
 mod collective;
 mod coordinator;
 mod data;
+pub mod decide;
 mod engine;
 mod error;
 mod messages;
@@ -29,9 +36,13 @@ pub mod sim;
 mod stage;
 mod traits;
 
+pub use checkpoint::{
+    CheckpointSettings, Checkpointer, CommitState, SaveJob, SavedCheckpoint, ShardFile,
+};
 pub use collective::LocalCollective;
 pub use coordinator::StepResult;
 pub use data::PREFETCH;
+pub use decide::{DynamicScaling, GradPolicy, GradStats, LossScaling, ScalerState, StepDecision};
 pub use engine::{lowered, run, ActorThreads, EngineSettings, EvalSettings, RunOutput, RunTrace};
 pub use error::{ActorError, BoxError};
 pub use pipetrain_schedules as schedules;

@@ -2,9 +2,12 @@
 //! a stage actor (plans), and back (answers), and what an actor is doing (status).
 
 use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
 
 use pipetrain_schedules::{Action, TraceEvent};
 
+use crate::checkpoint::SaveJob;
+use crate::decide::GradStats;
 use crate::error::ActorError;
 
 /// Which way a transfer goes.
@@ -25,7 +28,7 @@ pub(crate) struct Transfer<P> {
 }
 
 /// What a stage actor did in a step.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct StepOutcome {
     /// Trace events, when recording.
     pub events: Vec<TraceEvent>,
@@ -33,6 +36,10 @@ pub(crate) struct StepOutcome {
     /// travel with the answer rather than as messages of their own: one cross-thread
     /// wake-up per step instead of one per micro-batch.
     pub losses: Vec<(usize, f64)>,
+    /// `(stage, statistics)` of the reduced gradients of the actor's stages.
+    pub grads: Vec<(usize, GradStats)>,
+    /// Snapshots for a checkpoint round, to be written in the background.
+    pub saves: Vec<SaveJob>,
 }
 
 /// A stage actor's answer at the end of a round: its index among the scheduler's
@@ -45,6 +52,8 @@ pub(crate) enum Work<P> {
     Train,
     /// Evaluation: forward only over the micro-batches given per stage that reads data.
     Eval(HashMap<usize, VecDeque<P>>),
+    /// A checkpoint: replica 0's actors snapshot their stages for files in the folder.
+    Save(PathBuf),
 }
 
 /// What the scheduler hands a stage actor each round.

@@ -11,7 +11,9 @@ use pipetrain_schedules::Trace;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::checkpoint::CheckpointSettings;
 use crate::coordinator::{CoordinatorHandle, StepResult};
+use crate::decide::{checkpoint_due, evaluation_due};
 use crate::error::ActorError;
 use crate::stage::{Answer, Status, StepOutcome, StepPlan, Work};
 
@@ -43,6 +45,8 @@ enum Round {
     Train(u64),
     /// Evaluation after training step `.0`.
     Eval(u64),
+    /// A checkpoint after training step `.0`.
+    Save(u64),
 }
 
 /// Drives the run.
@@ -54,6 +58,9 @@ pub(crate) struct SchedulerActor<P> {
     pub replicas: usize,
     pub ranks: usize,
     pub evaluation: Option<Evaluation<P>>,
+    pub checkpoint: Option<CheckpointSettings>,
+    /// The run's last optimizer step (a checkpoint follows it).
+    pub last_step: u64,
 }
 
 impl<P: Send + 'static> SchedulerActor<P> {
@@ -66,22 +73,26 @@ impl<P: Send + 'static> SchedulerActor<P> {
         mut on_step: impl FnMut(&StepResult) + Send,
     ) -> Result<Vec<Vec<Trace>>, ActorError> {
         let mut rounds = Vec::new();
+        let eval_every = self.evaluation.as_ref().map(|e| e.every);
+        let save_every = self.checkpoint.as_ref().map(|c| c.every);
         for step in steps {
             rounds.push(Round::Train(step));
-            if self
-                .evaluation
-                .as_ref()
-                .is_some_and(|e| (step + 1) % e.every == 0)
-            {
+            if evaluation_due(step, eval_every) {
                 rounds.push(Round::Eval(step));
+            }
+            if checkpoint_due(step, save_every, self.last_step) {
+                rounds.push(Round::Save(step));
             }
         }
         let mut traces = Vec::new();
         // Each member can have two rounds' answers in flight (see the look-ahead below).
         let (done_tx, done_rx) = flume::bounded(2 * self.members.len());
         let mut early: Vec<Answer> = Vec::new();
+        let mut save_dirs = HashMap::new();
         if let Some(&first) = rounds.first() {
-            self.hand_out(0, first, &done_tx).await?;
+            if let Some(dir) = self.hand_out(0, first, &done_tx).await? {
+                save_dirs.insert(0, dir);
+            }
         }
         let mut pending: Option<StepResult> = None;
         for (i, &round) in rounds.iter().enumerate() {
@@ -90,13 +101,19 @@ impl<P: Send + 'static> SchedulerActor<P> {
             // coordinator. Rounds stay in order: each actor runs its plans one by one, and
             // a step's optimizer update is the last action of its list.
             if let Some(&next) = rounds.get(i + 1) {
-                self.hand_out(i as u64 + 1, next, &done_tx).await?;
+                if let Some(dir) = self.hand_out(i as u64 + 1, next, &done_tx).await? {
+                    save_dirs.insert(i + 1, dir);
+                }
             }
             let outcomes = self.wait_all(i as u64, &done_rx, &mut early).await?;
             let mut losses = Vec::new();
+            let mut grads = Vec::new();
+            let mut saves = Vec::new();
             let mut events = Vec::with_capacity(outcomes.len());
             for (m, o) in self.members.iter().zip(outcomes) {
                 losses.extend(o.losses.into_iter().map(|(mb, l)| (m.replica, mb, l)));
+                grads.extend(o.grads.into_iter().map(|(s, g)| (m.replica, s, g)));
+                saves.extend(o.saves);
                 events.push(o.events);
             }
             match round {
@@ -114,7 +131,7 @@ impl<P: Send + 'static> SchedulerActor<P> {
                     if let Some(r) = pending.take() {
                         on_step(&r);
                     }
-                    pending = Some(self.coordinator.end(step, losses).await?);
+                    pending = Some(self.coordinator.end(step, losses, grads).await?);
                 }
                 Round::Eval(step) => {
                     let loss = self.coordinator.evaluated(step, losses).await?;
@@ -122,30 +139,60 @@ impl<P: Send + 'static> SchedulerActor<P> {
                         r.eval_loss = Some(loss);
                     }
                 }
+                Round::Save(step) => {
+                    let dir = save_dirs.remove(&i).ok_or_else(|| ActorError::Settings {
+                        reason: format!("no folder for the checkpoint after step {step}"),
+                    })?;
+                    self.coordinator.save(step + 1, dir, saves).await?;
+                }
             }
         }
-        if let Some(r) = pending.take() {
+        // Checkpoints still being written complete before the run is over.
+        let saved = self.coordinator.finish().await?;
+        if let Some(mut r) = pending.take() {
+            r.saved.extend(saved);
             on_step(&r);
         }
         Ok(traces)
     }
 
-    /// Sends every member its plan for `round` (the `index`-th of the run).
+    /// Sends every member its plan for `round` (the `index`-th of the run); for a
+    /// checkpoint, the folder made for its files.
     async fn hand_out(
         &self,
         index: u64,
         round: Round,
         reply: &flume::Sender<Answer>,
-    ) -> Result<(), ActorError> {
+    ) -> Result<Option<std::path::PathBuf>, ActorError> {
+        let mut dir = None;
         let (step, lr) = match round {
             Round::Train(step) => (step, self.coordinator.begin(step).await?),
             Round::Eval(step) => (step, 0.0),
+            Round::Save(step) => {
+                let c = self
+                    .checkpoint
+                    .as_ref()
+                    .ok_or_else(|| ActorError::Settings {
+                        reason: "a checkpoint round without checkpoint settings".into(),
+                    })?;
+                let made =
+                    c.checkpointer
+                        .prepare(step + 1)
+                        .map_err(|source| ActorError::Checkpoint {
+                            steps_done: step + 1,
+                            source,
+                        })?;
+                dir = Some(made);
+                (step + 1, 0.0)
+            }
         };
         for (i, m) in self.members.iter().enumerate() {
-            let work = match (round, &self.evaluation) {
-                (Round::Train(_), _) => Work::Train,
-                (Round::Eval(_), Some(e)) => Work::Eval((e.data)(m.replica, m.rank)?),
-                (Round::Eval(_), None) => Work::Eval(HashMap::new()),
+            let work = match (round, &self.evaluation, &dir) {
+                (Round::Train(_), _, _) => Work::Train,
+                (Round::Eval(_), Some(e), _) => Work::Eval((e.data)(m.replica, m.rank)?),
+                (Round::Eval(_), None, _) => Work::Eval(HashMap::new()),
+                (Round::Save(_), _, Some(d)) => Work::Save(d.clone()),
+                (Round::Save(_), _, None) => Work::Save(Default::default()),
             };
             let plan = StepPlan {
                 round: index,
@@ -157,7 +204,7 @@ impl<P: Send + 'static> SchedulerActor<P> {
             };
             m.control.send_async(plan).await.map_err(|_| self.gone(m))?;
         }
-        Ok(())
+        Ok(dir)
     }
 
     /// Waits for every member's answer; fails with the who-waits-on-whom report when no

@@ -121,7 +121,16 @@ impl StageCompute for SimStage {
 
     fn put_grads(&mut self, _grads: Vec<f32>) {}
 
-    async fn update(&mut self, _step: u64, _lr: f64) -> Result<(), BoxError> {
+    fn grad_stats(&mut self, _step: u64) -> crate::decide::GradStats {
+        crate::decide::GradStats { sum_sq: 1.0 }
+    }
+
+    async fn update(
+        &mut self,
+        _step: u64,
+        _lr: f64,
+        _decision: &crate::decide::StepDecision,
+    ) -> Result<(), BoxError> {
         self.spend(Action::optimizer_step(self.stage)).await;
         self.step += 1;
         Ok(())
@@ -215,12 +224,11 @@ pub async fn replay(
         })
         .collect();
     let settings = EngineSettings {
-        schedule,
-        replicas: recorded.replicas,
         watchdog: Duration::from_secs(3600),
         record_trace: true,
         threads: crate::engine::ActorThreads::Tasks,
         evaluation: None,
+        ..EngineSettings::new(schedule, recorded.replicas)
     };
     let out = run(
         &settings,

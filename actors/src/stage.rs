@@ -10,7 +10,9 @@ use pipetrain_schedules::{Action, ActionKind, TraceEvent};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::coordinator::CoordinatorHandle;
 use crate::data::DataItem;
+use crate::decide::{GradPolicy, StepDecision};
 use crate::error::ActorError;
 pub(crate) use crate::messages::{Answer, Flow, Status, StepOutcome, StepPlan, Transfer, Work};
 use crate::traits::{BackwardPart, Collective, StageCompute};
@@ -35,6 +37,8 @@ pub(crate) struct StageActor<C: StageCompute, K: Collective> {
     pub progress: Arc<AtomicU64>,
     pub origin: Instant,
     pub record: bool,
+    pub coordinator: CoordinatorHandle,
+    pub policy: GradPolicy,
 }
 
 impl<C: StageCompute, K: Collective> StageActor<C, K> {
@@ -45,6 +49,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             let result = match plan.work {
                 Work::Train => self.step(plan.step, plan.lr).await,
                 Work::Eval(data) => self.evaluate(data).await,
+                Work::Save(dir) => self.snapshot(plan.step, &dir),
             };
             let failed = result.is_err();
             // The scheduler may already have given up (watchdog): nobody to tell then.
@@ -70,17 +75,18 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
         let mut outgoing: HashMap<(Flow, usize, usize), C::Payload> = HashMap::new();
         let mut arrived: HashMap<(Flow, usize, usize), C::Payload> = HashMap::new();
         let mut out = StepOutcome::default();
+        let mut decision = None;
         for i in 0..self.actions.len() {
             let action = self.actions[i];
             self.set(Status::Running(action));
             let start = self
                 .act(
                     action,
-                    step,
-                    lr,
+                    (step, lr),
                     &mut outgoing,
                     &mut arrived,
-                    &mut out.losses,
+                    &mut out,
+                    &mut decision,
                 )
                 .await?;
             if self.record {
@@ -103,11 +109,11 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
     async fn act(
         &mut self,
         action: Action,
-        step: u64,
-        lr: f64,
+        (step, lr): (u64, f64),
         outgoing: &mut HashMap<(Flow, usize, usize), C::Payload>,
         arrived: &mut HashMap<(Flow, usize, usize), C::Payload>,
-        losses: &mut Vec<(usize, f64)>,
+        out: &mut StepOutcome,
+        decision: &mut Option<StepDecision>,
     ) -> Result<Instant, ActorError> {
         // Traces time the work itself: waiting for an input is idle time, not work.
         let mut start = Instant::now();
@@ -140,15 +146,15 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                     None
                 };
                 start = Instant::now();
-                let out = self
+                let result = self
                     .compute(s)?
                     .forward(mb, input, data)
                     .await
                     .map_err(|source| self.failed(action, source))?;
-                if let Some(loss) = out.loss {
-                    losses.push((mb, loss));
+                if let Some(loss) = result.loss {
+                    out.losses.push((mb, loss));
                 }
-                if let Some(p) = out.output.filter(|_| s < last) {
+                if let Some(p) = result.output.filter(|_| s < last) {
                     outgoing.insert((Flow::Act, s, mb), p);
                 }
             }
@@ -167,12 +173,12 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                     }
                 };
                 start = Instant::now();
-                let out = self
+                let result = self
                     .compute(s)?
                     .backward(mb, part, grad)
                     .await
                     .map_err(|source| self.failed(action, source))?;
-                if let Some(p) = out.filter(|_| s > 0) {
+                if let Some(p) = result.filter(|_| s > 0) {
                     outgoing.insert((Flow::Grad, s, mb), p);
                 }
             }
@@ -204,13 +210,78 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                 self.compute(s)?.put_grads(sum);
             }
             ActionKind::OptimizerStep => {
+                let d = match *decision {
+                    Some(d) => d,
+                    None => {
+                        let d = self.decide(action, step, out).await?;
+                        *decision = Some(d);
+                        d
+                    }
+                };
                 self.compute(s)?
-                    .update(step, lr)
+                    .update(step, lr, &d)
                     .await
                     .map_err(|source| self.failed(action, source))?;
             }
         }
         Ok(start)
+    }
+
+    /// The update decision of `step`, taken at the rank's first optimizer step, when
+    /// every stage of the rank has its reduced gradients (lowering puts all of a rank's
+    /// all-reduces before its optimizer steps). It needs every stage's statistics when
+    /// clipping or dynamic loss scaling are on (the coordinator waits for all of them);
+    /// otherwise each stage's own statistics decide alone.
+    async fn decide(
+        &mut self,
+        action: Action,
+        step: u64,
+        out: &mut StepOutcome,
+    ) -> Result<StepDecision, ActorError> {
+        let mut stages: Vec<usize> = self.computes.keys().copied().collect();
+        stages.sort_unstable();
+        for &s in &stages {
+            let stats = self.compute(s)?.grad_stats(step);
+            out.grads.push((s, stats));
+        }
+        if !self.policy.needs_barrier() {
+            let state = self.policy.scaling.initial_state();
+            let stats: Vec<_> = out.grads.iter().map(|&(_, g)| g).collect();
+            return Ok(self.policy.decide(state, &stats).0);
+        }
+        self.set(Status::Waiting {
+            action,
+            from: "the coordinator's decision on every stage's gradients".into(),
+        });
+        let d = self
+            .coordinator
+            .decide(step, self.replica, out.grads.clone())
+            .await?;
+        self.set(Status::Running(action));
+        Ok(d)
+    }
+
+    /// A checkpoint round: replica 0's actors snapshot their stages (every replica holds
+    /// the same state); the jobs go back to the coordinator, which writes them.
+    fn snapshot(
+        &mut self,
+        steps_done: u64,
+        dir: &std::path::Path,
+    ) -> Result<StepOutcome, ActorError> {
+        let mut out = StepOutcome::default();
+        if self.replica != 0 {
+            return Ok(out);
+        }
+        let mut stages: Vec<usize> = self.computes.keys().copied().collect();
+        stages.sort_unstable();
+        for s in stages {
+            let job = self
+                .compute(s)?
+                .save(s, dir)
+                .map_err(|source| ActorError::Checkpoint { steps_done, source })?;
+            out.saves.push(job);
+        }
+        Ok(out)
     }
 
     /// The activations stage `s` reads for micro-batch `mb`: none on the first stage, the

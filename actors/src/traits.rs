@@ -4,7 +4,10 @@
 //! and replays implement them with simulated stages that sleep on a virtual clock.
 
 use std::future::Future;
+use std::path::Path;
 
+use crate::checkpoint::SaveJob;
+use crate::decide::{GradStats, StepDecision};
 use crate::error::{ActorError, BoxError};
 
 /// Which part of a stage's backward to run.
@@ -66,8 +69,31 @@ pub trait StageCompute: Send + 'static {
     /// Takes back the (reduced) gradients.
     fn put_grads(&mut self, grads: Vec<f32>);
 
-    /// Applies the optimizer with learning rate `lr` and clears the gradients.
-    fn update(&mut self, step: u64, lr: f64) -> impl Future<Output = Result<(), BoxError>> + Send;
+    /// Statistics of the (reduced) gradients of `step`, for the update decision.
+    fn grad_stats(&mut self, step: u64) -> GradStats;
+
+    /// Carries out the coordinator's `decision` for `step`: scales the gradients by
+    /// `decision.grad_scale` and applies the optimizer with learning rate `lr` (or, when
+    /// `decision.apply` is false, leaves parameters and optimizer state untouched), then
+    /// clears the gradients and scales the next step's loss by
+    /// `decision.next_loss_scale`.
+    fn update(
+        &mut self,
+        step: u64,
+        lr: f64,
+        decision: &StepDecision,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send;
+
+    /// Snapshots the state of `stage` (parameters, optimizer state) for a checkpoint
+    /// whose files go into `dir`; the returned job writes and syncs them later, on
+    /// another thread. By default a stage has nothing to save.
+    ///
+    /// # Errors
+    /// When the snapshot cannot be taken.
+    fn save(&mut self, stage: usize, dir: &Path) -> Result<SaveJob, BoxError> {
+        let _ = (stage, dir);
+        Ok(Box::new(|| Ok(Vec::new())))
+    }
 }
 
 /// Where micro-batches come from: each replica's shard of each step's global batch.

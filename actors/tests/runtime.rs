@@ -39,12 +39,10 @@ async fn go(
         })
         .collect();
     let settings = EngineSettings {
-        schedule,
-        replicas,
         watchdog: Duration::from_secs(5),
         record_trace: record,
         threads: ActorThreads::Tasks,
-        evaluation: None,
+        ..EngineSettings::new(schedule, replicas)
     };
     run(
         &settings,
@@ -125,12 +123,9 @@ async fn a_stage_that_never_sends_fails_the_run_with_who_waits_on_whom() {
         .collect()];
     let watchdog = Duration::from_secs(2);
     let settings = EngineSettings {
-        schedule: one_f_one_b(p, m).unwrap(),
-        replicas: 1,
         watchdog,
-        record_trace: false,
         threads: ActorThreads::Tasks,
-        evaluation: None,
+        ..EngineSettings::new(one_f_one_b(p, m).unwrap(), 1)
     };
     let start = tokio::time::Instant::now();
     let err = run(
@@ -197,15 +192,13 @@ async fn evaluation_rounds_run_forward_only_between_steps() {
             })
             .collect();
         let settings = EngineSettings {
-            schedule,
-            replicas: 2,
             watchdog: Duration::from_secs(5),
-            record_trace: false,
             threads: ActorThreads::Tasks,
             evaluation: Some(pipetrain_actors::EvalSettings {
                 every: 2,
                 micro_batches: 3,
             }),
+            ..EngineSettings::new(schedule, 2)
         };
         let out = run(
             &settings,

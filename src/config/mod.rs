@@ -11,8 +11,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use pipetrain_actors::{DynamicScaling, GradPolicy, LossScaling};
 use pipetrain_schedules::ScheduleSpec;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::graph::{BalanceBy, LossSpec, Partition};
 use crate::optim::{LrSchedule, OptimizerConfig};
@@ -82,6 +83,89 @@ pub struct TrainConfig {
     /// Fail the run when no stage makes progress for this many seconds.
     #[serde(default = "watchdog")]
     pub watchdog_seconds: f64,
+    /// Where checkpoints are written (ORT's `checkpoints_dir`), one folder each.
+    #[serde(default)]
+    pub checkpoints_dir: Option<PathBuf>,
+    /// Save a checkpoint after every this many optimizer steps, and after the last one
+    /// (ORT's `checkpoint_period`); needs `checkpoints_dir`.
+    #[serde(default)]
+    pub checkpoint_period: Option<usize>,
+    /// Keep only the newest this many checkpoints; older ones are deleted once a newer
+    /// one is complete (ORT's `max_num_checkpoints`). Default: keep all.
+    #[serde(default)]
+    pub max_num_checkpoints: Option<usize>,
+    /// Resume from this checkpoint folder (ORT's `checkpoint_to_load_path`).
+    #[serde(default)]
+    pub checkpoint_to_load_path: Option<PathBuf>,
+    /// Clip the global L2 norm of the gradients to this (`torch.nn.utils.clip_grad_norm_`).
+    #[serde(default)]
+    pub max_grad_norm: Option<f64>,
+    /// Loss scale (ORT's `loss_scale`): a static factor, or 0 for dynamic scaling with
+    /// ONNX Runtime's `DynamicLossScaler` semantics (see `loss_scaler`). Default 1: none.
+    #[serde(default = "one_f64")]
+    pub loss_scale: f64,
+    /// The dynamic loss scaler's settings, for `loss_scale = 0`.
+    #[serde(default)]
+    pub loss_scaler: DynamicScalerConfig,
+    /// Test aids: faults to inject, slower checkpoint writes.
+    #[serde(default)]
+    pub debug: DebugConfig,
+}
+
+fn one_f64() -> f64 {
+    1.0
+}
+
+/// The dynamic loss scaler (ONNX Runtime's `DynamicLossScaler` defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DynamicScalerConfig {
+    /// The first scale; default 2^16.
+    pub initial: f64,
+    /// Finite steps before the scale doubles; default 2000.
+    pub window: u64,
+    /// Smallest scale; default 1.
+    pub min: f64,
+    /// Largest scale; default 2^24.
+    pub max: f64,
+}
+
+impl Default for DynamicScalerConfig {
+    fn default() -> Self {
+        let d = DynamicScaling::default();
+        DynamicScalerConfig {
+            initial: d.initial,
+            window: d.window,
+            min: d.min,
+            max: d.max,
+        }
+    }
+}
+
+/// Test aids. Not for training runs: they inject faults on purpose.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DebugConfig {
+    /// Put +inf into a stage's gradient at these optimizer steps (counting from 1).
+    #[serde(default)]
+    pub inject_grad_overflow: Vec<FaultAt>,
+    /// Write each checkpoint file in 8 pieces with this pause (ms) between them, so
+    /// crash tests can land inside a write.
+    #[serde(default)]
+    pub checkpoint_write_delay_ms: u64,
+}
+
+/// Where a fault is injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultAt {
+    /// Optimizer step, counting from 1.
+    pub step: u64,
+    /// Pipeline stage.
+    pub stage: usize,
+    /// Data-parallel replica.
+    #[serde(default)]
+    pub replica: usize,
 }
 
 fn one() -> usize {
@@ -97,7 +181,7 @@ fn watchdog() -> f64 {
 }
 
 /// Where batches come from.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
     /// An `.npz` archive.
@@ -111,7 +195,7 @@ pub struct DataConfig {
 }
 
 /// How arrays of the data file become model inputs.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DataLayout {
     /// Each model input (and the label) is the array of the given name.
@@ -132,7 +216,7 @@ pub enum DataLayout {
 }
 
 /// Which pipeline schedule.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ScheduleKind {
     /// All forwards, then all backwards.
@@ -221,6 +305,8 @@ impl TrainConfig {
         }
         cfg.init_path.as_mut().map(resolve);
         cfg.output_path.as_mut().map(resolve);
+        cfg.checkpoints_dir.as_mut().map(resolve);
+        cfg.checkpoint_to_load_path.as_mut().map(resolve);
         cfg.validate(path)?;
         Ok(cfg)
     }
@@ -284,6 +370,24 @@ impl TrainConfig {
             batch_order: None,
             ..self.data.clone()
         })
+    }
+
+    /// How the coordinator clips and scales.
+    pub fn grad_policy(&self) -> GradPolicy {
+        let d = self.loss_scaler;
+        GradPolicy {
+            max_norm: self.max_grad_norm,
+            scaling: if self.loss_scale == 0.0 {
+                LossScaling::Dynamic(DynamicScaling {
+                    initial: d.initial,
+                    window: d.window,
+                    min: d.min,
+                    max: d.max,
+                })
+            } else {
+                LossScaling::Static(self.loss_scale)
+            },
+        }
     }
 
     /// Whether stages run their backward as input-gradient and weight-gradient halves.
@@ -403,8 +507,84 @@ impl TrainConfig {
         if self.runtime.intra_op_threads == Some(0) {
             return Err(bad("runtime.intra_op_threads", "must be at least 1".into()));
         }
+        self.validate_run_state(path)?;
         self.optimizer.validate(path)?;
         self.lr_schedule.validate(path)?;
+        Ok(())
+    }
+
+    /// Checkpoints, clipping, loss scaling and the test aids.
+    fn validate_run_state(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, rule: String| Error::Config {
+            path: path.to_path_buf(),
+            field: field.into(),
+            rule,
+        };
+        if self.checkpoint_period == Some(0) {
+            return Err(bad("checkpoint_period", "must be at least 1".into()));
+        }
+        if self.max_num_checkpoints == Some(0) {
+            return Err(bad("max_num_checkpoints", "must be at least 1".into()));
+        }
+        if self.checkpoint_period.is_some() && self.checkpoints_dir.is_none() {
+            return Err(bad(
+                "checkpoint_period",
+                "needs `checkpoints_dir`, the folder checkpoints go to".into(),
+            ));
+        }
+        if let Some(n) = self.max_grad_norm.filter(|n| !(n.is_finite() && *n > 0.0)) {
+            return Err(bad(
+                "max_grad_norm",
+                format!("must be a positive number, got {n}"),
+            ));
+        }
+        if !(self.loss_scale.is_finite() && self.loss_scale >= 0.0) {
+            return Err(bad(
+                "loss_scale",
+                format!(
+                    "must be a positive factor, or 0 for dynamic scaling; got {}",
+                    self.loss_scale
+                ),
+            ));
+        }
+        let d = self.loss_scaler;
+        let scaler_ok = d.min.is_finite()
+            && d.min > 0.0
+            && d.max.is_finite()
+            && d.min <= d.initial
+            && d.initial <= d.max
+            && d.window >= 1;
+        if !scaler_ok {
+            return Err(bad(
+                "loss_scaler",
+                format!("needs 0 < min <= initial <= max (finite) and window >= 1, got {d:?}"),
+            ));
+        }
+        for (i, f) in self.debug.inject_grad_overflow.iter().enumerate() {
+            let field = format!("debug.inject_grad_overflow[{i}]");
+            if f.step == 0 || f.step as usize > self.optimizer_steps() {
+                return Err(bad(
+                    &format!("{field}.step"),
+                    format!(
+                        "must be an optimizer step in 1..={}, got {}",
+                        self.optimizer_steps(),
+                        f.step
+                    ),
+                ));
+            }
+            if f.stage >= self.stages() || f.replica >= self.data_parallel_size {
+                return Err(bad(
+                    &field,
+                    format!(
+                        "stage {} replica {} is not in a run of {} stages x {} replicas",
+                        f.stage,
+                        f.replica,
+                        self.stages(),
+                        self.data_parallel_size
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 }

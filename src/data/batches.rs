@@ -140,6 +140,16 @@ impl Batches {
         self.batch_size
     }
 
+    /// Rows of data.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Steps in the batch order, when steps follow one.
+    pub fn order_len(&self) -> Option<usize> {
+        self.order.as_ref().map(Vec::len)
+    }
+
     /// The batch of step `step` (the order repeats when the steps outnumber it).
     ///
     /// # Errors

@@ -25,6 +25,9 @@ pub enum LossSpec {
         /// A label value to skip.
         #[serde(default)]
         ignore_index: Option<i64>,
+        /// What a step's loss is the mean over, under gradient accumulation.
+        #[serde(default)]
+        normalize: LossNormalize,
     },
     /// Mean squared error between `prediction` and `label`.
     Mse {
@@ -40,7 +43,37 @@ pub enum LossSpec {
     },
 }
 
+/// What a step's loss is the mean over when a step has several micro-batches (and
+/// replicas), and some label positions are ignored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossNormalize {
+    /// The mean of the micro-batches' means: each micro-batch weighs the same, whatever
+    /// its count of counted positions (a PyTorch accumulation loop's semantics).
+    #[default]
+    MicroBatch,
+    /// The sum over the step's counted positions divided by their count over every
+    /// micro-batch and replica: the same as one batch of the whole step.
+    Tokens,
+}
+
 impl LossSpec {
+    /// How the loss is normalized under accumulation.
+    pub fn normalize(&self) -> LossNormalize {
+        match self {
+            LossSpec::SoftmaxCrossEntropy { normalize, .. } => *normalize,
+            _ => LossNormalize::MicroBatch,
+        }
+    }
+
+    /// The ignored label value of a cross-entropy loss.
+    pub fn ignore_index(&self) -> Option<i64> {
+        match self {
+            LossSpec::SoftmaxCrossEntropy { ignore_index, .. } => *ignore_index,
+            _ => None,
+        }
+    }
+
     /// The label input this loss reads, if any.
     pub fn label(&self) -> Option<&str> {
         match self {
@@ -71,9 +104,16 @@ pub fn attach_loss(
             prediction,
             label,
             ignore_index,
+            normalize,
         } => {
             let label_in = prepare_label(g, prediction, label, true, prediction_meta, label_meta)?;
-            let mut attrs = vec![string_attr("reduction", "mean")];
+            // Normalized by tokens, the graph sums; the stage divides by the step's count
+            // of counted positions (through the backward seed and the reported loss).
+            let reduction = match normalize {
+                LossNormalize::MicroBatch => "mean",
+                LossNormalize::Tokens => "sum",
+            };
+            let mut attrs = vec![string_attr("reduction", reduction)];
             if let Some(ii) = ignore_index {
                 attrs.push(int_attr("ignore_index", *ii));
             }

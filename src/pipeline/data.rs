@@ -5,8 +5,15 @@ use std::sync::Arc;
 
 use pipetrain_actors::{BoxError, DataSource};
 
+use crate::compute::TensorMap;
 use crate::data::Batches;
 use crate::pipeline::stage::Payload;
+use crate::tensor::Tensor;
+
+/// The payload entry (a float64 scalar) with the count of counted label positions of the
+/// whole step (every micro-batch, every replica), sent beside the labels when the loss is
+/// normalized by tokens. Not a graph input: sessions only take the names they read.
+pub const LOSS_COUNT: &str = "pipetrain/counted_positions";
 
 /// The data each stage reads, from one data file.
 pub struct StepData {
@@ -17,6 +24,8 @@ pub struct StepData {
     replicas: usize,
     /// For each stage, the data inputs its graphs read.
     reads: Vec<Vec<String>>,
+    /// `(label, ignore_index)`: send [`LOSS_COUNT`] with this label.
+    count_labels: Option<(String, Option<i64>)>,
 }
 
 impl StepData {
@@ -33,7 +42,15 @@ impl StepData {
             micro_batches,
             replicas,
             reads,
+            count_labels: None,
         }
+    }
+
+    /// Sends the step's count of `label` positions other than `ignore_index` with the
+    /// label (for `loss.normalize = "tokens"`).
+    pub fn with_token_count(mut self, label: &str, ignore_index: Option<i64>) -> StepData {
+        self.count_labels = Some((label.to_string(), ignore_index));
+        self
     }
 }
 
@@ -44,11 +61,34 @@ impl StepData {
         self
     }
 
-    fn pick(&self, mut all: crate::compute::TensorMap, stage: usize) -> Payload {
-        self.reads[stage]
+    /// What `stage` reads of a micro-batch, and the step's count of counted positions
+    /// when it reads the label and the loss is normalized by tokens (`whole`: the step's
+    /// whole batch).
+    fn pick(
+        &self,
+        mut all: TensorMap,
+        stage: usize,
+        whole: impl FnOnce() -> crate::Result<TensorMap>,
+    ) -> Result<Payload, BoxError> {
+        let mut out: Payload = self.reads[stage]
             .iter()
             .filter_map(|n| all.remove(n).map(|t| (n.clone(), Arc::new(t))))
-            .collect()
+            .collect();
+        if let Some((label, ignore)) = &self.count_labels {
+            if self.reads[stage].contains(label) {
+                let batch = whole()?;
+                let labels = batch
+                    .get(label)
+                    .and_then(Tensor::to_i64_vec)
+                    .ok_or_else(|| format!("the label `{label}` is not integer data"))?;
+                let n = labels.iter().filter(|&&l| Some(l) != *ignore).count();
+                out.insert(
+                    LOSS_COUNT.into(),
+                    Arc::new(Tensor::f64(vec![], vec![n as f64])?),
+                );
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -70,7 +110,7 @@ impl DataSource for StepData {
         let all = self
             .batches
             .part(step as usize, replica * self.micro_batches + mb, parts)?;
-        Ok(self.pick(all, stage))
+        self.pick(all, stage, || self.batches.batch(step as usize))
     }
 
     fn eval_micro_batch(
@@ -81,6 +121,6 @@ impl DataSource for StepData {
     ) -> Result<Payload, BoxError> {
         let (eval, k) = self.eval.as_ref().ok_or("no evaluation data configured")?;
         let all = eval.part(0, replica * k + mb, k * self.replicas)?;
-        Ok(self.pick(all, stage))
+        self.pick(all, stage, || eval.batch(0))
     }
 }

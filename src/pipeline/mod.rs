@@ -1,13 +1,17 @@
 //! Training on the actor runtime (`pipetrain-actors`) with ONNX Runtime stages.
 //!
 //! # Layout
-//! - `stage`: [`OrtStage`], the [`pipetrain_actors::StageCompute`] of one stage of one
-//!   replica: its sessions, flat parameter and gradient buffers, optimizer and stash.
+//! - `stage`: [`OrtStage`], one stage of one replica: its sessions, flat parameter and
+//!   gradient buffers, optimizer, loss scale and stash; restoring from a checkpoint.
+//! - `stage_compute`: [`OrtStage`] as the runtime's [`pipetrain_actors::StageCompute`]:
+//!   forward, backward, evaluation, gradient statistics, the decided update, snapshots
+//!   for checkpoints.
 //! - `data`: [`StepData`], the [`pipetrain_actors::DataSource`] splitting each step's
 //!   global batch into per-replica micro-batches.
 
 mod data;
 mod stage;
+mod stage_compute;
 
-pub use data::StepData;
-pub use stage::{OrtStage, Payload};
+pub use data::{StepData, LOSS_COUNT};
+pub use stage::{OrtStage, Payload, StageSettings};

@@ -4,12 +4,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
-use pipetrain_actors::{BackwardPart, BoxError, ForwardOut, StageCompute};
-
+use crate::checkpoint::LoadedCheckpoint;
 use crate::compute::{GraphSession, Runtime, SessionOptions};
-use crate::graph::{Graph, StageGraphs, StageIo, TrainingGraph, LOSS, LOSS_GRAD};
+use crate::graph::{Graph, LossNormalize, StageGraphs, StageIo, TrainingGraph, LOSS_GRAD};
 use crate::optim::{Optimizer, OptimizerConfig, ParamLayout};
+use crate::pipeline::data::LOSS_COUNT;
 use crate::tensor::{Tensor, TensorView, ViewData};
 use crate::{Error, Result};
 
@@ -17,31 +18,67 @@ use crate::{Error, Result};
 /// the backward is never copied.
 pub type Payload = HashMap<String, Arc<Tensor>>;
 
+/// How a stage trains, besides its graphs.
+#[derive(Debug, Clone)]
+pub struct StageSettings {
+    /// Run the backward as input-gradient and weight-gradient halves (zero-bubble).
+    pub split_backward: bool,
+    /// The optimizer.
+    pub optimizer: OptimizerConfig,
+    /// 1 / (micro-batches x replicas): summing micro-batch gradients over the step and
+    /// over replicas then gives the mean gradient of the global batch.
+    pub seed_scale: f64,
+    /// The first step's loss scale.
+    pub loss_scale: f64,
+    /// How the loss is normalized under accumulation.
+    pub normalize: LossNormalize,
+    /// Optimizer steps (from 0) at which this stage's gradient gets a +inf: a test aid.
+    pub overflow_at: Vec<u64>,
+    /// Checkpoint writes in pieces with this pause between them: a test aid.
+    pub slow_save: Option<Duration>,
+}
+
+impl StageSettings {
+    /// A stage training with `optimizer`, micro-batch gradients weighted by `seed_scale`,
+    /// no loss scaling, no split backward, no test aids.
+    pub fn new(optimizer: OptimizerConfig, seed_scale: f64) -> StageSettings {
+        StageSettings {
+            split_backward: false,
+            optimizer,
+            seed_scale,
+            loss_scale: 1.0,
+            normalize: LossNormalize::MicroBatch,
+            overflow_at: Vec::new(),
+            slow_save: None,
+        }
+    }
+}
+
 /// A stage's sessions and state.
 pub struct OrtStage {
-    io: StageIo,
-    forward: Option<GraphSession>,
-    backward: Option<GraphSession>,
-    backward_input: Option<GraphSession>,
-    backward_weight: Option<GraphSession>,
+    pub(super) io: StageIo,
+    pub(super) forward: Option<GraphSession>,
+    pub(super) backward: Option<GraphSession>,
+    pub(super) backward_input: Option<GraphSession>,
+    pub(super) backward_weight: Option<GraphSession>,
     /// The last stage's forward and backward in one session (see `StageGraphs::fused`):
     /// its forward then does the backward too, and the backward only hands on the result.
-    fused: Option<GraphSession>,
+    pub(super) fused: Option<GraphSession>,
     /// Forward for evaluation (no stash, no gradients).
-    evaluate: Option<GraphSession>,
+    pub(super) evaluate: Option<GraphSession>,
     /// Gradients for the previous stage computed by the fused forward, per micro-batch.
-    fused_out: HashMap<usize, Payload>,
-    layout: ParamLayout,
-    params: Vec<f32>,
-    grads: Vec<f32>,
+    pub(super) fused_out: HashMap<usize, Payload>,
+    pub(super) layout: ParamLayout,
+    pub(super) params: Vec<f32>,
+    pub(super) grads: Vec<f32>,
     /// Gradient output name -> parameter index in the layout.
     grad_slot: HashMap<String, usize>,
-    optimizer: Box<dyn Optimizer>,
-    /// `loss_grad`: 1 / (micro-batches x replicas), so that summing micro-batch
-    /// gradients over the step and over replicas gives the global batch's mean gradient.
-    seed: Tensor,
+    pub(super) optimizer: Box<dyn Optimizer>,
+    pub(super) settings: StageSettings,
+    /// The loss scale of the current step.
+    pub(super) loss_scale: f64,
     /// Per micro-batch: forward values the backward reads, and the data.
-    stash: HashMap<usize, Payload>,
+    pub(super) stash: HashMap<usize, Payload>,
 }
 
 impl OrtStage {
@@ -54,10 +91,9 @@ impl OrtStage {
         tg: &TrainingGraph,
         graphs: &StageGraphs,
         opts: &SessionOptions,
-        split_backward: bool,
-        optimizer: &OptimizerConfig,
-        seed_scale: f64,
+        settings: &StageSettings,
     ) -> Result<OrtStage> {
+        let split_backward = settings.split_backward;
         let session = |g: &Graph| -> Result<Option<GraphSession>> {
             (!g.nodes.is_empty())
                 .then(|| GraphSession::new(rt, g, opts, &g.name))
@@ -116,15 +152,75 @@ impl OrtStage {
             } else {
                 None
             },
-            optimizer: crate::optim::build(optimizer, &layout)?,
+            optimizer: crate::optim::build(&settings.optimizer, &layout)?,
             grads: vec![0.0; layout.len()],
             params: flat,
             grad_slot,
             layout,
             io: graphs.io.clone(),
-            seed: Tensor::f32(vec![], vec![seed_scale as f32])?,
+            loss_scale: settings.loss_scale,
+            settings: settings.clone(),
             stash: HashMap::new(),
         })
+    }
+
+    /// Takes the parameters and optimizer state of this stage from a checkpoint (any
+    /// layout: by name).
+    ///
+    /// # Errors
+    /// `Checkpoint` when a tensor is missing or of another shape; nothing changes then.
+    pub fn restore(&mut self, ckpt: &LoadedCheckpoint) -> Result<()> {
+        crate::checkpoint::restore_stage(
+            ckpt,
+            &self.layout,
+            &mut self.params,
+            self.optimizer.as_mut(),
+        )
+    }
+
+    /// The backward seed `loss_grad` of a micro-batch: its share of the step's loss
+    /// (`seed_scale`, or 1 / the step's counted positions when normalized by tokens),
+    /// times the loss scale.
+    fn seed(&self, sources: &[&Payload]) -> Result<Tensor> {
+        let share = match self.settings.normalize {
+            LossNormalize::MicroBatch => self.settings.seed_scale,
+            LossNormalize::Tokens => 1.0 / self.counted(sources)?,
+        };
+        Tensor::f32(vec![], vec![(share * self.loss_scale) as f32])
+    }
+
+    /// The step's count of counted label positions, sent with the data (at least 1, so
+    /// a step with none contributes nothing rather than NaN).
+    fn counted(&self, sources: &[&Payload]) -> Result<f64> {
+        let n = sources
+            .iter()
+            .find_map(|s| s.get(LOSS_COUNT))
+            .and_then(|t| t.to_f64_vec().first().copied())
+            .ok_or_else(|| Error::MissingValue {
+                role: "stage input",
+                name: LOSS_COUNT.into(),
+                hint: "; loss.normalize = \"tokens\" needs the step's count with the labels".into(),
+            })?;
+        Ok(n.max(1.0))
+    }
+
+    /// The micro-batch loss as the coordinator averages it: the graph's mean, or, when
+    /// normalized by tokens, the graph's sum as a share of the step's mean (times the
+    /// number of micro-batches x replicas, which the coordinator divides by).
+    pub(super) fn reported_loss(&self, raw: f64, sources: &[&Payload]) -> Result<f64> {
+        Ok(match self.settings.normalize {
+            LossNormalize::MicroBatch => raw,
+            LossNormalize::Tokens => raw / self.settings.seed_scale / self.counted(sources)?,
+        })
+    }
+
+    /// The names of the state buffers the stage's optimizer keeps (`exp_avg`, ...).
+    pub fn optimizer_state_names(&self) -> Vec<String> {
+        self.optimizer
+            .state()
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .collect()
     }
 
     /// The stage's parameters by name (after training, for export).
@@ -143,16 +239,21 @@ impl OrtStage {
     }
 
     /// Runs `session` on whatever it needs from the parameters and `sources`.
-    fn run(
+    pub(super) fn run(
         &self,
         session: &mut GraphSession,
         sources: &[&Payload],
     ) -> Result<Vec<(String, Tensor)>> {
         let names = session.input_names().to_vec();
+        let seed = if names.iter().any(|n| n == LOSS_GRAD) {
+            Some(self.seed(sources)?)
+        } else {
+            None
+        };
         let mut feeds: Vec<(&str, TensorView<'_>)> = Vec::with_capacity(names.len());
         for n in &names {
-            let view = if n == LOSS_GRAD {
-                self.seed.view()
+            let view = if let Some(seed) = seed.as_ref().filter(|_| n == LOSS_GRAD) {
+                seed.view()
             } else if let Some(i) = self.layout.index_of(n) {
                 TensorView {
                     shape: &self.layout.shapes()[i],
@@ -184,7 +285,7 @@ impl OrtStage {
     }
 
     /// Adds parameter gradients to the step's accumulators; returns the other outputs.
-    fn accumulate(&mut self, outputs: Vec<(String, Tensor)>) -> Result<Payload> {
+    pub(super) fn accumulate(&mut self, outputs: Vec<(String, Tensor)>) -> Result<Payload> {
         let mut rest = Payload::new();
         for (name, t) in outputs {
             match self.grad_slot.get(&name) {
@@ -202,171 +303,5 @@ impl OrtStage {
             }
         }
         Ok(rest)
-    }
-}
-
-impl OrtStage {
-    /// Runs the forward (or, for `eval`, the evaluation) graph; its outputs, shared.
-    fn forward_pass(&mut self, eval: bool, input: &Payload, data: &Payload) -> Result<Payload> {
-        let mut session = if eval {
-            self.evaluate.take()
-        } else {
-            self.forward.take()
-        };
-        let outputs = match session.as_mut() {
-            Some(s) => self.run(s, &[input, data]),
-            None => Ok(Vec::new()),
-        };
-        if eval {
-            self.evaluate = session;
-        } else {
-            self.forward = session;
-        }
-        Ok(outputs?
-            .into_iter()
-            .map(|(n, t)| (n, Arc::new(t)))
-            .collect())
-    }
-
-    /// What a forward pass hands on: the next stage's activations (its own outputs and
-    /// what it passes through) and the loss on the last stage.
-    fn forward_out(
-        &self,
-        outputs: &Payload,
-        input: &Payload,
-    ) -> Result<ForwardOut<Payload>, BoxError> {
-        let loss = match outputs.get(LOSS) {
-            Some(t) => Some(t.to_f64_vec().first().copied().ok_or("empty loss")?),
-            None => None,
-        };
-        let send = pick(&self.io.fwd_send, &[outputs, input]);
-        Ok(ForwardOut {
-            output: (!self.io.fwd_send.is_empty()).then_some(send),
-            loss,
-        })
-    }
-}
-
-/// The values of `names` found in `sources` (first match wins).
-fn pick(names: &[String], sources: &[&Payload]) -> Payload {
-    names
-        .iter()
-        .filter_map(|n| {
-            sources
-                .iter()
-                .find_map(|s| s.get(n))
-                .map(|t| (n.clone(), t.clone()))
-        })
-        .collect()
-}
-
-impl StageCompute for OrtStage {
-    type Payload = Payload;
-
-    async fn forward(
-        &mut self,
-        mb: usize,
-        input: Option<Payload>,
-        data: Option<Payload>,
-    ) -> Result<ForwardOut<Payload>, BoxError> {
-        let input = input.unwrap_or_default();
-        let data = data.unwrap_or_default();
-        if let Some(mut session) = self.fused.take() {
-            let outputs = self.run(&mut session, &[&input, &data]);
-            self.fused = Some(session);
-            let rest = self.accumulate(outputs?)?;
-            let loss = rest
-                .get(LOSS)
-                .and_then(|t| t.to_f64_vec().first().copied())
-                .ok_or("the fused stage computed no loss")?;
-            let send = pick(&self.io.bwd_send, &[&rest, &input]);
-            self.fused_out.insert(mb, send);
-            return Ok(ForwardOut {
-                output: None,
-                loss: Some(loss),
-            });
-        }
-        let outputs = self.forward_pass(false, &input, &data)?;
-        let mut keep = pick(&self.io.stash, &[&outputs, &input]);
-        keep.extend(data.iter().map(|(k, v)| (k.clone(), v.clone())));
-        self.stash.insert(mb, keep);
-        self.forward_out(&outputs, &input)
-    }
-
-    async fn backward(
-        &mut self,
-        mb: usize,
-        part: BackwardPart,
-        grad: Option<Payload>,
-    ) -> Result<Option<Payload>, BoxError> {
-        if self.fused.is_some() {
-            let send = self
-                .fused_out
-                .remove(&mb)
-                .ok_or_else(|| format!("backward of micro-batch {mb} before its forward"))?;
-            return Ok((!self.io.bwd_send.is_empty()).then_some(send));
-        }
-        let grad = grad.unwrap_or_default();
-        let stash = match part {
-            BackwardPart::Input => self.stash.get(&mb).cloned(),
-            BackwardPart::Full | BackwardPart::Weight => self.stash.remove(&mb),
-        }
-        .ok_or_else(|| format!("backward of micro-batch {mb} before its forward"))?;
-        let slot = match part {
-            BackwardPart::Full => &mut self.backward,
-            BackwardPart::Input => &mut self.backward_input,
-            BackwardPart::Weight => &mut self.backward_weight,
-        };
-        let mut session = slot.take();
-        let outputs = match session.as_mut() {
-            Some(s) => self.run(s, &[&grad, &stash]),
-            None => Ok(Vec::new()),
-        };
-        match part {
-            BackwardPart::Full => self.backward = session,
-            BackwardPart::Input => self.backward_input = session,
-            BackwardPart::Weight => self.backward_weight = session,
-        }
-        let rest = self.accumulate(outputs?)?;
-        if part == BackwardPart::Input {
-            // What the weight half will read: values the input half computed for it, and
-            // the gradients that arrived from the next stage.
-            let handoff = pick(&self.io.i_to_w, &[&rest]);
-            if let Some(s) = self.stash.get_mut(&mb) {
-                s.extend(handoff);
-                s.extend(grad.iter().map(|(k, v)| (k.clone(), v.clone())));
-            }
-        }
-        if part == BackwardPart::Weight {
-            return Ok(None);
-        }
-        let send = pick(&self.io.bwd_send, &[&rest, &grad]);
-        Ok((!self.io.bwd_send.is_empty()).then_some(send))
-    }
-
-    async fn evaluate(
-        &mut self,
-        _mb: usize,
-        input: Option<Payload>,
-        data: Option<Payload>,
-    ) -> Result<ForwardOut<Payload>, BoxError> {
-        let input = input.unwrap_or_default();
-        let data = data.unwrap_or_default();
-        let outputs = self.forward_pass(true, &input, &data)?;
-        self.forward_out(&outputs, &input)
-    }
-
-    fn take_grads(&mut self) -> Vec<f32> {
-        std::mem::take(&mut self.grads)
-    }
-
-    fn put_grads(&mut self, grads: Vec<f32>) {
-        self.grads = grads;
-    }
-
-    async fn update(&mut self, _step: u64, lr: f64) -> Result<(), BoxError> {
-        self.optimizer.step(&mut self.params, &self.grads, lr)?;
-        self.grads.iter_mut().for_each(|g| *g = 0.0);
-        Ok(())
     }
 }

@@ -46,6 +46,19 @@ pub struct StepMetrics {
     /// Global L2 norm of the gradients, before any clipping.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grad_norm: Option<f64>,
+    /// The clip coefficient applied (`max_grad_norm`): `min(1, max / (norm + 1e-6))`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_coef: Option<f64>,
+    /// The loss scale the step used, when the loss is scaled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f64>,
+    /// The update was skipped: a gradient overflowed under dynamic loss scaling.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skipped: bool,
+    /// Training samples consumed by the end of the step (all replicas, from the run's
+    /// start, across resumes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u64>,
     /// Idle share of the pipeline's ranks during the step, from its traced timeline
     /// ([`pipetrain_schedules::Timeline::bubble_fraction`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -85,6 +85,7 @@ impl PeerModel {
                 prediction: "logits".into(),
                 label: label.into(),
                 ignore_index: None,
+                normalize: Default::default(),
             },
             trainable: None,
             contrib_ops: true,

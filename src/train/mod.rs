@@ -1,24 +1,33 @@
 //! A training run on the actor runtime: the configuration's model, cut into stages, one
 //! [`OrtStage`] per (stage, replica), fed by [`StepData`] and driven by
-//! `pipetrain_actors::run` under the configured pipeline schedule.
+//! `pipetrain_actors::run` under the configured pipeline schedule; resumed from a
+//! checkpoint and saving checkpoints (`checkpointing`).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pipetrain_actors::{EngineSettings, RunTrace, StepResult};
+use pipetrain_actors::{
+    EngineSettings, LossScaling, RunTrace, SavedCheckpoint, ScalerState, StepResult,
+};
 
+use crate::checkpoint::{model_fingerprint, slow_write, LoadedCheckpoint, ModelInfo};
 use crate::compute::{Runtime, SessionOptions};
 use crate::config::TrainConfig;
 use crate::data::{read_safetensors, Batches};
 use crate::graph::{
-    assign_stages, build_stage_graphs, build_training_graph, export_inference_model, TrainOptions,
+    assign_stages, build_stage_graphs, build_training_graph, export_inference_model, LossNormalize,
+    TrainOptions,
 };
 use crate::onnx::proto::ModelProto;
 use crate::onnx::{load_model, save_model, write_atomically};
-use crate::pipeline::{OrtStage, StepData};
+use crate::pipeline::{OrtStage, StageSettings, StepData};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
+
+mod checkpointing;
+
+pub use checkpointing::latest_checkpoint;
 
 /// What one optimizer step did.
 #[derive(Debug, Clone)]
@@ -31,6 +40,16 @@ pub struct StepReport {
     pub lr: f64,
     /// Mean loss on the evaluation set after the step, when one was run.
     pub eval_loss: Option<f64>,
+    /// Global L2 norm of the gradients (unscaled, before clipping).
+    pub grad_norm: f64,
+    /// The clip coefficient, when `max_grad_norm` is set.
+    pub clip_coef: Option<f64>,
+    /// The loss scale the step used.
+    pub loss_scale: f64,
+    /// The update was skipped (a gradient overflowed under dynamic loss scaling).
+    pub skipped: bool,
+    /// Checkpoints completed since the previous report.
+    pub saved: Vec<SavedCheckpoint>,
     /// Time since training started.
     pub elapsed: Duration,
 }
@@ -38,8 +57,10 @@ pub struct StepReport {
 /// The outcome of a run.
 #[derive(Debug, Clone)]
 pub struct TrainSummary {
-    /// Optimizer steps run.
+    /// Optimizer steps run (by this process: a resumed run counts from its checkpoint).
     pub steps: usize,
+    /// The first step this process ran (0, or a resumed checkpoint's step).
+    pub first_step: u64,
     /// Loss of the last step.
     pub final_loss: f64,
     /// Samples per optimizer step (all replicas).
@@ -76,12 +97,14 @@ pub fn train(
     runtime.block_on(train_async(rt, cfg, config_path, record_trace, on_step))
 }
 
-/// Trains as `cfg` says, calling `on_step` after every optimizer step. Needs tokio's
-/// multi-thread runtime: stages compute on their own worker threads.
+/// Trains as `cfg` says, calling `on_step` after every optimizer step; resumes from
+/// `checkpoint_to_load_path` when set, and saves checkpoints into `checkpoints_dir`.
+/// Needs tokio's multi-thread runtime: stages compute on their own worker threads.
 ///
 /// # Errors
-/// Any error of loading, graph building or running, naming its file or field; a stalled
-/// pipeline's who-waits-on-whom report.
+/// Any error of loading, graph building or running, naming its file or field; a
+/// checkpoint that does not fit the run; a stalled pipeline's who-waits-on-whom report;
+/// a non-finite loss or gradient without dynamic loss scaling.
 pub async fn train_async(
     rt: &Runtime,
     cfg: &TrainConfig,
@@ -90,9 +113,11 @@ pub async fn train_async(
     mut on_step: impl FnMut(&StepReport) + Send,
 ) -> Result<TrainSummary> {
     let mut model = load_model(&cfg.model_path)?;
+    let fingerprint = model_fingerprint(&model);
     if let Some(init) = &cfg.init_path {
         apply_init(&mut model, &read_safetensors(init)?, init)?;
     }
+    let resume = checkpointing::load_resume(cfg, &fingerprint)?;
     let (d, m) = (cfg.data_parallel_size, cfg.gradient_accumulation_steps);
     let batches = Batches::open(&cfg.data, cfg.global_batch(), config_path)?;
     let first = batches.part(0, 0, d * m)?;
@@ -103,43 +128,59 @@ pub async fn train_async(
         contrib_ops: !cfg.runtime.standard_ops_only,
     };
     let tg = build_training_graph(rt, &model, &opts, &example)?;
+    if let Some(ckpt) = &resume {
+        let shapes: Vec<(String, Vec<usize>)> = tg
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.meta.shape.clone()))
+            .collect();
+        ckpt.check_model(&shapes)?;
+    }
     let assignment = assign_stages(&tg, &cfg.partition())?;
     let stages = build_stage_graphs(&tg, &assignment)?;
-    let actors = d * cfg.pipeline_parallel_size;
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let session_opts = SessionOptions {
-        intra_threads: cfg
-            .runtime
-            .intra_op_threads
-            .unwrap_or((cores / actors).max(1)),
-        inter_threads: 1,
-        optimize: !cfg.runtime.disable_optimizations,
-        // A stage has several sessions (forward, backward): threads of an idle one
-        // spinning for work would steal the cores of the busy one.
-        spin: false,
-        profile: false,
-    };
-    let seed_scale = 1.0 / (m * d) as f64;
+    let policy = cfg.grad_policy();
+    let scaler = starting_scaler(cfg, resume.as_ref());
+    let settings = stage_settings(cfg, scaler.scale);
+    let session_opts = session_options(cfg);
     let mut computes = Vec::with_capacity(d);
-    for _ in 0..d {
-        let replica = stages
-            .iter()
-            .map(|g| {
-                OrtStage::new(
-                    rt,
-                    &tg,
-                    g,
-                    &session_opts,
-                    cfg.split_backward(),
-                    &cfg.optimizer,
-                    seed_scale,
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
-        computes.push(replica);
+    for replica in 0..d {
+        let mut list = Vec::with_capacity(stages.len());
+        for (s, g) in stages.iter().enumerate() {
+            let mut st = settings.clone();
+            st.overflow_at = cfg
+                .debug
+                .inject_grad_overflow
+                .iter()
+                .filter(|f| f.stage == s && f.replica == replica)
+                .map(|f| f.step - 1)
+                .collect();
+            let mut stage = OrtStage::new(rt, &tg, g, &session_opts, &st)?;
+            if let Some(ckpt) = &resume {
+                stage.restore(ckpt)?;
+            }
+            list.push(stage);
+        }
+        computes.push(list);
     }
+    let state_names: Vec<String> = computes
+        .first()
+        .and_then(|r| r.first())
+        .map(|s| s.optimizer_state_names())
+        .unwrap_or_default();
+    let model_info = ModelInfo {
+        path: cfg.model_path.clone(),
+        fingerprint: fingerprint.clone(),
+        tensors: tg.params.len(),
+        parameters: tg.params.iter().map(|p| p.meta.numel() as u64).sum(),
+    };
+    let facts = checkpointing::RunFacts::new(cfg, &batches, model_info, state_names, stages.len());
     let reads = stages.iter().map(|s| s.io.data.clone()).collect();
     let mut data = StepData::new(batches, m, d, reads);
+    if cfg.loss.normalize() == LossNormalize::Tokens {
+        if let Some(label) = cfg.loss.label() {
+            data = data.with_token_count(label, cfg.loss.ignore_index());
+        }
+    }
     let evaluation = match cfg.evaluation_period {
         Some(every) => {
             let k = cfg.eval_micro_batches;
@@ -158,29 +199,37 @@ pub async fn train_async(
         field: "pipeline.schedule".into(),
         rule: e.to_string(),
     })?;
-    let settings = EngineSettings {
-        schedule,
-        replicas: d,
+    let engine = EngineSettings {
         watchdog: Duration::from_secs_f64(cfg.watchdog_seconds),
         record_trace,
-        threads: pipetrain_actors::ActorThreads::Dedicated,
         evaluation,
+        policy,
+        scaler: Some(scaler),
+        checkpoint: checkpointing::checkpointer(cfg, facts)?,
+        ..EngineSettings::new(schedule, d)
     };
     let total = cfg.optimizer_steps() as u64;
+    let first_step = resume.as_ref().map_or(0, |c| c.manifest.steps_done);
+    drop(resume);
     let lr = cfg.lr_schedule.clone();
     let start = Instant::now();
     let out = pipetrain_actors::run(
-        &settings,
+        &engine,
         computes,
         data,
         Box::new(move |step| lr.lr_at(step, total)),
-        0..total,
+        first_step..total,
         |r: &StepResult| {
             on_step(&StepReport {
                 step: r.step,
                 loss: r.loss,
                 lr: r.lr,
                 eval_loss: r.eval_loss,
+                grad_norm: r.grad_norm,
+                clip_coef: r.clip_coef,
+                loss_scale: r.loss_scale,
+                skipped: r.skipped,
+                saved: r.saved.clone(),
                 elapsed: start.elapsed(),
             })
         },
@@ -207,6 +256,7 @@ pub async fn train_async(
     }
     Ok(TrainSummary {
         steps: out.steps.len(),
+        first_step,
         final_loss: out.steps.last().map_or(f64::NAN, |s| s.loss),
         global_batch: cfg.global_batch(),
         elapsed,
@@ -214,6 +264,48 @@ pub async fn train_async(
         parameters,
         trace: out.trace,
     })
+}
+
+/// The loss scaler's state at the first step: a resumed dynamic scaler's, else the
+/// configuration's.
+fn starting_scaler(cfg: &TrainConfig, resume: Option<&LoadedCheckpoint>) -> ScalerState {
+    let scaling = cfg.grad_policy().scaling;
+    match (scaling, resume) {
+        (LossScaling::Dynamic(_), Some(c)) if c.manifest.loss_scaler.mode == "dynamic" => {
+            c.manifest.loss_scaler.state
+        }
+        _ => scaling.initial_state(),
+    }
+}
+
+/// What every stage of `cfg`'s run shares.
+fn stage_settings(cfg: &TrainConfig, loss_scale: f64) -> StageSettings {
+    let (d, m) = (cfg.data_parallel_size, cfg.gradient_accumulation_steps);
+    StageSettings {
+        split_backward: cfg.split_backward(),
+        loss_scale,
+        normalize: cfg.loss.normalize(),
+        slow_save: slow_write(cfg.debug.checkpoint_write_delay_ms),
+        ..StageSettings::new(cfg.optimizer.clone(), 1.0 / (m * d) as f64)
+    }
+}
+
+/// ONNX Runtime session settings: the machine's cores shared among the stage actors.
+fn session_options(cfg: &TrainConfig) -> SessionOptions {
+    let actors = cfg.data_parallel_size * cfg.pipeline_parallel_size;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    SessionOptions {
+        intra_threads: cfg
+            .runtime
+            .intra_op_threads
+            .unwrap_or((cores / actors).max(1)),
+        inter_threads: 1,
+        optimize: !cfg.runtime.disable_optimizations,
+        // A stage has several sessions (forward, backward): threads of an idle one
+        // spinning for work would steal the cores of the busy one.
+        spin: false,
+        profile: false,
+    }
 }
 
 /// Writes a run's trace as JSON (atomically).

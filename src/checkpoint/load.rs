@@ -1,0 +1,252 @@
+//! Reading a checkpoint back: every shard read whole, checked against the manifest
+//! (length, CRC-32) and indexed by tensor name, so that each stage of any layout takes
+//! its own parameters and optimizer state by name.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use safetensors::{Dtype, SafeTensors};
+
+use super::manifest::Manifest;
+use super::shard::{copy_f32, split_state_key};
+use crate::{Error, Result};
+
+/// What the `kind` metadata of a shard file says it holds.
+pub(crate) const KIND_PARAMS: &str = "parameters";
+/// See [`KIND_PARAMS`].
+pub(crate) const KIND_OPTIMIZER: &str = "optimizer";
+
+/// Where one tensor's bytes are.
+#[derive(Debug, Clone)]
+struct Entry {
+    file: usize,
+    shape: Vec<usize>,
+    bytes: Range<usize>,
+}
+
+/// A complete checkpoint in memory, checked and indexed.
+#[derive(Debug)]
+pub struct LoadedCheckpoint {
+    /// Its folder.
+    pub dir: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+    files: Vec<(PathBuf, Vec<u8>)>,
+    params: HashMap<String, Entry>,
+    /// `(state, parameter)` -> bytes.
+    state: HashMap<(String, String), Entry>,
+    /// The optimizer's step count, as every shard's metadata records it.
+    step_count: Option<u64>,
+}
+
+impl LoadedCheckpoint {
+    /// Reads the checkpoint in `dir`: its manifest, then every shard, each checked
+    /// against the length and CRC-32 the manifest recorded.
+    ///
+    /// # Errors
+    /// `Checkpoint` naming the file and what is wrong: no manifest (incomplete), an
+    /// unknown format version, a missing, truncated or altered shard, a shard that is not
+    /// safetensors, a tensor that is not float32 or appears twice.
+    pub fn open(dir: &Path) -> Result<LoadedCheckpoint> {
+        let manifest = Manifest::read(dir)?;
+        let mut out = LoadedCheckpoint {
+            dir: dir.to_path_buf(),
+            manifest,
+            files: Vec::new(),
+            params: HashMap::new(),
+            state: HashMap::new(),
+            step_count: None,
+        };
+        for shard in out.manifest.shards.clone() {
+            let path = dir.join(&shard.file);
+            let bad = |reason: String| Error::Checkpoint {
+                path: path.clone(),
+                reason,
+            };
+            let bytes = std::fs::read(&path).map_err(|e| bad(format!("cannot read: {e}")))?;
+            if bytes.len() as u64 != shard.bytes {
+                return Err(bad(format!(
+                    "{} bytes, the manifest says {} (truncated or altered)",
+                    bytes.len(),
+                    shard.bytes
+                )));
+            }
+            let crc = crc32fast::hash(&bytes);
+            if crc != shard.crc32 {
+                return Err(bad(format!(
+                    "CRC-32 {crc:08x}, the manifest says {:08x} (the file was altered)",
+                    shard.crc32
+                )));
+            }
+            out.index(out.files.len(), &path, &bytes)?;
+            out.files.push((path, bytes));
+        }
+        Ok(out)
+    }
+
+    fn index(&mut self, file: usize, path: &Path, bytes: &[u8]) -> Result<()> {
+        let bad = |reason: String| Error::Checkpoint {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let (header, meta) = SafeTensors::read_metadata(bytes)
+            .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let info = meta.metadata().clone().unwrap_or_default();
+        let kind = info.get("kind").cloned().unwrap_or_default();
+        let steps: u64 = info
+            .get("step_count")
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("no `step_count` in its metadata".into()))?;
+        if self.step_count.is_some_and(|s| s != steps) {
+            return Err(bad(format!(
+                "optimizer step count {steps}, other shards say {}",
+                self.step_count.unwrap_or(0)
+            )));
+        }
+        self.step_count = Some(steps);
+        let start = 8 + header;
+        for (name, info) in meta.tensors() {
+            if info.dtype != Dtype::F32 {
+                return Err(bad(format!(
+                    "tensor `{name}` is {:?}; checkpoints hold float32",
+                    info.dtype
+                )));
+            }
+            let entry = Entry {
+                file,
+                shape: info.shape.clone(),
+                bytes: start + info.data_offsets.0..start + info.data_offsets.1,
+            };
+            let twice = match kind.as_str() {
+                KIND_PARAMS => self.params.insert(name.clone(), entry).is_some(),
+                KIND_OPTIMIZER => {
+                    let (state, param) = split_state_key(&name).ok_or_else(|| {
+                        bad(format!(
+                            "optimizer tensor `{name}` is not `<state>/<parameter>`"
+                        ))
+                    })?;
+                    self.state
+                        .insert((state.to_string(), param.to_string()), entry)
+                        .is_some()
+                }
+                other => return Err(bad(format!("unknown shard kind {other:?}"))),
+            };
+            if twice {
+                return Err(bad(format!("tensor `{name}` appears in two shards")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Optimizer updates the state has taken (skipped steps do not count).
+    pub fn optimizer_steps(&self) -> u64 {
+        self.step_count.unwrap_or(0)
+    }
+
+    /// Every parameter's name and shape, sorted by name.
+    pub fn parameters(&self) -> Vec<(&str, &[usize])> {
+        let mut v: Vec<(&str, &[usize])> = self
+            .params
+            .iter()
+            .map(|(n, e)| (n.as_str(), e.shape.as_slice()))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Bytes and file of parameter `name`.
+    fn entry_bytes(&self, e: &Entry) -> (&Path, &[u8]) {
+        let (path, bytes) = &self.files[e.file];
+        (path, &bytes[e.bytes.clone()])
+    }
+
+    /// Copies parameter `name`, which must have `shape`, into `dst`.
+    ///
+    /// # Errors
+    /// `Checkpoint` when the checkpoint has no such parameter or another shape: a
+    /// checkpoint of another model.
+    pub fn copy_param(&self, name: &str, shape: &[usize], dst: &mut [f32]) -> Result<()> {
+        let e = self.params.get(name).ok_or_else(|| Error::Checkpoint {
+            path: self.dir.clone(),
+            reason: format!("no parameter `{name}`: a checkpoint of another model"),
+        })?;
+        self.copy(e, name, shape, dst)
+    }
+
+    /// Copies optimizer state `state` of parameter `name` into `dst`.
+    ///
+    /// # Errors
+    /// `Checkpoint` when it is missing (another optimizer) or of another shape.
+    pub fn copy_state(
+        &self,
+        state: &str,
+        name: &str,
+        shape: &[usize],
+        dst: &mut [f32],
+    ) -> Result<()> {
+        let e = self
+            .state
+            .get(&(state.to_string(), name.to_string()))
+            .ok_or_else(|| Error::Checkpoint {
+                path: self.dir.clone(),
+                reason: format!(
+                    "no optimizer state `{state}` of `{name}`: saved by another optimizer ({})",
+                    self.manifest.optimizer.state.join(", ")
+                ),
+            })?;
+        self.copy(e, name, shape, dst)
+    }
+
+    fn copy(&self, e: &Entry, name: &str, shape: &[usize], dst: &mut [f32]) -> Result<()> {
+        let (path, bytes) = self.entry_bytes(e);
+        if e.shape != shape || bytes.len() != dst.len() * 4 {
+            return Err(Error::Checkpoint {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "tensor `{name}` has shape {:?}, the model's is {shape:?}: a checkpoint of another model",
+                    e.shape
+                ),
+            });
+        }
+        copy_f32(dst, bytes);
+        Ok(())
+    }
+
+    /// Checks that the checkpoint holds exactly the model's trainable tensors
+    /// (`(name, shape)`), naming the first difference.
+    ///
+    /// # Errors
+    /// `Checkpoint` naming a tensor missing from either side or of another shape.
+    pub fn check_model(&self, params: &[(String, Vec<usize>)]) -> Result<()> {
+        let bad = |reason: String| Error::Checkpoint {
+            path: self.dir.clone(),
+            reason: format!("{reason}: a checkpoint of another model"),
+        };
+        for (name, shape) in params {
+            match self.params.get(name) {
+                None => return Err(bad(format!("no parameter `{name}`"))),
+                Some(e) if &e.shape != shape => {
+                    return Err(bad(format!(
+                        "parameter `{name}` has shape {:?}, the model's is {shape:?}",
+                        e.shape
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some((name, _)) = self
+            .parameters()
+            .into_iter()
+            .find(|(n, _)| !params.iter().any(|(p, _)| p == n))
+        {
+            return Err(bad(format!("parameter `{name}` is not one of the model's")));
+        }
+        Ok(())
+    }
+
+    /// Bytes of all shards.
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(|(_, b)| b.len() as u64).sum()
+    }
+}

@@ -1,0 +1,154 @@
+//! Checkpoints: a run's state on disk, so that it outlives its process.
+//!
+//! # Layout
+//! - `shard`: one stage's files, safetensors keyed by the ONNX initializer names
+//!   (parameters; optimizer state as `<state>/<parameter>`), written and synced.
+//! - `manifest`: the JSON file written last that makes a folder a checkpoint: step,
+//!   layout, optimizer, learning-rate and data position, loss scaler, fingerprints of
+//!   the model and of the settings a resumed run must share, every shard's length and
+//!   CRC-32.
+//! - `store`: the checkpoints folder: temporary folder, manifest, atomic rename,
+//!   keep-N retention ([`DirCheckpointer`]); finding the newest complete checkpoint.
+//! - `load`: reading one back, checked and indexed by name ([`LoadedCheckpoint`]), so
+//!   any (data, pipeline) layout takes its own tensors: a checkpoint written at
+//!   (dp, pp) = (1, 2) resumes at (2, 1) or (1, 4) with no conversion step.
+//! - `settings`: which settings must not change on resume, and the check.
+//! - `inspect`: `pipetrain checkpoint inspect` and `pipetrain export --checkpoint`.
+//!
+//! Writes go through `pipetrain_actors`' checkpoint round: each stage actor snapshots its
+//! state into a [`pipetrain_actors::SaveJob`] (this module's [`save_job`]); the
+//! coordinator writes the jobs on blocking threads while training goes on, then calls
+//! [`DirCheckpointer`]'s commit.
+
+mod inspect;
+mod load;
+mod manifest;
+mod settings;
+mod shard;
+mod store;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+pub use inspect::{export, inspect};
+pub use load::LoadedCheckpoint;
+pub use manifest::{
+    model_fingerprint, now_unix_s, DataPosition, Layout, LrInfo, Manifest, ModelInfo,
+    OptimizerInfo, ScalerInfo, Settings, FORMAT, FORMAT_VERSION, MANIFEST,
+};
+pub use settings::{check_resume, settings_of};
+pub use shard::{optimizer_file, params_file, state_key};
+pub use store::{
+    folder_name, latest_complete, list, slow_write, to_delete, DirCheckpointer, Listed, ManifestFn,
+};
+
+use pipetrain_actors::SaveJob;
+
+use crate::optim::{Optimizer, ParamLayout};
+use crate::Result;
+
+/// Snapshots one stage's parameters and optimizer state (encoded here, one copy) into a
+/// job that writes and syncs `dir/stage-NNN.params.safetensors` and, when the optimizer
+/// keeps state, `dir/stage-NNN.optimizer.safetensors`.
+///
+/// # Errors
+/// `Data` when the tensors cannot be encoded.
+pub fn save_job(
+    stage: usize,
+    dir: &Path,
+    layout: &ParamLayout,
+    params: &[f32],
+    optimizer: &dyn Optimizer,
+    slow: Option<Duration>,
+) -> Result<SaveJob> {
+    let meta = |kind: &str| {
+        HashMap::from([
+            ("kind".to_string(), kind.to_string()),
+            ("stage".to_string(), stage.to_string()),
+            ("format".to_string(), "pt".to_string()),
+            ("step_count".to_string(), optimizer.step_count().to_string()),
+        ])
+    };
+    let names = layout.names();
+    let shapes = layout.shapes();
+    let tensors: Vec<shard::F32Entry<'_>> = (0..layout.count())
+        .map(|i| {
+            (
+                names[i].clone(),
+                shapes[i].as_slice(),
+                layout.slice(params, i),
+            )
+        })
+        .collect();
+    let params_name = params_file(stage);
+    let param_bytes = shard::encode(&tensors, meta(load::KIND_PARAMS), &dir.join(&params_name))?;
+    let state = optimizer.state();
+    let optim = if state.is_empty() {
+        None
+    } else {
+        let mut entries = Vec::with_capacity(state.len() * layout.count());
+        for (kind, buf) in &state {
+            for i in 0..layout.count() {
+                entries.push((
+                    state_key(kind, &names[i]),
+                    shapes[i].as_slice(),
+                    layout.slice(buf, i),
+                ));
+            }
+        }
+        let name = optimizer_file(stage);
+        let bytes = shard::encode(&entries, meta(load::KIND_OPTIMIZER), &dir.join(&name))?;
+        Some((name, bytes))
+    };
+    let dir = dir.to_path_buf();
+    Ok(Box::new(move || {
+        let mut files = vec![shard::write_synced(
+            &dir,
+            &params_name,
+            stage,
+            &param_bytes,
+            slow,
+        )?];
+        if let Some((name, bytes)) = optim {
+            files.push(shard::write_synced(&dir, &name, stage, &bytes, slow)?);
+        }
+        Ok(files)
+    }))
+}
+
+/// Restores one stage's parameters and optimizer state from `ckpt`, by name.
+///
+/// # Errors
+/// `Checkpoint` when a tensor is missing or of another shape; `BadTensor` when the
+/// optimizer refuses the state. Nothing is changed on error.
+pub fn restore_stage(
+    ckpt: &LoadedCheckpoint,
+    layout: &ParamLayout,
+    params: &mut [f32],
+    optimizer: &mut dyn Optimizer,
+) -> Result<()> {
+    let mut fresh = vec![0.0f32; layout.len()];
+    for i in 0..layout.count() {
+        let r = layout.range(i);
+        ckpt.copy_param(&layout.names()[i], &layout.shapes()[i], &mut fresh[r])?;
+    }
+    let kinds: Vec<&'static str> = optimizer.state().iter().map(|(k, _)| *k).collect();
+    let mut buffers = Vec::with_capacity(kinds.len());
+    for kind in &kinds {
+        let mut buf = vec![0.0f32; layout.len()];
+        for i in 0..layout.count() {
+            let r = layout.range(i);
+            ckpt.copy_state(kind, &layout.names()[i], &layout.shapes()[i], &mut buf[r])?;
+        }
+        buffers.push(buf);
+    }
+    let state: Vec<(&str, &[f32])> = kinds
+        .iter()
+        .zip(&buffers)
+        .map(|(k, b)| (*k, b.as_slice()))
+        .collect();
+    optimizer.load_state(ckpt.optimizer_steps(), &state)?;
+    params.copy_from_slice(&fresh);
+    Ok(())
+}

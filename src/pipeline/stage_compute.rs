@@ -1,0 +1,218 @@
+//! [`OrtStage`] as the actor runtime's [`StageCompute`]: forward, backward (whole, or
+//! its input and weight halves), evaluation, and the update the coordinator decides.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use pipetrain_actors::{
+    BackwardPart, BoxError, ForwardOut, GradStats, SaveJob, StageCompute, StepDecision,
+};
+
+use super::stage::{OrtStage, Payload};
+use crate::graph::LOSS;
+use crate::Result;
+
+impl OrtStage {
+    /// Runs the forward (or, for `eval`, the evaluation) graph; its outputs, shared.
+    fn forward_pass(&mut self, eval: bool, input: &Payload, data: &Payload) -> Result<Payload> {
+        let mut session = if eval {
+            self.evaluate.take()
+        } else {
+            self.forward.take()
+        };
+        let outputs = match session.as_mut() {
+            Some(s) => self.run(s, &[input, data]),
+            None => Ok(Vec::new()),
+        };
+        if eval {
+            self.evaluate = session;
+        } else {
+            self.forward = session;
+        }
+        Ok(outputs?
+            .into_iter()
+            .map(|(n, t)| (n, Arc::new(t)))
+            .collect())
+    }
+
+    /// What a forward pass hands on: the next stage's activations (its own outputs and
+    /// what it passes through) and the loss on the last stage.
+    fn forward_out(
+        &self,
+        outputs: &Payload,
+        input: &Payload,
+        data: &Payload,
+    ) -> Result<ForwardOut<Payload>, BoxError> {
+        let loss = match outputs.get(LOSS) {
+            Some(t) => {
+                let raw = t.to_f64_vec().first().copied().ok_or("empty loss")?;
+                Some(self.reported_loss(raw, &[data])?)
+            }
+            None => None,
+        };
+        let send = pick(&self.io.fwd_send, &[outputs, input]);
+        Ok(ForwardOut {
+            output: (!self.io.fwd_send.is_empty()).then_some(send),
+            loss,
+        })
+    }
+}
+
+/// The values of `names` found in `sources` (first match wins).
+fn pick(names: &[String], sources: &[&Payload]) -> Payload {
+    names
+        .iter()
+        .filter_map(|n| {
+            sources
+                .iter()
+                .find_map(|s| s.get(n))
+                .map(|t| (n.clone(), t.clone()))
+        })
+        .collect()
+}
+
+impl StageCompute for OrtStage {
+    type Payload = Payload;
+
+    async fn forward(
+        &mut self,
+        mb: usize,
+        input: Option<Payload>,
+        data: Option<Payload>,
+    ) -> Result<ForwardOut<Payload>, BoxError> {
+        let input = input.unwrap_or_default();
+        let data = data.unwrap_or_default();
+        if let Some(mut session) = self.fused.take() {
+            let outputs = self.run(&mut session, &[&input, &data]);
+            self.fused = Some(session);
+            let rest = self.accumulate(outputs?)?;
+            let raw = rest
+                .get(LOSS)
+                .and_then(|t| t.to_f64_vec().first().copied())
+                .ok_or("the fused stage computed no loss")?;
+            let loss = self.reported_loss(raw, &[&data])?;
+            let send = pick(&self.io.bwd_send, &[&rest, &input]);
+            self.fused_out.insert(mb, send);
+            return Ok(ForwardOut {
+                output: None,
+                loss: Some(loss),
+            });
+        }
+        let outputs = self.forward_pass(false, &input, &data)?;
+        let mut keep = pick(&self.io.stash, &[&outputs, &input]);
+        keep.extend(data.iter().map(|(k, v)| (k.clone(), v.clone())));
+        self.stash.insert(mb, keep);
+        self.forward_out(&outputs, &input, &data)
+    }
+
+    async fn backward(
+        &mut self,
+        mb: usize,
+        part: BackwardPart,
+        grad: Option<Payload>,
+    ) -> Result<Option<Payload>, BoxError> {
+        if self.fused.is_some() {
+            let send = self
+                .fused_out
+                .remove(&mb)
+                .ok_or_else(|| format!("backward of micro-batch {mb} before its forward"))?;
+            return Ok((!self.io.bwd_send.is_empty()).then_some(send));
+        }
+        let grad = grad.unwrap_or_default();
+        let stash = match part {
+            BackwardPart::Input => self.stash.get(&mb).cloned(),
+            BackwardPart::Full | BackwardPart::Weight => self.stash.remove(&mb),
+        }
+        .ok_or_else(|| format!("backward of micro-batch {mb} before its forward"))?;
+        let slot = match part {
+            BackwardPart::Full => &mut self.backward,
+            BackwardPart::Input => &mut self.backward_input,
+            BackwardPart::Weight => &mut self.backward_weight,
+        };
+        let mut session = slot.take();
+        let outputs = match session.as_mut() {
+            Some(s) => self.run(s, &[&grad, &stash]),
+            None => Ok(Vec::new()),
+        };
+        match part {
+            BackwardPart::Full => self.backward = session,
+            BackwardPart::Input => self.backward_input = session,
+            BackwardPart::Weight => self.backward_weight = session,
+        }
+        let rest = self.accumulate(outputs?)?;
+        if part == BackwardPart::Input {
+            // What the weight half will read: values the input half computed for it, and
+            // the gradients that arrived from the next stage.
+            let handoff = pick(&self.io.i_to_w, &[&rest]);
+            if let Some(s) = self.stash.get_mut(&mb) {
+                s.extend(handoff);
+                s.extend(grad.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+        }
+        if part == BackwardPart::Weight {
+            return Ok(None);
+        }
+        let send = pick(&self.io.bwd_send, &[&rest, &grad]);
+        Ok((!self.io.bwd_send.is_empty()).then_some(send))
+    }
+
+    async fn evaluate(
+        &mut self,
+        _mb: usize,
+        input: Option<Payload>,
+        data: Option<Payload>,
+    ) -> Result<ForwardOut<Payload>, BoxError> {
+        let input = input.unwrap_or_default();
+        let data = data.unwrap_or_default();
+        let outputs = self.forward_pass(true, &input, &data)?;
+        self.forward_out(&outputs, &input, &data)
+    }
+
+    fn take_grads(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.grads)
+    }
+
+    fn put_grads(&mut self, grads: Vec<f32>) {
+        self.grads = grads;
+    }
+
+    fn grad_stats(&mut self, step: u64) -> GradStats {
+        if self.settings.overflow_at.contains(&step) {
+            if let Some(g) = self.grads.first_mut() {
+                *g = f32::INFINITY;
+            }
+        }
+        GradStats::of(&self.grads)
+    }
+
+    async fn update(
+        &mut self,
+        _step: u64,
+        lr: f64,
+        decision: &StepDecision,
+    ) -> Result<(), BoxError> {
+        if decision.apply {
+            // Unscale and clip in one pass; skipped when it is exactly 1, so runs without
+            // clipping or scaling stay bitwise what they were.
+            if decision.grad_scale != 1.0 {
+                let k = decision.grad_scale as f32;
+                self.grads.iter_mut().for_each(|g| *g *= k);
+            }
+            self.optimizer.step(&mut self.params, &self.grads, lr)?;
+        }
+        self.grads.iter_mut().for_each(|g| *g = 0.0);
+        self.loss_scale = decision.next_loss_scale;
+        Ok(())
+    }
+
+    fn save(&mut self, stage: usize, dir: &Path) -> Result<SaveJob, BoxError> {
+        Ok(crate::checkpoint::save_job(
+            stage,
+            dir,
+            &self.layout,
+            &self.params,
+            self.optimizer.as_ref(),
+            self.settings.slow_save,
+        )?)
+    }
+}

@@ -1,0 +1,171 @@
+//! A run's checkpoints: what it resumes from, and the checkpointer that saves it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pipetrain_actors::{CheckpointSettings, CommitState, LossScaling, ShardFile};
+
+use crate::checkpoint::{
+    latest_complete, now_unix_s, DataPosition, DirCheckpointer, Layout, LoadedCheckpoint, LrInfo,
+    Manifest, ModelInfo, OptimizerInfo, ScalerInfo, Settings, FORMAT, FORMAT_VERSION,
+};
+use crate::config::TrainConfig;
+use crate::data::Batches;
+use crate::{Error, Result};
+
+/// The newest complete checkpoint in `cfg`'s `checkpoints_dir`: what `--resume` takes.
+///
+/// # Errors
+/// `Config` when `checkpoints_dir` is not set; `Io` when it cannot be read.
+pub fn latest_checkpoint(
+    cfg: &TrainConfig,
+    config_path: &std::path::Path,
+) -> Result<Option<PathBuf>> {
+    let dir = cfg.checkpoints_dir.as_ref().ok_or_else(|| Error::Config {
+        path: config_path.to_path_buf(),
+        field: "checkpoints_dir".into(),
+        rule: "--resume looks for the latest checkpoint there; set it".into(),
+    })?;
+    Ok(latest_complete(dir)?.map(|(path, _)| path))
+}
+
+/// The checkpoint `cfg` resumes from (`checkpoint_to_load_path`), read and checked
+/// against the run: settings that must not change, and the model's tensors.
+///
+/// # Errors
+/// `Checkpoint` naming the file and what differs or is damaged.
+pub(super) fn load_resume(
+    cfg: &TrainConfig,
+    fingerprint: &str,
+) -> Result<Option<LoadedCheckpoint>> {
+    let Some(path) = &cfg.checkpoint_to_load_path else {
+        return Ok(None);
+    };
+    let ckpt = LoadedCheckpoint::open(path)?;
+    for change in crate::checkpoint::check_resume(&ckpt.manifest, path, cfg, fingerprint)? {
+        tracing::warn!("resuming {}: {change}", path.display());
+    }
+    let total = cfg.optimizer_steps() as u64;
+    if ckpt.manifest.steps_done > total {
+        return Err(Error::Checkpoint {
+            path: path.clone(),
+            reason: format!(
+                "holds {} optimizer steps, more than the run's {total} (num_train_steps / gradient_accumulation_steps)",
+                ckpt.manifest.steps_done
+            ),
+        });
+    }
+    Ok(Some(ckpt))
+}
+
+/// Facts of the run that every manifest repeats.
+pub(super) struct RunFacts {
+    pub layout: Layout,
+    pub model: ModelInfo,
+    pub optimizer: OptimizerInfo,
+    pub settings: Settings,
+    pub global_batch: usize,
+    pub batch_order: Option<String>,
+    pub order_len: Option<usize>,
+    pub data_rows: usize,
+}
+
+impl RunFacts {
+    /// The facts of `cfg`'s run over `batches`.
+    pub fn new(
+        cfg: &TrainConfig,
+        batches: &Batches,
+        model: ModelInfo,
+        state: Vec<String>,
+        stages: usize,
+    ) -> RunFacts {
+        RunFacts {
+            layout: Layout {
+                data_parallel_size: cfg.data_parallel_size,
+                pipeline_parallel_size: cfg.pipeline_parallel_size,
+                virtual_stages: cfg.pipeline.virtual_stages,
+                stages,
+                schedule: serde_json::to_value(cfg.pipeline.schedule)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+            },
+            settings: crate::checkpoint::settings_of(cfg, &model.fingerprint),
+            model,
+            optimizer: OptimizerInfo {
+                config: cfg.optimizer.clone(),
+                state,
+            },
+            global_batch: cfg.global_batch(),
+            batch_order: cfg.data.batch_order.clone(),
+            order_len: batches.order_len(),
+            data_rows: batches.rows(),
+        }
+    }
+
+    /// Where the data stands after `steps_done` steps.
+    fn data_position(&self, steps_done: u64) -> DataPosition {
+        let sample_offset = steps_done * self.global_batch as u64;
+        let (row, epoch) = match self.order_len {
+            Some(n) => (Some(steps_done % n as u64), steps_done / n.max(1) as u64),
+            None => (None, sample_offset / self.data_rows.max(1) as u64),
+        };
+        DataPosition {
+            next_step: steps_done,
+            global_batch: self.global_batch,
+            sample_offset,
+            batch_order: self.batch_order.clone(),
+            batch_order_row: row,
+            epoch,
+            shuffle_seed: None,
+        }
+    }
+}
+
+/// The checkpoint settings of `cfg` (none without `checkpoints_dir`): a checkpoint after
+/// every `checkpoint_period` steps and after the last.
+///
+/// # Errors
+/// `Io` when the checkpoints folder cannot be made.
+pub(super) fn checkpointer(
+    cfg: &TrainConfig,
+    facts: RunFacts,
+) -> Result<Option<CheckpointSettings>> {
+    let Some(root) = &cfg.checkpoints_dir else {
+        return Ok(None);
+    };
+    let lr = cfg.lr_schedule.clone();
+    let total = cfg.optimizer_steps() as u64;
+    let mode = match cfg.grad_policy().scaling {
+        LossScaling::Static(_) => "static",
+        LossScaling::Dynamic(_) => "dynamic",
+    };
+    let make = move |state: CommitState, shards: Vec<ShardFile>| Manifest {
+        format: FORMAT.into(),
+        format_version: FORMAT_VERSION,
+        pipetrain_version: env!("CARGO_PKG_VERSION").into(),
+        steps_done: state.steps_done,
+        created_unix_s: now_unix_s(),
+        layout: facts.layout.clone(),
+        model: facts.model.clone(),
+        optimizer: facts.optimizer.clone(),
+        lr_schedule: LrInfo {
+            config: lr.clone(),
+            step: state.steps_done,
+            total_steps: total,
+            next_lr: lr.lr_at(state.steps_done, total),
+        },
+        data: facts.data_position(state.steps_done),
+        loss_scaler: ScalerInfo {
+            mode: mode.into(),
+            state: state.scaler,
+        },
+        settings: facts.settings.clone(),
+        shards,
+    };
+    let store = DirCheckpointer::new(root, cfg.max_num_checkpoints, Arc::new(make))?;
+    Ok(Some(CheckpointSettings {
+        every: cfg.checkpoint_period.map_or(u64::MAX, |p| p as u64),
+        checkpointer: Arc::new(store),
+    }))
+}
