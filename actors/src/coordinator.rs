@@ -90,6 +90,8 @@ enum Msg {
         steps_done: u64,
         dir: PathBuf,
         jobs: Vec<SaveJob>,
+        /// Answered when the save starts being written (see `CoordinatorHandle::save`).
+        started: oneshot::Sender<()>,
     },
     Finish {
         reply: oneshot::Sender<Result<Vec<SavedCheckpoint>, ActorError>>,
@@ -182,21 +184,23 @@ impl CoordinatorHandle {
     }
 
     /// Writes the stages' snapshots of the checkpoint after `steps_done` steps in the
-    /// background, then completes it (after any earlier one).
+    /// background, then completes it (after any earlier one). Returns once it starts
+    /// being written: a run that saves faster than the disk takes waits here, so at most
+    /// one snapshot waits while another is written (as `torch.distributed.checkpoint`'s
+    /// async save waits for the previous one).
     pub(crate) async fn save(
         &self,
         steps_done: u64,
         dir: PathBuf,
         jobs: Vec<SaveJob>,
     ) -> Result<(), ActorError> {
-        self.tx
-            .send_async(Msg::Save {
-                steps_done,
-                dir,
-                jobs,
-            })
-            .await
-            .map_err(|_| gone())
+        self.ask(|started| Msg::Save {
+            steps_done,
+            dir,
+            jobs,
+            started,
+        })
+        .await
     }
 
     /// Waits for every checkpoint in progress; the ones completed and not yet reported.
@@ -210,6 +214,7 @@ struct PendingSave {
     state: CommitState,
     dir: PathBuf,
     jobs: Vec<SaveJob>,
+    started: oneshot::Sender<()>,
 }
 
 struct Coordinator {
@@ -313,6 +318,7 @@ impl Coordinator {
                 steps_done,
                 dir,
                 jobs,
+                started,
             } => {
                 // The scaler as it was after the checkpoint's last step (later steps may
                 // already have moved it).
@@ -321,7 +327,12 @@ impl Coordinator {
                     .get(&steps_done.saturating_sub(1))
                     .map_or(self.scaler, |&(_, after)| after);
                 let state = CommitState { steps_done, scaler };
-                self.queue.push_back(PendingSave { state, dir, jobs });
+                self.queue.push_back(PendingSave {
+                    state,
+                    dir,
+                    jobs,
+                    started,
+                });
                 self.start_next_save();
             }
             Msg::Finish { reply } => self.finish = Some(reply),
@@ -464,7 +475,15 @@ impl Coordinator {
             });
             return;
         };
-        self.saving.spawn(write_checkpoint(next, checkpointer));
+        let PendingSave {
+            state,
+            dir,
+            jobs,
+            started,
+        } = next;
+        let _ = started.send(());
+        self.saving
+            .spawn(write_checkpoint(state, dir, jobs, checkpointer));
     }
 
     fn answer_finish(&mut self) {
@@ -482,27 +501,23 @@ impl Coordinator {
 
 /// Runs every stage's save job on a blocking thread (in parallel), then the commit.
 async fn write_checkpoint(
-    save: PendingSave,
+    state: CommitState,
+    dir: PathBuf,
+    jobs: Vec<SaveJob>,
     checkpointer: Arc<dyn Checkpointer>,
 ) -> Result<SavedCheckpoint, ActorError> {
     let start = Instant::now();
-    let state = save.state;
     let failed = |source| ActorError::Checkpoint {
         steps_done: state.steps_done,
         source,
     };
-    let writers: Vec<_> = save
-        .jobs
-        .into_iter()
-        .map(tokio::task::spawn_blocking)
-        .collect();
+    let writers: Vec<_> = jobs.into_iter().map(tokio::task::spawn_blocking).collect();
     let mut files: Vec<ShardFile> = Vec::new();
     for w in writers {
         let written = w.await.map_err(|e| failed(e.to_string().into()))?;
         files.extend(written.map_err(failed)?);
     }
     let bytes = files.iter().map(|f| f.bytes).sum();
-    let dir = save.dir;
     let path = tokio::task::spawn_blocking(move || checkpointer.commit(&dir, state, files))
         .await
         .map_err(|e| failed(e.to_string().into()))?

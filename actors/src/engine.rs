@@ -21,6 +21,9 @@ use crate::scheduler::{Member, SchedulerActor};
 use crate::stage::{StageActor, Status};
 use crate::traits::{DataSource, StageCompute};
 
+/// How long a failed run waits for checkpoints already being written to complete.
+const SAVE_GRACE: Duration = Duration::from_secs(60);
+
 /// How to run.
 #[derive(Debug, Clone)]
 pub struct EngineSettings {
@@ -322,6 +325,7 @@ where
             data,
         }
     });
+    let survivor = coordinator.clone();
     let scheduler = SchedulerActor {
         members,
         coordinator,
@@ -350,6 +354,12 @@ where
             // stuck in a compute that never returns stays until the process exits.
             if let Running::Tasks(set) = &mut actors {
                 set.abort_all();
+            }
+            // Checkpoints of steps before the failure, already snapshotted, are still
+            // completed: the last complete checkpoint is the newest good one.
+            let wait = tokio::time::timeout(SAVE_GRACE, survivor.finish()).await;
+            if !matches!(wait, Ok(Ok(_))) {
+                tracing::warn!("checkpoints in progress when the run failed were not completed");
             }
             helpers.abort_all();
             return Err(e);

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
+use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
 use super::manifest::Manifest;
@@ -32,7 +33,7 @@ pub struct LoadedCheckpoint {
     pub dir: PathBuf,
     /// Its manifest.
     pub manifest: Manifest,
-    files: Vec<(PathBuf, Vec<u8>)>,
+    files: Vec<(PathBuf, Mmap)>,
     params: HashMap<String, Entry>,
     /// `(state, parameter)` -> bytes.
     state: HashMap<(String, String), Entry>,
@@ -64,7 +65,19 @@ impl LoadedCheckpoint {
                 path: path.clone(),
                 reason,
             };
-            let bytes = std::fs::read(&path).map_err(|e| bad(format!("cannot read: {e}")))?;
+            let file = std::fs::File::open(&path).map_err(|e| bad(format!("cannot read: {e}")))?;
+            let len = file.metadata().map_err(Error::io(&path))?.len();
+            if len != shard.bytes || len == 0 {
+                return Err(bad(format!(
+                    "{len} bytes, the manifest says {} (truncated or altered)",
+                    shard.bytes
+                )));
+            }
+            // SAFETY: the map is only read. A complete checkpoint's files are never
+            // written again (pipetrain replaces a checkpoint by renaming a new folder into
+            // place); another process altering one while it loads is caught by the CRC
+            // below for what was read before, as any torn read would be.
+            let bytes = unsafe { Mmap::map(&file) }.map_err(|e| bad(format!("cannot map: {e}")))?;
             if bytes.len() as u64 != shard.bytes {
                 return Err(bad(format!(
                     "{} bytes, the manifest says {} (truncated or altered)",
@@ -92,11 +105,20 @@ impl LoadedCheckpoint {
         };
         let (header, meta) = SafeTensors::read_metadata(bytes)
             .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
-        let info = meta.metadata().clone().unwrap_or_default();
-        let kind = info.get("kind").cloned().unwrap_or_default();
-        let steps: u64 = info
-            .get("step_count")
-            .and_then(|s| s.parse().ok())
+        let info: serde_json::Value = meta
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get(super::META_KEY))
+            .and_then(|t| serde_json::from_str(t).ok())
+            .ok_or_else(|| {
+                bad(format!(
+                    "no `{}` metadata: not a pipetrain shard",
+                    super::META_KEY
+                ))
+            })?;
+        let kind = info["kind"].as_str().unwrap_or_default().to_string();
+        let steps = info["step_count"]
+            .as_u64()
             .ok_or_else(|| bad("no `step_count` in its metadata".into()))?;
         if self.step_count.is_some_and(|s| s != steps) {
             return Err(bad(format!(
@@ -161,17 +183,64 @@ impl LoadedCheckpoint {
         (path, &bytes[e.bytes.clone()])
     }
 
+    /// Checks that parameter `name` is there with `shape`.
+    ///
+    /// # Errors
+    /// As [`LoadedCheckpoint::copy_param`].
+    pub fn check_param(&self, name: &str, shape: &[usize]) -> Result<()> {
+        let e = self.param_entry(name)?;
+        self.check_shape(e, name, shape)
+    }
+
+    /// Checks that optimizer state `state` of `name` is there with `shape`.
+    ///
+    /// # Errors
+    /// As [`LoadedCheckpoint::copy_state`].
+    pub fn check_state(&self, state: &str, name: &str, shape: &[usize]) -> Result<()> {
+        let e = self.state_entry(state, name)?;
+        self.check_shape(e, name, shape)
+    }
+
+    fn param_entry(&self, name: &str) -> Result<&Entry> {
+        self.params.get(name).ok_or_else(|| Error::Checkpoint {
+            path: self.dir.clone(),
+            reason: format!("no parameter `{name}`: a checkpoint of another model"),
+        })
+    }
+
+    fn state_entry(&self, state: &str, name: &str) -> Result<&Entry> {
+        self.state
+            .get(&(state.to_string(), name.to_string()))
+            .ok_or_else(|| Error::Checkpoint {
+                path: self.dir.clone(),
+                reason: format!(
+                    "no optimizer state `{state}` of `{name}`: saved by another optimizer ({})",
+                    self.manifest.optimizer.state.join(", ")
+                ),
+            })
+    }
+
+    fn check_shape(&self, e: &Entry, name: &str, shape: &[usize]) -> Result<()> {
+        if e.shape != shape {
+            let (path, _) = self.entry_bytes(e);
+            return Err(Error::Checkpoint {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "tensor `{name}` has shape {:?}, the model's is {shape:?}: a checkpoint of another model",
+                    e.shape
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Copies parameter `name`, which must have `shape`, into `dst`.
     ///
     /// # Errors
     /// `Checkpoint` when the checkpoint has no such parameter or another shape: a
     /// checkpoint of another model.
     pub fn copy_param(&self, name: &str, shape: &[usize], dst: &mut [f32]) -> Result<()> {
-        let e = self.params.get(name).ok_or_else(|| Error::Checkpoint {
-            path: self.dir.clone(),
-            reason: format!("no parameter `{name}`: a checkpoint of another model"),
-        })?;
-        self.copy(e, name, shape, dst)
+        self.copy(self.param_entry(name)?, name, shape, dst)
     }
 
     /// Copies optimizer state `state` of parameter `name` into `dst`.

@@ -45,6 +45,9 @@ pub use store::{
 
 use pipetrain_actors::SaveJob;
 
+/// The one `__metadata__` key of pipetrain's shard files.
+pub(crate) const META_KEY: &str = "pipetrain";
+
 use crate::optim::{Optimizer, ParamLayout};
 use crate::Result;
 
@@ -62,13 +65,16 @@ pub fn save_job(
     optimizer: &dyn Optimizer,
     slow: Option<Duration>,
 ) -> Result<SaveJob> {
+    // One metadata key holding sorted JSON: safetensors keeps `__metadata__` in a hash
+    // map, so several keys would come out in a different order each time, and the same
+    // state would not give the same bytes.
     let meta = |kind: &str| {
-        HashMap::from([
-            ("kind".to_string(), kind.to_string()),
-            ("stage".to_string(), stage.to_string()),
-            ("format".to_string(), "pt".to_string()),
-            ("step_count".to_string(), optimizer.step_count().to_string()),
-        ])
+        let info = serde_json::json!({
+            "kind": kind,
+            "stage": stage,
+            "step_count": optimizer.step_count(),
+        });
+        HashMap::from([(META_KEY.to_string(), info.to_string())])
     };
     let names = layout.names();
     let shapes = layout.shapes();
@@ -103,17 +109,19 @@ pub fn save_job(
     };
     let dir = dir.to_path_buf();
     Ok(Box::new(move || {
-        let mut files = vec![shard::write_synced(
-            &dir,
-            &params_name,
-            stage,
-            &param_bytes,
-            slow,
-        )?];
-        if let Some((name, bytes)) = optim {
-            files.push(shard::write_synced(&dir, &name, stage, &bytes, slow)?);
-        }
-        Ok(files)
+        in_background(|| {
+            let mut files = vec![shard::write_synced(
+                &dir,
+                &params_name,
+                stage,
+                &param_bytes,
+                slow,
+            )?];
+            if let Some((name, bytes)) = optim {
+                files.push(shard::write_synced(&dir, &name, stage, &bytes, slow)?);
+            }
+            Ok(files)
+        })
     }))
 }
 
@@ -128,12 +136,15 @@ pub fn restore_stage(
     params: &mut [f32],
     optimizer: &mut dyn Optimizer,
 ) -> Result<()> {
-    let mut fresh = vec![0.0f32; layout.len()];
-    for i in 0..layout.count() {
-        let r = layout.range(i);
-        ckpt.copy_param(&layout.names()[i], &layout.shapes()[i], &mut fresh[r])?;
-    }
     let kinds: Vec<&'static str> = optimizer.state().iter().map(|(k, _)| *k).collect();
+    // Everything is checked before anything is copied: all or nothing.
+    for i in 0..layout.count() {
+        let (name, shape) = (&layout.names()[i], &layout.shapes()[i]);
+        ckpt.check_param(name, shape)?;
+        for kind in &kinds {
+            ckpt.check_state(kind, name, shape)?;
+        }
+    }
     let mut buffers = Vec::with_capacity(kinds.len());
     for kind in &kinds {
         let mut buf = vec![0.0f32; layout.len()];
@@ -149,6 +160,30 @@ pub fn restore_stage(
         .map(|(k, b)| (*k, b.as_slice()))
         .collect();
     optimizer.load_state(ckpt.optimizer_steps(), &state)?;
-    params.copy_from_slice(&fresh);
+    for i in 0..layout.count() {
+        let r = layout.range(i);
+        ckpt.copy_param(&layout.names()[i], &layout.shapes()[i], &mut params[r])?;
+    }
     Ok(())
+}
+
+/// Runs `job` at the lowest CPU priority (Linux: `setpriority` on the calling thread),
+/// then restores the thread's priority: a checkpoint written in the background then
+/// takes the moments the training leaves idle instead of time from it.
+pub(crate) fn in_background<T>(job: impl FnOnce() -> T) -> T {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: plain system calls on this thread's own id; failures are ignored (the
+        // job then runs at the normal priority).
+        let tid = unsafe { libc::gettid() } as libc::id_t;
+        let before = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 19) };
+        let out = job();
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, before) };
+        out
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        job()
+    }
 }

@@ -20,7 +20,9 @@ use crate::optim::{LrSchedule, OptimizerConfig};
 use crate::{Error, Result};
 
 mod field;
+mod run_state;
 use field::field_at;
+pub use run_state::{DebugConfig, DynamicScalerConfig, FaultAt};
 
 /// A training run.
 #[derive(Debug, Clone, Deserialize)]
@@ -114,58 +116,6 @@ pub struct TrainConfig {
 
 fn one_f64() -> f64 {
     1.0
-}
-
-/// The dynamic loss scaler (ONNX Runtime's `DynamicLossScaler` defaults).
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DynamicScalerConfig {
-    /// The first scale; default 2^16.
-    pub initial: f64,
-    /// Finite steps before the scale doubles; default 2000.
-    pub window: u64,
-    /// Smallest scale; default 1.
-    pub min: f64,
-    /// Largest scale; default 2^24.
-    pub max: f64,
-}
-
-impl Default for DynamicScalerConfig {
-    fn default() -> Self {
-        let d = DynamicScaling::default();
-        DynamicScalerConfig {
-            initial: d.initial,
-            window: d.window,
-            min: d.min,
-            max: d.max,
-        }
-    }
-}
-
-/// Test aids. Not for training runs: they inject faults on purpose.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DebugConfig {
-    /// Put +inf into a stage's gradient at these optimizer steps (counting from 1).
-    #[serde(default)]
-    pub inject_grad_overflow: Vec<FaultAt>,
-    /// Write each checkpoint file in 8 pieces with this pause (ms) between them, so
-    /// crash tests can land inside a write.
-    #[serde(default)]
-    pub checkpoint_write_delay_ms: u64,
-}
-
-/// Where a fault is injected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FaultAt {
-    /// Optimizer step, counting from 1.
-    pub step: u64,
-    /// Pipeline stage.
-    pub stage: usize,
-    /// Data-parallel replica.
-    #[serde(default)]
-    pub replica: usize,
 }
 
 fn one() -> usize {
@@ -510,81 +460,6 @@ impl TrainConfig {
         self.validate_run_state(path)?;
         self.optimizer.validate(path)?;
         self.lr_schedule.validate(path)?;
-        Ok(())
-    }
-
-    /// Checkpoints, clipping, loss scaling and the test aids.
-    fn validate_run_state(&self, path: &Path) -> Result<()> {
-        let bad = |field: &str, rule: String| Error::Config {
-            path: path.to_path_buf(),
-            field: field.into(),
-            rule,
-        };
-        if self.checkpoint_period == Some(0) {
-            return Err(bad("checkpoint_period", "must be at least 1".into()));
-        }
-        if self.max_num_checkpoints == Some(0) {
-            return Err(bad("max_num_checkpoints", "must be at least 1".into()));
-        }
-        if self.checkpoint_period.is_some() && self.checkpoints_dir.is_none() {
-            return Err(bad(
-                "checkpoint_period",
-                "needs `checkpoints_dir`, the folder checkpoints go to".into(),
-            ));
-        }
-        if let Some(n) = self.max_grad_norm.filter(|n| !(n.is_finite() && *n > 0.0)) {
-            return Err(bad(
-                "max_grad_norm",
-                format!("must be a positive number, got {n}"),
-            ));
-        }
-        if !(self.loss_scale.is_finite() && self.loss_scale >= 0.0) {
-            return Err(bad(
-                "loss_scale",
-                format!(
-                    "must be a positive factor, or 0 for dynamic scaling; got {}",
-                    self.loss_scale
-                ),
-            ));
-        }
-        let d = self.loss_scaler;
-        let scaler_ok = d.min.is_finite()
-            && d.min > 0.0
-            && d.max.is_finite()
-            && d.min <= d.initial
-            && d.initial <= d.max
-            && d.window >= 1;
-        if !scaler_ok {
-            return Err(bad(
-                "loss_scaler",
-                format!("needs 0 < min <= initial <= max (finite) and window >= 1, got {d:?}"),
-            ));
-        }
-        for (i, f) in self.debug.inject_grad_overflow.iter().enumerate() {
-            let field = format!("debug.inject_grad_overflow[{i}]");
-            if f.step == 0 || f.step as usize > self.optimizer_steps() {
-                return Err(bad(
-                    &format!("{field}.step"),
-                    format!(
-                        "must be an optimizer step in 1..={}, got {}",
-                        self.optimizer_steps(),
-                        f.step
-                    ),
-                ));
-            }
-            if f.stage >= self.stages() || f.replica >= self.data_parallel_size {
-                return Err(bad(
-                    &field,
-                    format!(
-                        "stage {} replica {} is not in a run of {} stages x {} replicas",
-                        f.stage,
-                        f.replica,
-                        self.stages(),
-                        self.data_parallel_size
-                    ),
-                ));
-            }
-        }
         Ok(())
     }
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod gradcheck;
+pub mod mlp;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
