@@ -416,3 +416,82 @@ fn checkpoints_that_do_not_fit_are_refused() {
     // The good one still resumes.
     run(&rt, &longer, other.path(), &loading(&good)).unwrap();
 }
+
+/// `pipetrain checkpoint inspect` describes a checkpoint (and a checkpoints folder), and
+/// `pipetrain export --checkpoint` writes the inference model with its weights: the same
+/// file the run's own `output_path` export wrote.
+#[test]
+fn inspect_and_export_from_the_command_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trained = tmp.path().join("trained.onnx");
+    let mlp = Mlp {
+        steps: 4,
+        extra: saving(tmp.path(), 2) + &format!("output_path = \"{}\"\n", trained.display()),
+        ..Mlp::default()
+    };
+    let (_, config) = mlp.config(tmp.path());
+    let bin = env!("CARGO_BIN_EXE_pipetrain");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin).args(args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        text
+    };
+    run(&["train", config.to_str().unwrap()]);
+    let root = ckpt_dir(tmp.path());
+    let last = root.join(folder_name(4));
+    let listing = run(&["checkpoint", "inspect", root.to_str().unwrap()]);
+    assert!(listing.contains("step-00000002  complete  step 2"), "{listing}");
+    assert!(listing.contains("step-00000004  complete  step 4"), "{listing}");
+    let one = run(&["checkpoint", "inspect", last.to_str().unwrap()]);
+    for want in [
+        "steps done   4",
+        "data x pipeline = 1 x 2",
+        "\"kind\":\"sgd\"",
+        "state: momentum_buffer",
+        "fc1.weight",
+        "[512, 784]",
+        "stage-001.params.safetensors",
+        "batch order `batch_idx` row 4",
+    ] {
+        assert!(one.contains(want), "inspect should show {want:?}:\n{one}");
+    }
+    let exported = tmp.path().join("from_checkpoint.onnx");
+    run(&[
+        "export",
+        "--checkpoint",
+        last.to_str().unwrap(),
+        "-o",
+        exported.to_str().unwrap(),
+    ]);
+    let a = pipetrain::onnx::load_model(&trained).unwrap();
+    let b = pipetrain::onnx::load_model(&exported).unwrap();
+    assert!(a == b, "the export from the checkpoint differs from the run's own");
+}
+
+/// The update decision waits for every stage; a rank holding two stages (interleaved
+/// 1F1B) reports both at its first optimizer step, so clipping there neither deadlocks
+/// nor changes the result beyond the rounding of the norm's sum over other cuts.
+#[test]
+fn clipping_with_two_stages_per_rank() {
+    let rt = common::runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = Mlp {
+        steps: 3,
+        extra: "max_grad_norm = 0.05\n".into(),
+        ..Mlp::default()
+    };
+    let reference = run(&rt, &plain, tmp.path(), "").unwrap();
+    let interleaved = Mlp {
+        schedule: "interleaved_1f1b",
+        virtual_stages: 2,
+        ..plain
+    };
+    let (cfg, path) = interleaved.config(tmp.path());
+    let s = pipetrain::train::train(&rt, &cfg, &path, false, |_| {}).unwrap();
+    assert_eq!(s.stages, 4);
+    let mut params = s.parameters;
+    params.sort_by(|a, b| a.0.cmp(&b.0));
+    let diff = max_rel_diff(&reference.params, &params);
+    assert!(diff <= 1e-6, "{diff:e}");
+}

@@ -17,6 +17,8 @@ pub struct Mlp {
     pub steps: usize,
     /// `1f1b`, `zb_h1`, ...
     pub schedule: &'static str,
+    /// Stages per rank (`interleaved_1f1b`).
+    pub virtual_stages: usize,
     /// The `[optimizer]` and `[lr_schedule]` tables.
     pub optimizer: &'static str,
     /// More top-level keys (before any table).
@@ -40,6 +42,7 @@ impl Default for Mlp {
             global: 64,
             steps: 20,
             schedule: "1f1b",
+            virtual_stages: 1,
             optimizer: SGD_MOMENTUM,
             extra: String::new(),
             threads: 1,
@@ -72,6 +75,7 @@ layout = {{ kind = "arrays", feeds = {{ x = "x", y = "y" }} }}
 {optimizer}
 [pipeline]
 schedule = "{schedule}"
+virtual_stages = {virtual_stages}
 [runtime]
 intra_op_threads = {threads}
 "#,
@@ -84,6 +88,7 @@ intra_op_threads = {threads}
             optimizer = self.optimizer,
             schedule = self.schedule,
             threads = self.threads,
+            virtual_stages = self.virtual_stages,
         )
     }
 
