@@ -434,15 +434,25 @@ fn inspect_and_export_from_the_command_line() {
     let run = |args: &[&str]| {
         let out = std::process::Command::new(bin).args(args).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         text
     };
     run(&["train", config.to_str().unwrap()]);
     let root = ckpt_dir(tmp.path());
     let last = root.join(folder_name(4));
     let listing = run(&["checkpoint", "inspect", root.to_str().unwrap()]);
-    assert!(listing.contains("step-00000002  complete  step 2"), "{listing}");
-    assert!(listing.contains("step-00000004  complete  step 4"), "{listing}");
+    assert!(
+        listing.contains("step-00000002  complete  step 2"),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("step-00000004  complete  step 4"),
+        "{listing}"
+    );
     let one = run(&["checkpoint", "inspect", last.to_str().unwrap()]);
     for want in [
         "steps done   4",
@@ -466,7 +476,10 @@ fn inspect_and_export_from_the_command_line() {
     ]);
     let a = pipetrain::onnx::load_model(&trained).unwrap();
     let b = pipetrain::onnx::load_model(&exported).unwrap();
-    assert!(a == b, "the export from the checkpoint differs from the run's own");
+    assert!(
+        a == b,
+        "the export from the checkpoint differs from the run's own"
+    );
 }
 
 /// The update decision waits for every stage; a rank holding two stages (interleaved
