@@ -55,6 +55,9 @@ fn doctor_reports_the_library_and_cpu_provider() {
 
 #[test]
 fn a_recorded_1f1b_run_and_a_zero_bubble_run_replay_in_order() {
+    if common::skip_without_peers() {
+        return;
+    }
     let model = tmp("mlp_pipeline.onnx");
     let _ = std::fs::remove_file(&model);
     for (schedule, out) in [("1f1b", Some(&model)), ("zb_h1", None)] {
@@ -148,6 +151,9 @@ fn schedule_show_and_simulate_print_the_schedule_and_its_figures() {
 
 #[test]
 fn a_bad_config_names_file_and_field() {
+    if common::skip_without_peers() {
+        return;
+    }
     let path = example(
         "mlp_sgd",
         &[(

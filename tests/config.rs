@@ -1,6 +1,8 @@
 //! Every configuration rule: a bad value is refused up front with the file, the field and
 //! the rule in the message.
 
+mod common;
+
 use std::path::Path;
 
 use pipetrain::config::TrainConfig;
@@ -217,6 +219,9 @@ fn unknown_keys_and_other_values() {
 
 #[test]
 fn a_global_batch_that_does_not_fit_the_data_is_refused_before_training() {
+    if common::skip_without_peers() {
+        return;
+    }
     // 16 x 4 x 1 = 64 rows a step fit batch_idx; 12 x 4 = 48 do not.
     let cfg = TrainConfig::parse(&with("batch_size = 16", "batch_size = 12"), &path()).unwrap();
     let rt = pipetrain::compute::Runtime::from_env().unwrap();

@@ -29,6 +29,9 @@ fn mlp_path() -> PathBuf {
 
 #[test]
 fn exported_model_gives_pipetrains_logits_in_onnx_runtime() {
+    if common::skip_without_peers() {
+        return;
+    }
     let rt = common::runtime();
     let peer = PeerModel::load("tiny_gpt");
     let tg = peer.training_graph(&rt);
@@ -84,6 +87,9 @@ fn exported_model_gives_pipetrains_logits_in_onnx_runtime() {
 
 #[test]
 fn external_data_is_read_and_bad_offsets_are_named() {
+    if common::skip_without_peers() {
+        return;
+    }
     let model = load_model(&mlp_path()).unwrap();
     // Move fc1.weight's bytes into a side file, as large models store them.
     let mut ext = model.clone();
@@ -139,6 +145,9 @@ fn external_data_is_read_and_bad_offsets_are_named() {
 
 #[test]
 fn truncated_and_foreign_files_are_not_onnx() {
+    if common::skip_without_peers() {
+        return;
+    }
     let bytes = std::fs::read(mlp_path()).unwrap();
     let cut = tmp("mlp_truncated.onnx");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();

@@ -45,6 +45,9 @@ fn torch_f64_step0_norm() -> f64 {
 /// rate reproduces.
 #[test]
 fn global_norm_and_clipping() {
+    if common::skip_without_peers() {
+        return;
+    }
     let rt = common::runtime();
     let reference = torch_f64_step0_norm();
     let tmp = tempfile::tempdir().unwrap();
@@ -102,6 +105,9 @@ fn global_norm_and_clipping() {
 /// are unscaled exactly before the optimizer.
 #[test]
 fn static_loss_scale_changes_nothing() {
+    if common::skip_without_peers() {
+        return;
+    }
     let rt = common::runtime();
     let tmp = tempfile::tempdir().unwrap();
     let base = Mlp {
@@ -130,6 +136,9 @@ fn static_loss_scale_changes_nothing() {
 /// unchanged, bit for bit), halves the scale, and is reported; training goes on.
 #[test]
 fn an_overflow_skips_the_step_everywhere_and_halves_the_scale() {
+    if common::skip_without_peers() {
+        return;
+    }
     let rt = common::runtime();
     let tmp = tempfile::tempdir().unwrap();
     let mlp = Mlp {
@@ -186,6 +195,9 @@ fn an_overflow_skips_the_step_everywhere_and_halves_the_scale() {
 /// before stay loadable.
 #[test]
 fn a_diverging_run_stops_and_keeps_its_last_checkpoint() {
+    if common::skip_without_peers() {
+        return;
+    }
     let tmp = tempfile::tempdir().unwrap();
     let mlp = Mlp {
         steps: 50,
@@ -231,6 +243,9 @@ fn a_diverging_run_stops_and_keeps_its_last_checkpoint() {
 /// micro-batches' means instead.
 #[test]
 fn token_normalization_equals_one_big_batch() {
+    if common::skip_without_peers() {
+        return;
+    }
     let rt = common::runtime();
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("ignored.npz");

@@ -46,6 +46,9 @@ fn assert_close(name: &str, ours: &[f64], reference: &[f64], tol: f64) {
 
 #[test]
 fn mlp_sgd_matches_torch_f64() {
+    if common::skip_without_peers() {
+        return;
+    }
     let ours = sgd_curve("mlp");
     assert_close(
         "mlp",
@@ -57,6 +60,9 @@ fn mlp_sgd_matches_torch_f64() {
 
 #[test]
 fn tiny_gpt_sgd_matches_torch_f64() {
+    if common::skip_without_peers() {
+        return;
+    }
     let ours = sgd_curve("tiny_gpt");
     assert_close(
         "tiny_gpt",

@@ -110,6 +110,9 @@ fn partitions() -> Vec<(&'static str, Partition, usize)> {
 
 #[test]
 fn tiny_gpt_stages_are_bit_identical_without_optimizations_on_one_thread() {
+    if common::skip_without_peers() {
+        return;
+    }
     let rt = common::runtime();
     let peer = PeerModel::load("tiny_gpt");
     let tg = peer.training_graph(&rt);
@@ -136,6 +139,9 @@ fn tiny_gpt_stages_are_bit_identical_without_optimizations_on_one_thread() {
 
 #[test]
 fn tiny_gpt_and_mlp_stages_match_with_graph_optimizations() {
+    if common::skip_without_peers() {
+        return;
+    }
     let rt = common::runtime();
     let opts = SessionOptions::default();
     for model in ["tiny_gpt", "mlp"] {
@@ -180,6 +186,9 @@ fn tiny_gpt_and_mlp_stages_match_with_graph_optimizations() {
 
 #[test]
 fn stage_contracts_chain_up() {
+    if common::skip_without_peers() {
+        return;
+    }
     let rt = common::runtime();
     let peer = PeerModel::load("tiny_gpt");
     let tg = peer.training_graph(&rt);

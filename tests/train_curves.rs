@@ -57,11 +57,17 @@ fn check(example: &str, model: &str, opt: &str, tol: impl Fn(usize) -> f64) {
 
 #[test]
 fn mlp_sgd() {
+    if common::skip_without_peers() {
+        return;
+    }
     check("mlp_sgd", "mlp", "sgd", |_| 1e-5);
 }
 
 #[test]
 fn mlp_adamw() {
+    if common::skip_without_peers() {
+        return;
+    }
     check("mlp_adamw", "mlp", "adamw", |i| {
         if i < 150 {
             1e-5
@@ -73,10 +79,16 @@ fn mlp_adamw() {
 
 #[test]
 fn tiny_gpt_sgd() {
+    if common::skip_without_peers() {
+        return;
+    }
     check("tiny_gpt_sgd", "tiny_gpt", "sgd", |_| 1e-5);
 }
 
 #[test]
 fn tiny_gpt_adamw() {
+    if common::skip_without_peers() {
+        return;
+    }
     check("tiny_gpt_adamw", "tiny_gpt", "adamw", |_| 1e-5);
 }
