@@ -6,6 +6,9 @@
 use crate::onnx::proto::{tensor_proto::DataType, TensorProto};
 use crate::{Error, Result};
 
+/// Named tensors: parameters, a micro-batch's data, or values in flight.
+pub type TensorMap = std::collections::HashMap<String, Tensor>;
+
 /// The element types pipetrain moves between its buffers and ONNX Runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {

@@ -377,3 +377,47 @@ fn dropout_gradient_uses_the_forward_mask() {
         );
     }
 }
+
+/// Graph building runs nothing itself: the caller measures shapes (`ShapeProbe`). Shapes
+/// recorded from one ONNX Runtime probe and replayed by a probe with no runtime give the
+/// same training graph.
+#[test]
+fn training_graphs_are_built_from_measured_shapes_alone() {
+    use pipetrain::graph::{Graph, Metas, ShapeProbe};
+    use std::cell::RefCell;
+
+    struct Recording<'a> {
+        rt: &'a pipetrain::compute::Runtime,
+        seen: RefCell<Vec<Metas>>,
+    }
+    impl ShapeProbe for Recording<'_> {
+        fn probe(&self, g: &Graph, feeds: &[(&str, &Tensor)]) -> pipetrain::Result<Metas> {
+            let m = self.rt.probe(g, feeds)?;
+            self.seen.borrow_mut().push(m.clone());
+            Ok(m)
+        }
+    }
+    struct Replay(RefCell<Vec<Metas>>);
+    impl ShapeProbe for Replay {
+        fn probe(&self, _: &Graph, _: &[(&str, &Tensor)]) -> pipetrain::Result<Metas> {
+            Ok(self.0.borrow_mut().remove(0))
+        }
+    }
+
+    let rt = common::runtime();
+    let x = Tensor::f32(vec![3, 2], vec![0.5, -1.0, 2.0, 0.25, -0.5, 1.5]).unwrap();
+    let y = Tensor::f32(vec![3, 2], vec![0.0; 6]).unwrap();
+    let example = [("x", &x), ("y_true", &y)];
+    let recording = Recording {
+        rt: &rt,
+        seen: RefCell::new(Vec::new()),
+    };
+    let opts = mse("y", "y_true");
+    let measured =
+        build_training_graph(&recording, &tiny_model("Tanh", 17), &opts, &example).unwrap();
+    let replay = Replay(RefCell::new(recording.seen.into_inner()));
+    let pure = build_training_graph(&replay, &tiny_model("Tanh", 17), &opts, &example).unwrap();
+    assert!(pure.graph.to_model() == measured.graph.to_model());
+    assert_eq!(pure.params.len(), 1);
+    assert_eq!(pure.metas, measured.metas);
+}

@@ -8,8 +8,7 @@ use crate::graph::{Graph, StageGraphs, TrainingGraph, LOSS, LOSS_GRAD};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
-/// Named tensors: parameters, a micro-batch's data, or values in flight.
-pub type TensorMap = HashMap<String, Tensor>;
+pub use crate::tensor::TensorMap;
 
 /// The loss and parameter gradients of one micro-batch.
 #[derive(Debug, Clone)]

@@ -6,9 +6,16 @@
 //! then built for those concrete shapes (the micro-batch shape is fixed during training).
 
 use crate::compute::{GraphSession, Runtime, SessionOptions};
-use crate::graph::{untyped_value_info, Graph, Metas, ValueMeta};
+use crate::graph::{untyped_value_info, Graph, Metas, ShapeProbe, ValueMeta};
 use crate::tensor::Tensor;
 use crate::Result;
+
+/// Graph building measures shapes by running ONNX Runtime.
+impl ShapeProbe for Runtime {
+    fn probe(&self, graph: &Graph, feeds: &[(&str, &Tensor)]) -> Result<Metas> {
+        probe_values(self, graph, feeds)
+    }
+}
 
 /// The type and shape of every input, initializer and node output of `graph` when run on
 /// `feeds`.

@@ -3,9 +3,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::compute::TensorMap;
 use crate::config::{DataConfig, DataLayout};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorMap};
 use crate::{Error, Result};
 
 /// Makes the batch of each step from an `.npz` file's arrays.

@@ -1,6 +1,6 @@
 //! The graph IR: an ONNX graph held as plain vectors, with the lookups the training
 //! passes need (producers, constants, attributes) and the per-value metadata (element
-//! type and concrete shape) that [`crate::compute::probe_values`] measures.
+//! type and concrete shape) that a [`crate::graph::ShapeProbe`] measures.
 
 use std::collections::HashMap;
 

@@ -13,4 +13,6 @@ pub use ir::*;
 pub use loss::{attach_loss, LossNormalize, LossSpec, LOSS};
 pub use partition::{assign_stages, BalanceBy, Partition, StageAssignment};
 pub use stages::{build_stage_graphs, StageGraphs, StageIo};
-pub use training::{build_training_graph, Param, TrainOptions, TrainingGraph, LOSS_GRAD};
+pub use training::{
+    build_training_graph, Param, ShapeProbe, TrainOptions, TrainingGraph, LOSS_GRAD,
+};

@@ -3,13 +3,27 @@
 
 use std::collections::HashSet;
 
-use crate::compute::{probe_values, Runtime};
 use crate::graph::autodiff::{differentiate, Backward};
 use crate::graph::ir::{node_label, untyped_value_info, value_info, Graph, Metas, ValueMeta};
 use crate::graph::loss::{attach_loss, LossSpec, LOSS};
 use crate::onnx::proto::ModelProto;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
+
+/// Measures the element type and shape of every value of a graph run on example feeds.
+///
+/// Graph building needs concrete shapes (the backward graphs are built for the
+/// micro-batch's), and takes them from the caller: `compute` implements this for
+/// [`crate::compute::Runtime`] by running ONNX Runtime once with every value exposed;
+/// a test can hand in shapes it knows. The graph layer itself runs nothing.
+pub trait ShapeProbe {
+    /// The type and shape of every input, initializer and node output of `graph` on
+    /// `feeds`.
+    ///
+    /// # Errors
+    /// When the graph cannot be measured (it does not run on the feeds).
+    fn probe(&self, graph: &Graph, feeds: &[(&str, &Tensor)]) -> Result<Metas>;
+}
 
 /// The input that seeds the backward pass: the gradient of the loss (1, or a scale for
 /// gradient accumulation or loss scaling).
@@ -113,7 +127,7 @@ impl TrainingGraph {
 /// `UnsupportedOpset`, `MissingValue` (prediction, label, trainable name), `NoGradient`,
 /// `UnsupportedGradient`, or `Ort` when the model does not run on the example.
 pub fn build_training_graph(
-    rt: &Runtime,
+    rt: &dyn ShapeProbe,
     model: &ModelProto,
     opts: &TrainOptions,
     example: &[(&str, &Tensor)],
@@ -132,16 +146,18 @@ pub fn build_training_graph(
     let resized = fit_inputs_to_example(&mut g, example)?;
     let label = opts.loss.label();
     let model_feeds = feeds_for(&g, example);
-    let forward_metas = probe_values(rt, &g, &model_feeds).map_err(|e| match (&resized, e) {
-        (Some(what), Error::Ort { context, source }) => Error::Ort {
-            context: format!(
-                "{context} ({what}; a model exported with a fixed batch size can only train \
+    let forward_metas = rt
+        .probe(&g, &model_feeds)
+        .map_err(|e| match (&resized, e) {
+            (Some(what), Error::Ort { context, source }) => Error::Ort {
+                context: format!(
+                    "{context} ({what}; a model exported with a fixed batch size can only train \
                  micro-batches of that size)"
-            ),
-            source,
-        },
-        (_, e) => e,
-    })?;
+                ),
+                source,
+            },
+            (_, e) => e,
+        })?;
     let pred_name = match &opts.loss {
         LossSpec::SoftmaxCrossEntropy { prediction, .. } | LossSpec::Mse { prediction, .. } => {
             prediction
@@ -204,7 +220,7 @@ pub fn build_training_graph(
         for (n, t) in &param_values {
             probe_graph.inputs.push(value_info(n, &meta_of(t)));
         }
-        probe_values(rt, &probe_graph, &feeds)?
+        rt.probe(&probe_graph, &feeds)?
     };
     let loss_meta = loss_metas
         .get(LOSS)
@@ -262,7 +278,7 @@ pub fn build_training_graph(
     feeds.extend(params.iter().map(|p| (p.name.as_str(), &p.init)));
     let seed = Tensor::zeros(loss_meta.dtype, vec![]);
     feeds.push((LOSS_GRAD, &seed));
-    let metas = probe_values(rt, &full, &feeds)?;
+    let metas = rt.probe(&full, &feeds)?;
     Ok(TrainingGraph {
         graph: full,
         forward_len,
