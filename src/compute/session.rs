@@ -174,6 +174,25 @@ impl GraphSession {
     /// # Errors
     /// As [`GraphSession::run`].
     pub fn run_views(&mut self, feeds: &[(&str, TensorView<'_>)]) -> Result<Vec<Tensor>> {
+        Ok(self
+            .run_views_into(feeds, &mut |_, _| Ok(false))?
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect())
+    }
+
+    /// [`GraphSession::run_views`] that first offers every float32 output, still in
+    /// ONNX Runtime's memory, to `sink` (name, values): what it takes (returns true for)
+    /// is never copied out, so gradients go straight into their accumulators. Returns the
+    /// other outputs, by name, in the graph's order.
+    ///
+    /// # Errors
+    /// As [`GraphSession::run`], and what `sink` returns.
+    pub fn run_views_into(
+        &mut self,
+        feeds: &[(&str, TensorView<'_>)],
+        sink: &mut dyn FnMut(&str, &[f32]) -> Result<bool>,
+    ) -> Result<Vec<(String, Tensor)>> {
         let ctx = || format!("running {}", self.label);
         let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
             Vec::with_capacity(feeds.len());
@@ -191,7 +210,12 @@ impl GraphSession {
                 name: name.clone(),
                 reason: format!("{label} did not produce this output"),
             })?;
-            result.push(to_host(value, name)?);
+            if let Ok((_, values)) = value.try_extract_tensor::<f32>() {
+                if sink(name, values)? {
+                    continue;
+                }
+            }
+            result.push((name.clone(), to_host(value, name)?));
         }
         Ok(result)
     }

@@ -71,6 +71,8 @@ pub struct OrtStage {
     pub(super) layout: ParamLayout,
     pub(super) params: Vec<f32>,
     pub(super) grads: Vec<f32>,
+    /// Per parameter: whether this step's gradients have reached its accumulator yet.
+    pub(super) written: Vec<bool>,
     /// Gradient output name -> parameter index in the layout.
     grad_slot: HashMap<String, usize>,
     pub(super) optimizer: Box<dyn Optimizer>,
@@ -154,6 +156,7 @@ impl OrtStage {
             },
             optimizer: crate::optim::build(&settings.optimizer, &layout)?,
             grads: vec![0.0; layout.len()],
+            written: vec![false; layout.count()],
             params: flat,
             grad_slot,
             layout,
@@ -238,26 +241,37 @@ impl OrtStage {
             .collect()
     }
 
-    /// Runs `session` on whatever it needs from the parameters and `sources`.
+    /// Runs `session` on whatever it needs from the parameters and `sources`. Parameter
+    /// gradients go straight from ONNX Runtime's outputs into the step's accumulators
+    /// (the first contribution of a step is copied, later ones added, so the buffer is
+    /// never zeroed); the other outputs are returned, shared.
     pub(super) fn run(
-        &self,
+        &mut self,
         session: &mut GraphSession,
         sources: &[&Payload],
-    ) -> Result<Vec<(String, Tensor)>> {
+    ) -> Result<Payload> {
         let names = session.input_names().to_vec();
         let seed = if names.iter().any(|n| n == LOSS_GRAD) {
             Some(self.seed(sources)?)
         } else {
             None
         };
+        let OrtStage {
+            layout,
+            params,
+            grads,
+            written,
+            grad_slot,
+            ..
+        } = self;
         let mut feeds: Vec<(&str, TensorView<'_>)> = Vec::with_capacity(names.len());
         for n in &names {
             let view = if let Some(seed) = seed.as_ref().filter(|_| n == LOSS_GRAD) {
                 seed.view()
-            } else if let Some(i) = self.layout.index_of(n) {
+            } else if let Some(i) = layout.index_of(n) {
                 TensorView {
-                    shape: &self.layout.shapes()[i],
-                    data: ViewData::F32(self.layout.slice(&self.params, i)),
+                    shape: &layout.shapes()[i],
+                    data: ViewData::F32(layout.slice(params, i)),
                 }
             } else {
                 sources
@@ -273,35 +287,44 @@ impl OrtStage {
             };
             feeds.push((n.as_str(), view));
         }
+        let mut sink = |name: &str, g: &[f32]| -> Result<bool> {
+            let Some(&i) = grad_slot.get(name) else {
+                return Ok(false);
+            };
+            let acc = layout.slice_mut(grads, i);
+            if acc.len() != g.len() {
+                return Err(Error::BadTensor {
+                    name: name.into(),
+                    reason: format!("{} values, the parameter has {}", g.len(), acc.len()),
+                });
+            }
+            if written[i] {
+                acc.iter_mut().zip(g).for_each(|(a, x)| *a += x);
+            } else {
+                acc.copy_from_slice(g);
+                written[i] = true;
+            }
+            Ok(true)
+        };
         // ONNX Runtime computes on this thread: the engine gives each stage actor a
         // thread of its own (`ActorThreads::Dedicated`), so no tokio worker is held up.
-        let outputs = session.run_views(&feeds)?;
-        Ok(session
-            .output_names()
-            .iter()
-            .cloned()
-            .zip(outputs)
-            .collect())
+        let rest = session.run_views_into(&feeds, &mut sink)?;
+        Ok(rest.into_iter().map(|(n, t)| (n, Arc::new(t))).collect())
     }
 
-    /// Adds parameter gradients to the step's accumulators; returns the other outputs.
-    pub(super) fn accumulate(&mut self, outputs: Vec<(String, Tensor)>) -> Result<Payload> {
-        let mut rest = Payload::new();
-        for (name, t) in outputs {
-            match self.grad_slot.get(&name) {
-                Some(&i) => {
-                    let g = t.as_f32().ok_or_else(|| Error::BadTensor {
-                        name: name.clone(),
-                        reason: "gradients are float32".into(),
-                    })?;
-                    let acc = self.layout.slice_mut(&mut self.grads, i);
-                    acc.iter_mut().zip(g).for_each(|(a, x)| *a += x);
-                }
-                None => {
-                    rest.insert(name, Arc::new(t));
-                }
+    /// Zeroes the gradients of parameters nothing contributed to this step (their buffer
+    /// still holds an older step's): the step's gradients are then complete.
+    pub(super) fn complete_grads(&mut self) {
+        for i in 0..self.layout.count() {
+            if !self.written[i] {
+                self.layout.slice_mut(&mut self.grads, i).fill(0.0);
+                self.written[i] = true;
             }
         }
-        Ok(rest)
+    }
+
+    /// Starts a new step's accumulation.
+    pub(super) fn reset_grads(&mut self) {
+        self.written.fill(false);
     }
 }

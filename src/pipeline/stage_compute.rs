@@ -2,7 +2,6 @@
 //! its input and weight halves), evaluation, and the update the coordinator decides.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use pipetrain_actors::{
     BackwardPart, BoxError, ForwardOut, GradStats, SaveJob, StageCompute, StepDecision,
@@ -22,17 +21,14 @@ impl OrtStage {
         };
         let outputs = match session.as_mut() {
             Some(s) => self.run(s, &[input, data]),
-            None => Ok(Vec::new()),
+            None => Ok(Payload::new()),
         };
         if eval {
             self.evaluate = session;
         } else {
             self.forward = session;
         }
-        Ok(outputs?
-            .into_iter()
-            .map(|(n, t)| (n, Arc::new(t)))
-            .collect())
+        outputs
     }
 
     /// What a forward pass hands on: the next stage's activations (its own outputs and
@@ -85,7 +81,7 @@ impl StageCompute for OrtStage {
         if let Some(mut session) = self.fused.take() {
             let outputs = self.run(&mut session, &[&input, &data]);
             self.fused = Some(session);
-            let rest = self.accumulate(outputs?)?;
+            let rest = outputs?;
             let raw = rest
                 .get(LOSS)
                 .and_then(|t| t.to_f64_vec().first().copied())
@@ -132,14 +128,14 @@ impl StageCompute for OrtStage {
         let mut session = slot.take();
         let outputs = match session.as_mut() {
             Some(s) => self.run(s, &[&grad, &stash]),
-            None => Ok(Vec::new()),
+            None => Ok(Payload::new()),
         };
         match part {
             BackwardPart::Full => self.backward = session,
             BackwardPart::Input => self.backward_input = session,
             BackwardPart::Weight => self.backward_weight = session,
         }
-        let rest = self.accumulate(outputs?)?;
+        let rest = outputs?;
         if part == BackwardPart::Input {
             // What the weight half will read: values the input half computed for it, and
             // the gradients that arrived from the next stage.
@@ -169,6 +165,7 @@ impl StageCompute for OrtStage {
     }
 
     fn take_grads(&mut self) -> Vec<f32> {
+        self.complete_grads();
         std::mem::take(&mut self.grads)
     }
 
@@ -177,6 +174,7 @@ impl StageCompute for OrtStage {
     }
 
     fn grad_stats(&mut self, step: u64) -> GradStats {
+        self.complete_grads();
         if self.settings.overflow_at.contains(&step) {
             if let Some(g) = self.grads.first_mut() {
                 *g = f32::INFINITY;
@@ -200,7 +198,7 @@ impl StageCompute for OrtStage {
             }
             self.optimizer.step(&mut self.params, &self.grads, lr)?;
         }
-        self.grads.iter_mut().for_each(|g| *g = 0.0);
+        self.reset_grads();
         self.loss_scale = decision.next_loss_scale;
         Ok(())
     }
