@@ -92,6 +92,8 @@ enum Msg {
         jobs: Vec<SaveJob>,
         /// Answered when the save starts being written (see `CoordinatorHandle::save`).
         started: oneshot::Sender<()>,
+        /// Told when the checkpoint is complete.
+        notify: Option<oneshot::Sender<Result<SavedCheckpoint, ActorError>>>,
     },
     Finish {
         reply: oneshot::Sender<Result<Vec<SavedCheckpoint>, ActorError>>,
@@ -193,12 +195,14 @@ impl CoordinatorHandle {
         steps_done: u64,
         dir: PathBuf,
         jobs: Vec<SaveJob>,
+        notify: Option<oneshot::Sender<Result<SavedCheckpoint, ActorError>>>,
     ) -> Result<(), ActorError> {
         self.ask(|started| Msg::Save {
             steps_done,
             dir,
             jobs,
             started,
+            notify,
         })
         .await
     }
@@ -215,7 +219,14 @@ struct PendingSave {
     dir: PathBuf,
     jobs: Vec<SaveJob>,
     started: oneshot::Sender<()>,
+    notify: Option<oneshot::Sender<Result<SavedCheckpoint, ActorError>>>,
 }
+
+/// A checkpoint being written, and who is told when it completes.
+type Writing = (
+    Option<oneshot::Sender<Result<SavedCheckpoint, ActorError>>>,
+    Result<SavedCheckpoint, ActorError>,
+);
 
 struct Coordinator {
     s: CoordinatorSettings,
@@ -227,7 +238,7 @@ struct Coordinator {
     waiting: BTreeMap<u64, Vec<RankStats>>,
     decisions: BTreeMap<u64, StepDecision>,
     queue: VecDeque<PendingSave>,
-    saving: JoinSet<Result<SavedCheckpoint, ActorError>>,
+    saving: JoinSet<Writing>,
     saved: Vec<SavedCheckpoint>,
     save_error: Option<ActorError>,
     finish: Option<oneshot::Sender<Result<Vec<SavedCheckpoint>, ActorError>>>,
@@ -260,11 +271,27 @@ impl Coordinator {
                 },
                 Some(done) = self.saving.join_next(), if !self.saving.is_empty() => {
                     match done {
-                        Ok(Ok(saved)) => {
+                        Ok((notify, Ok(saved))) => {
                             tracing::info!(path = %saved.path.display(), "checkpoint saved");
+                            if let Some(n) = notify {
+                                let _ = n.send(Ok(saved.clone()));
+                            }
                             self.saved.push(saved);
                         }
-                        Ok(Err(e)) => { self.save_error.get_or_insert(e); }
+                        Ok((notify, Err(e))) => {
+                            if let Some(n) = notify {
+                                // The run fails with the error; the waiter gets its words.
+                                let copy = match &e {
+                                    ActorError::Checkpoint { steps_done, source } => ActorError::Checkpoint {
+                                        steps_done: *steps_done,
+                                        source: source.to_string().into(),
+                                    },
+                                    other => ActorError::ActorGone { actor: other.to_string() },
+                                };
+                                let _ = n.send(Err(copy));
+                            }
+                            self.save_error.get_or_insert(e);
+                        }
                         Err(e) => {
                             self.save_error.get_or_insert(ActorError::ActorGone {
                                 actor: format!("a checkpoint writer ({e})"),
@@ -319,6 +346,7 @@ impl Coordinator {
                 dir,
                 jobs,
                 started,
+                notify,
             } => {
                 // The scaler as it was after the checkpoint's last step (later steps may
                 // already have moved it).
@@ -332,6 +360,7 @@ impl Coordinator {
                     dir,
                     jobs,
                     started,
+                    notify,
                 });
                 self.start_next_save();
             }
@@ -480,10 +509,13 @@ impl Coordinator {
             dir,
             jobs,
             started,
+            notify,
         } = next;
         let _ = started.send(());
-        self.saving
-            .spawn(write_checkpoint(state, dir, jobs, checkpointer));
+        self.saving.spawn(async move {
+            let written = write_checkpoint(state, dir, jobs, checkpointer).await;
+            (notify, written)
+        });
     }
 
     fn answer_finish(&mut self) {

@@ -17,7 +17,7 @@ use crate::coordinator::{CoordinatorHandle, CoordinatorSettings, StepResult};
 use crate::data::spawn_data_actor;
 use crate::decide::{GradPolicy, ScalerState};
 use crate::error::ActorError;
-use crate::scheduler::{Member, SchedulerActor};
+use crate::scheduler::{Member, RunControl, SchedulerActor};
 use crate::stage::{StageActor, Status};
 use crate::traits::{DataSource, StageCompute};
 
@@ -47,6 +47,8 @@ pub struct EngineSettings {
     pub scaler: Option<ScalerState>,
     /// Save checkpoints now and then.
     pub checkpoint: Option<CheckpointSettings>,
+    /// Requests from an embedder: a checkpoint now, a stop after the current step.
+    pub control: Option<flume::Receiver<RunControl>>,
 }
 
 impl EngineSettings {
@@ -64,6 +66,7 @@ impl EngineSettings {
             policy: GradPolicy::default(),
             scaler: None,
             checkpoint: None,
+            control: None,
         }
     }
 }
@@ -336,6 +339,7 @@ where
         evaluation,
         checkpoint: settings.checkpoint.clone(),
         last_step: steps.end.saturating_sub(1),
+        control: settings.control.clone(),
     };
     let mut results = Vec::new();
     let mut on_step = on_step;

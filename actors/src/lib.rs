@@ -46,5 +46,6 @@ pub use decide::{DynamicScaling, GradPolicy, GradStats, LossScaling, ScalerState
 pub use engine::{lowered, run, ActorThreads, EngineSettings, EvalSettings, RunOutput, RunTrace};
 pub use error::{ActorError, BoxError};
 pub use pipetrain_schedules as schedules;
+pub use scheduler::RunControl;
 pub use sim::{replay, ReplayDivergence};
 pub use traits::{BackwardPart, Collective, DataSource, ForwardOut, StageCompute};

@@ -11,7 +11,9 @@ use pipetrain_schedules::Trace;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::checkpoint::CheckpointSettings;
+use tokio::sync::oneshot;
+
+use crate::checkpoint::{CheckpointSettings, SavedCheckpoint};
 use crate::coordinator::{CoordinatorHandle, StepResult};
 use crate::decide::{checkpoint_due, evaluation_due};
 use crate::error::ActorError;
@@ -61,7 +63,24 @@ pub(crate) struct SchedulerActor<P> {
     pub checkpoint: Option<CheckpointSettings>,
     /// The run's last optimizer step (a checkpoint follows it).
     pub last_step: u64,
+    /// Requests from whoever embeds the run.
+    pub control: Option<flume::Receiver<RunControl>>,
 }
+
+/// What an embedder can ask of a running run (see `EngineSettings::control`).
+#[derive(Debug)]
+pub enum RunControl {
+    /// Save a checkpoint after the step in progress, or after the next one when it is
+    /// already handed out (the scheduler keeps one round ahead); the reply comes once it
+    /// is complete (or with the error that stopped it).
+    CheckpointNow(oneshot::Sender<Result<SavedCheckpoint, ActorError>>),
+    /// Finish the steps handed out (the one in progress, perhaps the next), save a
+    /// checkpoint (when the run saves any), and end the run normally.
+    Stop,
+}
+
+/// A checkpoint round and who waits for it to complete.
+type SaveWaiter = Option<oneshot::Sender<Result<SavedCheckpoint, ActorError>>>;
 
 impl<P: Send + 'static> SchedulerActor<P> {
     /// Runs steps `first..first + count` (with evaluations between them when asked),
@@ -95,7 +114,11 @@ impl<P: Send + 'static> SchedulerActor<P> {
             }
         }
         let mut pending: Option<StepResult> = None;
-        for (i, &round) in rounds.iter().enumerate() {
+        let mut waiters: HashMap<usize, SaveWaiter> = HashMap::new();
+        let mut i = 0;
+        while i < rounds.len() {
+            let round = rounds[i];
+            self.take_requests(&mut rounds, i, &mut waiters);
             // Hand out the next round before this one ends: an actor that finishes goes on
             // at once instead of waiting for the round trip through the scheduler and the
             // coordinator. Rounds stay in order: each actor runs its plans one by one, and
@@ -143,9 +166,11 @@ impl<P: Send + 'static> SchedulerActor<P> {
                     let dir = save_dirs.remove(&i).ok_or_else(|| ActorError::Settings {
                         reason: format!("no folder for the checkpoint after step {step}"),
                     })?;
-                    self.coordinator.save(step + 1, dir, saves).await?;
+                    let notify = waiters.remove(&i).flatten();
+                    self.coordinator.save(step + 1, dir, saves, notify).await?;
                 }
             }
+            i += 1;
         }
         // Checkpoints still being written complete before the run is over.
         let saved = self.coordinator.finish().await?;
@@ -154,6 +179,64 @@ impl<P: Send + 'static> SchedulerActor<P> {
             on_step(&r);
         }
         Ok(traces)
+    }
+
+    /// Takes the embedder's requests that arrived while round `current` ran: a
+    /// checkpoint goes right after it (after its step, for an evaluation or a save); a
+    /// stop drops every later round but a checkpoint. Rounds up to `current + 1` may
+    /// already be handed out, so changes start after them.
+    fn take_requests(
+        &self,
+        rounds: &mut Vec<Round>,
+        current: usize,
+        waiters: &mut HashMap<usize, SaveWaiter>,
+    ) {
+        let Some(control) = &self.control else {
+            return;
+        };
+        // The round after `current` is handed out next, in this same iteration: requests
+        // change what follows it.
+        let at = current + 2;
+        while let Ok(request) = control.try_recv() {
+            let done_step = rounds[..at.min(rounds.len())]
+                .iter()
+                .rev()
+                .find_map(|r| match r {
+                    Round::Train(s) => Some(*s),
+                    _ => None,
+                });
+            match request {
+                RunControl::CheckpointNow(reply) => {
+                    let (Some(step), true) = (done_step, self.checkpoint.is_some()) else {
+                        let _ = reply.send(Err(ActorError::Settings {
+                            reason: "the run saves no checkpoints (no checkpoints folder)".into(),
+                        }));
+                        continue;
+                    };
+                    let pos = at.min(rounds.len());
+                    rounds.insert(pos, Round::Save(step));
+                    // Positions of later waiters move by one.
+                    let moved: HashMap<usize, SaveWaiter> = waiters
+                        .drain()
+                        .map(|(k, v)| (if k >= pos { k + 1 } else { k }, v))
+                        .collect();
+                    *waiters = moved;
+                    waiters.insert(pos, Some(reply));
+                }
+                RunControl::Stop => {
+                    let keep = at.min(rounds.len());
+                    rounds.truncate(keep);
+                    let saved_last =
+                        matches!(rounds.last(), Some(Round::Save(s)) if Some(*s) == done_step);
+                    if let (Some(step), true, false) =
+                        (done_step, self.checkpoint.is_some(), saved_last)
+                    {
+                        rounds.push(Round::Save(step));
+                    }
+                    waiters.retain(|&k, _| k < rounds.len());
+                }
+            }
+        }
     }
 
     /// Sends every member its plan for `round` (the `index`-th of the run); for a
