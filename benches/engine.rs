@@ -243,7 +243,7 @@ fn single_stage(
     let reads = stages.iter().map(|s| s.io.data.clone()).collect();
     (
         stage,
-        pipetrain::pipeline::StepData::new(batches, 1, 1, reads),
+        pipetrain::pipeline::StepData::new(Box::new(batches), 1, 1, reads),
     )
 }
 

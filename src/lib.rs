@@ -7,6 +7,9 @@
 //! - [`graph`]: the graph IR, loss attachment, reverse-mode autodiff emitting ONNX
 //!   backward graphs, stage partitioning, per-stage forward / backward / input-grad /
 //!   weight-grad graphs, and export of the trained inference model.
+//! - [`api`]: embedding pipetrain: [`api::Trainer`] and its run handle (events,
+//!   checkpoint now, stop, cancel), the seeds' `TrainingRunner` and on-device
+//!   `Module` / `Optimizer` loop.
 //! - [`checkpoint`]: checkpoints (safetensors shards per stage keyed by parameter name, a
 //!   manifest written last), exact and layout-free resume.
 //! - [`compute`]: ONNX Runtime through `ort` (`load-dynamic`): finding the library,
@@ -17,6 +20,7 @@
 //! - [`Error`]: the one error type.
 #![deny(missing_docs)]
 
+pub mod api;
 pub mod checkpoint;
 pub mod compute;
 pub mod config;

@@ -33,13 +33,22 @@ pub(crate) fn spawn_data_actor<D: DataSource>(
     let (tx, rx) = flume::bounded(PREFETCH);
     tasks.spawn(async move {
         for step in steps {
-            let batch = (0..micro_batches)
-                .map(|mb| DataItem {
-                    step,
-                    mb,
-                    payload: source.micro_batch(step, replica, mb, stage),
-                })
-                .collect();
+            // A source may block (reading a file, waiting for an embedder's batch): off
+            // the runtime's worker, which the scheduler and coordinator share.
+            let source = source.clone();
+            let made = tokio::task::spawn_blocking(move || {
+                (0..micro_batches)
+                    .map(|mb| DataItem {
+                        step,
+                        mb,
+                        payload: source.micro_batch(step, replica, mb, stage),
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await;
+            let batch = made.map_err(|e| ActorError::ActorGone {
+                actor: format!("the data reader of replica {replica} stage {stage} ({e})"),
+            })?;
             if tx.send_async(batch).await.is_err() {
                 // The stage stopped (run over or failed): nothing more to prepare.
                 return Ok(());

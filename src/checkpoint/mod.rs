@@ -167,6 +167,26 @@ pub fn restore_stage(
     Ok(())
 }
 
+/// Restores only one stage's parameters from `ckpt`, by name.
+///
+/// # Errors
+/// `Checkpoint` when a tensor is missing or of another shape. Nothing is changed on
+/// error.
+pub fn restore_params(
+    ckpt: &LoadedCheckpoint,
+    layout: &ParamLayout,
+    params: &mut [f32],
+) -> Result<()> {
+    for i in 0..layout.count() {
+        ckpt.check_param(&layout.names()[i], &layout.shapes()[i])?;
+    }
+    for i in 0..layout.count() {
+        let r = layout.range(i);
+        ckpt.copy_param(&layout.names()[i], &layout.shapes()[i], &mut params[r])?;
+    }
+    Ok(())
+}
+
 /// Runs `job` at the lowest CPU priority (Linux: `setpriority` on the calling thread),
 /// then restores the thread's priority: a checkpoint written in the background then
 /// takes the moments the training leaves idle instead of time from it.

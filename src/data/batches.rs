@@ -207,3 +207,13 @@ impl Batches {
         Ok(out)
     }
 }
+
+impl super::StepBatches for Batches {
+    fn batch(&self, step: usize) -> Result<TensorMap> {
+        Batches::batch(self, step)
+    }
+
+    fn part(&self, step: usize, part: usize, parts: usize) -> Result<TensorMap> {
+        Batches::part(self, step, part, parts)
+    }
+}

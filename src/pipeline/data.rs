@@ -6,7 +6,7 @@ use std::sync::Arc;
 use pipetrain_actors::{BoxError, DataSource};
 
 use crate::compute::TensorMap;
-use crate::data::Batches;
+use crate::data::StepBatches;
 use crate::pipeline::stage::Payload;
 use crate::tensor::Tensor;
 
@@ -17,9 +17,9 @@ pub const LOSS_COUNT: &str = "pipetrain/counted_positions";
 
 /// The data each stage reads, from one data file.
 pub struct StepData {
-    batches: Batches,
+    batches: Box<dyn StepBatches>,
     /// The evaluation set: its first batch, split like a training step's.
-    eval: Option<(Batches, usize)>,
+    eval: Option<(Box<dyn StepBatches>, usize)>,
     micro_batches: usize,
     replicas: usize,
     /// For each stage, the data inputs its graphs read.
@@ -31,7 +31,7 @@ pub struct StepData {
 impl StepData {
     /// `reads[stage]` names the data inputs of each stage (from its `StageIo`).
     pub fn new(
-        batches: Batches,
+        batches: Box<dyn StepBatches>,
         micro_batches: usize,
         replicas: usize,
         reads: Vec<Vec<String>>,
@@ -56,7 +56,7 @@ impl StepData {
 
 impl StepData {
     /// Evaluates on the first batch of `eval`, split into `micro_batches` per replica.
-    pub fn with_eval(mut self, eval: Batches, micro_batches: usize) -> StepData {
+    pub fn with_eval(mut self, eval: Box<dyn StepBatches>, micro_batches: usize) -> StepData {
         self.eval = Some((eval, micro_batches));
         self
     }

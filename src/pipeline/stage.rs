@@ -217,6 +217,23 @@ impl OrtStage {
         })
     }
 
+    /// Replaces the stage's optimizer by a fresh one of `cfg` (state zeroed, no steps):
+    /// the on-device API creates its optimizer after its module.
+    ///
+    /// # Errors
+    /// `Config` when `cfg` breaks a rule.
+    pub fn set_optimizer(&mut self, cfg: &crate::optim::OptimizerConfig) -> Result<()> {
+        self.optimizer = crate::optim::build(cfg, &self.layout)?;
+        self.settings.optimizer = cfg.clone();
+        Ok(())
+    }
+
+    /// The parameters' layout and flat values, and the optimizer: for writing a
+    /// checkpoint outside a run.
+    pub fn state(&self) -> (&ParamLayout, &[f32], &dyn Optimizer) {
+        (&self.layout, &self.params, self.optimizer.as_ref())
+    }
+
     /// The names of the state buffers the stage's optimizer keeps (`exp_avg`, ...).
     pub fn optimizer_state_names(&self) -> Vec<String> {
         self.optimizer
@@ -326,5 +343,20 @@ impl OrtStage {
     /// Starts a new step's accumulation.
     pub(super) fn reset_grads(&mut self) {
         self.written.fill(false);
+    }
+
+    /// Starts a new accumulation: the next gradients overwrite the accumulators instead
+    /// of adding to them (ORT's lazy gradient reset; nothing is zeroed now).
+    pub fn reset_accumulation(&mut self) {
+        self.reset_grads();
+    }
+
+    /// Takes only the parameters of this stage from a checkpoint, by name (the optimizer
+    /// state is left as it is).
+    ///
+    /// # Errors
+    /// `Checkpoint` when a tensor is missing or of another shape; nothing changes then.
+    pub fn restore_params(&mut self, ckpt: &LoadedCheckpoint) -> Result<()> {
+        crate::checkpoint::restore_params(ckpt, &self.layout, &mut self.params)
     }
 }

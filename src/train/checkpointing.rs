@@ -10,7 +10,6 @@ use crate::checkpoint::{
     Manifest, ModelInfo, OptimizerInfo, ScalerInfo, Settings, FORMAT, FORMAT_VERSION,
 };
 use crate::config::TrainConfig;
-use crate::data::Batches;
 use crate::{Error, Result};
 
 /// The newest complete checkpoint in `cfg`'s `checkpoints_dir`: what `--resume` takes.
@@ -37,13 +36,15 @@ pub fn latest_checkpoint(
 pub(super) fn load_resume(
     cfg: &TrainConfig,
     fingerprint: &str,
-) -> Result<Option<LoadedCheckpoint>> {
+) -> Result<(Option<LoadedCheckpoint>, Vec<String>)> {
     let Some(path) = &cfg.checkpoint_to_load_path else {
-        return Ok(None);
+        return Ok((None, Vec::new()));
     };
     let ckpt = LoadedCheckpoint::open(path)?;
+    let mut warnings = Vec::new();
     for change in crate::checkpoint::check_resume(&ckpt.manifest, path, cfg, fingerprint)? {
         tracing::warn!("resuming {}: {change}", path.display());
+        warnings.push(format!("resuming {}: {change}", path.display()));
     }
     let total = cfg.optimizer_steps() as u64;
     if ckpt.manifest.steps_done > total {
@@ -55,7 +56,7 @@ pub(super) fn load_resume(
             ),
         });
     }
-    Ok(Some(ckpt))
+    Ok((Some(ckpt), warnings))
 }
 
 /// Facts of the run that every manifest repeats.
@@ -72,9 +73,11 @@ pub(super) struct RunFacts {
 
 impl RunFacts {
     /// The facts of `cfg`'s run over `batches`.
+    /// `(order_len, rows)`: the steps of the data's batch order, and its rows (none and
+    /// 0 for an embedder's data).
     pub fn new(
         cfg: &TrainConfig,
-        batches: &Batches,
+        (order_len, data_rows): (Option<usize>, usize),
         model: ModelInfo,
         state: Vec<String>,
         stages: usize,
@@ -98,8 +101,8 @@ impl RunFacts {
             },
             global_batch: cfg.global_batch(),
             batch_order: cfg.data.batch_order.clone(),
-            order_len: batches.order_len(),
-            data_rows: batches.rows(),
+            order_len,
+            data_rows,
         }
     }
 

@@ -1,31 +1,25 @@
 //! A training run on the actor runtime: the configuration's model, cut into stages, one
-//! [`OrtStage`] per (stage, replica), fed by [`StepData`] and driven by
-//! `pipetrain_actors::run` under the configured pipeline schedule; resumed from a
-//! checkpoint and saving checkpoints (`checkpointing`).
+//! [`crate::pipeline::OrtStage`] per (stage, replica), fed by
+//! [`crate::pipeline::StepData`] and driven by `pipetrain_actors::run` under the
+//! configured pipeline schedule (`run`); resumed from a checkpoint and saving
+//! checkpoints (`checkpointing`); its events ([`RunEvent`]) for the binary and embedders.
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use pipetrain_actors::{
-    EngineSettings, LossScaling, RunTrace, SavedCheckpoint, ScalerState, StepResult,
-};
+use pipetrain_actors::{RunControl, RunTrace, SavedCheckpoint};
 
-use crate::checkpoint::{model_fingerprint, slow_write, LoadedCheckpoint, ModelInfo};
-use crate::compute::{Runtime, SessionOptions};
+use crate::compute::Runtime;
 use crate::config::TrainConfig;
-use crate::data::{read_safetensors, Batches};
-use crate::graph::{
-    assign_stages, build_stage_graphs, build_training_graph, export_inference_model, LossNormalize,
-    TrainOptions,
-};
+use crate::data::BatchSource;
 use crate::onnx::proto::ModelProto;
-use crate::onnx::{load_model, save_model, write_atomically};
-use crate::pipeline::{OrtStage, StageSettings, StepData};
+use crate::onnx::write_atomically;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 mod checkpointing;
+mod run;
 
 pub use checkpointing::latest_checkpoint;
 
@@ -50,8 +44,78 @@ pub struct StepReport {
     pub skipped: bool,
     /// Checkpoints completed since the previous report.
     pub saved: Vec<SavedCheckpoint>,
+    /// Training samples per second over the step (all replicas).
+    pub samples_per_s: f64,
     /// Time since training started.
     pub elapsed: Duration,
+}
+
+impl StepReport {
+    /// What the step means as events: the step, then its evaluation and the checkpoints
+    /// completed with it.
+    fn events(self) -> Vec<RunEvent> {
+        let mut out = Vec::with_capacity(2 + self.saved.len());
+        if let Some(loss) = self.eval_loss {
+            out.push(RunEvent::Evaluation {
+                step: self.step,
+                loss,
+            });
+        }
+        out.extend(self.saved.iter().cloned().map(RunEvent::CheckpointSaved));
+        out.insert(0, RunEvent::Step(self));
+        out
+    }
+}
+
+/// What happens in a run, in order: for an embedder's event stream
+/// ([`crate::api::RunHandle::events`]) and the binary's output.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum RunEvent {
+    /// Training starts (graphs built, sessions made, any checkpoint loaded).
+    Started {
+        /// The first step this run trains (0, or a resumed checkpoint's).
+        first_step: u64,
+        /// The run's last step + 1.
+        total_steps: u64,
+        /// Pipeline stages.
+        stages: usize,
+        /// Data-parallel replicas.
+        replicas: usize,
+    },
+    /// An optimizer step is done.
+    Step(StepReport),
+    /// The evaluation after a step.
+    Evaluation {
+        /// The step it followed.
+        step: u64,
+        /// Mean loss over the evaluation set.
+        loss: f64,
+    },
+    /// A checkpoint is complete on disk.
+    CheckpointSaved(SavedCheckpoint),
+    /// Something the user should know that does not stop the run.
+    Warning(String),
+    /// The run ended; its summary.
+    Finished(Box<TrainSummary>),
+    /// The run failed; the error, in words.
+    Failed(String),
+    /// The run was cancelled.
+    Cancelled,
+}
+
+/// How a run is driven, beyond its configuration.
+pub struct RunOptions<'a> {
+    /// Record what every actor did (see [`TrainSummary::trace`]).
+    pub record_trace: bool,
+    /// Training data handed in by an embedder, instead of the configuration's file.
+    pub data: Option<Arc<dyn BatchSource>>,
+    /// Evaluation data handed in by an embedder (its step 0 batch is the evaluation set).
+    pub eval_data: Option<Arc<dyn BatchSource>>,
+    /// Requests from an embedder (checkpoint now, stop).
+    pub control: Option<flume::Receiver<RunControl>>,
+    /// Sees every event of the run, as it happens.
+    pub on_event: &'a mut (dyn FnMut(RunEvent) + Send),
 }
 
 /// The outcome of a run.
@@ -112,203 +176,33 @@ pub async fn train_async(
     record_trace: bool,
     mut on_step: impl FnMut(&StepReport) + Send,
 ) -> Result<TrainSummary> {
-    let mut model = load_model(&cfg.model_path)?;
-    let fingerprint = model_fingerprint(&model);
-    if let Some(init) = &cfg.init_path {
-        apply_init(&mut model, &read_safetensors(init)?, init)?;
-    }
-    let resume = checkpointing::load_resume(cfg, &fingerprint)?;
-    let (d, m) = (cfg.data_parallel_size, cfg.gradient_accumulation_steps);
-    let batches = Batches::open(&cfg.data, cfg.global_batch(), config_path)?;
-    let first = batches.part(0, 0, d * m)?;
-    let example: Vec<(&str, &Tensor)> = first.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let opts = TrainOptions {
-        loss: cfg.loss.clone(),
-        trainable: None,
-        contrib_ops: !cfg.runtime.standard_ops_only,
-    };
-    let tg = build_training_graph(rt, &model, &opts, &example)?;
-    if let Some(ckpt) = &resume {
-        let shapes: Vec<(String, Vec<usize>)> = tg
-            .params
-            .iter()
-            .map(|p| (p.name.clone(), p.meta.shape.clone()))
-            .collect();
-        ckpt.check_model(&shapes)?;
-    }
-    let assignment = assign_stages(&tg, &cfg.partition())?;
-    let stages = build_stage_graphs(&tg, &assignment)?;
-    let policy = cfg.grad_policy();
-    let scaler = starting_scaler(cfg, resume.as_ref());
-    let settings = stage_settings(cfg, scaler.scale);
-    let session_opts = session_options(cfg);
-    let mut computes = Vec::with_capacity(d);
-    for replica in 0..d {
-        let mut list = Vec::with_capacity(stages.len());
-        for (s, g) in stages.iter().enumerate() {
-            let mut st = settings.clone();
-            st.overflow_at = cfg
-                .debug
-                .inject_grad_overflow
-                .iter()
-                .filter(|f| f.stage == s && f.replica == replica)
-                .map(|f| f.step - 1)
-                .collect();
-            let mut stage = OrtStage::new(rt, &tg, g, &session_opts, &st)?;
-            if let Some(ckpt) = &resume {
-                stage.restore(ckpt)?;
-            }
-            list.push(stage);
+    let mut forward = |e: RunEvent| {
+        if let RunEvent::Step(r) = e {
+            on_step(&r);
         }
-        computes.push(list);
-    }
-    let state_names: Vec<String> = computes
-        .first()
-        .and_then(|r| r.first())
-        .map(|s| s.optimizer_state_names())
-        .unwrap_or_default();
-    let model_info = ModelInfo {
-        path: cfg.model_path.clone(),
-        fingerprint: fingerprint.clone(),
-        tensors: tg.params.len(),
-        parameters: tg.params.iter().map(|p| p.meta.numel() as u64).sum(),
     };
-    let facts = checkpointing::RunFacts::new(cfg, &batches, model_info, state_names, stages.len());
-    let reads = stages.iter().map(|s| s.io.data.clone()).collect();
-    let mut data = StepData::new(batches, m, d, reads);
-    if cfg.loss.normalize() == LossNormalize::Tokens {
-        if let Some(label) = cfg.loss.label() {
-            data = data.with_token_count(label, cfg.loss.ignore_index());
-        }
-    }
-    let evaluation = match cfg.evaluation_period {
-        Some(every) => {
-            let k = cfg.eval_micro_batches;
-            let eval = Batches::open(&cfg.eval_data(), cfg.batch_size * k * d, config_path)?;
-            data = data.with_eval(eval, k);
-            Some(pipetrain_actors::EvalSettings {
-                every: every as u64,
-                micro_batches: k,
-            })
-        }
-        None => None,
-    };
-    let data = Arc::new(data);
-    let schedule = cfg.schedule().generate().map_err(|e| Error::Config {
-        path: config_path.to_path_buf(),
-        field: "pipeline.schedule".into(),
-        rule: e.to_string(),
-    })?;
-    let engine = EngineSettings {
-        watchdog: Duration::from_secs_f64(cfg.watchdog_seconds),
+    let opts = RunOptions {
         record_trace,
-        evaluation,
-        policy,
-        scaler: Some(scaler),
-        checkpoint: checkpointing::checkpointer(cfg, facts)?,
-        ..EngineSettings::new(schedule, d)
+        data: None,
+        eval_data: None,
+        control: None,
+        on_event: &mut forward,
     };
-    let total = cfg.optimizer_steps() as u64;
-    let first_step = resume.as_ref().map_or(0, |c| c.manifest.steps_done);
-    drop(resume);
-    let lr = cfg.lr_schedule.clone();
-    let start = Instant::now();
-    let out = pipetrain_actors::run(
-        &engine,
-        computes,
-        data,
-        Box::new(move |step| lr.lr_at(step, total)),
-        first_step..total,
-        |r: &StepResult| {
-            on_step(&StepReport {
-                step: r.step,
-                loss: r.loss,
-                lr: r.lr,
-                eval_loss: r.eval_loss,
-                grad_norm: r.grad_norm,
-                clip_coef: r.clip_coef,
-                loss_scale: r.loss_scale,
-                skipped: r.skipped,
-                saved: r.saved.clone(),
-                elapsed: start.elapsed(),
-            })
-        },
-    )
-    .await
-    .map_err(|e| Error::Runtime {
-        source: Box::new(e),
-    })?;
-    let elapsed = start.elapsed();
-    let parameters: Vec<(String, Tensor)> = out
-        .computes
-        .first()
-        .into_iter()
-        .flatten()
-        .flat_map(OrtStage::parameters)
-        .collect();
-    if let Some(path) = &cfg.output_path {
-        let trained: Vec<(&str, &Tensor)> =
-            parameters.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
-        }
-        save_model(&export_inference_model(&model, &trained)?, path)?;
-    }
-    Ok(TrainSummary {
-        steps: out.steps.len(),
-        first_step,
-        final_loss: out.steps.last().map_or(f64::NAN, |s| s.loss),
-        global_batch: cfg.global_batch(),
-        elapsed,
-        stages: assignment.stages,
-        parameters,
-        trace: out.trace,
-    })
+    run_with(rt, cfg, config_path, opts).await
 }
 
-/// The loss scaler's state at the first step: a resumed dynamic scaler's, else the
-/// configuration's.
-fn starting_scaler(cfg: &TrainConfig, resume: Option<&LoadedCheckpoint>) -> ScalerState {
-    let scaling = cfg.grad_policy().scaling;
-    match (scaling, resume) {
-        (LossScaling::Dynamic(_), Some(c)) if c.manifest.loss_scaler.mode == "dynamic" => {
-            c.manifest.loss_scaler.state
-        }
-        _ => scaling.initial_state(),
-    }
-}
-
-/// What every stage of `cfg`'s run shares.
-fn stage_settings(cfg: &TrainConfig, loss_scale: f64) -> StageSettings {
-    let (d, m) = (cfg.data_parallel_size, cfg.gradient_accumulation_steps);
-    StageSettings {
-        split_backward: cfg.split_backward(),
-        loss_scale,
-        normalize: cfg.loss.normalize(),
-        slow_save: slow_write(cfg.debug.checkpoint_write_delay_ms),
-        ..StageSettings::new(cfg.optimizer.clone(), 1.0 / (m * d) as f64)
-    }
-}
-
-/// ONNX Runtime session settings: the machine's cores shared among the stage actors.
-fn session_options(cfg: &TrainConfig) -> SessionOptions {
-    let actors = cfg.data_parallel_size * cfg.pipeline_parallel_size;
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    SessionOptions {
-        intra_threads: cfg
-            .runtime
-            .intra_op_threads
-            .unwrap_or((cores / actors).max(1)),
-        inter_threads: 1,
-        optimize: !cfg.runtime.disable_optimizations,
-        // One actor alone runs one training session (the fused forward + backward of a
-        // single stage), and its threads spinning between kernels saves a wake-up each
-        // (tiny_gpt +20% steps/s). With several sessions per stage (forward, backward) or
-        // several actors, threads of an idle session spinning would steal the cores of
-        // the busy one.
-        spin: actors == 1 && cfg.stages() == 1 && !cfg.split_backward(),
-        profile: false,
-    }
+/// Trains as `cfg` says, driven by `opts`: an embedder's data, control requests, and
+/// every event of the run. Needs tokio's multi-thread runtime.
+///
+/// # Errors
+/// As [`train_async`].
+pub async fn run_with(
+    rt: &Runtime,
+    cfg: &TrainConfig,
+    config_path: &Path,
+    opts: RunOptions<'_>,
+) -> Result<TrainSummary> {
+    run::run_training(rt, cfg, config_path, opts).await
 }
 
 /// Writes a run's trace as JSON (atomically).
@@ -325,7 +219,7 @@ pub fn save_trace(trace: &RunTrace, path: &Path) -> Result<()> {
 }
 
 /// Replaces initializers by the safetensors file's tensors of the same name.
-fn apply_init(
+pub(crate) fn apply_init(
     model: &mut ModelProto,
     init: &std::collections::HashMap<String, Tensor>,
     path: &Path,
