@@ -9,7 +9,8 @@
 //!   weight-grad graphs, and export of the trained inference model.
 //! - [`compute`]: ONNX Runtime through `ort` (`load-dynamic`): finding the library,
 //!   sessions fed without copies, the shape probe, training-step runners.
-//! - [`data`]: NumPy and safetensors files, per-step batches.
+//! - [`data`]: NumPy and safetensors files, per-step batches, synthetic data sets.
+//! - [`models`]: built-in forward models (GPT-2, SqueezeNet 1.1, MLP) written as ONNX.
 //! - [`config`]: the training configuration (TOML), validated up front.
 //! - [`train`]: the one-process training loop over the stage graphs.
 //! - [`Error`]: the one error type.
@@ -20,6 +21,7 @@ pub mod config;
 pub mod data;
 mod error;
 pub mod graph;
+pub mod models;
 pub mod onnx;
 pub mod optim;
 pub mod pipeline;
