@@ -22,6 +22,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use builder::{at_least_one, rule};
 pub use builder::{BATCH_DIM, IR_VERSION, MAX_PARAMS, OPSET};
 pub use cli::{model_command, ModelArgs, ModelCommand};
 pub use gpt2::Gpt2Config;
