@@ -1,7 +1,11 @@
-//! Synthetic, learnable data sets, generated deterministically from a seed: a language
+//! Synthetic, learnable data sets, generated deterministically from seeds: a language
 //! for GPT-2, class-conditional images for SqueezeNet, a teacher's labels for the MLP.
 //! Each fits the matching built-in model's defaults (`crate::models`) and trains with
 //! the `next_token` (language) or `arrays` (images, teacher) data layout.
+//!
+//! Two seeds: `seed` fixes the task (the language's rules, the image classes' textures,
+//! the teacher's weights) and `sample_seed` the samples drawn from it, so a second file
+//! with another `sample_seed` is held-out data of the same task.
 //!
 //! # Layout
 //! - `language`, `images`, `teacher`: one task each, with its configuration.
@@ -14,6 +18,8 @@ mod teacher;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 pub use images::ImagesConfig;
@@ -87,6 +93,25 @@ pub fn generate(spec: &SynthSpec) -> Result<HashMap<String, Tensor>> {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect())
+}
+
+/// The generator of a task's fixed parts (rules, textures, teacher weights).
+fn task_rng(seed: u64) -> ChaCha8Rng {
+    rng(seed, 0, *b"task\0\0\0\0")
+}
+
+/// The generator of the samples drawn from a task: its own stream for each
+/// `sample_seed`, never the task's.
+fn sample_rng(seed: u64, sample_seed: u64) -> ChaCha8Rng {
+    rng(seed, sample_seed, *b"samples\0")
+}
+
+fn rng(seed: u64, sample_seed: u64, purpose: [u8; 8]) -> ChaCha8Rng {
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&seed.to_le_bytes());
+    key[8..16].copy_from_slice(&sample_seed.to_le_bytes());
+    key[16..24].copy_from_slice(&purpose);
+    ChaCha8Rng::from_seed(key)
 }
 
 /// Checks that an array of `dims` stays within [`MAX_ELEMENTS`].

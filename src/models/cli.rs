@@ -131,3 +131,97 @@ fn describe(v: &ValueInfoProto) -> String {
     };
     format!("{} {dtype} [{}]", v.name, dims.join(", "))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        model: ModelCommand,
+    }
+
+    fn parse(args: &[&str]) -> ModelCommand {
+        Cli::try_parse_from(std::iter::once("model").chain(args.iter().copied()))
+            .unwrap()
+            .model
+    }
+
+    #[test]
+    fn options_overlay_the_defaults_and_the_file_is_written_with_its_folders() {
+        Cli::command().debug_assert();
+        let dir = std::env::temp_dir().join(format!("pipetrain-model-cli-{}", std::process::id()));
+        let out = dir.join("a/b/gpt2.onnx");
+        let cmd = parse(&[
+            "gpt2",
+            "--layers",
+            "1",
+            "--d-model",
+            "32",
+            "--heads",
+            "2",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        let (spec, _) = cmd.clone().into_parts();
+        let want = Gpt2Config {
+            layers: 1,
+            d_model: 32,
+            heads: 2,
+            ..Default::default()
+        };
+        assert_eq!(spec, ModelSpec::Gpt2(want.clone()));
+        let summary = model_command(cmd).unwrap();
+        let params = want.param_count().unwrap();
+        assert!(
+            summary.starts_with(&format!(
+                "gpt2: {params} parameters, tokens i64 [batch, 32] -> logits f32 [batch*32, 64]"
+            )),
+            "{summary}"
+        );
+        let model = crate::onnx::load_model(&out).unwrap();
+        assert_eq!(initializer_elements(&model), params);
+
+        let cmd = parse(&[
+            "mlp",
+            "--hidden",
+            "16,8",
+            "--batch",
+            "4",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        let (spec, _) = cmd.into_parts();
+        let want = MlpConfig {
+            hidden: vec![16, 8],
+            batch: Some(4),
+            ..Default::default()
+        };
+        assert_eq!(spec, ModelSpec::Mlp(want));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_broken_rule_names_the_option() {
+        let field = |args: &[&str]| match model_command(parse(args)) {
+            Err(Error::Config { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            field(&["gpt2", "--d-model", "30", "-o", "x.onnx"]),
+            "--heads"
+        );
+        assert_eq!(
+            field(&["squeezenet", "--image-size", "8", "-o", "x.onnx"]),
+            "--image-size"
+        );
+        assert_eq!(
+            field(&["mlp", "--hidden", "4,0", "-o", "x.onnx"]),
+            "--hidden"
+        );
+        assert!(!Path::new("x.onnx").exists());
+    }
+}

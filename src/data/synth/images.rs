@@ -12,12 +12,11 @@
 
 use std::path::Path;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 use rand_distr::{Distribution, Normal};
 use serde::{Deserialize, Serialize};
 
-use super::elements_limit;
+use super::{elements_limit, sample_rng, task_rng};
 use crate::models::{at_least_one, rule};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -50,9 +49,13 @@ pub struct ImagesConfig {
     /// Standard deviation of the added Gaussian noise (a texture's is about 1).
     #[arg(long, default_value_t = ImagesConfig::DEFAULT.noise)]
     pub noise: f32,
-    /// Seed of the textures and the samples.
+    /// Seed of the task (the textures).
     #[arg(long, default_value_t = ImagesConfig::DEFAULT.seed)]
     pub seed: u64,
+    /// Seed of the samples drawn from the task (the shifts and noise): another value gives held-out
+    /// data of the same task.
+    #[arg(long, default_value_t = ImagesConfig::DEFAULT.sample_seed)]
+    pub sample_seed: u64,
 }
 
 impl ImagesConfig {
@@ -67,6 +70,7 @@ impl ImagesConfig {
         max_shift: 4,
         noise: 0.5,
         seed: 0,
+        sample_seed: 0,
     };
 
     /// Checks every field.
@@ -121,7 +125,8 @@ impl ImagesConfig {
 
     /// `x` and `y` (the configuration must be valid).
     pub(super) fn generate(&self) -> Result<(Tensor, Tensor)> {
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        let mut rng = task_rng(self.seed);
+        let mut draw = sample_rng(self.seed, self.sample_seed);
         let (c, s) = (self.channels, self.image_size);
         let plane = s * s;
         // textures[(class * c + channel) * plane + y * s + x], each of variance ~1.
@@ -155,14 +160,14 @@ impl ImagesConfig {
         let mut y = Vec::with_capacity(self.samples);
         for i in 0..self.samples {
             let class = i % self.classes;
-            let dy = rng.random_range(-shift..=shift);
-            let dx = rng.random_range(-shift..=shift);
+            let dy = draw.random_range(-shift..=shift);
+            let dx = draw.random_range(-shift..=shift);
             for tex in textures[class * c * plane..(class + 1) * c * plane].chunks(plane) {
                 for row in 0..s as i64 {
                     let from_row = (row - dy).rem_euclid(s as i64) as usize * s;
                     for col in 0..s as i64 {
                         let from = from_row + (col - dx).rem_euclid(s as i64) as usize;
-                        x.push(tex[from] + noise.sample(&mut rng) as f32);
+                        x.push(tex[from] + noise.sample(&mut draw) as f32);
                     }
                 }
             }

@@ -10,11 +10,10 @@
 use std::path::Path;
 
 use rand::seq::index::sample;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use super::{elements_limit, MAX_CONTEXTS};
+use super::{elements_limit, sample_rng, task_rng, MAX_CONTEXTS};
 use crate::models::rule;
 use crate::tensor::Tensor;
 use crate::Result;
@@ -38,9 +37,13 @@ pub struct LanguageConfig {
     /// Allowed next tokens per context (at most `vocab`).
     #[arg(long, default_value_t = LanguageConfig::DEFAULT.branching)]
     pub branching: usize,
-    /// Seed of the rules and the samples.
+    /// Seed of the task (the rules).
     #[arg(long, default_value_t = LanguageConfig::DEFAULT.seed)]
     pub seed: u64,
+    /// Seed of the samples drawn from the task (the rows): another value gives held-out
+    /// data of the same task.
+    #[arg(long, default_value_t = LanguageConfig::DEFAULT.sample_seed)]
+    pub sample_seed: u64,
 }
 
 impl LanguageConfig {
@@ -53,6 +56,7 @@ impl LanguageConfig {
         order: 1,
         branching: 4,
         seed: 0,
+        sample_seed: 0,
     };
 
     /// Checks every field.
@@ -120,7 +124,8 @@ impl LanguageConfig {
 
     /// The token rows (the configuration must be valid).
     pub(super) fn generate(&self) -> Result<Tensor> {
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        let mut rng = task_rng(self.seed);
+        let mut draw = sample_rng(self.seed, self.sample_seed);
         let (v, k) = (self.vocab, self.branching);
         let n_contexts = contexts(v, self.order).unwrap_or(0);
         // rules[c * k + j]: the j-th allowed successor of context c.
@@ -134,13 +139,13 @@ impl LanguageConfig {
             let row_start = tokens.len();
             for pos in 0..width {
                 let next = if pos < self.order {
-                    rng.random_range(0..v)
+                    draw.random_range(0..v)
                 } else {
                     // The context as a base-`vocab` number of the last `order` tokens.
                     let ctx = tokens[row_start + pos - self.order..row_start + pos]
                         .iter()
                         .fold(0usize, |c, &t| c * v + t as usize);
-                    rules[ctx * k + rng.random_range(0..k)]
+                    rules[ctx * k + draw.random_range(0..k)]
                 };
                 tokens.push(next as i64);
             }

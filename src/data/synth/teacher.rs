@@ -5,12 +5,11 @@
 
 use std::path::Path;
 
-use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
-use super::elements_limit;
+use super::{elements_limit, sample_rng, task_rng};
 use crate::models::{at_least_one, rule};
 use crate::tensor::Tensor;
 use crate::Result;
@@ -31,9 +30,13 @@ pub struct TeacherConfig {
     /// The teacher's hidden width.
     #[arg(long, default_value_t = TeacherConfig::DEFAULT.hidden)]
     pub hidden: usize,
-    /// Seed of the teacher and the inputs.
+    /// Seed of the task (the teacher).
     #[arg(long, default_value_t = TeacherConfig::DEFAULT.seed)]
     pub seed: u64,
+    /// Seed of the samples drawn from the task (the inputs): another value gives held-out
+    /// data of the same task.
+    #[arg(long, default_value_t = TeacherConfig::DEFAULT.sample_seed)]
+    pub sample_seed: u64,
 }
 
 impl TeacherConfig {
@@ -45,6 +48,7 @@ impl TeacherConfig {
         classes: 10,
         hidden: 64,
         seed: 0,
+        sample_seed: 0,
     };
 
     /// Checks every field.
@@ -75,18 +79,22 @@ impl TeacherConfig {
 
     /// `x` and `y` (the configuration must be valid).
     pub(super) fn generate(&self) -> Result<(Tensor, Tensor)> {
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        let mut rng = task_rng(self.seed);
+        let mut draw = sample_rng(self.seed, self.sample_seed);
         let (n, d, h, c) = (self.samples, self.inputs, self.hidden, self.classes);
-        let mut normal = |count: usize, std: f64| -> Vec<f64> {
+        let normal = |rng: &mut ChaCha8Rng, count: usize, std: f64| -> Vec<f64> {
             (0..count)
-                .map(|_| std * Distribution::<f64>::sample(&StandardNormal, &mut rng))
-                .collect::<Vec<f64>>()
+                .map(|_| std * Distribution::<f64>::sample(&StandardNormal, rng))
+                .collect()
         };
-        let w1 = normal(d * h, 1.0 / (d as f64).sqrt());
-        let b1 = normal(h, 0.1);
-        let w2 = normal(h * c, 1.0 / (h as f64).sqrt());
+        let w1 = normal(&mut rng, d * h, 1.0 / (d as f64).sqrt());
+        let b1 = normal(&mut rng, h, 0.1);
+        let w2 = normal(&mut rng, h * c, 1.0 / (h as f64).sqrt());
         // Inputs rounded to float32 first, so the labels are those of the stored x.
-        let x: Vec<f32> = normal(n * d, 1.0).into_iter().map(|v| v as f32).collect();
+        let x: Vec<f32> = normal(&mut draw, n * d, 1.0)
+            .into_iter()
+            .map(|v| v as f32)
+            .collect();
 
         let mut logits = vec![0f64; n * c];
         let mut hid = vec![0f64; h];

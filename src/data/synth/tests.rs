@@ -37,19 +37,63 @@ fn the_same_seed_gives_the_same_data_and_another_seed_other_data() {
         }),
     ];
     for spec in specs {
-        let reseeded = match spec.clone() {
-            SynthSpec::Language(c) => SynthSpec::Language(LanguageConfig { seed: 1, ..c }),
-            SynthSpec::Images(c) => SynthSpec::Images(ImagesConfig { seed: 1, ..c }),
-            SynthSpec::Teacher(c) => SynthSpec::Teacher(TeacherConfig { seed: 1, ..c }),
+        let reseeded = |seed, sample_seed| match spec.clone() {
+            SynthSpec::Language(c) => SynthSpec::Language(LanguageConfig {
+                seed,
+                sample_seed,
+                ..c
+            }),
+            SynthSpec::Images(c) => SynthSpec::Images(ImagesConfig {
+                seed,
+                sample_seed,
+                ..c
+            }),
+            SynthSpec::Teacher(c) => SynthSpec::Teacher(TeacherConfig {
+                seed,
+                sample_seed,
+                ..c
+            }),
         };
-        let (a, b, c) = (
-            generate(&spec).unwrap(),
-            generate(&spec).unwrap(),
-            generate(&reseeded).unwrap(),
-        );
-        assert_eq!(a, b, "{}", spec.kind());
-        assert_ne!(a, c, "{}", spec.kind());
+        let a = generate(&spec).unwrap();
+        assert_eq!(a, generate(&spec).unwrap(), "{}", spec.kind());
+        assert_ne!(a, generate(&reseeded(1, 0)).unwrap(), "{}", spec.kind());
+        assert_ne!(a, generate(&reseeded(0, 1)).unwrap(), "{}", spec.kind());
     }
+}
+
+#[test]
+fn sample_seed_draws_other_samples_of_the_same_task() {
+    // Without shift and noise an image is its class's texture: the task alone.
+    let still = |seed, sample_seed| {
+        let cfg = ImagesConfig {
+            samples: 10,
+            noise: 0.0,
+            max_shift: 0,
+            seed,
+            sample_seed,
+            ..Default::default()
+        };
+        generate(&SynthSpec::Images(cfg)).unwrap()["x"].clone()
+    };
+    assert_eq!(still(0, 0), still(0, 1));
+    assert_ne!(still(0, 0), still(1, 0));
+    // A language's rules: the successors seen after each token.
+    let successors = |sample_seed| {
+        let cfg = LanguageConfig {
+            sample_seed,
+            samples: 2000,
+            ..Default::default()
+        };
+        let t = generate(&SynthSpec::Language(cfg)).unwrap()["tokens"].clone();
+        let mut seen: Vec<HashSet<i64>> = vec![HashSet::new(); 64];
+        for w in t.as_i64().unwrap().chunks(33) {
+            for p in w.windows(2) {
+                seen[p[0] as usize].insert(p[1]);
+            }
+        }
+        seen
+    };
+    assert_eq!(successors(0), successors(1));
 }
 
 #[test]
@@ -168,4 +212,44 @@ fn bad_settings_name_their_field() {
         ..Default::default()
     };
     assert_eq!(field_of(&SynthSpec::Teacher(teacher)), "synth.hidden");
+}
+
+#[test]
+fn the_command_writes_the_file_and_names_bad_options() {
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        data: DataCommand,
+    }
+    Cli::command().debug_assert();
+    let dir = std::env::temp_dir().join(format!("pipetrain-synth-cli-{}", std::process::id()));
+    let out = dir.join("a/lang.npz");
+    let args = [
+        "data",
+        "synth",
+        "language",
+        "--samples",
+        "8",
+        "--seq",
+        "4",
+        "-o",
+    ];
+    let cli = Cli::try_parse_from(args.iter().copied().chain([out.to_str().unwrap()])).unwrap();
+    let summary = data_command(cli.data).unwrap();
+    assert!(
+        summary.starts_with("language: tokens i64 [8, 5] (entropy floor 1.3863 nats/token)"),
+        "{summary}"
+    );
+    let back = crate::data::read_npz(&out).unwrap();
+    assert_eq!(back["tokens"].shape, vec![8, 5]);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let args = ["data", "synth", "images", "--noise=-1", "-o", "x.npz"];
+    let cli = Cli::try_parse_from(args).unwrap();
+    match data_command(cli.data) {
+        Err(Error::Config { field, .. }) => assert_eq!(field, "--noise"),
+        other => panic!("{other:?}"),
+    }
 }
