@@ -3,119 +3,24 @@
 //! and `pipetrain::train::train` trains each, as a 2-stage pipeline too.
 
 mod common;
+#[path = "models/support.rs"]
+mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Instant;
 
-use pipetrain::compute::{GraphSession, SessionOptions};
-use pipetrain::config::TrainConfig;
 use pipetrain::data::synth::{ImagesConfig, LanguageConfig, TeacherConfig};
-use pipetrain::data::{generate, write_npz, SynthSpec};
+use pipetrain::data::{generate, parse_npy, write_npz, SynthSpec};
 use pipetrain::graph::export_inference_model;
 use pipetrain::models::{build, Gpt2Config, MlpConfig, ModelSpec, SqueezeNetConfig};
 use pipetrain::onnx::proto::ModelProto;
 use pipetrain::onnx::save_model;
 use pipetrain::tensor::Tensor;
-use pipetrain::train::{train, TrainSummary};
 use pipetrain::Error;
-
-/// A fresh folder for one test.
-fn tmp(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("models")
-        .join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// The project's venv Python (the independent reader of the files).
-fn python() -> PathBuf {
-    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    assert!(
-        py.exists(),
-        "{} is missing: run `bash scripts/setup.sh` first (it installs the `onnx` checker)",
-        py.display()
-    );
-    py
-}
-
-/// Runs a Python snippet with `args`; its stdout, or a failure with its stderr.
-fn run_python(code: &str, args: &[&Path]) -> String {
-    let out = Command::new(python())
-        .arg("-c")
-        .arg(code)
-        .args(args)
-        .output()
-        .expect("cannot run the venv's python: run `bash scripts/setup.sh`");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "python failed (run `bash scripts/setup.sh` if `onnx` or numpy is missing):\n{stderr}"
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// `onnx.checker.check_model(full_check=True)` accepts the file, whose IR version is <= 13.
-fn onnx_check(path: &Path) {
-    let ir = run_python(
-        "import sys, onnx\n\
-         onnx.checker.check_model(sys.argv[1], full_check=True)\n\
-         print(onnx.load(sys.argv[1]).ir_version)",
-        &[path],
-    );
-    let ir: i64 = ir.parse().unwrap();
-    assert!(
-        ir <= 13,
-        "IR version {ir}: ONNX Runtime 1.31 reads up to 13"
-    );
-}
-
-/// Builds the model and writes it to `dir/model.onnx`.
-fn write_model(spec: &ModelSpec, dir: &Path) -> (ModelProto, PathBuf) {
-    let model = build(spec).unwrap();
-    let path = dir.join("model.onnx");
-    save_model(&model, &path).unwrap();
-    (model, path)
-}
-
-/// Generates the data set and writes it to `dir/data.npz`.
-fn write_data(spec: &SynthSpec, dir: &Path) -> PathBuf {
-    let arrays = generate(spec).unwrap();
-    let refs: Vec<(&str, &Tensor)> = arrays.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let path = dir.join("data.npz");
-    write_npz(&path, &refs).unwrap();
-    path
-}
-
-/// One forward pass of a model on ONNX Runtime.
-fn forward(model: &ModelProto, feeds: &[(&str, &Tensor)]) -> Tensor {
-    let rt = common::runtime();
-    let mut s =
-        GraphSession::from_model(&rt, model, &SessionOptions::default(), "forward").unwrap();
-    s.run(feeds).unwrap().remove(0)
-}
-
-/// Trains with the TOML configuration `text` (in `dir`); the summary and each step's loss.
-fn train_toml(dir: &Path, text: &str) -> (TrainSummary, Vec<f64>) {
-    let path = dir.join("train.toml");
-    std::fs::write(&path, text).unwrap();
-    let cfg = TrainConfig::parse(text, &path).unwrap();
-    let rt = common::runtime();
-    let mut losses = Vec::new();
-    let summary = train(&rt, &cfg, &path, false, |r| losses.push(r.loss)).unwrap();
-    (summary, losses)
-}
-
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len() as f64
-}
-
-fn tokens(batch: usize, seq: usize, vocab: usize) -> Tensor {
-    let v: Vec<i64> = (0..batch * seq).map(|i| (i * 7 % vocab) as i64).collect();
-    Tensor::i64(vec![batch, seq], v).unwrap()
-}
+use support::{
+    accuracy, config, forward, mean, onnx_check, run_python, tmp, tokens, train_toml, write_data,
+    write_model, ARRAYS, GPT2_ADAMW, NEXT_TOKEN,
+};
 
 #[test]
 fn gpt2_with_a_dynamic_batch_runs_any_batch_and_passes_the_checker() {
@@ -130,8 +35,85 @@ fn gpt2_with_a_dynamic_batch_runs_any_batch_and_passes_the_checker() {
     }
 }
 
+/// ONNX Runtime's logits of the model match GPT-2 written in numpy (float64,
+/// `tests/reference/gpt2_numpy.py`), with weights scaled up 10x so attention is far
+/// from uniform; and position t's logits do not depend on tokens after t.
 #[test]
-fn gpt2_with_a_fixed_batch_and_tied_embeddings_runs_and_passes_the_checker() {
+fn gpt2_matches_a_numpy_reference_and_is_causal() {
+    let dir = tmp("gpt2_reference");
+    let tied = Gpt2Config {
+        batch: Some(2),
+        tie_embeddings: true,
+        layers: 1,
+        heads: 2,
+        ..Default::default()
+    };
+    for (name, cfg) in [("untied", Gpt2Config::default()), ("tied", tied)] {
+        let mut model = build(&ModelSpec::Gpt2(cfg.clone())).unwrap();
+        for t in &mut model.graph.as_mut().unwrap().initializer {
+            if t.dims.len() == 2 {
+                let mut v = Tensor::from_proto(t).unwrap();
+                v.as_f32_mut().unwrap().iter_mut().for_each(|w| *w *= 10.0);
+                *t = v.to_proto(&t.name);
+            }
+        }
+        let path = dir.join(format!("{name}.onnx"));
+        save_model(&model, &path).unwrap();
+        let (b, t, v) = (2, cfg.seq, cfg.vocab);
+        let ids: Vec<i64> = (0..b * t).map(|i| ((i * i * 31 + 7) % v) as i64).collect();
+        let tokens = Tensor::i64(vec![b, t], ids.clone()).unwrap();
+        let tokens_path = dir.join(format!("{name}_tokens.npz"));
+        write_npz(&tokens_path, &[("tokens", &tokens)]).unwrap();
+        let out = dir.join(format!("{name}_logits.npy"));
+        let heads = cfg.heads.to_string();
+        run_python(
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/reference/gpt2_numpy.py"
+            ))
+            .unwrap(),
+            &[&path, &tokens_path, &out, Path::new(&heads)],
+        );
+        let reference = parse_npy(&std::fs::read(&out).unwrap())
+            .unwrap()
+            .to_f64_vec();
+        let logits = forward(&model, &[("tokens", &tokens)]);
+        assert_eq!(logits.shape, vec![b * t, v]);
+        let scale = reference.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let worst = logits
+            .to_f64_vec()
+            .iter()
+            .zip(&reference)
+            .fold(0.0f64, |m, (a, r)| m.max((a - r).abs()));
+        eprintln!("gpt2 {name}: max |ORT - numpy| = {worst:.2e} (max |logit| {scale:.2})");
+        assert!(
+            scale > 1.0 && worst < 1e-4 * scale,
+            "{name}: {worst:.2e} of {scale:.2}"
+        );
+
+        // Changing each row's last token changes only the last position's logits.
+        let mut changed = ids;
+        for row in 0..b {
+            changed[row * t + t - 1] = (changed[row * t + t - 1] + 1) % v as i64;
+        }
+        let changed = Tensor::i64(vec![b, t], changed).unwrap();
+        let after = forward(&model, &[("tokens", &changed)]);
+        let (l0, l1) = (logits.as_f32().unwrap(), after.as_f32().unwrap());
+        for pos in 0..b * t {
+            let (r0, r1) = (&l0[pos * v..(pos + 1) * v], &l1[pos * v..(pos + 1) * v]);
+            if pos % t == t - 1 {
+                assert_ne!(r0, r1, "{name}: position {pos} ignores its own token");
+            } else {
+                assert_eq!(r0, r1, "{name}: position {pos} sees a later token");
+            }
+        }
+    }
+}
+
+/// A fixed batch of 2 and tied embeddings (one parameter read by the embedding and the
+/// head): it runs, passes the checker, and trains in one stage on micro-batches of 2.
+#[test]
+fn gpt2_with_a_fixed_batch_and_tied_embeddings_runs_and_trains() {
     let dir = tmp("gpt2_fixed");
     let cfg = Gpt2Config {
         batch: Some(2),
@@ -143,6 +125,19 @@ fn gpt2_with_a_fixed_batch_and_tied_embeddings_runs_and_passes_the_checker() {
     onnx_check(&path);
     let logits = forward(&model, &[("tokens", &tokens(2, cfg.seq, cfg.vocab))]);
     assert_eq!(logits.shape, vec![2 * cfg.seq, cfg.vocab]);
+
+    write_data(&SynthSpec::Language(LanguageConfig::default()), &dir);
+    let batches = "batch_size = 2\nnum_train_steps = 60";
+    let (summary, losses) = train_toml(&dir, &config("targets", NEXT_TOKEN, batches, GPT2_ADAMW));
+    // wte, wpe, 12 in the block, ln_f's 2; the head is wte.
+    assert_eq!(summary.parameters.len(), 16);
+    assert!(summary
+        .parameters
+        .iter()
+        .all(|(n, _)| !n.starts_with("lm_head")));
+    let (first, last) = (mean(&losses[..5]), mean(&losses[losses.len() - 5..]));
+    eprintln!("gpt2 tied, batch 2: loss {first:.3} -> {last:.3}");
+    assert!(last < first - 1.0, "loss {first:.3} -> {last:.3}");
 }
 
 #[test]
@@ -164,22 +159,6 @@ fn mlp_runs_and_passes_the_checker() {
     let x = Tensor::f32(vec![5, 784], vec![0.1; 5 * 784]).unwrap();
     assert_eq!(forward(&model, &[("x", &x)]).shape, vec![5, 10]);
 }
-
-/// A training configuration: the model and data in the folder, softmax cross-entropy
-/// of `logits` against `label`, and the given data layout, batch and optimizer sections.
-fn config(label: &str, layout: &str, batches: &str, optimizer: &str) -> String {
-    format!(
-        "model_path = \"model.onnx\"\n{batches}\ndisplay_loss_steps = 1000\n\n\
-         [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"{label}\"\n\n\
-         [data]\npath = \"data.npz\"\nlayout = {layout}\n\n{optimizer}\n"
-    )
-}
-
-const NEXT_TOKEN: &str =
-    r#"{ kind = "next_token", array = "tokens", input = "tokens", label = "targets" }"#;
-const ARRAYS: &str = r#"{ kind = "arrays", feeds = { x = "x", y = "y" } }"#;
-const GPT2_ADAMW: &str =
-    "[optimizer]\nkind = \"adamw\"\n\n[lr_schedule]\nkind = \"constant\"\nlr = 3e-3";
 
 /// Writes the default GPT-2 (dynamic batch) and the default language to `dir`.
 fn gpt2_setup(dir: &Path) -> LanguageConfig {
@@ -295,22 +274,6 @@ fn squeezenet_learns_the_synthetic_images() {
     assert!(after >= 0.4, "held-out accuracy {after} (chance 0.1)");
     assert!(after > before + 0.2);
     assert!(last < first - 1.0, "loss {first:.3} -> {last:.3}");
-}
-
-/// The share of rows whose largest logit is the label.
-fn accuracy(logits: &Tensor, y: &Tensor) -> f64 {
-    let c = logits.shape[1];
-    let l = logits.as_f32().unwrap();
-    let y = y.as_i64().unwrap();
-    let hits = y
-        .iter()
-        .zip(l.chunks(c))
-        .filter(|&(&label, row)| {
-            let best = (0..c).fold(0, |b, k| if row[k] > row[b] { k } else { b });
-            best as i64 == label
-        })
-        .count();
-    hits as f64 / y.len() as f64
 }
 
 /// Measured: 150 AdamW steps (lr 1e-3) of 64 teacher-labelled samples take the default

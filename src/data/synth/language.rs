@@ -131,7 +131,7 @@ impl LanguageConfig {
         // rules[c * k + j]: the j-th allowed successor of context c.
         let mut rules = Vec::with_capacity(n_contexts * k);
         for _ in 0..n_contexts {
-            rules.extend(sample(&mut rng, v, k).into_iter());
+            rules.extend(sample(&mut rng, v, k));
         }
         let width = self.seq + 1;
         let mut tokens = Vec::with_capacity(self.samples * width);
