@@ -125,6 +125,18 @@ mod tests {
         );
         assert!(toml::from_str::<ModelSpec>("kind = \"squeezenet\"\nlayers = 2").is_err());
         assert!(toml::from_str::<ModelSpec>("kind = \"resnet\"").is_err());
+        // What is written reads back the same.
+        for spec in [
+            ModelSpec::Gpt2(Gpt2Config::default()),
+            ModelSpec::Squeezenet(SqueezeNetConfig {
+                batch: Some(8),
+                ..Default::default()
+            }),
+            ModelSpec::Mlp(MlpConfig::default()),
+        ] {
+            let text = toml::to_string(&spec).unwrap();
+            assert_eq!(toml::from_str::<ModelSpec>(&text).unwrap(), spec, "{text}");
+        }
     }
 
     #[test]

@@ -21,6 +21,14 @@ fn defaults_fill_every_field_and_unknown_fields_are_refused() {
     assert_eq!(spec, SynthSpec::Language(want));
     assert!(toml::from_str::<SynthSpec>("kind = \"images\"\nvocab = 2").is_err());
     assert!(toml::from_str::<SynthSpec>("kind = \"audio\"").is_err());
+    for spec in [
+        SynthSpec::Language(LanguageConfig::default()),
+        SynthSpec::Images(ImagesConfig::default()),
+        SynthSpec::Teacher(TeacherConfig::default()),
+    ] {
+        let text = toml::to_string(&spec).unwrap();
+        assert_eq!(toml::from_str::<SynthSpec>(&text).unwrap(), spec, "{text}");
+    }
 }
 
 #[test]
