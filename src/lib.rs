@@ -14,7 +14,8 @@
 //!   manifest written last), exact and layout-free resume.
 //! - [`compute`]: ONNX Runtime through `ort` (`load-dynamic`): finding the library,
 //!   sessions fed without copies, the shape probe, training-step runners.
-//! - [`data`]: NumPy and safetensors files, per-step batches.
+//! - [`data`]: NumPy and safetensors files, per-step batches, synthetic data sets.
+//! - [`models`]: built-in forward models (GPT-2, SqueezeNet 1.1, MLP) written as ONNX.
 //! - [`config`]: the training configuration (TOML), validated up front.
 //! - [`train`]: the one-process training loop over the stage graphs.
 //! - [`Error`]: the one error type.
@@ -27,6 +28,7 @@ pub mod config;
 pub mod data;
 mod error;
 pub mod graph;
+pub mod models;
 pub mod onnx;
 pub mod optim;
 pub mod pipeline;
