@@ -46,6 +46,13 @@ enum Command {
         #[command(subcommand)]
         command: CheckpointCommand,
     },
+    /// Write a built-in model (GPT-2, SqueezeNet, MLP) as ONNX with initial weights.
+    Model(pipetrain::models::ModelArgs),
+    /// Data sets: synthetic ones made by pipetrain.
+    Data {
+        #[command(subcommand)]
+        command: pipetrain::data::synth::DataCommand,
+    },
     /// Write the inference model (ONNX) of a checkpoint.
     Export {
         /// The checkpoint folder.
@@ -148,6 +155,12 @@ fn main() -> ExitCode {
         Command::Checkpoint {
             command: CheckpointCommand::Inspect { dir },
         } => pipetrain::checkpoint::inspect(&dir).map(|text| print!("{text}")),
+        Command::Model(args) => {
+            pipetrain::models::model_command(args.command).map(|line| println!("{line}"))
+        }
+        Command::Data { command } => {
+            pipetrain::data::synth::data_command(command).map(|line| println!("{line}"))
+        }
         Command::Export {
             checkpoint,
             model,
@@ -191,7 +204,7 @@ fn train(config: &Path, metrics: Option<&Path>, trace: Option<&Path>, resume: bo
     let rt = Runtime::from_env()?;
     eprintln!(
         "pipetrain: {} | {} stage(s) x {} replica(s), {} micro-batches of {} | ONNX Runtime {}",
-        cfg.model_path.display(),
+        cfg.model_name(),
         cfg.stages(),
         cfg.data_parallel_size,
         cfg.gradient_accumulation_steps,
@@ -224,7 +237,11 @@ fn train(config: &Path, metrics: Option<&Path>, trace: Option<&Path>, resume: bo
         let rate = (r.step + 1 - first) as f64 / elapsed.max(1e-9);
         let _ = progress.update(r.step + 1, r.loss, rate);
         if let Some(e) = r.eval_loss {
-            let _ = progress.note(&format!("step {}: eval loss {e:.6}", r.step + 1));
+            let acc = r
+                .eval_accuracy
+                .map(|a| format!(", accuracy {:.2}%", 100.0 * a))
+                .unwrap_or_default();
+            let _ = progress.note(&format!("step {}: eval loss {e:.6}{acc}", r.step + 1));
         }
         if r.skipped {
             let _ = progress.note(&format!(
@@ -250,6 +267,7 @@ fn train(config: &Path, metrics: Option<&Path>, trace: Option<&Path>, resume: bo
                 elapsed_s: elapsed,
                 step_s: Some(elapsed - last),
                 eval_loss: r.eval_loss,
+                eval_accuracy: r.eval_accuracy,
                 grad_norm: Some(r.grad_norm),
                 clip_coef: r.clip_coef,
                 loss_scale: scaled.then_some(r.loss_scale),

@@ -1,6 +1,8 @@
 //! Evaluation rounds: every `evaluation_period` steps the pipeline runs the evaluation set
 //! forward only, and the mean loss equals the loss of that set computed independently
-//! (the whole training graph in one session, same weights).
+//! (the whole training graph in one session, same weights); the accuracy equals the
+//! share of rows whose arg-max logit is the label, counted here from the inference
+//! model's logits.
 
 mod common;
 
@@ -79,4 +81,66 @@ lr = 1e-9
             "step {step}: eval loss {e} vs {reference}"
         );
     }
+}
+
+/// The accuracy of the evaluation rounds, against arg-max counted from the logits of the
+/// same weights in the forward model alone.
+#[test]
+fn evaluation_reports_accuracy_of_the_arg_max() {
+    if common::skip_without_peers() {
+        return;
+    }
+    let rt = common::runtime();
+    let text = r#"
+model_path = "../../shared/peers/data/mlp.onnx"
+init_path = "../../shared/peers/data/mlp_init.safetensors"
+batch_size = 16
+gradient_accumulation_steps = 4
+num_train_steps = 4
+pipeline_parallel_size = 2
+evaluation_period = 1
+eval_micro_batches = 4
+[loss]
+kind = "softmax_cross_entropy"
+prediction = "logits"
+label = "y"
+[data]
+path = "../../shared/peers/data/mlp_data.npz"
+batch_order = "batch_idx"
+layout = { kind = "arrays", feeds = { x = "x", y = "y" } }
+[optimizer]
+kind = "sgd"
+[lr_schedule]
+kind = "constant"
+lr = 1e-9
+"#;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/evaluation.toml");
+    let cfg = TrainConfig::parse(text, &path).unwrap();
+    let mut accuracy = None;
+    pipetrain::train::train(&rt, &cfg, &path, false, |r| accuracy = r.eval_accuracy).unwrap();
+    let accuracy = accuracy.expect("an accuracy after every step");
+
+    let peer = common::PeerModel::load("mlp");
+    let data = pipetrain::data::read_npz(&common::peers_dir().join("data/mlp_data.npz")).unwrap();
+    let rows: Vec<usize> = (0..64).collect();
+    let x = data["x"].gather_rows(&rows).unwrap();
+    let y = data["y"].gather_rows(&rows).unwrap().to_i64_vec().unwrap();
+    let mut session = pipetrain::compute::GraphSession::from_model(
+        &rt,
+        &peer.model_with_init(),
+        &SessionOptions::default(),
+        "mlp",
+    )
+    .unwrap();
+    let logits = session.run(&[("x", &x)]).unwrap().remove(0);
+    let v = logits.as_f32().unwrap();
+    let classes = logits.shape[1];
+    let hits = (0..64)
+        .filter(|&r| {
+            let row = &v[r * classes..(r + 1) * classes];
+            let best = (0..classes).fold(0, |b, c| if row[c] > row[b] { c } else { b });
+            best as i64 == y[r]
+        })
+        .count();
+    assert_eq!(accuracy, hits as f64 / 64.0, "{accuracy} vs {hits}/64");
 }

@@ -179,6 +179,7 @@ fn metrics_lines_round_trip_and_are_flushed_as_written() {
             grad_norm: Some(1.75),
             bubble_fraction: Some(3.0 / 11.0),
             eval_loss: Some(5.875),
+            eval_accuracy: Some(0.25),
             clip_coef: Some(0.5),
             loss_scale: Some(65536.0),
             skipped: true,

@@ -34,6 +34,8 @@ pub struct StepResult {
     pub lr: f64,
     /// Mean loss over the evaluation set after this step, when one was run.
     pub eval_loss: Option<f64>,
+    /// Accuracy over the evaluation set (classification losses), when one was run.
+    pub eval_accuracy: Option<f64>,
     /// Global L2 norm of the (unscaled) gradients, before clipping.
     pub grad_norm: f64,
     /// The clip coefficient applied, when clipping is on.
@@ -480,6 +482,7 @@ impl Coordinator {
             loss,
             lr: self.lrs.remove(&step).unwrap_or(f64::NAN),
             eval_loss: None,
+            eval_accuracy: None,
             grad_norm,
             clip_coef: decision.and_then(|d| d.clip_coef),
             loss_scale: used,

@@ -36,6 +36,9 @@ pub(crate) struct StepOutcome {
     /// travel with the answer rather than as messages of their own: one cross-thread
     /// wake-up per step instead of one per micro-batch.
     pub losses: Vec<(usize, f64)>,
+    /// `(correct, counted)` predictions of the evaluation micro-batches this actor
+    /// scored, summed.
+    pub accuracy: Option<(f64, f64)>,
     /// `(stage, statistics)` of the reduced gradients of the actor's stages.
     pub grads: Vec<(usize, GradStats)>,
     /// Snapshots for a checkpoint round, to be written in the background.

@@ -132,8 +132,13 @@ impl<P: Send + 'static> SchedulerActor<P> {
             let mut losses = Vec::new();
             let mut grads = Vec::new();
             let mut saves = Vec::new();
+            let mut accuracy: Option<(f64, f64)> = None;
             let mut events = Vec::with_capacity(outcomes.len());
             for (m, o) in self.members.iter().zip(outcomes) {
+                if let Some((c, n)) = o.accuracy {
+                    let (sc, sn) = accuracy.unwrap_or((0.0, 0.0));
+                    accuracy = Some((sc + c, sn + n));
+                }
                 losses.extend(o.losses.into_iter().map(|(mb, l)| (m.replica, mb, l)));
                 grads.extend(o.grads.into_iter().map(|(s, g)| (m.replica, s, g)));
                 saves.extend(o.saves);
@@ -160,6 +165,7 @@ impl<P: Send + 'static> SchedulerActor<P> {
                     let loss = self.coordinator.evaluated(step, losses).await?;
                     if let Some(r) = pending.as_mut() {
                         r.eval_loss = Some(loss);
+                        r.eval_accuracy = accuracy.filter(|&(_, n)| n > 0.0).map(|(c, n)| c / n);
                     }
                 }
                 Round::Save(step) => {

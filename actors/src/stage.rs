@@ -361,6 +361,10 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                     if let Some(loss) = result.loss {
                         out.losses.push((mb, loss));
                     }
+                    if let Some((c, n)) = result.accuracy {
+                        let (sc, sn) = out.accuracy.unwrap_or((0.0, 0.0));
+                        out.accuracy = Some((sc + c, sn + n));
+                    }
                     if let Some(p) = result.output.filter(|_| s < last) {
                         outgoing.insert((Flow::Act, s, mb), p);
                     }

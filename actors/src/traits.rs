@@ -28,6 +28,8 @@ pub struct ForwardOut<P> {
     pub output: Option<P>,
     /// The micro-batch's loss, on the stage that computes it.
     pub loss: Option<f64>,
+    /// `(correct, counted)` predictions of a classification loss, in evaluation.
+    pub accuracy: Option<(f64, f64)>,
 }
 
 /// One pipeline stage of one replica: its parameters, gradients, optimizer state and

@@ -476,6 +476,7 @@ impl Module {
             },
             model: checkpoint::ModelInfo {
                 path: self.model_path.clone(),
+                spec: None,
                 fingerprint: self.fingerprint.clone(),
                 tensors: params.len(),
                 parameters: params.iter().map(|(_, t)| t.len() as u64).sum(),

@@ -62,7 +62,10 @@ fn inspect_one(dir: &Path) -> Result<String> {
     let _ = writeln!(
         o,
         "model        {} ({} tensors, {} parameters, fingerprint {})",
-        m.model.path.display(),
+        match &m.model.spec {
+            Some(spec) => format!("built-in {}", spec.kind()),
+            None => m.model.path.display().to_string(),
+        },
         m.model.tensors,
         m.model.parameters,
         &m.model.fingerprint[..m.model.fingerprint.len().min(16)]
@@ -126,7 +129,10 @@ fn inspect_one(dir: &Path) -> Result<String> {
 pub fn export(dir: &Path, model: Option<&Path>, output: &Path) -> Result<()> {
     let ckpt = LoadedCheckpoint::open(dir)?;
     let model_path = model.unwrap_or(&ckpt.manifest.model.path);
-    let proto = load_model(model_path)?;
+    let proto = match (&ckpt.manifest.model.spec, model) {
+        (Some(spec), None) => crate::models::build(spec)?,
+        _ => load_model(model_path)?,
+    };
     let fingerprint = model_fingerprint(&proto);
     if fingerprint != ckpt.manifest.model.fingerprint {
         return Err(Error::Checkpoint {

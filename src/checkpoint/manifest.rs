@@ -72,8 +72,12 @@ pub struct Layout {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelInfo {
-    /// The model file of the run (for `pipetrain export --checkpoint`).
+    /// The model file of the run (for `pipetrain export --checkpoint`); empty for a
+    /// built-in model.
     pub path: PathBuf,
+    /// The built-in model of the run, which `export --checkpoint` builds again.
+    #[serde(default)]
+    pub spec: Option<crate::models::ModelSpec>,
     /// SHA-256 of the graph's structure (see [`model_fingerprint`]).
     pub fingerprint: String,
     /// Trainable tensors.

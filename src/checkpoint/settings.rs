@@ -50,6 +50,7 @@ pub fn settings_of(cfg: &TrainConfig, model_fingerprint: &str) -> Settings {
             "data.path".to_string(),
             json!(cfg.data.path.file_name().map(|n| n.to_string_lossy())),
         ),
+        ("data.synth".to_string(), to(&cfg.data.synth)),
     ]);
     Settings::new(fixed, recorded)
 }

@@ -15,7 +15,9 @@ use pipetrain_actors::{DynamicScaling, GradPolicy, LossScaling};
 use pipetrain_schedules::ScheduleSpec;
 use serde::{Deserialize, Serialize};
 
+use crate::data::SynthSpec;
 use crate::graph::{BalanceBy, LossSpec, Partition};
+use crate::models::ModelSpec;
 use crate::optim::{LrSchedule, OptimizerConfig};
 use crate::{Error, Result};
 
@@ -28,8 +30,13 @@ pub use run_state::{DebugConfig, DynamicScalerConfig, FaultAt};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
-    /// The forward ONNX model.
+    /// The forward ONNX model (or `[model]`, a built-in one).
+    #[serde(default)]
     pub model_path: PathBuf,
+    /// A built-in model (`kind = "gpt2" | "squeezenet" | "mlp"` with its sizes) instead
+    /// of a file: generated with its initial weights when the run starts.
+    #[serde(default)]
+    pub model: Option<ModelSpec>,
     /// Initial weights (safetensors) replacing the model's initializers of the same name.
     #[serde(default)]
     pub init_path: Option<PathBuf>,
@@ -134,8 +141,13 @@ fn watchdog() -> f64 {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
-    /// An `.npz` archive.
+    /// An `.npz` archive (or `synth`).
+    #[serde(default)]
     pub path: PathBuf,
+    /// A synthetic data set made by pipetrain (`kind = "language" | "images" |
+    /// "teacher"`) instead of a file.
+    #[serde(default)]
+    pub synth: Option<SynthSpec>,
     /// An integer array `[steps, global batch]` of row indices: optimizer step `s` uses
     /// rows `batch_order[s]`. Without it, steps take consecutive rows.
     #[serde(default)]
@@ -244,7 +256,7 @@ impl TrainConfig {
         })?;
         let dir = path.parent().unwrap_or(Path::new("."));
         let resolve = |p: &mut PathBuf| {
-            if p.is_relative() {
+            if p.is_relative() && !p.as_os_str().is_empty() {
                 *p = dir.join(&*p);
             }
         };
@@ -314,6 +326,25 @@ impl TrainConfig {
         }
     }
 
+    /// The forward model: the file at `model_path`, or the built-in `[model]` generated.
+    ///
+    /// # Errors
+    /// `Io` / `NotOnnx` for the file; `Config` for a built-in model's sizes.
+    pub fn load_model(&self) -> Result<crate::onnx::proto::ModelProto> {
+        match &self.model {
+            Some(spec) => crate::models::build(spec),
+            None => crate::onnx::load_model(&self.model_path),
+        }
+    }
+
+    /// What names the model in messages: its file, or the built-in model's kind.
+    pub fn model_name(&self) -> String {
+        match &self.model {
+            Some(spec) => format!("built-in {}", spec.kind()),
+            None => self.model_path.display().to_string(),
+        }
+    }
+
     /// The evaluation data: `eval_data`, else the training file read from its first rows.
     pub fn eval_data(&self) -> DataConfig {
         self.eval_data.clone().unwrap_or_else(|| DataConfig {
@@ -351,6 +382,45 @@ impl TrainConfig {
             field: field.into(),
             rule,
         };
+        match (&self.model, self.model_path.as_os_str().is_empty()) {
+            (Some(_), false) => {
+                return Err(bad(
+                    "model",
+                    "give either `model_path` (a file) or `[model]` (a built-in model), not both"
+                        .into(),
+                ))
+            }
+            (None, true) => {
+                return Err(bad(
+                    "model_path",
+                    "missing: give the model file, or a built-in `[model]` (kind = \"gpt2\", \"squeezenet\" or \"mlp\")"
+                        .into(),
+                ))
+            }
+            (Some(spec), true) => spec.validate(path)?,
+            (None, false) => {}
+        }
+        for (field, d) in [
+            ("data", Some(&self.data)),
+            ("eval_data", self.eval_data.as_ref()),
+        ] {
+            let Some(d) = d else { continue };
+            match (&d.synth, d.path.as_os_str().is_empty()) {
+                (Some(_), false) => return Err(bad(
+                    field,
+                    "give either `path` (an .npz file) or `synth` (a synthetic data set), not both"
+                        .into(),
+                )),
+                (None, true) => {
+                    return Err(bad(
+                        &format!("{field}.path"),
+                        "missing: give an .npz file, or `synth = { kind = ... }`".into(),
+                    ))
+                }
+                (Some(spec), true) => spec.validate(path)?,
+                (None, false) => {}
+            }
+        }
         let positive = [
             ("batch_size", self.batch_size),
             ("num_train_steps", self.num_train_steps),

@@ -24,7 +24,10 @@ impl Batches {
     /// `Io`/`Data` for the file, `Config` naming the field whose array is missing or
     /// malformed.
     pub fn open(cfg: &DataConfig, global_batch: usize, config_path: &Path) -> Result<Batches> {
-        let arrays = super::read_npz(&cfg.path)?;
+        let arrays = match &cfg.synth {
+            Some(spec) => super::generate(spec)?,
+            None => super::read_npz(&cfg.path)?,
+        };
         let bad = |field: &str, rule: String| Error::Config {
             path: config_path.to_path_buf(),
             field: field.into(),

@@ -11,6 +11,12 @@ use crate::{Error, Result};
 /// The name of the scalar loss value in every training graph.
 pub const LOSS: &str = "loss";
 
+/// Correct predictions (arg-max class equals the label) of a classification loss's
+/// batch, float32 scalar: evaluation reports accuracy from it.
+pub const ACC_CORRECT: &str = "loss/correct";
+/// Label positions counted (not `ignore_index`) of that batch, float32 scalar.
+pub const ACC_COUNTED: &str = "loss/counted";
+
 /// Which loss to train.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
@@ -124,7 +130,7 @@ pub fn attach_loss(
                 &[LOSS, "loss/log_prob"],
                 attrs,
             ));
-            Ok(())
+            attach_accuracy(g, prediction, &label_in, *ignore_index)
         }
         LossSpec::Mse { prediction, label } => {
             let label_in = prepare_label(g, prediction, label, false, prediction_meta, label_meta)?;
@@ -170,6 +176,126 @@ pub fn attach_loss(
             Ok(())
         }
     }
+}
+
+/// Counts of correct and counted label positions ([`ACC_CORRECT`], [`ACC_COUNTED`]):
+/// `ArgMax` over the class axis compared with the label, positions labelled
+/// `ignore_index` left out. Nothing depends on them in training, so only evaluation
+/// graphs compute them.
+fn attach_accuracy(
+    g: &mut Graph,
+    prediction: &str,
+    label: &str,
+    ignore_index: Option<i64>,
+) -> Result<()> {
+    let f32_type = DType::F32.onnx() as i64;
+    g.nodes.extend([
+        make_node(
+            "ArgMax",
+            "loss/argmax",
+            &[prediction],
+            &["loss/argmax"],
+            vec![int_attr("axis", 1), int_attr("keepdims", 0)],
+        ),
+        make_node(
+            "Cast",
+            "loss/label_i64",
+            &[label],
+            &["loss/label_i64"],
+            vec![int_attr("to", DType::I64.onnx() as i64)],
+        ),
+        make_node(
+            "Equal",
+            "loss/hit",
+            &["loss/argmax", "loss/label_i64"],
+            &["loss/hit"],
+            vec![],
+        ),
+        make_node(
+            "Cast",
+            "loss/hit_f",
+            &["loss/hit"],
+            &["loss/hit_f"],
+            vec![int_attr("to", f32_type)],
+        ),
+    ]);
+    match ignore_index {
+        Some(ii) => {
+            g.nodes.extend([
+                constant_node("loss/ignore_index", &Tensor::i64(vec![], vec![ii])?),
+                make_node(
+                    "Equal",
+                    "loss/ignored",
+                    &["loss/label_i64", "loss/ignore_index"],
+                    &["loss/ignored"],
+                    vec![],
+                ),
+                make_node(
+                    "Not",
+                    "loss/kept",
+                    &["loss/ignored"],
+                    &["loss/kept"],
+                    vec![],
+                ),
+                make_node(
+                    "Cast",
+                    "loss/kept_f",
+                    &["loss/kept"],
+                    &["loss/kept_f"],
+                    vec![int_attr("to", f32_type)],
+                ),
+                make_node(
+                    "Mul",
+                    "loss/hit_kept",
+                    &["loss/hit_f", "loss/kept_f"],
+                    &["loss/hit_kept"],
+                    vec![],
+                ),
+                make_node(
+                    "ReduceSum",
+                    "loss/correct",
+                    &["loss/hit_kept"],
+                    &[ACC_CORRECT],
+                    vec![int_attr("keepdims", 0)],
+                ),
+                make_node(
+                    "ReduceSum",
+                    "loss/counted",
+                    &["loss/kept_f"],
+                    &[ACC_COUNTED],
+                    vec![int_attr("keepdims", 0)],
+                ),
+            ]);
+        }
+        None => {
+            g.nodes.extend([
+                make_node(
+                    "ReduceSum",
+                    "loss/correct",
+                    &["loss/hit_f"],
+                    &[ACC_CORRECT],
+                    vec![int_attr("keepdims", 0)],
+                ),
+                // Counted from the label itself (not a constant): constants are copied
+                // only into stages whose nodes read them.
+                make_node(
+                    "Size",
+                    "loss/size",
+                    &["loss/label_i64"],
+                    &["loss/size"],
+                    vec![],
+                ),
+                make_node(
+                    "Cast",
+                    "loss/counted",
+                    &["loss/size"],
+                    &[ACC_COUNTED],
+                    vec![int_attr("to", f32_type)],
+                ),
+            ]);
+        }
+    }
+    Ok(())
 }
 
 /// The model's own scalar output is the loss.

@@ -10,7 +10,7 @@ mod training;
 
 pub use export::export_inference_model;
 pub use ir::*;
-pub use loss::{attach_loss, LossNormalize, LossSpec, LOSS};
+pub use loss::{attach_loss, LossNormalize, LossSpec, ACC_CORRECT, ACC_COUNTED, LOSS};
 pub use partition::{assign_stages, BalanceBy, Partition, StageAssignment};
 pub use stages::{build_stage_graphs, StageGraphs, StageIo};
 pub use training::{

@@ -10,7 +10,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::graph::ir::{value_info, Graph};
-use crate::graph::loss::LOSS;
+use crate::graph::loss::{ACC_CORRECT, ACC_COUNTED, LOSS};
 use crate::graph::partition::{constant_nodes, StageAssignment};
 use crate::graph::training::TrainingGraph;
 use crate::{Error, Result};
@@ -237,6 +237,14 @@ pub fn build_stage_graphs(tg: &TrainingGraph, a: &StageAssignment) -> Result<Vec
             .collect();
         if has_loss {
             eval_outputs.push(LOSS.into());
+            // Classification losses also count correct predictions for evaluation.
+            if [ACC_CORRECT, ACC_COUNTED]
+                .iter()
+                .all(|v| fwd_made.contains(v))
+            {
+                eval_outputs.push(ACC_CORRECT.into());
+                eval_outputs.push(ACC_COUNTED.into());
+            }
         }
         let fused = if has_loss && bwd_recv.is_empty() {
             let mut nodes: Vec<usize> = fwd_full.iter().chain(&bwd_full).copied().collect();
@@ -344,6 +352,19 @@ fn ancestors(
 /// A graph of `nodes` with typed inputs for everything they read from outside.
 fn subgraph(tg: &TrainingGraph, nodes: &[usize], outputs: &[String], name: &str) -> Result<Graph> {
     let g = &tg.graph;
+    // Only the nodes the outputs need (evaluation-only values such as the accuracy
+    // counts stay out of the training graphs).
+    let mut needed: HashSet<&str> = outputs.iter().map(String::as_str).collect();
+    let mut kept: Vec<usize> = Vec::with_capacity(nodes.len());
+    for &i in nodes.iter().rev() {
+        let n = &g.nodes[i];
+        if n.output.iter().any(|o| needed.contains(o.as_str())) {
+            needed.extend(n.input.iter().map(String::as_str));
+            kept.push(i);
+        }
+    }
+    kept.reverse();
+    let nodes = &kept[..];
     let typed = |v: &str| {
         let meta = tg
             .metas

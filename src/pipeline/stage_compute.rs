@@ -8,7 +8,7 @@ use pipetrain_actors::{
 };
 
 use super::stage::{OrtStage, Payload};
-use crate::graph::LOSS;
+use crate::graph::{ACC_CORRECT, ACC_COUNTED, LOSS};
 use crate::Result;
 
 impl OrtStage {
@@ -46,10 +46,17 @@ impl OrtStage {
             }
             None => None,
         };
+        let scalar = |name: &str| {
+            outputs
+                .get(name)
+                .and_then(|t| t.to_f64_vec().first().copied())
+        };
+        let accuracy = scalar(ACC_CORRECT).zip(scalar(ACC_COUNTED));
         let send = pick(&self.io.fwd_send, &[outputs, input]);
         Ok(ForwardOut {
             output: (!self.io.fwd_send.is_empty()).then_some(send),
             loss,
+            accuracy,
         })
     }
 }
@@ -92,6 +99,7 @@ impl StageCompute for OrtStage {
             return Ok(ForwardOut {
                 output: None,
                 loss: Some(loss),
+                accuracy: None,
             });
         }
         let outputs = self.forward_pass(false, &input, &data)?;

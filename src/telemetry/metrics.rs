@@ -43,6 +43,9 @@ pub struct StepMetrics {
     /// Mean loss on the evaluation set after the step, when one was run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_loss: Option<f64>,
+    /// Accuracy on the evaluation set after the step (classification losses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_accuracy: Option<f64>,
     /// Global L2 norm of the gradients, before any clipping.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grad_norm: Option<f64>,

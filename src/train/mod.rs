@@ -34,6 +34,8 @@ pub struct StepReport {
     pub lr: f64,
     /// Mean loss on the evaluation set after the step, when one was run.
     pub eval_loss: Option<f64>,
+    /// Accuracy on the evaluation set (classification losses), when one was run.
+    pub eval_accuracy: Option<f64>,
     /// Global L2 norm of the gradients (unscaled, before clipping).
     pub grad_norm: f64,
     /// The clip coefficient, when `max_grad_norm` is set.
@@ -59,6 +61,7 @@ impl StepReport {
             out.push(RunEvent::Evaluation {
                 step: self.step,
                 loss,
+                accuracy: self.eval_accuracy,
             });
         }
         out.extend(self.saved.iter().cloned().map(RunEvent::CheckpointSaved));
@@ -91,6 +94,8 @@ pub enum RunEvent {
         step: u64,
         /// Mean loss over the evaluation set.
         loss: f64,
+        /// Accuracy over it (classification losses).
+        accuracy: Option<f64>,
     },
     /// A checkpoint is complete on disk.
     CheckpointSaved(SavedCheckpoint),

@@ -16,7 +16,7 @@ use crate::graph::{
     assign_stages, build_stage_graphs, build_training_graph, export_inference_model, LossNormalize,
     TrainOptions,
 };
-use crate::onnx::{load_model, save_model};
+use crate::onnx::save_model;
 use crate::pipeline::{OrtStage, StageSettings, StepData};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -35,7 +35,7 @@ pub(super) async fn run_training(
         control,
         on_event,
     } = opts;
-    let mut model = load_model(&cfg.model_path)?;
+    let mut model = cfg.load_model()?;
     let fingerprint = model_fingerprint(&model);
     if let Some(init) = &cfg.init_path {
         apply_init(&mut model, &read_safetensors(init)?, init)?;
@@ -104,6 +104,7 @@ pub(super) async fn run_training(
         .unwrap_or_default();
     let model_info = ModelInfo {
         path: cfg.model_path.clone(),
+        spec: cfg.model.clone(),
         fingerprint: fingerprint.clone(),
         tensors: tg.params.len(),
         parameters: tg.params.iter().map(|p| p.meta.numel() as u64).sum(),
@@ -183,6 +184,7 @@ pub(super) async fn run_training(
                 loss: r.loss,
                 lr: r.lr,
                 eval_loss: r.eval_loss,
+                eval_accuracy: r.eval_accuracy,
                 grad_norm: r.grad_norm,
                 clip_coef: r.clip_coef,
                 loss_scale: r.loss_scale,

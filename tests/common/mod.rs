@@ -70,6 +70,7 @@ impl PeerModel {
         };
         let cfg = DataConfig {
             path: dir.join(format!("{name}_data.npz")),
+            synth: None,
             batch_order: Some("batch_idx".into()),
             layout,
         };
