@@ -43,6 +43,12 @@ pub struct TrainConfig {
     /// Where the trained inference model is written.
     #[serde(default)]
     pub output_path: Option<PathBuf>,
+    /// Also write the forward model with the loss attached here (ORT's name).
+    #[serde(default)]
+    pub model_with_loss_func_path: Option<PathBuf>,
+    /// Also write the whole training graph (forward, loss, backward) here (ORT's name).
+    #[serde(default)]
+    pub model_with_training_graph_path: Option<PathBuf>,
     /// Samples per micro-batch (per replica).
     pub batch_size: usize,
     /// Forward/backward passes per replica over the whole run.
@@ -267,6 +273,8 @@ impl TrainConfig {
         }
         cfg.init_path.as_mut().map(resolve);
         cfg.output_path.as_mut().map(resolve);
+        cfg.model_with_loss_func_path.as_mut().map(resolve);
+        cfg.model_with_training_graph_path.as_mut().map(resolve);
         cfg.checkpoints_dir.as_mut().map(resolve);
         cfg.checkpoint_to_load_path.as_mut().map(resolve);
         cfg.validate(path)?;

@@ -73,6 +73,50 @@ pub struct TrainingGraph {
 }
 
 impl TrainingGraph {
+    /// The forward model with the loss attached (ORT's `model_with_loss_func_path`):
+    /// the model's inputs and the label in, the loss out, the parameters as initializers
+    /// holding their initial values.
+    ///
+    /// # Errors
+    /// As [`TrainingGraph::forward_graph`].
+    pub fn model_with_loss(&self) -> Result<crate::onnx::proto::ModelProto> {
+        let mut g = self.forward_graph(&[LOSS])?;
+        g.name = "model_with_loss".into();
+        self.params_as_defaults(&mut g);
+        Ok(g.to_model())
+    }
+
+    /// The whole training graph (ORT's `model_with_training_graph_path`): forward, loss
+    /// and backward in standard ONNX ops (plus `com.microsoft.FusedMatMul` unless
+    /// `standard_ops_only`), the loss and every parameter's gradient out. Parameters and
+    /// `loss_grad` are inputs with defaults (initializers: the initial values, and 1), so
+    /// a stock ONNX Runtime runs it on data feeds alone, and Netron shows it.
+    pub fn model_with_training_graph(&self) -> crate::onnx::proto::ModelProto {
+        let mut g = self.graph.clone();
+        g.name = "model_with_training_graph".into();
+        self.params_as_defaults(&mut g);
+        if let Some(seed) = self.metas.get(LOSS).map(|m| Tensor::zeros(m.dtype, vec![])) {
+            let one = match seed.data {
+                crate::tensor::TensorData::F64(_) => Tensor::f64(vec![], vec![1.0]),
+                _ => Tensor::f32(vec![], vec![1.0]),
+            };
+            if let Ok(one) = one {
+                g.initializers.push(one.to_proto(LOSS_GRAD));
+            }
+        }
+        g.to_model()
+    }
+
+    /// Gives every parameter input of `g` its initial value as an initializer (an input
+    /// with a default, in ONNX terms).
+    fn params_as_defaults(&self, g: &mut Graph) {
+        for p in &self.params {
+            if g.inputs.iter().any(|v| v.name == p.name) {
+                g.initializers.push(p.init.to_proto(&p.name));
+            }
+        }
+    }
+
     /// The parameter of that name.
     pub fn param(&self, name: &str) -> Option<&Param> {
         self.params.iter().find(|p| p.name == name)

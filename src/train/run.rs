@@ -63,6 +63,27 @@ pub(super) async fn run_training(
         contrib_ops: !cfg.runtime.standard_ops_only,
     };
     let tg = build_training_graph(rt, &model, &opts, &example)?;
+    for (path, built) in [
+        (
+            &cfg.model_with_loss_func_path,
+            cfg.model_with_loss_func_path
+                .as_ref()
+                .map(|_| tg.model_with_loss()),
+        ),
+        (
+            &cfg.model_with_training_graph_path,
+            cfg.model_with_training_graph_path
+                .as_ref()
+                .map(|_| Ok(tg.model_with_training_graph())),
+        ),
+    ] {
+        if let (Some(path), Some(model)) = (path, built) {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
+            }
+            save_model(&model?, path)?;
+        }
+    }
     if let Some(ckpt) = &resume {
         let shapes: Vec<(String, Vec<usize>)> = tg
             .params
