@@ -17,6 +17,9 @@ impl ShapeProbe for Runtime {
     }
 }
 
+/// Values exposed per probe run (see [`probe_values`]).
+const PROBE_OUTPUTS: usize = 48;
+
 /// The type and shape of every input, initializer and node output of `graph` when run on
 /// `feeds`.
 ///
@@ -32,13 +35,12 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
             metas.insert(t.name.clone(), meta_of(&v));
         }
     }
-    let mut probe = graph.clone();
-    probe.outputs.clear();
+    let mut names = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for n in &graph.nodes {
         for o in n.output.iter().filter(|o| !o.is_empty()) {
             if seen.insert(o.clone()) {
-                probe.outputs.push(untyped_value_info(o));
+                names.push(o.clone());
             }
         }
     }
@@ -50,10 +52,17 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
         spin: false,
         profile: false,
     };
-    let mut session = GraphSession::new(rt, &probe, &opts, "the shape probe")?;
-    let values = session.run(feeds)?;
-    for (name, v) in session.output_names().iter().zip(values) {
-        metas.insert(name.clone(), meta_of(&v));
+    // A few values at a time: every exposed value is held until the run ends, and all of
+    // a training graph's values at once would be the process's peak memory (tiny_gpt:
+    // 283 MiB that way). Each run recomputes the graph, a few milliseconds.
+    for chunk in names.chunks(PROBE_OUTPUTS) {
+        let mut probe = graph.clone();
+        probe.outputs = chunk.iter().map(|o| untyped_value_info(o)).collect();
+        let mut session = GraphSession::one_off(rt, &probe, &opts, "the shape probe")?;
+        let shapes = session.run_shapes(feeds)?;
+        for (name, (dtype, shape)) in session.output_names().iter().zip(shapes) {
+            metas.insert(name.clone(), ValueMeta { dtype, shape });
+        }
     }
     Ok(metas)
 }

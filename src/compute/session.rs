@@ -9,7 +9,7 @@ use prost::Message;
 use crate::compute::Runtime;
 use crate::graph::Graph;
 use crate::onnx::proto::ModelProto;
-use crate::tensor::{Tensor, TensorData, TensorView, ViewData};
+use crate::tensor::{DType, Tensor, TensorData, TensorView, ViewData};
 use crate::{Error, Result};
 
 /// How sessions are made.
@@ -83,6 +83,28 @@ impl GraphSession {
         opts: &SessionOptions,
         label: &str,
     ) -> Result<GraphSession> {
+        GraphSession::build(rt, model, opts, label, true)
+    }
+
+    /// A session whose memory goes back to the system as soon as a run ends (no arena):
+    /// for one-off runs such as the shape probe, whose values would otherwise stay in an
+    /// arena (and the process's resident memory) for the rest of the run.
+    pub(crate) fn one_off(
+        rt: &Runtime,
+        graph: &Graph,
+        opts: &SessionOptions,
+        label: &str,
+    ) -> Result<GraphSession> {
+        GraphSession::build(rt, &graph.to_model(), opts, label, false)
+    }
+
+    fn build(
+        rt: &Runtime,
+        model: &ModelProto,
+        opts: &SessionOptions,
+        label: &str,
+        arena: bool,
+    ) -> Result<GraphSession> {
         let graph = model.graph.clone().unwrap_or_default();
         let bytes = model.encode_to_vec();
         let ctx = || format!("creating the session for {label}");
@@ -92,6 +114,12 @@ impl GraphSession {
             GraphOptimizationLevel::Disable
         };
         let session = Session::builder(rt.env())
+            .and_then(|b| {
+                b.with_execution_providers([ort::ep::CPU::default()
+                    .with_arena_allocator(arena)
+                    .build()])
+                    .map_err(Into::into)
+            })
             .and_then(|b| b.with_optimization_level(level).map_err(Into::into))
             .and_then(|b| b.with_intra_threads(opts.intra_threads).map_err(Into::into))
             .and_then(|b| b.with_inter_threads(opts.inter_threads).map_err(Into::into))
@@ -167,6 +195,58 @@ impl GraphSession {
         let views: Vec<(&str, TensorView<'_>)> =
             feeds.iter().map(|(n, t)| (*n, t.view())).collect();
         self.run_views(&views)
+    }
+
+    /// Runs the graph and returns only each output's element type and shape, in the
+    /// graph's output order (nothing is copied out).
+    ///
+    /// # Errors
+    /// As [`GraphSession::run`].
+    pub(crate) fn run_shapes(
+        &mut self,
+        feeds: &[(&str, &Tensor)],
+    ) -> Result<Vec<(DType, Vec<usize>)>> {
+        let label = self.label.clone();
+        let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
+            Vec::with_capacity(feeds.len());
+        for (name, t) in feeds {
+            inputs.push((
+                Cow::Borrowed(*name),
+                view(&t.view()).map_err(Error::ort(format!("running {label}")))?,
+            ));
+        }
+        let outputs = self
+            .session
+            .run(inputs)
+            .map_err(Error::ort(format!("running {label}")))?;
+        let mut result = Vec::with_capacity(self.outputs.len());
+        for name in &self.outputs {
+            let value = outputs.get(name).ok_or_else(|| Error::BadTensor {
+                name: name.clone(),
+                reason: format!("{label} did not produce this output"),
+            })?;
+            let ValueType::Tensor { ty, shape, .. } = value.dtype() else {
+                return Err(Error::BadTensor {
+                    name: name.clone(),
+                    reason: "output is not a tensor".into(),
+                });
+            };
+            let dtype = match ty {
+                TensorElementType::Float32 => DType::F32,
+                TensorElementType::Float64 => DType::F64,
+                TensorElementType::Int64 => DType::I64,
+                TensorElementType::Int32 => DType::I32,
+                TensorElementType::Bool => DType::Bool,
+                other => {
+                    return Err(Error::BadTensor {
+                        name: name.clone(),
+                        reason: format!("unsupported element type {other:?}"),
+                    })
+                }
+            };
+            result.push((dtype, shape.iter().map(|&d| d as usize).collect()));
+        }
+        Ok(result)
     }
 
     /// [`GraphSession::run`] with borrowed views (slices of a flat parameter buffer, say).
