@@ -8,11 +8,15 @@
 //!   plain lines elsewhere; [`render`] formats one line.
 //! - `svg`: [`timeline_svg`] draws a pipeline [`pipetrain_schedules::Timeline`] (simulated
 //!   or traced) as a standalone SVG, with its makespan, bubble fraction and idle time.
+//! - `tensorboard`: [`TensorBoardWriter`] writes scalars and histograms as a TensorBoard
+//!   event file (TFRecord-framed `Event` protobufs), for TensorBoard to follow.
 
 mod metrics;
 mod progress;
 mod svg;
+mod tensorboard;
 
 pub use metrics::{MetricsWriter, StepMetrics};
 pub use progress::{render, Progress};
 pub use svg::timeline_svg;
+pub use tensorboard::{TensorBoardWriter, HISTOGRAM_BUCKETS};
