@@ -3,14 +3,16 @@
 # - ONNX Runtime's shared library, from PyPI's onnxruntime wheel, into ./.venv (where
 #   pipetrain looks for it; see `pipetrain doctor`);
 # - the Python packages the tests use as independent readers of pipetrain's files:
-#   `onnx` (its model checker) and `safetensors` (checkpoint weight files).
+#   `onnx` (its model checker), `safetensors` (checkpoint weight files) and `tensorboard`
+#   (its own event-file reader, for the TensorBoard writer's tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv
 # name==version, one per line: what the project's venv must hold.
 PACKAGES="onnxruntime==1.31.1
 onnx==1.19.1
-safetensors==0.6.2"
+safetensors==0.6.2
+tensorboard==2.21.0"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi

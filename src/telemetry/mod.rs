@@ -8,11 +8,21 @@
 //!   plain lines elsewhere; [`render`] formats one line.
 //! - `svg`: [`timeline_svg`] draws a pipeline [`pipetrain_schedules::Timeline`] (simulated
 //!   or traced) as a standalone SVG, with its makespan, bubble fraction and idle time.
+//! - `tensorboard`: [`TensorBoardWriter`] writes scalars and histograms as a TensorBoard
+//!   event file (TFRecord-framed `Event` protobufs), for TensorBoard to follow.
+//! - `chrome_trace`: [`chrome_trace()`] turns a recorded run
+//!   ([`pipetrain_actors::RunTrace`]) into the Chrome trace event format, which the
+//!   Perfetto UI and `chrome://tracing` open: one process per replica, one track per
+//!   pipeline rank, one event per action.
 
+mod chrome_trace;
 mod metrics;
 mod progress;
 mod svg;
+mod tensorboard;
 
+pub use chrome_trace::chrome_trace;
 pub use metrics::{MetricsWriter, StepMetrics};
 pub use progress::{render, Progress};
 pub use svg::timeline_svg;
+pub use tensorboard::{TensorBoardWriter, HISTOGRAM_BUCKETS};
