@@ -36,6 +36,10 @@ enum Command {
         /// Record what every actor did to this file (JSON), for `schedule replay|draw`.
         #[arg(long)]
         trace: Option<PathBuf>,
+        /// Record what every actor did as a Chrome trace (JSON) that the Perfetto UI and
+        /// chrome://tracing open: a process per replica, a track per pipeline rank.
+        #[arg(long)]
+        chrome_trace: Option<PathBuf>,
         /// Resume from the newest complete checkpoint in `checkpoints_dir` (start from
         /// scratch when there is none); `checkpoint_to_load_path` names one explicitly.
         #[arg(long)]
@@ -149,8 +153,14 @@ fn main() -> ExitCode {
             config,
             metrics,
             trace,
+            chrome_trace,
             resume,
-        } => train(&config, metrics.as_deref(), trace.as_deref(), resume),
+        } => train(
+            &config,
+            metrics.as_deref(),
+            (trace.as_deref(), chrome_trace.as_deref()),
+            resume,
+        ),
         Command::Schedule { command } => schedule(command),
         Command::Checkpoint {
             command: CheckpointCommand::Inspect { dir },
@@ -187,7 +197,12 @@ fn doctor() -> Result<()> {
     Ok(())
 }
 
-fn train(config: &Path, metrics: Option<&Path>, trace: Option<&Path>, resume: bool) -> Result<()> {
+fn train(
+    config: &Path,
+    metrics: Option<&Path>,
+    (trace, chrome): (Option<&Path>, Option<&Path>),
+    resume: bool,
+) -> Result<()> {
     let mut cfg = TrainConfig::load(config)?;
     if resume && cfg.checkpoint_to_load_path.is_none() {
         match pipetrain::train::latest_checkpoint(&cfg, config)? {
@@ -231,7 +246,8 @@ fn train(config: &Path, metrics: Option<&Path>, trace: Option<&Path>, resume: bo
     let mut last = 0.0;
     let mut first: Option<u64> = None;
     let mut failed: Option<Error> = None;
-    let summary = pipetrain::train::train(&rt, &cfg, config, trace.is_some(), |r| {
+    let record = trace.is_some() || chrome.is_some();
+    let summary = pipetrain::train::train(&rt, &cfg, config, record, |r| {
         let first = *first.get_or_insert(r.step);
         let elapsed = r.elapsed.as_secs_f64();
         let rate = (r.step + 1 - first) as f64 / elapsed.max(1e-9);
@@ -303,6 +319,11 @@ fn train(config: &Path, metrics: Option<&Path>, trace: Option<&Path>, resume: bo
     if let (Some(path), Some(t)) = (trace, &summary.trace) {
         pipetrain::train::save_trace(t, path)?;
         eprintln!("trace: {}", path.display());
+    }
+    if let (Some(path), Some(t)) = (chrome, &summary.trace) {
+        let json = pipetrain::telemetry::chrome_trace(t);
+        pipetrain::onnx::save_bytes(path, json.to_string().as_bytes())?;
+        eprintln!("chrome trace (Perfetto): {}", path.display());
     }
     if let Some(out) = &cfg.output_path {
         eprintln!("trained model: {}", out.display());

@@ -122,10 +122,34 @@ pub struct TrainConfig {
     /// The dynamic loss scaler's settings, for `loss_scale = 0`.
     #[serde(default)]
     pub loss_scaler: DynamicScalerConfig,
+    /// TensorBoard event files go here (ORT's `log_dir`): scalars every step, histograms
+    /// of `histogram_names`.
+    #[serde(default)]
+    pub log_dir: Option<PathBuf>,
+    /// Which scalars to write (ORT's `scalar_names`); default all of
+    /// [`SCALAR_NAMES`].
+    #[serde(default)]
+    pub scalar_names: Option<Vec<String>>,
+    /// Parameters whose values and gradients get a histogram every step (ORT's
+    /// `histogram_names`).
+    #[serde(default)]
+    pub histogram_names: Vec<String>,
     /// Test aids: faults to inject, slower checkpoint writes.
     #[serde(default)]
     pub debug: DebugConfig,
 }
+
+/// The scalars a run can write to TensorBoard.
+pub const SCALAR_NAMES: [&str; 8] = [
+    "loss",
+    "lr",
+    "grad_norm",
+    "clip_coef",
+    "loss_scale",
+    "samples_per_s",
+    "eval_loss",
+    "eval_accuracy",
+];
 
 fn one_f64() -> f64 {
     1.0
@@ -276,6 +300,7 @@ impl TrainConfig {
         cfg.model_with_loss_func_path.as_mut().map(resolve);
         cfg.model_with_training_graph_path.as_mut().map(resolve);
         cfg.checkpoints_dir.as_mut().map(resolve);
+        cfg.log_dir.as_mut().map(resolve);
         cfg.checkpoint_to_load_path.as_mut().map(resolve);
         cfg.validate(path)?;
         Ok(cfg)

@@ -108,6 +108,25 @@ impl TrainConfig {
                 format!("needs 0 < min <= initial <= max (finite) and window >= 1, got {d:?}"),
             ));
         }
+        for (i, name) in self.scalar_names.iter().flatten().enumerate() {
+            if !super::SCALAR_NAMES.contains(&name.as_str()) {
+                return Err(bad(
+                    &format!("scalar_names[{i}]"),
+                    format!(
+                        "unknown scalar `{name}`; known: {}",
+                        super::SCALAR_NAMES.join(", ")
+                    ),
+                ));
+            }
+        }
+        if self.log_dir.is_none()
+            && (self.scalar_names.is_some() || !self.histogram_names.is_empty())
+        {
+            return Err(bad(
+                "log_dir",
+                "scalar_names and histogram_names need `log_dir`, the folder of the TensorBoard files".into(),
+            ));
+        }
         for (i, f) in self.debug.inject_grad_overflow.iter().enumerate() {
             let field = format!("debug.inject_grad_overflow[{i}]");
             if f.step == 0 || f.step as usize > self.optimizer_steps() {

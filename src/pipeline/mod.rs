@@ -14,4 +14,4 @@ mod stage;
 mod stage_compute;
 
 pub use data::{StepData, LOSS_COUNT};
-pub use stage::{OrtStage, Payload, StageSettings};
+pub use stage::{HistogramTap, OrtStage, Payload, StageSettings};

@@ -36,6 +36,19 @@ pub struct StageSettings {
     pub overflow_at: Vec<u64>,
     /// Checkpoint writes in pieces with this pause between them: a test aid.
     pub slow_save: Option<Duration>,
+    /// Copies of named parameters and their gradients every step, for histograms.
+    pub histograms: Option<HistogramTap>,
+}
+
+/// Where a stage sends copies of the parameters (and gradients) named for TensorBoard
+/// histograms: `("param/<name>" | "grad/<name>", step, values)`. Only replica 0's stages
+/// send (every replica holds the same values).
+#[derive(Debug, Clone)]
+pub struct HistogramTap {
+    /// Parameter names to copy.
+    pub names: Vec<String>,
+    /// Where the copies go.
+    pub tx: flume::Sender<(String, u64, Vec<f32>)>,
 }
 
 impl StageSettings {
@@ -50,6 +63,7 @@ impl StageSettings {
             normalize: LossNormalize::MicroBatch,
             overflow_at: Vec::new(),
             slow_save: None,
+            histograms: None,
         }
     }
 }
@@ -336,6 +350,20 @@ impl OrtStage {
             if !self.written[i] {
                 self.layout.slice_mut(&mut self.grads, i).fill(0.0);
                 self.written[i] = true;
+            }
+        }
+    }
+
+    /// Sends copies of the named tensors of `buf` (parameters or gradients) to the tap.
+    pub(super) fn tap(&self, kind: &str, step: u64, buf: &[f32]) {
+        let Some(tap) = &self.settings.histograms else {
+            return;
+        };
+        for name in &tap.names {
+            if let Some(i) = self.layout.index_of(name) {
+                let values = self.layout.slice(buf, i).to_vec();
+                // The receiver only goes away when the run ends.
+                let _ = tap.tx.send((format!("{kind}/{name}"), step, values));
             }
         }
     }

@@ -193,7 +193,7 @@ impl StageCompute for OrtStage {
 
     async fn update(
         &mut self,
-        _step: u64,
+        step: u64,
         lr: f64,
         decision: &StepDecision,
     ) -> Result<(), BoxError> {
@@ -204,7 +204,9 @@ impl StageCompute for OrtStage {
                 let k = decision.grad_scale as f32;
                 self.grads.iter_mut().for_each(|g| *g *= k);
             }
+            self.tap("grad", step, &self.grads);
             self.optimizer.step(&mut self.params, &self.grads, lr)?;
+            self.tap("param", step, &self.params);
         }
         self.reset_grads();
         self.loss_scale = decision.next_loss_scale;

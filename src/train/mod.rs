@@ -18,6 +18,7 @@ use crate::onnx::write_atomically;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
+mod board;
 mod checkpointing;
 mod run;
 

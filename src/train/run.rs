@@ -98,6 +98,11 @@ pub(super) async fn run_training(
     }
     let assignment = assign_stages(&tg, &cfg.partition())?;
     let stages = build_stage_graphs(&tg, &assignment)?;
+    let param_names: Vec<String> = tg.params.iter().map(|p| p.name.clone()).collect();
+    let (mut board, tap) = match super::board::Board::open(cfg, config_path, &param_names)? {
+        Some((b, tap)) => (Some(b), tap),
+        None => (None, None),
+    };
     let policy = cfg.grad_policy();
     let scaler = starting_scaler(cfg, resume.as_ref());
     let settings = stage_settings(cfg, scaler.scale);
@@ -107,6 +112,9 @@ pub(super) async fn run_training(
         let mut list = Vec::with_capacity(stages.len());
         for (s, g) in stages.iter().enumerate() {
             let mut st = settings.clone();
+            if replica == 0 {
+                st.histograms = tap.clone();
+            }
             st.overflow_at = cfg
                 .debug
                 .inject_grad_overflow
@@ -218,6 +226,12 @@ pub(super) async fn run_training(
                 samples_per_s: cfg.global_batch() as f64 / step_s,
                 elapsed,
             };
+            if let Some(b) = board.as_mut() {
+                if let Err(e) = b.step(&report) {
+                    on_event(RunEvent::Warning(format!("TensorBoard log stopped: {e}")));
+                    board = None;
+                }
+            }
             for e in report.events() {
                 on_event(e);
             }
