@@ -1,47 +1,192 @@
-//! In-process AllReduce: one group actor per pipeline stage gathers the replicas'
-//! gradient buffers, sums them in replica order and hands the sum back to each.
+//! In-process AllReduce over shared memory: one group per pipeline stage; the replicas of
+//! the stage reduce together, each on its own thread.
+//!
+//! A reduce-scatter then an all-gather, as a ring all-reduce does across machines, but
+//! through memory: every replica lends its buffer to the group; replica `r` sums chunk `r`
+//! of all buffers into its own buffer (in replica order, so every replica gets the same
+//! bits, the same ones a sequential sum in replica order gives); after a barrier each
+//! replica copies the other chunks' sums into its own buffer. The replicas' threads share
+//! the work, and nothing is allocated or copied twice.
+//!
+//! Written with raw pointers into the lent buffers: the phases touch disjoint regions
+//! (the `SAFETY` notes say which), which borrowing whole buffers cannot express.
 
-use tokio::sync::oneshot;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
 use crate::error::ActorError;
 use crate::traits::Collective;
 
-/// Pending contributions per group: at most one per replica is ever in flight, since a
-/// replica waits for the sum before it contributes again.
-fn group_capacity(replicas: usize) -> usize {
-    replicas
+/// A replica's buffer lent to its group for one round: where it is and how long.
+#[derive(Clone, Copy)]
+struct Lent {
+    ptr: *mut f32,
+    len: usize,
 }
 
-struct Contribution {
-    replica: usize,
-    buf: Vec<f32>,
-    reply: oneshot::Sender<Vec<f32>>,
+// SAFETY: a `Lent` is only dereferenced inside one all-reduce round, while its owner is
+// blocked in the same round (between the first and the last barrier), and only on
+// regions no other replica writes at the same time (see `Group::all_reduce`).
+unsafe impl Send for Lent {}
+unsafe impl Sync for Lent {}
+
+/// One stage's replicas reducing together.
+struct Group {
+    replicas: usize,
+    /// The buffers lent for the round in progress, by replica.
+    lent: Mutex<Vec<Option<Lent>>>,
+    /// Everyone has lent; everyone has summed its chunk; everyone has gathered.
+    lent_all: Barrier,
+    summed_all: Barrier,
+    gathered_all: Barrier,
 }
 
 /// The collectives of replicas that share one process (threads of one machine).
 #[derive(Clone)]
 pub struct LocalCollective {
     replicas: usize,
-    groups: Vec<flume::Sender<Contribution>>,
+    groups: Vec<Arc<Group>>,
 }
 
 impl LocalCollective {
-    /// Starts one group actor per stage in `tasks`.
+    /// One group per stage. (`tasks` is unused: the replicas do the work themselves; it
+    /// stays for the engine's uniform start-up.)
     pub fn spawn(
         stages: usize,
         replicas: usize,
-        tasks: &mut JoinSet<Result<(), ActorError>>,
+        _tasks: &mut JoinSet<Result<(), ActorError>>,
     ) -> LocalCollective {
-        let mut groups = Vec::with_capacity(stages);
-        for stage in 0..stages {
-            let (tx, rx) = flume::bounded(group_capacity(replicas));
-            if replicas > 1 {
-                tasks.spawn(group_actor(stage, replicas, rx));
-            }
-            groups.push(tx);
-        }
+        let groups = (0..stages)
+            .map(|_| {
+                Arc::new(Group {
+                    replicas,
+                    lent: Mutex::new(vec![None; replicas]),
+                    lent_all: Barrier::new(replicas),
+                    summed_all: Barrier::new(replicas),
+                    gathered_all: Barrier::new(replicas),
+                })
+            })
+            .collect();
         LocalCollective { replicas, groups }
+    }
+}
+
+/// Values summed at a time (16 KiB: stays in the first-level cache).
+const BLOCK: usize = 4096;
+
+/// The half-open range of chunk `r` of `d` chunks over `n` values.
+fn chunk(n: usize, d: usize, r: usize) -> std::ops::Range<usize> {
+    (n * r / d)..(n * (r + 1) / d)
+}
+
+impl Group {
+    fn protocol(&self, replica: usize, stage: usize, reason: String) -> ActorError {
+        ActorError::Protocol {
+            replica,
+            rank: stage,
+            reason,
+        }
+    }
+
+    /// One round, from replica `replica`. Who touches what (chunk `c` of buffer `b`):
+    /// - reduce-scatter: replica `r` reads chunk `r` of every buffer and writes chunk `r`
+    ///   of its own; no one else touches chunk `r` of any buffer then;
+    /// - all-gather: replica `r` reads chunk `s` of buffer `s` (the sum replica `s` made)
+    ///   and writes it to chunk `s` of its own, for every `s != r`; chunk `s` of buffer
+    ///   `s` is only read then, and chunk `s` of buffer `r` only written by `r`.
+    ///
+    /// Barriers separate the phases, and the last one keeps every buffer alive until no
+    /// one reads it any more.
+    async fn all_reduce(
+        &self,
+        stage: usize,
+        replica: usize,
+        mut buf: Vec<f32>,
+    ) -> Result<Vec<f32>, ActorError> {
+        let d = self.replicas;
+        if replica >= d {
+            return Err(self.protocol(replica, stage, format!("not a replica of {d}")));
+        }
+        let n = buf.len();
+        {
+            let mut lent = self.lent.lock().map_err(|_| self.poisoned(stage))?;
+            if lent[replica].is_some() {
+                return Err(self.protocol(
+                    replica,
+                    stage,
+                    "contributed twice to one all-reduce".into(),
+                ));
+            }
+            lent[replica] = Some(Lent {
+                ptr: buf.as_mut_ptr(),
+                len: n,
+            });
+        }
+        self.lent_all.wait().await;
+        let all: Vec<Lent> = {
+            let lent = self.lent.lock().map_err(|_| self.poisoned(stage))?;
+            lent.iter().flatten().copied().collect()
+        };
+        let uneven = all.iter().position(|b| b.len != n);
+        if uneven.is_none() {
+            let range = chunk(n, d, replica);
+            let own = all[replica];
+            // SAFETY: chunk `replica` of every buffer is touched by this replica alone in
+            // this phase (see above); every owner is blocked in this round.
+            unsafe {
+                // Block by block through a small buffer: each block of every input is read
+                // (own values included) before the sum is written over the own block.
+                let mut tmp = [0.0f32; BLOCK];
+                let mut at = range.start;
+                while at < range.end {
+                    let len = BLOCK.min(range.end - at);
+                    let t = &mut tmp[..len];
+                    t.copy_from_slice(std::slice::from_raw_parts(all[0].ptr.add(at), len));
+                    for b in &all[1..] {
+                        let x = std::slice::from_raw_parts(b.ptr.add(at), len);
+                        t.iter_mut().zip(x).for_each(|(s, v)| *s += v);
+                    }
+                    std::slice::from_raw_parts_mut(own.ptr.add(at), len).copy_from_slice(t);
+                    at += len;
+                }
+            }
+        }
+        self.summed_all.wait().await;
+        if let Some(r) = uneven {
+            self.gathered_all.wait().await;
+            self.lent.lock().map_err(|_| self.poisoned(stage))?[replica] = None;
+            return Err(self.protocol(
+                r,
+                stage,
+                format!(
+                    "gradient of {} values, replica {replica} has {n}",
+                    all[r].len
+                ),
+            ));
+        }
+        for (s, b) in all.iter().enumerate().filter(|&(s, _)| s != replica) {
+            let range = chunk(n, d, s);
+            // SAFETY: chunk `s` of buffer `s` is only read in this phase, and chunk `s` of
+            // this replica's own buffer only written by this replica (see above).
+            unsafe {
+                let from = std::slice::from_raw_parts(b.ptr.add(range.start), range.len());
+                let to =
+                    std::slice::from_raw_parts_mut(all[replica].ptr.add(range.start), range.len());
+                to.copy_from_slice(from);
+            }
+        }
+        self.gathered_all.wait().await;
+        self.lent.lock().map_err(|_| self.poisoned(stage))?[replica] = None;
+        // Nobody holds a pointer into `buf` any more.
+        Ok(std::mem::take(&mut buf))
+    }
+
+    fn poisoned(&self, stage: usize) -> ActorError {
+        ActorError::ActorGone {
+            actor: format!("all-reduce group of stage {stage} (a replica panicked)"),
+        }
     }
 }
 
@@ -55,76 +200,56 @@ impl Collective for LocalCollective {
         if self.replicas == 1 {
             return Ok(buf);
         }
-        let gone = || ActorError::ActorGone {
-            actor: format!("all-reduce group of stage {stage}"),
-        };
-        let group = self.groups.get(stage).ok_or_else(gone)?;
-        let (reply, answer) = oneshot::channel();
-        group
-            .send_async(Contribution {
-                replica,
-                buf,
-                reply,
-            })
-            .await
-            .map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())
+        let group = self
+            .groups
+            .get(stage)
+            .ok_or_else(|| ActorError::ActorGone {
+                actor: format!("all-reduce group of stage {stage}"),
+            })?;
+        group.all_reduce(stage, replica, buf).await
     }
 }
 
-#[tracing::instrument(skip(rx))]
-async fn group_actor(
-    stage: usize,
-    replicas: usize,
-    rx: flume::Receiver<Contribution>,
-) -> Result<(), ActorError> {
-    loop {
-        let mut slots: Vec<Option<Contribution>> = (0..replicas).map(|_| None).collect();
-        for received in 0..replicas {
-            let Ok(c) = rx.recv_async().await else {
-                // Every replica has finished (or a run is being torn down).
-                return if received == 0 {
-                    Ok(())
-                } else {
-                    Err(ActorError::ActorGone {
-                        actor: format!("a replica of stage {stage} in the middle of an all-reduce"),
-                    })
-                };
-            };
-            let r = c.replica;
-            if r >= replicas || slots[r].is_some() {
-                return Err(ActorError::Protocol {
-                    replica: r,
-                    rank: stage,
-                    reason: "contributed twice to one all-reduce".into(),
-                });
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+    async fn every_replica_gets_the_sum_in_replica_order() {
+        let c = LocalCollective::spawn(1, 3, &mut JoinSet::new());
+        let n = 1001;
+        let bufs: Vec<Vec<f32>> = (0..3)
+            .map(|r| {
+                (0..n)
+                    .map(|i| (i as f32 * 0.1 + r as f32) * 1.37e-3)
+                    .collect()
+            })
+            .collect();
+        let want: Vec<f32> = (0..n)
+            .map(|i| {
+                let mut s = bufs[0][i];
+                s += bufs[1][i];
+                s += bufs[2][i];
+                s
+            })
+            .collect();
+        for _round in 0..3 {
+            let handles: Vec<_> = bufs
+                .iter()
+                .cloned()
+                .enumerate()
+                .map(|(r, b)| {
+                    let c = c.clone();
+                    tokio::spawn(async move { c.all_reduce_sum(0, r, b).await.unwrap() })
+                })
+                .collect();
+            for h in handles {
+                let got = h.await.unwrap();
+                assert!(got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
             }
-            slots[r] = Some(c);
-        }
-        let mut parts: Vec<Contribution> = slots.into_iter().flatten().collect();
-        let mut sum = std::mem::take(&mut parts[0].buf);
-        for p in &parts[1..] {
-            if p.buf.len() != sum.len() {
-                return Err(ActorError::Protocol {
-                    replica: p.replica,
-                    rank: stage,
-                    reason: format!(
-                        "gradient of {} values, replica 0 has {}",
-                        p.buf.len(),
-                        sum.len()
-                    ),
-                });
-            }
-            sum.iter_mut().zip(&p.buf).for_each(|(s, x)| *s += x);
-        }
-        let last = parts.len() - 1;
-        for (i, p) in parts.into_iter().enumerate() {
-            // A replica that stopped waiting only loses its own answer.
-            let _ = p.reply.send(if i == last {
-                std::mem::take(&mut sum)
-            } else {
-                sum.clone()
-            });
         }
     }
 }
