@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use pipetrain::compute::Runtime;
 use pipetrain::config::TrainConfig;
-use pipetrain_actors::schedules::{simulate, ActionKind, CostModel, StageCost};
+use pipetrain_actors::schedules::simulate_with;
 use pipetrain_actors::{BackwardPart, StageCompute};
 
 const WINDOWS: usize = 7;
@@ -109,77 +109,100 @@ fn main() {
         );
     }
 
-    println!("\n## Idle time per stage at pp = 2 (1F1B, 4 micro-batches): measured vs simulated\n");
-    println!("| model | stage | F ms | B ms | idle measured ms/step | idle simulated ms/step | difference |\n|---|---|---|---|---|---|---|");
+    println!("\n## Idle time per stage at pp = 2 (4 micro-batches): measured vs simulated with each action's own measured time\n");
+    println!("The simulation takes every step's recorded compute and update times and no transfer cost: the difference is what the engine adds (hand-offs, wake-ups, the step boundary).\n");
+    println!("| model | schedule | stage | idle measured ms/step | idle simulated ms/step | difference | bubble measured |\n|---|---|---|---|---|---|---|");
+    let mut bubbles = Vec::new();
     for (model, batch) in [("mlp", 16), ("tiny_gpt", 8)] {
-        let cfg = config(model, 2, 4, batch, 30);
-        let s = pipetrain::train::train(&rt, &cfg, Path::new("bench.toml"), true, |_| {}).unwrap();
-        let trace = s.trace.unwrap();
-        // Skip the first 5 steps (warm-up).
-        let steps = &trace.steps[5..];
-        let mut f = [0.0f64; 2];
-        let mut b = [0.0f64; 2];
-        let mut idle = [0.0f64; 2];
-        for step in steps {
-            let t = &step[0];
-            // Compute only: a rank reaches its step's first (zero-length) transfer posts
-            // while the previous step is still draining, which is not this step's time.
-            let work =
-                |e: &&pipetrain_actors::schedules::TraceEvent| !e.action.kind().is_transfer();
-            let start = t
-                .ranks
-                .iter()
-                .flatten()
-                .filter(work)
-                .map(|e| e.start_ns)
-                .min()
-                .unwrap_or(0);
-            let end = t
-                .ranks
-                .iter()
-                .flatten()
-                .filter(work)
-                .map(|e| e.end_ns)
-                .max()
-                .unwrap_or(0);
-            for (rank, events) in t.ranks.iter().enumerate() {
-                let mut busy = 0.0;
-                for e in events.iter().filter(work) {
-                    let d = (e.end_ns - e.start_ns) as f64 / 1e9;
-                    busy += d;
-                    match e.action.kind() {
-                        ActionKind::Forward => f[rank] += d,
-                        ActionKind::Backward => b[rank] += d,
-                        _ => {}
-                    }
-                }
-                idle[rank] += (end - start) as f64 / 1e9 - busy;
+        for kind in ["1f1b", "zb_h1"] {
+            let mut cfg = config(model, 2, 4, batch, 30);
+            cfg.pipeline.schedule = if kind == "1f1b" {
+                pipetrain::config::ScheduleKind::OneFOneB
+            } else {
+                pipetrain::config::ScheduleKind::ZbH1
+            };
+            let s =
+                pipetrain::train::train(&rt, &cfg, Path::new("bench.toml"), true, |_| {}).unwrap();
+            let trace = s.trace.unwrap();
+            let (measured, simulated, bubble) = idle_per_rank(&trace);
+            bubbles.push((model, kind, bubble));
+            for r in 0..2 {
+                println!(
+                    "| {model} | {kind} | {r} | {:.3} | {:.3} | {:+.1}% | {:.3} |",
+                    measured[r] * 1e3,
+                    simulated[r] * 1e3,
+                    100.0 * (measured[r] / simulated[r] - 1.0),
+                    bubble
+                );
             }
         }
-        let n = steps.len() as f64;
-        let per_mb = |x: f64| x / (n * 4.0);
-        let costs = CostModel {
-            stages: (0..2)
-                // A full backward costs input + weight halves: split it evenly.
-                .map(|s| StageCost::split(per_mb(f[s]), per_mb(b[s]) / 2.0, per_mb(b[s]) / 2.0))
-                .collect(),
-            ..CostModel::uniform(2, StageCost::split(0.0, 0.0, 0.0))
-        };
-        let predicted = simulate(
-            &pipetrain_actors::lowered(&cfg.schedule().generate().unwrap()).unwrap(),
-            &costs,
+    }
+    println!("\n| model | bubble 1F1B / bubble ZB-H1 (measured) |\n|---|---|");
+    for model in ["mlp", "tiny_gpt"] {
+        let of = |k: &str| bubbles.iter().find(|b| b.0 == model && b.1 == k).unwrap().2;
+        println!("| {model} | {:.2}x |", of("1f1b") / of("zb_h1"));
+    }
+}
+
+/// Mean idle per rank per step (steps 5 on: warm), measured and simulated with the
+/// step's own action times, and the measured bubble fraction (idle / ranks x span).
+fn idle_per_rank(trace: &pipetrain_actors::RunTrace) -> ([f64; 2], [f64; 2], f64) {
+    let steps = &trace.steps[5..];
+    let (mut measured, mut simulated) = ([0.0f64; 2], [0.0f64; 2]);
+    let (mut idle_all, mut span_all) = (0.0, 0.0);
+    for step in steps {
+        let t = &step[0];
+        // Compute and update only: a rank reaches its step's first (zero-length) transfer
+        // posts while the previous step is still draining, which is not this step's time.
+        let work = |e: &&pipetrain_actors::schedules::TraceEvent| !e.action.kind().is_transfer();
+        let start = t
+            .ranks
+            .iter()
+            .flatten()
+            .filter(work)
+            .map(|e| e.start_ns)
+            .min()
+            .unwrap_or(0);
+        let end = t
+            .ranks
+            .iter()
+            .flatten()
+            .filter(work)
+            .map(|e| e.end_ns)
+            .max()
+            .unwrap_or(0);
+        let span = (end - start) as f64 / 1e9;
+        let mut durations = std::collections::HashMap::new();
+        for (rank, events) in t.ranks.iter().enumerate() {
+            let busy: f64 = events
+                .iter()
+                .filter(work)
+                .map(|e| {
+                    let d = (e.end_ns - e.start_ns) as f64 / 1e9;
+                    durations.insert(e.action, d);
+                    d
+                })
+                .sum();
+            measured[rank] += span - busy;
+            idle_all += span - busy;
+        }
+        span_all += span * t.ranks.len() as f64;
+        let ideal = simulate_with(
+            &trace.schedule,
+            &|a| durations.get(&a).copied().unwrap_or(0.0),
+            0.0,
         )
         .unwrap();
-        for s in 0..2 {
-            let (m, p) = (idle[s] / n * 1e3, predicted.idle()[s] * 1e3);
-            println!(
-                "| {model} | {s} | {:.3} | {:.3} | {m:.3} | {p:.3} | {:+.1}% |",
-                per_mb(f[s]) * 1e3,
-                per_mb(b[s]) * 1e3,
-                100.0 * (m / p - 1.0)
-            );
+        for (r, idle) in ideal.idle().iter().enumerate() {
+            simulated[r] += idle;
         }
     }
+    let n = steps.len() as f64;
+    (
+        measured.map(|x| x / n),
+        simulated.map(|x| x / n),
+        idle_all / span_all,
+    )
 }
 
 /// Steps/s of a loop calling the stage's forward, backward and update directly.

@@ -49,6 +49,10 @@ pub struct EngineSettings {
     pub checkpoint: Option<CheckpointSettings>,
     /// Requests from an embedder: a checkpoint now, a stop after the current step.
     pub control: Option<flume::Receiver<RunControl>>,
+    /// How long a stage actor polls its mailboxes before parking its thread: worth it
+    /// when every stage actor has a core of its own (zero otherwise: polling would take
+    /// the cores others compute on).
+    pub spin: Duration,
 }
 
 impl EngineSettings {
@@ -67,6 +71,7 @@ impl EngineSettings {
             scaler: None,
             checkpoint: None,
             control: None,
+            spin: Duration::ZERO,
         }
     }
 }
@@ -281,6 +286,7 @@ where
                 record: settings.record_trace,
                 coordinator: coordinator.clone(),
                 policy: settings.policy,
+                spin: settings.spin,
             };
             let index = members.len() - 1;
             let body = async move { actor.run().await.map(|c| (index, c)) };

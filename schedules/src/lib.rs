@@ -53,7 +53,7 @@ pub use grid::Mark;
 pub use ir::{Action, ActionKind, Phase};
 pub use lower::{lower, LowerOptions};
 pub use schedule::{looped_placement, v_placement, Schedule};
-pub use simulate::{simulate, CostModel, StageCost};
+pub use simulate::{simulate, simulate_with, CostModel, StageCost};
 pub use timeline::{Span, Timeline};
 pub use trace::{first_divergence, Divergence, ReplayScope, Trace, TraceEvent};
 pub use validate::validate;

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ir::{ActionKind, Event};
+use crate::ir::{Action, ActionKind, Event};
 use crate::timeline::{Span, Timeline};
 use crate::{validate, Schedule, ScheduleError};
 
@@ -128,6 +128,25 @@ impl CostModel {
 /// that does not fit; any error of [`validate()`], which runs first.
 pub fn simulate(schedule: &Schedule, costs: &CostModel) -> Result<Timeline, ScheduleError> {
     costs.check(schedule.stages())?;
+    let duration = |action: Action| match action.kind() {
+        ActionKind::AllReduce => costs.all_reduce,
+        ActionKind::OptimizerStep => costs.optimizer_step,
+        kind => costs.stages[action.stage()].of(kind),
+    };
+    simulate_with(schedule, &duration, costs.comm_latency)
+}
+
+/// [`simulate`] with each action's own duration (a recorded run's, say, so that its
+/// measured timeline can be compared with the ideal one of exactly its compute times)
+/// and `comm_latency` added to every dependency between ranks.
+///
+/// # Errors
+/// Any error of [`validate()`], which runs first.
+pub fn simulate_with(
+    schedule: &Schedule,
+    duration: &dyn Fn(Action) -> f64,
+    comm_latency: f64,
+) -> Result<Timeline, ScheduleError> {
     validate(schedule)?;
     let lists = schedule.ranks();
     let mut at = vec![0usize; lists.len()];
@@ -146,19 +165,10 @@ pub fn simulate(schedule: &Schedule, costs: &CostModel) -> Result<Timeline, Sche
                         let Some(&(t, from)) = ready.get(&event) else {
                             break 'list;
                         };
-                        let latency = if from == rank {
-                            0.0
-                        } else {
-                            costs.comm_latency
-                        };
+                        let latency = if from == rank { 0.0 } else { comm_latency };
                         start = start.max(t + latency);
                     }
-                    let duration = match kind {
-                        ActionKind::AllReduce => costs.all_reduce,
-                        ActionKind::OptimizerStep => costs.optimizer_step,
-                        _ => costs.stages[action.stage()].of(kind),
-                    };
-                    let end = start + duration;
+                    let end = start + duration(action);
                     free[rank] = end;
                     spans[rank].push(Span { action, start, end });
                     for event in action.produced_events() {

@@ -189,6 +189,7 @@ pub(super) async fn run_training(
         scaler: Some(scaler),
         checkpoint: checkpointing::checkpointer(cfg, facts)?,
         control,
+        spin: stage_spin(cfg),
         ..EngineSettings::new(schedule, d)
     };
     let total = cfg.optimizer_steps() as u64;
@@ -301,6 +302,18 @@ fn stage_settings(cfg: &TrainConfig, loss_scale: f64) -> StageSettings {
         normalize: cfg.loss.normalize(),
         slow_save: slow_write(cfg.debug.checkpoint_write_delay_ms),
         ..StageSettings::new(cfg.optimizer.clone(), 1.0 / (m * d) as f64)
+    }
+}
+
+/// How long stage actors poll for messages before parking: 2 ms when each has a core
+/// of its own (mlp at pp = 2 hands over every 0.2-0.4 ms), none when they share cores.
+fn stage_spin(cfg: &TrainConfig) -> Duration {
+    let actors = cfg.data_parallel_size * cfg.pipeline_parallel_size;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    if actors > 1 && actors <= cores {
+        Duration::from_millis(2)
+    } else {
+        Duration::ZERO
     }
 }
 
