@@ -195,7 +195,7 @@ async fn cancel_stops_at_once() {
     let handle = Trainer::new(cfg).start(&rt).unwrap();
     let events = handle.events().clone();
     while !matches!(events.recv_async().await.unwrap(), RunEvent::Step(r) if r.step >= 3) {}
-    handle.cancel();
+    handle.cancel().await;
     // Everything left on the event stream ends with the cancellation.
     let mut last = None;
     while let Ok(e) =

@@ -233,9 +233,14 @@ impl RunHandle {
     }
 
     /// Stops at once: every actor ends, nothing more is saved. A checkpoint being written
-    /// is never completed (its folder has no manifest, so no resume takes it).
-    pub fn cancel(self) {
+    /// is never completed (its folder has no manifest, so no resume takes it). Returns
+    /// once the run has ended; [`RunEvent::Cancelled`] is then the last event.
+    ///
+    /// # Cancel safety
+    /// Dropping the future still ends the run; only the last event may be missing.
+    pub async fn cancel(self) {
         self.task.abort();
+        let _ = self.task.await;
         let _ = self.event_tx.try_send(RunEvent::Cancelled);
     }
 
