@@ -17,7 +17,9 @@
 //! - `checkpoint`: what saving needs from the world ([`Checkpointer`], [`SaveJob`]).
 //! - `data`: the data actors, one per (replica, stage that reads data), prefetching.
 //! - `collective`: in-process AllReduce ([`LocalCollective`]), one group per stage.
-//! - `engine`: [`run`] starts all of them for a run and stops them in order.
+//! - `engine`: [`run`] starts all of them for a run and stops them in order;
+//!   [`run_distributed`] runs one process's share of a job spread over several (SPMD).
+//! - `members`: starting the stage actors a process runs, and the run's body.
 //! - `sim`: simulated stages sleeping modelled costs, for schedule tests and replays on
 //!   a virtual clock (`tokio::time::pause`); [`replay`] re-drives a recorded run.
 //! - `error`: [`ActorError`], the crate's one error type.
@@ -30,6 +32,7 @@ mod data;
 pub mod decide;
 mod engine;
 mod error;
+mod members;
 mod messages;
 mod scheduler;
 pub mod sim;
@@ -43,9 +46,13 @@ pub use collective::LocalCollective;
 pub use coordinator::StepResult;
 pub use data::PREFETCH;
 pub use decide::{DynamicScaling, GradPolicy, GradStats, LossScaling, ScalerState, StepDecision};
-pub use engine::{lowered, run, ActorThreads, EngineSettings, EvalSettings, RunOutput, RunTrace};
+pub use engine::{
+    lowered, run, run_distributed, ActorThreads, DistributedOutput, Distribution, EngineSettings,
+    EvalSettings, Mailboxes, RunOutput, RunTrace,
+};
 pub use error::{ActorError, BoxError};
+pub use messages::{Flow, Transfer};
 pub use pipetrain_schedules as schedules;
 pub use scheduler::RunControl;
 pub use sim::{replay, ReplayDivergence};
-pub use traits::{BackwardPart, Collective, DataSource, ForwardOut, StageCompute};
+pub use traits::{BackwardPart, Bus, Collective, DataSource, ForwardOut, Gathered, StageCompute};

@@ -12,7 +12,7 @@ use crate::error::ActorError;
 
 /// Which way a transfer goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Flow {
+pub enum Flow {
     /// Activations, stage s -> s + 1.
     Act,
     /// Gradients, stage s -> s - 1.
@@ -20,10 +20,16 @@ pub(crate) enum Flow {
 }
 
 /// A message between stage actors: what `stage` (the receiving stage) gets for `mb`.
-pub(crate) struct Transfer<P> {
+/// A transport carrying it between processes sends the four fields.
+#[derive(Debug)]
+pub struct Transfer<P> {
+    /// Activations or gradients.
     pub flow: Flow,
+    /// The stage it is for.
     pub stage: usize,
+    /// The micro-batch.
     pub mb: usize,
+    /// The tensors.
     pub payload: P,
 }
 

@@ -162,10 +162,10 @@ impl<P: Send + 'static> SchedulerActor<P> {
                     pending = Some(self.coordinator.end(step, losses, grads).await?);
                 }
                 Round::Eval(step) => {
-                    let loss = self.coordinator.evaluated(step, losses).await?;
+                    let (loss, acc) = self.coordinator.evaluated(step, losses, accuracy).await?;
                     if let Some(r) = pending.as_mut() {
                         r.eval_loss = Some(loss);
-                        r.eval_accuracy = accuracy.filter(|&(_, n)| n > 0.0).map(|(c, n)| c / n);
+                        r.eval_accuracy = acc;
                     }
                 }
                 Round::Save(step) => {

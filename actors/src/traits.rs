@@ -139,3 +139,25 @@ pub trait Collective: Send + Sync + 'static {
         buf: Vec<f32>,
     ) -> impl Future<Output = Result<Vec<f32>, ActorError>> + Send;
 }
+
+/// What [`Bus::all_gather`] resolves to: every process's bytes, in process order.
+pub type Gathered<'a> =
+    std::pin::Pin<Box<dyn Future<Output = Result<Vec<Vec<u8>>, ActorError>> + Send + 'a>>;
+
+/// The control plane of a run spread over several processes (one per node): keyed
+/// all-gathers of small messages, through which every process reaches the same
+/// decisions (a step's loss, the update decision, evaluation, checkpoint commits).
+pub trait Bus: Send + Sync + 'static {
+    /// This process's index (0: the one that reports and commits checkpoints).
+    fn node(&self) -> usize;
+
+    /// The number of processes.
+    fn nodes(&self) -> usize;
+
+    /// Every process's `data` for `key`, in process order, once every process gave its
+    /// own. Several keys may be gathering at once.
+    ///
+    /// # Errors
+    /// When a process is gone or the bus breaks.
+    fn all_gather(&self, key: String, data: Vec<u8>) -> Gathered<'_>;
+}

@@ -8,14 +8,21 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
-use crate::checkpoint::{Checkpointer, CommitState, SaveJob, SavedCheckpoint, ShardFile};
-use crate::decide::{GradPolicy, GradStats, LossScaling, ScalerState, StepDecision};
+use crate::checkpoint::{Checkpointer, CommitState, SaveJob, SavedCheckpoint};
+use crate::decide::{GradPolicy, GradStats, ScalerState, StepDecision};
 use crate::error::ActorError;
+use crate::traits::Bus;
+
+mod saving;
+mod step;
+mod wire;
+
+use saving::{PendingSave, Writing};
+use step::{evaluation, merge_end, merge_eval, Gathered};
 
 /// Requests waiting for the coordinator: the scheduler's (one at a time, plus the
 /// look-ahead step's) and one decision request per stage actor.
@@ -55,6 +62,11 @@ pub(crate) struct CoordinatorSettings {
     pub expected_losses: usize,
     pub replicas: usize,
     pub stages: usize,
+    /// Statistics each step's decision waits for in this process: the stages of its
+    /// members.
+    pub local_stats: usize,
+    /// The other processes of a distributed run.
+    pub bus: Option<Arc<dyn Bus>>,
     pub policy: GradPolicy,
     pub scaler: ScalerState,
     pub checkpointer: Option<Arc<dyn Checkpointer>>,
@@ -80,7 +92,9 @@ enum Msg {
     Eval {
         step: u64,
         losses: Vec<(usize, usize, f64)>,
-        reply: oneshot::Sender<Result<f64, ActorError>>,
+        /// `(correct, counted)` summed over this process's members.
+        accuracy: Option<(f64, f64)>,
+        reply: oneshot::Sender<Result<(f64, Option<f64>), ActorError>>,
     },
     End {
         step: u64,
@@ -155,15 +169,18 @@ impl CoordinatorHandle {
         .await?
     }
 
-    /// The evaluation after `step`: the mean of its micro-batch losses.
+    /// The evaluation after `step`: the mean of its micro-batch losses, and the accuracy
+    /// from `(correct, counted)` predictions when the loss classifies.
     pub(crate) async fn evaluated(
         &self,
         step: u64,
         losses: Vec<(usize, usize, f64)>,
-    ) -> Result<f64, ActorError> {
+        accuracy: Option<(f64, f64)>,
+    ) -> Result<(f64, Option<f64>), ActorError> {
         self.ask(|reply| Msg::Eval {
             step,
             losses,
+            accuracy,
             reply,
         })
         .await?
@@ -215,21 +232,6 @@ impl CoordinatorHandle {
     }
 }
 
-/// A checkpoint waiting for (or in) its turn.
-struct PendingSave {
-    state: CommitState,
-    dir: PathBuf,
-    jobs: Vec<SaveJob>,
-    started: oneshot::Sender<()>,
-    notify: Option<oneshot::Sender<Result<SavedCheckpoint, ActorError>>>,
-}
-
-/// A checkpoint being written, and who is told when it completes.
-type Writing = (
-    Option<oneshot::Sender<Result<SavedCheckpoint, ActorError>>>,
-    Result<SavedCheckpoint, ActorError>,
-);
-
 struct Coordinator {
     s: CoordinatorSettings,
     /// The scale of the next step, and the counter of finite steps.
@@ -244,6 +246,8 @@ struct Coordinator {
     saved: Vec<SavedCheckpoint>,
     save_error: Option<ActorError>,
     finish: Option<oneshot::Sender<Result<Vec<SavedCheckpoint>, ActorError>>>,
+    /// Gathers over the bus in progress.
+    gathers: JoinSet<Gathered>,
 }
 
 impl Coordinator {
@@ -260,6 +264,7 @@ impl Coordinator {
             saved: Vec::new(),
             save_error: None,
             finish: None,
+            gathers: JoinSet::new(),
         }
     }
 
@@ -271,6 +276,16 @@ impl Coordinator {
                     Ok(m) => self.handle(m),
                     Err(_) => break,
                 },
+                Some(done) = self.gathers.join_next(), if !self.gathers.is_empty() => {
+                    match done {
+                        Ok(g) => self.gathered(g),
+                        Err(e) => {
+                            self.save_error.get_or_insert(ActorError::ActorGone {
+                                actor: format!("a control-bus gather ({e})"),
+                            });
+                        }
+                    }
+                }
                 Some(done) = self.saving.join_next(), if !self.saving.is_empty() => {
                     match done {
                         Ok((notify, Ok(saved))) => {
@@ -324,25 +339,51 @@ impl Coordinator {
             Msg::Eval {
                 step,
                 losses,
+                accuracy,
                 reply,
-            } => {
-                let result = match mean_loss(losses) {
-                    (0, _) => Err(ActorError::Settings {
-                        reason: format!("the evaluation after step {step} reported no loss"),
-                    }),
-                    (_, mean) => Ok(mean),
-                };
-                let _ = reply.send(result);
-            }
+            } => match self.s.bus.clone() {
+                None => {
+                    let _ = reply.send(evaluation(step, losses, accuracy));
+                }
+                Some(bus) => {
+                    let mut bytes = Vec::new();
+                    wire::put(&mut bytes, &losses);
+                    let acc = accuracy.map_or(Vec::new(), |(c, n)| vec![(0, 0, c), (0, 1, n)]);
+                    wire::put(&mut bytes, &acc);
+                    self.gathers.spawn(async move {
+                        let all = bus
+                            .all_gather(format!("eval/{step}"), bytes)
+                            .await
+                            .and_then(|parts| merge_eval(&parts));
+                        Gathered::Eval { step, all, reply }
+                    });
+                }
+            },
             Msg::End {
                 step,
                 losses,
                 stats,
                 reply,
-            } => {
-                let result = self.end(step, losses, stats);
-                let _ = reply.send(result);
-            }
+            } => match self.s.bus.clone() {
+                None => {
+                    let result = self.end(step, losses, stats);
+                    let _ = reply.send(result);
+                }
+                Some(bus) => {
+                    let mut bytes = Vec::new();
+                    wire::put(&mut bytes, &losses);
+                    let s: wire::Triples =
+                        stats.iter().map(|&(r, st, g)| (r, st, g.sum_sq)).collect();
+                    wire::put(&mut bytes, &s);
+                    self.gathers.spawn(async move {
+                        let all = bus
+                            .all_gather(format!("end/{step}"), bytes)
+                            .await
+                            .and_then(|parts| merge_end(&parts));
+                        Gathered::End { step, all, reply }
+                    });
+                }
+            },
             Msg::Save {
                 steps_done,
                 dir,
@@ -369,207 +410,4 @@ impl Coordinator {
             Msg::Finish { reply } => self.finish = Some(reply),
         }
     }
-
-    /// Keeps a rank's statistics until every stage of every replica has sent its own,
-    /// then decides and answers them all.
-    fn gather(&mut self, step: u64, replica: usize, stats: Vec<(usize, GradStats)>, reply: Waiter) {
-        let entry = self.waiting.entry(step).or_default();
-        entry.push((replica, stats, reply));
-        let have: usize = entry.iter().map(|(_, s, _)| s.len()).sum();
-        if have < self.s.replicas * self.s.stages {
-            return;
-        }
-        let ranks = self.waiting.remove(&step).unwrap_or_default();
-        // Every replica holds the same reduced gradients: count each stage once, from
-        // replica 0, in stage order; any replica's overflow counts.
-        let mut per_stage: BTreeMap<usize, GradStats> = BTreeMap::new();
-        let mut any_bad = false;
-        for (replica, list, _) in &ranks {
-            for &(stage, s) in list {
-                any_bad |= !s.finite();
-                if *replica == 0 {
-                    per_stage.insert(stage, s);
-                }
-            }
-        }
-        let mut counted: Vec<GradStats> = per_stage.into_values().collect();
-        if any_bad {
-            counted.push(GradStats { sum_sq: f64::NAN });
-        }
-        let used = self.scaler.scale;
-        let (decision, next) = self.s.policy.decide(self.scaler, &counted);
-        self.scaler = next;
-        self.scales.insert(step, (used, next));
-        self.decisions.insert(step, decision);
-        for (_, _, reply) in ranks {
-            let _ = reply.send(Ok(decision));
-        }
-    }
-
-    fn end(
-        &mut self,
-        step: u64,
-        losses: Vec<(usize, usize, f64)>,
-        stats: Vec<(usize, usize, GradStats)>,
-    ) -> Result<StepResult, ActorError> {
-        if let Some(e) = self.save_error.take() {
-            return Err(e);
-        }
-        let (count, loss) = mean_loss(losses);
-        if count != self.s.expected_losses {
-            return Err(ActorError::Settings {
-                reason: format!(
-                    "step {step}: {count} micro-batch losses reported, {} expected",
-                    self.s.expected_losses
-                ),
-            });
-        }
-        // Statistics in stage order, replica 0's for the norm; the first stage (lowest
-        // index) with a non-finite gradient in any replica is the one reported.
-        let mut ordered = stats;
-        ordered.sort_by_key(|&(r, s, _)| (s, r));
-        let bad_stage = ordered
-            .iter()
-            .find(|(_, _, s)| !s.finite())
-            .map(|&(_, s, _)| s);
-        let (used, _) = *self
-            .scales
-            .entry(step)
-            .or_insert((self.scaler.scale, self.scaler));
-        // Older steps' scales are no longer needed: a step's checkpoint request comes
-        // after its end and before the next step's.
-        self.scales = self.scales.split_off(&step);
-        let decision = self.decisions.remove(&step);
-        let grad_norm = match decision {
-            Some(d) => d.grad_norm,
-            None => {
-                let sum: f64 = ordered
-                    .iter()
-                    .filter(|(r, _, _)| *r == 0)
-                    .map(|(_, _, s)| s.sum_sq)
-                    .sum();
-                sum.sqrt() / used
-            }
-        };
-        let dynamic = matches!(self.s.policy.scaling, LossScaling::Dynamic(_));
-        if !dynamic {
-            if let Some(stage) = bad_stage {
-                return Err(ActorError::NonFinite {
-                    step: step + 1,
-                    stage,
-                    what: "gradient".into(),
-                });
-            }
-            if !loss.is_finite() {
-                return Err(ActorError::NonFinite {
-                    step: step + 1,
-                    stage: self.s.stages - 1,
-                    what: format!("loss ({loss})"),
-                });
-            }
-        }
-        let skipped = decision.is_some_and(|d| !d.apply);
-        if skipped {
-            tracing::warn!(
-                step = step + 1,
-                stage = bad_stage,
-                scale = used,
-                "gradient overflow: update skipped, loss scale halved"
-            );
-        }
-        Ok(StepResult {
-            step,
-            loss,
-            lr: self.lrs.remove(&step).unwrap_or(f64::NAN),
-            eval_loss: None,
-            eval_accuracy: None,
-            grad_norm,
-            clip_coef: decision.and_then(|d| d.clip_coef),
-            loss_scale: used,
-            skipped,
-            saved: std::mem::take(&mut self.saved),
-        })
-    }
-
-    /// Starts the oldest waiting checkpoint when none is being written: checkpoints are
-    /// completed one at a time, in step order, so the newest complete one is always the
-    /// latest written.
-    fn start_next_save(&mut self) {
-        if !self.saving.is_empty() {
-            return;
-        }
-        let Some(next) = self.queue.pop_front() else {
-            return;
-        };
-        let Some(checkpointer) = self.s.checkpointer.clone() else {
-            self.save_error.get_or_insert(ActorError::Settings {
-                reason: "a checkpoint was asked for without a checkpointer".into(),
-            });
-            return;
-        };
-        let PendingSave {
-            state,
-            dir,
-            jobs,
-            started,
-            notify,
-        } = next;
-        let _ = started.send(());
-        self.saving.spawn(async move {
-            let written = write_checkpoint(state, dir, jobs, checkpointer).await;
-            (notify, written)
-        });
-    }
-
-    fn answer_finish(&mut self) {
-        if self.saving.is_empty() && self.queue.is_empty() {
-            if let Some(reply) = self.finish.take() {
-                let result = match self.save_error.take() {
-                    Some(e) => Err(e),
-                    None => Ok(std::mem::take(&mut self.saved)),
-                };
-                let _ = reply.send(result);
-            }
-        }
-    }
-}
-
-/// Runs every stage's save job on a blocking thread (in parallel), then the commit.
-async fn write_checkpoint(
-    state: CommitState,
-    dir: PathBuf,
-    jobs: Vec<SaveJob>,
-    checkpointer: Arc<dyn Checkpointer>,
-) -> Result<SavedCheckpoint, ActorError> {
-    let start = Instant::now();
-    let failed = |source| ActorError::Checkpoint {
-        steps_done: state.steps_done,
-        source,
-    };
-    let writers: Vec<_> = jobs.into_iter().map(tokio::task::spawn_blocking).collect();
-    let mut files: Vec<ShardFile> = Vec::new();
-    for w in writers {
-        let written = w.await.map_err(|e| failed(e.to_string().into()))?;
-        files.extend(written.map_err(failed)?);
-    }
-    let bytes = files.iter().map(|f| f.bytes).sum();
-    let path = tokio::task::spawn_blocking(move || checkpointer.commit(&dir, state, files))
-        .await
-        .map_err(|e| failed(e.to_string().into()))?
-        .map_err(failed)?;
-    Ok(SavedCheckpoint {
-        steps_done: state.steps_done,
-        path,
-        bytes,
-        seconds: start.elapsed().as_secs_f64(),
-    })
-}
-
-/// The number of distinct `(replica, mb)` losses and their mean, added in
-/// `(replica, mb)` order so the result does not depend on arrival order.
-fn mean_loss(losses: Vec<(usize, usize, f64)>) -> (usize, f64) {
-    let ordered: BTreeMap<(usize, usize), f64> =
-        losses.into_iter().map(|(r, mb, l)| ((r, mb), l)).collect();
-    let n = ordered.len();
-    (n, ordered.values().sum::<f64>() / n.max(1) as f64)
 }
