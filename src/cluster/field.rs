@@ -40,9 +40,18 @@ pub(super) fn field_at(text: &str, e: &toml::de::Error) -> String {
             .count();
         format!("{name}[{index}]")
     });
+    let on_header = parse_header(line);
     let key = match named {
+        // An unknown table is named on its own header: the table is the field.
+        Some(k)
+            if on_header
+                .as_ref()
+                .is_some_and(|(h, _)| h.rsplit('.').next() == Some(k)) =>
+        {
+            ""
+        }
         Some(k) => k,
-        None if parse_header(line).is_some() => "",
+        None if on_header.is_some() => "",
         None => line
             .split('=')
             .next()
@@ -80,4 +89,73 @@ fn strip_comment(line: &str) -> &str {
         }
     }
     line.trim()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Doc {
+        job: Job,
+        #[serde(default)]
+        nodes: Vec<Node>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Job {
+        name: String,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Node {
+        name: String,
+        port: u16,
+    }
+
+    fn field(text: &str) -> String {
+        let e = toml::from_str::<Doc>(text).unwrap_err();
+        field_at(text, &e)
+    }
+
+    #[test]
+    fn array_tables_are_named_with_their_index() {
+        let node = |i: usize, port: &str| format!("[[nodes]]\nname = \"n{i}\"\nport = {port}\n");
+        let ok = node(0, "1") + &node(1, "2");
+        assert_eq!(
+            field(&format!("[job]\nname = \"j\"\n{ok}{}", node(2, "\"x\""))),
+            "nodes[2].port"
+        );
+        assert_eq!(
+            field(&format!("[job]\nname = \"j\"\n{}{ok}", node(0, "-1"))),
+            "nodes[0].port"
+        );
+        // The unknown key is named by serde, on whichever line the span falls.
+        let extra = format!("[job]\nname = \"j\"\n{ok}[[nodes]]\nname = \"n2\"\nprt = 3\n");
+        assert_eq!(field(&extra), "nodes[2].prt");
+        let missing = format!("[job]\nname = \"j\"\n{ok}[[nodes]]\nname = \"n2\"\n");
+        assert_eq!(field(&missing), "nodes[2].port");
+    }
+
+    #[test]
+    fn comments_and_quoted_hashes_do_not_confuse_the_names() {
+        let text = "[job]   # the job\nname = \"j#1\"\n[[nodes]] # first\nname = \"a # b\" # c\nport = 99999 # too big\n";
+        assert_eq!(field(text), "nodes[0].port");
+        assert_eq!(field("[job] # x\nnam = \"j\"\n"), "job.nam");
+        assert_eq!(field("[job]\nname = 1\n"), "job.name");
+        assert_eq!(field("x = 1\n[job]\nname = \"j\"\n"), "x");
+        assert_eq!(field("[jobs]\nname = \"j\"\n"), "jobs");
+        assert_eq!(field(""), "job");
+        assert_eq!(strip_comment("a = \"#\" # c"), "a = \"#\"");
+        assert_eq!(strip_comment("a = '#' # c"), "a = '#'");
+        assert_eq!(parse_header(" [[ nodes ]] "), Some(("nodes".into(), true)));
+        assert_eq!(parse_header("[job]"), Some(("job".into(), false)));
+        assert_eq!(parse_header("a = [1]"), None);
+    }
 }

@@ -145,3 +145,75 @@ fn check_host_name(text: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_names_follow_rfc_1123_and_mistyped_ips_are_not_names() {
+        for ok in [
+            "n01",
+            "node-01.cluster.example",
+            "A1",
+            "x.y1",
+            "1node",
+            &"a".repeat(63),
+        ] {
+            assert!(check_host_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "a..b",
+            "a_b",
+            "a b",
+            "10.0.0.256",
+            "1.2.3",
+            "a.1",
+            &"a".repeat(64),
+        ] {
+            assert!(check_host_name(bad).is_err(), "{bad}");
+        }
+        assert!(
+            check_host_name(&vec!["a".repeat(63); 4].join(".")).is_err(),
+            "255 characters"
+        );
+        assert_eq!(Host::parse("Node01").unwrap(), Host::Name("node01".into()));
+        assert_eq!(
+            Host::parse("::1").unwrap().unspecified(),
+            "::".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            Host::parse("n1").unwrap().unspecified(),
+            "0.0.0.0".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn endpoints_parse_ips_bracketed_ipv6_and_names() {
+        let e = Endpoint::parse("[fe80::1]:80").unwrap();
+        assert_eq!(
+            (e.to_string(), e.socket_addr().is_some()),
+            ("[fe80::1]:80".into(), true)
+        );
+        assert_eq!(Endpoint::parse("n1:7").unwrap().to_string(), "n1:7");
+        for bad in [
+            "n1",
+            "n1:",
+            "n1:x",
+            ":80",
+            "n1:65536",
+            "n1:-1",
+            "fe80::1:80",
+            "n_1:80",
+        ] {
+            assert!(Endpoint::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            check_port(0).unwrap_err(),
+            "must be a port number from 1 to 65535, got 0"
+        );
+    }
+}

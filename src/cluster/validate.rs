@@ -49,15 +49,17 @@ pub(super) fn validate(m: &ManifestFile, path: &Path) -> Result<Resolved> {
     }
     for (i, n) in m.nodes.iter().enumerate() {
         let used = ports(n, node_ranks[i].len());
-        if hosts[i] == rendezvous.host && used.contains(&u32::from(rendezvous.port)) {
+        let wildcard = n.bind_all || first.bind_all;
+        if same_listener_host(&hosts[i], &rendezvous.host, wildcard)
+            && used.contains(&u32::from(rendezvous.port))
+        {
             return Err(bad(
                 "job.rendezvous",
                 format!(
-                    "port {} is also a data port of nodes[{i}] (`{}`: ports {}-{})",
+                    "port {} is also a data port of nodes[{i}] (`{}`: {})",
                     rendezvous.port,
                     n.name,
-                    used.start(),
-                    used.end()
+                    show(&used)
                 ),
             ));
         }
@@ -307,6 +309,15 @@ fn ports(node: &NodeSpec, n: usize) -> std::ops::RangeInclusive<u32> {
     start..=start + u32::try_from(n.max(1) - 1).unwrap_or(u32::MAX - start)
 }
 
+/// `port 29500` or `ports 29500-29501`.
+fn show(ports: &std::ops::RangeInclusive<u32>) -> String {
+    if ports.start() == ports.end() {
+        format!("port {}", ports.start())
+    } else {
+        format!("ports {}-{}", ports.start(), ports.end())
+    }
+}
+
 /// Data port ranges stay below 65536 and do not overlap on one address.
 fn validate_ports(
     nodes: &[NodeSpec],
@@ -320,10 +331,9 @@ fn validate_ports(
             return Err(bad(
                 &format!("nodes[{i}].port"),
                 format!(
-                    "its {} ranks listen on ports {}-{}, past 65535",
+                    "its {} ranks listen on {}, past 65535",
                     ranks[i].len(),
-                    a.start(),
-                    a.end()
+                    show(&a)
                 ),
             ));
         }
@@ -336,8 +346,8 @@ fn validate_ports(
                 return Err(bad(
                     &format!("nodes[{i}].port"),
                     format!(
-                        "ports {}-{} overlap nodes[{j}] (`{}`)'s ports {}-{} on the same address {}: each (address, port) is one listener",
-                        a.start(), a.end(), nodes[j].name, b.start(), b.end(), n.address
+                        "{} overlap nodes[{j}] (`{}`)'s {} on the same address {}: each (address, port) is one listener",
+                        show(&a), nodes[j].name, show(&b), n.address
                     ),
                 ));
             }
