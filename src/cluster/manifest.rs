@@ -202,9 +202,17 @@ impl ClusterManifest {
     }
 
     /// The manifest as TOML that [`ClusterManifest::parse`] reads back to an equal
-    /// manifest (a relative `secret_file` is written resolved).
-    pub fn to_toml(&self) -> String {
-        toml::to_string(&self.file).unwrap_or_default()
+    /// manifest (a relative `secret_file` is written resolved): to show or keep the
+    /// manifest a launcher derived from a scheduler.
+    ///
+    /// # Errors
+    /// `Config` on `job.secret_file` when that path is not UTF-8, which TOML cannot hold.
+    pub fn to_toml(&self) -> Result<String> {
+        toml::to_string(&self.file).map_err(|e| Error::Config {
+            path: self.path.clone(),
+            field: "job.secret_file".into(),
+            rule: format!("cannot be written as TOML: {e}"),
+        })
     }
 
     /// The file it was read from (or a `<...>` description when derived).

@@ -159,7 +159,7 @@ fn slurm_refuses_task_counts_and_indices_that_do_not_fit_the_nodes() {
     }
     // Two nodes matching one short name are ambiguous rather than a guess.
     let text = edit(
-        &slurm_manifest().to_toml(),
+        &slurm_manifest().to_toml().unwrap(),
         &[("address = \"n02.cluster\"", "address = \"n01.b\"")],
     );
     let m2 = parse(&text);
@@ -328,7 +328,10 @@ fn a_slurm_allocation_becomes_a_manifest_with_ranks_spread_evenly() {
     .concat();
     assert_eq!(node_from_env(&m, &env(&task)).unwrap(), "node07");
     // Written out, it reads back the same.
-    assert_eq!(ClusterManifest::parse(&m.to_toml(), m.path()).unwrap(), m);
+    assert_eq!(
+        ClusterManifest::parse(&m.to_toml().unwrap(), m.path()).unwrap(),
+        m
+    );
 
     let gpus = SlurmDefaults {
         gpus: Some(vec![0, 1]),
