@@ -23,6 +23,7 @@
 
 pub mod api;
 pub mod checkpoint;
+pub mod cluster;
 pub mod compute;
 pub mod config;
 pub mod data;
