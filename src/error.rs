@@ -137,6 +137,15 @@ pub enum Error {
         /// What the runtime reported.
         source: Box<pipetrain_actors::ActorError>,
     },
+    /// A node of a `pipetrain launch` job failed: its worker died too often, was
+    /// stopped, or could not agree with the other nodes.
+    #[error("node `{node}`: {reason}")]
+    Launch {
+        /// The node's name in the manifest.
+        node: String,
+        /// What happened.
+        reason: String,
+    },
     /// A pipeline partition request cannot be met.
     #[error("cannot partition into stages: {reason}")]
     Partition {

@@ -12,12 +12,15 @@
 //!   `Module` / `Optimizer` loop.
 //! - [`checkpoint`]: checkpoints (safetensors shards per stage keyed by parameter name, a
 //!   manifest written last), exact and layout-free resume.
+//! - [`cluster`]: the cluster manifest `pipetrain launch` reads (nodes, layout, shared
+//!   secret), rank placement, node selection under Slurm and Kubernetes.
 //! - [`compute`]: ONNX Runtime through `ort` (`load-dynamic`): finding the library,
 //!   sessions fed without copies, the shape probe, training-step runners.
 //! - [`data`]: NumPy and safetensors files, per-step batches, synthetic data sets.
 //! - [`models`]: built-in forward models (GPT-2, SqueezeNet 1.1, MLP) written as ONNX.
 //! - [`config`]: the training configuration (TOML), validated up front.
-//! - [`train`]: the one-process training loop over the stage graphs.
+//! - [`train`]: a training run over the stage graphs, in one process or as one
+//!   process's part of a distributed run.
 //! - [`Error`]: the one error type.
 #![deny(missing_docs)]
 

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use pipetrain::compute::Runtime;
 use pipetrain::config::TrainConfig;
-use pipetrain::telemetry::{timeline_svg, MetricsWriter, Progress, StepMetrics};
+use pipetrain::telemetry::timeline_svg;
+use pipetrain::train::Reporter;
 use pipetrain::{Error, Result};
 use pipetrain_schedules::{lower, simulate, CostModel, LowerOptions, ScheduleSpec, StageCost};
 
@@ -194,6 +195,17 @@ fn doctor() -> Result<()> {
     println!("found by:  {}", info.found_by);
     println!("version:   {}", info.version);
     println!("providers: {}", info.providers.join(", "));
+    match pipetrain::compute::cuda_devices() {
+        Ok(found) if found.names.is_empty() => {
+            println!("cuda:      {} (no devices)", found.library)
+        }
+        Ok(found) => {
+            for (i, name) in found.names.iter().enumerate() {
+                println!("cuda:{i}:    {name} ({})", found.library);
+            }
+        }
+        Err(why) => println!("cuda:      {why}"),
+    }
     Ok(())
 }
 
@@ -230,92 +242,12 @@ fn train(
         eprintln!("pipetrain: resuming from {}", path.display());
     }
     let resuming = cfg.checkpoint_to_load_path.is_some();
-    let mut writer = match metrics {
-        // A resumed run continues its metrics file.
-        Some(p) if resuming => Some(MetricsWriter::append(p)?),
-        Some(p) => Some(MetricsWriter::create(p)?),
-        None => None,
-    };
-    let total = cfg.optimizer_steps() as u64;
     let stderr = std::io::stderr();
     let is_terminal = stderr.is_terminal();
-    let mut progress =
-        Progress::new(total, stderr, is_terminal).every(cfg.display_loss_steps as u64);
-    let global = cfg.global_batch() as f64;
-    let scaled = cfg.loss_scale != 1.0;
-    let mut last = 0.0;
-    let mut first: Option<u64> = None;
-    let mut failed: Option<Error> = None;
+    let mut reporter = Reporter::new(&cfg, stderr, is_terminal, metrics, resuming)?;
     let record = trace.is_some() || chrome.is_some();
-    let summary = pipetrain::train::train(&rt, &cfg, config, record, |r| {
-        let first = *first.get_or_insert(r.step);
-        let elapsed = r.elapsed.as_secs_f64();
-        let rate = (r.step + 1 - first) as f64 / elapsed.max(1e-9);
-        let _ = progress.update(r.step + 1, r.loss, rate);
-        if let Some(e) = r.eval_loss {
-            let acc = r
-                .eval_accuracy
-                .map(|a| format!(", accuracy {:.2}%", 100.0 * a))
-                .unwrap_or_default();
-            let _ = progress.note(&format!("step {}: eval loss {e:.6}{acc}", r.step + 1));
-        }
-        if r.skipped {
-            let _ = progress.note(&format!(
-                "step {}: gradient overflow at loss scale {}; update skipped, scale halved",
-                r.step + 1,
-                r.loss_scale
-            ));
-        }
-        for c in &r.saved {
-            let _ = progress.note(&format!(
-                "checkpoint: {} ({:.1} MiB in {:.2}s)",
-                c.path.display(),
-                c.bytes as f64 / (1 << 20) as f64,
-                c.seconds
-            ));
-        }
-        if let Some(w) = writer.as_mut() {
-            let m = StepMetrics {
-                step: r.step + 1,
-                loss: r.loss,
-                lr: r.lr,
-                samples_per_s: global / (elapsed - last).max(1e-9),
-                elapsed_s: elapsed,
-                step_s: Some(elapsed - last),
-                eval_loss: r.eval_loss,
-                eval_accuracy: r.eval_accuracy,
-                grad_norm: Some(r.grad_norm),
-                clip_coef: r.clip_coef,
-                loss_scale: scaled.then_some(r.loss_scale),
-                skipped: r.skipped,
-                samples: Some((r.step + 1) * global as u64),
-                ..Default::default()
-            };
-            if let Err(e) = w.write(&m) {
-                failed.get_or_insert(e);
-            }
-        }
-        last = elapsed;
-    })?;
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    let secs = summary.elapsed.as_secs_f64().max(1e-9);
-    let resumed = if summary.first_step > 0 {
-        format!(" (resumed at step {})", summary.first_step)
-    } else {
-        String::new()
-    };
-    let line = format!(
-        "done: {} steps on {} stage(s){resumed}, {:.2}s, {:.1} steps/s, {:.0} samples/s, final loss {:.6}",
-        summary.steps,
-        summary.stages,
-        secs,
-        summary.steps as f64 / secs,
-        (summary.steps * summary.global_batch) as f64 / secs,
-        summary.final_loss
-    );
-    let _ = progress.finish(&line);
+    let summary = pipetrain::train::train(&rt, &cfg, config, record, |r| reporter.step(r))?;
+    reporter.finish(&summary)?;
     if let (Some(path), Some(t)) = (trace, &summary.trace) {
         pipetrain::train::save_trace(t, path)?;
         eprintln!("trace: {}", path.display());

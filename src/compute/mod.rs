@@ -1,11 +1,13 @@
 //! Running graphs on ONNX Runtime through `ort`.
 
 mod chain;
+mod device;
 mod probe;
 mod runtime;
 mod session;
 
 pub use chain::{StageChain, StepOutput, TensorMap, TrainSession};
+pub use device::{check_device, cuda_devices, CudaDevices, Device};
 pub use probe::probe_values;
 pub use runtime::{find_library, Runtime, RuntimeInfo, ORT_VERSION};
 pub use session::{GraphSession, SessionOptions};

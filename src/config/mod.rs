@@ -262,6 +262,9 @@ pub struct RuntimeConfig {
     /// Keep backward graphs to standard ONNX ops (no `com.microsoft.FusedMatMul`).
     #[serde(default)]
     pub standard_ops_only: bool,
+    /// Where to compute: `"cpu"` (default), `"cuda"` or `"cuda:N"`.
+    #[serde(default)]
+    pub device: crate::compute::Device,
 }
 
 impl TrainConfig {

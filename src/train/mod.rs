@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pipetrain_actors::{RunControl, RunTrace, SavedCheckpoint};
+use pipetrain_actors::{Collective, RunControl, RunTrace, SavedCheckpoint};
 
 use crate::compute::Runtime;
 use crate::config::TrainConfig;
@@ -20,9 +20,14 @@ use crate::{Error, Result};
 
 mod board;
 mod checkpointing;
+mod cluster;
+mod report;
 mod run;
+mod settings;
 
 pub use checkpointing::latest_checkpoint;
+pub use cluster::ClusterPart;
+pub use report::Reporter;
 
 /// What one optimizer step did.
 #[derive(Debug, Clone)]
@@ -208,7 +213,26 @@ pub async fn run_with(
     config_path: &Path,
     opts: RunOptions<'_>,
 ) -> Result<TrainSummary> {
-    run::run_training(rt, cfg, config_path, opts).await
+    let local: Option<ClusterPart<pipetrain_actors::LocalCollective>> = None;
+    run::run_training(rt, cfg, config_path, opts, local).await
+}
+
+/// This process's part of a run spread over several (`pipetrain launch`): as
+/// [`run_with`] for the members `part` names, exchanging activations, gradients and the
+/// run's decisions with the other processes through `part.dist`. Only process 0 writes
+/// TensorBoard's log and the trained model; every process returns the whole model's
+/// parameters.
+///
+/// # Errors
+/// As [`run_with`]; `Runtime` when another process fails or the transport breaks.
+pub async fn run_cluster<K: Collective>(
+    rt: &Runtime,
+    cfg: &TrainConfig,
+    config_path: &Path,
+    opts: RunOptions<'_>,
+    part: ClusterPart<K>,
+) -> Result<TrainSummary> {
+    run::run_training(rt, cfg, config_path, opts, Some(part)).await
 }
 
 /// Writes a run's trace as JSON (atomically).

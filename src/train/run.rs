@@ -1,15 +1,18 @@
 //! The body of a run: the model and its checkpoint, the stage graphs and their
 //! computes, the data, the engine's settings, and the events of the run as it goes.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pipetrain_actors::{EngineSettings, LossScaling, ScalerState, StepResult};
+use pipetrain_actors::{Collective, EngineSettings, StepResult};
 
+use super::cluster::{gather_parameters, ClusterPart};
+use super::settings::{session_options, stage_settings, stage_spin, starting_scaler};
 use super::{apply_init, checkpointing, RunEvent, RunOptions, StepReport, TrainSummary};
-use crate::checkpoint::{model_fingerprint, slow_write, LoadedCheckpoint, ModelInfo};
-use crate::compute::{Runtime, SessionOptions};
+use crate::checkpoint::{model_fingerprint, ModelInfo};
+use crate::compute::{check_device, Runtime};
 use crate::config::TrainConfig;
 use crate::data::{read_safetensors, Batches, FedBatches, StepBatches};
 use crate::graph::{
@@ -17,16 +20,18 @@ use crate::graph::{
     TrainOptions,
 };
 use crate::onnx::save_model;
-use crate::pipeline::{OrtStage, StageSettings, StepData};
+use crate::pipeline::{OrtStage, StepData};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
-/// Trains as `cfg` says, driven by `opts` (see [`super::train_async`]).
-pub(super) async fn run_training(
+/// Trains as `cfg` says, driven by `opts` (see [`super::train_async`]); with `cluster`,
+/// this process's part of a run spread over several.
+pub(super) async fn run_training<K: Collective>(
     rt: &Runtime,
     cfg: &TrainConfig,
     config_path: &Path,
     opts: RunOptions<'_>,
+    cluster: Option<ClusterPart<K>>,
 ) -> Result<TrainSummary> {
     let RunOptions {
         record_trace,
@@ -35,6 +40,11 @@ pub(super) async fn run_training(
         control,
         on_event,
     } = opts;
+    check_device(cfg.runtime.device).map_err(|rule| Error::Config {
+        path: config_path.to_path_buf(),
+        field: "runtime.device".into(),
+        rule,
+    })?;
     let mut model = cfg.load_model()?;
     let fingerprint = model_fingerprint(&model);
     if let Some(init) = &cfg.init_path {
@@ -98,19 +108,41 @@ pub(super) async fn run_training(
     }
     let assignment = assign_stages(&tg, &cfg.partition())?;
     let stages = build_stage_graphs(&tg, &assignment)?;
+    let schedule = cfg.schedule().generate().map_err(|e| Error::Config {
+        path: config_path.to_path_buf(),
+        field: "pipeline.schedule".into(),
+        rule: e.to_string(),
+    })?;
+    let placement = schedule.placement().to_vec();
+    // The (replica, stage) computes this process holds: all of them, or its members'.
+    let owned: Vec<(usize, usize)> = (0..d)
+        .flat_map(|r| (0..stages.len()).map(move |s| (r, s)))
+        .filter(|&(r, s)| cluster.as_ref().is_none_or(|c| c.owns(r, s, &placement)))
+        .collect();
+    // Only the process that reports the run writes TensorBoard's log.
+    let reports = cluster.as_ref().is_none_or(|c| c.node == 0);
     let param_names: Vec<String> = tg.params.iter().map(|p| p.name.clone()).collect();
-    let (mut board, tap) = match super::board::Board::open(cfg, config_path, &param_names)? {
+    let opened = match reports {
+        true => super::board::Board::open(cfg, config_path, &param_names)?,
+        false => None,
+    };
+    let (mut board, tap) = match opened {
         Some((b, tap)) => (Some(b), tap),
         None => (None, None),
     };
     let policy = cfg.grad_policy();
     let scaler = starting_scaler(cfg, resume.as_ref());
     let settings = stage_settings(cfg, scaler.scale);
-    let session_opts = session_options(cfg);
-    let mut computes = Vec::with_capacity(d);
+    let local_actors = cluster
+        .as_ref()
+        .map_or(d * cfg.pipeline_parallel_size, |c| c.members.len());
+    let session_opts = session_options(cfg, local_actors);
+    let mut computes = HashMap::new();
     for replica in 0..d {
-        let mut list = Vec::with_capacity(stages.len());
         for (s, g) in stages.iter().enumerate() {
+            if !owned.contains(&(replica, s)) {
+                continue;
+            }
             let mut st = settings.clone();
             if replica == 0 {
                 st.histograms = tap.clone();
@@ -126,14 +158,13 @@ pub(super) async fn run_training(
             if let Some(ckpt) = &resume {
                 stage.restore(ckpt)?;
             }
-            list.push(stage);
+            computes.insert((replica, s), stage);
         }
-        computes.push(list);
     }
     let state_names: Vec<String> = computes
-        .first()
-        .and_then(|r| r.first())
-        .map(|s| s.optimizer_state_names())
+        .values()
+        .next()
+        .map(OrtStage::optimizer_state_names)
         .unwrap_or_default();
     let model_info = ModelInfo {
         path: cfg.model_path.clone(),
@@ -176,11 +207,6 @@ pub(super) async fn run_training(
         None => None,
     };
     let data = Arc::new(data);
-    let schedule = cfg.schedule().generate().map_err(|e| Error::Config {
-        path: config_path.to_path_buf(),
-        field: "pipeline.schedule".into(),
-        rule: e.to_string(),
-    })?;
     let engine = EngineSettings {
         watchdog: Duration::from_secs_f64(cfg.watchdog_seconds),
         record_trace,
@@ -189,7 +215,7 @@ pub(super) async fn run_training(
         scaler: Some(scaler),
         checkpoint: checkpointing::checkpointer(cfg, facts)?,
         control,
-        spin: stage_spin(cfg),
+        spin: stage_spin(local_actors),
         ..EngineSettings::new(schedule, d)
     };
     let total = cfg.optimizer_steps() as u64;
@@ -203,54 +229,78 @@ pub(super) async fn run_training(
     let lr = cfg.lr_schedule.clone();
     let start = Instant::now();
     let mut last = Duration::ZERO;
-    let out = pipetrain_actors::run(
-        &engine,
-        computes,
-        data,
-        Box::new(move |step| lr.lr_at(step, total)),
-        first_step..total,
-        |r: &StepResult| {
-            let elapsed = start.elapsed();
-            let step_s = (elapsed - last).as_secs_f64().max(1e-9);
-            last = elapsed;
-            let report = StepReport {
-                step: r.step,
-                loss: r.loss,
-                lr: r.lr,
-                eval_loss: r.eval_loss,
-                eval_accuracy: r.eval_accuracy,
-                grad_norm: r.grad_norm,
-                clip_coef: r.clip_coef,
-                loss_scale: r.loss_scale,
-                skipped: r.skipped,
-                saved: r.saved.clone(),
-                samples_per_s: cfg.global_batch() as f64 / step_s,
-                elapsed,
-            };
-            if let Some(b) = board.as_mut() {
-                if let Err(e) = b.step(&report) {
-                    on_event(RunEvent::Warning(format!("TensorBoard log stopped: {e}")));
-                    board = None;
-                }
+    let on_step = |r: &StepResult| {
+        let elapsed = start.elapsed();
+        let step_s = (elapsed - last).as_secs_f64().max(1e-9);
+        last = elapsed;
+        let report = StepReport {
+            step: r.step,
+            loss: r.loss,
+            lr: r.lr,
+            eval_loss: r.eval_loss,
+            eval_accuracy: r.eval_accuracy,
+            grad_norm: r.grad_norm,
+            clip_coef: r.clip_coef,
+            loss_scale: r.loss_scale,
+            skipped: r.skipped,
+            saved: r.saved.clone(),
+            samples_per_s: cfg.global_batch() as f64 / step_s,
+            elapsed,
+        };
+        if let Some(b) = board.as_mut() {
+            if let Err(e) = b.step(&report) {
+                on_event(RunEvent::Warning(format!("TensorBoard log stopped: {e}")));
+                board = None;
             }
-            for e in report.events() {
-                on_event(e);
-            }
-        },
-    )
-    .await
-    .map_err(|e| Error::Runtime {
+        }
+        for e in report.events() {
+            on_event(e);
+        }
+    };
+    let lr_at = Box::new(move |step| lr.lr_at(step, total));
+    let steps = first_step..total;
+    let failed = |e| Error::Runtime {
         source: Box::new(e),
-    })?;
+    };
+    let (results, trace, parameters) = match cluster {
+        None => {
+            let by_replica = (0..d)
+                .map(|r| {
+                    (0..stages.len())
+                        .map(|s| computes.remove(&(r, s)).expect("every stage was built"))
+                        .collect()
+                })
+                .collect();
+            let out = pipetrain_actors::run(&engine, by_replica, data, lr_at, steps, on_step)
+                .await
+                .map_err(failed)?;
+            let params = out.computes.first().into_iter().flatten();
+            let params = params.flat_map(OrtStage::parameters).collect();
+            (out.steps, out.trace, params)
+        }
+        Some(part) => {
+            let bus = part.dist.bus.clone();
+            let out = pipetrain_actors::run_distributed(
+                &engine, computes, data, lr_at, steps, on_step, part.dist,
+            )
+            .await
+            .map_err(failed)?;
+            let mut mine: Vec<_> = out
+                .computes
+                .into_iter()
+                .filter(|((r, _), _)| *r == 0)
+                .collect();
+            mine.sort_by_key(|((_, s), _)| *s);
+            let local = mine.iter().flat_map(|(_, c)| c.parameters()).collect();
+            (
+                out.steps,
+                out.trace,
+                gather_parameters(bus.as_ref(), local).await?,
+            )
+        }
+    };
     let elapsed = start.elapsed();
-    let parameters: Vec<(String, Tensor)> = out
-        .computes
-        .first()
-        .into_iter()
-        .flatten()
-        .flat_map(OrtStage::parameters)
-        .collect();
-    if let Some(path) = &cfg.output_path {
+    if let (Some(path), true) = (&cfg.output_path, reports) {
         let trained: Vec<(&str, &Tensor)> =
             parameters.iter().map(|(k, v)| (k.as_str(), v)).collect();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -259,14 +309,14 @@ pub(super) async fn run_training(
         save_model(&export_inference_model(&model, &trained)?, path)?;
     }
     Ok(TrainSummary {
-        steps: out.steps.len(),
+        steps: results.len(),
         first_step,
-        final_loss: out.steps.last().map_or(f64::NAN, |s| s.loss),
+        final_loss: results.last().map_or(f64::NAN, |s| s.loss),
         global_batch: cfg.global_batch(),
         elapsed,
         stages: assignment.stages,
         parameters,
-        trace: out.trace,
+        trace,
     })
 }
 
@@ -278,62 +328,5 @@ fn release_freed_memory() {
     // live allocation.
     unsafe {
         libc::malloc_trim(0);
-    }
-}
-
-/// The loss scaler's state at the first step: a resumed dynamic scaler's, else the
-/// configuration's.
-fn starting_scaler(cfg: &TrainConfig, resume: Option<&LoadedCheckpoint>) -> ScalerState {
-    let scaling = cfg.grad_policy().scaling;
-    match (scaling, resume) {
-        (LossScaling::Dynamic(_), Some(c)) if c.manifest.loss_scaler.mode == "dynamic" => {
-            c.manifest.loss_scaler.state
-        }
-        _ => scaling.initial_state(),
-    }
-}
-
-/// What every stage of `cfg`'s run shares.
-fn stage_settings(cfg: &TrainConfig, loss_scale: f64) -> StageSettings {
-    let (d, m) = (cfg.data_parallel_size, cfg.gradient_accumulation_steps);
-    StageSettings {
-        split_backward: cfg.split_backward(),
-        loss_scale,
-        normalize: cfg.loss.normalize(),
-        slow_save: slow_write(cfg.debug.checkpoint_write_delay_ms),
-        ..StageSettings::new(cfg.optimizer.clone(), 1.0 / (m * d) as f64)
-    }
-}
-
-/// How long stage actors poll for messages before parking: 2 ms when each has a core
-/// of its own (mlp at pp = 2 hands over every 0.2-0.4 ms), none when they share cores.
-fn stage_spin(cfg: &TrainConfig) -> Duration {
-    let actors = cfg.data_parallel_size * cfg.pipeline_parallel_size;
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    if actors > 1 && actors <= cores {
-        Duration::from_millis(2)
-    } else {
-        Duration::ZERO
-    }
-}
-
-/// ONNX Runtime session settings: the machine's cores shared among the stage actors.
-fn session_options(cfg: &TrainConfig) -> SessionOptions {
-    let actors = cfg.data_parallel_size * cfg.pipeline_parallel_size;
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    SessionOptions {
-        intra_threads: cfg
-            .runtime
-            .intra_op_threads
-            .unwrap_or((cores / actors).max(1)),
-        inter_threads: 1,
-        optimize: !cfg.runtime.disable_optimizations,
-        // One actor alone runs one training session (the fused forward + backward of a
-        // single stage), and its threads spinning between kernels saves a wake-up each
-        // (tiny_gpt +20% steps/s). With several sessions per stage (forward, backward) or
-        // several actors, threads of an idle session spinning would steal the cores of
-        // the busy one.
-        spin: actors == 1 && cfg.stages() == 1 && !cfg.split_backward(),
-        profile: false,
     }
 }

@@ -1,0 +1,67 @@
+//! This process's part of a run spread over several processes (`pipetrain launch`): the
+//! (replica, rank) members it runs, the transport to the others, and the parameters
+//! gathered from every process at the end, for the trained model.
+
+use pipetrain_actors::{Bus, Distribution};
+use prost::Message;
+
+use crate::onnx::proto::GraphProto;
+use crate::pipeline::Payload;
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// This process's part of a distributed run.
+pub struct ClusterPart<K> {
+    /// This process's index (0 reports the run, commits checkpoints, writes the model).
+    pub node: usize,
+    /// The (replica, pipeline rank) members this process runs.
+    pub members: Vec<(usize, usize)>,
+    /// Mailboxes of the other processes' members, the collective, and the bus.
+    pub dist: Distribution<Payload, K>,
+}
+
+impl<K> ClusterPart<K> {
+    /// Whether this process runs `stage` of `replica`, under the schedule's `placement`
+    /// (pipeline rank by stage).
+    pub(super) fn owns(&self, replica: usize, stage: usize, placement: &[usize]) -> bool {
+        placement
+            .get(stage)
+            .is_some_and(|&rank| self.members.contains(&(replica, rank)))
+    }
+}
+
+/// Every process's `local` parameters (its stages of replica 0, possibly none), merged:
+/// the whole model's, the same in every process.
+///
+/// # Errors
+/// `Runtime` when the bus breaks; `Data` when a process sent bytes that do not decode.
+pub(super) async fn gather_parameters(
+    bus: &dyn Bus,
+    local: Vec<(String, Tensor)>,
+) -> Result<Vec<(String, Tensor)>> {
+    let graph = GraphProto {
+        initializer: local.iter().map(|(n, t)| t.to_proto(n)).collect(),
+        ..Default::default()
+    };
+    let all = bus
+        .all_gather("parameters".into(), graph.encode_to_vec())
+        .await
+        .map_err(|e| Error::Runtime {
+            source: Box::new(e),
+        })?;
+    let mut out = Vec::new();
+    for (node, bytes) in all.iter().enumerate() {
+        let bad = |reason: String| Error::Data {
+            path: format!("<node {node}>").into(),
+            what: "trained parameters".into(),
+            reason,
+        };
+        let graph = GraphProto::decode(bytes.as_slice()).map_err(|e| bad(e.to_string()))?;
+        for p in &graph.initializer {
+            if !out.iter().any(|(n, _): &(String, Tensor)| n == &p.name) {
+                out.push((p.name.clone(), Tensor::from_proto(p)?));
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,75 @@
+//! `[runtime] device`: a bad name is refused naming the setting; asking for a GPU the
+//! machine does not have (or that this build cannot use yet) fails with a clear error
+//! naming the setting, not a panic and not a silent CPU run.
+
+use std::process::Command;
+
+fn config(dir: &std::path::Path, device: &str) -> std::path::PathBuf {
+    let text = format!(
+        r#"
+batch_size = 8
+num_train_steps = 2
+[model]
+kind = "mlp"
+hidden = [8]
+[loss]
+kind = "softmax_cross_entropy"
+prediction = "logits"
+label = "y"
+[data]
+synth = {{ kind = "teacher", samples = 64, seed = 1 }}
+layout = {{ kind = "arrays", feeds = {{ x = "x", y = "y" }} }}
+[optimizer]
+kind = "sgd"
+[lr_schedule]
+kind = "constant"
+lr = 0.1
+[runtime]
+device = "{device}"
+"#
+    );
+    let path = dir.join("train.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn a_device_that_is_not_one_is_refused_naming_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in ["tpu", "cuda:x", "cuda:-1"] {
+        let err = pipetrain::config::TrainConfig::load(&config(dir.path(), bad))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("train.toml") && err.contains("runtime.device"),
+            "{err}"
+        );
+    }
+    let ok = pipetrain::config::TrainConfig::load(&config(dir.path(), "cuda:1")).unwrap();
+    assert_eq!(ok.runtime.device, pipetrain::compute::Device::Cuda(1));
+}
+
+#[test]
+fn asking_for_a_gpu_fails_clearly_and_trains_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "cuda:0");
+    let out = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
+        .arg("train")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("runtime.device") && err.contains("train.toml"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    match pipetrain::compute::cuda_devices() {
+        // The CI machines: no driver.
+        Err(why) => assert!(err.contains(&why), "{err}"),
+        // A GPU machine: the device is there, but this build trains on the CPU only.
+        Ok(found) if !found.names.is_empty() => assert!(err.contains("not built yet"), "{err}"),
+        Ok(_) => assert!(err.contains("0 device(s)"), "{err}"),
+    }
+}
