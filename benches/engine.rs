@@ -114,12 +114,12 @@ fn main() {
     println!("| model | schedule | stage | idle measured ms/step | idle simulated ms/step | difference | bubble measured |\n|---|---|---|---|---|---|---|");
     let mut bubbles = Vec::new();
     for (model, batch) in [("mlp", 16), ("tiny_gpt", 8)] {
-        for kind in ["1f1b", "zb_h1"] {
+        for kind in ["1f1b", "zb_h1", "zb_v"] {
             let mut cfg = config(model, 2, 4, batch, 30);
-            cfg.pipeline.schedule = if kind == "1f1b" {
-                pipetrain::config::ScheduleKind::OneFOneB
-            } else {
-                pipetrain::config::ScheduleKind::ZbH1
+            cfg.pipeline.schedule = match kind {
+                "1f1b" => pipetrain::config::ScheduleKind::OneFOneB,
+                "zb_h1" => pipetrain::config::ScheduleKind::ZbH1,
+                _ => pipetrain::config::ScheduleKind::ZbV,
             };
             let s =
                 pipetrain::train::train(&rt, &cfg, Path::new("bench.toml"), true, |_| {}).unwrap();
@@ -137,10 +137,14 @@ fn main() {
             }
         }
     }
-    println!("\n| model | bubble 1F1B / bubble ZB-H1 (measured) |\n|---|---|");
+    println!("\n| model | bubble 1F1B / bubble ZB-H1 | bubble 1F1B / bubble ZB-V (measured) |\n|---|---|---|");
     for model in ["mlp", "tiny_gpt"] {
         let of = |k: &str| bubbles.iter().find(|b| b.0 == model && b.1 == k).unwrap().2;
-        println!("| {model} | {:.2}x |", of("1f1b") / of("zb_h1"));
+        println!(
+            "| {model} | {:.2}x | {:.2}x |",
+            of("1f1b") / of("zb_h1"),
+            of("1f1b") / of("zb_v")
+        );
     }
 }
 

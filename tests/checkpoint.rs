@@ -68,6 +68,7 @@ fn resume_is_bit_exact() {
         ("pp=2 ZB-H1, SGD momentum", 1, 2, "zb_h1", SGD_MOMENTUM),
         ("pp=2 1F1B, AdamW cosine", 1, 2, "1f1b", ADAMW_COSINE),
         ("pp=2 ZB-H1, AdamW cosine", 1, 2, "zb_h1", ADAMW_COSINE),
+        ("pp=2 ZB-V, AdamW cosine", 1, 2, "zb_v", ADAMW_COSINE),
         ("dp=2, SGD momentum", 2, 1, "1f1b", SGD_MOMENTUM),
         ("dp=2, AdamW cosine", 2, 1, "1f1b", ADAMW_COSINE),
     ];

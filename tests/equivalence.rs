@@ -17,6 +17,10 @@ use pipetrain::config::TrainConfig;
 use pipetrain::tensor::Tensor;
 
 fn config(dp: usize, pp: usize, accum: usize) -> TrainConfig {
+    config_with(dp, pp, accum, "1f1b")
+}
+
+fn config_with(dp: usize, pp: usize, accum: usize, schedule: &str) -> TrainConfig {
     let batch = 64 / (dp * accum);
     let text = format!(
         r#"
@@ -40,6 +44,8 @@ kind = "sgd"
 [lr_schedule]
 kind = "constant"
 lr = 0.05
+[pipeline]
+schedule = "{schedule}"
 [runtime]
 intra_op_threads = 1
 "#,
@@ -98,4 +104,24 @@ fn parallel_layouts_train_the_same_weights() {
             assert!(diff <= 1e-5, "dp={dp} pp={pp} accum={accum}: {diff:.3e}");
         }
     }
+}
+
+/// ZB-V folds two stages onto each rank (rank r holds stages r and 2p - 1 - r) and splits
+/// the backward: at pp = 2 (four stages), the same weights and loss as the single stage,
+/// bit for bit, as every other dp = 1 layout.
+#[test]
+fn zb_v_trains_the_weights_of_the_single_stage() {
+    if common::skip_without_peers() {
+        return;
+    }
+    let rt = Runtime::from_env().unwrap();
+    let (reference, ref_loss) = trained(&rt, 1, 1, 8);
+    let cfg = config_with(1, 2, 8, "zb_v");
+    let s =
+        pipetrain::train::train(&rt, &cfg, Path::new("equivalence.toml"), false, |_| {}).unwrap();
+    assert_eq!((s.steps, s.stages), (20, 4));
+    let mut p = s.parameters;
+    p.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(max_rel_diff(&reference, &p), 0.0);
+    assert_eq!(s.final_loss, ref_loss);
 }

@@ -222,6 +222,9 @@ pub enum ScheduleKind {
     Interleaved1f1b,
     /// Zero-bubble ZB-H1: backward split into input and weight gradients.
     ZbH1,
+    /// Zero-bubble ZB-V: two stages per rank folded into a V (rank `r` holds stages `r`
+    /// and `2p - 1 - r`), backward split as ZB-H1's.
+    ZbV,
 }
 
 /// Pipeline schedule and partition.
@@ -321,7 +324,10 @@ impl TrainConfig {
 
     /// Pipeline stages (ranks x virtual stages).
     pub fn stages(&self) -> usize {
-        self.pipeline_parallel_size * self.pipeline.virtual_stages
+        match self.pipeline.schedule {
+            ScheduleKind::ZbV => 2 * self.pipeline_parallel_size,
+            _ => self.pipeline_parallel_size * self.pipeline.virtual_stages,
+        }
     }
 
     /// The partition into [`TrainConfig::stages`] stages.
@@ -357,6 +363,10 @@ impl TrainConfig {
             },
             ScheduleKind::ZbH1 => ScheduleSpec::ZbH1 {
                 stages: p,
+                micro_batches: m,
+            },
+            ScheduleKind::ZbV => ScheduleSpec::ZbV {
+                ranks: p,
                 micro_batches: m,
             },
         }
@@ -409,7 +419,10 @@ impl TrainConfig {
 
     /// Whether stages run their backward as input-gradient and weight-gradient halves.
     pub fn split_backward(&self) -> bool {
-        self.pipeline.schedule == ScheduleKind::ZbH1
+        matches!(
+            self.pipeline.schedule,
+            ScheduleKind::ZbH1 | ScheduleKind::ZbV
+        )
     }
 
     fn validate(&self, path: &Path) -> Result<()> {
@@ -548,7 +561,7 @@ impl TrainConfig {
                 return Err(bad(
                     "pipeline.partition.balanced.stages",
                     format!(
-                        "must equal pipeline_parallel_size x virtual_stages = {}, got {stages}",
+                        "must equal the pipeline's stages ({}), got {stages}",
                         self.stages()
                     ),
                 ));
