@@ -21,17 +21,23 @@
 //! - [`config`]: the training configuration (TOML), validated up front.
 //! - [`train`]: a training run over the stage graphs, in one process or as one
 //!   process's part of a distributed run.
+//! - [`launch`]: `pipetrain launch`, one supervised worker process per node of a cluster
+//!   manifest.
+//! - [`comm`]: the transport between those processes: authenticated TCP, a control bus,
+//!   ring all-reduce, activation and gradient links.
 //! - [`Error`]: the one error type.
 #![deny(missing_docs)]
 
 pub mod api;
 pub mod checkpoint;
 pub mod cluster;
+pub mod comm;
 pub mod compute;
 pub mod config;
 pub mod data;
 mod error;
 pub mod graph;
+pub mod launch;
 pub mod models;
 pub mod onnx;
 pub mod optim;

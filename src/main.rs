@@ -46,6 +46,9 @@ enum Command {
         #[arg(long)]
         resume: bool,
     },
+    /// Train on several nodes: run this on every node of a cluster manifest, with the
+    /// same manifest and configuration (see examples/cluster.toml).
+    Launch(pipetrain::launch::LaunchArgs),
     /// Checkpoints: inspect one, or list a checkpoints folder.
     Checkpoint {
         #[command(subcommand)]
@@ -162,6 +165,7 @@ fn main() -> ExitCode {
             (trace.as_deref(), chrome_trace.as_deref()),
             resume,
         ),
+        Command::Launch(args) => pipetrain::launch::launch(&args),
         Command::Schedule { command } => schedule(command),
         Command::Checkpoint {
             command: CheckpointCommand::Inspect { dir },

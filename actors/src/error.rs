@@ -77,6 +77,12 @@ pub enum ActorError {
         /// What went wrong.
         source: BoxError,
     },
+    /// Another process of a distributed run failed, or the transport to it broke.
+    #[error("{reason}")]
+    Peer {
+        /// Which process, and what happened.
+        reason: String,
+    },
     /// A message arrived that the schedule did not call for.
     #[error("replica {replica} rank {rank}: {reason}")]
     Protocol {

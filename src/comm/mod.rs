@@ -1,0 +1,41 @@
+//! The transport between the workers of a `pipetrain launch` job: one process per node,
+//! joined by a full mesh of TCP connections.
+//!
+//! - `frame`: length-prefixed frames with a maximum size.
+//! - `handshake`: mutual HMAC-SHA256 challenge-response on the job's shared secret.
+//! - `mesh`: [`Mesh`], one authenticated connection per pair of nodes (the higher dials
+//!   the lower), channels multiplexed over it, heartbeats, and failure detection: a peer
+//!   that closes without a goodbye or falls silent for the peer timeout fails every
+//!   receive with its name.
+//! - `bus`: [`MeshBus`], the actors' control [`pipetrain_actors::Bus`] (keyed
+//!   all-gathers).
+//! - `ring`: [`MeshCollective`], ring all-reduce (reduce-scatter + all-gather) for the
+//!   actors' [`pipetrain_actors::Collective`].
+//! - `wire`: activations and gradients as bytes, and [`link_transfers`], the mailboxes of
+//!   other nodes' stage actors.
+//!
+//! Why a full mesh of single connections: a job's nodes all talk to each other (bus),
+//! pipeline neighbours exchange activations and replicas form rings; one connection
+//! per pair carries all of it in order, so a node's failure shows on exactly one socket
+//! per peer, and a job of N nodes holds N - 1 connections per node (fine for the tens of
+//! nodes pipeline jobs span).
+
+mod bus;
+pub mod frame;
+pub mod handshake;
+mod mesh;
+mod ring;
+pub mod wire;
+
+pub use bus::MeshBus;
+pub use mesh::{Mesh, MeshTimeouts};
+pub use ring::MeshCollective;
+pub use wire::link_transfers;
+
+/// Channels over a connection (the handshake's are 0 and 1).
+pub(crate) const HEARTBEAT: u32 = 2;
+pub(crate) const GOODBYE: u32 = 3;
+pub(crate) const BUS: u32 = 4;
+pub(crate) const DATA: u32 = 5;
+/// Ring segments: `RING + stage * replicas + receiving replica`.
+pub(crate) const RING: u32 = 16;

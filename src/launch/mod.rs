@@ -1,0 +1,84 @@
+//! `pipetrain launch`: one process per node of a cluster manifest.
+//!
+//! Every node runs the same command with the same manifest and training configuration;
+//! the node finds itself by `--node`, Slurm's or Kubernetes' variables
+//! ([`crate::cluster::select_node`]). What runs there is a supervisor
+//! ([`supervisor`]) and its worker child ([`worker`]): the worker joins the others in a
+//! full mesh of authenticated TCP connections ([`crate::comm`]), runs the stage actors of
+//! the node's (replica, pipeline rank) members, and exchanges activations, gradients,
+//! gradient reductions and the run's decisions with the other workers; the supervisor
+//! restarts it, from the newest complete checkpoint, when the job fails.
+//!
+//! One process per node, not per rank as torchrun starts them: a node's ranks share one
+//! ONNX Runtime library, one copy of the data and one set of connections, and hand
+//! activations to each other through memory; a rank's failure is the node's anyway.
+
+mod supervisor;
+mod worker;
+
+use std::path::PathBuf;
+
+use crate::cluster::{process_env, select_node, ClusterManifest, NodeChoice};
+use crate::config::TrainConfig;
+use crate::Result;
+
+/// The arguments of `pipetrain launch`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LaunchArgs {
+    /// The cluster manifest (TOML: [job], [layout], [[nodes]]), the same on every node.
+    #[arg(long)]
+    pub manifest: PathBuf,
+    /// This node's name in the manifest (default: found from Slurm's or Kubernetes'
+    /// variables).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Resume from the newest complete checkpoint in `checkpoints_dir` (restarts after
+    /// a failure always resume).
+    #[arg(long)]
+    pub resume: bool,
+    /// Write one JSON object per optimizer step to this file (node 0 only).
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
+    /// Run as the worker (started by the supervisor).
+    #[arg(long, hide = true)]
+    pub worker: bool,
+    /// Which start of the worker this is (0 first).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub attempt: u32,
+    /// The training configuration, the same on every node.
+    pub config: PathBuf,
+}
+
+/// Runs `pipetrain launch`: the supervisor, or with `--worker` the worker.
+///
+/// # Errors
+/// A bad manifest, configuration or environment, naming the file, field and rule; the
+/// job's failure.
+pub fn launch(args: &LaunchArgs) -> Result<()> {
+    match args.worker {
+        true => worker::run_worker(args),
+        false => supervisor::supervise(args),
+    }
+}
+
+/// Where this process stands: the manifest, which node it is, and the configuration,
+/// checked against each other.
+struct Placement {
+    manifest: ClusterManifest,
+    node: NodeChoice,
+    cfg: TrainConfig,
+}
+
+impl Placement {
+    fn load(args: &LaunchArgs) -> Result<Placement> {
+        let manifest = ClusterManifest::load(&args.manifest)?;
+        let node = select_node(&manifest, args.node.as_deref(), &process_env)?;
+        let cfg = TrainConfig::load(&args.config)?;
+        manifest.check_train_config(&cfg, &args.config)?;
+        Ok(Placement {
+            manifest,
+            node,
+            cfg,
+        })
+    }
+}

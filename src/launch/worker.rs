@@ -1,0 +1,278 @@
+//! The worker: this node's part of the job. It meets the other workers (a full mesh of
+//! authenticated connections), checks that every node runs the same manifest and
+//! configuration, agrees on the checkpoint to resume from (node 0's choice), and trains
+//! the node's (replica, rank) members with the transport in between. Node 0 reports
+//! the run (progress, metrics file, TensorBoard) and writes the trained model.
+
+use std::io::IsTerminal;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pipetrain_actors::{Bus, Distribution};
+use sha2::{Digest, Sha256};
+
+use super::{LaunchArgs, Placement};
+use crate::cluster::{process_env, ClusterManifest, Endpoint};
+use crate::comm::{link_transfers, Mesh, MeshBus, MeshCollective, MeshTimeouts};
+use crate::compute::Runtime;
+use crate::train::{latest_checkpoint, run_cluster, ClusterPart, Reporter, RunEvent, RunOptions};
+use crate::{Error, Result};
+
+/// Runs this node's worker to the end of the job (or its failure).
+///
+/// # Errors
+/// A bad manifest, configuration or secret; nodes that disagree; the run's failure,
+/// another node's included.
+pub(super) fn run_worker(args: &LaunchArgs) -> Result<()> {
+    let placement = Placement::load(args)?;
+    let secret = placement.manifest.secret(&process_env)?;
+    let rt = Runtime::from_env()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(Error::io(&args.config))?;
+    runtime.block_on(work(args, placement, &secret, &rt))
+}
+
+async fn work(args: &LaunchArgs, p: Placement, secret: &[u8], rt: &Runtime) -> Result<()> {
+    let Placement {
+        manifest,
+        node,
+        mut cfg,
+    } = p;
+    let me = node.index;
+    let failed = |reason: String| Error::Launch {
+        node: node.name.clone(),
+        reason,
+    };
+    let job = manifest.job();
+    let addresses = mesh_addresses(&manifest).await?;
+    let listen = listen_address(&manifest, me, addresses[me]);
+    let timeouts = MeshTimeouts {
+        connect: job.connect_timeout(),
+        heartbeat: job.heartbeat(),
+        peer_timeout: job.peer_timeout(),
+    };
+    let names = manifest.nodes().iter().map(|n| n.name.clone()).collect();
+    let mesh = Mesh::connect(me, &job.name, listen, addresses, names, secret, timeouts)
+        .await
+        .map_err(|e| failed(format!("could not join the job: {e}")))?;
+    let bus: Arc<dyn Bus> = Arc::new(MeshBus::new(mesh.clone()));
+    agree(bus.as_ref(), &manifest, args, &failed).await?;
+    if args.resume && cfg.checkpoint_to_load_path.is_none() {
+        cfg.checkpoint_to_load_path = resume_choice(bus.as_ref(), &cfg, args, me).await?;
+    }
+    // Node by [replica][rank], and by [replica][stage] under the schedule's placement.
+    let layout = manifest.layout();
+    let owner: Vec<Vec<usize>> = (0..layout.data_parallel)
+        .map(|dp| {
+            (0..layout.pipeline_parallel)
+                .map(|pp| {
+                    let rank = layout.rank(dp, pp, 0).unwrap_or(usize::MAX);
+                    manifest.node_of_rank(rank).unwrap_or(usize::MAX)
+                })
+                .collect()
+        })
+        .collect();
+    let stage_rank = cfg
+        .schedule()
+        .generate()
+        .map_err(|e| failed(e.to_string()))?
+        .placement()
+        .to_vec();
+    let by_stage: Vec<Vec<usize>> = owner
+        .iter()
+        .map(|ranks| stage_rank.iter().map(|&r| ranks[r]).collect())
+        .collect();
+    let members: Vec<(usize, usize)> = manifest.ranks_of(me).iter().map(|c| (c.dp, c.pp)).collect();
+    let collective = Arc::new(MeshCollective::new(mesh.clone(), by_stage));
+    let (peers, deliver) = link_transfers(mesh.clone(), owner);
+    let part = ClusterPart {
+        node: me,
+        members,
+        dist: Distribution {
+            peers,
+            deliver,
+            collective,
+            bus: bus.clone(),
+        },
+    };
+    // A peer gone or silent fails the mesh; the stage actors waiting on its messages
+    // would only notice at the watchdog, so the job stops here at once (dropping the run
+    // aborts this process's actors) and the supervisors restart it.
+    let result = tokio::select! {
+        r = train(rt, &cfg, args, part, me, &node.name) => r,
+        why = mesh.failed() => Err(failed(format!("the job lost a node: {why}"))),
+    };
+    match &result {
+        Ok(()) => mesh.shutdown().await,
+        Err(_) => mesh.abort(),
+    }
+    result
+}
+
+/// Trains this node's part, reporting on node 0.
+async fn train<K: pipetrain_actors::Collective>(
+    rt: &Runtime,
+    cfg: &crate::config::TrainConfig,
+    args: &LaunchArgs,
+    part: ClusterPart<K>,
+    me: usize,
+    name: &str,
+) -> Result<()> {
+    let resuming = cfg.checkpoint_to_load_path.is_some();
+    let stderr = std::io::stderr();
+    let is_terminal = stderr.is_terminal();
+    let mut reporter = match me {
+        0 => Some(Reporter::new(
+            cfg,
+            stderr,
+            is_terminal,
+            args.metrics.as_deref(),
+            resuming,
+        )?),
+        _ => None,
+    };
+    if let (0, Some(path)) = (me, &cfg.checkpoint_to_load_path) {
+        eprintln!("pipetrain launch: resuming from {}", path.display());
+    }
+    let mut on_event = |e: RunEvent| match e {
+        RunEvent::Step(r) => {
+            if let Some(rep) = reporter.as_mut() {
+                rep.step(&r);
+            }
+        }
+        RunEvent::Warning(w) => eprintln!("pipetrain launch: node {name}: {w}"),
+        _ => {}
+    };
+    let opts = RunOptions {
+        record_trace: false,
+        data: None,
+        eval_data: None,
+        control: None,
+        on_event: &mut on_event,
+    };
+    let summary = run_cluster(rt, cfg, &args.config, opts, part).await?;
+    if let Some(rep) = reporter {
+        rep.finish(&summary)?;
+        if let Some(out) = &cfg.output_path {
+            eprintln!("trained model: {}", out.display());
+        }
+    }
+    Ok(())
+}
+
+/// Where each node's worker listens for the others: node 0 at the job's rendezvous
+/// address, the others at their `address:port`. Host names are resolved here.
+async fn mesh_addresses(manifest: &ClusterManifest) -> Result<Vec<SocketAddr>> {
+    let mut out = Vec::with_capacity(manifest.nodes().len());
+    for (i, n) in manifest.nodes().iter().enumerate() {
+        let ep = match i {
+            0 => manifest.rendezvous().clone(),
+            _ => Endpoint {
+                host: n.host(),
+                port: n.port,
+            },
+        };
+        out.push(resolve(&ep, manifest, i).await?);
+    }
+    Ok(out)
+}
+
+async fn resolve(ep: &Endpoint, manifest: &ClusterManifest, node: usize) -> Result<SocketAddr> {
+    if let Some(addr) = ep.socket_addr() {
+        return Ok(addr);
+    }
+    let text = ep.to_string();
+    let bad = |rule: String| Error::Config {
+        path: manifest.path().to_path_buf(),
+        field: format!("nodes[{node}].address"),
+        rule,
+    };
+    let mut found = tokio::net::lookup_host(text.as_str())
+        .await
+        .map_err(|e| bad(format!("cannot resolve `{text}`: {e}")))?;
+    found
+        .next()
+        .ok_or_else(|| bad(format!("`{text}` resolves to no address")))
+}
+
+/// The address this node's listener binds: the wildcard with `bind_all`, else the
+/// address peers dial.
+fn listen_address(manifest: &ClusterManifest, me: usize, dialed: SocketAddr) -> SocketAddr {
+    let bind: Option<IpAddr> = manifest.nodes()[me].bind_ip();
+    bind.map_or(dialed, |ip| SocketAddr::new(ip, dialed.port()))
+}
+
+/// Checks that every node runs the same manifest and configuration (by their bytes'
+/// SHA-256) and the same start of the job.
+async fn agree(
+    bus: &dyn Bus,
+    manifest: &ClusterManifest,
+    args: &LaunchArgs,
+    failed: &dyn Fn(String) -> Error,
+) -> Result<()> {
+    let digest = |path: &Path| -> Result<String> {
+        let bytes = std::fs::read(path).map_err(Error::io(path))?;
+        Ok(format!("{:x}", Sha256::digest(&bytes)))
+    };
+    let mine = serde_json::json!({
+        "manifest": digest(manifest.path())?,
+        "config": digest(&args.config)?,
+        "attempt": args.attempt,
+    });
+    let all = bus
+        .all_gather("hello".into(), mine.to_string().into_bytes())
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    for (node, bytes) in all.iter().enumerate() {
+        let theirs: serde_json::Value = serde_json::from_slice(bytes).unwrap_or_default();
+        for (what, file) in [
+            ("manifest", manifest.path()),
+            ("config", args.config.as_path()),
+        ] {
+            if theirs[what] != mine[what] {
+                return Err(failed(format!(
+                    "node {} runs a different {what} than {} (SHA-256 {} here, {} there); every node needs the same files",
+                    manifest.nodes()[node].name,
+                    file.display(),
+                    mine[what],
+                    theirs[what]
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The checkpoint every node resumes from: node 0's newest complete one.
+async fn resume_choice(
+    bus: &dyn Bus,
+    cfg: &crate::config::TrainConfig,
+    args: &LaunchArgs,
+    me: usize,
+) -> Result<Option<PathBuf>> {
+    let mine = match me {
+        0 => latest_checkpoint(cfg, &args.config)?,
+        _ => None,
+    };
+    let all = bus
+        .all_gather(
+            "resume".into(),
+            serde_json::to_vec(&mine).unwrap_or_default(),
+        )
+        .await
+        .map_err(|e| Error::Runtime {
+            source: Box::new(e),
+        })?;
+    let chosen: Option<PathBuf> = all
+        .first()
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .flatten();
+    if me == 0 && chosen.is_none() {
+        eprintln!("pipetrain launch: no complete checkpoint yet; starting from step 0");
+    }
+    Ok(chosen)
+}
