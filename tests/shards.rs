@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use pipetrain::api::Trainer;
 use pipetrain::config::TrainConfig;
 use pipetrain::data::shards::{pack, read_shard, write_shard, Sample, ShardDataset};
-use pipetrain::data::{open_step_batches, read_npz, write_npz, Batches, StepBatches};
+use pipetrain::data::{open_step_batches, read_npz, write_npz, BatchSource, Batches, StepBatches};
 use pipetrain::tensor::{Tensor, TensorData, TensorMap};
 
 const ROWS: usize = 10;
@@ -446,10 +447,84 @@ input_name_map = { features = "x", y = "y" }"#;
         .unwrap_err()
         .to_string();
     assert!(err.contains("shufle_seed"), "{err}");
+    let (no_layout, _) = mlp_config(tmp.path(), "bare.toml", "path = \"mlp.npz\"");
+    let Err(err) = open_step_batches(&no_layout.data, global, &path) else {
+        panic!("a data file without a layout was accepted");
+    };
+    assert!(
+        err.to_string().contains("field `data.layout`: missing"),
+        "{err}"
+    );
+    // Evaluation reads `test_data_dir` in file order.
+    let eval = format!("{shards}\ntest_data_dir = \"test\"\nshuffle_seed = 4");
+    let (with_test, _) = mlp_config(tmp.path(), "eval.toml", &eval);
+    let e = with_test.eval_data().shards.unwrap();
+    assert_eq!(e.train_data_dir, tmp.path().join("test"));
+    assert_eq!(e.shuffle_seed, None);
     let Err(err) = open_step_batches(&cfg.data, ROWS + 1, &path) else {
         panic!("a batch larger than the data set was accepted");
     };
     assert!(err.to_string().contains("field `batch_size`"), "{err}");
+}
+
+/// A configuration's step batches handed to a run as a service's data.
+struct Fed(Box<dyn StepBatches>);
+
+impl BatchSource for Fed {
+    fn batch(&self, step: u64) -> Result<TensorMap, pipetrain_actors::BoxError> {
+        Ok(self.0.batch(step as usize)?)
+    }
+}
+
+fn weight_bits(p: &[(String, Tensor)]) -> Vec<(String, (Vec<usize>, Vec<u64>))> {
+    let mut v: Vec<_> = p.iter().map(|(n, t)| (n.clone(), bits(t))).collect();
+    v.sort();
+    v
+}
+
+/// Until `src/train` opens data through `open_step_batches`, the shards' batches reach a
+/// run as fed data; the weights must be those of training on the `.npz` file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_train_the_mlp_like_the_npz() {
+    let tmp = tempfile::tempdir().unwrap();
+    let npz = mlp_npz(tmp.path());
+    pack(&npz, &tmp.path().join("train"), 4, "part").unwrap();
+    let (file_cfg, file_path) = mlp_config(
+        tmp.path(),
+        "file.toml",
+        "path = \"mlp.npz\"\nlayout = { kind = \"arrays\", feeds = { x = \"features\", y = \"y\" } }",
+    );
+    let (cfg, path) = mlp_config(
+        tmp.path(),
+        "shards.toml",
+        "[data.shards]\ntrain_data_dir = \"train\"\ninput_name_map = { features = \"x\", y = \"y\" }",
+    );
+    let rt = common::runtime();
+    let want = tokio::task::block_in_place(|| {
+        pipetrain::train::train(&rt, &file_cfg, &file_path, false, |_| {}).unwrap()
+    });
+    let (set, _, _) = open_step_batches(&cfg.data, cfg.global_batch(), &path).unwrap();
+    let handle = Trainer::new(cfg.clone())
+        .with_data(Fed(set))
+        .start(&rt)
+        .unwrap();
+    let got = handle.wait().await.unwrap();
+    assert_eq!(got.steps, want.steps);
+    assert!(!want.parameters.is_empty());
+    assert_eq!(weight_bits(&got.parameters), weight_bits(&want.parameters));
+    // The batches matter: the same shards shuffled train other weights.
+    let mut shuffled = cfg.clone();
+    shuffled.data.shards.as_mut().unwrap().shuffle_seed = Some(1);
+    let (set, _, _) = open_step_batches(&shuffled.data, cfg.global_batch(), &path).unwrap();
+    let handle = Trainer::new(shuffled)
+        .with_data(Fed(set))
+        .start(&rt)
+        .unwrap();
+    let other = handle.wait().await.unwrap();
+    assert_ne!(
+        weight_bits(&other.parameters),
+        weight_bits(&want.parameters)
+    );
 }
 
 #[test]

@@ -190,8 +190,9 @@ pub struct DataConfig {
     pub shards: Option<ShardSpec>,
 }
 
-/// How arrays of the data file become model inputs. The default, no feeds, is refused
-/// for a data file: it only stands for "not given" with `shards`.
+/// How arrays of the data file become model inputs. The default, no feeds, stands for
+/// "not given": data fed by a service, or `shards`; [`crate::data::Batches::open`] refuses
+/// it for a file.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DataLayout {
@@ -485,12 +486,6 @@ impl TrainConfig {
                     ));
                 }
                 continue;
-            }
-            if d.layout.is_unset() {
-                return Err(bad(
-                    &format!("{field}.layout"),
-                    "missing: say how the arrays feed the model".into(),
-                ));
             }
             match (&d.synth, d.path.as_os_str().is_empty()) {
                 (Some(_), false) => return Err(bad(

@@ -66,11 +66,14 @@ pub struct ShardDataset {
     orders: Mutex<Vec<(usize, Arc<Vec<usize>>)>>,
 }
 
-/// Decoded shards, each as per-sample fed tensors in `feeds` order.
+/// One decoded shard: per sample, the fed tensors in `feeds` order.
+type Decoded = Arc<Vec<Vec<Tensor>>>;
+
+/// Decoded shards: (file index, last use, samples), least recently used evicted first.
 struct Cache {
     capacity: usize,
     tick: u64,
-    files: Vec<(usize, u64, Arc<Vec<Vec<Tensor>>>)>,
+    files: Vec<(usize, u64, Decoded)>,
 }
 
 impl ShardDataset {
@@ -257,7 +260,7 @@ impl ShardDataset {
     }
 
     /// Shard `file`'s samples (fed features only), from the cache or read now.
-    fn load(&self, file: usize) -> Result<Arc<Vec<Vec<Tensor>>>> {
+    fn load(&self, file: usize) -> Result<Decoded> {
         {
             let mut cache = self
                 .cache
