@@ -79,7 +79,10 @@ fn packed(dir: &Path) -> (PathBuf, Vec<PathBuf>) {
 }
 
 /// The elements' bits, so that -0.0 and NaN payloads count.
-fn bits(t: &Tensor) -> (Vec<usize>, Vec<u64>) {
+/// A tensor's shape and its elements' bits.
+type Bits = (Vec<usize>, Vec<u64>);
+
+fn bits(t: &Tensor) -> Bits {
     let v = match &t.data {
         TensorData::F32(v) => v.iter().map(|x| u64::from(x.to_bits())).collect(),
         TensorData::F64(v) => v.iter().map(|x| x.to_bits()).collect(),
@@ -476,7 +479,7 @@ impl BatchSource for Fed {
     }
 }
 
-fn weight_bits(p: &[(String, Tensor)]) -> Vec<(String, (Vec<usize>, Vec<u64>))> {
+fn weight_bits(p: &[(String, Tensor)]) -> Vec<(String, Bits)> {
     let mut v: Vec<_> = p.iter().map(|(n, t)| (n.clone(), bits(t))).collect();
     v.sort();
     v

@@ -7,32 +7,11 @@ use std::sync::{Arc, Mutex};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use serde::{Deserialize, Serialize};
 
-use super::read::{check_like, decode_sample, frames, Sample};
+use super::read::{check_like, decode_sample, frames, shard_files, Sample};
 use crate::data::StepBatches;
 use crate::tensor::{Tensor, TensorData, TensorMap};
 use crate::{Error, Result};
-
-/// `[data.shards]`: training data as ONNX Runtime's TrainingRunner reads it.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ShardSpec {
-    /// The folder of `.pb` shards (ORT's `train_data_dir`).
-    pub train_data_dir: PathBuf,
-    /// The evaluation shards (ORT's `test_data_dir`); default: the training shards.
-    #[serde(default)]
-    pub test_data_dir: Option<PathBuf>,
-    /// Feature name in the files -> model input (or label) name. Empty: every feature
-    /// feeds the input of its own name. Otherwise only the features named here are fed,
-    /// as in ORT.
-    #[serde(default)]
-    pub input_name_map: BTreeMap<String, String>,
-    /// Shuffle the sample order, differently each epoch, from this seed; default: the
-    /// files' order.
-    #[serde(default)]
-    pub shuffle_seed: Option<u64>,
-}
 
 /// Data sets up to this size (bytes of shard files) are kept whole in memory once read.
 const PRELOAD_BYTES: u64 = 1 << 30;
@@ -321,24 +300,6 @@ impl StepBatches for ShardDataset {
     fn batch(&self, step: usize) -> Result<TensorMap> {
         ShardDataset::batch(self, step)
     }
-}
-
-/// The shard files of `dir` as ONNX Runtime's `GetAllDataFiles` lists them: regular files
-/// (links followed) whose name ends in `.pb` and does not start with `.`, sorted.
-///
-/// # Errors
-/// `Io` when the folder cannot be listed.
-pub fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(Error::io(dir))? {
-        let path = entry.map_err(Error::io(dir))?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or(".");
-        if !name.starts_with('.') && name.ends_with(".pb") && path.is_file() {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok(files)
 }
 
 /// Stacks equally shaped rows into `[rows, ..row shape]`.

@@ -6,6 +6,7 @@
 //! - [`write`]: shards from samples, and `pipetrain data pack` (an `.npz` or safetensors
 //!   file cut into shards).
 //! - [`dataset`]: [`ShardDataset`], a folder of shards as the batches of a run's steps.
+//! - [`spec`]: [`ShardSpec`], the `[data.shards]` configuration table.
 //!
 //! # The record layout, as ONNX Runtime reads it
 //! Checked against `orttraining/orttraining/models/runner/data_loader.cc` (functions
@@ -41,8 +42,10 @@
 
 pub mod dataset;
 pub mod read;
+pub mod spec;
 pub mod write;
 
-pub use dataset::{shard_files, ShardDataset, ShardSpec};
-pub use read::{parse_shard, read_shard, Sample};
+pub use dataset::ShardDataset;
+pub use read::{parse_shard, read_shard, shard_files, Sample};
+pub use spec::ShardSpec;
 pub use write::{encode_sample, pack, pack_command, write_shard, PackArgs};

@@ -5,7 +5,7 @@
 //! that each sample has the first sample's features, element types and shapes.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use prost::Message;
 
@@ -45,6 +45,24 @@ pub fn parse_shard(path: &Path, bytes: &[u8]) -> Result<Vec<Sample>> {
         samples.push(sample);
     }
     Ok(samples)
+}
+
+/// The shard files of `dir` as ONNX Runtime's `GetAllDataFiles` lists them: regular files
+/// (links followed) whose name ends in `.pb` and does not start with `.`, sorted.
+///
+/// # Errors
+/// `Io` when the folder cannot be listed.
+pub fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(Error::io(dir))? {
+        let path = entry.map_err(Error::io(dir))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or(".");
+        if !name.starts_with('.') && name.ends_with(".pb") && path.is_file() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
 }
 
 /// The records of a shard, split but not decoded: per sample, each feature's

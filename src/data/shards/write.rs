@@ -184,5 +184,5 @@ fn read_arrays(input: &Path) -> Result<HashMap<String, Tensor>> {
 
 /// Whether `dir` holds a file that a shard data set would read.
 fn has_shards(dir: &Path) -> Result<bool> {
-    Ok(!super::dataset::shard_files(dir)?.is_empty())
+    Ok(!super::read::shard_files(dir)?.is_empty())
 }
