@@ -253,6 +253,15 @@ fn damaged_shards_are_refused_naming_file_sample_and_feature() {
     // Cut inside the last sample's last feature (`y`, its data after its name).
     std::fs::write(&path, &good[..good.len() - 2]).unwrap();
     refused(&path, 4, "y", "the file ends inside this feature");
+    // A data set says the same when it opens the folder (it counts samples by seeking).
+    let err = ShardDataset::open(tmp.path(), &no_map(), 1, None)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("s_0.pb: sample 4: feature `y`: the file ends"),
+        "{err}"
+    );
     // Stray bytes after the last sample.
     std::fs::write(&path, [&good[..], &[1, 2]].concat()).unwrap();
     refused(&path, 5, "(whole sample)", "2 stray bytes");

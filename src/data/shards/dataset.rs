@@ -8,7 +8,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::read::{check_like, decode_sample, frames, shard_files, Sample};
+use super::read::{check_like, count_samples, decode_sample, frames, shard_files, Sample};
 use crate::data::StepBatches;
 use crate::tensor::{Tensor, TensorData, TensorMap};
 use crate::{Error, Result};
@@ -26,10 +26,11 @@ const CACHE_FILES: usize = 4;
 /// order, shuffled per epoch when a seed is given; epochs follow each other without a
 /// gap, so a batch may span two.
 ///
-/// Opening reads every file once, to check its framing and count its samples (decoding
-/// only the first sample). Files are then decoded when a batch needs them and kept in a
-/// small least-recently-used cache: all of them when the files total at most 1 GiB,
-/// otherwise [`CACHE_FILES`].
+/// Opening counts each file's samples from their length prefixes (seeking past the
+/// features) and decodes the first sample, which every other must match. Files are read
+/// and checked whole when a batch first needs them, and kept decoded in a small
+/// least-recently-used cache: all of them when the files total at most 1 GiB, otherwise
+/// [`CACHE_FILES`].
 pub struct ShardDataset {
     files: Vec<PathBuf>,
     /// `starts[i]`: the index of file `i`'s first sample; one more entry, the total.
@@ -79,15 +80,15 @@ impl ShardDataset {
         let mut bytes_total = 0u64;
         let mut first: Option<(usize, Sample)> = None;
         for (i, path) in files.iter().enumerate() {
-            let bytes = std::fs::read(path).map_err(Error::io(path))?;
-            bytes_total += bytes.len() as u64;
-            let records = frames(path, &bytes)?;
-            if first.is_none() {
-                if let Some(r) = records.first() {
+            let (count, bytes) = count_samples(path)?;
+            bytes_total += bytes;
+            if first.is_none() && count > 0 {
+                let bytes = std::fs::read(path).map_err(Error::io(path))?;
+                if let Some(r) = frames(path, &bytes)?.first() {
                     first = Some((i, decode_sample(path, 0, r)?));
                 }
             }
-            starts.push(starts[i] + records.len());
+            starts.push(starts[i] + count);
         }
         let Some((first_file, first)) = first else {
             return Err(bad("shard folder", "no samples in any .pb file".into()));

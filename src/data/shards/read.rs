@@ -65,6 +65,42 @@ pub fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// A shard's sample count and byte size, from its 4-byte sample lengths alone (seeking
+/// past each sample's features), so that a folder of large shards is counted without
+/// reading it.
+///
+/// # Errors
+/// `Io`; `BadShard` for stray bytes after the last sample or a sample length past the end
+/// of the file (then the file is read to say which feature it ends in, as [`frames`]).
+pub(crate) fn count_samples(path: &Path) -> Result<(usize, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).map_err(Error::io(path))?;
+    let len = file.metadata().map_err(Error::io(path))?.len();
+    let (mut pos, mut count) = (0u64, 0usize);
+    let mut word = [0u8; 4];
+    while pos < len {
+        let whole = len - pos >= 4
+            && file
+                .seek(SeekFrom::Start(pos))
+                .and_then(|_| file.read_exact(&mut word))
+                .is_ok();
+        pos += 4 + u64::from(u32::from_le_bytes(word));
+        if !whole || pos > len {
+            // The precise error (which feature the file ends in) comes from the framing.
+            let bytes = std::fs::read(path).map_err(Error::io(path))?;
+            frames(path, &bytes)?;
+            return Err(Error::BadShard {
+                path: path.to_path_buf(),
+                sample: count,
+                feature: WHOLE_SAMPLE.into(),
+                reason: "the file changed while it was counted".into(),
+            });
+        }
+        count += 1;
+    }
+    Ok((count, len))
+}
+
 /// The records of a shard, split but not decoded: per sample, each feature's
 /// `TensorProto` bytes.
 ///
@@ -113,7 +149,7 @@ pub(crate) fn frames<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<Vec<&'a [u8
                 let name = partial_name(&body[p..]).unwrap_or_else(|| format!("#{k}"));
                 let reason = if cut {
                     format!(
-                        "the file ends inside this feature: its record needs {fsize} bytes, {} remain",
+                        "the file ends inside this feature: its record needs {fsize} bytes, {} remain (the sample's length says {size})",
                         body.len() - p
                     )
                 } else {
