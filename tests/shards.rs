@@ -295,6 +295,24 @@ fn damaged_shards_are_refused_naming_file_sample_and_feature() {
     odd.insert("x".into(), Tensor::i64(vec![2], vec![0; 2]).unwrap());
     odd.insert("y".into(), Tensor::i64(vec![], vec![0]).unwrap());
     write_shard(&dir.join("b.pb"), &[odd]).unwrap();
+    let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    };
+    let err = ShardDataset::open(&dir, &map(&[("z", "x")]), 1, None)
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string()
+            .contains("a.pb: sample 0: feature `z`: named in input_name_map"),
+        "{err}"
+    );
+    let err = ShardDataset::open(&dir, &map(&[("x", "in"), ("y", "in")]), 1, None)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("two features feed `in`"), "{err}");
     let set = ShardDataset::open(&dir, &no_map(), 6, None).unwrap();
     let err = set.batch(0).unwrap_err().to_string();
     assert!(err.contains("b.pb: sample 0: feature `x`: I64"), "{err}");
@@ -349,6 +367,16 @@ fn batches_run_on_across_epochs_and_parts_are_their_rows() {
     let (e0, e1) = (order_of(&shuffled, 0), order_of(&shuffled, 1));
     let want: Vec<i64> = [e0[8], e0[9], e1[0], e1[1]].map(y_of).to_vec();
     assert_eq!(shuffled.batch(2).unwrap()["y"].as_i64().unwrap(), want);
+    // A cache of one shard, evicting on almost every sample, gives the same batches.
+    let small = ShardDataset::open(&dir, &no_map(), 4, Some(3))
+        .unwrap()
+        .with_cache_files(1);
+    for step in [0, 2, 1, 7, 2] {
+        let (a, b) = (small.batch(step).unwrap(), shuffled.batch(step).unwrap());
+        for (name, t) in &a {
+            assert_eq!(bits(t), bits(&b[name]), "step {step} {name}");
+        }
+    }
     // Each rank's part is its rows of the global batch.
     for step in 0..6 {
         let whole = shuffled.batch(step).unwrap();

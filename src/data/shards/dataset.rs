@@ -148,6 +148,16 @@ impl ShardDataset {
         })
     }
 
+    /// Keeps at most `files` shards decoded (at least one) instead of the default (all
+    /// when they total at most 1 GiB, else [`CACHE_FILES`]).
+    pub fn with_cache_files(self, files: usize) -> ShardDataset {
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.capacity = files.max(1);
+            cache.files.clear();
+        }
+        self
+    }
+
     /// Samples in all shards together (one epoch).
     pub fn samples(&self) -> usize {
         self.starts[self.files.len()]
