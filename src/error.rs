@@ -113,6 +113,19 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A training-data shard (`.pb`, ONNX Runtime's TrainingRunner layout) is malformed
+    /// or disagrees with the data set's first sample.
+    #[error("{path}: sample {sample}: feature `{feature}`: {reason}")]
+    BadShard {
+        /// The shard file.
+        path: PathBuf,
+        /// The sample's index within the file (0-based).
+        sample: usize,
+        /// The feature's name, or `#i` (its place in the sample) when it has none yet.
+        feature: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A configuration field breaks a rule.
     #[error("{path}: field `{field}`: {rule}")]
     Config {

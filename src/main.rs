@@ -56,7 +56,7 @@ enum Command {
     },
     /// Write a built-in model (GPT-2, SqueezeNet, MLP) as ONNX with initial weights.
     Model(pipetrain::models::ModelArgs),
-    /// Data sets: synthetic ones made by pipetrain.
+    /// Data sets: synthetic ones made by pipetrain; ONNX Runtime `.pb` shards packed.
     Data {
         #[command(subcommand)]
         command: pipetrain::data::synth::DataCommand,

@@ -15,7 +15,7 @@ use pipetrain_actors::{DynamicScaling, GradPolicy, LossScaling};
 use pipetrain_schedules::ScheduleSpec;
 use serde::{Deserialize, Serialize};
 
-use crate::data::SynthSpec;
+use crate::data::{ShardSpec, SynthSpec};
 use crate::graph::{BalanceBy, LossSpec, Partition};
 use crate::models::ModelSpec;
 use crate::optim::{LrSchedule, OptimizerConfig};
@@ -182,11 +182,17 @@ pub struct DataConfig {
     /// rows `batch_order[s]`. Without it, steps take consecutive rows.
     #[serde(default)]
     pub batch_order: Option<String>,
-    /// How the arrays feed the model.
+    /// How the arrays feed the model (not used with `shards`).
+    #[serde(default)]
     pub layout: DataLayout,
+    /// ONNX Runtime `.pb` shard folders instead of a file (`[data.shards]`).
+    #[serde(default)]
+    pub shards: Option<ShardSpec>,
 }
 
-/// How arrays of the data file become model inputs.
+/// How arrays of the data file become model inputs. The default, no feeds, stands for
+/// "not given": data fed by a service, or `shards`; [`crate::data::Batches::open`] refuses
+/// it for a file.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DataLayout {
@@ -205,6 +211,21 @@ pub enum DataLayout {
         /// The label name (as in the loss).
         label: String,
     },
+}
+
+impl Default for DataLayout {
+    fn default() -> DataLayout {
+        DataLayout::Arrays {
+            feeds: BTreeMap::new(),
+        }
+    }
+}
+
+impl DataLayout {
+    /// Whether this is the default (no feeds): the layout was not given.
+    pub fn is_unset(&self) -> bool {
+        matches!(self, DataLayout::Arrays { feeds } if feeds.is_empty())
+    }
 }
 
 /// Which pipeline schedule.
@@ -301,6 +322,12 @@ impl TrainConfig {
         if let Some(e) = cfg.eval_data.as_mut() {
             resolve(&mut e.path);
         }
+        for d in std::iter::once(&mut cfg.data).chain(cfg.eval_data.as_mut()) {
+            if let Some(spec) = d.shards.as_mut() {
+                resolve(&mut spec.train_data_dir);
+                spec.test_data_dir.as_mut().map(resolve);
+            }
+        }
         cfg.init_path.as_mut().map(resolve);
         cfg.output_path.as_mut().map(resolve);
         cfg.model_with_loss_func_path.as_mut().map(resolve);
@@ -392,9 +419,15 @@ impl TrainConfig {
     }
 
     /// The evaluation data: `eval_data`, else the training file read from its first rows.
+    /// With training shards, their `test_data_dir` (else the training shards) in order.
     pub fn eval_data(&self) -> DataConfig {
         self.eval_data.clone().unwrap_or_else(|| DataConfig {
             batch_order: None,
+            shards: self.data.shards.as_ref().map(|s| ShardSpec {
+                train_data_dir: s.test_data_dir.clone().unwrap_or(s.train_data_dir.clone()),
+                shuffle_seed: None,
+                ..s.clone()
+            }),
             ..self.data.clone()
         })
     }
@@ -454,6 +487,22 @@ impl TrainConfig {
             ("eval_data", self.eval_data.as_ref()),
         ] {
             let Some(d) = d else { continue };
+            if d.shards.is_some() {
+                let given = [
+                    ("path", !d.path.as_os_str().is_empty()),
+                    ("synth", d.synth.is_some()),
+                    ("batch_order", d.batch_order.is_some()),
+                    ("layout", !d.layout.is_unset()),
+                ];
+                if let Some((name, _)) = given.iter().find(|(_, g)| *g) {
+                    return Err(bad(
+                        &format!("{field}.{name}"),
+                        "does not apply to `shards` (their `input_name_map` feeds the model)"
+                            .into(),
+                    ));
+                }
+                continue;
+            }
             match (&d.synth, d.path.as_os_str().is_empty()) {
                 (Some(_), false) => return Err(bad(
                     field,

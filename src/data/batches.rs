@@ -46,6 +46,12 @@ impl Batches {
                 )
             })
         };
+        if cfg.layout.is_unset() {
+            return Err(bad(
+                "data.layout",
+                "missing: say which arrays feed which model inputs".into(),
+            ));
+        }
         let used: Vec<(&str, &str)> = match &cfg.layout {
             DataLayout::Arrays { feeds } => feeds
                 .values()

@@ -1,9 +1,16 @@
 //! Data and weight files: NumPy arrays and archives, safetensors; synthetic data sets;
-//! where step batches come from (a file, or an embedding service).
+//! ONNX Runtime's `.pb` training shards; where step batches come from (a file, a shard
+//! folder, or an embedding service).
+
+use std::path::Path;
+
+use crate::config::DataConfig;
+use crate::{Error, Result};
 
 mod batches;
 mod npy;
 mod npz_write;
+pub mod shards;
 mod source;
 pub mod synth;
 mod weights;
@@ -11,6 +18,51 @@ mod weights;
 pub use batches::Batches;
 pub use npy::{parse_npy, read_npz};
 pub use npz_write::write_npz;
+pub use shards::{ShardDataset, ShardSpec};
 pub use source::{split_rows, BatchSource, ChannelBatches, FedBatches, StepBatches};
 pub use synth::{generate, SynthSpec};
 pub use weights::read_safetensors;
+
+/// The step batches of `data` for global batches of `global_batch` samples, with what
+/// [`Batches::order_len`] and [`Batches::rows`] say of them: a [`ShardDataset`] over
+/// `data.shards.train_data_dir` when `[data.shards]` is set (no batch order; rows = its
+/// samples), else [`Batches::open`]. Paths are used as given: [`crate::config::TrainConfig::load`]
+/// has already resolved relative ones against the configuration's folder.
+///
+/// # Errors
+/// As [`Batches::open`] or [`ShardDataset::open`]; a shard data set's batch size error
+/// becomes a `Config` error on `batch_size` of `config_path`.
+pub fn open_step_batches(
+    data: &DataConfig,
+    global_batch: usize,
+    config_path: &Path,
+) -> Result<(Box<dyn StepBatches>, Option<usize>, usize)> {
+    match &data.shards {
+        Some(spec) => {
+            let set = ShardDataset::open(
+                &spec.train_data_dir,
+                &spec.input_name_map,
+                global_batch,
+                spec.shuffle_seed,
+            )
+            .map_err(|e| match e {
+                Error::Data { what, reason, .. } if what == "batch size" => Error::Config {
+                    path: config_path.to_path_buf(),
+                    field: "batch_size".into(),
+                    rule: format!(
+                        "batch_size x gradient_accumulation_steps x data_parallel_size: {reason} in {}",
+                        spec.train_data_dir.display()
+                    ),
+                },
+                other => other,
+            })?;
+            let rows = set.samples();
+            Ok((Box::new(set), None, rows))
+        }
+        None => {
+            let b = Batches::open(data, global_batch, config_path)?;
+            let (order_len, rows) = (b.order_len(), b.rows());
+            Ok((Box::new(b), order_len, rows))
+        }
+    }
+}

@@ -130,6 +130,8 @@ fn elements_limit(path: &Path, field: &str, dims: &[usize]) -> Result<()> {
 pub enum DataCommand {
     /// Generates a synthetic data set and writes it as `.npz`.
     Synth(SynthArgs),
+    /// Cuts an `.npz` (or safetensors) file's arrays into ONNX Runtime `.pb` shards.
+    Pack(super::shards::PackArgs),
 }
 
 /// `pipetrain data synth ...`: which data set to write.
@@ -179,6 +181,7 @@ pub enum SynthCommand {
 pub fn data_command(cmd: DataCommand) -> Result<String> {
     match cmd {
         DataCommand::Synth(args) => synth_command(args),
+        DataCommand::Pack(args) => super::shards::pack_command(args),
     }
 }
 

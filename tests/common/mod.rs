@@ -73,6 +73,7 @@ impl PeerModel {
             synth: None,
             batch_order: Some("batch_idx".into()),
             layout,
+            shards: None,
         };
         let batches = Batches::open(&cfg, global, &dir).unwrap();
         PeerModel {
