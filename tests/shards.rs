@@ -522,8 +522,8 @@ fn weight_bits(p: &[(String, Tensor)]) -> Vec<(String, Bits)> {
     v
 }
 
-/// Until `src/train` opens data through `open_step_batches`, the shards' batches reach a
-/// run as fed data; the weights must be those of training on the `.npz` file.
+/// A configuration's `[data.shards]` trains the weights of the same samples in an `.npz`
+/// file, read by the run itself and handed in by a service alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shards_train_the_mlp_like_the_npz() {
     let tmp = tempfile::tempdir().unwrap();
@@ -543,6 +543,13 @@ async fn shards_train_the_mlp_like_the_npz() {
     let want = tokio::task::block_in_place(|| {
         pipetrain::train::train(&rt, &file_cfg, &file_path, false, |_| {}).unwrap()
     });
+    let from_config = tokio::task::block_in_place(|| {
+        pipetrain::train::train(&rt, &cfg, &path, false, |_| {}).unwrap()
+    });
+    assert_eq!(
+        weight_bits(&from_config.parameters),
+        weight_bits(&want.parameters)
+    );
     let (set, _, _) = open_step_batches(&cfg.data, cfg.global_batch(), &path).unwrap();
     let handle = Trainer::new(cfg.clone())
         .with_data(Fed(set))

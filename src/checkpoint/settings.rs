@@ -38,6 +38,10 @@ pub fn settings_of(cfg: &TrainConfig, model_fingerprint: &str) -> Settings {
         ("global_batch".to_string(), json!(cfg.global_batch())),
         ("data.layout".to_string(), to(&cfg.data.layout)),
         ("data.batch_order".to_string(), json!(cfg.data.batch_order)),
+        (
+            "data.shards.shuffle_seed".to_string(),
+            json!(cfg.data.shards.as_ref().and_then(|s| s.shuffle_seed)),
+        ),
     ]);
     let recorded = BTreeMap::from([
         ("optimizer".to_string(), to(&cfg.optimizer)),
@@ -51,6 +55,14 @@ pub fn settings_of(cfg: &TrainConfig, model_fingerprint: &str) -> Settings {
             json!(cfg.data.path.file_name().map(|n| n.to_string_lossy())),
         ),
         ("data.synth".to_string(), to(&cfg.data.synth)),
+        (
+            "data.shards".to_string(),
+            json!(cfg
+                .data
+                .shards
+                .as_ref()
+                .map(|s| s.train_data_dir.file_name().map(|n| n.to_string_lossy()))),
+        ),
     ]);
     Settings::new(fixed, recorded)
 }

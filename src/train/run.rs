@@ -14,7 +14,7 @@ use super::{apply_init, checkpointing, RunEvent, RunOptions, StepReport, TrainSu
 use crate::checkpoint::{model_fingerprint, ModelInfo};
 use crate::compute::{check_device, Runtime};
 use crate::config::TrainConfig;
-use crate::data::{read_safetensors, Batches, FedBatches, StepBatches};
+use crate::data::{open_step_batches, read_safetensors, FedBatches, StepBatches};
 use crate::graph::{
     assign_stages, build_stage_graphs, build_training_graph, export_inference_model, LossNormalize,
     TrainOptions,
@@ -58,11 +58,7 @@ pub(super) async fn run_training<K: Collective>(
     let (d, m) = (cfg.data_parallel_size, cfg.gradient_accumulation_steps);
     let (batches, order_len, rows): (Box<dyn StepBatches>, _, _) = match fed {
         Some(source) => (Box::new(FedBatches(source)), None, 0),
-        None => {
-            let b = Batches::open(&cfg.data, cfg.global_batch(), config_path)?;
-            let (order_len, rows) = (b.order_len(), b.rows());
-            (Box::new(b), order_len, rows)
-        }
+        None => open_step_batches(&cfg.data, cfg.global_batch(), config_path)?,
     };
     // The first step the run trains: an embedder's source starts there.
     let first = batches.part(first_step as usize, 0, d * m)?;
@@ -192,11 +188,7 @@ pub(super) async fn run_training<K: Collective>(
             let k = cfg.eval_micro_batches;
             let eval: Box<dyn StepBatches> = match fed_eval {
                 Some(source) => Box::new(FedBatches(source)),
-                None => Box::new(Batches::open(
-                    &cfg.eval_data(),
-                    cfg.batch_size * k * d,
-                    config_path,
-                )?),
+                None => open_step_batches(&cfg.eval_data(), cfg.batch_size * k * d, config_path)?.0,
             };
             data = data.with_eval(eval, k);
             Some(pipetrain_actors::EvalSettings {
