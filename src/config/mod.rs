@@ -357,6 +357,14 @@ impl TrainConfig {
         }
     }
 
+    /// How [`TrainConfig::stages`] follows from the settings, for error messages.
+    fn stages_rule(&self) -> &'static str {
+        match self.pipeline.schedule {
+            ScheduleKind::ZbV => "2 x pipeline_parallel_size (zb_v)",
+            _ => "pipeline_parallel_size x virtual_stages",
+        }
+    }
+
     /// The partition into [`TrainConfig::stages`] stages.
     pub fn partition(&self) -> Partition {
         self.pipeline
@@ -610,7 +618,8 @@ impl TrainConfig {
                 return Err(bad(
                     "pipeline.partition.balanced.stages",
                     format!(
-                        "must equal the pipeline's stages ({}), got {stages}",
+                        "must equal {} = {}, got {stages}",
+                        self.stages_rule(),
                         self.stages()
                     ),
                 ));
