@@ -242,7 +242,8 @@ async fn three_workers_gather_reduce_and_transfer() {
     // everywhere, the sum to float32 rounding.
     let placement = vec![vec![0], vec![1], vec![2]];
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    let len = 100_003;
+    // Segments of about 1.17M values: each crosses the wire as two pieces (PIECE = 2^20).
+    let len = 3_500_003;
     let inputs: Vec<Vec<f32>> = (0..3)
         .map(|_| (0..len).map(|_| rng.random_range(-1.0..1.0)).collect())
         .collect();

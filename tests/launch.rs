@@ -1,6 +1,7 @@
 //! `pipetrain launch` on one machine: four nodes on the loopback addresses
 //! 127.0.0.1-4 (data-parallel 2 x pipeline 2, one rank each), each a real process with
-//! its worker child, joined by authenticated TCP. The job trains exactly as one process
+//! its worker child, joined by authenticated TCP. The job (the built-in MLP, and the
+//! peers' tiny GPT where `../shared/peers` is present) trains exactly as one process
 //! does; a worker killed mid-run is restarted with the others from the newest complete
 //! checkpoint and the job still ends with the uninterrupted run's weights; a node with
 //! the wrong secret is refused.
@@ -214,6 +215,81 @@ fn four_nodes_on_loopback_train_exactly_as_one_process() {
     for n in &outs[1..] {
         assert!(!stderr(n).contains("trained model:"));
     }
+}
+
+/// The peers' tiny GPT (its model, initial weights and data, in file order) as dp 2 x
+/// pp 2 with 1F1B and AdamW; None without `../shared/peers`.
+fn tiny_gpt_config(dir: &Path, name: &str, steps: usize) -> Option<PathBuf> {
+    let peers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/peers/data");
+    if !peers.is_dir() {
+        eprintln!("skipped: {} is missing", peers.display());
+        return None;
+    }
+    let p = |f: &str| peers.join(f).display().to_string();
+    let text = format!(
+        r#"
+model_path = "{model}"
+init_path = "{init}"
+output_path = "{name}/model.onnx"
+batch_size = 8
+gradient_accumulation_steps = 2
+num_train_steps = {passes}
+data_parallel_size = 2
+pipeline_parallel_size = 2
+display_loss_steps = 1
+[loss]
+kind = "softmax_cross_entropy"
+prediction = "logits"
+label = "targets"
+[data]
+path = "{data}"
+layout = {{ kind = "next_token", array = "tokens", input = "tokens", label = "targets" }}
+[optimizer]
+kind = "adamw"
+[lr_schedule]
+kind = "constant"
+lr = 1e-3
+[pipeline]
+schedule = "1f1b"
+[runtime]
+intra_op_threads = 1
+"#,
+        model = p("tiny_gpt.onnx"),
+        init = p("tiny_gpt_init.safetensors"),
+        data = p("tiny_gpt_data.npz"),
+        passes = steps * 2
+    );
+    let path = dir.join(format!("{name}.toml"));
+    fs::write(&path, text).unwrap();
+    Some(path)
+}
+
+#[test]
+fn four_nodes_train_the_peers_tiny_gpt_exactly_as_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 4;
+    let Some(cfg) = tiny_gpt_config(dir.path(), "cluster", steps) else {
+        return;
+    };
+    let single = tiny_gpt_config(dir.path(), "single", steps).unwrap();
+    let m = manifest(dir.path(), "0123456789abcdef0123456789abcdef", "");
+    let metrics = dir.path().join("cluster.jsonl");
+    let metrics_arg = metrics.to_str().unwrap().to_owned();
+    let children: Vec<Child> = NODES
+        .iter()
+        .map(|n| launch(&m, n, &cfg, &["--metrics", &metrics_arg], &[]))
+        .collect();
+    for (n, o) in NODES.iter().zip(wait_all(children)) {
+        assert!(o.status.success(), "node {n} failed:\n{}", stderr(&o));
+    }
+    one_process(&single, &dir.path().join("single.jsonl"));
+    let job = losses(&metrics);
+    assert_eq!(job.len(), steps);
+    assert_eq!(job, losses(&dir.path().join("single.jsonl")));
+    assert_eq!(
+        weights(&dir.path().join("cluster/model.onnx")),
+        weights(&dir.path().join("single/model.onnx"))
+    );
 }
 
 /// The pid of `parent`'s child process (the worker of a supervisor).

@@ -113,13 +113,16 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: u64) -> Result<Fra
     if len > max {
         return Err(FrameError::TooLarge { len, max });
     }
-    let mut bytes = vec![0u8; len as usize];
-    let got = read_full(r, &mut bytes).await?;
-    if got < bytes.len() {
-        return Err(FrameError::Truncated {
-            got: HEADER + got,
-            want: HEADER + bytes.len(),
-        });
+    // Read straight into the spare capacity: no zero-filling of large frames.
+    let mut bytes = Vec::with_capacity(len as usize);
+    let mut body = (&mut *r).take(len);
+    while (bytes.len() as u64) < len {
+        if body.read_buf(&mut bytes).await? == 0 {
+            return Err(FrameError::Truncated {
+                got: HEADER + bytes.len(),
+                want: HEADER + len as usize,
+            });
+        }
     }
     Ok(Frame { channel, bytes })
 }

@@ -5,7 +5,8 @@
 //! sum is `a + b`, which is `b + a` in floating point, so it equals the in-process sum.
 //! A replica sends a segment to the next and receives one from the previous at each of
 //! the `2 (n - 1)` rounds: `2 (n - 1) / n` of the buffer crosses each link in all, the
-//! bandwidth-optimal amount.
+//! bandwidth-optimal amount. Segments travel as pieces of [`PIECE`] values, each
+//! added in as it arrives while the following ones are on the wire.
 
 use std::sync::Arc;
 
@@ -34,6 +35,56 @@ impl MeshCollective {
     }
 }
 
+/// Values per frame: a segment goes as pieces of this many, so a replica adds one
+/// piece while the next is on the wire, and no frame nears the mesh's maximum.
+const PIECE: usize = 1 << 20;
+
+/// One replica's two ring neighbours, for one round.
+struct Link<'a> {
+    mesh: &'a Mesh,
+    next_node: usize,
+    prev_node: usize,
+    to_next: u32,
+    from_prev: u32,
+}
+
+impl Link<'_> {
+    /// Sends `buf[send]` to the next replica while receiving the previous one's
+    /// `buf[recv]` piece by piece, folding each piece in with `fold` as it arrives. The
+    /// two ranges are disjoint segments.
+    async fn exchange(
+        &self,
+        buf: &mut [f32],
+        send: std::ops::Range<usize>,
+        recv: std::ops::Range<usize>,
+        fold: fn(&mut [f32], &[u8]) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let (outgoing, incoming): (&[f32], &mut [f32]) = if send.start < recv.start {
+            let (a, b) = buf.split_at_mut(recv.start);
+            (&a[send], &mut b[..recv.len()])
+        } else {
+            let (a, b) = buf.split_at_mut(send.start);
+            (&b[..send.len()], &mut a[recv])
+        };
+        let sending = async {
+            for piece in outgoing.chunks(PIECE) {
+                let bytes = bytemuck::cast_slice::<f32, u8>(piece).to_vec();
+                self.mesh.send(self.next_node, self.to_next, bytes).await?;
+            }
+            Ok::<(), String>(())
+        };
+        let receiving = async {
+            for piece in incoming.chunks_mut(PIECE) {
+                let got = self.mesh.recv(self.prev_node, self.from_prev).await?;
+                fold(piece, &got)?;
+            }
+            Ok::<(), String>(())
+        };
+        let (sent, received) = tokio::join!(sending, receiving);
+        sent.and(received)
+    }
+}
+
 /// The element range of segment `k` of `n` of a buffer of `len`.
 fn segment(len: usize, n: usize, k: usize) -> std::ops::Range<usize> {
     (len * k / n)..(len * (k + 1) / n)
@@ -56,30 +107,30 @@ impl Collective for MeshCollective {
         let prev_node = self.placement[prev][stage];
         let (to_next, from_prev) = (self.channel(stage, next), self.channel(stage, replica));
         let len = buf.len();
-        let bytes = |s: &[f32]| bytemuck::cast_slice::<f32, u8>(s).to_vec();
+        let link = Link {
+            mesh: &self.mesh,
+            next_node,
+            prev_node,
+            to_next,
+            from_prev,
+        };
         // Reduce-scatter: at round k, pass on segment (replica - k) and add the previous
         // replica's running sum of segment (replica - k - 1) into ours.
         for k in 0..n - 1 {
             let send = segment(len, n, (replica + n - k) % n);
-            self.mesh
-                .send(next_node, to_next, bytes(&buf[send]))
+            let recv = segment(len, n, (replica + 2 * n - k - 1) % n);
+            link.exchange(&mut buf, send, recv, add_into)
                 .await
                 .map_err(gone)?;
-            let recv = segment(len, n, (replica + 2 * n - k - 1) % n);
-            let got = self.mesh.recv(prev_node, from_prev).await.map_err(gone)?;
-            add_into(&mut buf[recv], &got).map_err(gone)?;
         }
         // All-gather: replica r holds the full sum of segment r + 1; pass the full
         // segments round.
         for k in 0..n - 1 {
             let send = segment(len, n, (replica + 1 + n - k) % n);
-            self.mesh
-                .send(next_node, to_next, bytes(&buf[send]))
+            let recv = segment(len, n, (replica + n - k) % n);
+            link.exchange(&mut buf, send, recv, copy_into)
                 .await
                 .map_err(gone)?;
-            let recv = segment(len, n, (replica + n - k) % n);
-            let got = self.mesh.recv(prev_node, from_prev).await.map_err(gone)?;
-            copy_into(&mut buf[recv], &got).map_err(gone)?;
         }
         Ok(buf)
     }
