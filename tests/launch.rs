@@ -31,6 +31,19 @@ fn free_port() -> u16 {
     }
 }
 
+/// The optimizer, schedule and runtime every job here shares: AdamW, 1F1B, one thread
+/// a session (four processes share the machine's cores).
+const COMMON: &str = r#"[optimizer]
+kind = "adamw"
+[lr_schedule]
+kind = "constant"
+lr = 1e-3
+[pipeline]
+schedule = "1f1b"
+[runtime]
+intra_op_threads = 1
+"#;
+
 /// A training configuration (built-in MLP on pipetrain's teacher data, dp 2 x pp 2)
 /// with `extra` top-level keys; its path.
 fn train_config(dir: &Path, name: &str, steps: usize, extra: &str) -> PathBuf {
@@ -54,16 +67,7 @@ label = "y"
 [data]
 synth = {{ kind = "teacher", samples = 4096, seed = 5 }}
 layout = {{ kind = "arrays", feeds = {{ x = "x", y = "y" }} }}
-[optimizer]
-kind = "adamw"
-[lr_schedule]
-kind = "constant"
-lr = 1e-3
-[pipeline]
-schedule = "1f1b"
-[runtime]
-intra_op_threads = 1
-"#,
+{COMMON}"#,
         passes = steps * 4
     );
     let path = dir.join(format!("{name}.toml"));
@@ -244,16 +248,7 @@ label = "targets"
 [data]
 path = "{data}"
 layout = {{ kind = "next_token", array = "tokens", input = "tokens", label = "targets" }}
-[optimizer]
-kind = "adamw"
-[lr_schedule]
-kind = "constant"
-lr = 1e-3
-[pipeline]
-schedule = "1f1b"
-[runtime]
-intra_op_threads = 1
-"#,
+{COMMON}"#,
         model = p("tiny_gpt.onnx"),
         init = p("tiny_gpt_init.safetensors"),
         data = p("tiny_gpt_data.npz"),
