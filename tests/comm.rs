@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pipetrain::comm::frame::{header, parse, read_frame, FrameError};
+use pipetrain::comm::frame::{header, parse, read_frame, read_frame_within, FrameError};
 use pipetrain::comm::handshake::{handshake, Hello, Role};
 use pipetrain::comm::wire::{decode, encode};
 use pipetrain::comm::{link_transfers, Mesh, MeshBus, MeshCollective, MeshTimeouts};
@@ -17,6 +17,7 @@ use pipetrain::tensor::Tensor;
 use pipetrain_actors::{Bus, Collective, Flow, Transfer};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tokio::io::AsyncWriteExt;
 
 const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
 
@@ -117,6 +118,34 @@ async fn a_stream_ending_inside_a_frame_is_truncated_not_closed() {
     );
     let err = read_frame(&mut [].as_slice(), 100).await.unwrap_err();
     assert!(matches!(err, FrameError::Closed));
+}
+
+#[tokio::test]
+async fn the_idle_limit_counts_silence_not_the_time_a_large_frame_takes() {
+    let idle = Duration::from_millis(200);
+    // A frame trickling in, 50 ms a piece over 600 ms in all: read whole.
+    let (mut tx, mut rx) = tokio::io::duplex(64);
+    let writer = tokio::spawn(async move {
+        let frame = [header(9, 48).as_slice(), &[5u8; 48]].concat();
+        for piece in frame.chunks(5) {
+            tx.write_all(piece).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tx
+    });
+    let start = Instant::now();
+    let f = read_frame_within(&mut rx, 100, idle).await.unwrap();
+    assert!(start.elapsed() > idle * 2, "{:?}", start.elapsed());
+    assert_eq!((f.channel, f.bytes), (9, vec![5u8; 48]));
+    // Silent for longer than the limit in the middle of a frame, or before one: Silent.
+    let mut tx = writer.await.unwrap();
+    tx.write_all(&header(9, 48)).await.unwrap();
+    tx.write_all(&[1u8; 20]).await.unwrap();
+    let err = read_frame_within(&mut rx, 100, idle).await.unwrap_err();
+    assert!(matches!(err, FrameError::Silent(d) if d == idle), "{err}");
+    let (_quiet, mut rx) = tokio::io::duplex(64);
+    let err = read_frame_within(&mut rx, 100, idle).await.unwrap_err();
+    assert!(matches!(err, FrameError::Silent(_)), "{err}");
 }
 
 #[tokio::test]

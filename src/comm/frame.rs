@@ -3,7 +3,9 @@
 //! is allocated, and a stream that ends inside a frame is told apart from one that ends
 //! between frames.
 
+use std::future::Future;
 use std::io;
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -45,6 +47,9 @@ pub enum FrameError {
         /// The limit.
         max: u64,
     },
+    /// Nothing arrived for the reader's idle limit.
+    #[error("sent nothing for {0:?}")]
+    Silent(Duration),
     /// Reading failed.
     #[error("read failed: {0}")]
     Io(#[from] io::Error),
@@ -100,8 +105,44 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
 /// # Errors
 /// [`FrameError`]: closed, truncated, too large, or the read failing.
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: u64) -> Result<Frame, FrameError> {
+    read(r, max, None).await
+}
+
+/// [`read_frame`], failing with [`FrameError::Silent`] when the stream goes `idle` with
+/// no byte arriving: before the frame starts, or in the middle of it. A large frame
+/// that keeps arriving is never cut off, however long it takes in all.
+///
+/// # Errors
+/// As [`read_frame`], and `Silent`.
+pub async fn read_frame_within<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: u64,
+    idle: Duration,
+) -> Result<Frame, FrameError> {
+    read(r, max, Some(idle)).await
+}
+
+/// `step`, failing as `Silent` when it takes longer than `idle`.
+async fn within<T>(
+    idle: Option<Duration>,
+    step: impl Future<Output = io::Result<T>>,
+) -> Result<T, FrameError> {
+    match idle {
+        None => Ok(step.await?),
+        Some(idle) => match tokio::time::timeout(idle, step).await {
+            Ok(got) => Ok(got?),
+            Err(_) => Err(FrameError::Silent(idle)),
+        },
+    }
+}
+
+async fn read<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: u64,
+    idle: Option<Duration>,
+) -> Result<Frame, FrameError> {
     let mut h = [0u8; HEADER];
-    let got = read_full(r, &mut h).await?;
+    let got = within(idle, read_full(r, &mut h)).await?;
     if got == 0 {
         return Err(FrameError::Closed);
     }
@@ -117,7 +158,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: u64) -> Result<Fra
     let mut bytes = Vec::with_capacity(len as usize);
     let mut body = (&mut *r).take(len);
     while (bytes.len() as u64) < len {
-        if body.read_buf(&mut bytes).await? == 0 {
+        if within(idle, body.read_buf(&mut bytes)).await? == 0 {
             return Err(FrameError::Truncated {
                 got: HEADER + bytes.len(),
                 want: HEADER + len as usize,

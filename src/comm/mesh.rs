@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::frame::{read_frame, write_frame, FrameError, MAX_FRAME};
+use super::frame::{read_frame_within, write_frame, FrameError, MAX_FRAME};
 use super::handshake::{handshake, Hello, Role};
 use super::{GOODBYE, HEARTBEAT};
 
@@ -412,16 +412,16 @@ async fn read_loop(
 ) {
     let mut said_goodbye = false;
     loop {
-        match tokio::time::timeout(peer_timeout, read_frame(&mut r, MAX_FRAME)).await {
-            Err(_) if said_goodbye => return,
-            Err(_) => {
+        // The timeout counts silence, not the time a large frame takes to arrive.
+        match read_frame_within(&mut r, MAX_FRAME, peer_timeout).await {
+            Err(FrameError::Silent(_) | FrameError::Closed) if said_goodbye => return,
+            Err(FrameError::Silent(_)) => {
                 return shared.fail(format!(
                     "{who} sent nothing for {peer_timeout:?}: gone or hung"
                 ));
             }
-            Ok(Err(FrameError::Closed)) if said_goodbye => return,
-            Ok(Err(e)) => return shared.fail(format!("{who} {e}")),
-            Ok(Ok(f)) => match f.channel {
+            Err(e) => return shared.fail(format!("{who} {e}")),
+            Ok(f) => match f.channel {
                 HEARTBEAT => {}
                 GOODBYE => said_goodbye = true,
                 ch => {
