@@ -55,7 +55,9 @@ async fn work(args: &LaunchArgs, p: Placement, secret: &[u8], rt: &Runtime) -> R
         heartbeat: job.heartbeat(),
         peer_timeout: job.peer_timeout(),
     };
-    let names = manifest.nodes().iter().map(|n| n.name.clone()).collect();
+    let names = (0..manifest.nodes().len())
+        .map(|i| node_label(&manifest, i))
+        .collect();
     let mesh = Mesh::connect(me, &job.name, listen, addresses, names, secret, timeouts)
         .await
         .map_err(|e| failed(format!("could not join the job: {e}")))?;
@@ -275,4 +277,15 @@ async fn resume_choice(
         eprintln!("pipetrain launch: no complete checkpoint yet; starting from step 0");
     }
     Ok(chosen)
+}
+
+/// How messages name node `i`: its name and its ranks with their (dp, pp) coordinates,
+/// as `c [rank 2 = dp 1, pp 0]`.
+fn node_label(manifest: &ClusterManifest, i: usize) -> String {
+    let ranks: Vec<String> = manifest
+        .ranks_of(i)
+        .iter()
+        .map(|c| format!("rank {} = dp {}, pp {}", c.rank, c.dp, c.pp))
+        .collect();
+    format!("{} [{}]", manifest.nodes()[i].name, ranks.join("; "))
 }

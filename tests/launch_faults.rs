@@ -1,0 +1,238 @@
+//! `pipetrain launch` when things go wrong, on four loopback nodes (dp 2 x pp 2): a
+//! worker killed mid-run is restarted with the others from the newest complete
+//! checkpoint and the job still ends with the uninterrupted run's weights; a worker that
+//! stops answering is detected within the peer timeout and named with its ranks; peers
+//! without the secret are refused while the job goes on, and a node with the wrong
+//! secret cannot join.
+
+#![cfg(unix)]
+
+#[path = "common/launch.rs"]
+mod launch;
+
+use std::fs;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use launch::*;
+
+#[test]
+fn a_killed_worker_is_restarted_with_the_others_from_the_newest_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 300;
+    let ck = dir.path().join("ck");
+    let extra = format!(
+        "checkpoints_dir = \"{}\"\ncheckpoint_period = 25\nmax_num_checkpoints = 2\n",
+        ck.display()
+    );
+    let cfg = train_config(dir.path(), "cluster", steps, &extra);
+    let single = train_config(dir.path(), "single", steps, "");
+    let m = manifest(dir.path(), "0123456789abcdef0123456789abcdef", "");
+    let metrics = dir.path().join("cluster.jsonl");
+    let metrics_arg = metrics.to_str().unwrap().to_owned();
+    let children: Vec<Child> = NODES
+        .iter()
+        .map(|n| launch(&m, n, &cfg, &["--metrics", &metrics_arg], &[]))
+        .collect();
+    // Once a checkpoint is complete and the job is past it, kill node c's worker.
+    let start = Instant::now();
+    loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no checkpoint came"
+        );
+        let done = fs::read_to_string(&metrics)
+            .map(|t| t.lines().count())
+            .unwrap_or(0);
+        let complete = pipetrain::checkpoint::latest_complete(&ck).ok().flatten();
+        if complete.is_some() && done >= 40 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let worker = child_of(children[2].id()).expect("node c runs a worker");
+    unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+    let outs = wait_all(children);
+    for (n, o) in NODES.iter().zip(&outs) {
+        assert!(o.status.success(), "node {n} failed:\n{}", stderr(o));
+    }
+    let c = stderr(&outs[2]);
+    assert!(
+        c.contains("killed by signal 9") && c.contains("attempt 2"),
+        "{c}"
+    );
+    assert!(
+        stderr(&outs[0]).contains("resumed at step"),
+        "{}",
+        stderr(&outs[0])
+    );
+    one_process(&single, &dir.path().join("single.jsonl"));
+    // The resumed job ends with the weights of the run never interrupted.
+    assert_eq!(
+        weights(&dir.path().join("cluster/model.onnx")),
+        weights(&dir.path().join("single/model.onnx"))
+    );
+    // Every step's loss is the uninterrupted run's (steps trained twice included).
+    let one: std::collections::BTreeMap<u64, f64> = losses(&dir.path().join("single.jsonl"))
+        .into_iter()
+        .collect();
+    for (step, loss) in losses(&metrics) {
+        assert_eq!(Some(&loss), one.get(&step), "step {step}");
+    }
+}
+
+/// While the job trains, a client with the wrong secret and one sending garbage connect
+/// to node a's rendezvous: both are refused and logged, and the job ends as usual.
+#[test]
+fn a_peer_without_the_secret_is_refused_and_the_job_goes_on() {
+    use pipetrain::comm::handshake::{handshake, Hello, Role};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = train_config(dir.path(), "cluster", 300, "");
+    let m = manifest(dir.path(), "0123456789abcdef0123456789abcdef", "");
+    let rendezvous = pipetrain::cluster::ClusterManifest::load(&m)
+        .unwrap()
+        .rendezvous()
+        .socket_addr()
+        .unwrap();
+    let children: Vec<Child> = NODES
+        .iter()
+        .map(|n| launch(&m, n, &cfg, &[], &[]))
+        .collect();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let refused = runtime.block_on(async {
+        let connect = || async {
+            loop {
+                if let Ok(s) = tokio::net::TcpStream::connect(rendezvous).await {
+                    return s;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let mut s = connect().await;
+        let hello = Hello::new(3, "loopback").unwrap();
+        let wrong = b"fedcba9876543210fedcba9876543210";
+        let refused = handshake(&mut s, Role::Dialer, &hello, wrong, Duration::from_secs(5)).await;
+        // Garbage: a frame header announcing an enormous frame; node a refuses it and
+        // closes the connection.
+        let mut g = connect().await;
+        tokio::io::AsyncWriteExt::write_all(&mut g, &[0xff; 64])
+            .await
+            .unwrap();
+        let mut sink = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut g, &mut sink).await;
+        refused
+    });
+    // We cannot verify node a's proof either: we do not hold its secret.
+    assert!(refused.unwrap_err().contains("does not hold"));
+    let outs = wait_all(children);
+    for (n, o) in NODES.iter().zip(&outs) {
+        assert!(o.status.success(), "node {n} failed:\n{}", stderr(o));
+    }
+    let a = stderr(&outs[0]);
+    assert!(a.contains("done: 300 steps"), "{a}");
+    assert!(
+        a.contains("refused a connection") && a.contains("does not hold this job's secret"),
+        "{a}"
+    );
+    assert!(a.contains("frame of"), "garbage is refused as such:\n{a}");
+}
+
+#[test]
+fn a_node_with_the_wrong_secret_cannot_join() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = train_config(dir.path(), "cluster", 4, "");
+    let m = manifest(
+        dir.path(),
+        "",
+        "secret_env = \"LOOPBACK_SECRET\"\nmax_restarts = 0\nconnect_timeout_s = 3",
+    );
+    let good = "0123456789abcdef0123456789abcdef";
+    let bad = "fedcba9876543210fedcba9876543210";
+    let children: Vec<Child> = NODES
+        .iter()
+        .map(|n| {
+            let s = if *n == "b" { bad } else { good };
+            launch(&m, n, &cfg, &[], &[("LOOPBACK_SECRET", s)])
+        })
+        .collect();
+    let outs = wait_all(children);
+    for (n, o) in NODES.iter().zip(&outs) {
+        assert!(!o.status.success(), "node {n} should have failed");
+    }
+    let all: String = outs.iter().map(stderr).collect();
+    assert!(
+        all.to_lowercase().contains("secret") || all.to_lowercase().contains("authentic"),
+        "{all}"
+    );
+    assert!(!dir.path().join("cluster/model.onnx").exists());
+}
+
+/// Node c's worker is stopped (SIGSTOP: its sockets stay open, nothing more comes from
+/// it). Within the peer timeout (3 s here) the others see the silence, name c with its
+/// rank and coordinates, and restart; once c's frozen worker is killed its supervisor
+/// restarts it too, and the job ends with the uninterrupted run's weights.
+#[test]
+fn a_worker_that_stops_answering_is_detected_and_named_within_the_peer_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 300;
+    let ck = dir.path().join("ck");
+    let extra = format!(
+        "checkpoints_dir = \"{}\"\ncheckpoint_period = 25\nmax_num_checkpoints = 2\n",
+        ck.display()
+    );
+    let cfg = train_config(dir.path(), "cluster", steps, &extra);
+    let single = train_config(dir.path(), "single", steps, "");
+    let m = manifest(dir.path(), "0123456789abcdef0123456789abcdef", "");
+    let metrics = dir.path().join("cluster.jsonl");
+    let metrics_arg = metrics.to_str().unwrap().to_owned();
+    let children: Vec<Child> = NODES
+        .iter()
+        .map(|n| launch(&m, n, &cfg, &["--metrics", &metrics_arg], &[]))
+        .collect();
+    let start = Instant::now();
+    while !(fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) >= 40
+        && pipetrain::checkpoint::latest_complete(&ck)
+            .ok()
+            .flatten()
+            .is_some())
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no checkpoint came"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let frozen = child_of(children[2].id()).expect("node c runs a worker");
+    let first_a = child_of(children[0].id()).expect("node a runs a worker");
+    unsafe { libc::kill(frozen as i32, libc::SIGSTOP) };
+    let stopped = Instant::now();
+    // Node a's worker fails and its supervisor starts another: the silence was seen.
+    while child_of(children[0].id()).is_none_or(|pid| pid == first_a) {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(10),
+            "node a still runs its first worker 10 s after node c stopped answering"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let detected = stopped.elapsed();
+    unsafe { libc::kill(frozen as i32, libc::SIGKILL) };
+    let outs = wait_all(children);
+    for (n, o) in NODES.iter().zip(&outs) {
+        assert!(o.status.success(), "node {n} failed:\n{}", stderr(o));
+    }
+    // Whichever of a, b and d saw it first names c, its rank and coordinates.
+    let said = [0, 1, 3].iter().any(|&i| {
+        let e = stderr(&outs[i]);
+        e.contains("node c [rank 2 = dp 1, pp 0]") && e.contains("sent nothing for 3s")
+    });
+    assert!(said, "{}", stderr(&outs[0]));
+    eprintln!("node c's silence seen and node a restarting after {detected:?}");
+    one_process(&single, &dir.path().join("single.jsonl"));
+    assert_eq!(
+        weights(&dir.path().join("cluster/model.onnx")),
+        weights(&dir.path().join("single/model.onnx"))
+    );
+}
