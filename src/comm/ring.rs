@@ -136,8 +136,8 @@ impl Collective for MeshCollective {
     }
 }
 
-/// The f32s of `bytes`, which must be `want` of them.
-fn floats(bytes: &[u8], want: usize) -> Result<impl Iterator<Item = f32> + '_, String> {
+/// Checks that `bytes` holds `want` f32s.
+fn check(bytes: &[u8], want: usize) -> Result<(), String> {
     if bytes.len() != want * 4 {
         return Err(format!(
             "a ring segment of {} bytes arrived where {} were due",
@@ -145,25 +145,35 @@ fn floats(bytes: &[u8], want: usize) -> Result<impl Iterator<Item = f32> + '_, S
             want * 4
         ));
     }
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+    Ok(())
+}
+
+/// `f(dst[i], x[i])` for the f32s `x` of `bytes` (little-endian): straight over the
+/// bytes as f32s when they are aligned for it (large buffers from the allocator are),
+/// so the loop vectorizes; decoded four bytes at a time otherwise.
+fn fold_floats(dst: &mut [f32], bytes: &[u8], f: impl Fn(&mut f32, f32)) -> Result<(), String> {
+    check(bytes, dst.len())?;
+    match bytemuck::try_cast_slice::<u8, f32>(bytes) {
+        Ok(xs) if cfg!(target_endian = "little") => {
+            for (d, &x) in dst.iter_mut().zip(xs) {
+                f(d, x);
+            }
+        }
+        _ => {
+            for (d, c) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+                f(d, f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn add_into(dst: &mut [f32], bytes: &[u8]) -> Result<(), String> {
-    let xs = floats(bytes, dst.len())?;
-    for (d, x) in dst.iter_mut().zip(xs) {
-        // The running sum arrives from the previous replica (a + b == b + a in IEEE
-        // arithmetic, so the order of the two operands does not matter).
-        *d += x;
-    }
-    Ok(())
+    // The running sum arrives from the previous replica (a + b == b + a in IEEE
+    // arithmetic, so the order of the two operands does not matter).
+    fold_floats(dst, bytes, |d, x| *d += x)
 }
 
 fn copy_into(dst: &mut [f32], bytes: &[u8]) -> Result<(), String> {
-    let xs = floats(bytes, dst.len())?;
-    for (d, x) in dst.iter_mut().zip(xs) {
-        *d = x;
-    }
-    Ok(())
+    fold_floats(dst, bytes, |d, x| *d = x)
 }
