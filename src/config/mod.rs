@@ -16,7 +16,7 @@ use pipetrain_schedules::ScheduleSpec;
 use serde::{Deserialize, Serialize};
 
 use crate::data::{ShardSpec, SynthSpec};
-use crate::graph::{BalanceBy, LossSpec, Partition};
+use crate::graph::{BalanceBy, LossSpec, Partition, Recompute};
 use crate::models::ModelSpec;
 use crate::optim::{LrSchedule, OptimizerConfig};
 use crate::{Error, Result};
@@ -115,6 +115,11 @@ pub struct TrainConfig {
     /// Clip the global L2 norm of the gradients to this (`torch.nn.utils.clip_grad_norm_`).
     #[serde(default)]
     pub max_grad_norm: Option<f64>,
+    /// Activation recompute: `"none"` keeps every forward value the backward reads per
+    /// in-flight micro-batch; `"stage"` keeps only what a stage received, and its
+    /// backward runs the stage's forward again.
+    #[serde(default)]
+    pub recompute: Recompute,
     /// Loss scale (ORT's `loss_scale`): a static factor, or 0 for dynamic scaling with
     /// ONNX Runtime's `DynamicLossScaler` semantics (see `loss_scaler`). Default 1: none.
     #[serde(default = "one_f64")]

@@ -6,13 +6,14 @@ mod ir;
 mod loss;
 mod partition;
 mod stages;
+mod subgraph;
 mod training;
 
 pub use export::export_inference_model;
 pub use ir::*;
 pub use loss::{attach_loss, LossNormalize, LossSpec, ACC_CORRECT, ACC_COUNTED, LOSS};
 pub use partition::{assign_stages, BalanceBy, Partition, StageAssignment};
-pub use stages::{build_stage_graphs, StageGraphs, StageIo};
+pub use stages::{build_stage_graphs, build_stage_graphs_with, Recompute, StageGraphs, StageIo};
 pub use training::{
     build_training_graph, Param, ShapeProbe, TrainOptions, TrainingGraph, LOSS_GRAD,
 };

@@ -9,9 +9,12 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use crate::graph::ir::{value_info, Graph};
+use serde::{Deserialize, Serialize};
+
+use crate::graph::ir::Graph;
 use crate::graph::loss::{ACC_CORRECT, ACC_COUNTED, LOSS};
 use crate::graph::partition::{constant_nodes, StageAssignment};
+use crate::graph::subgraph::{ancestors, external_inputs, subgraph, with_constants};
 use crate::graph::training::TrainingGraph;
 use crate::{Error, Result};
 
@@ -61,12 +64,51 @@ pub struct StageGraphs {
     pub io: StageIo,
 }
 
-/// Cuts the training graph into per-stage graphs.
+/// What a stage keeps of a micro-batch between its forward and its backward.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Recompute {
+    /// Every forward value the backward reads (fastest, most memory).
+    #[default]
+    None,
+    /// Only what the stage received (and its data): the backward graphs run the
+    /// stage's forward again. Under a split backward the input-gradient part recomputes
+    /// it once and hands the weight-gradient part the values it reads. The last stage
+    /// of an unsplit schedule runs forward and backward in one graph and keeps nothing
+    /// either way.
+    Stage,
+}
+
+/// Op types whose output a second run would draw anew (Dropout only in training mode).
+fn draws_randomly(n: &crate::onnx::proto::NodeProto) -> bool {
+    match n.op_type.as_str() {
+        "Dropout" => n.input.get(2).is_some_and(|v| !v.is_empty()),
+        t => t.starts_with("Random") || matches!(t, "Bernoulli" | "Multinomial"),
+    }
+}
+
+/// Cuts the training graph into per-stage graphs, keeping every forward value the
+/// backward reads ([`Recompute::None`]).
+///
+/// # Errors
+/// As [`build_stage_graphs_with`].
+pub fn build_stage_graphs(tg: &TrainingGraph, a: &StageAssignment) -> Result<Vec<StageGraphs>> {
+    build_stage_graphs_with(tg, a, Recompute::None)
+}
+
+/// Cuts the training graph into per-stage graphs, with `recompute` deciding what a
+/// stage keeps between its passes.
 ///
 /// # Errors
 /// `Partition` when a parameter is used by more than one stage (tied weights across
-/// stages would need their gradients summed and their updates shared between stages).
-pub fn build_stage_graphs(tg: &TrainingGraph, a: &StageAssignment) -> Result<Vec<StageGraphs>> {
+/// stages would need their gradients summed and their updates shared between stages),
+/// or when recomputing would rerun a random op (its second draw would not match the
+/// forward's).
+pub fn build_stage_graphs_with(
+    tg: &TrainingGraph,
+    a: &StageAssignment,
+    recompute: Recompute,
+) -> Result<Vec<StageGraphs>> {
     let g = &tg.graph;
     let is_const = constant_nodes(tg);
     let node_stage: Vec<Option<usize>> = (0..g.nodes.len())
@@ -215,9 +257,8 @@ pub fn build_stage_graphs(tg: &TrainingGraph, a: &StageAssignment) -> Result<Vec
             .into_iter()
             .filter(|v| input_made.contains(v.as_str()))
             .collect();
-        let mut input_outputs: Vec<String> = targets.iter().map(|v| v.to_string()).collect();
-        input_outputs.sort_by_key(|v| producer[v.as_str()]);
-        input_outputs.extend(i_to_w.iter().cloned());
+        let mut input_targets: Vec<String> = targets.iter().map(|v| v.to_string()).collect();
+        input_targets.sort_by_key(|v| producer[v.as_str()]);
 
         let fwd_full = with_constants(g, &fwd, &producer, &is_const);
         let mut used_data: BTreeSet<String> = BTreeSet::new();
@@ -256,12 +297,49 @@ pub fn build_stage_graphs(tg: &TrainingGraph, a: &StageAssignment) -> Result<Vec
         } else {
             None
         };
+        let (mut bwd_nodes, mut input_nodes) = (bwd_full, input_full);
+        let (mut stash, mut i_to_w) = (stash, i_to_w);
+        if recompute == Recompute::Stage {
+            if let Some(&i) = fwd.iter().find(|&&i| draws_randomly(&g.nodes[i])) {
+                let n = &g.nodes[i];
+                return Err(Error::Partition {
+                    reason: format!(
+                        "recompute = \"stage\" would run stage {s}'s `{}` ({}) again and draw anew, so its gradients would not match its forward; use recompute = \"none\"",
+                        n.name, n.op_type
+                    ),
+                });
+            }
+            // The backward graphs start with the stage's forward; the forward keeps
+            // nothing but what it sends, and the stash only what arrived.
+            let with_fwd = |nodes: &[usize]| -> Vec<usize> {
+                let set: BTreeSet<usize> = fwd_full.iter().chain(nodes).copied().collect();
+                set.into_iter().collect()
+            };
+            bwd_nodes = with_fwd(&bwd_nodes);
+            input_nodes = with_fwd(&input_nodes);
+            let recomputed = produced(&input_nodes);
+            i_to_w = external_inputs(g, &weight_full)
+                .into_iter()
+                .filter(|v| recomputed.contains(v.as_str()))
+                .collect();
+            fwd_outputs.retain(|v| fwd_send.contains(v) || v == LOSS);
+            let read: HashSet<String> = [&bwd_nodes, &input_nodes, &weight_full]
+                .into_iter()
+                .flat_map(|nodes| external_inputs(g, nodes))
+                .collect();
+            stash = fwd_recv
+                .iter()
+                .filter(|v| read.contains(*v))
+                .cloned()
+                .collect();
+        }
+        let input_outputs = [input_targets, i_to_w.clone()].concat();
         result.push(StageGraphs {
             stage: s,
             forward: subgraph(tg, &fwd_full, &fwd_outputs, &label("forward"))?,
             evaluate: subgraph(tg, &fwd_full, &eval_outputs, &label("evaluate"))?,
-            backward: subgraph(tg, &bwd_full, &bwd_outputs, &label("backward"))?,
-            backward_input: subgraph(tg, &input_full, &input_outputs, &label("backward_input"))?,
+            backward: subgraph(tg, &bwd_nodes, &bwd_outputs, &label("backward"))?,
+            backward_input: subgraph(tg, &input_nodes, &input_outputs, &label("backward_input"))?,
             backward_weight: subgraph(tg, &weight_full, &grads, &label("backward_weight"))?,
             fused,
             io: StageIo {
@@ -278,123 +356,4 @@ pub fn build_stage_graphs(tg: &TrainingGraph, a: &StageAssignment) -> Result<Vec
         });
     }
     Ok(result)
-}
-
-/// `nodes` plus the constant nodes they (transitively) read, in graph order.
-fn with_constants(
-    g: &Graph,
-    nodes: &[usize],
-    producer: &HashMap<&str, usize>,
-    is_const: &[bool],
-) -> Vec<usize> {
-    let mut set: BTreeSet<usize> = nodes.iter().copied().collect();
-    let mut todo: Vec<usize> = nodes.to_vec();
-    while let Some(i) = todo.pop() {
-        for v in &g.nodes[i].input {
-            if let Some(&p) = producer.get(v.as_str()) {
-                if is_const.get(p).copied().unwrap_or(false) && set.insert(p) {
-                    todo.push(p);
-                }
-            }
-        }
-    }
-    set.into_iter().collect()
-}
-
-/// Values `nodes` read that none of them produces (initializers excluded).
-fn external_inputs(g: &Graph, nodes: &[usize]) -> Vec<String> {
-    let made: HashSet<&str> = nodes
-        .iter()
-        .flat_map(|&i| g.nodes[i].output.iter().map(String::as_str))
-        .collect();
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    for &i in nodes {
-        for v in &g.nodes[i].input {
-            if !v.is_empty()
-                && !made.contains(v.as_str())
-                && g.initializer(v).is_none()
-                && seen.insert(v.as_str())
-            {
-                out.push(v.clone());
-            }
-        }
-    }
-    out
-}
-
-/// The nodes among `within` that `targets` depend on.
-fn ancestors(
-    g: &Graph,
-    within: &[usize],
-    targets: &HashSet<&str>,
-    producer: &HashMap<&str, usize>,
-) -> HashSet<usize> {
-    let allowed: HashSet<usize> = within.iter().copied().collect();
-    let mut found = HashSet::new();
-    let mut todo: Vec<usize> = targets
-        .iter()
-        .filter_map(|t| producer.get(t).copied())
-        .collect();
-    while let Some(i) = todo.pop() {
-        if !allowed.contains(&i) || !found.insert(i) {
-            continue;
-        }
-        for v in &g.nodes[i].input {
-            if let Some(&p) = producer.get(v.as_str()) {
-                todo.push(p);
-            }
-        }
-    }
-    found
-}
-
-/// A graph of `nodes` with typed inputs for everything they read from outside.
-fn subgraph(tg: &TrainingGraph, nodes: &[usize], outputs: &[String], name: &str) -> Result<Graph> {
-    let g = &tg.graph;
-    // Only the nodes the outputs need (evaluation-only values such as the accuracy
-    // counts stay out of the training graphs).
-    let mut needed: HashSet<&str> = outputs.iter().map(String::as_str).collect();
-    let mut kept: Vec<usize> = Vec::with_capacity(nodes.len());
-    for &i in nodes.iter().rev() {
-        let n = &g.nodes[i];
-        if n.output.iter().any(|o| needed.contains(o.as_str())) {
-            needed.extend(n.input.iter().map(String::as_str));
-            kept.push(i);
-        }
-    }
-    kept.reverse();
-    let nodes = &kept[..];
-    let typed = |v: &str| {
-        let meta = tg
-            .metas
-            .get(v)
-            .ok_or_else(|| Error::graph(format!("{name}: no type known for `{v}`")))?;
-        Ok(value_info(v, meta))
-    };
-    let inputs = external_inputs(g, nodes)
-        .iter()
-        .map(|v| typed(v))
-        .collect::<Result<Vec<_>>>()?;
-    let used: HashSet<&str> = nodes
-        .iter()
-        .flat_map(|&i| g.nodes[i].input.iter().map(String::as_str))
-        .collect();
-    Ok(Graph {
-        name: name.into(),
-        nodes: nodes.iter().map(|&i| g.nodes[i].clone()).collect(),
-        inputs,
-        outputs: outputs
-            .iter()
-            .map(|v| typed(v))
-            .collect::<Result<Vec<_>>>()?,
-        initializers: g
-            .initializers
-            .iter()
-            .filter(|t| used.contains(t.name.as_str()))
-            .cloned()
-            .collect(),
-        opsets: g.opsets.clone(),
-        ir_version: g.ir_version,
-    })
 }

@@ -16,8 +16,8 @@ use crate::compute::{check_device, Runtime};
 use crate::config::TrainConfig;
 use crate::data::{open_step_batches, read_safetensors, FedBatches, StepBatches};
 use crate::graph::{
-    assign_stages, build_stage_graphs, build_training_graph, export_inference_model, LossNormalize,
-    TrainOptions,
+    assign_stages, build_stage_graphs_with, build_training_graph, export_inference_model,
+    LossNormalize, TrainOptions,
 };
 use crate::onnx::save_model;
 use crate::pipeline::{OrtStage, StepData};
@@ -103,7 +103,14 @@ pub(super) async fn run_training<K: Collective>(
         ckpt.check_model(&shapes)?;
     }
     let assignment = assign_stages(&tg, &cfg.partition())?;
-    let stages = build_stage_graphs(&tg, &assignment)?;
+    let stages = build_stage_graphs_with(&tg, &assignment, cfg.recompute).map_err(|e| match e {
+        Error::Partition { reason } if reason.starts_with("recompute") => Error::Config {
+            path: config_path.to_path_buf(),
+            field: "recompute".into(),
+            rule: reason,
+        },
+        e => e,
+    })?;
     let schedule = cfg.schedule().generate().map_err(|e| Error::Config {
         path: config_path.to_path_buf(),
         field: "pipeline.schedule".into(),

@@ -1,0 +1,146 @@
+//! Activation recompute (`recompute = "stage"`): a stage keeps only what it received
+//! and its backward runs the stage's forward again. With deterministic settings (one
+//! thread, no graph optimizations) that changes nothing but memory: the built-in GPT-2
+//! trains to bitwise the same losses and weights as without recompute, at pp = 1, 2 and
+//! 4, under 1F1B and under ZB-H1's split backward (where the input-gradient part
+//! recomputes once and hands the weight-gradient part what it reads), and at pp = 2
+//! under GPipe and ZB-V.
+
+mod common;
+
+use std::path::Path;
+
+use common::PeerModel;
+
+use pipetrain::compute::Runtime;
+use pipetrain::config::TrainConfig;
+use pipetrain::graph::{assign_stages, build_stage_graphs_with, BalanceBy, Partition, Recompute};
+
+fn config(pp: usize, schedule: &str, recompute: &str) -> TrainConfig {
+    let text = format!(
+        r#"
+batch_size = 4
+gradient_accumulation_steps = 4
+num_train_steps = 16
+pipeline_parallel_size = {pp}
+recompute = "{recompute}"
+[model]
+kind = "gpt2"
+layers = 4
+d_model = 32
+heads = 4
+vocab = 32
+seq = 16
+[loss]
+kind = "softmax_cross_entropy"
+prediction = "logits"
+label = "targets"
+[data]
+synth = {{ kind = "language", samples = 256, seq = 16, vocab = 32, seed = 3 }}
+layout = {{ kind = "next_token", array = "tokens", input = "tokens", label = "targets" }}
+[optimizer]
+kind = "adamw"
+[lr_schedule]
+kind = "constant"
+lr = 1e-3
+[pipeline]
+schedule = "{schedule}"
+[runtime]
+intra_op_threads = 1
+disable_optimizations = true
+"#
+    );
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/recompute.toml");
+    TrainConfig::parse(&text, &path).unwrap()
+}
+
+/// Every step's loss (as bits) and the final weights (as bits), by name.
+type Run = (Vec<u64>, Vec<(String, Vec<u32>)>);
+
+fn run(rt: &Runtime, pp: usize, schedule: &str, recompute: &str) -> Run {
+    let cfg = config(pp, schedule, recompute);
+    let mut losses = Vec::new();
+    let s = pipetrain::train::train(rt, &cfg, Path::new("recompute.toml"), false, |r| {
+        losses.push(r.loss.to_bits())
+    })
+    .unwrap();
+    assert_eq!(s.steps, 4);
+    let mut weights: Vec<(String, Vec<u32>)> = s
+        .parameters
+        .into_iter()
+        .map(|(n, t)| (n, t.as_f32().unwrap().iter().map(|x| x.to_bits()).collect()))
+        .collect();
+    weights.sort();
+    (losses, weights)
+}
+
+#[test]
+fn recompute_trains_bitwise_as_keeping_every_activation() {
+    let rt = Runtime::from_env().unwrap();
+    let cases = [1, 2, 4]
+        .into_iter()
+        .flat_map(|pp| [(pp, "1f1b"), (pp, "zb_h1")])
+        .chain([(2, "gpipe"), (2, "zb_v")]);
+    for (pp, schedule) in cases {
+        let kept = run(&rt, pp, schedule, "none");
+        let recomputed = run(&rt, pp, schedule, "stage");
+        assert_eq!(kept.0, recomputed.0, "pp={pp} {schedule}: losses differ");
+        assert_eq!(kept.1, recomputed.1, "pp={pp} {schedule}: weights differ");
+    }
+}
+
+/// What recompute changes in the stage graphs (the peers' tiny GPT cut in two): the
+/// forward outputs only what it sends (and the loss), the stash holds only what arrived,
+/// and the backward graphs run the forward's nodes again; the last stage's fused graph
+/// is the same either way.
+#[test]
+fn recomputing_stages_keep_only_what_they_received() {
+    if common::skip_without_peers() {
+        return;
+    }
+    let rt = common::runtime();
+    let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
+    let a = assign_stages(
+        &tg,
+        &Partition::Balanced {
+            stages: 2,
+            by: BalanceBy::Flops,
+        },
+    )
+    .unwrap();
+    let kept = build_stage_graphs_with(&tg, &a, Recompute::None).unwrap();
+    let redo = build_stage_graphs_with(&tg, &a, Recompute::Stage).unwrap();
+    for (k, r) in kept.iter().zip(&redo) {
+        let s = k.stage;
+        let outputs = |g: &pipetrain::graph::Graph| -> Vec<String> {
+            g.outputs.iter().map(|v| v.name.clone()).collect()
+        };
+        let mut sends = r.io.fwd_send.clone();
+        if r.io.has_loss {
+            sends.push(pipetrain::graph::LOSS.into());
+        }
+        assert!(
+            outputs(&r.forward).iter().all(|v| sends.contains(v)),
+            "stage {s}"
+        );
+        assert!(
+            r.io.stash.iter().all(|v| r.io.fwd_recv.contains(v)),
+            "stage {s}"
+        );
+        assert!(
+            k.io.stash.len() > r.io.stash.len(),
+            "stage {s}: {:?}",
+            k.io.stash
+        );
+        assert!(r.backward.nodes.len() > k.backward.nodes.len(), "stage {s}");
+        assert!(
+            r.backward_input.nodes.len() > k.backward_input.nodes.len(),
+            "stage {s}"
+        );
+        assert_eq!(outputs(&r.backward), outputs(&k.backward), "stage {s}");
+        assert_eq!(
+            r.fused.as_ref().map(|g| g.nodes.len()),
+            k.fused.as_ref().map(|g| g.nodes.len())
+        );
+    }
+}
