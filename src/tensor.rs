@@ -25,6 +25,15 @@ pub enum DType {
 }
 
 impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+            DType::Bool => 1,
+        }
+    }
+
     /// The ONNX `TensorProto.DataType` code.
     pub fn onnx(self) -> i32 {
         (match self {

@@ -4,7 +4,9 @@
 //! trains to bitwise the same losses and weights as without recompute, at pp = 1, 2 and
 //! 4, under 1F1B and under ZB-H1's split backward (where the input-gradient part
 //! recomputes once and hands the weight-gradient part what it reads), and at pp = 2
-//! under GPipe and ZB-V.
+//! under GPipe and ZB-V. The peak stash each stage measures equals what the schedule
+//! predicts from the stage graphs' value sizes, and recompute shrinks the first
+//! stage's.
 
 mod common;
 
@@ -15,6 +17,7 @@ use common::PeerModel;
 use pipetrain::compute::Runtime;
 use pipetrain::config::TrainConfig;
 use pipetrain::graph::{assign_stages, build_stage_graphs_with, BalanceBy, Partition, Recompute};
+use pipetrain::train::StashPeak;
 
 fn config(pp: usize, schedule: &str, recompute: &str) -> TrainConfig {
     let text = format!(
@@ -54,8 +57,9 @@ disable_optimizations = true
     TrainConfig::parse(&text, &path).unwrap()
 }
 
-/// Every step's loss (as bits) and the final weights (as bits), by name.
-type Run = (Vec<u64>, Vec<(String, Vec<u32>)>);
+/// Every step's loss (as bits), the final weights (as bits) by name, and each stage's
+/// peak stash.
+type Run = (Vec<u64>, Vec<(String, Vec<u32>)>, Vec<StashPeak>);
 
 fn run(rt: &Runtime, pp: usize, schedule: &str, recompute: &str) -> Run {
     let cfg = config(pp, schedule, recompute);
@@ -71,7 +75,7 @@ fn run(rt: &Runtime, pp: usize, schedule: &str, recompute: &str) -> Run {
         .map(|(n, t)| (n, t.as_f32().unwrap().iter().map(|x| x.to_bits()).collect()))
         .collect();
     weights.sort();
-    (losses, weights)
+    (losses, weights, s.stash)
 }
 
 #[test]
@@ -86,6 +90,26 @@ fn recompute_trains_bitwise_as_keeping_every_activation() {
         let recomputed = run(&rt, pp, schedule, "stage");
         assert_eq!(kept.0, recomputed.0, "pp={pp} {schedule}: losses differ");
         assert_eq!(kept.1, recomputed.1, "pp={pp} {schedule}: weights differ");
+        // The stash the stages measured is the schedule's prediction from the graphs'
+        // value sizes, and recompute shrinks it on the stages that keep anything.
+        for p in kept.2.iter().chain(&recomputed.2) {
+            assert_eq!(p.measured, p.predicted, "pp={pp} {schedule}: {p:?}");
+        }
+        // (A stage whose micro-batches go F, I, W back to back, as a lone ZB-H1 stage,
+        // holds the same at its peak either way: recompute saves between F and I.)
+        for (k, r) in kept.2.iter().zip(&recomputed.2) {
+            assert!(
+                r.measured <= k.measured,
+                "pp={pp} {schedule}: {k:?} vs {r:?}"
+            );
+        }
+        if pp > 1 {
+            let (k, r) = (&kept.2[0], &recomputed.2[0]);
+            assert!(
+                r.measured < k.measured,
+                "pp={pp} {schedule}: {k:?} vs {r:?}"
+            );
+        }
     }
 }
 

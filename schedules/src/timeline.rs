@@ -102,4 +102,32 @@ impl Timeline {
         }
         peak
     }
+
+    /// For each stage, the most bytes it kept at once for its micro-batches, when a
+    /// micro-batch's forward keeps `kept[s]` bytes until its `B` or `W`, and its `I`
+    /// adds `handoff[s]` more (what the weight half reads) until its `W`. Stages missing
+    /// from the slices keep nothing. Follows each rank's order, as
+    /// [`Timeline::peak_in_flight`] does.
+    pub fn peak_stash_bytes(&self, kept: &[u64], handoff: &[u64]) -> Vec<u64> {
+        let at = |v: &[u64], s: usize| v.get(s).copied().unwrap_or(0);
+        let mut now = vec![0u64; self.stages];
+        let mut peak = vec![0u64; self.stages];
+        for span in self.ranks.iter().flatten() {
+            let s = span.action.stage();
+            if s >= self.stages {
+                continue;
+            }
+            match span.action.kind() {
+                ActionKind::Forward => now[s] += at(kept, s),
+                ActionKind::BackwardInput => now[s] += at(handoff, s),
+                ActionKind::Backward => now[s] = now[s].saturating_sub(at(kept, s)),
+                ActionKind::BackwardWeight => {
+                    now[s] = now[s].saturating_sub(at(kept, s) + at(handoff, s))
+                }
+                _ => {}
+            }
+            peak[s] = peak[s].max(now[s]);
+        }
+        peak
+    }
 }

@@ -80,6 +80,34 @@ fn peak_in_flight_1f1b_and_gpipe() {
     }
 }
 
+/// Bytes kept: 1F1B stage s keeps min(p - s, m) micro-batches' stashes; ZB-H1 also
+/// holds each hand-off from its I to its W, so its peak is the in-flight stashes plus
+/// at least one and at most min(p, m) hand-offs.
+#[test]
+fn peak_stash_bytes_follow_the_in_flight_micro_batches() {
+    let unit = StageCost::default();
+    for (p, m) in grid() {
+        let kept: Vec<u64> = (0..p as u64).map(|s| 1000 + s).collect();
+        let one = run(&one_f_one_b(p, m).unwrap(), unit);
+        let want: Vec<u64> = one
+            .peak_in_flight()
+            .iter()
+            .zip(&kept)
+            .map(|(&n, &k)| n as u64 * k)
+            .collect();
+        assert_eq!(one.peak_stash_bytes(&kept, &[]), want, "1f1b p={p} m={m}");
+        let zb = run(&zb_h1(p, m).unwrap(), unit);
+        let peaks = zb.peak_stash_bytes(&kept, &vec![7; p]);
+        for (s, (&got, &k)) in peaks.iter().zip(&kept).enumerate() {
+            let n = p.min(m) as u64;
+            assert!(
+                got >= n * k + 7 && got <= n * (k + 7),
+                "zb_h1 p={p} m={m} stage {s}: {got}"
+            );
+        }
+    }
+}
+
 /// ZB-H1 against 1F1B with the paper's costs F = I = W = 1 (1F1B's B = I + W = 2):
 /// 1F1B total idle = 3p(p - 1); ZB-H1 total idle = p((p - 1) + max(0, p - m)).
 /// So for m >= p, ZB-H1's idle is exactly a third of 1F1B's ((p-1)(F+I-W) vs

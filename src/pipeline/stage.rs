@@ -95,6 +95,8 @@ pub struct OrtStage {
     pub(super) loss_scale: f64,
     /// Per micro-batch: forward values the backward reads, and the data.
     pub(super) stash: HashMap<usize, Payload>,
+    /// The most bytes `stash` held at once.
+    pub(super) peak_stash: usize,
 }
 
 impl OrtStage {
@@ -178,7 +180,25 @@ impl OrtStage {
             loss_scale: settings.loss_scale,
             settings: settings.clone(),
             stash: HashMap::new(),
+            peak_stash: 0,
         })
+    }
+
+    /// The most bytes this stage kept at once for its micro-batches between their
+    /// forward and their backward (the stash: activations, data, hand-offs).
+    pub fn peak_stash_bytes(&self) -> usize {
+        self.peak_stash
+    }
+
+    /// Notes the stash's size after it grew.
+    pub(super) fn stash_grew(&mut self) {
+        let now: usize = self
+            .stash
+            .values()
+            .flat_map(|p| p.values())
+            .map(|t| t.len() * t.dtype().size())
+            .sum();
+        self.peak_stash = self.peak_stash.max(now);
     }
 
     /// Takes the parameters and optimizer state of this stage from a checkpoint (any

@@ -106,6 +106,7 @@ impl StageCompute for OrtStage {
         let mut keep = pick(&self.io.stash, &[&outputs, &input]);
         keep.extend(data.iter().map(|(k, v)| (k.clone(), v.clone())));
         self.stash.insert(mb, keep);
+        self.stash_grew();
         self.forward_out(&outputs, &input, &data)
     }
 
@@ -152,6 +153,7 @@ impl StageCompute for OrtStage {
                 s.extend(handoff);
                 s.extend(grad.iter().map(|(k, v)| (k.clone(), v.clone())));
             }
+            self.stash_grew();
         }
         if part == BackwardPart::Weight {
             return Ok(None);

@@ -21,12 +21,14 @@ use crate::{Error, Result};
 mod board;
 mod checkpointing;
 mod cluster;
+mod memory;
 mod report;
 mod run;
 mod settings;
 
 pub use checkpointing::latest_checkpoint;
 pub use cluster::ClusterPart;
+pub use memory::StashPeak;
 pub use report::Reporter;
 
 /// What one optimizer step did.
@@ -148,6 +150,8 @@ pub struct TrainSummary {
     pub parameters: Vec<(String, Tensor)>,
     /// What every actor did, when asked for.
     pub trace: Option<RunTrace>,
+    /// Per stage this process ran for replica 0: its peak stash, measured and predicted.
+    pub stash: Vec<StashPeak>,
 }
 
 /// Trains as `cfg` says (a tokio runtime of its own; see [`train_async`] to embed).

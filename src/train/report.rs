@@ -129,6 +129,27 @@ impl<W: Write> Reporter<W> {
             (summary.steps * summary.global_batch) as f64 / secs,
             summary.final_loss
         );
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        let stash: Vec<String> = summary
+            .stash
+            .iter()
+            .filter(|p| p.measured + p.predicted > 0)
+            .map(|p| {
+                format!(
+                    "stage {} {:.2}/{:.2}",
+                    p.stage,
+                    mib(p.measured),
+                    mib(p.predicted)
+                )
+            })
+            .collect();
+        let line = match stash.is_empty() {
+            true => line,
+            false => format!(
+                "{line}\npeak stash MiB (measured/predicted): {}",
+                stash.join(", ")
+            ),
+        };
         let _ = self.progress.finish(&line);
         Ok(())
     }

@@ -10,7 +10,7 @@ use pipetrain_actors::{Collective, EngineSettings, StepResult};
 
 use super::cluster::{gather_parameters, ClusterPart};
 use super::settings::{session_options, stage_settings, stage_spin, starting_scaler};
-use super::{apply_init, checkpointing, RunEvent, RunOptions, StepReport, TrainSummary};
+use super::{apply_init, checkpointing, RunEvent, RunOptions, StashPeak, StepReport, TrainSummary};
 use crate::checkpoint::{model_fingerprint, ModelInfo};
 use crate::compute::{check_device, Runtime};
 use crate::config::TrainConfig;
@@ -117,6 +117,7 @@ pub(super) async fn run_training<K: Collective>(
         rule: e.to_string(),
     })?;
     let placement = schedule.placement().to_vec();
+    let predicted = super::memory::predicted_stash(&tg, &stages, &schedule);
     // The (replica, stage) computes this process holds: all of them, or its members'.
     let owned: Vec<(usize, usize)> = (0..d)
         .flat_map(|r| (0..stages.len()).map(move |s| (r, s)))
@@ -261,7 +262,7 @@ pub(super) async fn run_training<K: Collective>(
     let failed = |e| Error::Runtime {
         source: Box::new(e),
     };
-    let (results, trace, parameters) = match cluster {
+    let (results, trace, parameters, peaks): (_, _, _, Vec<(usize, usize)>) = match cluster {
         None => {
             let by_replica = (0..d)
                 .map(|r| {
@@ -273,9 +274,14 @@ pub(super) async fn run_training<K: Collective>(
             let out = pipetrain_actors::run(&engine, by_replica, data, lr_at, steps, on_step)
                 .await
                 .map_err(failed)?;
-            let params = out.computes.first().into_iter().flatten();
-            let params = params.flat_map(OrtStage::parameters).collect();
-            (out.steps, out.trace, params)
+            let first = out.computes.first().into_iter().flatten();
+            let peaks = first
+                .clone()
+                .enumerate()
+                .map(|(s, c)| (s, c.peak_stash_bytes()));
+            let peaks = peaks.collect();
+            let params = first.flat_map(OrtStage::parameters).collect();
+            (out.steps, out.trace, params, peaks)
         }
         Some(part) => {
             let bus = part.dist.bus.clone();
@@ -291,10 +297,13 @@ pub(super) async fn run_training<K: Collective>(
                 .collect();
             mine.sort_by_key(|((_, s), _)| *s);
             let local = mine.iter().flat_map(|(_, c)| c.parameters()).collect();
+            let peaks = mine.iter().map(|((_, s), c)| (*s, c.peak_stash_bytes()));
+            let peaks = peaks.collect();
             (
                 out.steps,
                 out.trace,
                 gather_parameters(bus.as_ref(), local).await?,
+                peaks,
             )
         }
     };
@@ -316,6 +325,14 @@ pub(super) async fn run_training<K: Collective>(
         stages: assignment.stages,
         parameters,
         trace,
+        stash: peaks
+            .into_iter()
+            .map(|(stage, measured)| StashPeak {
+                stage,
+                measured: measured as u64,
+                predicted: predicted.get(stage).copied().unwrap_or(0),
+            })
+            .collect(),
     })
 }
 
