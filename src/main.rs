@@ -136,6 +136,14 @@ enum ScheduleCommand {
         #[arg(long, short)]
         output: PathBuf,
     },
+    /// For a training configuration's model, data, pipeline size and micro-batches:
+    /// each schedule's bubble and each rank's peak activation memory (the stash kept
+    /// between forward and backward), with and without recompute, from the stage
+    /// graphs' value sizes; no training step runs.
+    Memory {
+        /// The training configuration.
+        config: PathBuf,
+    },
     /// Re-drive a recorded run (`train --trace`) offline with simulated stages on a
     /// virtual clock and check that every actor ran its actions in the recorded order.
     Replay {
@@ -376,6 +384,32 @@ fn schedule(cmd: ScheduleCommand) -> Result<()> {
                 };
             pipetrain::onnx::save_bytes(&output, timeline_svg(&t, &title).as_bytes())?;
             println!("wrote {}", output.display());
+        }
+        ScheduleCommand::Memory { config } => {
+            let cfg = TrainConfig::load(&config)?;
+            let rt = pipetrain::compute::Runtime::from_env()?;
+            let rows = pipetrain::train::memory_table(&rt, &cfg, &config)?;
+            println!(
+                "pp = {}, {} micro-batches of {}; peak stash per rank in MiB (bubble with F = I = W = 1)",
+                cfg.pipeline_parallel_size, cfg.gradient_accumulation_steps, cfg.batch_size
+            );
+            for r in rows {
+                let recompute = match r.recompute {
+                    pipetrain::graph::Recompute::None => "none",
+                    pipetrain::graph::Recompute::Stage => "stage",
+                };
+                let what = match r.per_rank {
+                    Ok(ranks) => {
+                        let mib: Vec<String> = ranks
+                            .iter()
+                            .map(|b| format!("{:.2}", *b as f64 / (1u64 << 20) as f64))
+                            .collect();
+                        format!("bubble {:.3}  ranks {}", r.bubble, mib.join(" "))
+                    }
+                    Err(why) => format!("n/a: {why}"),
+                };
+                println!("{:<17} recompute {recompute:<5}  {what}", r.schedule);
+            }
         }
         ScheduleCommand::Replay { trace } => {
             let run = read_trace(&trace)?;

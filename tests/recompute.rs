@@ -168,3 +168,45 @@ fn recomputing_stages_keep_only_what_they_received() {
         );
     }
 }
+
+/// `pipetrain schedule memory` predicts, without training, the per-rank peak stash that
+/// training then measures (one stage per rank at pp = 2), with and without recompute.
+#[test]
+fn the_memory_table_predicts_what_training_measures() {
+    let rt = Runtime::from_env().unwrap();
+    let cfg = config(2, "1f1b", "none");
+    let rows = pipetrain::train::memory_table(&rt, &cfg, Path::new("recompute.toml")).unwrap();
+    for (schedule, recompute) in [
+        ("1f1b", "none"),
+        ("1f1b", "stage"),
+        ("zb_h1", "none"),
+        ("zb_h1", "stage"),
+    ] {
+        let row = rows
+            .iter()
+            .find(|r| {
+                r.schedule == schedule
+                    && (r.recompute == Recompute::Stage) == (recompute == "stage")
+            })
+            .unwrap();
+        let measured: Vec<u64> = run(&rt, 2, schedule, recompute)
+            .2
+            .iter()
+            .map(|p| p.measured)
+            .collect();
+        assert_eq!(
+            row.per_rank.as_ref().unwrap(),
+            &measured,
+            "{schedule} {recompute}"
+        );
+    }
+    // ZB-V spreads what ZB-H1 piles on one rank: its larger rank holds less.
+    let peak = |name: &str| -> u64 {
+        let r = rows
+            .iter()
+            .find(|r| r.schedule == name && r.recompute == Recompute::None)
+            .unwrap();
+        *r.per_rank.as_ref().unwrap().iter().max().unwrap()
+    };
+    assert!(peak("zb_v") < peak("zb_h1"));
+}

@@ -109,25 +109,41 @@ impl Timeline {
     /// from the slices keep nothing. Follows each rank's order, as
     /// [`Timeline::peak_in_flight`] does.
     pub fn peak_stash_bytes(&self, kept: &[u64], handoff: &[u64]) -> Vec<u64> {
+        self.stash_peaks(kept, handoff).0
+    }
+
+    /// [`Timeline::peak_stash_bytes`] per rank: the most bytes all of a rank's stages
+    /// kept at once (a rank holding two stages, as in ZB-V, peaks once for both).
+    pub fn peak_stash_bytes_per_rank(&self, kept: &[u64], handoff: &[u64]) -> Vec<u64> {
+        self.stash_peaks(kept, handoff).1
+    }
+
+    /// Peak stash bytes by stage and by rank.
+    fn stash_peaks(&self, kept: &[u64], handoff: &[u64]) -> (Vec<u64>, Vec<u64>) {
         let at = |v: &[u64], s: usize| v.get(s).copied().unwrap_or(0);
         let mut now = vec![0u64; self.stages];
         let mut peak = vec![0u64; self.stages];
-        for span in self.ranks.iter().flatten() {
-            let s = span.action.stage();
-            if s >= self.stages {
-                continue;
-            }
-            match span.action.kind() {
-                ActionKind::Forward => now[s] += at(kept, s),
-                ActionKind::BackwardInput => now[s] += at(handoff, s),
-                ActionKind::Backward => now[s] = now[s].saturating_sub(at(kept, s)),
-                ActionKind::BackwardWeight => {
-                    now[s] = now[s].saturating_sub(at(kept, s) + at(handoff, s))
+        let mut rank_peak = vec![0u64; self.ranks.len()];
+        for (rank, spans) in self.ranks.iter().enumerate() {
+            let mut held = 0u64;
+            for span in spans {
+                let s = span.action.stage();
+                if s >= self.stages {
+                    continue;
                 }
-                _ => {}
+                let (add, free) = match span.action.kind() {
+                    ActionKind::Forward => (at(kept, s), 0),
+                    ActionKind::BackwardInput => (at(handoff, s), 0),
+                    ActionKind::Backward => (0, at(kept, s)),
+                    ActionKind::BackwardWeight => (0, at(kept, s) + at(handoff, s)),
+                    _ => (0, 0),
+                };
+                now[s] = now[s] + add - free.min(now[s] + add);
+                held = held + add - free.min(held + add);
+                peak[s] = peak[s].max(now[s]);
+                rank_peak[rank] = rank_peak[rank].max(held);
             }
-            peak[s] = peak[s].max(now[s]);
         }
-        peak
+        (peak, rank_peak)
     }
 }

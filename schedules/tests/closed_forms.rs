@@ -96,6 +96,8 @@ fn peak_stash_bytes_follow_the_in_flight_micro_batches() {
             .map(|(&n, &k)| n as u64 * k)
             .collect();
         assert_eq!(one.peak_stash_bytes(&kept, &[]), want, "1f1b p={p} m={m}");
+        // One stage per rank: the rank's peak is its stage's.
+        assert_eq!(one.peak_stash_bytes_per_rank(&kept, &[]), want);
         let zb = run(&zb_h1(p, m).unwrap(), unit);
         let peaks = zb.peak_stash_bytes(&kept, &vec![7; p]);
         for (s, (&got, &k)) in peaks.iter().zip(&kept).enumerate() {

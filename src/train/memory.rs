@@ -2,10 +2,19 @@
 //! predicts from the stage graphs' value sizes, next to what the stages measured.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
 use pipetrain_schedules::{simulate, ActionKind, CostModel, Schedule, StageCost};
 
-use crate::graph::{StageGraphs, TrainingGraph};
+use crate::compute::Runtime;
+use crate::config::{ScheduleKind, TrainConfig};
+use crate::data::open_step_batches;
+use crate::graph::{
+    assign_stages, build_stage_graphs_with, build_training_graph, Partition, Recompute,
+    StageGraphs, TrainOptions, TrainingGraph,
+};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
 
 /// One stage's peak stash: the most bytes it kept at once for its in-flight
 /// micro-batches (activations, data, and under a split backward the hand-off from the
@@ -29,6 +38,20 @@ pub(super) fn predicted_stash(
     stages: &[StageGraphs],
     schedule: &Schedule,
 ) -> Vec<u64> {
+    let (kept, handoff) = stash_sizes(tg, stages, schedule);
+    let costs = CostModel::uniform(stages.len(), StageCost::default());
+    match simulate(schedule, &costs) {
+        Ok(t) => t.peak_stash_bytes(&kept, &handoff),
+        Err(_) => vec![0; stages.len()],
+    }
+}
+
+/// Per stage: the bytes a forward keeps, and the bytes an input-gradient pass adds.
+fn stash_sizes(
+    tg: &TrainingGraph,
+    stages: &[StageGraphs],
+    schedule: &Schedule,
+) -> (Vec<u64>, Vec<u64>) {
     let split = schedule
         .ranks()
         .iter()
@@ -57,9 +80,89 @@ pub(super) fn predicted_stash(
         kept.push(bytes(&k));
         handoff.push(bytes(&h.difference(&k).copied().collect()));
     }
-    let costs = CostModel::uniform(stages.len(), StageCost::default());
-    match simulate(schedule, &costs) {
-        Ok(t) => t.peak_stash_bytes(&kept, &handoff),
-        Err(_) => vec![0; stages.len()],
+    (kept, handoff)
+}
+
+/// One line of [`memory_table`]: a schedule with or without recompute.
+#[derive(Debug, Clone)]
+pub struct MemoryRow {
+    /// The schedule's configuration name.
+    pub schedule: &'static str,
+    /// Whether stages recompute.
+    pub recompute: Recompute,
+    /// Idle share of the step with unit costs (F = I = W = 1).
+    pub bubble: f64,
+    /// Per pipeline rank, the peak stash bytes; or why this schedule does not apply.
+    pub per_rank: std::result::Result<Vec<u64>, String>,
+}
+
+/// `pipetrain schedule memory`: for `cfg`'s model, data, pipeline size and
+/// micro-batches, each schedule's bubble and each rank's peak stash, with and without
+/// recompute, from the stage graphs' value sizes (no training step runs).
+///
+/// # Errors
+/// The model, data or training graph cannot be built.
+pub fn memory_table(rt: &Runtime, cfg: &TrainConfig, config_path: &Path) -> Result<Vec<MemoryRow>> {
+    let model = cfg.load_model()?;
+    let (batches, _, _) = open_step_batches(&cfg.data, cfg.global_batch(), config_path)?;
+    let parts = cfg.data_parallel_size * cfg.gradient_accumulation_steps;
+    let first = batches.part(0, 0, parts)?;
+    let example: Vec<(&str, &Tensor)> = first.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let opts = TrainOptions {
+        loss: cfg.loss.clone(),
+        trainable: None,
+        contrib_ops: !cfg.runtime.standard_ops_only,
+    };
+    let tg = build_training_graph(rt, &model, &opts, &example)?;
+    let mut kinds = vec![
+        (ScheduleKind::Gpipe, "gpipe"),
+        (ScheduleKind::OneFOneB, "1f1b"),
+        (ScheduleKind::ZbH1, "zb_h1"),
+        (ScheduleKind::ZbV, "zb_v"),
+    ];
+    if cfg.pipeline.virtual_stages > 1 {
+        kinds.insert(2, (ScheduleKind::Interleaved1f1b, "interleaved_1f1b"));
     }
+    let mut rows = Vec::new();
+    for (kind, name) in kinds {
+        let mut c = cfg.clone();
+        c.pipeline.schedule = kind;
+        if matches!(c.pipeline.partition, Some(Partition::Balanced { .. })) {
+            c.pipeline.partition = None;
+        }
+        for recompute in [Recompute::None, Recompute::Stage] {
+            let (bubble, per_rank) = match rank_peaks(&tg, &c, recompute) {
+                Ok((b, p)) => (b, Ok(p)),
+                Err(e) => (f64::NAN, Err(e.to_string())),
+            };
+            rows.push(MemoryRow {
+                schedule: name,
+                recompute,
+                bubble,
+                per_rank,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// The bubble and per-rank peak stash of `cfg`'s schedule.
+fn rank_peaks(
+    tg: &TrainingGraph,
+    cfg: &TrainConfig,
+    recompute: Recompute,
+) -> Result<(f64, Vec<u64>)> {
+    let schedule = cfg.schedule().generate().map_err(|e| Error::Partition {
+        reason: e.to_string(),
+    })?;
+    let stages = build_stage_graphs_with(tg, &assign_stages(tg, &cfg.partition())?, recompute)?;
+    let (kept, handoff) = stash_sizes(tg, &stages, &schedule);
+    let costs = CostModel::uniform(stages.len(), StageCost::default());
+    let t = simulate(&schedule, &costs).map_err(|e| Error::Partition {
+        reason: e.to_string(),
+    })?;
+    Ok((
+        t.bubble_fraction(),
+        t.peak_stash_bytes_per_rank(&kept, &handoff),
+    ))
 }
