@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Activation recompute on the peers' tiny GPT at pp = 2 with 8 micro-batches of 8 (AdamW,
-# 20 optimizer steps), under 1F1B and ZB-H1: each stage's peak stash (measured by the
+# 20 optimizer steps), under 1F1B, ZB-H1 and ZB-V: each stage's peak stash (measured by the
 # stage, and predicted from the stage graphs' value sizes along the schedule), the
 # process's peak RSS, and steps/s, with recompute = "none" and "stage" in alternating
 # windows (none, stage, none, ...) so drift lands in both; the step-time cost is the
@@ -43,7 +43,7 @@ lr = 1e-3
 schedule = "$1"
 EOF
 }
-for schedule in 1f1b zb_h1; do
+for schedule in 1f1b zb_h1 zb_v; do
   for r in none stage; do config "$schedule" "$r" > "$work/$schedule-$r.toml"; done
   for round in $(seq "$rounds"); do
     for r in none stage; do
@@ -60,7 +60,7 @@ import statistics, sys
 rows = [l.split(maxsplit=5) for l in open(sys.argv[1])]
 print("\n| schedule | recompute | steps/s (median) | peak RSS MiB (median) | peak stash MiB per stage (measured/predicted) | step time vs none |")
 print("|---|---|---|---|---|---|")
-for sched in ["1f1b", "zb_h1"]:
+for sched in ["1f1b", "zb_h1", "zb_v"]:
     by = {r: [x for x in rows if x[0] == sched and x[1] == r] for r in ["none", "stage"]}
     ratios = sorted(float(n[3]) / float(s[3]) for n, s in zip(by["none"], by["stage"]))
     for r in ["none", "stage"]:
