@@ -11,13 +11,24 @@
 mod launch;
 
 use std::fs;
+use std::path::PathBuf;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
 use launch::*;
 
-#[test]
-fn a_killed_worker_is_restarted_with_the_others_from_the_newest_checkpoint() {
+/// A job of 300 steps with a checkpoint every 25, running on the four nodes.
+struct Started {
+    dir: tempfile::TempDir,
+    children: Vec<Child>,
+    /// Node 0's metrics file.
+    metrics: PathBuf,
+    /// The same run's configuration for one process.
+    single: PathBuf,
+}
+
+/// Starts the job and returns once a checkpoint is complete and the job is 40 steps in.
+fn start_past_a_checkpoint() -> Started {
     let dir = tempfile::tempdir().unwrap();
     let steps = 300;
     let ck = dir.path().join("ck");
@@ -34,22 +45,36 @@ fn a_killed_worker_is_restarted_with_the_others_from_the_newest_checkpoint() {
         .iter()
         .map(|n| launch(&m, n, &cfg, &["--metrics", &metrics_arg], &[]))
         .collect();
-    // Once a checkpoint is complete and the job is past it, kill node c's worker.
     let start = Instant::now();
-    loop {
+    while !(fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) >= 40
+        && pipetrain::checkpoint::latest_complete(&ck)
+            .ok()
+            .flatten()
+            .is_some())
+    {
         assert!(
             start.elapsed() < Duration::from_secs(120),
             "no checkpoint came"
         );
-        let done = fs::read_to_string(&metrics)
-            .map(|t| t.lines().count())
-            .unwrap_or(0);
-        let complete = pipetrain::checkpoint::latest_complete(&ck).ok().flatten();
-        if complete.is_some() && done >= 40 {
-            break;
-        }
         std::thread::sleep(Duration::from_millis(20));
     }
+    Started {
+        dir,
+        children,
+        metrics,
+        single,
+    }
+}
+
+#[test]
+fn a_killed_worker_is_restarted_with_the_others_from_the_newest_checkpoint() {
+    let Started {
+        dir,
+        children,
+        metrics,
+        single,
+    } = start_past_a_checkpoint();
+    // A checkpoint is complete and the job is past it: kill node c's worker.
     let worker = child_of(children[2].id()).expect("node c runs a worker");
     unsafe { libc::kill(worker as i32, libc::SIGKILL) };
     let outs = wait_all(children);
@@ -176,35 +201,12 @@ fn a_node_with_the_wrong_secret_cannot_join() {
 /// restarts it too, and the job ends with the uninterrupted run's weights.
 #[test]
 fn a_worker_that_stops_answering_is_detected_and_named_within_the_peer_timeout() {
-    let dir = tempfile::tempdir().unwrap();
-    let steps = 300;
-    let ck = dir.path().join("ck");
-    let extra = format!(
-        "checkpoints_dir = \"{}\"\ncheckpoint_period = 25\nmax_num_checkpoints = 2\n",
-        ck.display()
-    );
-    let cfg = train_config(dir.path(), "cluster", steps, &extra);
-    let single = train_config(dir.path(), "single", steps, "");
-    let m = manifest(dir.path(), "0123456789abcdef0123456789abcdef", "");
-    let metrics = dir.path().join("cluster.jsonl");
-    let metrics_arg = metrics.to_str().unwrap().to_owned();
-    let children: Vec<Child> = NODES
-        .iter()
-        .map(|n| launch(&m, n, &cfg, &["--metrics", &metrics_arg], &[]))
-        .collect();
-    let start = Instant::now();
-    while !(fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) >= 40
-        && pipetrain::checkpoint::latest_complete(&ck)
-            .ok()
-            .flatten()
-            .is_some())
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "no checkpoint came"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let Started {
+        dir,
+        children,
+        metrics: _,
+        single,
+    } = start_past_a_checkpoint();
     let frozen = child_of(children[2].id()).expect("node c runs a worker");
     let first_a = child_of(children[0].id()).expect("node a runs a worker");
     unsafe { libc::kill(frozen as i32, libc::SIGSTOP) };

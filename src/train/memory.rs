@@ -10,10 +10,8 @@ use crate::compute::Runtime;
 use crate::config::{ScheduleKind, TrainConfig};
 use crate::data::open_step_batches;
 use crate::graph::{
-    assign_stages, build_stage_graphs_with, build_training_graph, Partition, Recompute,
-    StageGraphs, TrainOptions, TrainingGraph,
+    assign_stages, build_stage_graphs_with, Partition, Recompute, StageGraphs, TrainingGraph,
 };
-use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 /// One stage's peak stash: the most bytes it kept at once for its in-flight
@@ -105,15 +103,7 @@ pub struct MemoryRow {
 pub fn memory_table(rt: &Runtime, cfg: &TrainConfig, config_path: &Path) -> Result<Vec<MemoryRow>> {
     let model = cfg.load_model()?;
     let (batches, _, _) = open_step_batches(&cfg.data, cfg.global_batch(), config_path)?;
-    let parts = cfg.data_parallel_size * cfg.gradient_accumulation_steps;
-    let first = batches.part(0, 0, parts)?;
-    let example: Vec<(&str, &Tensor)> = first.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let opts = TrainOptions {
-        loss: cfg.loss.clone(),
-        trainable: None,
-        contrib_ops: !cfg.runtime.standard_ops_only,
-    };
-    let tg = build_training_graph(rt, &model, &opts, &example)?;
+    let tg = super::settings::training_graph(rt, cfg, &model, batches.as_ref(), 0)?;
     let mut kinds = vec![
         (ScheduleKind::Gpipe, "gpipe"),
         (ScheduleKind::OneFOneB, "1f1b"),

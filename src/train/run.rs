@@ -9,16 +9,15 @@ use std::time::{Duration, Instant};
 use pipetrain_actors::{Collective, EngineSettings, StepResult};
 
 use super::cluster::{gather_parameters, ClusterPart};
-use super::settings::{session_options, stage_settings, stage_spin, starting_scaler};
+use super::settings::{
+    session_options, stage_settings, stage_spin, starting_scaler, training_graph,
+};
 use super::{apply_init, checkpointing, RunEvent, RunOptions, StashPeak, StepReport, TrainSummary};
 use crate::checkpoint::{model_fingerprint, ModelInfo};
 use crate::compute::{check_device, Runtime};
 use crate::config::TrainConfig;
 use crate::data::{open_step_batches, read_safetensors, FedBatches, StepBatches};
-use crate::graph::{
-    assign_stages, build_stage_graphs_with, build_training_graph, export_inference_model,
-    LossNormalize, TrainOptions,
-};
+use crate::graph::{assign_stages, build_stage_graphs_with, export_inference_model, LossNormalize};
 use crate::onnx::save_model;
 use crate::pipeline::{OrtStage, StepData};
 use crate::tensor::Tensor;
@@ -61,14 +60,7 @@ pub(super) async fn run_training<K: Collective>(
         None => open_step_batches(&cfg.data, cfg.global_batch(), config_path)?,
     };
     // The first step the run trains: an embedder's source starts there.
-    let first = batches.part(first_step as usize, 0, d * m)?;
-    let example: Vec<(&str, &Tensor)> = first.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let opts = TrainOptions {
-        loss: cfg.loss.clone(),
-        trainable: None,
-        contrib_ops: !cfg.runtime.standard_ops_only,
-    };
-    let tg = build_training_graph(rt, &model, &opts, &example)?;
+    let tg = training_graph(rt, cfg, &model, batches.as_ref(), first_step as usize)?;
     // Graph building's probes and copies are freed now; glibc keeps freed heap in the
     // process unless asked (tiny_gpt: resident memory 88 -> 45 MiB here, and the run's
     // peak from 134 to 103 MiB).

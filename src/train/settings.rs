@@ -6,9 +6,14 @@ use std::time::Duration;
 use pipetrain_actors::{LossScaling, ScalerState};
 
 use crate::checkpoint::{slow_write, LoadedCheckpoint};
-use crate::compute::SessionOptions;
+use crate::compute::{Runtime, SessionOptions};
 use crate::config::TrainConfig;
+use crate::data::StepBatches;
+use crate::graph::{build_training_graph, TrainOptions, TrainingGraph};
+use crate::onnx::proto::ModelProto;
 use crate::pipeline::StageSettings;
+use crate::tensor::Tensor;
+use crate::Result;
 
 /// The loss scaler's state at the first step: a resumed dynamic scaler's, else the
 /// configuration's.
@@ -65,4 +70,24 @@ pub(super) fn session_options(cfg: &TrainConfig, actors: usize) -> SessionOption
         spin: actors == 1 && cfg.stages() == 1 && !cfg.split_backward(),
         profile: false,
     }
+}
+
+/// The training graph of `model` as `cfg` asks, its shapes measured on the first
+/// micro-batch of `step` (`batches` splits each step into replicas x micro-batches).
+pub(super) fn training_graph(
+    rt: &Runtime,
+    cfg: &TrainConfig,
+    model: &ModelProto,
+    batches: &dyn StepBatches,
+    step: usize,
+) -> Result<TrainingGraph> {
+    let parts = cfg.data_parallel_size * cfg.gradient_accumulation_steps;
+    let first = batches.part(step, 0, parts)?;
+    let example: Vec<(&str, &Tensor)> = first.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let opts = TrainOptions {
+        loss: cfg.loss.clone(),
+        trainable: None,
+        contrib_ops: !cfg.runtime.standard_ops_only,
+    };
+    build_training_graph(rt, model, &opts, &example)
 }
