@@ -389,27 +389,7 @@ fn schedule(cmd: ScheduleCommand) -> Result<()> {
             let cfg = TrainConfig::load(&config)?;
             let rt = pipetrain::compute::Runtime::from_env()?;
             let rows = pipetrain::train::memory_table(&rt, &cfg, &config)?;
-            println!(
-                "pp = {}, {} micro-batches of {}; peak stash per rank in MiB (bubble with F = I = W = 1)",
-                cfg.pipeline_parallel_size, cfg.gradient_accumulation_steps, cfg.batch_size
-            );
-            for r in rows {
-                let recompute = match r.recompute {
-                    pipetrain::graph::Recompute::None => "none",
-                    pipetrain::graph::Recompute::Stage => "stage",
-                };
-                let what = match r.per_rank {
-                    Ok(ranks) => {
-                        let mib: Vec<String> = ranks
-                            .iter()
-                            .map(|b| format!("{:.2}", *b as f64 / (1u64 << 20) as f64))
-                            .collect();
-                        format!("bubble {:.3}  ranks {}", r.bubble, mib.join(" "))
-                    }
-                    Err(why) => format!("n/a: {why}"),
-                };
-                println!("{:<17} recompute {recompute:<5}  {what}", r.schedule);
-            }
+            print!("{}", pipetrain::train::memory_report(&cfg, &rows));
         }
         ScheduleCommand::Replay { trace } => {
             let run = read_trace(&trace)?;

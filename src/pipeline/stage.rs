@@ -190,17 +190,6 @@ impl OrtStage {
         self.peak_stash
     }
 
-    /// Notes the stash's size after it grew.
-    pub(super) fn stash_grew(&mut self) {
-        let now: usize = self
-            .stash
-            .values()
-            .flat_map(|p| p.values())
-            .map(|t| t.len() * t.dtype().size())
-            .sum();
-        self.peak_stash = self.peak_stash.max(now);
-    }
-
     /// Takes the parameters and optimizer state of this stage from a checkpoint (any
     /// layout: by name).
     ///

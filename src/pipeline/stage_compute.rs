@@ -61,6 +61,19 @@ impl OrtStage {
     }
 }
 
+impl OrtStage {
+    /// Notes the stash's size after it grew.
+    fn stash_grew(&mut self) {
+        let now: usize = self
+            .stash
+            .values()
+            .flat_map(|p| p.values())
+            .map(|t| t.len() * t.dtype().size())
+            .sum();
+        self.peak_stash = self.peak_stash.max(now);
+    }
+}
+
 /// The values of `names` found in `sources` (first match wins).
 fn pick(names: &[String], sources: &[&Payload]) -> Payload {
     names

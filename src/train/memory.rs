@@ -136,6 +136,32 @@ pub fn memory_table(rt: &Runtime, cfg: &TrainConfig, config_path: &Path) -> Resu
     Ok(rows)
 }
 
+/// [`memory_table`]'s rows as text: a header, then a line per schedule and recompute.
+pub fn memory_report(cfg: &TrainConfig, rows: &[MemoryRow]) -> String {
+    let mut out = format!(
+        "pp = {}, {} micro-batches of {}; peak stash per rank in MiB (bubble with F = I = W = 1)\n",
+        cfg.pipeline_parallel_size, cfg.gradient_accumulation_steps, cfg.batch_size
+    );
+    for r in rows {
+        let recompute = match r.recompute {
+            Recompute::None => "none",
+            Recompute::Stage => "stage",
+        };
+        let what = match &r.per_rank {
+            Ok(ranks) => {
+                let mib: Vec<String> = ranks
+                    .iter()
+                    .map(|b| format!("{:.2}", *b as f64 / (1u64 << 20) as f64))
+                    .collect();
+                format!("bubble {:.3}  ranks {}", r.bubble, mib.join(" "))
+            }
+            Err(why) => format!("n/a: {why}"),
+        };
+        out += &format!("{:<17} recompute {recompute:<5}  {what}\n", r.schedule);
+    }
+    out
+}
+
 /// The bubble and per-rank peak stash of `cfg`'s schedule.
 fn rank_peaks(
     tg: &TrainingGraph,

@@ -28,7 +28,7 @@ mod settings;
 
 pub use checkpointing::latest_checkpoint;
 pub use cluster::ClusterPart;
-pub use memory::{memory_table, MemoryRow, StashPeak};
+pub use memory::{memory_report, memory_table, MemoryRow, StashPeak};
 pub use report::Reporter;
 
 /// What one optimizer step did.
