@@ -4,9 +4,9 @@
 //! trains to bitwise the same losses and weights as without recompute, at pp = 1, 2 and
 //! 4, under 1F1B and under ZB-H1's split backward (where the input-gradient part
 //! recomputes once and hands the weight-gradient part what it reads), and at pp = 2
-//! under GPipe and ZB-V. The peak stash each stage measures equals what the schedule
-//! predicts from the stage graphs' value sizes, and recompute shrinks the first
-//! stage's.
+//! under GPipe, interleaved 1F1B and ZB-V. The peak stash each stage measures equals
+//! what the schedule predicts from the stage graphs' value sizes, and recompute shrinks
+//! the first stage's.
 
 mod common;
 
@@ -48,10 +48,15 @@ kind = "constant"
 lr = 1e-3
 [pipeline]
 schedule = "{schedule}"
+{virtual}
 [runtime]
 intra_op_threads = 1
 disable_optimizations = true
-"#
+"#,
+        virtual = match schedule {
+            "interleaved_1f1b" => "virtual_stages = 2",
+            _ => "",
+        }
     );
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/recompute.toml");
     TrainConfig::parse(&text, &path).unwrap()
@@ -84,7 +89,7 @@ fn recompute_trains_bitwise_as_keeping_every_activation() {
     let cases = [1, 2, 4]
         .into_iter()
         .flat_map(|pp| [(pp, "1f1b"), (pp, "zb_h1")])
-        .chain([(2, "gpipe"), (2, "zb_v")]);
+        .chain([(2, "gpipe"), (2, "interleaved_1f1b"), (2, "zb_v")]);
     for (pp, schedule) in cases {
         let kept = run(&rt, pp, schedule, "none");
         let recomputed = run(&rt, pp, schedule, "stage");
