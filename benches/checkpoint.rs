@@ -9,7 +9,8 @@
 //! 3. The cost of `checkpoint_period = 10` on training steps/s, alternating runs with and
 //!    without it (goal <= 5%).
 //!
-//! `cargo bench --bench checkpoint` (writes under `target/bench-checkpoint`).
+//! `cargo bench --bench checkpoint [-- io|snapshot|period]` (writes under
+//! `target/bench-checkpoint`).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -20,7 +21,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use common::mlp::Mlp;
-use pipetrain::checkpoint::{save_job, DirCheckpointer, LoadedCheckpoint, Manifest};
+use pipetrain::checkpoint::{
+    save_job, DirCheckpointer, LoadedCheckpoint, Manifest, SnapshotBuffers,
+};
 use pipetrain::optim::{build, OptimizerConfig, ParamLayout};
 use pipetrain_actors::{Checkpointer, CommitState, ScalerState};
 
@@ -70,6 +73,7 @@ fn write_once(
     layout: &ParamLayout,
     params: &[f32],
     opt: &dyn pipetrain::optim::Optimizer,
+    pool: &SnapshotBuffers,
 ) -> (f64, PathBuf) {
     let template: Manifest = serde_json::from_str(MANIFEST_TEMPLATE).unwrap();
     let store = DirCheckpointer::new(
@@ -84,7 +88,7 @@ fn write_once(
     .unwrap();
     let t = Instant::now();
     let dir = store.prepare(1).unwrap();
-    let job = save_job(0, &dir, layout, params, opt, None).unwrap();
+    let job = save_job(0, &dir, layout, params, opt, None, pool).unwrap();
     let shards = job().unwrap();
     let state = CommitState {
         steps_done: 1,
@@ -146,10 +150,11 @@ fn snapshot_bench(scratch: &Path) {
         let (layout, params, opt) = stage_of(model);
         let dir = scratch.join("snap");
         std::fs::create_dir_all(&dir).unwrap();
+        let pool = SnapshotBuffers::default();
         let mut t = Vec::new();
         for _ in 0..PAIRS {
             let s = Instant::now();
-            let job = save_job(0, &dir, &layout, &params, opt.as_ref(), None).unwrap();
+            let job = save_job(0, &dir, &layout, &params, opt.as_ref(), None, &pool).unwrap();
             t.push(s.elapsed().as_secs_f64());
             drop(job);
         }
@@ -163,8 +168,9 @@ fn io_bench(scratch: &Path) {
     for model in ["mlp", "tiny_gpt"] {
         let (layout, params, mut opt) = stage_of(model);
         let root = scratch.join(model);
+        let pool = SnapshotBuffers::default();
         let _ = std::fs::remove_dir_all(&root);
-        let (_, dir) = write_once(&root, &layout, &params, opt.as_ref());
+        let (_, dir) = write_once(&root, &layout, &params, opt.as_ref(), &pool);
         let bytes: u64 = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().metadata().unwrap().len())
@@ -172,7 +178,7 @@ fn io_bench(scratch: &Path) {
         let (mut w, mut c, mut wr) = (vec![], vec![], vec![]);
         let (mut l, mut c2, mut lr) = (vec![], vec![], vec![]);
         for _ in 0..PAIRS {
-            let (tw, dir) = write_once(&root, &layout, &params, opt.as_ref());
+            let (tw, dir) = write_once(&root, &layout, &params, opt.as_ref(), &pool);
             let tc = cp_once(&dir, &scratch.join("copy"));
             w.push(tw);
             c.push(tc);
@@ -280,9 +286,21 @@ fn period_bench(scratch: &Path) {
 fn main() {
     let scratch = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-checkpoint");
     std::fs::create_dir_all(&scratch).unwrap();
-    io_bench(&scratch);
-    snapshot_bench(&scratch);
-    period_bench(&scratch);
+    // `cargo bench --bench checkpoint -- period` runs only the parts named.
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let run = |part: &str| only.is_empty() || only.iter().any(|o| o == part);
+    if run("io") {
+        io_bench(&scratch);
+    }
+    if run("snapshot") {
+        snapshot_bench(&scratch);
+    }
+    if run("period") {
+        period_bench(&scratch);
+    }
 }
 
 /// A manifest whose run facts do not matter to the timing.

@@ -282,7 +282,7 @@ impl CheckpointState {
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(Error::io(&tmp))?;
         let (layout, params, opt) = module.stage.state();
-        let job = checkpoint::save_job(0, &tmp, layout, params, opt, None)?;
+        let job = checkpoint::save_job(0, &tmp, layout, params, opt, None, &Default::default())?;
         let shards = job().map_err(|e| Error::Checkpoint {
             path: tmp.clone(),
             reason: e.to_string(),

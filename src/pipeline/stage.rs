@@ -97,6 +97,8 @@ pub struct OrtStage {
     pub(super) stash: HashMap<usize, Payload>,
     /// The most bytes `stash` held at once.
     pub(super) peak_stash: usize,
+    /// Checkpoint snapshot buffers, reused from one checkpoint to the next.
+    pub(super) snapshots: crate::checkpoint::SnapshotBuffers,
 }
 
 impl OrtStage {
@@ -181,6 +183,7 @@ impl OrtStage {
             settings: settings.clone(),
             stash: HashMap::new(),
             peak_stash: 0,
+            snapshots: Default::default(),
         })
     }
 

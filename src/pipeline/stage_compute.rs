@@ -236,6 +236,7 @@ impl StageCompute for OrtStage {
             &self.params,
             self.optimizer.as_ref(),
             self.settings.slow_save,
+            &self.snapshots,
         )?)
     }
 }
