@@ -9,6 +9,8 @@
 #[path = "common/launch.rs"]
 mod launch;
 
+use std::fs;
+use std::path::Path;
 use std::process::Child;
 
 use launch::*;
@@ -75,6 +77,89 @@ fn four_nodes_train_the_peers_tiny_gpt_exactly_as_one_process() {
     assert_eq!(job, losses(&dir.path().join("single.jsonl")));
     assert_eq!(
         weights(&dir.path().join("cluster/model.onnx")),
+        weights(&dir.path().join("single/model.onnx"))
+    );
+}
+
+/// The MLP's teacher data packed as 8 `.pb` shards in `dir/shards`, with `poisoned`
+/// files (by index) holding NaN features instead: valid shards of the same samples that
+/// make any run reading them fail.
+fn teacher_shards(dir: &Path, config: &Path, poisoned: &[usize]) {
+    let cfg = pipetrain::config::TrainConfig::load(config).unwrap();
+    let arrays = pipetrain::data::generate(cfg.data.synth.as_ref().unwrap()).unwrap();
+    let (x, y) = (&arrays["x"], &arrays["y"]);
+    let nan = pipetrain::tensor::Tensor::new(
+        x.shape.clone(),
+        pipetrain::tensor::TensorData::F32(vec![f32::NAN; x.len()]),
+    )
+    .unwrap();
+    for (name, x) in [("good", x), ("poison", &nan)] {
+        let npz = dir.join(format!("{name}.npz"));
+        pipetrain::data::write_npz(&npz, &[("x", x), ("y", y)]).unwrap();
+        pipetrain::data::shards::pack(&npz, &dir.join(name), 512, "teacher").unwrap();
+    }
+    let out = dir.join("shards");
+    fs::create_dir_all(&out).unwrap();
+    for i in 0..8 {
+        let file = format!("teacher_{i:05}.pb");
+        let from = if poisoned.contains(&i) {
+            "poison"
+        } else {
+            "good"
+        };
+        fs::copy(dir.join(from).join(&file), out.join(&file)).unwrap();
+    }
+}
+
+/// `[data.shards] split = "files"` across four processes: node a and b (replica 0)
+/// hold replica 1's files poisoned with NaN, nodes c and d replica 0's, so a node that
+/// read another replica's file would fail the job; it trains exactly as one process
+/// reading all the files.
+#[test]
+fn four_nodes_read_only_their_replicas_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 6;
+    let shards =
+        "[data.shards]\ntrain_data_dir = \"shards\"\nsplit = \"files\"\nshuffle_seed = 3\n";
+    let with_shards = |path: &Path| {
+        let text = fs::read_to_string(path).unwrap();
+        let start = text.find("[data]").unwrap();
+        let end = start + text[start..].find("[optimizer]").unwrap();
+        fs::write(path, format!("{}{shards}{}", &text[..start], &text[end..])).unwrap();
+    };
+    // Each node's folder: the same configuration bytes, its own copy of the shards.
+    let mut configs = Vec::new();
+    for (i, node) in NODES.iter().enumerate() {
+        let folder = dir.path().join(node);
+        fs::create_dir_all(&folder).unwrap();
+        let cfg = train_config(&folder, "cluster", steps, "");
+        let replica = i / 2;
+        let theirs: Vec<usize> = (0..8).filter(|f| f % 2 != replica).collect();
+        teacher_shards(&folder, &cfg, &theirs);
+        with_shards(&cfg);
+        configs.push(cfg);
+    }
+    let single = train_config(dir.path(), "single", steps, "");
+    teacher_shards(dir.path(), &single, &[]);
+    with_shards(&single);
+    let m = manifest(dir.path(), "0123456789abcdef0123456789abcdef", "");
+    let metrics = dir.path().join("cluster.jsonl");
+    let metrics_arg = metrics.to_str().unwrap().to_owned();
+    let children: Vec<Child> = NODES
+        .iter()
+        .zip(&configs)
+        .map(|(n, cfg)| launch(&m, n, cfg, &["--metrics", &metrics_arg], &[]))
+        .collect();
+    for (n, o) in NODES.iter().zip(wait_all(children)) {
+        assert!(o.status.success(), "node {n} failed:\n{}", stderr(&o));
+    }
+    one_process(&single, &dir.path().join("single.jsonl"));
+    let job = losses(&metrics);
+    assert_eq!(job.len(), steps);
+    assert!(job.iter().all(|(_, l)| l.is_finite()));
+    assert_eq!(job, losses(&dir.path().join("single.jsonl")));
+    assert_eq!(
+        weights(&dir.path().join("a/cluster/model.onnx")),
         weights(&dir.path().join("single/model.onnx"))
     );
 }

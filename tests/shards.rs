@@ -454,7 +454,7 @@ input_name_map = { features = "x", y = "y" }"#;
     let spec = cfg.data.shards.as_ref().unwrap();
     assert_eq!(spec.train_data_dir, tmp.path().join("train"));
     let global = cfg.global_batch();
-    let (set, order_len, rows) = open_step_batches(&cfg.data, global, &path).unwrap();
+    let (set, order_len, rows) = open_step_batches(&cfg.data, global, 1, &path).unwrap();
     assert_eq!((order_len, rows), (None, ROWS));
     let file = Batches::open(&file_cfg.data, global, &file_path).unwrap();
     for step in 0..5 {
@@ -471,7 +471,7 @@ input_name_map = { features = "x", y = "y" }"#;
         }
     }
     // Without shards the same call is `Batches::open`.
-    let (_, order_len, rows) = open_step_batches(&file_cfg.data, global, &file_path).unwrap();
+    let (_, order_len, rows) = open_step_batches(&file_cfg.data, global, 1, &file_path).unwrap();
     assert_eq!((order_len, rows), (None, ROWS));
     // Rules: shards exclude a file and a layout; unknown keys and oversized batches fail.
     let both = format!("{layout}\n{shards}");
@@ -488,7 +488,7 @@ input_name_map = { features = "x", y = "y" }"#;
         .to_string();
     assert!(err.contains("shufle_seed"), "{err}");
     let (no_layout, _) = mlp_config(tmp.path(), "bare.toml", "path = \"mlp.npz\"");
-    let Err(err) = open_step_batches(&no_layout.data, global, &path) else {
+    let Err(err) = open_step_batches(&no_layout.data, global, 1, &path) else {
         panic!("a data file without a layout was accepted");
     };
     assert!(
@@ -501,7 +501,7 @@ input_name_map = { features = "x", y = "y" }"#;
     let e = with_test.eval_data().shards.unwrap();
     assert_eq!(e.train_data_dir, tmp.path().join("test"));
     assert_eq!(e.shuffle_seed, None);
-    let Err(err) = open_step_batches(&cfg.data, ROWS + 1, &path) else {
+    let Err(err) = open_step_batches(&cfg.data, ROWS + 1, 1, &path) else {
         panic!("a batch larger than the data set was accepted");
     };
     assert!(err.to_string().contains("field `batch_size`"), "{err}");
@@ -550,7 +550,7 @@ async fn shards_train_the_mlp_like_the_npz() {
         weight_bits(&from_config.parameters),
         weight_bits(&want.parameters)
     );
-    let (set, _, _) = open_step_batches(&cfg.data, cfg.global_batch(), &path).unwrap();
+    let (set, _, _) = open_step_batches(&cfg.data, cfg.global_batch(), 1, &path).unwrap();
     let handle = Trainer::new(cfg.clone())
         .with_data(Fed(set))
         .start(&rt)
@@ -562,7 +562,7 @@ async fn shards_train_the_mlp_like_the_npz() {
     // The batches matter: the same shards shuffled train other weights.
     let mut shuffled = cfg.clone();
     shuffled.data.shards.as_mut().unwrap().shuffle_seed = Some(1);
-    let (set, _, _) = open_step_batches(&shuffled.data, cfg.global_batch(), &path).unwrap();
+    let (set, _, _) = open_step_batches(&shuffled.data, cfg.global_batch(), 1, &path).unwrap();
     let handle = Trainer::new(shuffled)
         .with_data(Fed(set))
         .start(&rt)

@@ -3,9 +3,10 @@
 //!
 //! Fixed: the model (its structure's fingerprint), the optimizer's kind (its state would
 //! not fit), the loss, and what decides which samples a step reads (global batch, data
-//! layout, batch order). A change there is refused, naming the setting. Everything else
-//! is recorded (hyper-parameters, schedule, steps, clipping, loss scaling): a change is
-//! allowed, as DeepSpeed and ONNX Runtime's runner allow it, and reported.
+//! layout, batch order, and with shards split by files the number of replicas). A change
+//! there is refused, naming the setting. Everything else is recorded (hyper-parameters,
+//! schedule, steps, clipping, loss scaling): a change is allowed, as DeepSpeed and ONNX
+//! Runtime's runner allow it, and reported.
 
 use std::collections::BTreeMap;
 
@@ -13,6 +14,7 @@ use serde_json::{json, Value};
 
 use super::manifest::{Manifest, Settings};
 use crate::config::TrainConfig;
+use crate::data::ShardSplit;
 use crate::optim::OptimizerConfig;
 use crate::{Error, Result};
 
@@ -42,6 +44,7 @@ pub fn settings_of(cfg: &TrainConfig, model_fingerprint: &str) -> Settings {
             "data.shards.shuffle_seed".to_string(),
             json!(cfg.data.shards.as_ref().and_then(|s| s.shuffle_seed)),
         ),
+        ("data.shards.split".to_string(), split_of(cfg)),
     ]);
     let recorded = BTreeMap::from([
         ("optimizer".to_string(), to(&cfg.optimizer)),
@@ -65,6 +68,19 @@ pub fn settings_of(cfg: &TrainConfig, model_fingerprint: &str) -> Settings {
         ),
     ]);
     Settings::new(fixed, recorded)
+}
+
+/// How the replicas share shard data: with `split = "files"` the samples of a step
+/// depend on the number of replicas, which then must not change either.
+fn split_of(cfg: &TrainConfig) -> Value {
+    match cfg.data.shards.as_ref().map(|s| s.split) {
+        None => Value::Null,
+        Some(ShardSplit::Samples) => json!("samples"),
+        Some(ShardSplit::Files) => json!({
+            "split": "files",
+            "data_parallel_size": cfg.data_parallel_size,
+        }),
+    }
 }
 
 /// Checks that `cfg` may resume the checkpoint `manifest` describes; returns a line for

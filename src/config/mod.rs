@@ -432,13 +432,15 @@ impl TrainConfig {
     }
 
     /// The evaluation data: `eval_data`, else the training file read from its first rows.
-    /// With training shards, their `test_data_dir` (else the training shards) in order.
+    /// With training shards, their `test_data_dir` (else the training shards) in order,
+    /// split by samples.
     pub fn eval_data(&self) -> DataConfig {
         self.eval_data.clone().unwrap_or_else(|| DataConfig {
             batch_order: None,
             shards: self.data.shards.as_ref().map(|s| ShardSpec {
                 train_data_dir: s.test_data_dir.clone().unwrap_or(s.train_data_dir.clone()),
                 shuffle_seed: None,
+                split: crate::data::shards::ShardSplit::Samples,
                 ..s.clone()
             }),
             ..self.data.clone()

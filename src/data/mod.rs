@@ -18,34 +18,31 @@ mod weights;
 pub use batches::Batches;
 pub use npy::{parse_npy, read_npz};
 pub use npz_write::write_npz;
-pub use shards::{ShardDataset, ShardSpec};
+pub use shards::{ShardDataset, ShardSpec, ShardSplit};
 pub use source::{split_rows, BatchSource, ChannelBatches, FedBatches, StepBatches};
 pub use synth::{generate, SynthSpec};
 pub use weights::read_safetensors;
 
-/// The step batches of `data` for global batches of `global_batch` samples, with what
-/// [`Batches::order_len`] and [`Batches::rows`] say of them: a [`ShardDataset`] over
-/// `data.shards.train_data_dir` when `[data.shards]` is set (no batch order; rows = its
-/// samples), else [`Batches::open`]. Paths are used as given: [`crate::config::TrainConfig::load`]
-/// has already resolved relative ones against the configuration's folder.
+/// The step batches of `data` for global batches of `global_batch` samples shared by
+/// `replicas` data-parallel replicas, with what [`Batches::order_len`] and
+/// [`Batches::rows`] say of them: a [`ShardDataset`] over `data.shards.train_data_dir`
+/// when `[data.shards]` is set (no batch order; rows = its samples), else
+/// [`Batches::open`]. Paths are used as given: [`crate::config::TrainConfig::load`] has
+/// already resolved relative ones against the configuration's folder.
 ///
 /// # Errors
-/// As [`Batches::open`] or [`ShardDataset::open`]; a shard data set's batch size error
-/// becomes a `Config` error on `batch_size` of `config_path`.
+/// As [`Batches::open`] or [`ShardDataset::open_spec`]; a shard data set's batch size or
+/// split error becomes a `Config` error on `batch_size` or `data.shards.split` of
+/// `config_path`.
 pub fn open_step_batches(
     data: &DataConfig,
     global_batch: usize,
+    replicas: usize,
     config_path: &Path,
 ) -> Result<(Box<dyn StepBatches>, Option<usize>, usize)> {
     match &data.shards {
         Some(spec) => {
-            let set = ShardDataset::open(
-                &spec.train_data_dir,
-                &spec.input_name_map,
-                global_batch,
-                spec.shuffle_seed,
-            )
-            .map_err(|e| match e {
+            let set = ShardDataset::open_spec(spec, global_batch, replicas).map_err(|e| match e {
                 Error::Data { what, reason, .. } if what == "batch size" => Error::Config {
                     path: config_path.to_path_buf(),
                     field: "batch_size".into(),
@@ -53,6 +50,11 @@ pub fn open_step_batches(
                         "batch_size x gradient_accumulation_steps x data_parallel_size: {reason} in {}",
                         spec.train_data_dir.display()
                     ),
+                },
+                Error::Data { what, reason, .. } if what == "split" => Error::Config {
+                    path: config_path.to_path_buf(),
+                    field: "data.shards.split".into(),
+                    rule: format!("{reason} in {}", spec.train_data_dir.display()),
                 },
                 other => other,
             })?;

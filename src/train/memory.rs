@@ -102,8 +102,13 @@ pub struct MemoryRow {
 /// The model, data or training graph cannot be built.
 pub fn memory_table(rt: &Runtime, cfg: &TrainConfig, config_path: &Path) -> Result<Vec<MemoryRow>> {
     let model = cfg.load_model()?;
-    let (batches, _, _) = open_step_batches(&cfg.data, cfg.global_batch(), config_path)?;
-    let tg = super::settings::training_graph(rt, cfg, &model, batches.as_ref(), 0)?;
+    let (batches, _, _) = open_step_batches(
+        &cfg.data,
+        cfg.global_batch(),
+        cfg.data_parallel_size,
+        config_path,
+    )?;
+    let tg = super::settings::training_graph(rt, cfg, &model, batches.as_ref(), 0, 0)?;
     let mut kinds = vec![
         (ScheduleKind::Gpipe, "gpipe"),
         (ScheduleKind::OneFOneB, "1f1b"),

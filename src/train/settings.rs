@@ -73,16 +73,18 @@ pub(super) fn session_options(cfg: &TrainConfig, actors: usize) -> SessionOption
 }
 
 /// The training graph of `model` as `cfg` asks, its shapes measured on the first
-/// micro-batch of `step` (`batches` splits each step into replicas x micro-batches).
+/// micro-batch of `replica` in `step` (`batches` splits each step into replicas x
+/// micro-batches).
 pub(super) fn training_graph(
     rt: &Runtime,
     cfg: &TrainConfig,
     model: &ModelProto,
     batches: &dyn StepBatches,
     step: usize,
+    replica: usize,
 ) -> Result<TrainingGraph> {
-    let parts = cfg.data_parallel_size * cfg.gradient_accumulation_steps;
-    let first = batches.part(step, 0, parts)?;
+    let m = cfg.gradient_accumulation_steps;
+    let first = batches.part(step, replica * m, cfg.data_parallel_size * m)?;
     let example: Vec<(&str, &Tensor)> = first.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let opts = TrainOptions {
         loss: cfg.loss.clone(),

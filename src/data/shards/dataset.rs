@@ -4,61 +4,71 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-
-use super::read::{check_like, count_samples, decode_sample, frames, shard_files, Sample};
+use super::cache::{Decoded, FileCache, ReadAhead};
+use super::read::{count_samples, decode_sample, frames, shard_files};
+use super::spec::ShardSplit;
 use crate::data::StepBatches;
 use crate::tensor::{Tensor, TensorData, TensorMap};
 use crate::{Error, Result};
 
+mod order;
+
 /// Data sets up to this size (bytes of shard files) are kept whole in memory once read.
 const PRELOAD_BYTES: u64 = 1 << 30;
 
-/// Shard files kept decoded when the data set is larger than [`PRELOAD_BYTES`]: enough
-/// for the files a few consecutive unshuffled batches touch. A shuffled order over more
-/// data than this reads shards again and again (ORT shuffles within one shard instead).
+/// Shard files kept decoded when the data set is larger than [`PRELOAD_BYTES`]: the files
+/// a few consecutive batches read, and those read ahead. A shuffled sample order over all
+/// files (`split = "samples"`) then reads shards again and again; `split = "files"`
+/// streams through them.
 const CACHE_FILES: usize = 4;
 
-/// A folder of shards as step batches. Step `s`'s global batch is samples
-/// `[s * B, (s + 1) * B)` of the sample order, which is the files' samples in file-name
-/// order, shuffled per epoch when a seed is given; epochs follow each other without a
-/// gap, so a batch may span two.
+/// Steps whose files are read ahead of the one asked for. The data actors already ask
+/// for batches two steps before their stage needs them; this reads the files of the two
+/// steps after that.
+const READ_AHEAD_STEPS: usize = 2;
+
+/// A folder of shards as step batches.
+///
+/// With `split = "samples"` (the default), step `s`'s global batch is samples
+/// `[s * B, (s + 1) * B)` of one sample order: the files' samples in file-name order,
+/// shuffled per epoch when a seed is given; epochs follow each other without a gap, so a
+/// batch may span two. Each replica's micro-batches are rows of that batch.
+///
+/// With `split = "files"` ([`ShardDataset::split_files`]), replica `r` of `D` reads only
+/// the files `i` with `i % D == r` (ONNX Runtime's assignment), as a stream of its own:
+/// its files in a seeded order per epoch, each file's samples shuffled within it. Its
+/// part of step `s` is samples `[s * B / D, (s + 1) * B / D)` of that stream; the global
+/// batch is the replicas' parts in replica order.
 ///
 /// Opening counts each file's samples from their length prefixes (seeking past the
 /// features) and decodes the first sample, which every other must match. Files are read
-/// and checked whole when a batch first needs them, and kept decoded in a small
-/// least-recently-used cache: all of them when the files total at most 1 GiB, otherwise
-/// [`CACHE_FILES`].
+/// and checked whole when a batch first needs them, or before, by a read-ahead thread
+/// that decodes the files of the steps after the one asked for. They are kept decoded in
+/// a least-recently-used cache: all of them when the files total at most 1 GiB,
+/// otherwise [`CACHE_FILES`].
 pub struct ShardDataset {
-    files: Vec<PathBuf>,
+    dir: PathBuf,
+    cache: Arc<FileCache>,
+    ahead: ReadAhead,
     /// `starts[i]`: the index of file `i`'s first sample; one more entry, the total.
     starts: Vec<usize>,
     /// (feature, model input), sorted by input.
     feeds: Vec<(String, String)>,
-    /// The first sample: what every sample must look like.
-    first: Sample,
     batch: usize,
     seed: Option<u64>,
-    cache: Mutex<Cache>,
-    /// The sample orders of the last epochs asked for.
-    orders: Mutex<Vec<(usize, Arc<Vec<usize>>)>>,
+    /// With `split = "files"`: each replica's files, in file order.
+    owned: Option<Vec<Vec<usize>>>,
+    /// The sample orders last asked for, by (replica with `split = "files"`, epoch).
+    orders: Mutex<Vec<(Stream, Arc<Vec<usize>>)>>,
 }
 
-/// One decoded shard: per sample, the fed tensors in `feeds` order.
-type Decoded = Arc<Vec<Vec<Tensor>>>;
-
-/// Decoded shards: (file index, last use, samples), least recently used evicted first.
-struct Cache {
-    capacity: usize,
-    tick: u64,
-    files: Vec<(usize, u64, Decoded)>,
-}
+/// A sample order: the data set's (`None`) or a replica's own, and its epoch.
+type Stream = (Option<usize>, usize);
 
 impl ShardDataset {
     /// Opens the shards of `dir` (ORT's rule: regular files ending `.pb`, not starting
-    /// with `.`, sorted by name) for global batches of `global_batch` samples.
+    /// with `.`, sorted by name) for global batches of `global_batch` samples, split by
+    /// samples.
     ///
     /// # Errors
     /// `Io` for an unreadable folder or file; `BadShard` for a malformed file or a
@@ -78,7 +88,7 @@ impl ShardDataset {
         let files = shard_files(dir)?;
         let mut starts = vec![0];
         let mut bytes_total = 0u64;
-        let mut first: Option<(usize, Sample)> = None;
+        let mut first = None;
         for (i, path) in files.iter().enumerate() {
             let (count, bytes) = count_samples(path)?;
             bytes_total += bytes;
@@ -132,40 +142,115 @@ impl ShardDataset {
         } else {
             CACHE_FILES
         };
+        let features = feeds.iter().map(|(f, _)| f.clone()).collect();
+        let cache = Arc::new(FileCache::new(files, features, first, capacity));
         Ok(ShardDataset {
-            files,
+            dir: dir.to_path_buf(),
+            ahead: ReadAhead::start(cache.clone()),
+            cache,
             starts,
             feeds,
-            first,
             batch: global_batch,
             seed: shuffle_seed,
-            cache: Mutex::new(Cache {
-                capacity,
-                tick: 0,
-                files: Vec::new(),
-            }),
+            owned: None,
             orders: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Opens `dir` as `[data.shards]` says, for `replicas` data-parallel replicas.
+    ///
+    /// # Errors
+    /// As [`ShardDataset::open`] and [`ShardDataset::split_files`].
+    pub fn open_spec(
+        spec: &super::ShardSpec,
+        global_batch: usize,
+        replicas: usize,
+    ) -> Result<ShardDataset> {
+        let set = ShardDataset::open(
+            &spec.train_data_dir,
+            &spec.input_name_map,
+            global_batch,
+            spec.shuffle_seed,
+        )?;
+        match spec.split {
+            ShardSplit::Samples => Ok(set),
+            ShardSplit::Files => set.split_files(replicas),
+        }
+    }
+
+    /// Splits the data among `replicas` data-parallel replicas by files (`split =
+    /// "files"`; see [`ShardDataset`]).
+    ///
+    /// # Errors
+    /// `Data` (what: `split`) when there are fewer files than replicas, when the global
+    /// batch does not split into `replicas` equal parts, or when a replica's files hold
+    /// fewer samples than its part of a batch.
+    pub fn split_files(mut self, replicas: usize) -> Result<ShardDataset> {
+        let n = self.cache.files().len();
+        let bad = |reason: String| Error::Data {
+            path: self.dir.clone(),
+            what: "split".into(),
+            reason,
+        };
+        if replicas == 0 || replicas > n {
+            return Err(bad(format!(
+                "{n} shard file(s) for {replicas} data-parallel replicas: with split = \"files\" \
+                 every replica needs a file of its own (file i goes to replica i % {replicas})"
+            )));
+        }
+        if self.batch % replicas != 0 {
+            return Err(bad(format!(
+                "batches of {} samples do not split into {replicas} replicas",
+                self.batch
+            )));
+        }
+        let owned: Vec<Vec<usize>> = (0..replicas)
+            .map(|r| (r..n).step_by(replicas).collect())
+            .collect();
+        let part = self.batch / replicas;
+        for (r, files) in owned.iter().enumerate() {
+            let samples: usize = files
+                .iter()
+                .map(|&f| self.starts[f + 1] - self.starts[f])
+                .sum();
+            if samples < part {
+                return Err(bad(format!(
+                    "replica {r}'s files ({}) hold {samples} samples, fewer than its {part} of \
+                     each batch",
+                    files.len()
+                )));
+            }
+        }
+        self.owned = Some(owned);
+        Ok(self)
     }
 
     /// Keeps at most `files` shards decoded (at least one) instead of the default (all
     /// when they total at most 1 GiB, else [`CACHE_FILES`]).
     pub fn with_cache_files(self, files: usize) -> ShardDataset {
-        if let Ok(mut cache) = self.cache.lock() {
-            cache.capacity = files.max(1);
-            cache.files.clear();
-        }
+        self.cache.set_capacity(files);
         self
     }
 
     /// Samples in all shards together (one epoch).
     pub fn samples(&self) -> usize {
-        self.starts[self.files.len()]
+        self.starts[self.starts.len() - 1]
     }
 
     /// The shard files, in sample order.
     pub fn files(&self) -> &[PathBuf] {
-        &self.files
+        self.cache.files()
+    }
+
+    /// With `split = "files"`: the files (indices into [`ShardDataset::files`]) replica
+    /// `replica` reads.
+    pub fn files_of(&self, replica: usize) -> Option<&[usize]> {
+        self.owned.as_ref()?.get(replica).map(Vec::as_slice)
+    }
+
+    /// Whether file `file` is decoded and kept now (what has been read, or read ahead).
+    pub fn is_cached(&self, file: usize) -> bool {
+        self.cache.is_cached(file)
     }
 
     /// The model inputs fed, each with the file feature feeding it, sorted by input.
@@ -178,68 +263,84 @@ impl ShardDataset {
         self.batch
     }
 
-    /// Where step `step`'s batch starts: `(epoch, offset into that epoch's order)`, for
-    /// checkpoint manifests.
-    pub fn position(&self, step: usize) -> (usize, usize) {
-        let start = step.saturating_mul(self.batch);
-        (start / self.samples(), start % self.samples())
+    /// The samples of part `part` of `parts` of step `step`, and the files of the same
+    /// part of the next [`READ_AHEAD_STEPS`] steps handed to the read-ahead.
+    fn part_samples(&self, step: usize, part: usize, parts: usize) -> Result<Vec<usize>> {
+        let (stream, start, n) = self.part_range(step, part, parts)?;
+        let now = self.samples_at(stream, start, n)?;
+        let files_now = self.files_of_samples(&now);
+        let mut ahead = Vec::new();
+        for later in step + 1..=step + READ_AHEAD_STEPS {
+            if let Ok((s, start, n)) = self.part_range(later, part, parts) {
+                for f in self.files_of_samples(&self.samples_at(s, start, n)?) {
+                    if !files_now.contains(&f) && !ahead.contains(&f) {
+                        ahead.push(f);
+                    }
+                }
+            }
+        }
+        self.ahead.ask(files_now.len(), ahead);
+        Ok(now)
     }
 
-    /// The sample indices (into the files' order) of epoch `epoch`'s order.
-    ///
-    /// # Errors
-    /// `Data` only if another thread panicked while holding the order cache.
-    pub fn order(&self, epoch: usize) -> Result<Arc<Vec<usize>>> {
-        let total = self.samples();
-        let Some(seed) = self.seed else {
-            return Ok(Arc::new((0..total).collect()));
-        };
-        let mut orders = self
-            .orders
-            .lock()
-            .map_err(|_| self.fail("the order cache was poisoned".into()))?;
-        if let Some((_, o)) = orders.iter().find(|(e, _)| *e == epoch) {
-            return Ok(o.clone());
+    /// The distinct files holding `samples`, in first-use order.
+    fn files_of_samples(&self, samples: &[usize]) -> Vec<usize> {
+        let mut files = Vec::new();
+        for &i in samples {
+            let f = self.file_of(i);
+            if !files.contains(&f) {
+                files.push(f);
+            }
         }
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        rng.set_stream(epoch as u64);
-        let mut order: Vec<usize> = (0..total).collect();
-        order.shuffle(&mut rng);
-        let order = Arc::new(order);
-        // Two epochs: a batch spanning an epoch boundary needs both.
-        if orders.len() >= 2 {
-            orders.remove(0);
-        }
-        orders.push((epoch, order.clone()));
-        Ok(order)
+        files
+    }
+
+    fn file_of(&self, sample: usize) -> usize {
+        self.starts.partition_point(|&s| s <= sample) - 1
     }
 
     /// The global batch of `step`: each fed feature stacked as `[B, ..sample shape]`
-    /// under its model input's name.
+    /// under its model input's name (with `split = "files"`, the replicas' parts in
+    /// replica order).
     ///
     /// # Errors
     /// `Io`/`BadShard` when a shard needed cannot be read or differs from the first
     /// sample (naming file, sample and feature).
     pub fn batch(&self, step: usize) -> Result<TensorMap> {
-        let total = self.samples();
-        let start = step
-            .checked_mul(self.batch)
-            .ok_or_else(|| self.fail(format!("step {step}'s first sample is past usize::MAX")))?;
-        let mut order: Option<(usize, Arc<Vec<usize>>)> = None;
-        let mut picked = Vec::with_capacity(self.batch);
-        for g in start..start + self.batch {
-            let (epoch, k) = (g / total, g % total);
-            let index = match self.seed {
-                None => k,
-                Some(_) => {
-                    if order.as_ref().is_none_or(|(e, _)| *e != epoch) {
-                        order = Some((epoch, self.order(epoch)?));
-                    }
-                    order.as_ref().map_or(k, |(_, o)| o[k])
+        let parts = self.owned.as_ref().map_or(1, Vec::len);
+        let mut samples = Vec::with_capacity(self.batch);
+        for p in 0..parts {
+            samples.extend(self.part_samples(step, p, parts)?);
+        }
+        self.gather(&samples)
+    }
+
+    /// Part `part` of `parts` of step `step`'s batch, reading only its samples (with
+    /// `split = "files"`, from its replica's files): part `r * m + k` is micro-batch `k`
+    /// of replica `r` when each of the replicas takes `m` parts.
+    ///
+    /// # Errors
+    /// As [`ShardDataset::batch`]; `BadTensor` when the batch does not split evenly.
+    pub fn part(&self, step: usize, part: usize, parts: usize) -> Result<TensorMap> {
+        let samples = self.part_samples(step, part, parts)?;
+        self.gather(&samples)
+    }
+
+    /// The fed features of `samples`, stacked.
+    fn gather(&self, samples: &[usize]) -> Result<TensorMap> {
+        let mut held: Vec<(usize, Decoded)> = Vec::new();
+        let mut picked = Vec::with_capacity(samples.len());
+        for &index in samples {
+            let file = self.file_of(index);
+            let decoded = match held.iter().find(|(f, _)| *f == file) {
+                Some((_, d)) => d.clone(),
+                None => {
+                    let d = self.cache.get(file)?;
+                    held.push((file, d.clone()));
+                    d
                 }
             };
-            let file = self.starts.partition_point(|&s| s <= index) - 1;
-            picked.push((self.load(file)?, index - self.starts[file]));
+            picked.push((decoded, index - self.starts[file]));
         }
         let mut out = TensorMap::new();
         for (j, (_, input)) in self.feeds.iter().enumerate() {
@@ -249,58 +350,9 @@ impl ShardDataset {
         Ok(out)
     }
 
-    /// Shard `file`'s samples (fed features only), from the cache or read now.
-    fn load(&self, file: usize) -> Result<Decoded> {
-        {
-            let mut cache = self
-                .cache
-                .lock()
-                .map_err(|_| self.fail("the shard cache was poisoned".into()))?;
-            cache.tick += 1;
-            let tick = cache.tick;
-            if let Some(entry) = cache.files.iter_mut().find(|e| e.0 == file) {
-                entry.1 = tick;
-                return Ok(entry.2.clone());
-            }
-        }
-        // Read without the lock: other steps' readers need not wait for this file.
-        let path = &self.files[file];
-        let samples = super::read::read_shard(path)?;
-        if let Some(s) = samples.first() {
-            check_like(path, 0, s, &self.first)?;
-        }
-        let mut fed = Vec::with_capacity(samples.len());
-        for (i, mut s) in samples.into_iter().enumerate() {
-            // `read_shard` checked every sample against the file's first, and that one
-            // was checked against the data set's: each fed feature is there.
-            let row = self.feeds.iter().map(|(f, _)| {
-                s.remove(f).ok_or_else(|| Error::BadShard {
-                    path: path.clone(),
-                    sample: i,
-                    feature: f.clone(),
-                    reason: "missing".into(),
-                })
-            });
-            fed.push(row.collect::<Result<Vec<Tensor>>>()?);
-        }
-        let fed = Arc::new(fed);
-        let mut cache = self
-            .cache
-            .lock()
-            .map_err(|_| self.fail("the shard cache was poisoned".into()))?;
-        let tick = cache.tick;
-        cache.files.push((file, tick, fed.clone()));
-        if cache.files.len() > cache.capacity {
-            if let Some(oldest) = (0..cache.files.len()).min_by_key(|&i| cache.files[i].1) {
-                cache.files.remove(oldest);
-            }
-        }
-        Ok(fed)
-    }
-
     fn fail(&self, reason: String) -> Error {
         Error::Data {
-            path: self.files[0].parent().unwrap_or(Path::new(".")).into(),
+            path: self.dir.clone(),
             what: "shard data set".into(),
             reason,
         }
@@ -310,6 +362,10 @@ impl ShardDataset {
 impl StepBatches for ShardDataset {
     fn batch(&self, step: usize) -> Result<TensorMap> {
         ShardDataset::batch(self, step)
+    }
+
+    fn part(&self, step: usize, part: usize, parts: usize) -> Result<TensorMap> {
+        ShardDataset::part(self, step, part, parts)
     }
 }
 

@@ -5,7 +5,9 @@
 //! - [`read`]: one shard file into samples, refusing damaged or inconsistent records.
 //! - [`write`]: shards from samples, and `pipetrain data pack` (an `.npz` or safetensors
 //!   file cut into shards).
-//! - [`dataset`]: [`ShardDataset`], a folder of shards as the batches of a run's steps.
+//! - [`dataset`]: [`ShardDataset`], a folder of shards as the batches of a run's steps,
+//!   split among data-parallel replicas by samples or by files.
+//! - `cache`: decoded files kept in memory, and the thread that reads them ahead.
 //! - [`spec`]: [`ShardSpec`], the `[data.shards]` configuration table.
 //!
 //! # The record layout, as ONNX Runtime reads it
@@ -37,9 +39,12 @@
 //!   pipetrain always makes `[B, ..sample shape]`, so a packed `[N, 1]` array comes back as
 //!   `[B, 1]`, as from the `.npz`.
 //! - ORT splits files among data-parallel ranks (file `i` to rank `i % world_size`) and
-//!   shuffles within a file; pipetrain cuts each global batch by rows (see
-//!   [`crate::data::StepBatches::part`]) and shuffles the whole data set's sample order.
+//!   shuffles within a file. pipetrain does so with `split = "files"`; by default
+//!   (`split = "samples"`) it cuts each global batch of one order over all files by rows
+//!   (see [`crate::data::StepBatches::part`]) and shuffles the whole data set's sample
+//!   order, so that a checkpoint resumes at any layout.
 
+mod cache;
 pub mod dataset;
 pub mod read;
 pub mod spec;
@@ -47,5 +52,5 @@ pub mod write;
 
 pub use dataset::ShardDataset;
 pub use read::{parse_shard, read_shard, shard_files, Sample};
-pub use spec::ShardSpec;
+pub use spec::{ShardSpec, ShardSplit};
 pub use write::{encode_sample, pack, pack_command, write_shard, PackArgs};

@@ -23,4 +23,24 @@ pub struct ShardSpec {
     /// files' order.
     #[serde(default)]
     pub shuffle_seed: Option<u64>,
+    /// How the data-parallel replicas share the data; default `samples`.
+    #[serde(default)]
+    pub split: ShardSplit,
+}
+
+/// How the data-parallel replicas share a shard folder.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardSplit {
+    /// Every step's global batch is the next samples of one order over all files, cut by
+    /// rows among the replicas. The samples a step reads do not depend on the layout, so
+    /// a checkpoint resumes at any (data, pipeline) layout.
+    #[default]
+    Samples,
+    /// ONNX Runtime's way: replica `r` of `D` owns the files `i` with `i % D == r` and
+    /// reads only them: its files in a seeded order each epoch, each file's samples
+    /// shuffled within it (with `shuffle_seed`), one file after another, so that a node
+    /// reads only its replicas' files and streams through them. A checkpoint resumes
+    /// only at the same `data_parallel_size`.
+    Files,
 }
