@@ -238,3 +238,47 @@ fn a_worker_that_stops_answering_is_detected_and_named_within_the_peer_timeout()
         weights(&dir.path().join("single/model.onnx"))
     );
 }
+
+/// A member that stays connected but sends nothing: node a's stage 0 of replica 0 is
+/// held for 20 s at step 3 while its process heartbeats on, so no peer timeout fires.
+/// The watchdogs (2 s) fire instead, with their who-waits-on-whom reports: a node
+/// waiting on node a names its member by replica, rank and node, or, when node a's own
+/// watchdog is first, node a reports its member stuck in a forward and the others name
+/// node a's ranks as the node the job lost. Which one fires first is a race of a few
+/// milliseconds; `actors/tests/distributed.rs` checks the waiting side's report alone.
+#[test]
+fn a_live_but_silent_member_trips_the_watchdog_which_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let held = "watchdog_seconds = 2\n[debug]\nstall = { step = 3, stage = 0, seconds = 20 }\n";
+    let cfg = train_config(dir.path(), "held", 8, held);
+    let m = manifest(
+        dir.path(),
+        "0123456789abcdef0123456789abcdef",
+        "max_restarts = 0",
+    );
+    let children: Vec<Child> = NODES
+        .iter()
+        .map(|n| launch(&m, n, &cfg, &[], &[]))
+        .collect();
+    let outs = wait_all(children);
+    let all: String = outs.iter().map(stderr).collect::<Vec<_>>().join("\n");
+    assert!(outs.iter().all(|o| !o.status.success()), "{all}");
+    assert!(
+        all.contains("no progress for 2.0s; who waits on whom:"),
+        "{all}"
+    );
+    let a = "node a [rank 0 = dp 0, pp 0]";
+    // Node b (stage 1 of replica 0) waits for node a's activations; node c (stage 0 of
+    // replica 1) waits in the all-reduce of stage 0 for node a's copy.
+    let b_names_a = format!("from stage 0 (replica 0 rank 0 on {a})");
+    let c_names_a = format!("from the other replicas of stage 0 (replica 0 rank 0 on {a})");
+    let waiting_side = all.contains(&b_names_a) || all.contains(&c_names_a);
+    let held_side = stderr(&outs[0]).contains("replica 0 stage 0 is running F mb 0")
+        && all.contains(&format!("the job lost a node: {a}"));
+    assert!(
+        waiting_side || held_side,
+        "no report names node a's member:\n{all}"
+    );
+    // Node a's heartbeats went on: nobody reports it silent.
+    assert!(!all.contains(&format!("{a} sent nothing")), "{all}");
+}

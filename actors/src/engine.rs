@@ -229,6 +229,9 @@ pub struct Distribution<P, K> {
     pub collective: Arc<K>,
     /// The control plane between the processes.
     pub bus: Arc<dyn Bus>,
+    /// Where the other processes' (replica, rank) members run (e.g. `node c`), for the
+    /// watchdog's report; members missing here are named by replica and rank only.
+    pub places: HashMap<(usize, usize), String>,
 }
 
 /// What [`run_distributed`] returns: this process's part of the run.
@@ -272,6 +275,7 @@ where
         peers: dist.peers,
         deliver: dist.deliver,
         bus: dist.bus,
+        places: dist.places,
     };
     let (steps, trace, computes) = run_members(
         settings,

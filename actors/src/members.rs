@@ -38,6 +38,8 @@ pub(crate) struct Remote<P> {
     pub deliver: Box<dyn FnOnce(Mailboxes<P>) + Send>,
     /// The control plane.
     pub bus: Arc<dyn Bus>,
+    /// Where the other processes' members run, by (replica, rank).
+    pub places: HashMap<(usize, usize), String>,
 }
 
 /// What [`run_members`] returns: the per-step results, the trace, and the computes of
@@ -149,10 +151,11 @@ where
         peers.insert(key, tx);
         inboxes.insert(key, rx);
     }
-    let (deliver, bus_peers) = match remote {
-        Some(r) => (Some(r.deliver), r.peers),
-        None => (None, HashMap::new()),
+    let (deliver, bus_peers, places) = match remote {
+        Some(r) => (Some(r.deliver), r.peers, r.places),
+        None => (None, HashMap::new(), HashMap::new()),
     };
+    let places = Arc::new(places);
     if let Some(deliver) = deliver {
         deliver(peers.clone());
     }
@@ -223,6 +226,8 @@ where
                 coordinator: coordinator.clone(),
                 policy: settings.policy,
                 spin: settings.spin,
+                replicas,
+                places: places.clone(),
             };
             let index = members.len() - 1;
             let body = async move { actor.run().await.map(|c| (index, c)) };

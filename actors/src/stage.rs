@@ -41,6 +41,10 @@ pub(crate) struct StageActor<C: StageCompute, K: Collective> {
     pub policy: GradPolicy,
     /// How long to poll a mailbox before parking the thread (see [`recv_spinning`]).
     pub spin: std::time::Duration,
+    /// Data-parallel replicas of the run.
+    pub replicas: usize,
+    /// Where other processes' members run, by (replica, rank), for the watchdog's report.
+    pub places: Arc<HashMap<(usize, usize), String>>,
 }
 
 /// The next message of `rx`: polled for up to `spin` first, then awaited. Waking a parked
@@ -230,7 +234,10 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                 let grads = self.compute(s)?.take_grads();
                 self.set(Status::Waiting {
                     action,
-                    from: format!("the other replicas of stage {s}"),
+                    from: format!(
+                        "the other replicas of stage {s}{}",
+                        self.replicas_elsewhere(s)
+                    ),
                 });
                 let sum = self
                     .collective
@@ -333,6 +340,33 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             .map(Some)
     }
 
+    /// Where member (`replica`, `rank`) runs when another process runs it, as
+    /// ` (replica 0 rank 1 on node b ...)`; nothing when it is this process's.
+    fn place(&self, replica: usize, rank: usize) -> String {
+        match self.places.get(&(replica, rank)) {
+            Some(p) => format!(" (replica {replica} rank {rank} on {p})"),
+            None => String::new(),
+        }
+    }
+
+    /// The other replicas of stage `s` that other processes run, with where.
+    fn replicas_elsewhere(&self, s: usize) -> String {
+        let Some(&rank) = self.placement.get(s) else {
+            return String::new();
+        };
+        let far: Vec<String> = (0..self.replicas)
+            .filter(|&r| r != self.replica)
+            .filter_map(|r| {
+                let p = self.places.get(&(r, rank))?;
+                Some(format!("replica {r} rank {rank} on {p}"))
+            })
+            .collect();
+        match far.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", far.join("; ")),
+        }
+    }
+
     /// Sends what `action` (a SendAct or SendGrad) names to the neighbouring stage.
     async fn send(&mut self, action: Action, payload: C::Payload) -> Result<(), ActorError> {
         let s = action.stage();
@@ -348,7 +382,10 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             .ok_or_else(|| self.protocol(format!("{action}: no stage {to}")))?;
         self.set(Status::Waiting {
             action,
-            from: format!("room in rank {peer}'s mailbox"),
+            from: format!(
+                "room in rank {peer}'s mailbox{}",
+                self.place(self.replica, peer)
+            ),
         });
         self.peers[peer]
             .send_async(Transfer {
@@ -457,9 +494,10 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
         if let Some(p) = arrived.remove(&(flow, s, mb)) {
             return Ok(p);
         }
+        let rank = self.placement.get(from).copied().unwrap_or(usize::MAX);
         self.set(Status::Waiting {
             action: recv,
-            from: format!("stage {from}"),
+            from: format!("stage {from}{}", self.place(self.replica, rank)),
         });
         loop {
             let t =

@@ -11,9 +11,9 @@ use std::time::Duration;
 use pipetrain_actors::schedules::{one_f_one_b, ActionKind};
 use pipetrain_actors::sim::{CostFn, SimData, SimStage};
 use pipetrain_actors::{
-    run, run_distributed, ActorThreads, BoxError, Bus, CheckpointSettings, Checkpointer,
-    CommitState, Distribution, EngineSettings, EvalSettings, Gathered, GradPolicy, LocalCollective,
-    ShardFile, StepResult, Transfer,
+    run, run_distributed, ActorError, ActorThreads, BoxError, Bus, CheckpointSettings,
+    Checkpointer, CommitState, DistributedOutput, Distribution, EngineSettings, EvalSettings,
+    Gathered, GradPolicy, LocalCollective, ShardFile, StepResult, Transfer,
 };
 use tokio::sync::Notify;
 
@@ -106,6 +106,114 @@ fn settings(recorder: &Arc<Recorder>) -> EngineSettings {
     }
 }
 
+type Outcome = Result<DistributedOutput<SimStage>, ActorError>;
+
+/// Starts the two processes: process p runs replica p (both its ranks). Mailboxes of the
+/// other process are forwarding channels, connected once that process hands its
+/// mailboxes out. `hang`: process 1's stage 0 never finishes the forward of this
+/// micro-batch; `places`: each process knows the other as `node a` / `node b`.
+fn start_two(
+    settings: &EngineSettings,
+    hang: Option<usize>,
+    places: bool,
+) -> Vec<tokio::task::JoinHandle<Outcome>> {
+    let bus_shared = Arc::new((Mutex::new(HashMap::new()), Notify::new()));
+    let collective = Arc::new(LocalCollective::spawn(
+        2,
+        2,
+        &mut tokio::task::JoinSet::new(),
+    ));
+    let mut forward_rx: Vec<Links<flume::Receiver<Transfer<usize>>>> =
+        vec![HashMap::new(), HashMap::new()];
+    let mut peers: Vec<Links<flume::Sender<Transfer<usize>>>> =
+        vec![HashMap::new(), HashMap::new()];
+    for p in 0..2 {
+        for rank in 0..2 {
+            let (tx, rx) = flume::unbounded();
+            peers[1 - p].insert((p, rank), tx);
+            forward_rx[p].insert((p, rank), rx);
+        }
+    }
+    let mut runs = Vec::new();
+    for p in 0..2 {
+        let fwd = std::mem::take(&mut forward_rx[p]);
+        let other = 1 - p;
+        let names = ["node a", "node b"];
+        let dist = Distribution {
+            peers: std::mem::take(&mut peers[p]),
+            deliver: Box::new(
+                move |mine: HashMap<(usize, usize), flume::Sender<Transfer<usize>>>| {
+                    for (key, rx) in fwd {
+                        let to = mine[&key].clone();
+                        tokio::spawn(async move {
+                            while let Ok(t) = rx.recv_async().await {
+                                if to.send_async(t).await.is_err() {
+                                    break;
+                                }
+                            }
+                        });
+                    }
+                },
+            ),
+            collective: collective.clone(),
+            bus: Arc::new(MemBus {
+                node: p,
+                shared: bus_shared.clone(),
+            }),
+            places: match places {
+                true => (0..2)
+                    .map(|rank| ((other, rank), names[other].to_string()))
+                    .collect(),
+                false => HashMap::new(),
+            },
+        };
+        let computes: HashMap<(usize, usize), SimStage> = (0..2)
+            .map(|s| {
+                let st = SimStage::new(s, 2, p, costs());
+                let st = match hang {
+                    Some(mb) if p == 1 && s == 0 => st.hang_in_forward(mb),
+                    _ => st,
+                };
+                ((p, s), st)
+            })
+            .collect();
+        let settings = settings.clone();
+        runs.push(tokio::spawn(async move {
+            run_distributed(
+                &settings,
+                computes,
+                Arc::new(SimData { stages: 2 }),
+                Box::new(|_| 0.1),
+                0..6,
+                |_| {},
+                dist,
+            )
+            .await
+        }));
+    }
+    runs
+}
+
+/// A member of the other process that stays silent (its forward never ends) trips this
+/// process's watchdog, whose report names the member and where it runs.
+#[tokio::test(start_paused = true)]
+async fn the_watchdog_names_a_silent_member_of_another_process() {
+    let settings = EngineSettings {
+        watchdog: Duration::from_secs(2),
+        checkpoint: None,
+        ..settings(&Arc::new(Recorder::default()))
+    };
+    let mut runs = start_two(&settings, Some(1), true);
+    let _p1 = runs.pop().unwrap();
+    let Err(ActorError::Stalled { report, .. }) = runs.pop().unwrap().await.unwrap() else {
+        panic!("process 0 ran on past a silent member");
+    };
+    assert!(
+        report.contains("from the other replicas of stage 0 (replica 1 rank 0 on node b)"),
+        "{report}"
+    );
+}
+
 fn losses(steps: &[StepResult]) -> Vec<(u64, f64, Option<f64>, f64)> {
     steps
         .iter()
@@ -130,71 +238,10 @@ async fn two_processes_run_as_one() {
     .await
     .unwrap();
 
-    // Process p runs replica p (both its ranks). Mailboxes of the other process are
-    // forwarding channels, connected once that process hands its mailboxes out.
     let recorder = Arc::new(Recorder::default());
-    let bus_shared = Arc::new((Mutex::new(HashMap::new()), Notify::new()));
-    let collective = Arc::new(LocalCollective::spawn(
-        2,
-        2,
-        &mut tokio::task::JoinSet::new(),
-    ));
-    let mut forward_rx: Vec<Links<flume::Receiver<Transfer<usize>>>> =
-        vec![HashMap::new(), HashMap::new()];
-    let mut peers: Vec<Links<flume::Sender<Transfer<usize>>>> =
-        vec![HashMap::new(), HashMap::new()];
-    for p in 0..2 {
-        for rank in 0..2 {
-            let (tx, rx) = flume::unbounded();
-            peers[1 - p].insert((p, rank), tx);
-            forward_rx[p].insert((p, rank), rx);
-        }
-    }
-    let mut runs = Vec::new();
-    for p in 0..2 {
-        let fwd = std::mem::take(&mut forward_rx[p]);
-        let dist = Distribution {
-            peers: std::mem::take(&mut peers[p]),
-            deliver: Box::new(
-                move |mine: HashMap<(usize, usize), flume::Sender<Transfer<usize>>>| {
-                    for (key, rx) in fwd {
-                        let to = mine[&key].clone();
-                        tokio::spawn(async move {
-                            while let Ok(t) = rx.recv_async().await {
-                                if to.send_async(t).await.is_err() {
-                                    break;
-                                }
-                            }
-                        });
-                    }
-                },
-            ),
-            collective: collective.clone(),
-            bus: Arc::new(MemBus {
-                node: p,
-                shared: bus_shared.clone(),
-            }),
-        };
-        let computes: HashMap<(usize, usize), SimStage> = (0..2)
-            .map(|s| ((p, s), SimStage::new(s, 2, p, costs())))
-            .collect();
-        let settings = settings(&recorder);
-        runs.push(tokio::spawn(async move {
-            run_distributed(
-                &settings,
-                computes,
-                Arc::new(SimData { stages: 2 }),
-                Box::new(|_| 0.1),
-                0..6,
-                |_| {},
-                dist,
-            )
-            .await
-            .unwrap()
-        }));
-    }
-    let p1 = runs.pop().unwrap().await.unwrap();
-    let p0 = runs.pop().unwrap().await.unwrap();
+    let mut runs = start_two(&settings(&recorder), None, false);
+    let p1 = runs.pop().unwrap().await.unwrap().unwrap();
+    let p0 = runs.pop().unwrap().await.unwrap().unwrap();
     assert_eq!(
         losses(&p0.steps),
         losses(&whole.steps),

@@ -45,6 +45,25 @@ pub struct DebugConfig {
     /// crash tests can land inside a write.
     #[serde(default)]
     pub checkpoint_write_delay_ms: u64,
+    /// Hold a stage's first forward of an optimizer step for `seconds`, its process
+    /// alive and connected: a live but silent member, for watchdog tests.
+    #[serde(default)]
+    pub stall: Option<Stall>,
+}
+
+/// A stage held still (see [`DebugConfig::stall`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stall {
+    /// Optimizer step, counting from 1.
+    pub step: u64,
+    /// Pipeline stage.
+    pub stage: usize,
+    /// Data-parallel replica.
+    #[serde(default)]
+    pub replica: usize,
+    /// How long it is held.
+    pub seconds: u64,
 }
 
 /// Where a fault is injected.
@@ -127,8 +146,19 @@ impl TrainConfig {
                 "scalar_names and histogram_names need `log_dir`, the folder of the TensorBoard files".into(),
             ));
         }
-        for (i, f) in self.debug.inject_grad_overflow.iter().enumerate() {
-            let field = format!("debug.inject_grad_overflow[{i}]");
+        let mut faults: Vec<(String, FaultAt)> = (self.debug.inject_grad_overflow.iter())
+            .enumerate()
+            .map(|(i, f)| (format!("debug.inject_grad_overflow[{i}]"), *f))
+            .collect();
+        if let Some(s) = self.debug.stall {
+            let at = FaultAt {
+                step: s.step,
+                stage: s.stage,
+                replica: s.replica,
+            };
+            faults.push(("debug.stall".into(), at));
+        }
+        for (field, f) in faults {
             if f.step == 0 || f.step as usize > self.optimizer_steps() {
                 return Err(bad(
                     &format!("{field}.step"),

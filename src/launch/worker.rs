@@ -90,6 +90,14 @@ async fn work(args: &LaunchArgs, p: Placement, secret: &[u8], rt: &Runtime) -> R
         .collect();
     let members: Vec<(usize, usize)> = manifest.ranks_of(me).iter().map(|c| (c.dp, c.pp)).collect();
     let collective = Arc::new(MeshCollective::new(mesh.clone(), by_stage));
+    // Where the other nodes' members run, as the watchdog's report names them.
+    let places = owner
+        .iter()
+        .enumerate()
+        .flat_map(|(dp, ranks)| ranks.iter().enumerate().map(move |(pp, &n)| ((dp, pp), n)))
+        .filter(|&(_, n)| n != me && n < manifest.nodes().len())
+        .map(|(key, n)| (key, format!("node {}", node_label(&manifest, n))))
+        .collect();
     let (peers, deliver) = link_transfers(mesh.clone(), owner);
     let part = ClusterPart {
         node: me,
@@ -99,6 +107,7 @@ async fn work(args: &LaunchArgs, p: Placement, secret: &[u8], rt: &Runtime) -> R
             deliver,
             collective,
             bus: bus.clone(),
+            places,
         },
     };
     // A peer gone or silent fails the mesh; the stage actors waiting on its messages

@@ -36,6 +36,8 @@ pub struct StageSettings {
     pub overflow_at: Vec<u64>,
     /// Checkpoint writes in pieces with this pause between them: a test aid.
     pub slow_save: Option<Duration>,
+    /// Hold the first forward of this optimizer step (from 0) this long: a test aid.
+    pub stall: Option<(u64, Duration)>,
     /// Copies of named parameters and their gradients every step, for histograms.
     pub histograms: Option<HistogramTap>,
 }
@@ -63,6 +65,7 @@ impl StageSettings {
             normalize: LossNormalize::MicroBatch,
             overflow_at: Vec::new(),
             slow_save: None,
+            stall: None,
             histograms: None,
         }
     }
@@ -99,6 +102,8 @@ pub struct OrtStage {
     pub(super) peak_stash: usize,
     /// Checkpoint snapshot buffers, reused from one checkpoint to the next.
     pub(super) snapshots: crate::checkpoint::SnapshotBuffers,
+    /// Optimizer steps finished (applied or skipped).
+    pub(super) steps_done: u64,
 }
 
 impl OrtStage {
@@ -184,6 +189,7 @@ impl OrtStage {
             stash: HashMap::new(),
             peak_stash: 0,
             snapshots: Default::default(),
+            steps_done: 0,
         })
     }
 
@@ -204,7 +210,9 @@ impl OrtStage {
             &self.layout,
             &mut self.params,
             self.optimizer.as_mut(),
-        )
+        )?;
+        self.steps_done = ckpt.manifest.steps_done;
+        Ok(())
     }
 
     /// The backward seed `loss_grad` of a micro-batch: its share of the step's loss

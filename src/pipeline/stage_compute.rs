@@ -96,6 +96,12 @@ impl StageCompute for OrtStage {
         input: Option<Payload>,
         data: Option<Payload>,
     ) -> Result<ForwardOut<Payload>, BoxError> {
+        if let Some((step, hold)) = self.settings.stall {
+            if step == self.steps_done && mb == 0 {
+                // A test aid: this stage's thread is held, its process runs on.
+                std::thread::sleep(hold);
+            }
+        }
         let input = input.unwrap_or_default();
         let data = data.unwrap_or_default();
         if let Some(mut session) = self.fused.take() {
@@ -212,6 +218,7 @@ impl StageCompute for OrtStage {
         lr: f64,
         decision: &StepDecision,
     ) -> Result<(), BoxError> {
+        self.steps_done = step + 1;
         if decision.apply {
             // Unscale and clip in one pass; skipped when it is exactly 1, so runs without
             // clipping or scaling stay bitwise what they were.

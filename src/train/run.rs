@@ -163,6 +163,11 @@ pub(super) async fn run_training<K: Collective>(
                 .filter(|f| f.stage == s && f.replica == replica)
                 .map(|f| f.step - 1)
                 .collect();
+            st.stall = cfg
+                .debug
+                .stall
+                .filter(|f| f.stage == s && f.replica == replica)
+                .map(|f| (f.step - 1, Duration::from_secs(f.seconds)));
             let mut stage = OrtStage::new(rt, &tg, g, &session_opts, &st)?;
             if let Some(ckpt) = &resume {
                 stage.restore(ckpt)?;
