@@ -10,10 +10,43 @@
 mod launch;
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Child;
 
 use launch::*;
+
+/// Runs the job on the four nodes (node `i` with `configs[i]`), then `single` in one
+/// process, and checks that the job's losses (`steps` of them) and trained model (node
+/// 0's, at `model`) are bitwise the one process's. Returns the nodes' outputs.
+fn job_equals_one_process(
+    dir: &Path,
+    configs: &[&Path],
+    single: &Path,
+    steps: usize,
+    model: &Path,
+) -> Vec<std::process::Output> {
+    let m = manifest(dir, "0123456789abcdef0123456789abcdef", "");
+    let metrics = dir.join("cluster.jsonl");
+    let metrics_arg = metrics.to_str().unwrap().to_owned();
+    let children: Vec<Child> = NODES
+        .iter()
+        .zip(configs)
+        .map(|(n, cfg)| launch(&m, n, cfg, &["--metrics", &metrics_arg], &[]))
+        .collect();
+    let outs = wait_all(children);
+    for (n, o) in NODES.iter().zip(&outs) {
+        assert!(o.status.success(), "node {n} failed:\n{}", stderr(o));
+    }
+    one_process(single, &dir.join("single.jsonl"));
+    // Two replicas sum their gradients as a + b whichever way the ring goes, so the
+    // job's arithmetic is the one process's, bit for bit.
+    let (job, one) = (losses(&metrics), losses(&dir.join("single.jsonl")));
+    assert_eq!(job.len(), steps);
+    assert!(job.iter().all(|(_, l)| l.is_finite()));
+    assert_eq!(job, one);
+    assert_eq!(weights(model), weights(&dir.join("single/model.onnx")));
+    outs
+}
 
 #[test]
 fn four_nodes_on_loopback_train_exactly_as_one_process() {
@@ -21,31 +54,12 @@ fn four_nodes_on_loopback_train_exactly_as_one_process() {
     let steps = 12;
     let cfg = train_config(dir.path(), "cluster", steps, "");
     let single = train_config(dir.path(), "single", steps, "");
-    let m = manifest(dir.path(), "0123456789abcdef0123456789abcdef", "");
-    let metrics = dir.path().join("cluster.jsonl");
-    let metrics_arg = metrics.to_str().unwrap().to_owned();
-    let children: Vec<Child> = NODES
-        .iter()
-        .map(|n| launch(&m, n, &cfg, &["--metrics", &metrics_arg], &[]))
-        .collect();
-    let outs = wait_all(children);
-    for (n, o) in NODES.iter().zip(&outs) {
-        assert!(o.status.success(), "node {n} failed:\n{}", stderr(o));
-    }
+    let model = dir.path().join("cluster/model.onnx");
+    let outs = job_equals_one_process(dir.path(), &[cfg.as_path(); 4], &single, steps, &model);
     assert!(
         stderr(&outs[0]).contains("done: 12 steps"),
         "{}",
         stderr(&outs[0])
-    );
-    one_process(&single, &dir.path().join("single.jsonl"));
-    // Two replicas sum their gradients as a + b whichever way the ring goes, so the
-    // job's arithmetic is the one process's, bit for bit.
-    let (job, one) = (losses(&metrics), losses(&dir.path().join("single.jsonl")));
-    assert_eq!(job.len(), steps);
-    assert_eq!(job, one);
-    assert_eq!(
-        weights(&dir.path().join("cluster/model.onnx")),
-        weights(&dir.path().join("single/model.onnx"))
     );
     // Only node 0 writes the model.
     for n in &outs[1..] {
@@ -61,24 +75,8 @@ fn four_nodes_train_the_peers_tiny_gpt_exactly_as_one_process() {
         return;
     };
     let single = tiny_gpt_config(dir.path(), "single", steps).unwrap();
-    let m = manifest(dir.path(), "0123456789abcdef0123456789abcdef", "");
-    let metrics = dir.path().join("cluster.jsonl");
-    let metrics_arg = metrics.to_str().unwrap().to_owned();
-    let children: Vec<Child> = NODES
-        .iter()
-        .map(|n| launch(&m, n, &cfg, &["--metrics", &metrics_arg], &[]))
-        .collect();
-    for (n, o) in NODES.iter().zip(wait_all(children)) {
-        assert!(o.status.success(), "node {n} failed:\n{}", stderr(&o));
-    }
-    one_process(&single, &dir.path().join("single.jsonl"));
-    let job = losses(&metrics);
-    assert_eq!(job.len(), steps);
-    assert_eq!(job, losses(&dir.path().join("single.jsonl")));
-    assert_eq!(
-        weights(&dir.path().join("cluster/model.onnx")),
-        weights(&dir.path().join("single/model.onnx"))
-    );
+    let model = dir.path().join("cluster/model.onnx");
+    job_equals_one_process(dir.path(), &[cfg.as_path(); 4], &single, steps, &model);
 }
 
 /// The MLP's teacher data packed as 8 `.pb` shards in `dir/shards`, with `poisoned`
@@ -142,24 +140,7 @@ fn four_nodes_read_only_their_replicas_shards() {
     let single = train_config(dir.path(), "single", steps, "");
     teacher_shards(dir.path(), &single, &[]);
     with_shards(&single);
-    let m = manifest(dir.path(), "0123456789abcdef0123456789abcdef", "");
-    let metrics = dir.path().join("cluster.jsonl");
-    let metrics_arg = metrics.to_str().unwrap().to_owned();
-    let children: Vec<Child> = NODES
-        .iter()
-        .zip(&configs)
-        .map(|(n, cfg)| launch(&m, n, cfg, &["--metrics", &metrics_arg], &[]))
-        .collect();
-    for (n, o) in NODES.iter().zip(wait_all(children)) {
-        assert!(o.status.success(), "node {n} failed:\n{}", stderr(&o));
-    }
-    one_process(&single, &dir.path().join("single.jsonl"));
-    let job = losses(&metrics);
-    assert_eq!(job.len(), steps);
-    assert!(job.iter().all(|(_, l)| l.is_finite()));
-    assert_eq!(job, losses(&dir.path().join("single.jsonl")));
-    assert_eq!(
-        weights(&dir.path().join("a/cluster/model.onnx")),
-        weights(&dir.path().join("single/model.onnx"))
-    );
+    let configs: Vec<&Path> = configs.iter().map(PathBuf::as_path).collect();
+    let model = dir.path().join("a/cluster/model.onnx");
+    job_equals_one_process(dir.path(), &configs, &single, steps, &model);
 }
