@@ -6,9 +6,8 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
-use std::time::Duration;
-
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use pipetrain_actors::ShardFile;
 use safetensors::tensor::{Metadata, TensorInfo};
@@ -148,6 +147,9 @@ pub fn encode(
     };
     let mut order: Vec<&F32Entry<'_>> = tensors.iter().collect();
     order.sort_by(|a, b| a.0.cmp(&b.0));
+    if let Some(w) = order.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(bad(format!("tensor `{}` twice", w[0].0)));
+    }
     let mut infos = Vec::with_capacity(order.len());
     let mut offset = 0;
     for (name, shape, values) in &order {
@@ -381,7 +383,16 @@ mod tests {
             assert_eq!(ours.blocks().as_ptr() as usize % BLOCK, 0);
             assert!(ours.blocks()[ours.len..].iter().all(|&x| x == 0));
         }
-        assert!(encode(&[("w".into(), &sa, &b)], meta, Path::new("x"), &pool).is_err());
+        assert!(encode(
+            &[("w".into(), &sa, &b)],
+            meta.clone(),
+            Path::new("x"),
+            &pool
+        )
+        .is_err());
+        let twice = [("w".into(), &sb[..], &b[..]), ("w".into(), &sb[..], &b[..])];
+        let err = encode(&twice, meta, Path::new("x"), &pool).err().unwrap();
+        assert!(err.to_string().contains("`w` twice"), "{err}");
     }
 
     #[test]

@@ -263,9 +263,14 @@ impl ShardDataset {
         self.batch
     }
 
-    /// The samples of part `part` of `parts` of step `step`, and the files of the same
-    /// part of the next [`READ_AHEAD_STEPS`] steps handed to the read-ahead.
-    fn part_samples(&self, step: usize, part: usize, parts: usize) -> Result<Vec<usize>> {
+    /// The samples of part `part` of `parts` of step `step`, and the files the same part
+    /// of the next [`READ_AHEAD_STEPS`] steps reads that this one does not.
+    fn part_samples(
+        &self,
+        step: usize,
+        part: usize,
+        parts: usize,
+    ) -> Result<(Vec<usize>, Vec<usize>)> {
         let (stream, start, n) = self.part_range(step, part, parts)?;
         let now = self.samples_at(stream, start, n)?;
         let files_now = self.files_of_samples(&now);
@@ -279,8 +284,16 @@ impl ShardDataset {
                 }
             }
         }
-        self.ahead.ask(files_now.len(), ahead);
-        Ok(now)
+        Ok((now, ahead))
+    }
+
+    /// The batch of `samples`, then the read-ahead of `ahead`: asked for once the
+    /// samples' own files are the cache's most recently used, so that reading ahead
+    /// evicts older files rather than these.
+    fn gather_then_read_ahead(&self, samples: &[usize], ahead: Vec<usize>) -> Result<TensorMap> {
+        let batch = self.gather(samples)?;
+        self.ahead.ask(self.files_of_samples(samples).len(), ahead);
+        Ok(batch)
     }
 
     /// The distinct files holding `samples`, in first-use order.
@@ -308,11 +321,18 @@ impl ShardDataset {
     /// sample (naming file, sample and feature).
     pub fn batch(&self, step: usize) -> Result<TensorMap> {
         let parts = self.owned.as_ref().map_or(1, Vec::len);
-        let mut samples = Vec::with_capacity(self.batch);
+        let (mut samples, mut ahead) = (Vec::with_capacity(self.batch), Vec::new());
         for p in 0..parts {
-            samples.extend(self.part_samples(step, p, parts)?);
+            let (now, later) = self.part_samples(step, p, parts)?;
+            samples.extend(now);
+            ahead.extend(
+                later
+                    .into_iter()
+                    .filter(|f| !ahead.contains(f))
+                    .collect::<Vec<_>>(),
+            );
         }
-        self.gather(&samples)
+        self.gather_then_read_ahead(&samples, ahead)
     }
 
     /// Part `part` of `parts` of step `step`'s batch, reading only its samples (with
@@ -322,8 +342,8 @@ impl ShardDataset {
     /// # Errors
     /// As [`ShardDataset::batch`]; `BadTensor` when the batch does not split evenly.
     pub fn part(&self, step: usize, part: usize, parts: usize) -> Result<TensorMap> {
-        let samples = self.part_samples(step, part, parts)?;
-        self.gather(&samples)
+        let (samples, ahead) = self.part_samples(step, part, parts)?;
+        self.gather_then_read_ahead(&samples, ahead)
     }
 
     /// The fed features of `samples`, stacked.
