@@ -109,8 +109,14 @@ fn each_replica_reads_its_own_files_once_per_epoch() {
             }
         }
         let epochs: Vec<&[i64]> = streams[0].chunks(6).collect();
+        let in_order = |r, e| set.replica_order(r, e).unwrap().to_vec();
+        assert_eq!(in_order(1, 1).len(), 4);
+        assert!(set.replica_order(2, 0).is_err(), "a third replica of two");
         match seed {
-            None => assert!(epochs.iter().all(|e| *e == [0, 1, 4, 5, 8, 9])),
+            None => {
+                assert!(epochs.iter().all(|e| *e == [0, 1, 4, 5, 8, 9]));
+                assert_eq!(in_order(1, 0), [2, 3, 6, 7]);
+            }
             Some(_) => {
                 assert!(epochs.iter().any(|e| *e != epochs[0]), "{epochs:?}");
                 // The same seed gives the same streams (a resumed run reads on where it

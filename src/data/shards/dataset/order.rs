@@ -27,7 +27,8 @@ impl ShardDataset {
     /// (`split = "samples"`).
     ///
     /// # Errors
-    /// `Data` only if another thread panicked while holding the order cache.
+    /// None today: an order can always be made (a reader that panicked leaves the order
+    /// cache usable).
     pub fn order(&self, epoch: usize) -> Result<Arc<Vec<usize>>> {
         self.order_of((None, epoch))
     }
