@@ -3,6 +3,7 @@
 //! # Layout
 //! - `shard`: one stage's files, safetensors keyed by the ONNX initializer names
 //!   (parameters; optimizer state as `<state>/<parameter>`), written and synced.
+//! - `snapshot`: a stage's state encoded in memory for those files (pooled buffers).
 //! - `manifest`: the JSON file written last that makes a folder a checkpoint: step,
 //!   layout, optimizer, learning-rate and data position, loss scaler, fingerprints of
 //!   the model and of the settings a resumed run must share, every shard's length and
@@ -25,6 +26,7 @@ mod load;
 mod manifest;
 mod settings;
 mod shard;
+mod snapshot;
 mod store;
 
 use std::collections::HashMap;
@@ -38,7 +40,8 @@ pub use manifest::{
     OptimizerInfo, ScalerInfo, Settings, FORMAT, FORMAT_VERSION, MANIFEST,
 };
 pub use settings::{check_resume, settings_of};
-pub use shard::{optimizer_file, params_file, state_key, SnapshotBuffers};
+pub use shard::{optimizer_file, params_file, state_key};
+pub use snapshot::SnapshotBuffers;
 pub use store::{
     folder_name, latest_complete, list, slow_write, to_delete, DirCheckpointer, Listed, ManifestFn,
 };
@@ -86,7 +89,7 @@ pub fn save_job(
     };
     let names = layout.names();
     let shapes = layout.shapes();
-    let tensors: Vec<shard::F32Entry<'_>> = (0..layout.count())
+    let tensors: Vec<snapshot::F32Entry<'_>> = (0..layout.count())
         .map(|i| {
             (
                 names[i].clone(),
@@ -96,7 +99,7 @@ pub fn save_job(
         })
         .collect();
     let params_name = params_file(stage);
-    let param_bytes = shard::encode(
+    let param_bytes = snapshot::encode(
         &tensors,
         meta(load::KIND_PARAMS),
         &dir.join(&params_name),
@@ -117,7 +120,7 @@ pub fn save_job(
             }
         }
         let name = optimizer_file(stage);
-        let bytes = shard::encode(
+        let bytes = snapshot::encode(
             &entries,
             meta(load::KIND_OPTIMIZER),
             &dir.join(&name),
