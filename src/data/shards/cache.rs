@@ -70,6 +70,11 @@ impl FileCache {
         s.entries.clear();
     }
 
+    /// Whether every file is decoded and kept now.
+    pub(super) fn holds_all(&self) -> bool {
+        self.lock().entries.len() == self.files.len()
+    }
+
     /// Whether `file` is decoded and kept now.
     pub(super) fn is_cached(&self, file: usize) -> bool {
         self.lock().entries.iter().any(|e| e.0 == file)

@@ -263,30 +263,6 @@ impl ShardDataset {
         self.batch
     }
 
-    /// The samples of part `part` of `parts` of step `step`, and the files the same part
-    /// of the next [`READ_AHEAD_STEPS`] steps reads that this one does not.
-    fn part_samples(
-        &self,
-        step: usize,
-        part: usize,
-        parts: usize,
-    ) -> Result<(Vec<usize>, Vec<usize>)> {
-        let (stream, start, n) = self.part_range(step, part, parts)?;
-        let now = self.samples_at(stream, start, n)?;
-        let files_now = self.files_of_samples(&now);
-        let mut ahead = Vec::new();
-        for later in step + 1..=step + READ_AHEAD_STEPS {
-            if let Ok((s, start, n)) = self.part_range(later, part, parts) {
-                for f in self.files_of_samples(&self.samples_at(s, start, n)?) {
-                    if !files_now.contains(&f) && !ahead.contains(&f) {
-                        ahead.push(f);
-                    }
-                }
-            }
-        }
-        Ok((now, ahead))
-    }
-
     /// The batch of `samples`, then the read-ahead of `ahead`: asked for once the
     /// samples' own files are the cache's most recently used, so that reading ahead
     /// evicts older files rather than these.
@@ -294,22 +270,6 @@ impl ShardDataset {
         let batch = self.gather(samples)?;
         self.ahead.ask(self.files_of_samples(samples).len(), ahead);
         Ok(batch)
-    }
-
-    /// The distinct files holding `samples`, in first-use order.
-    fn files_of_samples(&self, samples: &[usize]) -> Vec<usize> {
-        let mut files = Vec::new();
-        for &i in samples {
-            let f = self.file_of(i);
-            if !files.contains(&f) {
-                files.push(f);
-            }
-        }
-        files
-    }
-
-    fn file_of(&self, sample: usize) -> usize {
-        self.starts.partition_point(|&s| s <= sample) - 1
     }
 
     /// The global batch of `step`: each fed feature stacked as `[B, ..sample shape]`

@@ -1,6 +1,6 @@
 //! Sample orders: the data set's one order over all files (`split = "samples"`), or
 //! each replica's stream through its own files (`split = "files"`), and where a step's
-//! part lies in them.
+//! part lies in them: its samples, their files, and the files to read ahead.
 
 use std::sync::Arc;
 
@@ -8,7 +8,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::{ShardDataset, Stream};
+use super::{ShardDataset, Stream, READ_AHEAD_STEPS};
 use crate::{Error, Result};
 
 impl ShardDataset {
@@ -161,5 +161,50 @@ impl ShardDataset {
             out.push(order.as_ref().map_or(k, |(_, o)| o[k]));
         }
         Ok(out)
+    }
+
+    /// The samples of part `part` of `parts` of step `step`, and the files the same part
+    /// of the next [`READ_AHEAD_STEPS`] steps reads that this one does not.
+    pub(super) fn part_samples(
+        &self,
+        step: usize,
+        part: usize,
+        parts: usize,
+    ) -> Result<(Vec<usize>, Vec<usize>)> {
+        let (stream, start, n) = self.part_range(step, part, parts)?;
+        let now = self.samples_at(stream, start, n)?;
+        // Once every file is decoded and kept (data sets up to 1 GiB, after the first
+        // epoch), there is nothing to read ahead.
+        if self.cache.holds_all() {
+            return Ok((now, Vec::new()));
+        }
+        let files_now = self.files_of_samples(&now);
+        let mut ahead = Vec::new();
+        for later in step + 1..=step + READ_AHEAD_STEPS {
+            if let Ok((s, start, n)) = self.part_range(later, part, parts) {
+                for f in self.files_of_samples(&self.samples_at(s, start, n)?) {
+                    if !files_now.contains(&f) && !ahead.contains(&f) {
+                        ahead.push(f);
+                    }
+                }
+            }
+        }
+        Ok((now, ahead))
+    }
+
+    /// The distinct files holding `samples`, in first-use order.
+    pub(super) fn files_of_samples(&self, samples: &[usize]) -> Vec<usize> {
+        let mut files = Vec::new();
+        for &i in samples {
+            let f = self.file_of(i);
+            if !files.contains(&f) {
+                files.push(f);
+            }
+        }
+        files
+    }
+
+    pub(super) fn file_of(&self, sample: usize) -> usize {
+        self.starts.partition_point(|&s| s <= sample) - 1
     }
 }
