@@ -7,6 +7,7 @@
 //!   replica), [`DataSource`] (micro-batches), [`Collective`] (gradient reduction).
 //! - `stage`: the stage actor, one per (pipeline rank, replica); runs its rank's actions.
 //! - `messages`: transfers between stage actors, plans and answers, actor status.
+//! - `places`: where other processes' members run, as the watchdog's report names them.
 //! - `scheduler`: the scheduler actor; hands out steps and runs the watchdog, whose
 //!   report names who waits on whom.
 //! - `coordinator`: learning rate per step, the step's loss, the update decision
@@ -34,6 +35,7 @@ mod engine;
 mod error;
 mod members;
 mod messages;
+mod places;
 mod scheduler;
 pub mod sim;
 mod stage;

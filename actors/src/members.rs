@@ -17,6 +17,7 @@ use crate::engine::{
 };
 use crate::error::ActorError;
 use crate::messages::Transfer;
+use crate::places::Places;
 use crate::scheduler::{Member, SchedulerActor};
 use crate::stage::{StageActor, Status};
 use crate::traits::{Bus, Collective, DataSource, StageCompute};
@@ -155,7 +156,7 @@ where
         Some(r) => (Some(r.deliver), r.peers, r.places),
         None => (None, HashMap::new(), HashMap::new()),
     };
-    let places = Arc::new(places);
+    let places = Arc::new(Places::new(replicas, places));
     if let Some(deliver) = deliver {
         deliver(peers.clone());
     }
@@ -226,7 +227,6 @@ where
                 coordinator: coordinator.clone(),
                 policy: settings.policy,
                 spin: settings.spin,
-                replicas,
                 places: places.clone(),
             };
             let index = members.len() - 1;

@@ -15,6 +15,7 @@ use crate::data::DataItem;
 use crate::decide::{GradPolicy, StepDecision};
 use crate::error::ActorError;
 pub(crate) use crate::messages::{Answer, Flow, Status, StepOutcome, StepPlan, Transfer, Work};
+use crate::places::Places;
 use crate::traits::{BackwardPart, Collective, StageCompute};
 
 /// Everything a stage actor is given at spawn.
@@ -41,10 +42,8 @@ pub(crate) struct StageActor<C: StageCompute, K: Collective> {
     pub policy: GradPolicy,
     /// How long to poll a mailbox before parking the thread (see [`recv_spinning`]).
     pub spin: std::time::Duration,
-    /// Data-parallel replicas of the run.
-    pub replicas: usize,
-    /// Where other processes' members run, by (replica, rank), for the watchdog's report.
-    pub places: Arc<HashMap<(usize, usize), String>>,
+    /// Where other processes' members run, for the watchdog's report.
+    pub places: Arc<Places>,
 }
 
 /// The next message of `rx`: polled for up to `spin` first, then awaited. Waking a parked
@@ -236,7 +235,10 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                     action,
                     from: format!(
                         "the other replicas of stage {s}{}",
-                        self.replicas_elsewhere(s)
+                        self.places.other_replicas(
+                            self.replica,
+                            self.placement.get(s).copied().unwrap_or(usize::MAX)
+                        )
                     ),
                 });
                 let sum = self
@@ -340,33 +342,6 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             .map(Some)
     }
 
-    /// Where member (`replica`, `rank`) runs when another process runs it, as
-    /// ` (replica 0 rank 1 on node b ...)`; nothing when it is this process's.
-    fn place(&self, replica: usize, rank: usize) -> String {
-        match self.places.get(&(replica, rank)) {
-            Some(p) => format!(" (replica {replica} rank {rank} on {p})"),
-            None => String::new(),
-        }
-    }
-
-    /// The other replicas of stage `s` that other processes run, with where.
-    fn replicas_elsewhere(&self, s: usize) -> String {
-        let Some(&rank) = self.placement.get(s) else {
-            return String::new();
-        };
-        let far: Vec<String> = (0..self.replicas)
-            .filter(|&r| r != self.replica)
-            .filter_map(|r| {
-                let p = self.places.get(&(r, rank))?;
-                Some(format!("replica {r} rank {rank} on {p}"))
-            })
-            .collect();
-        match far.is_empty() {
-            true => String::new(),
-            false => format!(" ({})", far.join("; ")),
-        }
-    }
-
     /// Sends what `action` (a SendAct or SendGrad) names to the neighbouring stage.
     async fn send(&mut self, action: Action, payload: C::Payload) -> Result<(), ActorError> {
         let s = action.stage();
@@ -384,7 +359,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             action,
             from: format!(
                 "room in rank {peer}'s mailbox{}",
-                self.place(self.replica, peer)
+                self.places.member(self.replica, peer)
             ),
         });
         self.peers[peer]
@@ -497,7 +472,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
         let rank = self.placement.get(from).copied().unwrap_or(usize::MAX);
         self.set(Status::Waiting {
             action: recv,
-            from: format!("stage {from}{}", self.place(self.replica, rank)),
+            from: format!("stage {from}{}", self.places.member(self.replica, rank)),
         });
         loop {
             let t =
