@@ -3,6 +3,8 @@
 //! # Layout
 //! - `stage`: [`OrtStage`], one stage of one replica: its sessions, flat parameter and
 //!   gradient buffers, optimizer, loss scale and stash; restoring from a checkpoint.
+//! - `settings`: [`StageSettings`], how a stage trains besides its graphs (optimizer,
+//!   loss scale and normalization, test aids), and the histogram tap.
 //! - `stage_compute`: [`OrtStage`] as the runtime's [`pipetrain_actors::StageCompute`]:
 //!   forward, backward, evaluation, gradient statistics, the decided update, snapshots
 //!   for checkpoints.
@@ -10,8 +12,10 @@
 //!   global batch into per-replica micro-batches.
 
 mod data;
+mod settings;
 mod stage;
 mod stage_compute;
 
 pub use data::{StepData, LOSS_COUNT};
-pub use stage::{HistogramTap, OrtStage, Payload, StageSettings};
+pub use settings::{HistogramTap, StageSettings};
+pub use stage::{OrtStage, Payload};

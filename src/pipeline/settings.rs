@@ -1,0 +1,60 @@
+//! How a stage trains besides its graphs ([`StageSettings`]), and where it copies the
+//! values named for TensorBoard histograms ([`HistogramTap`]).
+
+use std::time::Duration;
+
+use crate::graph::LossNormalize;
+use crate::optim::OptimizerConfig;
+
+/// How a stage trains, besides its graphs.
+#[derive(Debug, Clone)]
+pub struct StageSettings {
+    /// Run the backward as input-gradient and weight-gradient halves (zero-bubble).
+    pub split_backward: bool,
+    /// The optimizer.
+    pub optimizer: OptimizerConfig,
+    /// 1 / (micro-batches x replicas): summing micro-batch gradients over the step and
+    /// over replicas then gives the mean gradient of the global batch.
+    pub seed_scale: f64,
+    /// The first step's loss scale.
+    pub loss_scale: f64,
+    /// How the loss is normalized under accumulation.
+    pub normalize: LossNormalize,
+    /// Optimizer steps (from 0) at which this stage's gradient gets a +inf: a test aid.
+    pub overflow_at: Vec<u64>,
+    /// Checkpoint writes in pieces with this pause between them: a test aid.
+    pub slow_save: Option<Duration>,
+    /// Hold the first forward of this optimizer step (from 0) this long: a test aid.
+    pub stall: Option<(u64, Duration)>,
+    /// Copies of named parameters and their gradients every step, for histograms.
+    pub histograms: Option<HistogramTap>,
+}
+
+/// Where a stage sends copies of the parameters (and gradients) named for TensorBoard
+/// histograms: `("param/<name>" | "grad/<name>", step, values)`. Only replica 0's stages
+/// send (every replica holds the same values).
+#[derive(Debug, Clone)]
+pub struct HistogramTap {
+    /// Parameter names to copy.
+    pub names: Vec<String>,
+    /// Where the copies go.
+    pub tx: flume::Sender<(String, u64, Vec<f32>)>,
+}
+
+impl StageSettings {
+    /// A stage training with `optimizer`, micro-batch gradients weighted by `seed_scale`,
+    /// no loss scaling, no split backward, no test aids.
+    pub fn new(optimizer: OptimizerConfig, seed_scale: f64) -> StageSettings {
+        StageSettings {
+            split_backward: false,
+            optimizer,
+            seed_scale,
+            loss_scale: 1.0,
+            normalize: LossNormalize::MicroBatch,
+            overflow_at: Vec::new(),
+            slow_save: None,
+            stall: None,
+            histograms: None,
+        }
+    }
+}
