@@ -345,3 +345,53 @@ async fn two_replicas_sum_exactly_and_a_vanished_peer_is_named() {
         start.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_frames_arrive_whole_and_in_order_through_reused_buffers() {
+    let meshes = mesh_of(2, Duration::from_secs(5)).await;
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    // Large and small frames in turn, so a recycled buffer is often larger than the
+    // next payload read into it: each must come out at exactly its own length and bytes.
+    let sizes = [
+        5 << 20,
+        100 << 10,
+        3 << 20,
+        70 << 10,
+        (5 << 20) + 1,
+        10,
+        0,
+        1 << 20,
+    ];
+    let frames: Vec<Vec<u8>> = sizes
+        .iter()
+        .map(|&n| {
+            let mut b = vec![0u8; n];
+            rng.fill_bytes(&mut b);
+            b
+        })
+        .collect();
+    let sender = {
+        let (mesh, frames) = (meshes[0].clone(), frames.clone());
+        tokio::spawn(async move {
+            for (i, f) in frames.iter().enumerate() {
+                mesh.send_slice(1, 40, f).await.unwrap();
+                // Queued frames on another channel go alongside.
+                mesh.send(1, 41, vec![i as u8; 3]).await.unwrap();
+            }
+        })
+    };
+    for (i, want) in frames.iter().enumerate() {
+        let got = meshes[1].recv(0, 40).await.unwrap();
+        assert!(got == *want, "frame {i} of {} bytes", want.len());
+        meshes[1].recycle(got);
+        assert_eq!(meshes[1].recv(0, 41).await.unwrap(), vec![i as u8; 3]);
+    }
+    sender.await.unwrap();
+    // A frame given up half sent leaves the stream unreadable: the mesh fails and says so.
+    let huge = vec![1u8; 64 << 20];
+    let cut = tokio::time::timeout(Duration::from_millis(1), meshes[0].send_slice(1, 40, &huge));
+    assert!(cut.await.is_err(), "64 MiB went out within 1 ms");
+    let why = meshes[0].failure().expect("the mesh failed");
+    assert!(why.contains("n1") && why.contains("abandoned"), "{why}");
+    assert!(meshes[0].send_slice(1, 40, b"x").await.is_err());
+}

@@ -105,7 +105,7 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
 /// # Errors
 /// [`FrameError`]: closed, truncated, too large, or the read failing.
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: u64) -> Result<Frame, FrameError> {
-    read(r, max, None).await
+    read(r, max, None, Vec::with_capacity).await
 }
 
 /// [`read_frame`], failing with [`FrameError::Silent`] when the stream goes `idle` with
@@ -119,7 +119,22 @@ pub async fn read_frame_within<R: AsyncRead + Unpin>(
     max: u64,
     idle: Duration,
 ) -> Result<Frame, FrameError> {
-    read(r, max, Some(idle)).await
+    read(r, max, Some(idle), Vec::with_capacity).await
+}
+
+/// [`read_frame_within`], reading the payload into `buffer(len)`: an empty vector the
+/// caller hands out for a payload of `len` bytes (one of its own to reuse, so large
+/// frames do not each fault in fresh pages).
+///
+/// # Errors
+/// As [`read_frame_within`].
+pub async fn read_frame_into<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: u64,
+    idle: Duration,
+    buffer: impl FnOnce(usize) -> Vec<u8>,
+) -> Result<Frame, FrameError> {
+    read(r, max, Some(idle), buffer).await
 }
 
 /// `step`, failing as `Silent` when it takes longer than `idle`.
@@ -140,6 +155,7 @@ async fn read<R: AsyncRead + Unpin>(
     r: &mut R,
     max: u64,
     idle: Option<Duration>,
+    buffer: impl FnOnce(usize) -> Vec<u8>,
 ) -> Result<Frame, FrameError> {
     let mut h = [0u8; HEADER];
     let got = within(idle, read_full(r, &mut h)).await?;
@@ -155,7 +171,9 @@ async fn read<R: AsyncRead + Unpin>(
         return Err(FrameError::TooLarge { len, max });
     }
     // Read straight into the spare capacity: no zero-filling of large frames.
-    let mut bytes = Vec::with_capacity(len as usize);
+    let mut bytes = buffer(len as usize);
+    bytes.clear();
+    bytes.reserve_exact(len as usize);
     let mut body = (&mut *r).take(len);
     while (bytes.len() as u64) < len {
         if within(idle, body.read_buf(&mut bytes)).await? == 0 {

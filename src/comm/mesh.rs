@@ -5,25 +5,22 @@
 //! workers may start in any order); the lower accepts, and keeps accepting for the whole
 //! job, refusing and logging anything that fails the handshake. Each connection has a
 //! writer task (a bounded queue of frames; a heartbeat when idle) and a reader task that
-//! files incoming frames by (peer, channel). A peer that closes its connection without
+//! files incoming frames by (peer, channel) (see `conn`). A peer that closes its connection without
 //! saying goodbye, or sends nothing (not even a heartbeat) for the peer timeout, fails
 //! the mesh: every receive under way or to come returns the reason, naming the peer.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncWriteExt, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::frame::{read_frame_within, write_frame, FrameError, MAX_FRAME};
-use super::handshake::{handshake, Hello, Role};
-use super::{GOODBYE, HEARTBEAT};
+use super::conn::{accept_loop, dial, read_loop, write_loop, Conn, CutOff, Shared};
+use super::frame::write_frame;
+use super::handshake::Hello;
 
 /// Frames waiting for a connection's writer; a sender past this waits (backpressure).
 const QUEUE: usize = 64;
@@ -39,44 +36,11 @@ pub struct MeshTimeouts {
     pub peer_timeout: Duration,
 }
 
-/// Frames (channel, payload) queued for one connection's writer.
-type Outgoing = flume::Sender<(u32, Vec<u8>)>;
-
-/// Received frames of one (peer, channel), in order.
-type Queue = (flume::Sender<Vec<u8>>, flume::Receiver<Vec<u8>>);
-
-/// What the connection tasks share with the mesh.
-struct Shared {
-    queues: Mutex<HashMap<(usize, u32), Queue>>,
-    failure: watch::Sender<Option<String>>,
-}
-
-impl Shared {
-    fn queue(&self, peer: usize, channel: u32) -> Queue {
-        let mut q = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-        q.entry((peer, channel))
-            .or_insert_with(flume::unbounded)
-            .clone()
-    }
-
-    /// Records the mesh's first failure.
-    fn fail(&self, reason: String) {
-        self.failure.send_if_modified(|f| {
-            let first = f.is_none();
-            if first {
-                tracing::error!("{reason}");
-                *f = Some(reason);
-            }
-            first
-        });
-    }
-}
-
 /// This worker's connections to every other worker of the job.
 pub struct Mesh {
     me: usize,
     names: Vec<String>,
-    outs: Mutex<Vec<Option<Outgoing>>>,
+    outs: Mutex<Vec<Option<Conn>>>,
     shared: Arc<Shared>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -142,10 +106,7 @@ impl Mesh {
                 }
             }
         }
-        let shared = Arc::new(Shared {
-            queues: Mutex::new(HashMap::new()),
-            failure: watch::channel(None).0,
-        });
+        let shared = Arc::new(Shared::new());
         let mut outs = Vec::with_capacity(n);
         let mut tasks = vec![acceptor];
         for (j, s) in streams.into_iter().enumerate() {
@@ -154,12 +115,20 @@ impl Mesh {
                 continue;
             };
             let _ = s.set_nodelay(true);
-            let who = format!("node {} ({})", names[j], peers[j]);
+            let who: Arc<str> = format!("node {} ({})", names[j], peers[j]).into();
             let (r, w) = s.into_split();
             let (tx, rx) = flume::bounded(QUEUE);
-            outs.push(Some(tx));
-            tasks.push(tokio::spawn(write_loop(
+            let writer = Arc::new(tokio::sync::Mutex::new(BufWriter::with_capacity(
+                1 << 16,
                 w,
+            )));
+            outs.push(Some(Conn {
+                queue: tx,
+                writer: writer.clone(),
+                who: who.clone(),
+            }));
+            tasks.push(tokio::spawn(write_loop(
+                writer,
                 rx,
                 timeouts.heartbeat,
                 shared.clone(),
@@ -204,15 +173,58 @@ impl Mesh {
             let _ = self.shared.queue(peer, channel).0.send(bytes);
             return Ok(());
         }
-        let tx = {
-            let outs = self.outs.lock().unwrap_or_else(|p| p.into_inner());
-            outs.get(peer).cloned().flatten()
-        };
-        let tx = tx.ok_or_else(|| format!("no connection to node {peer}"))?;
-        tx.send_async((channel, bytes)).await.map_err(|_| {
+        let conn = self.conn(peer)?;
+        conn.queue.send_async((channel, bytes)).await.map_err(|_| {
             self.failure()
                 .unwrap_or_else(|| "the mesh is shut down".into())
         })
+    }
+
+    /// Sends `bytes` to `peer` on `channel` straight from the caller's memory, onto the
+    /// socket in the caller's task: no copy and no hand-over to the writer task, for
+    /// bulk data (ring segments). A channel's frames keep their order when they all go
+    /// by [`Mesh::send`] or all by this. Dropping the future in the middle of a frame
+    /// leaves the stream unreadable, so that fails the mesh.
+    ///
+    /// # Errors
+    /// The mesh's failure, when it failed; writing failing (which fails the mesh).
+    pub async fn send_slice(&self, peer: usize, channel: u32, bytes: &[u8]) -> Result<(), String> {
+        if let Some(why) = self.failure() {
+            return Err(why);
+        }
+        if peer == self.me {
+            let _ = self.shared.queue(peer, channel).0.send(bytes.to_vec());
+            return Ok(());
+        }
+        let conn = self.conn(peer)?;
+        let mut w = conn.writer.lock().await;
+        let mut cut = CutOff(Some((&self.shared, &conn.who)));
+        let sent = async {
+            write_frame(&mut *w, channel, bytes).await?;
+            w.flush().await
+        }
+        .await;
+        cut.0 = None;
+        sent.map_err(|e| {
+            let why = format!("{}: sending failed: {e}", conn.who);
+            self.shared.fail(why.clone());
+            why
+        })
+    }
+
+    /// Hands a received payload back for reuse by the connections' readers (a large
+    /// buffer refilled instead of fresh pages faulted in per frame).
+    pub fn recycle(&self, bytes: Vec<u8>) {
+        self.shared.recycle(bytes);
+    }
+
+    /// The sending side of the connection to `peer`.
+    fn conn(&self, peer: usize) -> Result<Conn, String> {
+        let outs = self.outs.lock().unwrap_or_else(|p| p.into_inner());
+        outs.get(peer)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| format!("no connection to node {peer}"))
     }
 
     /// The next frame from `peer` on `channel`.
@@ -285,149 +297,5 @@ impl Mesh {
 impl Drop for Mesh {
     fn drop(&mut self) {
         self.abort();
-    }
-}
-
-/// Dials node `j` until it answers or `deadline`, and authenticates it.
-async fn dial(
-    addr: SocketAddr,
-    j: usize,
-    name: &str,
-    hello: &Hello,
-    secret: &[u8],
-    deadline: Instant,
-) -> Result<TcpStream, String> {
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match TcpStream::connect(addr).await {
-            Ok(mut s) => {
-                let theirs = handshake(&mut s, Role::Dialer, hello, secret, left)
-                    .await
-                    .map_err(|e| format!("node {name} ({addr}) refused or was refused: {e}"))?;
-                if theirs.node as usize != j {
-                    return Err(format!(
-                        "{addr} answers as node {}, but the manifest puts node {name} (index {j}) there",
-                        theirs.node
-                    ));
-                }
-                return Ok(s);
-            }
-            Err(e) if left.is_zero() => {
-                return Err(format!("node {name} ({addr}) did not answer: {e}"));
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100).min(left)).await,
-        }
-    }
-}
-
-/// Accepts connections for the whole job: the higher-numbered nodes' first ones go to
-/// `joined`; anything else (the wrong secret, another job, garbage, a node already
-/// joined) is refused and logged. Each handshake runs on its own task, so a connection
-/// that says nothing holds up no other.
-async fn accept_loop(
-    listener: TcpListener,
-    me: usize,
-    n: usize,
-    hello: Hello,
-    secret: Arc<[u8]>,
-    joined: flume::Sender<(usize, TcpStream)>,
-    timeout: Duration,
-) {
-    let seen = Arc::new(Mutex::new(vec![false; n]));
-    let mut handshakes = tokio::task::JoinSet::new();
-    loop {
-        let Ok((mut s, from)) = listener.accept().await else {
-            continue;
-        };
-        while handshakes.try_join_next().is_some() {}
-        let (hello, secret, joined, seen) =
-            (hello.clone(), secret.clone(), joined.clone(), seen.clone());
-        handshakes.spawn(async move {
-            match handshake(&mut s, Role::Acceptor, &hello, &secret, timeout).await {
-                Ok(theirs) => {
-                    let j = theirs.node as usize;
-                    let first = {
-                        let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
-                        let first = j > me && j < n && !seen[j];
-                        if first {
-                            seen[j] = true;
-                        }
-                        first
-                    };
-                    match first {
-                        true => {
-                            let _ = joined.send((j, s));
-                        }
-                        false => tracing::warn!(
-                            "refused a connection from {from}: it claims node {j}, which is not one to join here now"
-                        ),
-                    }
-                }
-                Err(why) => tracing::warn!("refused a connection from {from}: {why}"),
-            }
-        });
-    }
-}
-
-async fn write_loop(
-    w: OwnedWriteHalf,
-    rx: flume::Receiver<(u32, Vec<u8>)>,
-    heartbeat: Duration,
-    shared: Arc<Shared>,
-    who: String,
-) {
-    let mut w = BufWriter::with_capacity(1 << 16, w);
-    let result: std::io::Result<()> = async {
-        loop {
-            match tokio::time::timeout(heartbeat, rx.recv_async()).await {
-                Ok(Ok((channel, bytes))) => {
-                    write_frame(&mut w, channel, &bytes).await?;
-                    while let Ok((channel, bytes)) = rx.try_recv() {
-                        write_frame(&mut w, channel, &bytes).await?;
-                    }
-                }
-                // The mesh is shutting down: say goodbye.
-                Ok(Err(_)) => {
-                    write_frame(&mut w, GOODBYE, &[]).await?;
-                    w.flush().await?;
-                    return w.shutdown().await;
-                }
-                Err(_) => write_frame(&mut w, HEARTBEAT, &[]).await?,
-            }
-            w.flush().await?;
-        }
-    }
-    .await;
-    if let Err(e) = result {
-        shared.fail(format!("{who}: sending failed: {e}"));
-    }
-}
-
-async fn read_loop(
-    mut r: OwnedReadHalf,
-    peer: usize,
-    peer_timeout: Duration,
-    shared: Arc<Shared>,
-    who: String,
-) {
-    let mut said_goodbye = false;
-    loop {
-        // The timeout counts silence, not the time a large frame takes to arrive.
-        match read_frame_within(&mut r, MAX_FRAME, peer_timeout).await {
-            Err(FrameError::Silent(_) | FrameError::Closed) if said_goodbye => return,
-            Err(FrameError::Silent(_)) => {
-                return shared.fail(format!(
-                    "{who} sent nothing for {peer_timeout:?}: gone or hung"
-                ));
-            }
-            Err(e) => return shared.fail(format!("{who} {e}")),
-            Ok(f) => match f.channel {
-                HEARTBEAT => {}
-                GOODBYE => said_goodbye = true,
-                ch => {
-                    let _ = shared.queue(peer, ch).0.send(f.bytes);
-                }
-            },
-        }
     }
 }

@@ -21,6 +21,7 @@
 //! nodes pipeline jobs span).
 
 mod bus;
+mod conn;
 pub mod frame;
 pub mod handshake;
 mod mesh;

@@ -68,8 +68,10 @@ impl Link<'_> {
         };
         let sending = async {
             for piece in outgoing.chunks(PIECE) {
-                let bytes = bytemuck::cast_slice::<f32, u8>(piece).to_vec();
-                self.mesh.send(self.next_node, self.to_next, bytes).await?;
+                let bytes = bytemuck::cast_slice::<f32, u8>(piece);
+                self.mesh
+                    .send_slice(self.next_node, self.to_next, bytes)
+                    .await?;
             }
             Ok::<(), String>(())
         };
@@ -77,6 +79,7 @@ impl Link<'_> {
             for piece in incoming.chunks_mut(PIECE) {
                 let got = self.mesh.recv(self.prev_node, self.from_prev).await?;
                 fold(piece, &got)?;
+                self.mesh.recycle(got);
             }
             Ok::<(), String>(())
         };

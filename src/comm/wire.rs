@@ -194,7 +194,8 @@ pub fn link_transfers(mesh: Arc<Mesh>, owner: Vec<Vec<usize>>) -> (Mailboxes<Pay
             let mesh = mesh.clone();
             tokio::spawn(async move {
                 while let Ok(t) = rx.recv_async().await {
-                    if let Err(why) = mesh.send(node, DATA, encode(replica, rank, &t)).await {
+                    let bytes = encode(replica, rank, &t);
+                    if let Err(why) = mesh.send_slice(node, DATA, &bytes).await {
                         tracing::debug!("a transfer to node {node} was not sent: {why}");
                         return;
                     }
@@ -209,7 +210,9 @@ pub fn link_transfers(mesh: Arc<Mesh>, owner: Vec<Vec<usize>>) -> (Mailboxes<Pay
             let (mesh, mine) = (mesh.clone(), mine.clone());
             tokio::spawn(async move {
                 while let Ok(bytes) = mesh.recv(peer, DATA).await {
-                    match decode(&bytes) {
+                    let decoded = decode(&bytes);
+                    mesh.recycle(bytes);
+                    match decoded {
                         Ok((member, t)) => match mine.get(&member) {
                             Some(tx) => {
                                 let _ = tx.send(t);
