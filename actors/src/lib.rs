@@ -26,6 +26,7 @@
 //! - `error`: [`ActorError`], the crate's one error type.
 #![deny(missing_docs)]
 
+mod buckets;
 pub mod checkpoint;
 mod collective;
 mod coordinator;

@@ -228,6 +228,7 @@ where
                 policy: settings.policy,
                 spin: settings.spin,
                 places: places.clone(),
+                reducing: HashMap::new(),
             };
             let index = members.len() - 1;
             let body = async move { actor.run().await.map(|c| (index, c)) };

@@ -10,6 +10,7 @@ use pipetrain_schedules::{Action, ActionKind, TraceEvent};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::buckets::Reduction;
 use crate::coordinator::CoordinatorHandle;
 use crate::data::DataItem;
 use crate::decide::{GradPolicy, StepDecision};
@@ -44,6 +45,8 @@ pub(crate) struct StageActor<C: StageCompute, K: Collective> {
     pub spin: std::time::Duration,
     /// Where other processes' members run, for the watchdog's report.
     pub places: Arc<Places>,
+    /// This step's gradient buckets under reduction, by stage.
+    pub reducing: HashMap<usize, Reduction>,
 }
 
 /// The next message of `rx`: polled for up to `spin` first, then awaited. Waking a parked
@@ -108,6 +111,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
         let mut arrived: HashMap<(Flow, usize, usize), C::Payload> = HashMap::new();
         let mut out = StepOutcome::default();
         let mut decision = None;
+        self.start_reductions();
         for i in 0..self.actions.len() {
             let action = self.actions[i];
             self.set(Status::Running(action));
@@ -230,6 +234,23 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             // only true data dependencies make an actor wait, as the simulator models.
             ActionKind::RecvAct | ActionKind::RecvGrad => {}
             ActionKind::AllReduce => {
+                self.set(Status::Waiting {
+                    action,
+                    from: format!(
+                        "the other replicas of stage {s}{}",
+                        self.places.other_replicas(
+                            self.replica,
+                            self.placement.get(s).copied().unwrap_or(usize::MAX)
+                        )
+                    ),
+                });
+                if let Some(reduction) = self.reducing.remove(&s) {
+                    let sums = crate::buckets::finish(self.compute(s)?, reduction, s).await?;
+                    return match self.compute(s)?.put_buckets(sums) {
+                        Ok(()) => Ok(start),
+                        Err(source) => Err(self.failed(action, source)),
+                    };
+                }
                 let grads = self.compute(s)?.take_grads();
                 self.set(Status::Waiting {
                     action,
@@ -504,6 +525,25 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                 rank,
                 reason: format!("stage {stage} is not on this rank"),
             })
+    }
+
+    /// Starts reducing the gradient buckets of each stage that all-reduces this step
+    /// (see `buckets`); a reduction left from a failed step is dropped.
+    fn start_reductions(&mut self) {
+        for (_, stale) in self.reducing.drain() {
+            stale.abort();
+        }
+        for a in &self.actions {
+            if a.kind() != ActionKind::AllReduce {
+                continue;
+            }
+            let s = a.stage();
+            if let Some(compute) = self.computes.get_mut(&s) {
+                if let Some(r) = crate::buckets::start(compute, &self.collective, s, self.replica) {
+                    self.reducing.insert(s, r);
+                }
+            }
+        }
     }
 
     fn failed(&self, action: Action, source: crate::error::BoxError) -> ActorError {

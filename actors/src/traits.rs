@@ -71,6 +71,26 @@ pub trait StageCompute: Send + 'static {
     /// Takes back the (reduced) gradients.
     fn put_grads(&mut self, grads: Vec<f32>);
 
+    /// Offers a channel for gradient buckets (`None` takes it back). A compute that
+    /// takes it sends each bucket of the step's gradients down it as soon as the step's
+    /// last backward completes it, so its all-reduce starts while the backward still
+    /// runs; every replica sends the same buckets in the same order. Returns whether it
+    /// takes it; by default a stage has no buckets, and hands out all its gradients at
+    /// the all-reduce ([`StageCompute::take_grads`]).
+    fn reduce_buckets_into(&mut self, sink: Option<flume::Sender<Vec<f32>>>) -> bool {
+        let _ = sink;
+        false
+    }
+
+    /// Takes back the reduced buckets, in the order they were sent.
+    ///
+    /// # Errors
+    /// When they are not the buckets sent this step.
+    fn put_buckets(&mut self, sums: Vec<Vec<f32>>) -> Result<(), BoxError> {
+        let _ = sums;
+        Err("this stage sends no gradient buckets".into())
+    }
+
     /// Statistics of the (reduced) gradients of `step`, for the update decision.
     fn grad_stats(&mut self, step: u64) -> GradStats;
 

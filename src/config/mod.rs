@@ -72,6 +72,12 @@ pub struct TrainConfig {
     /// data x horizontal x pipeline parallel sizes.
     #[serde(default)]
     pub world_size: Option<usize>,
+    /// With data parallelism, a stage's gradients are reduced across replicas in
+    /// buckets of about this many MiB, each starting while the rest of the step's last
+    /// backward still runs (as PyTorch DDP's `bucket_cap_mb`); 0: one reduction of all
+    /// a stage's gradients after its backward.
+    #[serde(default = "bucket_mb")]
+    pub gradient_bucket_mb: f64,
     /// The loss.
     pub loss: LossSpec,
     /// Training data.
@@ -166,6 +172,10 @@ fn one() -> usize {
 
 fn ten() -> usize {
     10
+}
+
+fn bucket_mb() -> f64 {
+    25.0
 }
 
 fn watchdog() -> f64 {
@@ -636,6 +646,15 @@ impl TrainConfig {
             return Err(bad(
                 "watchdog_seconds",
                 format!("must be a positive number, got {}", self.watchdog_seconds),
+            ));
+        }
+        if !(self.gradient_bucket_mb.is_finite() && self.gradient_bucket_mb >= 0.0) {
+            return Err(bad(
+                "gradient_bucket_mb",
+                format!(
+                    "must be a number of MiB, 0 or more, got {}",
+                    self.gradient_bucket_mb
+                ),
             ));
         }
         if self.runtime.intra_op_threads == Some(0) {

@@ -1,6 +1,7 @@
 //! Graphs: the IR, loss attachment, reverse-mode autodiff, stage partitioning and export.
 
 pub mod autodiff;
+mod buckets;
 mod export;
 mod ir;
 mod loss;
@@ -9,6 +10,7 @@ mod stages;
 mod subgraph;
 mod training;
 
+pub use buckets::{grad_chain, GradChain};
 pub use export::export_inference_model;
 pub use ir::*;
 pub use loss::{attach_loss, LossNormalize, LossSpec, ACC_CORRECT, ACC_COUNTED, LOSS};

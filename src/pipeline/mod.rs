@@ -8,9 +8,12 @@
 //! - `stage_compute`: [`OrtStage`] as the runtime's [`pipetrain_actors::StageCompute`]:
 //!   forward, backward, evaluation, gradient statistics, the decided update, snapshots
 //!   for checkpoints.
+//! - `buckets`: the gradient graph as a chain of pieces on a step's last micro-batch,
+//!   each piece's gradients sent for reduction while the next pieces run.
 //! - `data`: [`StepData`], the [`pipetrain_actors::DataSource`] splitting each step's
 //!   global batch into per-replica micro-batches.
 
+mod buckets;
 mod data;
 mod settings;
 mod stage;

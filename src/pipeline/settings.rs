@@ -28,6 +28,12 @@ pub struct StageSettings {
     pub stall: Option<(u64, Duration)>,
     /// Copies of named parameters and their gradients every step, for histograms.
     pub histograms: Option<HistogramTap>,
+    /// Gradient buckets of about this many bytes, each reduced across replicas while
+    /// the rest of the step's last backward runs; 0: no buckets (one reduction after
+    /// the backward).
+    pub bucket_bytes: usize,
+    /// Micro-batches per step (each contributes once to the gradients).
+    pub micro_batches: usize,
 }
 
 /// Where a stage sends copies of the parameters (and gradients) named for TensorBoard
@@ -43,7 +49,7 @@ pub struct HistogramTap {
 
 impl StageSettings {
     /// A stage training with `optimizer`, micro-batch gradients weighted by `seed_scale`,
-    /// no loss scaling, no split backward, no test aids.
+    /// no loss scaling, no split backward, no gradient buckets, no test aids.
     pub fn new(optimizer: OptimizerConfig, seed_scale: f64) -> StageSettings {
         StageSettings {
             split_backward: false,
@@ -55,6 +61,8 @@ impl StageSettings {
             slow_save: None,
             stall: None,
             histograms: None,
+            bucket_bytes: 0,
+            micro_batches: 1,
         }
     }
 }

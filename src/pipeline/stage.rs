@@ -9,6 +9,7 @@ use crate::checkpoint::LoadedCheckpoint;
 use crate::compute::{GraphSession, Runtime, SessionOptions};
 use crate::graph::{Graph, LossNormalize, StageGraphs, StageIo, TrainingGraph, LOSS_GRAD};
 use crate::optim::{Optimizer, ParamLayout};
+use crate::pipeline::buckets::Chain;
 use crate::pipeline::data::LOSS_COUNT;
 use crate::pipeline::settings::StageSettings;
 use crate::tensor::{Tensor, TensorView, ViewData};
@@ -51,6 +52,14 @@ pub struct OrtStage {
     pub(super) snapshots: crate::checkpoint::SnapshotBuffers,
     /// Optimizer steps finished (applied or skipped).
     pub(super) steps_done: u64,
+    /// The gradient graph in buckets (see `buckets`), when asked for and worth it.
+    pub(super) chain: Option<Chain>,
+    /// Where the buckets go this step, while the stage actor reduces them.
+    pub(super) bucket_sink: Option<flume::Sender<Vec<f32>>>,
+    /// Micro-batches that contributed to this step's gradients so far.
+    pub(super) contributions: usize,
+    /// Buckets sent this step, awaiting their sums.
+    pub(super) sent_buckets: usize,
 }
 
 impl OrtStage {
@@ -100,6 +109,19 @@ impl OrtStage {
             _ => None,
         };
         let separate = fused.is_none();
+        let chain = match settings.bucket_bytes {
+            0 => None,
+            bytes => {
+                let g = match (&graphs.fused, fused.is_some(), split_backward) {
+                    (Some(g), true, _) => g,
+                    (_, _, true) => &graphs.backward_weight,
+                    _ => &graphs.backward,
+                };
+                let sizes: Vec<usize> =
+                    layout.shapes().iter().map(|s| s.iter().product()).collect();
+                Chain::new(rt, tg, g, opts, &grad_slot, &sizes, bytes)?
+            }
+        };
         Ok(OrtStage {
             forward: if separate {
                 session(&graphs.forward)?
@@ -137,6 +159,10 @@ impl OrtStage {
             peak_stash: 0,
             snapshots: Default::default(),
             steps_done: 0,
+            chain,
+            bucket_sink: None,
+            contributions: 0,
+            sent_buckets: 0,
         })
     }
 
@@ -338,6 +364,7 @@ impl OrtStage {
     /// Starts a new step's accumulation.
     pub(super) fn reset_grads(&mut self) {
         self.written.fill(false);
+        self.contributions = 0;
     }
 
     /// Starts a new accumulation: the next gradients overwrite the accumulators instead

@@ -105,7 +105,7 @@ impl StageCompute for OrtStage {
         let input = input.unwrap_or_default();
         let data = data.unwrap_or_default();
         if let Some(mut session) = self.fused.take() {
-            let outputs = self.run(&mut session, &[&input, &data]);
+            let outputs = self.run_grads(&mut session, &[&input, &data]);
             self.fused = Some(session);
             let rest = outputs?;
             let raw = rest
@@ -154,9 +154,10 @@ impl StageCompute for OrtStage {
             BackwardPart::Weight => &mut self.backward_weight,
         };
         let mut session = slot.take();
-        let outputs = match session.as_mut() {
-            Some(s) => self.run(s, &[&grad, &stash]),
-            None => Ok(Payload::new()),
+        let outputs = match (session.as_mut(), part) {
+            (Some(s), BackwardPart::Input) => self.run(s, &[&grad, &stash]),
+            (Some(s), _) => self.run_grads(s, &[&grad, &stash]),
+            (None, _) => Ok(Payload::new()),
         };
         match part {
             BackwardPart::Full => self.backward = session,
@@ -200,6 +201,18 @@ impl StageCompute for OrtStage {
 
     fn put_grads(&mut self, grads: Vec<f32>) {
         self.grads = grads;
+    }
+
+    fn reduce_buckets_into(&mut self, sink: Option<flume::Sender<Vec<f32>>>) -> bool {
+        if self.chain.is_none() {
+            return false;
+        }
+        self.bucket_sink = sink;
+        true
+    }
+
+    fn put_buckets(&mut self, sums: Vec<Vec<f32>>) -> Result<(), BoxError> {
+        Ok(self.put_bucket_sums(sums)?)
     }
 
     fn grad_stats(&mut self, step: u64) -> GradStats {

@@ -178,7 +178,8 @@ pub fn one_process(config: &Path, metrics: &Path) {
 }
 
 /// The peers' tiny GPT (its model, initial weights and data, in file order) as dp 2 x
-/// pp 2 with 1F1B and AdamW; None without `../shared/peers`.
+/// pp 2 with 1F1B and AdamW, each stage's gradients reduced in buckets of 256 KiB (3 to
+/// 5 per stage); None without `../shared/peers`.
 pub fn tiny_gpt_config(dir: &Path, name: &str, steps: usize) -> Option<PathBuf> {
     let peers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/peers/data");
     if !peers.is_dir() {
@@ -197,6 +198,7 @@ num_train_steps = {passes}
 data_parallel_size = 2
 pipeline_parallel_size = 2
 display_loss_steps = 1
+gradient_bucket_mb = 0.25
 [loss]
 kind = "softmax_cross_entropy"
 prediction = "logits"

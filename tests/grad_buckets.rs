@@ -1,0 +1,169 @@
+//! Gradient buckets (`gradient_bucket_mb`): with data parallelism, a stage's step's last
+//! backward runs as a chain of pieces and each piece's gradients are all-reduced while
+//! the next pieces run. Splitting the backward and reducing in pieces moves no float:
+//! every layout and schedule trains the same bits with buckets as without, and the
+//! buckets a stage hands out are exactly its step's gradients.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use common::mlp::{Mlp, ADAMW_COSINE};
+use pipetrain::compute::Runtime;
+use pipetrain::tensor::Tensor;
+
+fn trained(rt: &Runtime, m: &Mlp) -> (Vec<(String, Vec<u32>)>, f64) {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, path) = m.config(dir.path());
+    let s = pipetrain::train::train(rt, &cfg, &path, false, |_| {}).unwrap();
+    assert_eq!(s.steps, m.steps);
+    let mut p: Vec<(String, Vec<u32>)> = s
+        .parameters
+        .iter()
+        .map(|(n, t)| {
+            let bits = t
+                .to_f64_vec()
+                .iter()
+                .map(|&x| (x as f32).to_bits())
+                .collect();
+            (n.clone(), bits)
+        })
+        .collect();
+    p.sort();
+    (p, s.final_loss)
+}
+
+#[test]
+fn buckets_train_the_same_bits_in_every_layout_and_schedule() {
+    if common::skip_without_peers() {
+        return;
+    }
+    let rt = Runtime::from_env().unwrap();
+    for (pp, schedule) in [(1, "1f1b"), (2, "1f1b"), (2, "zb_h1")] {
+        let run = |bucket_mb: &str| {
+            let m = Mlp {
+                dp: 2,
+                pp,
+                accum: 4,
+                steps: 6,
+                schedule,
+                optimizer: ADAMW_COSINE,
+                extra: format!("gradient_bucket_mb = {bucket_mb}"),
+                ..Mlp::default()
+            };
+            trained(&rt, &m)
+        };
+        let (whole, whole_loss) = run("0");
+        // 16 KiB: the mlp's stages split into several buckets each.
+        let (bucketed, bucketed_loss) = run("0.015625");
+        assert_eq!(bucketed_loss, whole_loss, "pp = {pp} {schedule}");
+        for ((n, a), (_, b)) in whole.iter().zip(&bucketed) {
+            assert!(a == b, "pp = {pp} {schedule}: `{n}` differs with buckets");
+        }
+    }
+}
+
+/// The peers' tiny GPT as one stage (its forward and backward in one graph), built with
+/// `bucket_bytes` (0: no buckets) for steps of two micro-batches.
+fn tiny_gpt_stage(
+    rt: &Runtime,
+    model: &common::PeerModel,
+    bucket_bytes: usize,
+) -> pipetrain::pipeline::OrtStage {
+    use pipetrain::graph::{assign_stages, build_stage_graphs, BalanceBy, Partition};
+    let tg = model.training_graph(rt);
+    let one = Partition::Balanced {
+        stages: 1,
+        by: BalanceBy::Flops,
+    };
+    let graphs = build_stage_graphs(&tg, &assign_stages(&tg, &one).unwrap()).unwrap();
+    let session = pipetrain::compute::SessionOptions {
+        intra_threads: 1,
+        inter_threads: 1,
+        optimize: true,
+        spin: false,
+        profile: false,
+    };
+    let settings = pipetrain::pipeline::StageSettings {
+        bucket_bytes,
+        micro_batches: 2,
+        ..pipetrain::pipeline::StageSettings::new(Default::default(), 0.5)
+    };
+    pipetrain::pipeline::OrtStage::new(rt, &tg, &graphs[0], &session, &settings).unwrap()
+}
+
+#[test]
+fn a_stage_hands_out_its_steps_gradients_bucket_by_bucket_on_the_last_micro_batch() {
+    use pipetrain_actors::{BackwardPart, StageCompute};
+    if common::skip_without_peers() {
+        return;
+    }
+    let rt = Runtime::from_env().unwrap();
+    let model = common::PeerModel::load("tiny_gpt");
+    let data: Vec<HashMap<String, Arc<Tensor>>> = (0..2)
+        .map(|step| {
+            model
+                .batch(step)
+                .into_iter()
+                .map(|(k, v)| (k, Arc::new(v)))
+                .collect()
+        })
+        .collect();
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    // Two micro-batches through a stage; what its bucket channel carried after each.
+    let run = |stage: &mut pipetrain::pipeline::OrtStage| {
+        let (tx, rx) = flume::unbounded();
+        let takes = stage.reduce_buckets_into(Some(tx));
+        let mut arrived = Vec::new();
+        for (mb, d) in data.iter().enumerate() {
+            tokio.block_on(async {
+                stage.forward(mb, None, Some(d.clone())).await.unwrap();
+                stage.backward(mb, BackwardPart::Full, None).await.unwrap();
+            });
+            arrived.push(rx.drain().collect::<Vec<Vec<f32>>>());
+        }
+        stage.reduce_buckets_into(None);
+        (takes, arrived)
+    };
+    let mut whole = tiny_gpt_stage(&rt, &model, 0);
+    let (takes, arrived) = run(&mut whole);
+    assert!(
+        !takes && arrived.iter().all(Vec::is_empty),
+        "no buckets asked for"
+    );
+    let want = whole.take_grads();
+
+    let mut bucketed = tiny_gpt_stage(&rt, &model, 64 << 10);
+    let (takes, arrived) = run(&mut bucketed);
+    assert!(takes);
+    assert!(
+        arrived[0].is_empty(),
+        "a bucket went out before its gradients were final"
+    );
+    let buckets = &arrived[1];
+    assert!(buckets.len() >= 3, "{} buckets of 64 KiB", buckets.len());
+    // Together the buckets are the step's gradients, bit for bit (in the order the
+    // backward completes them, not the layout's).
+    let mut sent: Vec<u32> = buckets.iter().flatten().map(|x| x.to_bits()).collect();
+    let mut expected: Vec<u32> = want.iter().map(|x| x.to_bits()).collect();
+    assert_eq!(sent.len(), expected.len());
+    sent.sort_unstable();
+    expected.sort_unstable();
+    assert!(sent == expected, "the buckets are not the step's gradients");
+    // Sums handed back land where each bucket's values came from: giving back the
+    // buckets doubled doubles every gradient.
+    let doubled: Vec<Vec<f32>> = buckets
+        .iter()
+        .map(|b| b.iter().map(|x| x * 2.0).collect())
+        .collect();
+    bucketed.put_buckets(doubled).unwrap();
+    let got = bucketed.take_grads();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.to_bits(), (w * 2.0).to_bits(), "gradient value {i}");
+    }
+    // Sums for buckets that were never sent are refused.
+    assert!(bucketed.put_buckets(vec![vec![0.0]]).is_err());
+}
