@@ -40,7 +40,7 @@ fn buckets_train_the_same_bits_in_every_layout_and_schedule() {
         return;
     }
     let rt = Runtime::from_env().unwrap();
-    for (pp, schedule) in [(1, "1f1b"), (2, "1f1b"), (2, "zb_h1")] {
+    for (pp, schedule) in [(1, "1f1b"), (2, "1f1b"), (2, "zb_h1"), (2, "zb_v")] {
         let run = |bucket_mb: &str| {
             let m = Mlp {
                 dp: 2,

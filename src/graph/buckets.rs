@@ -67,10 +67,22 @@ pub fn grad_chain(
     let piece_of: Vec<usize> = (0..g.nodes.len())
         .map(|i| starts.partition_point(|&s| s <= i) - 1)
         .collect();
+    // Constants are made again in each piece that reads them, not handed over.
+    let constant: HashMap<&str, usize> = g
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.op_type == "Constant" && n.input.is_empty())
+        .flat_map(|(i, n)| n.output.iter().map(move |o| (o.as_str(), i)))
+        .collect();
     // The last piece that reads each value.
     let mut last_reader: HashMap<&str, usize> = HashMap::new();
     for (i, n) in g.nodes.iter().enumerate() {
-        for v in n.input.iter().filter(|v| !v.is_empty()) {
+        for v in n
+            .input
+            .iter()
+            .filter(|v| !v.is_empty() && !constant.contains_key(v.as_str()))
+        {
             let p = last_reader.entry(v.as_str()).or_insert(0);
             *p = (*p).max(piece_of[i]);
         }
@@ -103,18 +115,35 @@ pub fn grad_chain(
         buckets: Vec::new(),
     };
     for k in 0..starts.len() - 1 {
-        let nodes = &g.nodes[starts[k]..starts[k + 1]];
+        let own = starts[k]..starts[k + 1];
+        let mut copied: Vec<usize> = g.nodes[own.clone()]
+            .iter()
+            .flat_map(|n| n.input.iter())
+            .filter_map(|v| constant.get(v.as_str()).copied())
+            .filter(|i| !own.contains(i))
+            .collect();
+        copied.sort_unstable();
+        copied.dedup();
+        let nodes: Vec<_> = copied
+            .iter()
+            .map(|&i| g.nodes[i].clone())
+            .chain(g.nodes[own.clone()].iter().cloned())
+            .collect();
         let made: HashSet<&str> = nodes
+            .iter()
+            .flat_map(|n| n.output.iter().map(String::as_str))
+            .collect();
+        let own_made: HashSet<&str> = g.nodes[own.clone()]
             .iter()
             .flat_map(|n| n.output.iter().map(String::as_str))
             .collect();
         let mut piece_outputs = Vec::new();
         for o in &g.outputs {
-            if made.contains(o.name.as_str()) {
+            if own_made.contains(o.name.as_str()) {
                 piece_outputs.push(o.clone());
             }
         }
-        for n in nodes {
+        for n in &g.nodes[own.clone()] {
             for v in n.output.iter().filter(|v| !v.is_empty()) {
                 if last_reader.get(v.as_str()).is_some_and(|&p| p > k)
                     && !outputs.contains(v.as_str())
@@ -125,7 +154,7 @@ pub fn grad_chain(
         }
         let mut read = HashSet::new();
         let mut piece_inputs = Vec::new();
-        for n in nodes {
+        for n in &nodes {
             for v in n.input.iter().filter(|v| !v.is_empty()) {
                 if !made.contains(v.as_str())
                     && g.initializer(v).is_none()
@@ -139,25 +168,21 @@ pub fn grad_chain(
             .iter()
             .flat_map(|n| n.input.iter().map(String::as_str))
             .collect();
-        chain.buckets.push(
-            nodes
-                .iter()
-                .enumerate()
-                .flat_map(|(j, _)| grads_of(starts[k] + j))
-                .map(str::to_string)
-                .collect(),
-        );
+        chain
+            .buckets
+            .push(own.flat_map(grads_of).map(str::to_string).collect());
+        let initializers = g
+            .initializers
+            .iter()
+            .filter(|t| used.contains(t.name.as_str()))
+            .cloned()
+            .collect();
         chain.pieces.push(Graph {
             name: format!("{}_bucket{k}", g.name),
-            nodes: nodes.to_vec(),
+            nodes,
             inputs: piece_inputs,
             outputs: piece_outputs,
-            initializers: g
-                .initializers
-                .iter()
-                .filter(|t| used.contains(t.name.as_str()))
-                .cloned()
-                .collect(),
+            initializers,
             opsets: g.opsets.clone(),
             ir_version: g.ir_version,
         });

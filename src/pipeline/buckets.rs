@@ -25,7 +25,9 @@ impl Chain {
     /// about `bucket_bytes`; `None` when the gradients fit one bucket.
     ///
     /// # Errors
-    /// `Graph` or `Ort` when a piece cannot be built.
+    /// `Ort` when a piece's session cannot be made. (A graph that cannot be cut, for
+    /// want of a crossing value's type, keeps its gradients in one bucket, with a
+    /// warning.)
     pub(super) fn new(
         rt: &Runtime,
         tg: &TrainingGraph,
@@ -39,8 +41,14 @@ impl Chain {
             .iter()
             .map(|(n, &i)| (n.clone(), sizes[i] * 4))
             .collect();
-        let Some(chain) = grad_chain(tg, g, &bytes, bucket_bytes)? else {
-            return Ok(None);
+        let chain = match grad_chain(tg, g, &bytes, bucket_bytes) {
+            Ok(Some(chain)) => chain,
+            Ok(None) => return Ok(None),
+            // Training stays right with one reduction after the backward.
+            Err(e) => {
+                tracing::warn!("{}: gradients in one bucket: {e}", g.name);
+                return Ok(None);
+            }
         };
         let mut params: Vec<Vec<usize>> = chain
             .buckets
