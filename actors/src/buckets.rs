@@ -1,54 +1,85 @@
-//! Gradient buckets reduced while the backward still runs: at the start of a step a
-//! stage actor hands each of its stages with an all-reduce a channel, and a task that
-//! all-reduces whatever arrives on it, bucket after bucket, in the order the step's last
-//! backward completes them (the same order on every replica, so the collective pairs
-//! the same buckets everywhere). The all-reduce action then only waits for the last
-//! bucket and hands the sums back (a compute that took the channel and sent no bucket
-//! fails the step: its gradients would go unreduced). A compute without buckets
-//! declines the channel, and the all-reduce action reduces all its gradients at once.
+//! A stage actor's all-reduce, with gradient buckets reduced while the backward still
+//! runs: at the start of a step the actor hands each of its stages that all-reduces a
+//! channel, and a task all-reduces whatever arrives on it, bucket after bucket, in the
+//! order the step's last backward completes them (the same order on every replica, so
+//! the collective pairs the same buckets everywhere). The all-reduce action then only
+//! waits for the last bucket and hands the sums back; a compute that took the channel
+//! and sent no bucket fails the step (its gradients would go unreduced). A compute
+//! without buckets declines the channel, and the all-reduce action reduces all its
+//! gradients at once.
 
-use std::sync::Arc;
-
+use pipetrain_schedules::{Action, ActionKind};
 use tokio::task::JoinHandle;
 
 use crate::error::ActorError;
+use crate::stage::{StageActor, Status};
 use crate::traits::{Collective, StageCompute};
 
-/// One stage's buckets being reduced: the sums so far, in bucket order, once every
-/// bucket has arrived and the channel closed.
+/// One stage's buckets being reduced: the sums, in bucket order, once every bucket has
+/// arrived and the channel closed.
 pub(crate) type Reduction = JoinHandle<Result<Vec<Vec<f32>>, ActorError>>;
 
-/// Offers `compute` (stage `stage` of `replica`) a channel for its buckets; when it
-/// takes it, starts the task that reduces them.
-pub(crate) fn start<C: StageCompute, K: Collective>(
-    compute: &mut C,
-    collective: &Arc<K>,
-    stage: usize,
-    replica: usize,
-) -> Option<Reduction> {
-    let (tx, rx) = flume::unbounded::<Vec<f32>>();
-    if !compute.reduce_buckets_into(Some(tx)) {
-        return None;
-    }
-    let collective = collective.clone();
-    Some(tokio::spawn(async move {
-        let mut sums = Vec::new();
-        while let Ok(bucket) = rx.recv_async().await {
-            sums.push(collective.all_reduce_sum(stage, replica, bucket).await?);
+impl<C: StageCompute, K: Collective> StageActor<C, K> {
+    /// Starts reducing the buckets of each stage that all-reduces this step, where its
+    /// compute takes the channel; a reduction left from a failed step is dropped.
+    pub(crate) fn start_reductions(&mut self) {
+        for (_, stale) in self.reducing.drain() {
+            stale.abort();
         }
-        Ok(sums)
-    }))
-}
+        for a in &self.actions {
+            if a.kind() != ActionKind::AllReduce {
+                continue;
+            }
+            let s = a.stage();
+            let Some(compute) = self.computes.get_mut(&s) else {
+                continue;
+            };
+            let (tx, rx) = flume::unbounded::<Vec<f32>>();
+            if !compute.reduce_buckets_into(Some(tx)) {
+                continue;
+            }
+            let (collective, replica) = (self.collective.clone(), self.replica);
+            let reduction = tokio::spawn(async move {
+                let mut sums = Vec::new();
+                while let Ok(bucket) = rx.recv_async().await {
+                    sums.push(collective.all_reduce_sum(s, replica, bucket).await?);
+                }
+                Ok(sums)
+            });
+            self.reducing.insert(s, reduction);
+        }
+    }
 
-/// Takes the channel back from `compute` and waits for the last bucket's sum: the sums
-/// in bucket order.
-pub(crate) async fn finish<C: StageCompute>(
-    compute: &mut C,
-    reduction: Reduction,
-    stage: usize,
-) -> Result<Vec<Vec<f32>>, ActorError> {
-    compute.reduce_buckets_into(None);
-    reduction.await.map_err(|e| ActorError::Peer {
-        reason: format!("the gradient reduction of stage {stage} ended abnormally: {e}"),
-    })?
+    /// The all-reduce of stage `action.stage()`'s gradients across the replicas: the
+    /// buckets' sums once the last arrives, or the whole gradients reduced now.
+    pub(crate) async fn all_reduce(&mut self, action: Action) -> Result<(), ActorError> {
+        let s = action.stage();
+        self.set(Status::Waiting {
+            action,
+            from: format!(
+                "the other replicas of stage {s}{}",
+                self.places.other_replicas(
+                    self.replica,
+                    self.placement.get(s).copied().unwrap_or(usize::MAX)
+                )
+            ),
+        });
+        if let Some(reduction) = self.reducing.remove(&s) {
+            self.compute(s)?.reduce_buckets_into(None);
+            let sums = reduction.await.map_err(|e| ActorError::Peer {
+                reason: format!("the gradient reduction of stage {s} ended abnormally: {e}"),
+            })??;
+            return self
+                .compute(s)?
+                .put_buckets(sums)
+                .map_err(|source| self.failed(action, source));
+        }
+        let grads = self.compute(s)?.take_grads();
+        let sum = self
+            .collective
+            .all_reduce_sum(s, self.replica, grads)
+            .await?;
+        self.compute(s)?.put_grads(sum);
+        Ok(())
+    }
 }

@@ -6,6 +6,8 @@
 //! - `traits`: what the runtime is generic over: [`StageCompute`] (one stage of one
 //!   replica), [`DataSource`] (micro-batches), [`Collective`] (gradient reduction).
 //! - `stage`: the stage actor, one per (pipeline rank, replica); runs its rank's actions.
+//! - `buckets`: the stage actor's all-reduce, with gradient buckets reduced while the
+//!   step's last backward still runs.
 //! - `messages`: transfers between stage actors, plans and answers, actor status.
 //! - `places`: where other processes' members run, as the watchdog's report names them.
 //! - `scheduler`: the scheduler actor; hands out steps and runs the watchdog, whose

@@ -10,7 +10,6 @@ use pipetrain_schedules::{Action, ActionKind, TraceEvent};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::buckets::Reduction;
 use crate::coordinator::CoordinatorHandle;
 use crate::data::DataItem;
 use crate::decide::{GradPolicy, StepDecision};
@@ -46,7 +45,7 @@ pub(crate) struct StageActor<C: StageCompute, K: Collective> {
     /// Where other processes' members run, for the watchdog's report.
     pub places: Arc<Places>,
     /// This step's gradient buckets under reduction, by stage.
-    pub reducing: HashMap<usize, Reduction>,
+    pub reducing: HashMap<usize, crate::buckets::Reduction>,
 }
 
 /// The next message of `rx`: polled for up to `spin` first, then awaited. Waking a parked
@@ -101,7 +100,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
         Ok(self.computes)
     }
 
-    fn set(&self, s: Status) {
+    pub(crate) fn set(&self, s: Status) {
         self.progress.fetch_add(1, Ordering::Relaxed);
         let _ = self.status.send(s);
     }
@@ -233,41 +232,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             // MPI's irecv and wait): sends never block (mailboxes hold a whole step), so
             // only true data dependencies make an actor wait, as the simulator models.
             ActionKind::RecvAct | ActionKind::RecvGrad => {}
-            ActionKind::AllReduce => {
-                self.set(Status::Waiting {
-                    action,
-                    from: format!(
-                        "the other replicas of stage {s}{}",
-                        self.places.other_replicas(
-                            self.replica,
-                            self.placement.get(s).copied().unwrap_or(usize::MAX)
-                        )
-                    ),
-                });
-                if let Some(reduction) = self.reducing.remove(&s) {
-                    let sums = crate::buckets::finish(self.compute(s)?, reduction, s).await?;
-                    return match self.compute(s)?.put_buckets(sums) {
-                        Ok(()) => Ok(start),
-                        Err(source) => Err(self.failed(action, source)),
-                    };
-                }
-                let grads = self.compute(s)?.take_grads();
-                self.set(Status::Waiting {
-                    action,
-                    from: format!(
-                        "the other replicas of stage {s}{}",
-                        self.places.other_replicas(
-                            self.replica,
-                            self.placement.get(s).copied().unwrap_or(usize::MAX)
-                        )
-                    ),
-                });
-                let sum = self
-                    .collective
-                    .all_reduce_sum(s, self.replica, grads)
-                    .await?;
-                self.compute(s)?.put_grads(sum);
-            }
+            ActionKind::AllReduce => self.all_reduce(action).await?,
             ActionKind::OptimizerStep => {
                 let d = match *decision {
                     Some(d) => d,
@@ -516,7 +481,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
         }
     }
 
-    fn compute(&mut self, stage: usize) -> Result<&mut C, ActorError> {
+    pub(crate) fn compute(&mut self, stage: usize) -> Result<&mut C, ActorError> {
         let (replica, rank) = (self.replica, self.rank);
         self.computes
             .get_mut(&stage)
@@ -527,26 +492,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             })
     }
 
-    /// Starts reducing the gradient buckets of each stage that all-reduces this step
-    /// (see `buckets`); a reduction left from a failed step is dropped.
-    fn start_reductions(&mut self) {
-        for (_, stale) in self.reducing.drain() {
-            stale.abort();
-        }
-        for a in &self.actions {
-            if a.kind() != ActionKind::AllReduce {
-                continue;
-            }
-            let s = a.stage();
-            if let Some(compute) = self.computes.get_mut(&s) {
-                if let Some(r) = crate::buckets::start(compute, &self.collective, s, self.replica) {
-                    self.reducing.insert(s, r);
-                }
-            }
-        }
-    }
-
-    fn failed(&self, action: Action, source: crate::error::BoxError) -> ActorError {
+    pub(crate) fn failed(&self, action: Action, source: crate::error::BoxError) -> ActorError {
         ActorError::Compute {
             replica: self.replica,
             stage: action.stage(),
