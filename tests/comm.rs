@@ -267,14 +267,19 @@ async fn three_workers_gather_reduce_and_transfer() {
         let want: Vec<Vec<u8>> = (0..3).map(|i| format!("{i}:{k}").into_bytes()).collect();
         assert_eq!(all, want);
     }
-    // Ring all-reduce over 3 replicas of stage 0, one per worker: identical bits
-    // everywhere, the sum to float32 rounding.
+    // All-reduce over 3 replicas of stage 0, one per worker.
     let placement = vec![vec![0], vec![1], vec![2]];
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     // Segments of about 1.17M values: each crosses the wire as two pieces (PIECE = 2^20).
     let len = 3_500_003;
     let inputs: Vec<Vec<f32>> = (0..3)
-        .map(|_| (0..len).map(|_| rng.random_range(-1.0..1.0)).collect())
+        // Drawn in f64 and rounded: full f32 mantissas, so the order of a sum shows in
+        // its bits (rand's f32 draws are multiples of 2^-22: sums of three are exact).
+        .map(|_| {
+            (0..len)
+                .map(|_| rng.random_range(-1.0f64..1.0) as f32)
+                .collect()
+        })
         .collect();
     let reduced: Vec<Vec<f32>> = {
         let tasks: Vec<_> = (0..3)
@@ -290,6 +295,8 @@ async fn three_workers_gather_reduce_and_transfer() {
         }
         out
     };
+    // Every replica holds the same bits (each element summed once, by one replica), and
+    // the sum is right to float32 rounding (summed in ring order, not replica order).
     assert!(reduced.iter().all(|r| r
         .iter()
         .map(|x| x.to_bits())
