@@ -6,7 +6,8 @@
 //! - [`tensor`]: host tensors, the buffers pipetrain owns.
 //! - [`graph`]: the graph IR, loss attachment, reverse-mode autodiff emitting ONNX
 //!   backward graphs, stage partitioning, per-stage forward / backward / input-grad /
-//!   weight-grad graphs, and export of the trained inference model.
+//!   weight-grad graphs, gradient graphs cut into bucket chains, and export of the
+//!   trained inference model.
 //! - [`api`]: embedding pipetrain: [`api::Trainer`] and its run handle (events,
 //!   checkpoint now, stop, cancel), the seeds' `TrainingRunner` and on-device
 //!   `Module` / `Optimizer` loop.

@@ -6,7 +6,10 @@
 //! - `mesh`: [`Mesh`], one authenticated connection per pair of nodes (the higher dials
 //!   the lower), channels multiplexed over it, heartbeats, and failure detection: a peer
 //!   that closes without a goodbye or falls silent for the peer timeout fails every
-//!   receive with its name.
+//!   receive with its name. Bulk data goes out straight from the caller's memory
+//!   ([`Mesh::send_slice`]) and is read into recycled buffers ([`Mesh::recycle`]).
+//! - `conn`: one connection's tasks (dial, accept, write, read) and what they share
+//!   with the mesh.
 //! - `bus`: [`MeshBus`], the actors' control [`pipetrain_actors::Bus`] (keyed
 //!   all-gathers).
 //! - `ring`: [`MeshCollective`], ring all-reduce (reduce-scatter + all-gather) for the
