@@ -68,11 +68,18 @@ impl Shared {
             .clone()
     }
 
-    /// An empty buffer for a payload of `len` bytes: a spare one that fits, or a new one.
+    /// An empty buffer for a payload of `len` bytes: the smallest spare one that fits,
+    /// or a new one.
     fn buffer(&self, len: usize) -> Vec<u8> {
         if len >= SPARE_MIN {
             let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(i) = spare.iter().position(|b| b.capacity() >= len) {
+            let fits = spare
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.capacity() >= len)
+                .min_by_key(|(_, b)| b.capacity())
+                .map(|(i, _)| i);
+            if let Some(i) = fits {
                 return spare.swap_remove(i);
             }
         }

@@ -5,9 +5,10 @@
 //! workers may start in any order); the lower accepts, and keeps accepting for the whole
 //! job, refusing and logging anything that fails the handshake. Each connection has a
 //! writer task (a bounded queue of frames; a heartbeat when idle) and a reader task that
-//! files incoming frames by (peer, channel) (see `conn`). A peer that closes its connection without
-//! saying goodbye, or sends nothing (not even a heartbeat) for the peer timeout, fails
-//! the mesh: every receive under way or to come returns the reason, naming the peer.
+//! files incoming frames by (peer, channel) (see `conn`). A peer that closes its
+//! connection without saying goodbye, or sends nothing (not even a heartbeat) for the
+//! peer timeout, fails the mesh: every receive under way or to come returns the reason,
+//! naming the peer.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
