@@ -18,6 +18,8 @@ pub(super) struct Chain {
     /// Per piece: the parameter indices (in the stage's layout) of its bucket. The last
     /// bucket also holds the parameters no piece computes a gradient for (zero).
     params: Vec<Vec<usize>>,
+    /// Last step's sums, refilled as this step's buckets (no fresh pages each step).
+    spare: Vec<Vec<f32>>,
 }
 
 impl Chain {
@@ -70,7 +72,11 @@ impl Chain {
             pieces.len(),
             params.iter().map(Vec::len).collect::<Vec<_>>()
         );
-        Ok(Some(Chain { pieces, params }))
+        Ok(Some(Chain {
+            pieces,
+            params,
+            spare: Vec::new(),
+        }))
     }
 }
 
@@ -115,7 +121,8 @@ impl OrtStage {
             if k == last {
                 self.complete_grads();
             }
-            let mut bucket = Vec::new();
+            let mut bucket = chain.spare.pop().unwrap_or_default();
+            bucket.clear();
             for &i in &chain.params[k] {
                 bucket.extend_from_slice(self.layout.slice(&self.grads, i));
             }
@@ -130,7 +137,7 @@ impl OrtStage {
 
     /// Writes the reduced buckets back into the gradient accumulators.
     pub(super) fn put_bucket_sums(&mut self, sums: Vec<Vec<f32>>) -> Result<()> {
-        let chain = self.chain.as_ref().filter(|c| c.params.len() == sums.len());
+        let chain = self.chain.as_mut().filter(|c| c.params.len() == sums.len());
         let Some(chain) = chain.filter(|_| self.sent_buckets == sums.len()) else {
             return Err(Error::BadTensor {
                 name: "gradient buckets".into(),
@@ -150,6 +157,9 @@ impl OrtStage {
                 at = next;
             }
         }
+        // Reversed, so bucket k pops the buffer it filled last step (of its own size).
+        chain.spare = sums;
+        chain.spare.reverse();
         self.sent_buckets = 0;
         Ok(())
     }
