@@ -2,12 +2,14 @@
 
 mod chain;
 mod device;
+mod direct;
 mod probe;
 mod runtime;
 mod session;
 
 pub use chain::{StageChain, StepOutput, TensorMap, TrainSession};
 pub use device::{check_device, cuda_devices, CudaDevices, Device};
+pub use direct::Target;
 pub use probe::probe_values;
 pub use runtime::{find_library, Runtime, RuntimeInfo, ORT_VERSION};
 pub use session::{GraphSession, SessionOptions};

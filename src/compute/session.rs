@@ -3,9 +3,10 @@
 use std::borrow::Cow;
 
 use ort::session::{builder::GraphOptimizationLevel, Session, SessionInputValue};
-use ort::value::{DynValue, TensorElementType, TensorRef, ValueType};
+use ort::value::{DynTensorValueType, DynValue, TensorElementType, TensorRef, ValueType};
 use prost::Message;
 
+use super::direct::{DirectOutputs, Target};
 use crate::compute::Runtime;
 use crate::graph::Graph;
 use crate::onnx::proto::ModelProto;
@@ -47,6 +48,8 @@ pub struct GraphSession {
     label: String,
     inputs: Vec<String>,
     outputs: Vec<String>,
+    /// Run options directing outputs into a caller's buffer, kept for that buffer.
+    direct: Option<DirectOutputs>,
 }
 
 impl std::fmt::Debug for GraphSession {
@@ -161,6 +164,7 @@ impl GraphSession {
                 .map(|v| v.name.clone())
                 .collect(),
             outputs: graph.output.iter().map(|v| v.name.clone()).collect(),
+            direct: None,
         })
     }
 
@@ -290,6 +294,85 @@ impl GraphSession {
                 name: name.clone(),
                 reason: format!("{label} did not produce this output"),
             })?;
+            if let Ok((_, values)) = value.try_extract_tensor::<f32>() {
+                if sink(name, values)? {
+                    continue;
+                }
+            }
+            result.push((name.clone(), to_host(value, name)?));
+        }
+        Ok(result)
+    }
+}
+
+impl GraphSession {
+    /// [`GraphSession::run_views_into`] where ONNX Runtime writes the float32 outputs
+    /// named by `targets` straight into their ranges of `buf` (a step's first gradients,
+    /// into the accumulators); the other outputs go to `sink` or are returned as there.
+    ///
+    /// # Errors
+    /// As [`GraphSession::run_views_into`]; `BadTensor` when a target does not fit `buf`
+    /// or ONNX Runtime produced it with another shape.
+    pub fn run_views_direct(
+        &mut self,
+        feeds: &[(&str, TensorView<'_>)],
+        buf: &mut [f32],
+        targets: &[Target<'_>],
+        sink: &mut dyn FnMut(&str, &[f32]) -> Result<bool>,
+    ) -> Result<Vec<(String, Tensor)>> {
+        if !self.direct.as_ref().is_some_and(|d| d.fits(buf, targets)) {
+            self.direct = Some(DirectOutputs::new(buf, targets, &self.label)?);
+        }
+        let label = self.label.clone();
+        let ctx = || format!("running {label}");
+        let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
+            Vec::with_capacity(feeds.len());
+        for (name, t) in feeds {
+            inputs.push((Cow::Borrowed(*name), view(t).map_err(Error::ort(ctx()))?));
+        }
+        let options = &self.direct.as_ref().expect("made above").options;
+        let outputs = self
+            .session
+            .run_with_options(inputs, options)
+            .map_err(Error::ort(ctx()))?;
+        let mut result = Vec::with_capacity(self.outputs.len());
+        for name in &self.outputs {
+            let value = outputs.get(name).ok_or_else(|| Error::BadTensor {
+                name: name.clone(),
+                reason: format!("{label} did not produce this output"),
+            })?;
+            if let Some(t) = targets.iter().find(|t| t.name == name) {
+                let ValueType::Tensor { shape, .. } = value.dtype() else {
+                    return Err(Error::BadTensor {
+                        name: name.clone(),
+                        reason: "output is not a tensor".into(),
+                    });
+                };
+                if !shape
+                    .iter()
+                    .map(|&d| d as usize)
+                    .eq(t.shape.iter().copied())
+                {
+                    return Err(Error::BadTensor {
+                        name: name.clone(),
+                        reason: format!("shape {shape:?}, {:?} expected", t.shape),
+                    });
+                }
+                // ONNX Runtime writes into the memory it was given (the values are in
+                // place). Should it ever hand back memory of its own instead, the values
+                // are copied over.
+                let tensor = value
+                    .view()
+                    .downcast::<DynTensorValueType>()
+                    .map_err(Error::ort(ctx()))?;
+                if tensor.data_ptr() != buf[t.offset..].as_ptr().cast() {
+                    let (_, values) = value
+                        .try_extract_tensor::<f32>()
+                        .map_err(Error::ort(ctx()))?;
+                    buf[t.offset..t.offset + values.len()].copy_from_slice(values);
+                }
+                continue;
+            }
             if let Ok((_, values)) = value.try_extract_tensor::<f32>() {
                 if sink(name, values)? {
                     continue;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::checkpoint::LoadedCheckpoint;
-use crate::compute::{GraphSession, Runtime, SessionOptions};
+use crate::compute::{GraphSession, Runtime, SessionOptions, Target};
 use crate::graph::{Graph, LossNormalize, StageGraphs, StageIo, TrainingGraph, LOSS_GRAD};
 use crate::optim::{Optimizer, ParamLayout};
 use crate::pipeline::buckets::Chain;
@@ -311,28 +311,49 @@ impl OrtStage {
             };
             feeds.push((n.as_str(), view));
         }
-        let mut sink = |name: &str, g: &[f32]| -> Result<bool> {
-            let Some(&i) = grad_slot.get(name) else {
-                return Ok(false);
-            };
-            let acc = layout.slice_mut(grads, i);
-            if acc.len() != g.len() {
-                return Err(Error::BadTensor {
-                    name: name.into(),
-                    reason: format!("{} values, the parameter has {}", g.len(), acc.len()),
-                });
-            }
-            if written[i] {
-                acc.iter_mut().zip(g).for_each(|(a, x)| *a += x);
-            } else {
-                acc.copy_from_slice(g);
-                written[i] = true;
-            }
-            Ok(true)
-        };
+        // A step's first gradients of every parameter this graph computes are written by
+        // ONNX Runtime straight into the accumulators; later micro-batches' are added.
+        let outputs = session.output_names().to_vec();
+        let targets: Vec<Target<'_>> = outputs
+            .iter()
+            .filter_map(|n| grad_slot.get(n).map(|&i| (n, i)))
+            .map(|(n, i)| Target {
+                name: n,
+                offset: layout.offsets()[i],
+                shape: &layout.shapes()[i],
+            })
+            .collect();
+        let first = !targets.is_empty() && targets.iter().all(|t| !written[grad_slot[t.name]]);
         // ONNX Runtime computes on this thread: the engine gives each stage actor a
         // thread of its own (`ActorThreads::Dedicated`), so no tokio worker is held up.
-        let rest = session.run_views_into(&feeds, &mut sink)?;
+        let rest = if first {
+            let rest = session.run_views_direct(&feeds, grads, &targets, &mut |_, _| Ok(false))?;
+            for t in &targets {
+                written[grad_slot[t.name]] = true;
+            }
+            rest
+        } else {
+            let mut sink = |name: &str, g: &[f32]| -> Result<bool> {
+                let Some(&i) = grad_slot.get(name) else {
+                    return Ok(false);
+                };
+                let acc = layout.slice_mut(grads, i);
+                if acc.len() != g.len() {
+                    return Err(Error::BadTensor {
+                        name: name.into(),
+                        reason: format!("{} values, the parameter has {}", g.len(), acc.len()),
+                    });
+                }
+                if written[i] {
+                    acc.iter_mut().zip(g).for_each(|(a, x)| *a += x);
+                } else {
+                    acc.copy_from_slice(g);
+                    written[i] = true;
+                }
+                Ok(true)
+            };
+            session.run_views_into(&feeds, &mut sink)?
+        };
         Ok(rest.into_iter().map(|(n, t)| (n, Arc::new(t))).collect())
     }
 

@@ -1,0 +1,135 @@
+//! Outputs that ONNX Runtime writes straight into a pipetrain buffer: a step's first
+//! gradient contribution lands in the stage's accumulators, not in ONNX Runtime's own
+//! memory first (which would then be copied over). ONNX Runtime's `Run` takes such
+//! pre-allocated outputs; `ort` hands them over as values in a `RunOptions`.
+//!
+//! `ort` makes values over borrowed memory only for inputs (`TensorRefMut` cannot be
+//! pre-allocated as an output), so the output values here are made with the C API's
+//! `CreateTensorWithDataAsOrtValue` over the buffer's memory. They are kept between runs
+//! for the buffer they were made for, and used only while that same buffer (same address
+//! and length) is borrowed mutably by the run: memory that moved or was freed is never
+//! written through them.
+
+use std::ffi::c_void;
+use std::ptr::{self, NonNull};
+
+use ort::memory::{Allocator, MemoryInfo};
+use ort::session::{HasSelectedOutputs, OutputSelector, RunOptions};
+use ort::sys::ONNXTensorElementDataType;
+use ort::value::DynValue;
+use ort::AsPointer;
+
+use crate::{Error, Result};
+
+/// One float32 output written into a buffer: its name, where it starts and its shape.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// The graph output's name.
+    pub name: &'a str,
+    /// Offset of its first value in the buffer.
+    pub offset: usize,
+    /// Its shape (the values fill `offset..offset + product`).
+    pub shape: &'a [usize],
+}
+
+impl Target<'_> {
+    fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// The run options that direct a session's outputs into one buffer, made once per
+/// buffer and set of outputs.
+pub(super) struct DirectOutputs {
+    /// The buffer's address and length, and the targets' names and ranges.
+    key: (usize, usize, Vec<(String, usize, usize)>),
+    pub(super) options: RunOptions<HasSelectedOutputs>,
+}
+
+impl DirectOutputs {
+    /// Whether these options were made for `buf` and `targets`.
+    pub(super) fn fits(&self, buf: &[f32], targets: &[Target<'_>]) -> bool {
+        self.key.0 == buf.as_ptr() as usize
+            && self.key.1 == buf.len()
+            && self.key.2.len() == targets.len()
+            && self
+                .key
+                .2
+                .iter()
+                .zip(targets)
+                .all(|((n, o, l), t)| n == t.name && *o == t.offset && *l == t.len())
+    }
+
+    /// Options whose pre-allocated outputs are `targets`' ranges of `buf`; every other
+    /// output is still returned as ONNX Runtime made it.
+    ///
+    /// # Errors
+    /// `BadTensor` when a target does not fit in `buf`; `Ort` when ONNX Runtime refuses
+    /// a value.
+    pub(super) fn new(buf: &mut [f32], targets: &[Target<'_>], label: &str) -> Result<Self> {
+        let ctx = || format!("directing the outputs of {label}");
+        let mut selector = OutputSelector::default();
+        let info = MemoryInfo::default();
+        for t in targets {
+            if t.offset + t.len() > buf.len() {
+                return Err(Error::BadTensor {
+                    name: t.name.into(),
+                    reason: format!(
+                        "values {}..{} do not fit in a buffer of {}",
+                        t.offset,
+                        t.offset + t.len(),
+                        buf.len()
+                    ),
+                });
+            }
+            let data = buf[t.offset..t.offset + t.len()].as_mut_ptr();
+            selector = selector.preallocate(t.name, over(&info, data, t.shape, label)?);
+        }
+        let options = RunOptions::new()
+            .map_err(Error::ort(ctx()))?
+            .with_outputs(selector);
+        Ok(DirectOutputs {
+            key: (
+                buf.as_ptr() as usize,
+                buf.len(),
+                targets
+                    .iter()
+                    .map(|t| (t.name.to_string(), t.offset, t.len()))
+                    .collect(),
+            ),
+            options,
+        })
+    }
+}
+
+/// A float32 tensor value over `shape.product()` values at `data`, which ONNX Runtime
+/// neither copies nor frees.
+fn over(info: &MemoryInfo, data: *mut f32, shape: &[usize], label: &str) -> Result<DynValue> {
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let bytes = shape.iter().product::<usize>() * size_of::<f32>();
+    let api = ort::api();
+    let mut value: *mut ort::sys::OrtValue = ptr::null_mut();
+    // SAFETY: `data` points at `bytes` bytes of the caller's buffer; the value only
+    // describes them, and is written through only while that buffer is borrowed by a run
+    // (`DirectOutputs::fits`).
+    let status = unsafe {
+        (api.CreateTensorWithDataAsOrtValue)(
+            info.ptr(),
+            data.cast::<c_void>(),
+            bytes,
+            dims.as_ptr(),
+            dims.len(),
+            ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+            &mut value,
+        )
+    };
+    let ctx = || format!("directing the outputs of {label}");
+    // SAFETY: a status ONNX Runtime just returned, read and released once.
+    unsafe { ort::Error::result_from_status(status) }.map_err(Error::ort(ctx()))?;
+    let value = NonNull::new(value)
+        .ok_or_else(|| ort::Error::new("no value was made"))
+        .map_err(Error::ort(ctx()))?;
+    // SAFETY: a fresh tensor value; releasing it leaves the data alone (ONNX Runtime
+    // does not own memory given to `CreateTensorWithDataAsOrtValue`).
+    Ok(unsafe { DynValue::from_ptr(value, Some(&Allocator::default())) })
+}
