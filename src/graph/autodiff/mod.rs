@@ -7,6 +7,7 @@
 //! belongs to, so that the stage partition can place it.
 
 mod emit;
+mod fold;
 mod rules;
 
 use std::collections::{HashMap, HashSet};
@@ -226,6 +227,10 @@ pub fn differentiate(
             }
             None => no_grad.push(w.clone()),
         }
+    }
+    let keep: Vec<&str> = grads.iter().map(|(_, g)| g.as_str()).collect();
+    for t in fold::fold_transposes(&mut e.nodes, &keep).into_iter().rev() {
+        e.anchors.remove(t);
     }
     Ok(Backward {
         used_contrib: e.used_contrib,
