@@ -246,6 +246,26 @@ fn softmax_cross_entropy_reductions_and_ignore_index() {
         )
         .loss_of(&["l"]);
     check("SoftmaxCrossEntropyLoss [N,C,d]", c, F64);
+    // An ignored label that is no class (PyTorch's -100), under opset 17 (the gradient's
+    // label term is scattered) and opset 13 (a one-hot instead).
+    let padded = Tensor::i64(vec![6], vec![0, -100, 1, 4, -100, 2]).unwrap();
+    for opset in [17, 13] {
+        let c = GradCheck::new(opset)
+            .param("S", r.tensor(D, &[6, 5], -2.0, 2.0))
+            .constant("L", padded.clone())
+            .node(
+                "SoftmaxCrossEntropyLoss",
+                &["S", "L"],
+                &["l"],
+                vec![int_attr("ignore_index", -100)],
+            )
+            .loss_of(&["l"]);
+        check(
+            &format!("SoftmaxCrossEntropyLoss ignore=-100 opset {opset}"),
+            c,
+            F64,
+        );
+    }
 }
 
 #[test]

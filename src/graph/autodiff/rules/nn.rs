@@ -3,7 +3,7 @@
 use super::elementwise::{dtype, shape};
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
-use crate::graph::ir::{attr_f, attr_i, attr_s, int_attr};
+use crate::graph::ir::{attr_f, attr_i, attr_s, int_attr, string_attr};
 use crate::tensor::DType;
 use crate::Result;
 
@@ -54,7 +54,6 @@ pub fn softmax_cross_entropy(ctx: &mut RuleCtx) -> Result<Grads> {
     let reduction = attr_s(ctx.node, "reduction").unwrap_or_else(|| "mean".into());
     let ignore = attr_i(ctx.node, "ignore_index");
 
-    // one_hot[n, c, ...] = (labels[n, ...] == c)
     let labels64 = if dtype(ctx, &labels)? == DType::I64 {
         labels.clone()
     } else {
@@ -66,34 +65,21 @@ pub fn softmax_cross_entropy(ctx: &mut RuleCtx) -> Result<Grads> {
     };
     let one = ctx.e.ints(&[1]);
     let lab = ctx.e.op("Unsqueeze", &[&labels64, &one], vec![]);
-    let mut class_shape = vec![1usize; ss.len()];
-    class_shape[1] = ss[1];
-    let classes: Vec<i64> = (0..ss[1] as i64).collect();
-    let classes = ctx.e.constant(crate::tensor::Tensor {
-        shape: class_shape,
-        data: crate::tensor::TensorData::I64(classes),
-    });
-    let hit = ctx.e.op("Equal", &[&lab, &classes], vec![]);
-    let onehot = ctx
-        .e
-        .op("Cast", &[&hit], vec![int_attr("to", t.onnx() as i64)]);
     let prob = ctx.e.op("Exp", &[&log_prob], vec![]);
-    let mut d = ctx.e.op("Sub", &[&prob, &onehot], vec![]);
 
     // Ignored positions get no gradient and do not count in the mean.
-    let mask = ignore.map(|ii| {
+    let ignored = ignore.map(|ii| {
         let iiv = ctx.e.constant(crate::tensor::Tensor {
             shape: vec![],
             data: crate::tensor::TensorData::I64(vec![ii]),
         });
-        let eq = ctx.e.op("Equal", &[&lab, &iiv], vec![]);
-        let keep = ctx.e.op("Not", &[&eq], vec![]);
+        ctx.e.op("Equal", &[&lab, &iiv], vec![])
+    });
+    let mask = ignored.as_ref().map(|eq| {
+        let keep = ctx.e.op("Not", &[eq], vec![]);
         ctx.e
             .op("Cast", &[&keep], vec![int_attr("to", t.onnx() as i64)])
     });
-    if let Some(m) = &mask {
-        d = ctx.e.mul(&d, m);
-    }
     let scale = match reduction.as_str() {
         "mean" => {
             let count = match &mask {
@@ -109,7 +95,54 @@ pub fn softmax_cross_entropy(ctx: &mut RuleCtx) -> Result<Grads> {
         "none" => ctx.e.op("Unsqueeze", &[&dloss, &one], vec![]),
         other => return Err(ctx.unsupported(format!("reduction=\"{other}\""))),
     };
-    Ok(vec![Some(ctx.e.mul(&d, &scale)), None, None])
+    // Each position's weight: the scale, zero where ignored.
+    let weight = match &mask {
+        Some(m) => ctx.e.mul(m, &scale),
+        None => scale,
+    };
+    if ctx.opset >= 16 {
+        // d = weight * (softmax - one_hot(label)): the softmax part in one pass, then
+        // `-weight` added at each position's label (`ScatterElements` with
+        // `reduction = "add"`, opset 16), where a one-hot would take three passes over
+        // every class (compare, cast, subtract).
+        let d = ctx.e.mul(&prob, &weight);
+        let mut lab_shape = ss.clone();
+        lab_shape[1] = 1;
+        let neg = ctx.e.op("Neg", &[&weight], vec![]);
+        let shape = ctx
+            .e
+            .ints(&lab_shape.iter().map(|&d| d as i64).collect::<Vec<_>>());
+        let updates = ctx.e.op("Expand", &[&neg, &shape], vec![]);
+        // An ignored label may be no class at all (-100): it points at class 0 instead,
+        // with a zero update.
+        let index = match &ignored {
+            Some(eq) => {
+                let zero = ctx.e.ints(&[0]);
+                ctx.e.op("Where", &[eq, &zero, &lab], vec![])
+            }
+            None => lab,
+        };
+        let d = ctx.e.op(
+            "ScatterElements",
+            &[&d, &index, &updates],
+            vec![int_attr("axis", 1), string_attr("reduction", "add")],
+        );
+        return Ok(vec![Some(d), None, None]);
+    }
+    let mut class_shape = vec![1usize; ss.len()];
+    class_shape[1] = ss[1];
+    let classes: Vec<i64> = (0..ss[1] as i64).collect();
+    let classes = ctx.e.constant(crate::tensor::Tensor {
+        shape: class_shape,
+        data: crate::tensor::TensorData::I64(classes),
+    });
+    // Before opset 16: one_hot[n, c, ...] = (labels[n, ...] == c).
+    let hit = ctx.e.op("Equal", &[&lab, &classes], vec![]);
+    let onehot = ctx
+        .e
+        .op("Cast", &[&hit], vec![int_attr("to", t.onnx() as i64)]);
+    let d = ctx.e.op("Sub", &[&prob, &onehot], vec![]);
+    Ok(vec![Some(ctx.e.mul(&d, &weight)), None, None])
 }
 
 pub fn layer_norm(ctx: &mut RuleCtx) -> Result<Grads> {
