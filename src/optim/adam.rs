@@ -91,15 +91,17 @@ impl Optimizer for Adam {
         let w1 = (1.0 - self.beta1) as f32;
         let b2 = self.beta2 as f32;
         let w2 = (1.0 - self.beta2) as f32;
-        let eps = self.eps as f32;
-        let moments = self.m.iter_mut().zip(self.v.iter_mut());
-        for ((p, &g), (m, v)) in params.iter_mut().zip(grads).zip(moments) {
-            let g = g + l2 * *p;
-            *m = lerp(*m, g, w1);
-            *v = *v * b2 + w2 * g * g;
-            let denom = v.sqrt() / bias2_sqrt + eps;
-            *p = *p * shrink - step_size * (*m / denom);
-        }
+        let k = AdamCoefficients {
+            l2,
+            shrink,
+            w1,
+            b2,
+            w2,
+            eps: self.eps as f32,
+            bias2_sqrt,
+            step_size,
+        };
+        adam_update(params, grads, &mut self.m, &mut self.v, &k);
         Ok(())
     }
 
@@ -118,5 +120,38 @@ impl Optimizer for Adam {
         )?;
         self.step = step;
         Ok(())
+    }
+}
+
+/// One step's constants of [`adam_update`].
+struct AdamCoefficients {
+    l2: f32,
+    shrink: f32,
+    w1: f32,
+    b2: f32,
+    w2: f32,
+    eps: f32,
+    bias2_sqrt: f32,
+    step_size: f32,
+}
+
+/// The update of every value. Compiled also for AVX2 and AVX-512 and picked at run time
+/// (`multiversion`): the loop is bound by `sqrt` and two divisions, whose wider forms
+/// give bitwise the same values (IEEE operations, never contracted into FMAs by Rust).
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2"))]
+fn adam_update(
+    params: &mut [f32],
+    grads: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    k: &AdamCoefficients,
+) {
+    let moments = m.iter_mut().zip(v.iter_mut());
+    for ((p, &g), (m, v)) in params.iter_mut().zip(grads).zip(moments) {
+        let g = g + k.l2 * *p;
+        *m = lerp(*m, g, k.w1);
+        *v = *v * k.b2 + k.w2 * g * g;
+        let denom = v.sqrt() / k.bias2_sqrt + k.eps;
+        *p = *p * k.shrink - k.step_size * (*m / denom);
     }
 }
