@@ -306,6 +306,19 @@ fn layer_normalization_with_and_without_statistics() {
             F64,
         );
     }
+    // Opset 18 takes the backward's `ReduceMean` axes as an input, not an attribute.
+    let c = GradCheck::new(18)
+        .param("X", r.tensor(D, &[2, 3, 5], -2.0, 2.0))
+        .param("W", r.tensor(D, &[5], 0.5, 1.5))
+        .param("B", r.tensor(D, &[5], -0.5, 0.5))
+        .node(
+            "LayerNormalization",
+            &["X", "W", "B"],
+            &["Y", "Mean", "InvStd"],
+            vec![int_attr("axis", -1)],
+        )
+        .loss_of(&["Y"]);
+    check("LayerNormalization opset 18", c, F64);
     // float32 with the statistics outputs in X's type: the rule reads them.
     let c = GradCheck::new(17)
         .param("X", r.tensor(DType::F32, &[3, 8], -2.0, 2.0))
