@@ -169,3 +169,82 @@ fn a_bad_config_names_file_and_field() {
         "{err}"
     );
 }
+
+/// `[runtime] profile = true`: ONNX Runtime's per-operator profile of every session lands
+/// in the working folder, one JSON file per session, with the kernels of every run, and
+/// `benches/ort_profile.py` summarizes one.
+#[test]
+fn runtime_profile_writes_each_sessions_ort_profile_in_the_working_folder() {
+    let cfg = example(
+        "mlp",
+        &[
+            (
+                "num_train_steps = 800            # 200 optimizer steps x 4 micro-batches",
+                "num_train_steps = 40",
+            ),
+            ("output_path = \"../runs/mlp/model.onnx\"\n", ""),
+            (
+                "schedule = \"1f1b\"",
+                "schedule = \"1f1b\"\n\n[runtime]\nprofile = true",
+            ),
+        ],
+    );
+    let dir = tmp("profile_run");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
+        .args(["train", cfg.to_str().unwrap()])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    ok(&out);
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    // Two stages, each with its forward, backward and evaluation sessions.
+    for stage in ["stage0", "stage1"] {
+        assert!(
+            files
+                .iter()
+                .any(|f| f.starts_with(&format!("pipetrain_{stage}_forward"))
+                    && f.ends_with(".json")),
+            "{files:?}"
+        );
+    }
+    let backward = files
+        .iter()
+        .find(|f| f.starts_with("pipetrain_stage0_backward"))
+        .unwrap_or_else(|| panic!("{files:?}"));
+    let events: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(backward)).unwrap()).unwrap();
+    let runs = events
+        .iter()
+        .filter(|e| e["cat"] == "Session" && e["name"] == "model_run")
+        .count();
+    // 10 optimizer steps of 4 micro-batches, one backward run each.
+    assert_eq!(runs, 40, "{backward}");
+    let kernels = events
+        .iter()
+        .filter(|e| {
+            e["cat"] == "Node"
+                && e["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("_kernel_time"))
+        })
+        .count();
+    assert!(kernels >= 40, "{kernels} kernel events in {backward}");
+    let summary = Command::new("python3")
+        .args([
+            format!("{}/benches/ort_profile.py", env!("CARGO_MANIFEST_DIR")),
+            dir.join(backward).display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    let text = ok(&summary);
+    assert!(
+        text.contains("30 runs after 10 skipped") && text.contains("| of which matmuls"),
+        "{text}"
+    );
+}

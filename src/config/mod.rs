@@ -304,6 +304,11 @@ pub struct RuntimeConfig {
     /// Where to compute: `"cpu"` (default), `"cuda"` or `"cuda:N"`.
     #[serde(default)]
     pub device: crate::compute::Device,
+    /// Record ONNX Runtime's per-operator profile of every session: a JSON file per
+    /// session in the working folder (`pipetrain_<session>_<time>.json`, ONNX Runtime's
+    /// `enable_profiling`), written when the run ends.
+    #[serde(default)]
+    pub profile: bool,
 }
 
 impl TrainConfig {

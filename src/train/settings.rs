@@ -74,7 +74,7 @@ pub(super) fn session_options(cfg: &TrainConfig, actors: usize) -> SessionOption
         // several actors, threads of an idle session spinning would steal the cores of
         // the busy one.
         spin: actors == 1 && cfg.stages() == 1 && !cfg.split_backward(),
-        profile: false,
+        profile: cfg.runtime.profile,
     }
 }
 
