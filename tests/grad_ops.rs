@@ -170,6 +170,33 @@ fn erf_and_gelu_in_float32() {
         .node("Mul", &["X", "c"], &["d"], vec![])
         .node("Mul", &["d", "half"], &["Y"], vec![]);
     check("Gelu as Erf decomposition", c, F32);
+    // The same with `x * (1 / sqrt 2)` and the operands the other way round; and with
+    // `1 + erf` also read elsewhere (differentiated node by node then).
+    for also_read in [false, true] {
+        let mut c = GradCheck::new(17)
+            .param("X", r.tensor(DType::F32, &[4, 3], -3.0, 3.0))
+            .constant(
+                "s",
+                Tensor::f32(vec![], vec![std::f32::consts::FRAC_1_SQRT_2]).unwrap(),
+            )
+            .constant("one", Tensor::f32(vec![], vec![1.0]).unwrap())
+            .constant("half", Tensor::f32(vec![], vec![0.5]).unwrap())
+            .node("Mul", &["s", "X"], &["a"], vec![])
+            .node("Erf", &["a"], &["b"], vec![])
+            .node("Add", &["one", "b"], &["c"], vec![])
+            .node("Mul", &["c", "X"], &["d"], vec![])
+            .node("Mul", &["half", "d"], &["Y"], vec![]);
+        if also_read {
+            c = c
+                .node("Mul", &["c", "c"], &["c2"], vec![])
+                .loss_of(&["Y", "c2"]);
+        }
+        check(
+            &format!("Gelu as x * (1 / sqrt 2), 1 + erf read elsewhere: {also_read}"),
+            c,
+            F32,
+        );
+    }
     // The tanh decomposition, checked in float64 (Tanh and Pow have double kernels).
     let k = (2.0f64 / std::f64::consts::PI).sqrt();
     let c = GradCheck::new(17)

@@ -8,6 +8,7 @@
 
 mod emit;
 mod fold;
+mod gelu;
 mod rules;
 
 use std::collections::{HashMap, HashSet};
@@ -16,7 +17,7 @@ pub use emit::Emitter;
 
 use crate::graph::ir::{node_label, Graph, Metas, ValueMeta};
 use crate::onnx::proto::NodeProto;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
 /// The backward part of a training graph.
@@ -163,6 +164,10 @@ pub fn differentiate(
         }
     }
 
+    // GELUs as PyTorch exports them are differentiated whole (`gelu.rs`); their inner
+    // nodes then get no gradient and are passed over.
+    let gelus = gelu::find(fwd, &consts, &|v| source.contains_key(v));
+
     let mut e = Emitter::new(contrib);
     let mut contributions: HashMap<String, Vec<String>> = HashMap::new();
     contributions.insert(loss.to_string(), vec![seed.to_string()]);
@@ -178,6 +183,14 @@ pub fn differentiate(
             .map(|o| contributions.remove(o).map(|c| accumulate(&mut e, c)))
             .collect();
         if dy.iter().all(Option::is_none) {
+            continue;
+        }
+        if let Some(g) = gelus.get(&i) {
+            if let Some(dy) = dy[0].as_deref().filter(|_| useful.contains(g.x.as_str())) {
+                let t = metas.get(g.x.as_str()).map_or(DType::F32, |m| m.dtype);
+                let dx = gelu::backward(&mut e, g, dy, t);
+                contributions.entry(g.x.clone()).or_default().push(dx);
+            }
             continue;
         }
         let needs: Vec<bool> = n
