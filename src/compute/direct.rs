@@ -16,7 +16,7 @@ use std::ptr::{self, NonNull};
 use ort::memory::{Allocator, MemoryInfo};
 use ort::session::{HasSelectedOutputs, OutputSelector, RunOptions};
 use ort::sys::ONNXTensorElementDataType;
-use ort::value::DynValue;
+use ort::value::{DynTensorValueType, DynValue, ValueType};
 use ort::AsPointer;
 
 use crate::{Error, Result};
@@ -132,4 +132,43 @@ fn over(info: &MemoryInfo, data: *mut f32, shape: &[usize], label: &str) -> Resu
     // SAFETY: a fresh tensor value; releasing it leaves the data alone (ONNX Runtime
     // does not own memory given to `CreateTensorWithDataAsOrtValue`).
     Ok(unsafe { DynValue::from_ptr(value, Some(&Allocator::default())) })
+}
+
+/// Checks a directed output: its shape, and that its values are in `buf` (ONNX Runtime
+/// writes into the memory it was given; should it ever hand back memory of its own
+/// instead, the values are copied over).
+pub(super) fn in_place(
+    value: &DynValue,
+    t: &Target<'_>,
+    buf: &mut [f32],
+    label: &str,
+) -> Result<()> {
+    let ctx = || format!("running {label}");
+    let ValueType::Tensor { shape, .. } = value.dtype() else {
+        return Err(Error::BadTensor {
+            name: t.name.into(),
+            reason: "output is not a tensor".into(),
+        });
+    };
+    if !shape
+        .iter()
+        .map(|&d| d as usize)
+        .eq(t.shape.iter().copied())
+    {
+        return Err(Error::BadTensor {
+            name: t.name.into(),
+            reason: format!("shape {shape:?}, {:?} expected", t.shape),
+        });
+    }
+    let tensor = value
+        .view()
+        .downcast::<DynTensorValueType>()
+        .map_err(Error::ort(ctx()))?;
+    if tensor.data_ptr() != buf[t.offset..].as_ptr().cast() {
+        let (_, values) = value
+            .try_extract_tensor::<f32>()
+            .map_err(Error::ort(ctx()))?;
+        buf[t.offset..t.offset + values.len()].copy_from_slice(values);
+    }
+    Ok(())
 }

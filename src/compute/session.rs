@@ -3,10 +3,10 @@
 use std::borrow::Cow;
 
 use ort::session::{builder::GraphOptimizationLevel, Session, SessionInputValue};
-use ort::value::{DynTensorValueType, DynValue, TensorElementType, TensorRef, ValueType};
+use ort::value::{DynValue, TensorElementType, TensorRef, ValueType};
 use prost::Message;
 
-use super::direct::{DirectOutputs, Target};
+use super::direct::{in_place, DirectOutputs, Target};
 use crate::compute::Runtime;
 use crate::graph::Graph;
 use crate::onnx::proto::ModelProto;
@@ -277,31 +277,7 @@ impl GraphSession {
         feeds: &[(&str, TensorView<'_>)],
         sink: &mut dyn FnMut(&str, &[f32]) -> Result<bool>,
     ) -> Result<Vec<(String, Tensor)>> {
-        let ctx = || format!("running {}", self.label);
-        let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
-            Vec::with_capacity(feeds.len());
-        for (name, t) in feeds {
-            inputs.push((Cow::Borrowed(*name), view(t).map_err(Error::ort(ctx()))?));
-        }
-        let label = self.label.clone();
-        let outputs = self
-            .session
-            .run(inputs)
-            .map_err(Error::ort(format!("running {label}")))?;
-        let mut result = Vec::with_capacity(self.outputs.len());
-        for name in &self.outputs {
-            let value = outputs.get(name).ok_or_else(|| Error::BadTensor {
-                name: name.clone(),
-                reason: format!("{label} did not produce this output"),
-            })?;
-            if let Ok((_, values)) = value.try_extract_tensor::<f32>() {
-                if sink(name, values)? {
-                    continue;
-                }
-            }
-            result.push((name.clone(), to_host(value, name)?));
-        }
-        Ok(result)
+        self.run_with(feeds, None, sink)
     }
 }
 
@@ -323,6 +299,17 @@ impl GraphSession {
         if !self.direct.as_ref().is_some_and(|d| d.fits(buf, targets)) {
             self.direct = Some(DirectOutputs::new(buf, targets, &self.label)?);
         }
+        self.run_with(feeds, Some((buf, targets)), sink)
+    }
+
+    /// Runs the graph, with the outputs directed into a buffer when `direct` says so
+    /// (then `self.direct` holds the options made for it), the rest offered to `sink`.
+    fn run_with(
+        &mut self,
+        feeds: &[(&str, TensorView<'_>)],
+        direct: Option<(&mut [f32], &[Target<'_>])>,
+        sink: &mut dyn FnMut(&str, &[f32]) -> Result<bool>,
+    ) -> Result<Vec<(String, Tensor)>> {
         let label = self.label.clone();
         let ctx = || format!("running {label}");
         let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
@@ -330,11 +317,15 @@ impl GraphSession {
         for (name, t) in feeds {
             inputs.push((Cow::Borrowed(*name), view(t).map_err(Error::ort(ctx()))?));
         }
-        let options = &self.direct.as_ref().expect("made above").options;
-        let outputs = self
-            .session
-            .run_with_options(inputs, options)
-            .map_err(Error::ort(ctx()))?;
+        let outputs = match (&direct, &self.direct) {
+            (Some(_), Some(d)) => self.session.run_with_options(inputs, &d.options),
+            _ => self.session.run(inputs),
+        }
+        .map_err(Error::ort(ctx()))?;
+        let (buf, targets) = match direct {
+            Some((buf, targets)) => (buf, targets),
+            None => (&mut [][..], &[][..]),
+        };
         let mut result = Vec::with_capacity(self.outputs.len());
         for name in &self.outputs {
             let value = outputs.get(name).ok_or_else(|| Error::BadTensor {
@@ -342,35 +333,7 @@ impl GraphSession {
                 reason: format!("{label} did not produce this output"),
             })?;
             if let Some(t) = targets.iter().find(|t| t.name == name) {
-                let ValueType::Tensor { shape, .. } = value.dtype() else {
-                    return Err(Error::BadTensor {
-                        name: name.clone(),
-                        reason: "output is not a tensor".into(),
-                    });
-                };
-                if !shape
-                    .iter()
-                    .map(|&d| d as usize)
-                    .eq(t.shape.iter().copied())
-                {
-                    return Err(Error::BadTensor {
-                        name: name.clone(),
-                        reason: format!("shape {shape:?}, {:?} expected", t.shape),
-                    });
-                }
-                // ONNX Runtime writes into the memory it was given (the values are in
-                // place). Should it ever hand back memory of its own instead, the values
-                // are copied over.
-                let tensor = value
-                    .view()
-                    .downcast::<DynTensorValueType>()
-                    .map_err(Error::ort(ctx()))?;
-                if tensor.data_ptr() != buf[t.offset..].as_ptr().cast() {
-                    let (_, values) = value
-                        .try_extract_tensor::<f32>()
-                        .map_err(Error::ort(ctx()))?;
-                    buf[t.offset..t.offset + values.len()].copy_from_slice(values);
-                }
+                in_place(value, t, buf, &label)?;
                 continue;
             }
             if let Ok((_, values)) = value.try_extract_tensor::<f32>() {
