@@ -59,12 +59,12 @@ fn direct_outputs_land_at_their_offsets_with_a_plain_runs_values() {
     const SENTINEL: f32 = 1234.5;
     let targets = [
         Target {
-            name: "y",
+            output: 0, // y
             offset: 2,
             shape: &[4, 2],
         },
         Target {
-            name: "xcopy",
+            output: 2, // xcopy
             offset: 12,
             shape: &[4, 3],
         },
@@ -120,7 +120,7 @@ fn direct_outputs_refuse_targets_that_do_not_fit() {
     let feeds: [(&str, TensorView<'_>); 2] = [("X", x.view()), ("W", w.view())];
     let mut small = vec![0.0; 8];
     let past_end = [Target {
-        name: "y",
+        output: 0,
         offset: 1,
         shape: &[4, 2],
     }];
@@ -132,8 +132,20 @@ fn direct_outputs_refuse_targets_that_do_not_fit() {
         "{err}"
     );
     let mut buf = vec![0.0; 16];
+    let no_output = [Target {
+        output: 3,
+        offset: 0,
+        shape: &[4, 2],
+    }];
+    let err = s
+        .run_views_direct(&feeds, &mut buf, &no_output, &mut |_, _| Ok(false))
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::BadTensor { reason, .. } if reason.contains("has 3 outputs")),
+        "{err}"
+    );
     let wrong_shape = [Target {
-        name: "y",
+        output: 0,
         offset: 0,
         shape: &[2, 4],
     }];

@@ -21,11 +21,11 @@ use ort::AsPointer;
 
 use crate::{Error, Result};
 
-/// One float32 output written into a buffer: its name, where it starts and its shape.
-#[derive(Debug, Clone, Copy)]
+/// One float32 output written into a buffer: which output, where it starts, its shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Target<'a> {
-    /// The graph output's name.
-    pub name: &'a str,
+    /// The output's index in the session's outputs ([`super::GraphSession::output_names`]).
+    pub output: usize,
     /// Offset of its first value in the buffer.
     pub offset: usize,
     /// Its shape (the values fill `offset..offset + product`).
@@ -41,8 +41,8 @@ impl Target<'_> {
 /// The run options that direct a session's outputs into one buffer, made once per
 /// buffer and set of outputs.
 pub(super) struct DirectOutputs {
-    /// The buffer's address and length, and the targets' names and ranges.
-    key: (usize, usize, Vec<(String, usize, usize)>),
+    /// The buffer's address and length, and the targets' outputs and ranges.
+    key: (usize, usize, Vec<(usize, usize, usize)>),
     pub(super) options: RunOptions<HasSelectedOutputs>,
 }
 
@@ -57,23 +57,33 @@ impl DirectOutputs {
                 .2
                 .iter()
                 .zip(targets)
-                .all(|((n, o, l), t)| n == t.name && *o == t.offset && *l == t.len())
+                .all(|(&key, t)| key == (t.output, t.offset, t.len()))
     }
 
-    /// Options whose pre-allocated outputs are `targets`' ranges of `buf`; every other
-    /// output is still returned as ONNX Runtime made it.
+    /// Options whose pre-allocated outputs are `targets`' ranges of `buf` (`outputs`
+    /// names the session's outputs); every other output is still returned as ONNX
+    /// Runtime made it.
     ///
     /// # Errors
-    /// `BadTensor` when a target does not fit in `buf`; `Ort` when ONNX Runtime refuses
-    /// a value.
-    pub(super) fn new(buf: &mut [f32], targets: &[Target<'_>], label: &str) -> Result<Self> {
+    /// `BadTensor` when a target is no output or does not fit in `buf`; `Ort` when ONNX
+    /// Runtime refuses a value.
+    pub(super) fn new(
+        buf: &mut [f32],
+        targets: &[Target<'_>],
+        outputs: &[String],
+        label: &str,
+    ) -> Result<Self> {
         let ctx = || format!("directing the outputs of {label}");
         let mut selector = OutputSelector::default();
         let info = MemoryInfo::default();
         for t in targets {
+            let name = outputs.get(t.output).ok_or_else(|| Error::BadTensor {
+                name: format!("output {}", t.output),
+                reason: format!("{label} has {} outputs", outputs.len()),
+            })?;
             if t.offset + t.len() > buf.len() {
                 return Err(Error::BadTensor {
-                    name: t.name.into(),
+                    name: name.clone(),
                     reason: format!(
                         "values {}..{} do not fit in a buffer of {}",
                         t.offset,
@@ -83,7 +93,7 @@ impl DirectOutputs {
                 });
             }
             let data = buf[t.offset..t.offset + t.len()].as_mut_ptr();
-            selector = selector.preallocate(t.name, over(&info, data, t.shape, label)?);
+            selector = selector.preallocate(name, over(&info, data, t.shape, label)?);
         }
         let options = RunOptions::new()
             .map_err(Error::ort(ctx()))?
@@ -94,7 +104,7 @@ impl DirectOutputs {
                 buf.len(),
                 targets
                     .iter()
-                    .map(|t| (t.name.to_string(), t.offset, t.len()))
+                    .map(|t| (t.output, t.offset, t.len()))
                     .collect(),
             ),
             options,
@@ -139,6 +149,7 @@ fn over(info: &MemoryInfo, data: *mut f32, shape: &[usize], label: &str) -> Resu
 /// instead, the values are copied over).
 pub(super) fn in_place(
     value: &DynValue,
+    name: &str,
     t: &Target<'_>,
     buf: &mut [f32],
     label: &str,
@@ -146,7 +157,7 @@ pub(super) fn in_place(
     let ctx = || format!("running {label}");
     let ValueType::Tensor { shape, .. } = value.dtype() else {
         return Err(Error::BadTensor {
-            name: t.name.into(),
+            name: name.into(),
             reason: "output is not a tensor".into(),
         });
     };
@@ -156,7 +167,7 @@ pub(super) fn in_place(
         .eq(t.shape.iter().copied())
     {
         return Err(Error::BadTensor {
-            name: t.name.into(),
+            name: name.into(),
             reason: format!("shape {shape:?}, {:?} expected", t.shape),
         });
     }

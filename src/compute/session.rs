@@ -297,7 +297,12 @@ impl GraphSession {
         sink: &mut dyn FnMut(&str, &[f32]) -> Result<bool>,
     ) -> Result<Vec<(String, Tensor)>> {
         if !self.direct.as_ref().is_some_and(|d| d.fits(buf, targets)) {
-            self.direct = Some(DirectOutputs::new(buf, targets, &self.label)?);
+            self.direct = Some(DirectOutputs::new(
+                buf,
+                targets,
+                &self.outputs,
+                &self.label,
+            )?);
         }
         self.run_with(feeds, Some((buf, targets)), sink)
     }
@@ -310,30 +315,33 @@ impl GraphSession {
         direct: Option<(&mut [f32], &[Target<'_>])>,
         sink: &mut dyn FnMut(&str, &[f32]) -> Result<bool>,
     ) -> Result<Vec<(String, Tensor)>> {
-        let label = self.label.clone();
+        let GraphSession {
+            session,
+            label,
+            outputs: names,
+            direct: options,
+            ..
+        } = self;
         let ctx = || format!("running {label}");
         let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
             Vec::with_capacity(feeds.len());
         for (name, t) in feeds {
             inputs.push((Cow::Borrowed(*name), view(t).map_err(Error::ort(ctx()))?));
         }
-        let outputs = match (&direct, &self.direct) {
-            (Some(_), Some(d)) => self.session.run_with_options(inputs, &d.options),
-            _ => self.session.run(inputs),
+        let outputs = match (&direct, options.as_ref()) {
+            (Some(_), Some(d)) => session.run_with_options(inputs, &d.options),
+            _ => session.run(inputs),
         }
         .map_err(Error::ort(ctx()))?;
-        let (buf, targets) = match direct {
-            Some((buf, targets)) => (buf, targets),
-            None => (&mut [][..], &[][..]),
-        };
-        let mut result = Vec::with_capacity(self.outputs.len());
-        for name in &self.outputs {
+        let (buf, targets) = direct.unwrap_or((&mut [], &[]));
+        let mut result = Vec::with_capacity(names.len());
+        for (k, name) in names.iter().enumerate() {
             let value = outputs.get(name).ok_or_else(|| Error::BadTensor {
                 name: name.clone(),
                 reason: format!("{label} did not produce this output"),
             })?;
-            if let Some(t) = targets.iter().find(|t| t.name == name) {
-                in_place(value, t, buf, &label)?;
+            if let Some(t) = targets.iter().find(|t| t.output == k) {
+                in_place(value, name, t, buf, label)?;
                 continue;
             }
             if let Ok((_, values)) = value.try_extract_tensor::<f32>() {

@@ -5,6 +5,8 @@
 //!   gradient buffers, optimizer, loss scale and stash; restoring from a checkpoint.
 //! - `settings`: [`StageSettings`], how a stage trains besides its graphs (optimizer,
 //!   loss scale and normalization, test aids), and the histogram tap.
+//! - `stage_run`: running one of a stage's graphs: its feeds, and parameter gradients
+//!   into the step's accumulators.
 //! - `stage_compute`: [`OrtStage`] as the runtime's [`pipetrain_actors::StageCompute`]:
 //!   forward, backward, evaluation, gradient statistics, the decided update, snapshots
 //!   for checkpoints.
@@ -18,6 +20,7 @@ mod data;
 mod settings;
 mod stage;
 mod stage_compute;
+mod stage_run;
 
 pub use data::{StepData, LOSS_COUNT};
 pub use settings::{HistogramTap, StageSettings};

@@ -6,13 +6,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::checkpoint::LoadedCheckpoint;
-use crate::compute::{GraphSession, Runtime, SessionOptions, Target};
-use crate::graph::{Graph, LossNormalize, StageGraphs, StageIo, TrainingGraph, LOSS_GRAD};
+use crate::compute::{GraphSession, Runtime, SessionOptions};
+use crate::graph::{Graph, LossNormalize, StageGraphs, StageIo, TrainingGraph};
 use crate::optim::{Optimizer, ParamLayout};
 use crate::pipeline::buckets::Chain;
 use crate::pipeline::data::LOSS_COUNT;
 use crate::pipeline::settings::StageSettings;
-use crate::tensor::{Tensor, TensorView, ViewData};
+use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 /// Named tensors crossing between stages; shared, so a value both sent on and kept for
@@ -39,7 +39,7 @@ pub struct OrtStage {
     /// Per parameter: whether this step's gradients have reached its accumulator yet.
     pub(super) written: Vec<bool>,
     /// Gradient output name -> parameter index in the layout.
-    grad_slot: HashMap<String, usize>,
+    pub(super) grad_slot: HashMap<String, usize>,
     pub(super) optimizer: Box<dyn Optimizer>,
     pub(super) settings: StageSettings,
     /// The loss scale of the current step.
@@ -191,7 +191,7 @@ impl OrtStage {
     /// The backward seed `loss_grad` of a micro-batch: its share of the step's loss
     /// (`seed_scale`, or 1 / the step's counted positions when normalized by tokens),
     /// times the loss scale.
-    fn seed(&self, sources: &[&Payload]) -> Result<Tensor> {
+    pub(super) fn seed(&self, sources: &[&Payload]) -> Result<Tensor> {
         let share = match self.settings.normalize {
             LossNormalize::MicroBatch => self.settings.seed_scale,
             LossNormalize::Tokens => 1.0 / self.counted(sources)?,
@@ -265,109 +265,6 @@ impl OrtStage {
             .collect()
     }
 
-    /// Runs `session` on whatever it needs from the parameters and `sources`. Parameter
-    /// gradients go straight from ONNX Runtime's outputs into the step's accumulators
-    /// (the first contribution of a step is copied, later ones added, so the buffer is
-    /// never zeroed); the other outputs are returned, shared.
-    pub(super) fn run(
-        &mut self,
-        session: &mut GraphSession,
-        sources: &[&Payload],
-    ) -> Result<Payload> {
-        let names = session.input_names().to_vec();
-        let seed = if names.iter().any(|n| n == LOSS_GRAD) {
-            Some(self.seed(sources)?)
-        } else {
-            None
-        };
-        let OrtStage {
-            layout,
-            params,
-            grads,
-            written,
-            grad_slot,
-            ..
-        } = self;
-        let mut feeds: Vec<(&str, TensorView<'_>)> = Vec::with_capacity(names.len());
-        for n in &names {
-            let view = if let Some(seed) = seed.as_ref().filter(|_| n == LOSS_GRAD) {
-                seed.view()
-            } else if let Some(i) = layout.index_of(n) {
-                TensorView {
-                    shape: &layout.shapes()[i],
-                    data: ViewData::F32(layout.slice(params, i)),
-                }
-            } else {
-                sources
-                    .iter()
-                    .find_map(|s| s.get(n))
-                    .map(|t| t.view())
-                    .ok_or_else(|| Error::MissingValue {
-                        role: "stage input",
-                        name: n.clone(),
-                        hint: "; a stage graph needs it and no message, data or stash held it"
-                            .into(),
-                    })?
-            };
-            feeds.push((n.as_str(), view));
-        }
-        // A step's first gradients of every parameter this graph computes are written by
-        // ONNX Runtime straight into the accumulators; later micro-batches' are added.
-        let outputs = session.output_names().to_vec();
-        let targets: Vec<Target<'_>> = outputs
-            .iter()
-            .filter_map(|n| grad_slot.get(n).map(|&i| (n, i)))
-            .map(|(n, i)| Target {
-                name: n,
-                offset: layout.offsets()[i],
-                shape: &layout.shapes()[i],
-            })
-            .collect();
-        let first = !targets.is_empty() && targets.iter().all(|t| !written[grad_slot[t.name]]);
-        // ONNX Runtime computes on this thread: the engine gives each stage actor a
-        // thread of its own (`ActorThreads::Dedicated`), so no tokio worker is held up.
-        let rest = if first {
-            let rest = session.run_views_direct(&feeds, grads, &targets, &mut |_, _| Ok(false))?;
-            for t in &targets {
-                written[grad_slot[t.name]] = true;
-            }
-            rest
-        } else {
-            let mut sink = |name: &str, g: &[f32]| -> Result<bool> {
-                let Some(&i) = grad_slot.get(name) else {
-                    return Ok(false);
-                };
-                let acc = layout.slice_mut(grads, i);
-                if acc.len() != g.len() {
-                    return Err(Error::BadTensor {
-                        name: name.into(),
-                        reason: format!("{} values, the parameter has {}", g.len(), acc.len()),
-                    });
-                }
-                if written[i] {
-                    acc.iter_mut().zip(g).for_each(|(a, x)| *a += x);
-                } else {
-                    acc.copy_from_slice(g);
-                    written[i] = true;
-                }
-                Ok(true)
-            };
-            session.run_views_into(&feeds, &mut sink)?
-        };
-        Ok(rest.into_iter().map(|(n, t)| (n, Arc::new(t))).collect())
-    }
-
-    /// Zeroes the gradients of parameters nothing contributed to this step (their buffer
-    /// still holds an older step's): the step's gradients are then complete.
-    pub(super) fn complete_grads(&mut self) {
-        for i in 0..self.layout.count() {
-            if !self.written[i] {
-                self.layout.slice_mut(&mut self.grads, i).fill(0.0);
-                self.written[i] = true;
-            }
-        }
-    }
-
     /// Sends copies of the named tensors of `buf` (parameters or gradients) to the tap.
     pub(super) fn tap(&self, kind: &str, step: u64, buf: &[f32]) {
         let Some(tap) = &self.settings.histograms else {
@@ -380,18 +277,6 @@ impl OrtStage {
                 let _ = tap.tx.send((format!("{kind}/{name}"), step, values));
             }
         }
-    }
-
-    /// Starts a new step's accumulation.
-    pub(super) fn reset_grads(&mut self) {
-        self.written.fill(false);
-        self.contributions = 0;
-    }
-
-    /// Starts a new accumulation: the next gradients overwrite the accumulators instead
-    /// of adding to them (ORT's lazy gradient reset; nothing is zeroed now).
-    pub fn reset_accumulation(&mut self) {
-        self.reset_grads();
     }
 
     /// Takes only the parameters of this stage from a checkpoint, by name (the optimizer

@@ -1,0 +1,133 @@
+//! [`OrtStage`] running one of its graphs: feeds from the parameters, the messages and
+//! the backward seed; parameter gradients into the step's accumulators (a step's first
+//! written there by ONNX Runtime itself, later micro-batches' added).
+
+use std::sync::Arc;
+
+use super::stage::{OrtStage, Payload};
+use crate::compute::{GraphSession, Target};
+use crate::graph::LOSS_GRAD;
+use crate::tensor::{TensorView, ViewData};
+use crate::{Error, Result};
+
+impl OrtStage {
+    /// Runs `session` on whatever it needs from the parameters and `sources`. Parameter
+    /// gradients go straight from ONNX Runtime's outputs into the step's accumulators
+    /// (the first contribution of a step is copied, later ones added, so the buffer is
+    /// never zeroed); the other outputs are returned, shared.
+    pub(super) fn run(
+        &mut self,
+        session: &mut GraphSession,
+        sources: &[&Payload],
+    ) -> Result<Payload> {
+        let names = session.input_names().to_vec();
+        let seed = if names.iter().any(|n| n == LOSS_GRAD) {
+            Some(self.seed(sources)?)
+        } else {
+            None
+        };
+        let OrtStage {
+            layout,
+            params,
+            grads,
+            written,
+            grad_slot,
+            ..
+        } = self;
+        let mut feeds: Vec<(&str, TensorView<'_>)> = Vec::with_capacity(names.len());
+        for n in &names {
+            let view = if let Some(seed) = seed.as_ref().filter(|_| n == LOSS_GRAD) {
+                seed.view()
+            } else if let Some(i) = layout.index_of(n) {
+                TensorView {
+                    shape: &layout.shapes()[i],
+                    data: ViewData::F32(layout.slice(params, i)),
+                }
+            } else {
+                sources
+                    .iter()
+                    .find_map(|s| s.get(n))
+                    .map(|t| t.view())
+                    .ok_or_else(|| Error::MissingValue {
+                        role: "stage input",
+                        name: n.clone(),
+                        hint: "; a stage graph needs it and no message, data or stash held it"
+                            .into(),
+                    })?
+            };
+            feeds.push((n.as_str(), view));
+        }
+        // A step's first gradients of every parameter this graph computes are written by
+        // ONNX Runtime straight into the accumulators; later micro-batches' are added.
+        let mut slots = Vec::new();
+        let targets: Vec<Target<'_>> = session
+            .output_names()
+            .iter()
+            .enumerate()
+            .filter_map(|(k, n)| {
+                let &i = grad_slot.get(n)?;
+                slots.push(i);
+                Some(Target {
+                    output: k,
+                    offset: layout.offsets()[i],
+                    shape: &layout.shapes()[i],
+                })
+            })
+            .collect();
+        let first = !slots.is_empty() && slots.iter().all(|&i| !written[i]);
+        // ONNX Runtime computes on this thread: the engine gives each stage actor a
+        // thread of its own (`ActorThreads::Dedicated`), so no tokio worker is held up.
+        let rest = if first {
+            let rest = session.run_views_direct(&feeds, grads, &targets, &mut |_, _| Ok(false))?;
+            for &i in &slots {
+                written[i] = true;
+            }
+            rest
+        } else {
+            let mut sink = |name: &str, g: &[f32]| -> Result<bool> {
+                let Some(&i) = grad_slot.get(name) else {
+                    return Ok(false);
+                };
+                let acc = layout.slice_mut(grads, i);
+                if acc.len() != g.len() {
+                    return Err(Error::BadTensor {
+                        name: name.into(),
+                        reason: format!("{} values, the parameter has {}", g.len(), acc.len()),
+                    });
+                }
+                if written[i] {
+                    acc.iter_mut().zip(g).for_each(|(a, x)| *a += x);
+                } else {
+                    acc.copy_from_slice(g);
+                    written[i] = true;
+                }
+                Ok(true)
+            };
+            session.run_views_into(&feeds, &mut sink)?
+        };
+        Ok(rest.into_iter().map(|(n, t)| (n, Arc::new(t))).collect())
+    }
+
+    /// Zeroes the gradients of parameters nothing contributed to this step (their buffer
+    /// still holds an older step's): the step's gradients are then complete.
+    pub(super) fn complete_grads(&mut self) {
+        for i in 0..self.layout.count() {
+            if !self.written[i] {
+                self.layout.slice_mut(&mut self.grads, i).fill(0.0);
+                self.written[i] = true;
+            }
+        }
+    }
+
+    /// Starts a new step's accumulation.
+    pub(super) fn reset_grads(&mut self) {
+        self.written.fill(false);
+        self.contributions = 0;
+    }
+
+    /// Starts a new accumulation: the next gradients overwrite the accumulators instead
+    /// of adding to them (ORT's lazy gradient reset; nothing is zeroed now).
+    pub fn reset_accumulation(&mut self) {
+        self.reset_grads();
+    }
+}
