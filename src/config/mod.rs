@@ -8,14 +8,13 @@
 //! of `batch_size x gradient_accumulation_steps x data_parallel_size` samples each.
 //! Relative paths are relative to the configuration file's folder.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use pipetrain_actors::{DynamicScaling, GradPolicy, LossScaling};
 use pipetrain_schedules::ScheduleSpec;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
-use crate::data::{ShardSpec, SynthSpec};
+use crate::data::ShardSpec;
 use crate::graph::{BalanceBy, LossSpec, Partition, Recompute};
 use crate::models::ModelSpec;
 use crate::optim::{LrSchedule, OptimizerConfig};
@@ -23,8 +22,11 @@ use crate::{Error, Result};
 
 mod field;
 mod run_state;
+mod sections;
+mod validate;
 use field::field_at;
 pub use run_state::{DebugConfig, DynamicScalerConfig, FaultAt};
+pub use sections::{DataConfig, DataLayout, PipelineConfig, RuntimeConfig, ScheduleKind};
 
 /// A training run.
 #[derive(Debug, Clone, Deserialize)]
@@ -180,135 +182,6 @@ fn bucket_mb() -> f64 {
 
 fn watchdog() -> f64 {
     300.0
-}
-
-/// Where batches come from.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct DataConfig {
-    /// An `.npz` archive (or `synth`).
-    #[serde(default)]
-    pub path: PathBuf,
-    /// A synthetic data set made by pipetrain (`kind = "language" | "images" |
-    /// "teacher"`) instead of a file.
-    #[serde(default)]
-    pub synth: Option<SynthSpec>,
-    /// An integer array `[steps, global batch]` of row indices: optimizer step `s` uses
-    /// rows `batch_order[s]`. Without it, steps take consecutive rows.
-    #[serde(default)]
-    pub batch_order: Option<String>,
-    /// How the arrays feed the model (not used with `shards`).
-    #[serde(default)]
-    pub layout: DataLayout,
-    /// ONNX Runtime `.pb` shard folders instead of a file (`[data.shards]`).
-    #[serde(default)]
-    pub shards: Option<ShardSpec>,
-}
-
-/// How arrays of the data file become model inputs. The default, no feeds, stands for
-/// "not given": data fed by a service, or `shards`; [`crate::data::Batches::open`] refuses
-/// it for a file.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum DataLayout {
-    /// Each model input (and the label) is the array of the given name.
-    Arrays {
-        /// Model input or label name -> array name.
-        feeds: BTreeMap<String, String>,
-    },
-    /// Language modelling: `array` rows of `T + 1` tokens give the input `row[..T]` and
-    /// the label `row[1..]`.
-    NextToken {
-        /// The token array.
-        array: String,
-        /// The model's token input.
-        input: String,
-        /// The label name (as in the loss).
-        label: String,
-    },
-}
-
-impl Default for DataLayout {
-    fn default() -> DataLayout {
-        DataLayout::Arrays {
-            feeds: BTreeMap::new(),
-        }
-    }
-}
-
-impl DataLayout {
-    /// Whether this is the default (no feeds): the layout was not given.
-    pub fn is_unset(&self) -> bool {
-        matches!(self, DataLayout::Arrays { feeds } if feeds.is_empty())
-    }
-}
-
-/// Which pipeline schedule.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ScheduleKind {
-    /// All forwards, then all backwards.
-    Gpipe,
-    /// One forward, one backward (PipeDream-flush).
-    #[default]
-    #[serde(rename = "1f1b")]
-    OneFOneB,
-    /// 1F1B over `virtual_stages` stages per rank.
-    #[serde(rename = "interleaved_1f1b")]
-    Interleaved1f1b,
-    /// Zero-bubble ZB-H1: backward split into input and weight gradients.
-    ZbH1,
-    /// Zero-bubble ZB-V: two stages per rank folded into a V (rank `r` holds stages `r`
-    /// and `2p - 1 - r`), backward split as ZB-H1's.
-    ZbV,
-}
-
-/// Pipeline schedule and partition.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PipelineConfig {
-    /// The schedule.
-    #[serde(default)]
-    pub schedule: ScheduleKind,
-    /// Stages per rank (interleaved schedules).
-    #[serde(default = "one")]
-    pub virtual_stages: usize,
-    /// How to cut the model; default: balanced by FLOPs.
-    #[serde(default)]
-    pub partition: Option<Partition>,
-}
-
-impl Default for PipelineConfig {
-    fn default() -> Self {
-        PipelineConfig {
-            schedule: ScheduleKind::default(),
-            virtual_stages: 1,
-            partition: None,
-        }
-    }
-}
-
-/// ONNX Runtime settings.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RuntimeConfig {
-    /// Threads per operator; default: the machine's cores shared among the stage actors.
-    #[serde(default)]
-    pub intra_op_threads: Option<usize>,
-    /// Switch off ONNX Runtime's graph optimizations.
-    #[serde(default)]
-    pub disable_optimizations: bool,
-    /// Keep backward graphs to standard ONNX ops (no `com.microsoft.FusedMatMul`).
-    #[serde(default)]
-    pub standard_ops_only: bool,
-    /// Where to compute: `"cpu"` (default), `"cuda"` or `"cuda:N"`.
-    #[serde(default)]
-    pub device: crate::compute::Device,
-    /// Record ONNX Runtime's per-operator profile of every session: a JSON file per
-    /// session in the working folder (`pipetrain_<session>_<time>.json`, ONNX Runtime's
-    /// `enable_profiling`), written when the run ends.
-    #[serde(default)]
-    pub profile: bool,
 }
 
 impl TrainConfig {
@@ -486,188 +359,5 @@ impl TrainConfig {
             self.pipeline.schedule,
             ScheduleKind::ZbH1 | ScheduleKind::ZbV
         )
-    }
-
-    fn validate(&self, path: &Path) -> Result<()> {
-        let bad = |field: &str, rule: String| Error::Config {
-            path: path.to_path_buf(),
-            field: field.into(),
-            rule,
-        };
-        match (&self.model, self.model_path.as_os_str().is_empty()) {
-            (Some(_), false) => {
-                return Err(bad(
-                    "model",
-                    "give either `model_path` (a file) or `[model]` (a built-in model), not both"
-                        .into(),
-                ))
-            }
-            (None, true) => {
-                return Err(bad(
-                    "model_path",
-                    "missing: give the model file, or a built-in `[model]` (kind = \"gpt2\", \"squeezenet\" or \"mlp\")"
-                        .into(),
-                ))
-            }
-            (Some(spec), true) => spec.validate(path)?,
-            (None, false) => {}
-        }
-        for (field, d) in [
-            ("data", Some(&self.data)),
-            ("eval_data", self.eval_data.as_ref()),
-        ] {
-            let Some(d) = d else { continue };
-            if d.shards.is_some() {
-                let given = [
-                    ("path", !d.path.as_os_str().is_empty()),
-                    ("synth", d.synth.is_some()),
-                    ("batch_order", d.batch_order.is_some()),
-                    ("layout", !d.layout.is_unset()),
-                ];
-                if let Some((name, _)) = given.iter().find(|(_, g)| *g) {
-                    return Err(bad(
-                        &format!("{field}.{name}"),
-                        "does not apply to `shards` (their `input_name_map` feeds the model)"
-                            .into(),
-                    ));
-                }
-                continue;
-            }
-            match (&d.synth, d.path.as_os_str().is_empty()) {
-                (Some(_), false) => return Err(bad(
-                    field,
-                    "give either `path` (an .npz file) or `synth` (a synthetic data set), not both"
-                        .into(),
-                )),
-                (None, true) => {
-                    return Err(bad(
-                        &format!("{field}.path"),
-                        "missing: give an .npz file, or `synth = { kind = ... }`".into(),
-                    ))
-                }
-                (Some(spec), true) => spec.validate(path)?,
-                (None, false) => {}
-            }
-        }
-        let positive = [
-            ("batch_size", self.batch_size),
-            ("num_train_steps", self.num_train_steps),
-            (
-                "gradient_accumulation_steps",
-                self.gradient_accumulation_steps,
-            ),
-            ("display_loss_steps", self.display_loss_steps),
-            ("data_parallel_size", self.data_parallel_size),
-            ("pipeline_parallel_size", self.pipeline_parallel_size),
-            ("horizontal_parallel_size", self.horizontal_parallel_size),
-            ("pipeline.virtual_stages", self.pipeline.virtual_stages),
-            ("eval_micro_batches", self.eval_micro_batches),
-            ("evaluation_period", self.evaluation_period.unwrap_or(1)),
-        ];
-        for (field, v) in positive {
-            if v == 0 {
-                return Err(bad(field, "must be at least 1".into()));
-            }
-        }
-        if self.horizontal_parallel_size != 1 {
-            return Err(bad(
-                "horizontal_parallel_size",
-                "tensor parallelism is not supported; use 1".into(),
-            ));
-        }
-        let product =
-            self.data_parallel_size * self.horizontal_parallel_size * self.pipeline_parallel_size;
-        if let Some(world) = self.world_size.filter(|&w| w != product) {
-            return Err(bad(
-                "world_size",
-                format!(
-                    "must equal data_parallel_size x horizontal_parallel_size x pipeline_parallel_size = {product}, got {world}"
-                ),
-            ));
-        }
-        if self.num_train_steps % self.gradient_accumulation_steps != 0 {
-            return Err(bad(
-                "num_train_steps",
-                format!(
-                    "must be divisible by gradient_accumulation_steps ({}), got {}",
-                    self.gradient_accumulation_steps, self.num_train_steps
-                ),
-            ));
-        }
-        let (p, m) = (
-            self.pipeline_parallel_size,
-            self.gradient_accumulation_steps,
-        );
-        let needs_full_pipe = matches!(
-            self.pipeline.schedule,
-            ScheduleKind::OneFOneB | ScheduleKind::ZbH1
-        );
-        if needs_full_pipe && m < p {
-            return Err(bad(
-                "gradient_accumulation_steps",
-                format!(
-                    "{:?} needs at least as many micro-batches as pipeline stages ({p}), got {m}",
-                    self.pipeline.schedule
-                ),
-            ));
-        }
-        if self.pipeline.virtual_stages > 1
-            && self.pipeline.schedule != ScheduleKind::Interleaved1f1b
-        {
-            return Err(bad(
-                "pipeline.virtual_stages",
-                "only the interleaved_1f1b schedule has virtual stages".into(),
-            ));
-        }
-        if let Err(e) = self.schedule().generate() {
-            return Err(bad("pipeline.schedule", e.to_string()));
-        }
-        if let Some(Partition::CutAt(cuts)) = &self.pipeline.partition {
-            if cuts.len() + 1 != self.stages() {
-                return Err(bad(
-                    "pipeline.partition.cut_at",
-                    format!(
-                        "{} cuts make {} stages; the pipeline has {}",
-                        cuts.len(),
-                        cuts.len() + 1,
-                        self.stages()
-                    ),
-                ));
-            }
-        }
-        if let Some(Partition::Balanced { stages, .. }) = &self.pipeline.partition {
-            if *stages != self.stages() {
-                return Err(bad(
-                    "pipeline.partition.balanced.stages",
-                    format!(
-                        "must equal {} = {}, got {stages}",
-                        self.stages_rule(),
-                        self.stages()
-                    ),
-                ));
-            }
-        }
-        if !(self.watchdog_seconds.is_finite() && self.watchdog_seconds > 0.0) {
-            return Err(bad(
-                "watchdog_seconds",
-                format!("must be a positive number, got {}", self.watchdog_seconds),
-            ));
-        }
-        if !(self.gradient_bucket_mb.is_finite() && self.gradient_bucket_mb >= 0.0) {
-            return Err(bad(
-                "gradient_bucket_mb",
-                format!(
-                    "must be a number of MiB, 0 or more, got {}",
-                    self.gradient_bucket_mb
-                ),
-            ));
-        }
-        if self.runtime.intra_op_threads == Some(0) {
-            return Err(bad("runtime.intra_op_threads", "must be at least 1".into()));
-        }
-        self.validate_run_state(path)?;
-        self.optimizer.validate(path)?;
-        self.lr_schedule.validate(path)?;
-        Ok(())
     }
 }

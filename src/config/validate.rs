@@ -1,0 +1,193 @@
+//! The rules a training configuration must follow, checked once it is read: each
+//! refusal names the file, the field and the rule.
+
+use std::path::Path;
+
+use super::{ScheduleKind, TrainConfig};
+use crate::graph::Partition;
+use crate::{Error, Result};
+
+impl TrainConfig {
+    pub(super) fn validate(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, rule: String| Error::Config {
+            path: path.to_path_buf(),
+            field: field.into(),
+            rule,
+        };
+        match (&self.model, self.model_path.as_os_str().is_empty()) {
+            (Some(_), false) => {
+                return Err(bad(
+                    "model",
+                    "give either `model_path` (a file) or `[model]` (a built-in model), not both"
+                        .into(),
+                ))
+            }
+            (None, true) => {
+                return Err(bad(
+                    "model_path",
+                    "missing: give the model file, or a built-in `[model]` (kind = \"gpt2\", \"squeezenet\" or \"mlp\")"
+                        .into(),
+                ))
+            }
+            (Some(spec), true) => spec.validate(path)?,
+            (None, false) => {}
+        }
+        for (field, d) in [
+            ("data", Some(&self.data)),
+            ("eval_data", self.eval_data.as_ref()),
+        ] {
+            let Some(d) = d else { continue };
+            if d.shards.is_some() {
+                let given = [
+                    ("path", !d.path.as_os_str().is_empty()),
+                    ("synth", d.synth.is_some()),
+                    ("batch_order", d.batch_order.is_some()),
+                    ("layout", !d.layout.is_unset()),
+                ];
+                if let Some((name, _)) = given.iter().find(|(_, g)| *g) {
+                    return Err(bad(
+                        &format!("{field}.{name}"),
+                        "does not apply to `shards` (their `input_name_map` feeds the model)"
+                            .into(),
+                    ));
+                }
+                continue;
+            }
+            match (&d.synth, d.path.as_os_str().is_empty()) {
+                (Some(_), false) => return Err(bad(
+                    field,
+                    "give either `path` (an .npz file) or `synth` (a synthetic data set), not both"
+                        .into(),
+                )),
+                (None, true) => {
+                    return Err(bad(
+                        &format!("{field}.path"),
+                        "missing: give an .npz file, or `synth = { kind = ... }`".into(),
+                    ))
+                }
+                (Some(spec), true) => spec.validate(path)?,
+                (None, false) => {}
+            }
+        }
+        let positive = [
+            ("batch_size", self.batch_size),
+            ("num_train_steps", self.num_train_steps),
+            (
+                "gradient_accumulation_steps",
+                self.gradient_accumulation_steps,
+            ),
+            ("display_loss_steps", self.display_loss_steps),
+            ("data_parallel_size", self.data_parallel_size),
+            ("pipeline_parallel_size", self.pipeline_parallel_size),
+            ("horizontal_parallel_size", self.horizontal_parallel_size),
+            ("pipeline.virtual_stages", self.pipeline.virtual_stages),
+            ("eval_micro_batches", self.eval_micro_batches),
+            ("evaluation_period", self.evaluation_period.unwrap_or(1)),
+        ];
+        for (field, v) in positive {
+            if v == 0 {
+                return Err(bad(field, "must be at least 1".into()));
+            }
+        }
+        if self.horizontal_parallel_size != 1 {
+            return Err(bad(
+                "horizontal_parallel_size",
+                "tensor parallelism is not supported; use 1".into(),
+            ));
+        }
+        let product =
+            self.data_parallel_size * self.horizontal_parallel_size * self.pipeline_parallel_size;
+        if let Some(world) = self.world_size.filter(|&w| w != product) {
+            return Err(bad(
+                "world_size",
+                format!(
+                    "must equal data_parallel_size x horizontal_parallel_size x pipeline_parallel_size = {product}, got {world}"
+                ),
+            ));
+        }
+        if self.num_train_steps % self.gradient_accumulation_steps != 0 {
+            return Err(bad(
+                "num_train_steps",
+                format!(
+                    "must be divisible by gradient_accumulation_steps ({}), got {}",
+                    self.gradient_accumulation_steps, self.num_train_steps
+                ),
+            ));
+        }
+        let (p, m) = (
+            self.pipeline_parallel_size,
+            self.gradient_accumulation_steps,
+        );
+        let needs_full_pipe = matches!(
+            self.pipeline.schedule,
+            ScheduleKind::OneFOneB | ScheduleKind::ZbH1
+        );
+        if needs_full_pipe && m < p {
+            return Err(bad(
+                "gradient_accumulation_steps",
+                format!(
+                    "{:?} needs at least as many micro-batches as pipeline stages ({p}), got {m}",
+                    self.pipeline.schedule
+                ),
+            ));
+        }
+        if self.pipeline.virtual_stages > 1
+            && self.pipeline.schedule != ScheduleKind::Interleaved1f1b
+        {
+            return Err(bad(
+                "pipeline.virtual_stages",
+                "only the interleaved_1f1b schedule has virtual stages".into(),
+            ));
+        }
+        if let Err(e) = self.schedule().generate() {
+            return Err(bad("pipeline.schedule", e.to_string()));
+        }
+        if let Some(Partition::CutAt(cuts)) = &self.pipeline.partition {
+            if cuts.len() + 1 != self.stages() {
+                return Err(bad(
+                    "pipeline.partition.cut_at",
+                    format!(
+                        "{} cuts make {} stages; the pipeline has {}",
+                        cuts.len(),
+                        cuts.len() + 1,
+                        self.stages()
+                    ),
+                ));
+            }
+        }
+        if let Some(Partition::Balanced { stages, .. }) = &self.pipeline.partition {
+            if *stages != self.stages() {
+                return Err(bad(
+                    "pipeline.partition.balanced.stages",
+                    format!(
+                        "must equal {} = {}, got {stages}",
+                        self.stages_rule(),
+                        self.stages()
+                    ),
+                ));
+            }
+        }
+        if !(self.watchdog_seconds.is_finite() && self.watchdog_seconds > 0.0) {
+            return Err(bad(
+                "watchdog_seconds",
+                format!("must be a positive number, got {}", self.watchdog_seconds),
+            ));
+        }
+        if !(self.gradient_bucket_mb.is_finite() && self.gradient_bucket_mb >= 0.0) {
+            return Err(bad(
+                "gradient_bucket_mb",
+                format!(
+                    "must be a number of MiB, 0 or more, got {}",
+                    self.gradient_bucket_mb
+                ),
+            ));
+        }
+        if self.runtime.intra_op_threads == Some(0) {
+            return Err(bad("runtime.intra_op_threads", "must be at least 1".into()));
+        }
+        self.validate_run_state(path)?;
+        self.optimizer.validate(path)?;
+        self.lr_schedule.validate(path)?;
+        Ok(())
+    }
+}
