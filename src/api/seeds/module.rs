@@ -1,0 +1,285 @@
+//! ORT's on-device training loop (seed 002): [`Module`], [`Optimizer`] and
+//! [`LinearLrScheduler`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pipetrain_actors::{GradPolicy, StageCompute};
+
+use super::state::CheckpointState;
+use crate::checkpoint::{self, LoadedCheckpoint};
+use crate::compute::{Runtime, SessionOptions};
+use crate::graph::{
+    assign_stages, build_stage_graphs, build_training_graph, export_inference_model, BalanceBy,
+    LossSpec, Partition, TrainOptions, LOSS,
+};
+use crate::onnx::proto::ModelProto;
+use crate::onnx::{load_model, save_model};
+use crate::optim::{LrDecay, LrSchedule, OptimizerConfig};
+use crate::pipeline::{OrtStage, Payload, StageSettings};
+use crate::tensor::{Tensor, TensorMap};
+use crate::{Error, Result};
+
+/// The model to train on this device: ORT's `Module` (one stage, fused forward and
+/// backward).
+pub struct Module {
+    pub(super) stage: OrtStage,
+    pub(super) model: ModelProto,
+    pub(super) model_path: PathBuf,
+    pub(super) fingerprint: String,
+    pub(super) loss: LossSpec,
+    pub(super) training: bool,
+    /// Optimizer state from the checkpoint, waiting for the optimizer.
+    pub(super) pending: Option<LoadedCheckpoint>,
+    /// Optimizer steps taken.
+    pub(super) steps: u64,
+}
+
+impl Module {
+    /// The model at `model_path` with `loss` attached, for batches shaped like `example`
+    /// (each model input and the label, by name), starting from `state`.
+    ///
+    /// # Errors
+    /// Graph building's errors; `Checkpoint` when `state` does not fit the model.
+    pub fn new(
+        rt: &Runtime,
+        model_path: &Path,
+        loss: LossSpec,
+        example: &TensorMap,
+        state: CheckpointState,
+    ) -> Result<Module> {
+        let mut model = load_model(model_path)?;
+        let fingerprint = checkpoint::model_fingerprint(&model);
+        if let Some((path, init)) = &state.init {
+            crate::train::apply_init(&mut model, init, path)?;
+        }
+        let feeds: Vec<(&str, &Tensor)> = example.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let opts = TrainOptions {
+            loss: loss.clone(),
+            trainable: None,
+            contrib_ops: true,
+        };
+        let tg = build_training_graph(rt, &model, &opts, &feeds)?;
+        let one = Partition::Balanced {
+            stages: 1,
+            by: BalanceBy::Flops,
+        };
+        let graphs = build_stage_graphs(&tg, &assign_stages(&tg, &one)?)?;
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        // What `pipetrain train` gives one stage alone: every core, spinning threads.
+        let session = SessionOptions {
+            intra_threads: cores,
+            inter_threads: 1,
+            optimize: true,
+            spin: true,
+            profile: false,
+        };
+        let settings = StageSettings::new(OptimizerConfig::default(), 1.0);
+        let stage = OrtStage::new(rt, &tg, &graphs[0], &session, &settings)?;
+        if let Some(ckpt) = &state.loaded {
+            let shapes: Vec<(String, Vec<usize>)> = tg
+                .params
+                .iter()
+                .map(|p| (p.name.clone(), p.meta.shape.clone()))
+                .collect();
+            ckpt.check_model(&shapes)?;
+        }
+        let steps = state.loaded.as_ref().map_or(0, |c| c.manifest.steps_done);
+        Ok(Module {
+            stage,
+            model,
+            model_path: model_path.to_path_buf(),
+            fingerprint,
+            loss,
+            training: true,
+            pending: state.loaded,
+            steps,
+        })
+        .and_then(|mut m| {
+            // Parameters come from the checkpoint now; the optimizer's state when the
+            // optimizer is made.
+            if let Some(ckpt) = &m.pending {
+                m.stage.restore_params(ckpt)?;
+            }
+            Ok(m)
+        })
+    }
+
+    /// Training mode (ORT's `module.train()`): [`Module::train_step`] computes gradients.
+    pub fn train(&mut self) {
+        self.training = true;
+    }
+
+    /// Evaluation mode (ORT's `module.eval()`): [`Module::eval_step`] runs the forward
+    /// graph only.
+    pub fn eval(&mut self) {
+        self.training = false;
+    }
+
+    /// Forward and backward of `batch` (ORT's `TrainStep`): gradients accumulate until
+    /// [`Module::lazy_reset_grad`]; the loss.
+    ///
+    /// # Errors
+    /// `Config` in evaluation mode; ONNX Runtime's errors naming the input.
+    pub async fn train_step(&mut self, batch: &TensorMap) -> Result<f64> {
+        if !self.training {
+            return Err(Error::Config {
+                path: "<module>".into(),
+                field: "mode".into(),
+                rule: "train_step needs training mode (module.train())".into(),
+            });
+        }
+        let data = payload(batch);
+        let out = self
+            .stage
+            .forward(0, None, Some(data))
+            .await
+            .map_err(boxed)?;
+        self.stage
+            .backward(0, pipetrain_actors::BackwardPart::Full, None)
+            .await
+            .map_err(boxed)?;
+        out.loss
+            .ok_or_else(|| Error::graph("the module computed no loss"))
+    }
+
+    /// The loss of `batch` without gradients (ORT's `EvalStep`).
+    ///
+    /// # Errors
+    /// ONNX Runtime's errors naming the input.
+    pub async fn eval_step(&mut self, batch: &TensorMap) -> Result<f64> {
+        let out = self
+            .stage
+            .evaluate(0, None, Some(payload(batch)))
+            .await
+            .map_err(boxed)?;
+        out.loss
+            .ok_or_else(|| Error::graph(format!("the module computed no `{LOSS}`")))
+    }
+
+    /// Starts a new accumulation with the next [`Module::train_step`] (ORT's
+    /// `LazyResetGrad`: nothing is zeroed now; the next gradients overwrite).
+    pub fn lazy_reset_grad(&mut self) {
+        self.stage.reset_accumulation();
+    }
+
+    /// Writes the inference model (the forward model with the trained weights).
+    ///
+    /// # Errors
+    /// `Io` naming the file.
+    pub fn export_model_for_inferencing(&self, path: &Path) -> Result<()> {
+        let trained = self.stage.parameters();
+        let views: Vec<(&str, &Tensor)> = trained.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        save_model(&export_inference_model(&self.model, &views)?, path)
+    }
+
+    /// The trained parameters, by name.
+    pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        self.stage.parameters()
+    }
+}
+
+/// ORT's `Optimizer`: the update of a [`Module`]'s parameters.
+pub struct Optimizer {
+    pub(super) config: OptimizerConfig,
+    pub(super) lr: f64,
+}
+
+impl Optimizer {
+    /// An optimizer of `config` for `module` at learning rate `lr`; its state comes from
+    /// the module's checkpoint state when that holds one of this kind.
+    ///
+    /// # Errors
+    /// `Config` for a bad configuration; `Checkpoint` when the checkpoint's optimizer
+    /// state does not fit.
+    pub fn new(config: OptimizerConfig, lr: f64, module: &mut Module) -> Result<Optimizer> {
+        module.stage.set_optimizer(&config)?;
+        if let Some(ckpt) = module.pending.take() {
+            module.stage.restore(&ckpt)?;
+        }
+        Ok(Optimizer { config, lr })
+    }
+
+    /// One update of `module`'s parameters from its accumulated gradients (ORT's
+    /// `OptimizerStep`).
+    ///
+    /// # Errors
+    /// The optimizer's errors.
+    pub async fn step(&mut self, module: &mut Module) -> Result<()> {
+        let policy = GradPolicy::default();
+        let stats = module.stage.grad_stats(module.steps);
+        let (decision, _) = policy.decide(policy.scaling.initial_state(), &[stats]);
+        module
+            .stage
+            .update(module.steps, self.lr, &decision)
+            .await
+            .map_err(boxed)?;
+        module.steps += 1;
+        Ok(())
+    }
+
+    /// Sets the learning rate of the next steps.
+    pub fn set_learning_rate(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    /// The learning rate of the next step.
+    pub fn get_learning_rate(&self) -> f64 {
+        self.lr
+    }
+}
+
+/// ORT's `LinearLRScheduler`: linear warmup from 0 over `warmup_step_count` steps to
+/// `initial_lr`, then linear decay to 0 at `total_step_count`.
+pub struct LinearLrScheduler {
+    schedule: LrSchedule,
+    total: u64,
+    step: u64,
+}
+
+impl LinearLrScheduler {
+    /// The schedule; sets `optimizer`'s rate for the first step.
+    pub fn new(
+        optimizer: &mut Optimizer,
+        warmup_step_count: u64,
+        total_step_count: u64,
+        initial_lr: f64,
+    ) -> Self {
+        let schedule = LrSchedule {
+            kind: LrDecay::Linear,
+            lr: initial_lr,
+            warmup_ratio: warmup_step_count as f64 / total_step_count.max(1) as f64,
+        };
+        optimizer.set_learning_rate(schedule.lr_at(0, total_step_count));
+        LinearLrScheduler {
+            schedule,
+            total: total_step_count,
+            step: 0,
+        }
+    }
+
+    /// Moves to the next step and sets `optimizer`'s rate for it (ORT's
+    /// `scheduler_step`).
+    pub fn scheduler_step(&mut self, optimizer: &mut Optimizer) {
+        self.step += 1;
+        optimizer.set_learning_rate(self.schedule.lr_at(self.step, self.total));
+    }
+}
+
+fn payload(batch: &TensorMap) -> Payload {
+    batch
+        .iter()
+        .map(|(k, v)| (k.clone(), Arc::new(v.clone())))
+        .collect()
+}
+
+fn boxed(e: pipetrain_actors::BoxError) -> Error {
+    Error::Runtime {
+        source: Box::new(pipetrain_actors::ActorError::Compute {
+            replica: 0,
+            stage: 0,
+            action: pipetrain_actors::schedules::Action::forward(0, 0),
+            source: e,
+        }),
+    }
+}
