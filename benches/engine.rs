@@ -21,6 +21,8 @@ use pipetrain_actors::{BackwardPart, StageCompute};
 
 const WINDOWS: usize = 7;
 const STEPS: usize = 60;
+/// Steps left out of the timing at the start of each window (first runs, arenas).
+const WARMUP: usize = 10;
 
 fn config(model: &str, pp: usize, accum: usize, batch: usize, steps: usize) -> TrainConfig {
     let (label, layout) = if model == "mlp" {
@@ -67,7 +69,7 @@ lr = 0.05
 
 fn main() {
     let rt = common::runtime();
-    println!("## Engine overhead at dp = pp = 1 (train SGD steps/s, {WINDOWS} interleaved windows of {STEPS} steps)\n");
+    println!("## Engine overhead at dp = pp = 1 (train SGD steps/s over steps {WARMUP}..{STEPS}, {WINDOWS} interleaved windows)\n");
     println!(
         "| model | bare loop over the stage | actor engine | engine slower by |\n|---|---|---|---|"
     );
@@ -89,18 +91,21 @@ fn main() {
                     .join()
                     .unwrap(),
             );
-            // The summary times the steps only (graph building and sessions excluded), as
-            // the bare loop does.
-            let s = tokio
+            // Steps after the first WARMUP, timed by the step reports, as the bare loop
+            // times them: the run's start and end (actors spawned, threads joined) are
+            // not a cost per step. The last report comes once the run is over, so the
+            // window ends at the one before.
+            let mut at = Vec::new();
+            tokio
                 .block_on(pipetrain::train::train_async(
                     &rt,
                     &cfg,
                     Path::new("bench.toml"),
                     false,
-                    |_| {},
+                    |r| at.push(r.elapsed.as_secs_f64()),
                 ))
                 .unwrap();
-            engine.push(s.steps as f64 / s.elapsed.as_secs_f64());
+            engine.push((STEPS - 1 - WARMUP) as f64 / (at[STEPS - 2] - at[WARMUP - 1]));
         }
         let (b, e) = (median(&mut bare), median(&mut engine));
         println!(
@@ -213,8 +218,11 @@ fn idle_per_rank(trace: &pipetrain_actors::RunTrace) -> ([f64; 2], [f64; 2], f64
 async fn bare_loop(rt: &Runtime, cfg: &TrainConfig) -> f64 {
     let (mut stage, data) = single_stage(rt, cfg);
     use pipetrain_actors::DataSource;
-    let t = Instant::now();
+    let mut t = Instant::now();
     for step in 0..STEPS as u64 {
+        if step == WARMUP as u64 {
+            t = Instant::now();
+        }
         let d = data.micro_batch(step, 0, 0, 0).unwrap();
         stage.forward(0, None, Some(d)).await.unwrap();
         stage.backward(0, BackwardPart::Full, None).await.unwrap();
@@ -226,7 +234,7 @@ async fn bare_loop(rt: &Runtime, cfg: &TrainConfig) -> f64 {
         let (decision, _) = policy.decide(policy.scaling.initial_state(), &[stats]);
         stage.update(step, 0.05, &decision).await.unwrap();
     }
-    STEPS as f64 / t.elapsed().as_secs_f64()
+    (STEPS - WARMUP) as f64 / t.elapsed().as_secs_f64()
 }
 
 /// The stage and data the engine would build for a one-stage config.
@@ -261,7 +269,8 @@ fn single_stage(
         intra_threads: 2,
         inter_threads: 1,
         optimize: true,
-        spin: false,
+        // As the engine sets it for one actor with one stage.
+        spin: true,
         profile: false,
     };
     let settings = pipetrain::pipeline::StageSettings::new(cfg.optimizer.clone(), 1.0);
