@@ -45,7 +45,7 @@ pub enum Error {
     },
     /// A node on the path from a trainable parameter to the loss has no gradient rule.
     #[error(
-        "node `{node}` ({op_type}) has no gradient rule, but parameter `{param}` needs a gradient through it"
+        "node `{node}` ({op_type}) has no gradient rule, but parameter `{param}` needs a gradient through it{also}"
     )]
     NoGradient {
         /// The node's name (or its first output when unnamed).
@@ -54,6 +54,9 @@ pub enum Error {
         op_type: String,
         /// A parameter whose gradient flows through the node.
         param: String,
+        /// The other nodes on the path without a rule (every one is named at once), as
+        /// `"; also without a gradient rule: ..."`, or empty.
+        also: String,
     },
     /// A node's gradient rule cannot handle this particular use of the op.
     #[error("node `{node}` ({op_type}): gradient not supported: {reason}")]

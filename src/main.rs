@@ -46,6 +46,16 @@ enum Command {
         #[arg(long)]
         resume: bool,
     },
+    /// Say what would keep an ONNX model from training as the user's model: initializers
+    /// merged by an eval-mode export, operators without a gradient, a fixed batch; with a
+    /// configuration, whether its training graph builds.
+    Check {
+        /// The ONNX model.
+        model: PathBuf,
+        /// A training configuration to build the training graph with (its model is
+        /// replaced by MODEL).
+        config: Option<PathBuf>,
+    },
     /// Train on several nodes: run this on every node of a cluster manifest, with the
     /// same manifest and configuration (see examples/cluster.toml).
     Launch(pipetrain::launch::LaunchArgs),
@@ -173,6 +183,9 @@ fn main() -> ExitCode {
             (trace.as_deref(), chrome_trace.as_deref()),
             resume,
         ),
+        Command::Check { model, config } => pipetrain::compute::Runtime::from_env()
+            .and_then(|rt| pipetrain::train::check_model(&rt, &model, config.as_deref()))
+            .map(|text| print!("{text}")),
         Command::Launch(args) => pipetrain::launch::launch(&args),
         Command::Schedule { command } => schedule(command),
         Command::Checkpoint {

@@ -15,6 +15,18 @@ impl ShapeProbe for Runtime {
     fn probe(&self, graph: &Graph, feeds: &[(&str, &Tensor)]) -> Result<Metas> {
         probe_values(self, graph, feeds)
     }
+
+    fn values(&self, graph: &Graph, feeds: &[(&str, &Tensor)]) -> Result<Vec<Tensor>> {
+        let opts = SessionOptions {
+            intra_threads: 1,
+            inter_threads: 1,
+            optimize: false,
+            spin: false,
+            profile: false,
+        };
+        let mut session = GraphSession::one_off(self, graph, &opts, "folding static values")?;
+        session.run(feeds)
+    }
 }
 
 /// Values exposed per probe run (see [`probe_values`]).
@@ -37,7 +49,12 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
     }
     let mut names = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for n in &graph.nodes {
+    // Sequences are not tensors: they have no shape to measure.
+    for n in graph
+        .nodes
+        .iter()
+        .filter(|n| !crate::graph::makes_sequence(&n.op_type))
+    {
         for o in n.output.iter().filter(|o| !o.is_empty()) {
             if seen.insert(o.clone()) {
                 names.push(o.clone());

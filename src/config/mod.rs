@@ -82,6 +82,10 @@ pub struct TrainConfig {
     pub gradient_bucket_mb: f64,
     /// The loss.
     pub loss: LossSpec,
+    /// Embedding rows that get no gradient from their lookups (`[params]`: PyTorch's
+    /// padding rows, found by default, and rows listed by table).
+    #[serde(default)]
+    pub params: crate::graph::ParamOptions,
     /// Training data.
     pub data: DataConfig,
     /// The optimizer.

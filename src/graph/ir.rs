@@ -174,15 +174,8 @@ impl Graph {
             }
         }
         for n in self.nodes.iter().filter(|n| n.op_type == "Constant") {
-            if let Some(t) = n
-                .attribute
-                .iter()
-                .find(|a| a.name == "value")
-                .and_then(|a| a.t.as_ref())
-            {
-                if let Ok(v) = Tensor::from_proto(t) {
-                    map.insert(n.output[0].clone(), v);
-                }
+            if let Some(v) = constant_value(n) {
+                map.insert(n.output[0].clone(), v);
             }
         }
         map
@@ -305,6 +298,20 @@ pub fn make_node(
         output: outputs.iter().map(|s| s.to_string()).collect(),
         attribute,
         ..Default::default()
+    }
+}
+
+/// The value of a `Constant` node, whichever attribute holds it (`value`, or the
+/// `value_int(s)` and `value_float(s)` that the dynamo exporter writes).
+pub fn constant_value(n: &NodeProto) -> Option<Tensor> {
+    let a = n.attribute.first()?;
+    match a.name.as_str() {
+        "value" => Tensor::from_proto(a.t.as_ref()?).ok(),
+        "value_int" => Tensor::i64(vec![], vec![a.i]).ok(),
+        "value_ints" => Tensor::i64(vec![a.ints.len()], a.ints.clone()).ok(),
+        "value_float" => Tensor::f32(vec![], vec![a.f]).ok(),
+        "value_floats" => Tensor::f32(vec![a.floats.len()], a.floats.clone()).ok(),
+        _ => None,
     }
 }
 

@@ -21,8 +21,11 @@ pub const ACC_COUNTED: &str = "loss/counted";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum LossSpec {
-    /// Mean softmax cross-entropy of `prediction` (classes on axis 1) against integer
-    /// `label`s; positions labelled `ignore_index` count for nothing.
+    /// Mean softmax cross-entropy of `prediction` against integer `label`s; positions
+    /// labelled `ignore_index` count for nothing. Classes are on axis 1 (ONNX's and
+    /// PyTorch's `cross_entropy` convention) or, for a language model's logits
+    /// `[batch, seq, vocab]` with labels `[batch, seq]`, on the last axis (found from the
+    /// shapes, or set with `class_axis`).
     SoftmaxCrossEntropy {
         /// The logits value.
         prediction: String,
@@ -31,6 +34,10 @@ pub enum LossSpec {
         /// A label value to skip.
         #[serde(default)]
         ignore_index: Option<i64>,
+        /// The prediction's class axis (negative counts from the end); found from the
+        /// label's shape when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        class_axis: Option<i64>,
         /// What a step's loss is the mean over, under gradient accumulation.
         #[serde(default)]
         normalize: LossNormalize,
@@ -110,9 +117,14 @@ pub fn attach_loss(
             prediction,
             label,
             ignore_index,
+            class_axis,
             normalize,
         } => {
-            let label_in = prepare_label(g, prediction, label, true, prediction_meta, label_meta)?;
+            let lm = label_input(g, prediction, label, label_meta)?;
+            let axis = find_class_axis(prediction, label, *class_axis, prediction_meta, &lm)?;
+            let (prediction, want) = classes_on_axis_1(g, prediction, axis, prediction_meta)?;
+            let prediction = prediction.as_str();
+            let label_in = reshape_label(g, label, &lm, &want, prediction_meta)?;
             // Normalized by tokens, the graph sums; the stage divides by the step's count
             // of counted positions (through the backward seed and the reported loss).
             let reduction = match normalize {
@@ -133,7 +145,8 @@ pub fn attach_loss(
             attach_accuracy(g, prediction, &label_in, *ignore_index)
         }
         LossSpec::Mse { prediction, label } => {
-            let label_in = prepare_label(g, prediction, label, false, prediction_meta, label_meta)?;
+            let lm = label_input(g, prediction, label, label_meta)?;
+            let label_in = reshape_label(g, label, &lm, &prediction_meta.shape, prediction_meta)?;
             let rank = prediction_meta.shape.len();
             let inv_n = 1.0 / prediction_meta.numel() as f64;
             let scale = match prediction_meta.dtype {
@@ -321,18 +334,14 @@ fn attach_output(g: &mut Graph, name: &str, meta: &ValueMeta) -> Result<()> {
     Ok(())
 }
 
-/// Checks the prediction, adds the label input, and returns the label as the loss op
-/// wants it: [N, d1, ...] for logits [N, C, d1, ...] (cross entropy, `class_axis`), the
-/// prediction's shape (MSE). Data often comes in another layout of the same size (e.g.
-/// [B, T] targets for [B*T, V] logits), so the label is reshaped when the sizes agree.
-fn prepare_label(
+/// Checks the prediction, adds the label as a graph input when the model has none, and
+/// returns the label's type and shape.
+fn label_input(
     g: &mut Graph,
     prediction: &str,
     label: &str,
-    class_axis: bool,
-    prediction_meta: &ValueMeta,
     label_meta: Option<&ValueMeta>,
-) -> Result<String> {
+) -> Result<ValueMeta> {
     if !g.has_value(prediction) {
         return Err(missing("prediction", prediction, g));
     }
@@ -357,30 +366,122 @@ fn prepare_label(
     if !is_input {
         g.inputs.push(value_info(label, &lm));
     }
-    let ps = &prediction_meta.shape;
-    let want: Vec<usize> = if class_axis {
-        if ps.len() < 2 {
+    Ok(lm)
+}
+
+/// The prediction's class axis: `class_axis` when given; else the last axis when the
+/// label has exactly the prediction's shape without it (a language model's logits
+/// `[batch, seq, vocab]`, labels `[batch, seq]`) and not the shape without axis 1;
+/// else axis 1.
+fn find_class_axis(
+    prediction: &str,
+    label: &str,
+    class_axis: Option<i64>,
+    pm: &ValueMeta,
+    lm: &ValueMeta,
+) -> Result<usize> {
+    let rank = pm.shape.len();
+    if rank < 2 {
+        return Err(Error::BadTensor {
+            name: prediction.into(),
+            reason: format!(
+                "cross-entropy needs logits of rank >= 2 (a class axis beside the batch), got {:?}",
+                pm.shape
+            ),
+        });
+    }
+    if let Some(a) = class_axis {
+        let axis = if a < 0 { a + rank as i64 } else { a };
+        if axis < 1 || axis >= rank as i64 {
             return Err(Error::BadTensor {
                 name: prediction.into(),
                 reason: format!(
-                    "cross-entropy needs logits of rank >= 2 (classes on axis 1), got {ps:?}"
+                    "loss.class_axis = {a} is not an axis after the batch axis of a prediction \
+                     of shape {:?}",
+                    pm.shape
                 ),
             });
         }
-        ps.iter()
-            .enumerate()
-            .filter(|&(i, _)| i != 1)
-            .map(|(_, &d)| d)
-            .collect()
-    } else {
-        ps.clone()
+        return Ok(axis as usize);
+    }
+    let without = |axis: usize| -> Vec<usize> {
+        let mut s = pm.shape.clone();
+        s.remove(axis);
+        s
     };
+    if rank >= 3 && lm.shape == without(rank - 1) && lm.shape != without(1) {
+        tracing::debug!(
+            "cross-entropy: label `{label}` {:?} takes classes on the last axis of `{prediction}` {:?}",
+            lm.shape,
+            pm.shape
+        );
+        return Ok(rank - 1);
+    }
+    Ok(1)
+}
+
+/// Brings the classes of `prediction` to axis 1, where `SoftmaxCrossEntropyLoss` wants
+/// them; returns the value to use and the label shape it wants. Classes on the last axis
+/// are a free `Reshape` to `[-1, classes]` (every position a row: the same mean over the
+/// same positions); another axis is a `Transpose`.
+fn classes_on_axis_1(
+    g: &mut Graph,
+    prediction: &str,
+    axis: usize,
+    pm: &ValueMeta,
+) -> Result<(String, Vec<usize>)> {
+    let shape = &pm.shape;
+    let rank = shape.len();
+    if axis == 1 {
+        let mut want = shape.clone();
+        want.remove(1);
+        return Ok((prediction.to_string(), want));
+    }
+    if axis == rank - 1 {
+        let classes = shape[axis];
+        let rows: usize = shape[..axis].iter().product();
+        let dims = Tensor::i64(vec![2], vec![-1, classes as i64])?;
+        g.nodes.push(constant_node("loss/rows_shape", &dims));
+        g.nodes.push(make_node(
+            "Reshape",
+            "loss/logits_rows",
+            &[prediction, "loss/rows_shape"],
+            &["loss/logits"],
+            vec![],
+        ));
+        return Ok(("loss/logits".into(), vec![rows]));
+    }
+    let mut perm: Vec<i64> = (0..rank as i64).filter(|&a| a != axis as i64).collect();
+    perm.insert(1, axis as i64);
+    g.nodes.push(make_node(
+        "Transpose",
+        "loss/classes_to_axis_1",
+        &[prediction],
+        &["loss/logits"],
+        vec![crate::graph::ir::ints_attr("perm", &perm)],
+    ));
+    let mut want = shape.clone();
+    want.remove(axis);
+    Ok(("loss/logits".into(), want))
+}
+
+/// The label as the loss op wants it (`want`): data often comes in another layout of the
+/// same size (e.g. [B, T] targets for [B*T, V] logits), so the label is reshaped when the
+/// sizes agree.
+fn reshape_label(
+    g: &mut Graph,
+    label: &str,
+    lm: &ValueMeta,
+    want: &[usize],
+    pm: &ValueMeta,
+) -> Result<String> {
     if lm.numel() != want.iter().product::<usize>() {
         return Err(Error::BadTensor {
             name: label.into(),
             reason: format!(
-                "label shape {:?} does not fit prediction shape {ps:?} (expected {want:?})",
-                lm.shape
+                "label shape {:?} does not fit prediction shape {:?} (expected {want:?}, or \
+                 the prediction's shape without its last axis)",
+                lm.shape, pm.shape
             ),
         });
     }

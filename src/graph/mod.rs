@@ -2,11 +2,15 @@
 
 pub mod autodiff;
 mod buckets;
+pub mod check;
 mod export;
 mod ir;
 mod loss;
+mod padding;
 mod partition;
+mod sequences;
 mod stages;
+mod static_fold;
 mod subgraph;
 mod training;
 
@@ -14,8 +18,11 @@ pub use buckets::{grad_chain, GradChain};
 pub use export::export_inference_model;
 pub use ir::*;
 pub use loss::{attach_loss, LossNormalize, LossSpec, ACC_CORRECT, ACC_COUNTED, LOSS};
+pub use padding::ParamOptions;
 pub use partition::{assign_stages, BalanceBy, Partition, StageAssignment};
+pub use sequences::{makes_sequence, split_sequences};
 pub use stages::{build_stage_graphs, build_stage_graphs_with, Recompute, StageGraphs, StageIo};
+pub use static_fold::{fold_static_values, static_nodes, FoldReport};
 pub use training::{
     build_training_graph, Param, ShapeProbe, TrainOptions, TrainingGraph, LOSS_GRAD,
 };

@@ -6,6 +6,9 @@ use std::collections::HashSet;
 use crate::graph::autodiff::{differentiate, Backward};
 use crate::graph::ir::{node_label, untyped_value_info, value_info, Graph, Metas, ValueMeta};
 use crate::graph::loss::{attach_loss, LossSpec, LOSS};
+use crate::graph::padding::{rows_to_freeze, ParamOptions};
+use crate::graph::sequences::split_sequences;
+use crate::graph::static_fold::fold_static_values;
 use crate::onnx::proto::ModelProto;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -23,6 +26,18 @@ pub trait ShapeProbe {
     /// # Errors
     /// When the graph cannot be measured (it does not run on the feeds).
     fn probe(&self, graph: &Graph, feeds: &[(&str, &Tensor)]) -> Result<Metas>;
+
+    /// The values of `graph`'s outputs on `feeds` (static values to fold: shapes,
+    /// masks, positions). A probe that only knows shapes cannot fold them.
+    ///
+    /// # Errors
+    /// When the graph cannot be run on the feeds; by default, always.
+    fn values(&self, graph: &Graph, _feeds: &[(&str, &Tensor)]) -> Result<Vec<Tensor>> {
+        Err(Error::graph(format!(
+            "this shape probe cannot compute the {} values computed from shapes alone",
+            graph.outputs.len()
+        )))
+    }
 }
 
 /// The input that seeds the backward pass: the gradient of the loss (1, or a scale for
@@ -38,6 +53,9 @@ pub struct TrainOptions {
     pub trainable: Option<Vec<String>>,
     /// Allow ONNX Runtime's contrib ops (`com.microsoft.FusedMatMul`) in backward graphs.
     pub contrib_ops: bool,
+    /// Initializers not to train, and embedding rows whose lookups give them no
+    /// gradient (padding rows).
+    pub params: ParamOptions,
 }
 
 /// A trainable parameter.
@@ -188,6 +206,18 @@ pub fn build_training_graph(
         }
     }
     let resized = fit_inputs_to_example(&mut g, example)?;
+    let trainable = trainable_names(&g, opts)?;
+    let trained: HashSet<&str> = trainable.iter().map(String::as_str).collect();
+    let model_feeds = feeds_for(&g, example);
+    let folded = fold_static_values(&mut g, rt, &model_feeds, &trained)?;
+    if !folded.folded.is_empty() {
+        tracing::info!(
+            "{} values computed from shapes and constants alone are constants of the \
+             training graph ({} nodes folded)",
+            folded.folded.len(),
+            folded.removed_nodes
+        );
+    }
     let label = opts.loss.label();
     let model_feeds = feeds_for(&g, example);
     let forward_metas = rt
@@ -202,6 +232,9 @@ pub fn build_training_graph(
             },
             (_, e) => e,
         })?;
+    if split_sequences(&mut g, &forward_metas) > 0 {
+        tracing::debug!("split sequences read at constant positions became Split nodes");
+    }
     let pred_name = match &opts.loss {
         LossSpec::SoftmaxCrossEntropy { prediction, .. } | LossSpec::Mse { prediction, .. } => {
             prediction
@@ -225,27 +258,6 @@ pub fn build_training_graph(
     g.outputs = vec![untyped_value_info(LOSS)];
     let data_inputs: Vec<String> = g.inputs.iter().map(|v| v.name.clone()).collect();
 
-    // Parameters: trainable initializers become inputs.
-    let trainable: Vec<String> = match &opts.trainable {
-        Some(names) => {
-            for n in names {
-                if g.initializer(n).is_none() {
-                    return Err(Error::MissingValue {
-                        role: "trainable parameter",
-                        name: n.clone(),
-                        hint: "; it must be an initializer of the model".into(),
-                    });
-                }
-            }
-            names.clone()
-        }
-        None => g
-            .initializers
-            .iter()
-            .filter(|t| crate::tensor::DType::from_onnx(t.data_type).is_some_and(|d| d.is_float()))
-            .map(|t| t.name.clone())
-            .collect(),
-    };
     let trainable_set: HashSet<&str> = trainable.iter().map(String::as_str).collect();
     let mut inits = Vec::new();
     let mut param_values = Vec::new();
@@ -280,6 +292,7 @@ pub fn build_training_graph(
         });
     }
 
+    let frozen = rows_to_freeze(&g, &param_values, &opts.params);
     let backward: Backward = differentiate(
         &g,
         &loss_metas,
@@ -287,6 +300,7 @@ pub fn build_training_graph(
         LOSS_GRAD,
         &trainable,
         opts.contrib_ops,
+        &frozen,
     )?;
     let forward_len = g.nodes.len();
     let mut full = g;
@@ -370,6 +384,69 @@ fn fit_inputs_to_example(g: &mut Graph, example: &[(&str, &Tensor)]) -> Result<O
         }
     }
     Ok(changed)
+}
+
+/// The initializers to train: `opts.trainable` (each must be an initializer), else every
+/// floating-point initializer but BatchNormalization's running statistics; less the
+/// `opts.params.frozen` names.
+fn trainable_names(g: &Graph, opts: &TrainOptions) -> Result<Vec<String>> {
+    for n in &opts.params.frozen {
+        if g.initializer(n).is_none() {
+            return Err(Error::MissingValue {
+                role: "frozen initializer ([params] frozen)",
+                name: n.clone(),
+                hint: "; it must be an initializer of the model".into(),
+            });
+        }
+    }
+    let names = match &opts.trainable {
+        Some(names) => {
+            for n in names {
+                if g.initializer(n).is_none() {
+                    return Err(Error::MissingValue {
+                        role: "trainable parameter",
+                        name: n.clone(),
+                        hint: "; it must be an initializer of the model".into(),
+                    });
+                }
+            }
+            names.clone()
+        }
+        None => {
+            let stats = running_statistics(g);
+            if !stats.is_empty() {
+                tracing::warn!(
+                    "{} BatchNormalization running statistics are state, not parameters: \
+                     training normalizes with batch statistics, and the running ones keep \
+                     their initial values (not updated yet)",
+                    stats.len()
+                );
+            }
+            g.initializers
+                .iter()
+                .filter(|t| {
+                    crate::tensor::DType::from_onnx(t.data_type).is_some_and(|d| d.is_float())
+                })
+                .filter(|t| !stats.contains(t.name.as_str()))
+                .map(|t| t.name.clone())
+                .collect()
+        }
+    };
+    Ok(names
+        .into_iter()
+        .filter(|n| !opts.params.frozen.contains(n))
+        .collect())
+}
+
+/// The initializers a `BatchNormalization` reads as its running mean or variance.
+fn running_statistics(g: &Graph) -> HashSet<&str> {
+    g.nodes
+        .iter()
+        .filter(|n| n.op_type == "BatchNormalization")
+        .flat_map(|n| n.input.iter().skip(3).take(2))
+        .filter(|v| g.initializer(v).is_some())
+        .map(String::as_str)
+        .collect()
 }
 
 /// The example tensors that are inputs of `g` (data files may hold more arrays).

@@ -19,6 +19,7 @@ use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 mod board;
+mod check;
 mod checkpointing;
 mod cluster;
 mod memory;
@@ -26,6 +27,7 @@ mod report;
 mod run;
 mod settings;
 
+pub use check::check_model;
 pub use checkpointing::latest_checkpoint;
 pub use cluster::ClusterPart;
 pub use memory::{memory_report, memory_table, MemoryRow, StashPeak};

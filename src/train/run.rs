@@ -45,6 +45,7 @@ pub(super) async fn run_training<K: Collective>(
         rule,
     })?;
     let mut model = cfg.load_model()?;
+    super::settings::warn_about_model(cfg, &model)?;
     let fingerprint = model_fingerprint(&model);
     if let Some(init) = &cfg.init_path {
         apply_init(&mut model, &read_safetensors(init)?, init)?;

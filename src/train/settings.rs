@@ -96,6 +96,19 @@ pub(super) fn training_graph(
         loss: cfg.loss.clone(),
         trainable: None,
         contrib_ops: !cfg.runtime.standard_ops_only,
+        params: cfg.params.clone(),
     };
     build_training_graph(rt, model, &opts, &example)
+}
+
+/// Logs what `pipetrain check` would say of the model before it trains: initializers an
+/// eval-mode export merged. (A fixed batch that does not fit the micro-batch is an error
+/// of its own once shapes are measured, and one that fits needs no word.)
+pub(super) fn warn_about_model(cfg: &TrainConfig, model: &ModelProto) -> Result<()> {
+    let mut findings = crate::graph::check::inspect(&crate::graph::Graph::from_model(model)?);
+    findings.fixed_batch.clear();
+    for warning in findings.warnings() {
+        tracing::warn!("{}: {warning}", cfg.model_name());
+    }
+    Ok(())
 }

@@ -103,10 +103,12 @@ impl PeerModel {
                 prediction: "logits".into(),
                 label: label.into(),
                 ignore_index: None,
+                class_axis: None,
                 normalize: Default::default(),
             },
             trainable: None,
             contrib_ops: true,
+            params: Default::default(),
         }
     }
 

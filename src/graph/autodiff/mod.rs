@@ -11,9 +11,10 @@ mod fold;
 mod gelu;
 mod rules;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 pub use emit::Emitter;
+pub use rules::has_rule;
 
 use crate::graph::ir::{node_label, Graph, Metas, ValueMeta};
 use crate::onnx::proto::NodeProto;
@@ -49,6 +50,8 @@ pub struct RuleCtx<'a> {
     pub consts: &'a HashMap<String, Tensor>,
     /// The default-domain opset.
     pub opset: i64,
+    /// Rows of looked-up tables that get no gradient from the lookup (padding rows).
+    pub frozen_rows: &'a BTreeMap<String, Vec<i64>>,
     /// Where the rule emits its nodes.
     pub e: &'a mut Emitter,
 }
@@ -126,9 +129,11 @@ impl RuleCtx<'_> {
 
 /// Builds the backward nodes computing the gradients of `loss` with respect to `wrt`,
 /// seeded with the value `seed` (the loss's own gradient, a scalar fed at run time).
+/// `frozen_rows` get no gradient from the `Gather`s that look them up.
 ///
 /// # Errors
-/// `NoGradient` naming the node and a parameter when a node on the path has no rule;
+/// `NoGradient` naming every node on the path without a rule (and a parameter that
+/// needs one);
 /// `UnsupportedGradient` when a rule cannot handle the node's attributes.
 pub fn differentiate(
     fwd: &Graph,
@@ -137,6 +142,7 @@ pub fn differentiate(
     seed: &str,
     wrt: &[String],
     contrib: bool,
+    frozen_rows: &BTreeMap<String, Vec<i64>>,
 ) -> Result<Backward> {
     let consts = fwd.constants();
     let is_float = |v: &str| metas.get(v).is_some_and(|m| m.dtype.is_float());
@@ -172,6 +178,7 @@ pub fn differentiate(
     let mut contributions: HashMap<String, Vec<String>> = HashMap::new();
     contributions.insert(loss.to_string(), vec![seed.to_string()]);
     let opset = fwd.opset();
+    let mut missing: Vec<(String, String, String)> = Vec::new();
     for (i, n) in fwd.nodes.iter().enumerate().rev() {
         if !on_path[i] {
             continue;
@@ -205,17 +212,19 @@ pub fn differentiate(
             metas,
             consts: &consts,
             opset,
+            frozen_rows,
             e: &mut e,
         };
         let Some(dx) = rules::gradient(&mut ctx)? else {
+            // Every node without a rule is named at once: the walk goes on past it.
             let input = n.input.iter().find(|v| source.contains_key(v.as_str()));
-            return Err(Error::NoGradient {
-                node: node_label(n),
-                op_type: n.op_type.clone(),
-                param: input
-                    .and_then(|v| source.get(v.as_str()))
-                    .map_or_else(String::new, |p| p.to_string()),
-            });
+            let param = input.and_then(|v| source.get(v.as_str()));
+            missing.push((
+                node_label(n),
+                n.op_type.clone(),
+                param.map_or_else(String::new, |p| p.to_string()),
+            ));
+            continue;
         };
         for (j, g) in dx.into_iter().enumerate() {
             if let Some(g) = g.filter(|_| ctx.needs(j)) {
@@ -224,6 +233,9 @@ pub fn differentiate(
         }
     }
 
+    if let Some(err) = no_gradient_error(missing) {
+        return Err(err);
+    }
     let consumers = fwd.consumers();
     let mut grads = Vec::new();
     let mut no_grad = Vec::new();
@@ -251,6 +263,25 @@ pub fn differentiate(
         anchors: e.anchors,
         grads,
         no_grad,
+    })
+}
+
+/// The error naming every node without a gradient rule, `(node, op type, parameter)` in
+/// the backward walk's order (nearest the loss first); `None` when there is none.
+fn no_gradient_error(missing: Vec<(String, String, String)>) -> Option<Error> {
+    let mut it = missing.into_iter();
+    let (node, op_type, param) = it.next()?;
+    let rest: Vec<String> = it.map(|(n, op, _)| format!("`{n}` ({op})")).collect();
+    let also = if rest.is_empty() {
+        String::new()
+    } else {
+        format!("; also without a gradient rule: {}", rest.join(", "))
+    };
+    Some(Error::NoGradient {
+        node,
+        op_type,
+        param,
+        also,
     })
 }
 

@@ -273,6 +273,13 @@ pub fn cast(ctx: &mut RuleCtx) -> Result<Grads> {
     ))])
 }
 
+/// CastLike: `dY` cast back to the input's type; the type donor gets none.
+pub fn cast_like(ctx: &mut RuleCtx) -> Result<Grads> {
+    let mut g = cast(ctx)?;
+    g.push(None);
+    Ok(g)
+}
+
 pub fn identity(ctx: &mut RuleCtx) -> Result<Grads> {
     Ok(vec![Some(ctx.dy(0)?)])
 }

@@ -5,9 +5,12 @@
 //! where ONNX Runtime's training gradient builder (orttraining `gradient_builder.cc`)
 //! uses a training-only kernel, the rule writes the same math in standard ops.
 
+mod activation;
 mod elementwise;
+mod layout;
 mod linalg;
 mod nn;
+mod norm;
 mod pool;
 mod reduce;
 mod shape;
@@ -18,51 +21,84 @@ use crate::Result;
 /// Gradients of one input each, `None` where not needed.
 pub type Grads = Vec<Option<String>>;
 
+/// A gradient rule.
+type Rule = fn(&mut RuleCtx) -> Result<Grads>;
+
+/// The gradient rule of a default-domain operator, if it has one.
+fn rule(op_type: &str) -> Option<Rule> {
+    let rule: Rule = match op_type {
+        "Add" => |c| elementwise::add_sub(c, false),
+        "Sub" => |c| elementwise::add_sub(c, true),
+        "Mul" => elementwise::mul,
+        "Div" => elementwise::div,
+        "Neg" => elementwise::neg,
+        "Pow" => elementwise::pow,
+        "Sqrt" => elementwise::sqrt,
+        "Exp" => elementwise::exp,
+        "Log" => elementwise::log,
+        "Erf" => elementwise::erf,
+        "Tanh" => elementwise::tanh,
+        "Sigmoid" => elementwise::sigmoid,
+        "Relu" => elementwise::relu,
+        "LeakyRelu" => elementwise::leaky_relu,
+        "Gelu" => elementwise::gelu,
+        "Where" => elementwise::where_,
+        "Cast" => elementwise::cast,
+        "CastLike" => elementwise::cast_like,
+        "Identity" => elementwise::identity,
+        "Dropout" => elementwise::dropout,
+        "MatMul" => linalg::matmul,
+        "Gemm" => linalg::gemm,
+        "Softmax" => |c| nn::softmax(c, false),
+        "LogSoftmax" => |c| nn::softmax(c, true),
+        "SoftmaxCrossEntropyLoss" => nn::softmax_cross_entropy,
+        "LayerNormalization" => nn::layer_norm,
+        "ReduceMean" => |c| reduce::reduce(c, true),
+        "ReduceSum" => |c| reduce::reduce(c, false),
+        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => shape::reshape_like_input,
+        "Transpose" => shape::transpose,
+        "Concat" => shape::concat,
+        "Split" => shape::split,
+        "Slice" => shape::slice,
+        "Gather" => shape::gather,
+        "Expand" => shape::expand,
+        "Abs" => activation::abs,
+        "Reciprocal" => activation::reciprocal,
+        "Sin" => activation::sin,
+        "Cos" => activation::cos,
+        "Softplus" => activation::softplus,
+        "Clip" => activation::clip,
+        "HardSigmoid" => activation::hard_sigmoid,
+        "HardSwish" => activation::hard_swish,
+        "Min" => |c| activation::min_max(c, false),
+        "Max" => |c| activation::min_max(c, true),
+        "Sum" => activation::sum,
+        "ReduceMax" => activation::reduce_max,
+        "Sign" | "Floor" | "Ceil" | "Round" => activation::piecewise_constant,
+        "BatchNormalization" => norm::batch_norm,
+        "Tile" => layout::tile,
+        "Pad" => layout::pad,
+        "CumSum" => layout::cumsum,
+        "Conv" => pool::conv,
+        "MaxPool" => pool::max_pool,
+        "AveragePool" => pool::average_pool,
+        "GlobalAveragePool" => pool::global_average_pool,
+        _ => return None,
+    };
+    Some(rule)
+}
+
+/// Whether a node of this operator and domain can be differentiated (its rule may still
+/// refuse particular attributes).
+pub fn has_rule(op_type: &str, domain: &str) -> bool {
+    (domain.is_empty() || domain == "ai.onnx") && rule(op_type).is_some()
+}
+
 /// The gradient rule for the node's operator; `Ok(None)` when the operator has none.
 pub fn gradient(ctx: &mut RuleCtx) -> Result<Option<Grads>> {
-    if !(ctx.node.domain.is_empty() || ctx.node.domain == "ai.onnx") {
+    if !has_rule(&ctx.node.op_type, &ctx.node.domain) {
         return Ok(None);
     }
-    let grads = match ctx.node.op_type.as_str() {
-        "Add" => elementwise::add_sub(ctx, false)?,
-        "Sub" => elementwise::add_sub(ctx, true)?,
-        "Mul" => elementwise::mul(ctx)?,
-        "Div" => elementwise::div(ctx)?,
-        "Neg" => elementwise::neg(ctx)?,
-        "Pow" => elementwise::pow(ctx)?,
-        "Sqrt" => elementwise::sqrt(ctx)?,
-        "Exp" => elementwise::exp(ctx)?,
-        "Log" => elementwise::log(ctx)?,
-        "Erf" => elementwise::erf(ctx)?,
-        "Tanh" => elementwise::tanh(ctx)?,
-        "Sigmoid" => elementwise::sigmoid(ctx)?,
-        "Relu" => elementwise::relu(ctx)?,
-        "LeakyRelu" => elementwise::leaky_relu(ctx)?,
-        "Gelu" => elementwise::gelu(ctx)?,
-        "Where" => elementwise::where_(ctx)?,
-        "Cast" => elementwise::cast(ctx)?,
-        "Identity" => elementwise::identity(ctx)?,
-        "Dropout" => elementwise::dropout(ctx)?,
-        "MatMul" => linalg::matmul(ctx)?,
-        "Gemm" => linalg::gemm(ctx)?,
-        "Softmax" => nn::softmax(ctx, false)?,
-        "LogSoftmax" => nn::softmax(ctx, true)?,
-        "SoftmaxCrossEntropyLoss" => nn::softmax_cross_entropy(ctx)?,
-        "LayerNormalization" => nn::layer_norm(ctx)?,
-        "ReduceMean" => reduce::reduce(ctx, true)?,
-        "ReduceSum" => reduce::reduce(ctx, false)?,
-        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => shape::reshape_like_input(ctx)?,
-        "Transpose" => shape::transpose(ctx)?,
-        "Concat" => shape::concat(ctx)?,
-        "Split" => shape::split(ctx)?,
-        "Slice" => shape::slice(ctx)?,
-        "Gather" => shape::gather(ctx)?,
-        "Expand" => shape::expand(ctx)?,
-        "Conv" => pool::conv(ctx)?,
-        "MaxPool" => pool::max_pool(ctx)?,
-        "AveragePool" => pool::average_pool(ctx)?,
-        "GlobalAveragePool" => pool::global_average_pool(ctx)?,
-        _ => return Ok(None),
-    };
-    Ok(Some(grads))
+    let rule = rule(&ctx.node.op_type).expect("checked above");
+    rule(ctx).map(Some)
 }

@@ -147,7 +147,7 @@ pub fn softmax_cross_entropy(ctx: &mut RuleCtx) -> Result<Grads> {
 
 /// `ReduceMean(x, axes, keepdims = 1)`: the axes are an input from opset 18 on, an
 /// attribute before.
-fn reduce_mean(ctx: &mut RuleCtx, x: &str, axes: &[i64]) -> String {
+pub(super) fn reduce_mean(ctx: &mut RuleCtx, x: &str, axes: &[i64]) -> String {
     let keep = int_attr("keepdims", 1);
     if ctx.opset >= 18 {
         let axes = ctx.e.ints(axes);

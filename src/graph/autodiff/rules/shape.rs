@@ -149,6 +149,10 @@ pub fn gather(ctx: &mut RuleCtx) -> Result<Grads> {
     let neg = ctx.e.op("Less", &[&idx, &zero], vec![]);
     let wrapped = ctx.e.op("Add", &[&idx, &dim], vec![]);
     let idx = ctx.e.op("Where", &[&neg, &wrapped, &idx], vec![]);
+    let dy = match ctx.frozen_rows.get(&data).filter(|_| axis == 0).cloned() {
+        Some(rows) => without_rows(ctx, &dy, &idx, &rows, &si, r, t)?,
+        None => dy,
+    };
     let last = ctx.e.ints(&[-1]);
     let idx = ctx.e.op("Unsqueeze", &[&idx, &last], vec![]);
 
@@ -189,6 +193,36 @@ pub fn gather(ctx: &mut RuleCtx) -> Result<Grads> {
         scattered
     };
     Ok(vec![Some(dx), None])
+}
+
+/// `dY` of a lookup along axis 0 with the positions that read one of `rows` zeroed
+/// (`idx`: the indices, of shape `si`, as non-negative int64; the table has rank `r`).
+fn without_rows(
+    ctx: &mut RuleCtx,
+    dy: &str,
+    idx: &str,
+    rows: &[i64],
+    si: &[usize],
+    r: usize,
+    t: DType,
+) -> Result<String> {
+    let mut hit: Option<String> = None;
+    for &row in rows {
+        let k = ctx.e.constant(Tensor::i64(vec![], vec![row])?);
+        let eq = ctx.e.op("Equal", &[idx, &k], vec![]);
+        hit = Some(match hit {
+            Some(h) => ctx.e.op("Or", &[&h, &eq], vec![]),
+            None => eq,
+        });
+    }
+    let Some(hit) = hit else {
+        return Ok(dy.to_string());
+    };
+    let mut mask_shape = si.to_vec();
+    mask_shape.extend(std::iter::repeat_n(1, r - 1));
+    let mask = ctx.e.reshape(&hit, &mask_shape);
+    let zero = ctx.e.scalar(0.0, t);
+    Ok(ctx.e.op("Where", &[&mask, &zero, dy], vec![]))
 }
 
 pub fn expand(ctx: &mut RuleCtx) -> Result<Grads> {

@@ -1,0 +1,97 @@
+//! What of the initializers is not trained (`[params]`): buffers the exporter wrote as
+//! initializers, and embedding rows as PyTorch's `padding_idx` leaves them.
+//!
+//! ONNX does not tell parameters from buffers: `torch.onnx.export` writes both as
+//! initializers (BART's `final_logits_bias`, for one), so every floating-point
+//! initializer trains unless it is listed in `frozen`.
+//!
+//! `nn.Embedding(padding_idx=p)` zeroes row `p` at initialization and never gives it a
+//! gradient from the lookup; the ONNX export keeps only a `Gather`, so the row would
+//! train. A trained table read by a `Gather` of integer ids whose one all-zero row at
+//! initialization is that padding row: its gradient from the `Gather` is kept zero
+//! (other uses of the table, such as a tied language-model head, still reach it, as in
+//! PyTorch). Rows can also be listed, and the detection turned off.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::graph::ir::{attr_i, Graph};
+use crate::tensor::Tensor;
+
+/// Which initializers and embedding rows are not trained (`[params]` in a
+/// configuration).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamOptions {
+    /// Floating-point initializers that are not parameters (PyTorch buffers).
+    #[serde(default)]
+    pub frozen: Vec<String>,
+    /// Find padding rows: the one all-zero row of a trained table looked up by `Gather`
+    /// (default true).
+    #[serde(default = "yes")]
+    pub detect_padding_rows: bool,
+    /// Rows to freeze by table (initializer) name, beside the detected ones.
+    #[serde(default)]
+    pub frozen_rows: BTreeMap<String, Vec<i64>>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for ParamOptions {
+    fn default() -> ParamOptions {
+        ParamOptions {
+            frozen: Vec::new(),
+            detect_padding_rows: true,
+            frozen_rows: BTreeMap::new(),
+        }
+    }
+}
+
+/// The rows to freeze by table: the listed ones, and the detected padding rows of the
+/// trained `params` (name, initial value) that `g` looks up along axis 0.
+pub fn rows_to_freeze(
+    g: &Graph,
+    params: &[(String, Tensor)],
+    opts: &ParamOptions,
+) -> BTreeMap<String, Vec<i64>> {
+    let mut out = opts.frozen_rows.clone();
+    if !opts.detect_padding_rows {
+        return out;
+    }
+    for n in g.nodes.iter().filter(|n| n.op_type == "Gather") {
+        let table = n.input[0].as_str();
+        if attr_i(n, "axis").unwrap_or(0) != 0 || out.contains_key(table) {
+            continue;
+        }
+        let Some((_, init)) = params.iter().find(|(p, _)| p == table) else {
+            continue;
+        };
+        if let Some(row) = single_zero_row(init) {
+            tracing::info!(
+                "embedding `{table}`: row {row} is all zeros at initialization, PyTorch's \
+                 padding row (`padding_idx`); its lookups give it no gradient (set \
+                 [params] detect_padding_rows = false to train it)"
+            );
+            out.insert(table.to_string(), vec![row]);
+        }
+    }
+    out
+}
+
+/// The index of the only all-zero row of a matrix with several rows.
+fn single_zero_row(t: &Tensor) -> Option<i64> {
+    if t.shape.len() != 2 || t.shape[0] < 2 || t.shape[1] == 0 {
+        return None;
+    }
+    let values = t.to_f64_vec();
+    let mut zero_rows = values
+        .chunks(t.shape[1])
+        .enumerate()
+        .filter(|(_, r)| r.iter().all(|&v| v == 0.0))
+        .map(|(i, _)| i as i64);
+    let first = zero_rows.next()?;
+    zero_rows.next().is_none().then_some(first)
+}
