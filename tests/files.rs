@@ -231,6 +231,18 @@ fn bad_models_and_names_get_typed_errors() {
         matches!(&err, Error::NoGradient { node, op_type, param, .. } if node == "the_node" && op_type == "Atan" && param == "W"),
         "{err}"
     );
+    // Two such ops: both named in the one error, nearest the loss first.
+    let mut two = tiny_model("Atan", 17);
+    let g = two.graph.as_mut().unwrap();
+    g.node[1].output[0] = "a".into();
+    g.node
+        .push(make_node("Asinh", "second_node", &["a"], &["y"], vec![]));
+    let err = build_training_graph(&rt, &two, &mse("y", "target"), &example).unwrap_err();
+    assert!(
+        matches!(&err, Error::NoGradient { node, also, .. }
+            if node == "second_node" && also.contains("`the_node` (Atan)")),
+        "{err}"
+    );
     // The same model trains with an op that has one (and MSE works end to end).
     build_training_graph(&rt, &tiny_model("Tanh", 17), &mse("y", "target"), &example).unwrap();
 

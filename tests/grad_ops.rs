@@ -4,23 +4,11 @@
 
 mod common;
 
-use common::gradcheck::{GradCheck, Rng, Tol, F32, F64};
+use common::gradcheck::{check, ints, GradCheck, Rng, F32, F64};
 use pipetrain::graph::{float_attr, int_attr, ints_attr, string_attr};
 use pipetrain::tensor::{DType, Tensor};
 
 const D: DType = DType::F64;
-
-fn check(name: &str, case: GradCheck, tol: Tol) {
-    let rt = common::runtime();
-    match case.run(&rt, tol) {
-        Ok(worst) => eprintln!("{name}: worst error {worst:.3} of tolerance"),
-        Err(e) => panic!("{name}: {e}"),
-    }
-}
-
-fn ints(v: &[i64]) -> Tensor {
-    Tensor::i64(vec![v.len()], v.to_vec()).unwrap()
-}
 
 #[test]
 fn matmul_all_ranks() {

@@ -17,17 +17,20 @@ impl ShapeProbe for Runtime {
     }
 
     fn values(&self, graph: &Graph, feeds: &[(&str, &Tensor)]) -> Result<Vec<Tensor>> {
-        let opts = SessionOptions {
-            intra_threads: 1,
-            inter_threads: 1,
-            optimize: false,
-            spin: false,
-            profile: false,
-        };
-        let mut session = GraphSession::one_off(self, graph, &opts, "folding static values")?;
+        let mut session = GraphSession::one_off(self, graph, &ONE_OFF, "folding static values")?;
         session.run(feeds)
     }
 }
+
+/// One-off runs (probes, folding): one thread, and unoptimized, so that no value is fused
+/// away before it is measured.
+const ONE_OFF: SessionOptions = SessionOptions {
+    intra_threads: 1,
+    inter_threads: 1,
+    optimize: false,
+    spin: false,
+    profile: false,
+};
 
 /// Values exposed per probe run (see [`probe_values`]).
 const PROBE_OUTPUTS: usize = 48;
@@ -61,21 +64,13 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
             }
         }
     }
-    // Unoptimized, so that no value is fused away before it is measured.
-    let opts = SessionOptions {
-        intra_threads: 1,
-        inter_threads: 1,
-        optimize: false,
-        spin: false,
-        profile: false,
-    };
     // A few values at a time: every exposed value is held until the run ends, and all of
     // a training graph's values at once would be the process's peak memory (tiny_gpt:
     // 283 MiB that way). Each run recomputes the graph, a few milliseconds.
     for chunk in names.chunks(PROBE_OUTPUTS) {
         let mut probe = graph.clone();
         probe.outputs = chunk.iter().map(|o| untyped_value_info(o)).collect();
-        let mut session = GraphSession::one_off(rt, &probe, &opts, "the shape probe")?;
+        let mut session = GraphSession::one_off(rt, &probe, &ONE_OFF, "the shape probe")?;
         let shapes = session.run_shapes(feeds)?;
         for (name, (dtype, shape)) in session.output_names().iter().zip(shapes) {
             metas.insert(name.clone(), ValueMeta { dtype, shape });

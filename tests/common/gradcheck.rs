@@ -296,3 +296,17 @@ impl GradCheck {
         Ok(worst)
     }
 }
+
+/// Runs one check, panicking with `name` and the failure; prints how close it came.
+pub fn check(name: &str, case: GradCheck, tol: Tol) {
+    let rt = super::runtime();
+    match case.run(&rt, tol) {
+        Ok(worst) => eprintln!("{name}: worst error {worst:.3} of tolerance"),
+        Err(e) => panic!("{name}: {e}"),
+    }
+}
+
+/// An int64 vector constant (axes, shapes, pads).
+pub fn ints(v: &[i64]) -> Tensor {
+    Tensor::i64(vec![v.len()], v.to_vec()).unwrap()
+}

@@ -174,11 +174,31 @@ pub fn differentiate(
     // nodes then get no gradient and are passed over.
     let gelus = gelu::find(fwd, &consts, &|v| source.contains_key(v));
 
+    // Every node on the path without a rule is named at once, before any is emitted.
+    let missing = fwd
+        .nodes
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|&(i, n)| on_path[i] && !rules::has_rule(&n.op_type, &n.domain))
+        .map(|(_, n)| {
+            let input = n.input.iter().find(|v| source.contains_key(v.as_str()));
+            let param = input.and_then(|v| source.get(v.as_str()));
+            (
+                node_label(n),
+                n.op_type.clone(),
+                param.map_or_else(String::new, |p| p.to_string()),
+            )
+        })
+        .collect();
+    if let Some(err) = no_gradient_error(missing) {
+        return Err(err);
+    }
+
     let mut e = Emitter::new(contrib);
     let mut contributions: HashMap<String, Vec<String>> = HashMap::new();
     contributions.insert(loss.to_string(), vec![seed.to_string()]);
     let opset = fwd.opset();
-    let mut missing: Vec<(String, String, String)> = Vec::new();
     for (i, n) in fwd.nodes.iter().enumerate().rev() {
         if !on_path[i] {
             continue;
@@ -216,15 +236,7 @@ pub fn differentiate(
             e: &mut e,
         };
         let Some(dx) = rules::gradient(&mut ctx)? else {
-            // Every node without a rule is named at once: the walk goes on past it.
-            let input = n.input.iter().find(|v| source.contains_key(v.as_str()));
-            let param = input.and_then(|v| source.get(v.as_str()));
-            missing.push((
-                node_label(n),
-                n.op_type.clone(),
-                param.map_or_else(String::new, |p| p.to_string()),
-            ));
-            continue;
+            return Err(ctx.unsupported("no gradient rule"));
         };
         for (j, g) in dx.into_iter().enumerate() {
             if let Some(g) = g.filter(|_| ctx.needs(j)) {
@@ -233,9 +245,6 @@ pub fn differentiate(
         }
     }
 
-    if let Some(err) = no_gradient_error(missing) {
-        return Err(err);
-    }
     let consumers = fwd.consumers();
     let mut grads = Vec::new();
     let mut no_grad = Vec::new();
