@@ -7,7 +7,7 @@
 mod common;
 
 use common::gradcheck::{check, ints, GradCheck, Rng, F32, F64};
-use pipetrain::graph::{float_attr, int_attr, ints_attr};
+use pipetrain::graph::{float_attr, int_attr, ints_attr, string_attr};
 use pipetrain::tensor::{DType, Tensor};
 
 const D: DType = DType::F64;
@@ -270,4 +270,60 @@ fn slice_reshape_and_angles_computed_from_shapes() {
         )
         .loss_of(&["Y"]);
     check("rotary-style shape arithmetic", c, F64);
+}
+
+#[test]
+fn instance_normalization() {
+    let mut r = Rng::new(28);
+    let case = GradCheck::new(17)
+        .param("X", r.tensor(DType::F32, &[2, 3, 4, 5], -2.0, 2.0))
+        .param("scale", r.tensor(DType::F32, &[3], 0.5, 1.5))
+        .param("B", r.tensor(DType::F32, &[3], -0.5, 0.5))
+        .node(
+            "InstanceNormalization",
+            &["X", "scale", "B"],
+            &["Y"],
+            vec![float_attr("epsilon", 1e-5)],
+        );
+    // No double kernel for InstanceNormalization: float32.
+    check("InstanceNormalization", case, F32);
+}
+
+/// Attention's contractions and others, two operands and one, with an index the operand
+/// sums alone (broadcast back).
+#[test]
+fn einsum_two_operands_and_one() {
+    let mut r = Rng::new(29);
+    for (eq, sa, sb) in [
+        ("bhqd,bhkd->bhqk", &[2, 2, 3, 4][..], &[2, 2, 5, 4][..]),
+        ("bhqk,bhkd->bhqd", &[2, 2, 3, 5][..], &[2, 2, 5, 4][..]),
+        ("ij,jk->ik", &[3, 4][..], &[4, 5][..]),
+        ("i,j->ij", &[3][..], &[4][..]),
+        ("ij,k->i", &[3, 4][..], &[5][..]),
+    ] {
+        let c = GradCheck::new(17)
+            .param("A", r.tensor(D, sa, -1.0, 1.0))
+            .param("B", r.tensor(D, sb, -1.0, 1.0))
+            .node(
+                "Einsum",
+                &["A", "B"],
+                &["Y"],
+                vec![string_attr("equation", eq)],
+            );
+        check(&format!("Einsum {eq}"), c, F64);
+    }
+    for eq in ["ij->ji", "ijk->ik"] {
+        let c = GradCheck::new(17)
+            .param(
+                "A",
+                r.tensor(
+                    D,
+                    &[3, 4, 2][..eq.split("->").next().unwrap().len()],
+                    -1.0,
+                    1.0,
+                ),
+            )
+            .node("Einsum", &["A"], &["Y"], vec![string_attr("equation", eq)]);
+        check(&format!("Einsum {eq}"), c, F64);
+    }
 }

@@ -6,6 +6,7 @@
 //! uses a training-only kernel, the rule writes the same math in standard ops.
 
 mod activation;
+mod einsum;
 mod elementwise;
 mod layout;
 mod linalg;
@@ -48,6 +49,7 @@ fn rule(op_type: &str) -> Option<Rule> {
         "Identity" => elementwise::identity,
         "Dropout" => elementwise::dropout,
         "MatMul" => linalg::matmul,
+        "Einsum" => einsum::einsum,
         "Gemm" => linalg::gemm,
         "Softmax" => |c| nn::softmax(c, false),
         "LogSoftmax" => |c| nn::softmax(c, true),
@@ -76,6 +78,7 @@ fn rule(op_type: &str) -> Option<Rule> {
         "ReduceMax" => activation::reduce_max,
         "Sign" | "Floor" | "Ceil" | "Round" => activation::piecewise_constant,
         "BatchNormalization" => norm::batch_norm,
+        "InstanceNormalization" => norm::instance_norm,
         "Tile" => layout::tile,
         "Pad" => layout::pad,
         "CumSum" => layout::cumsum,
