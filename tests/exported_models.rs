@@ -360,24 +360,24 @@ fn resnet18_first_steps_as_pytorch() {
     }
 }
 
+/// What `pipetrain check` prints for a fixture's model file (it must succeed).
+fn pipetrain_check(family: &str, file: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipetrain"))
+        .arg("check")
+        .arg(fixture(family).join(file))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "check {family}/{file}: {stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// The exporter's default (eval mode, constant folding) merges initializers of equal
 /// initial value: `pipetrain check` names them (and the export call that avoids it); the
 /// training-mode export of the same model gets no warning.
 #[test]
 fn check_names_the_initializers_an_eval_mode_export_merged() {
-    let check = |file: &str| -> String {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipetrain"))
-            .arg("check")
-            .arg(fixture("bert").join(file))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let check = |file: &str| pipetrain_check("bert", file);
     let eval = check("model.eval-default.onnx");
     for merged in [
         "initializer `bert.embeddings.LayerNorm.weight` also stands for 5 other parameters",
@@ -398,12 +398,7 @@ fn check_names_the_initializers_an_eval_mode_export_merged() {
 /// `train()`: `check` says so.
 #[test]
 fn dynamo_exports_train_as_pytorch() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipetrain"))
-        .arg("check")
-        .arg(fixture("mobilenet_v3").join("model.dynamo.onnx"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = pipetrain_check("mobilenet_v3", "model.dynamo.onnx");
     assert!(
         text.contains("34 BatchNormalization nodes normalize with their running statistics"),
         "{text}"
