@@ -29,7 +29,7 @@ pub fn split_sequences(g: &mut Graph, metas: &Metas) -> usize {
     while i < g.nodes.len() {
         if g.nodes[i].op_type == "SplitToSequence" {
             if let Some(parts) = rewrite_plan(g, i, metas, &consts) {
-                apply(g, i, parts);
+                apply(g, i, parts, &consts);
                 rewritten += 1;
             }
         }
@@ -87,8 +87,7 @@ fn rewrite_plan(
 }
 
 /// Replaces node `i` by a `Split` into `parts` and each `SequenceAt` by an `Identity`.
-fn apply(g: &mut Graph, i: usize, parts: Vec<i64>) {
-    let consts = g.constants();
+fn apply(g: &mut Graph, i: usize, parts: Vec<i64>, consts: &HashMap<String, Tensor>) {
     let n = g.nodes[i].clone();
     let seq = n.output[0].clone();
     let axis = attr_i(&n, "axis").unwrap_or(0);

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use crate::graph::autodiff::{differentiate, Backward};
 use crate::graph::ir::{node_label, untyped_value_info, value_info, Graph, Metas, ValueMeta};
 use crate::graph::loss::{attach_loss, LossSpec, LOSS};
-use crate::graph::padding::{rows_to_freeze, ParamOptions};
+use crate::graph::params::{rows_to_freeze, trainable_names, ParamOptions};
 use crate::graph::sequences::split_sequences;
 use crate::graph::static_fold::fold_static_values;
 use crate::onnx::proto::ModelProto;
@@ -206,7 +206,7 @@ pub fn build_training_graph(
         }
     }
     let resized = fit_inputs_to_example(&mut g, example)?;
-    let trainable = trainable_names(&g, opts)?;
+    let trainable = trainable_names(&g, opts.trainable.as_deref(), &opts.params)?;
     let trained: HashSet<&str> = trainable.iter().map(String::as_str).collect();
     let model_feeds = feeds_for(&g, example);
     let folded = fold_static_values(&mut g, rt, &model_feeds, &trained)?;
@@ -219,7 +219,6 @@ pub fn build_training_graph(
         );
     }
     let label = opts.loss.label();
-    let model_feeds = feeds_for(&g, example);
     let forward_metas = rt
         .probe(&g, &model_feeds)
         .map_err(|e| match (&resized, e) {
@@ -384,69 +383,6 @@ fn fit_inputs_to_example(g: &mut Graph, example: &[(&str, &Tensor)]) -> Result<O
         }
     }
     Ok(changed)
-}
-
-/// The initializers to train: `opts.trainable` (each must be an initializer), else every
-/// floating-point initializer but BatchNormalization's running statistics; less the
-/// `opts.params.frozen` names.
-fn trainable_names(g: &Graph, opts: &TrainOptions) -> Result<Vec<String>> {
-    for n in &opts.params.frozen {
-        if g.initializer(n).is_none() {
-            return Err(Error::MissingValue {
-                role: "frozen initializer ([params] frozen)",
-                name: n.clone(),
-                hint: "; it must be an initializer of the model".into(),
-            });
-        }
-    }
-    let names = match &opts.trainable {
-        Some(names) => {
-            for n in names {
-                if g.initializer(n).is_none() {
-                    return Err(Error::MissingValue {
-                        role: "trainable parameter",
-                        name: n.clone(),
-                        hint: "; it must be an initializer of the model".into(),
-                    });
-                }
-            }
-            names.clone()
-        }
-        None => {
-            let stats = running_statistics(g);
-            if !stats.is_empty() {
-                tracing::warn!(
-                    "{} BatchNormalization running statistics are state, not parameters: \
-                     training normalizes with batch statistics, and the running ones keep \
-                     their initial values (not updated yet)",
-                    stats.len()
-                );
-            }
-            g.initializers
-                .iter()
-                .filter(|t| {
-                    crate::tensor::DType::from_onnx(t.data_type).is_some_and(|d| d.is_float())
-                })
-                .filter(|t| !stats.contains(t.name.as_str()))
-                .map(|t| t.name.clone())
-                .collect()
-        }
-    };
-    Ok(names
-        .into_iter()
-        .filter(|n| !opts.params.frozen.contains(n))
-        .collect())
-}
-
-/// The initializers a `BatchNormalization` reads as its running mean or variance.
-fn running_statistics(g: &Graph) -> HashSet<&str> {
-    g.nodes
-        .iter()
-        .filter(|n| n.op_type == "BatchNormalization")
-        .flat_map(|n| n.input.iter().skip(3).take(2))
-        .filter(|v| g.initializer(v).is_some())
-        .map(String::as_str)
-        .collect()
 }
 
 /// The example tensors that are inputs of `g` (data files may hold more arrays).

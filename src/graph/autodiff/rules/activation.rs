@@ -1,17 +1,17 @@
 //! Piecewise and trigonometric activations the exporters write for CNNs and language
 //! models: Abs, Reciprocal, Sin, Cos, Softplus, Clip (PyTorch's ReLU6 and clamp),
-//! HardSigmoid, HardSwish, Min and Max, ReduceMax, Sum, and the piecewise-constant ops
+//! HardSigmoid, HardSwish, Min and Max, Sum, and the piecewise-constant ops
 //! (Sign, Floor, Ceil, Round) whose gradient is zero almost everywhere.
 //!
 //! Where PyTorch's backward and the mathematical derivative differ at a kink, the rule
 //! follows PyTorch, since a model moved from PyTorch should train the same: ReLU6 and
 //! hardsigmoid pass no gradient at their boundaries, `maximum`/`minimum` split a tie
-//! evenly, `amax` shares the gradient among tied maxima.
+//! evenly.
 
 use super::elementwise::{dtype, shape};
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
-use crate::graph::ir::{attr_f, attr_i, attr_ints, int_attr};
+use crate::graph::ir::attr_f;
 use crate::tensor::DType;
 use crate::Result;
 
@@ -186,41 +186,4 @@ pub fn sum(ctx: &mut RuleCtx) -> Result<Grads> {
         }
     }
     Ok(g)
-}
-
-/// ReduceMax: `dY` shared evenly among the positions equal to the maximum.
-pub fn reduce_max(ctx: &mut RuleCtx) -> Result<Grads> {
-    let dy = ctx.dy(0)?;
-    let (x, y) = (ctx.input(0).to_string(), ctx.output(0).to_string());
-    let sx = shape(ctx, &x)?;
-    let t = dtype(ctx, &x)?;
-    let axes = if ctx.opset >= 18 {
-        ctx.const_ints(1)?
-    } else {
-        attr_ints(ctx.node, "axes")
-    };
-    let axes: Vec<usize> = match axes.filter(|a| !a.is_empty()) {
-        Some(a) => a
-            .iter()
-            .map(|&ax| (if ax < 0 { ax + sx.len() as i64 } else { ax }) as usize)
-            .collect(),
-        None if attr_i(ctx.node, "noop_with_empty_axes").unwrap_or(0) != 0 => {
-            return Ok(vec![Some(dy), None])
-        }
-        None => (0..sx.len()).collect(),
-    };
-    let mut kept = sx.clone();
-    for &a in &axes {
-        kept[a] = 1;
-    }
-    let y_kept = ctx.e.reshape(&y, &kept);
-    let dy_kept = ctx.e.reshape(&dy, &kept);
-    let hit = ctx.e.op("Equal", &[&x, &y_kept], vec![]);
-    let hit = ctx
-        .e
-        .op("Cast", &[&hit], vec![int_attr("to", t.onnx() as i64)]);
-    let ax: Vec<i64> = axes.iter().map(|&a| a as i64).collect();
-    let count = ctx.e.reduce_sum(&hit, &ax, true);
-    let share = ctx.e.op("Div", &[&dy_kept, &count], vec![]);
-    Ok(vec![Some(ctx.e.mul(&hit, &share)), None])
 }

@@ -75,7 +75,7 @@ fn rule(op_type: &str) -> Option<Rule> {
         "Min" => |c| activation::min_max(c, false),
         "Max" => |c| activation::min_max(c, true),
         "Sum" => activation::sum,
-        "ReduceMax" => activation::reduce_max,
+        "ReduceMax" => reduce::reduce_max,
         "Sign" | "Floor" | "Ceil" | "Round" => activation::piecewise_constant,
         "BatchNormalization" => norm::batch_norm,
         "InstanceNormalization" => norm::instance_norm,

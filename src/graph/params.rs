@@ -1,9 +1,9 @@
-//! What of the initializers is not trained (`[params]`): buffers the exporter wrote as
-//! initializers, and embedding rows as PyTorch's `padding_idx` leaves them.
+//! Which initializers train (`[params]`): not the buffers the exporter wrote as
+//! initializers, and not the embedding rows PyTorch's `padding_idx` leaves as they are.
 //!
 //! ONNX does not tell parameters from buffers: `torch.onnx.export` writes both as
 //! initializers (BART's `final_logits_bias`, for one), so every floating-point
-//! initializer trains unless it is listed in `frozen`.
+//! initializer but BatchNorm's running statistics trains unless it is listed in `frozen`.
 //!
 //! `nn.Embedding(padding_idx=p)` zeroes row `p` at initialization and never gives it a
 //! gradient from the lookup; the ONNX export keeps only a `Gather`, so the row would
@@ -12,12 +12,13 @@
 //! (other uses of the table, such as a tied language-model head, still reach it, as in
 //! PyTorch). Rows can also be listed, and the detection turned off.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
 use crate::graph::ir::{attr_i, Graph};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
+use crate::{Error, Result};
 
 /// Which initializers and embedding rows are not trained (`[params]` in a
 /// configuration).
@@ -94,4 +95,69 @@ fn single_zero_row(t: &Tensor) -> Option<i64> {
         .map(|(i, _)| i as i64);
     let first = zero_rows.next()?;
     zero_rows.next().is_none().then_some(first)
+}
+
+/// The initializers to train: `trainable` (each must be an initializer), else every
+/// floating-point initializer but BatchNormalization's running statistics; less the
+/// `opts.frozen` names.
+pub(crate) fn trainable_names(
+    g: &Graph,
+    trainable: Option<&[String]>,
+    opts: &ParamOptions,
+) -> Result<Vec<String>> {
+    for n in &opts.frozen {
+        if g.initializer(n).is_none() {
+            return Err(Error::MissingValue {
+                role: "frozen initializer ([params] frozen)",
+                name: n.clone(),
+                hint: "; it must be an initializer of the model".into(),
+            });
+        }
+    }
+    let names = match trainable {
+        Some(names) => {
+            for n in names {
+                if g.initializer(n).is_none() {
+                    return Err(Error::MissingValue {
+                        role: "trainable parameter",
+                        name: n.clone(),
+                        hint: "; it must be an initializer of the model".into(),
+                    });
+                }
+            }
+            names.to_vec()
+        }
+        None => {
+            let stats = running_statistics(g);
+            if !stats.is_empty() {
+                tracing::warn!(
+                    "{} BatchNormalization running statistics are state, not parameters: \
+                     training normalizes with batch statistics, and the running ones keep \
+                     their initial values (not updated yet)",
+                    stats.len()
+                );
+            }
+            g.initializers
+                .iter()
+                .filter(|t| DType::from_onnx(t.data_type).is_some_and(|d| d.is_float()))
+                .filter(|t| !stats.contains(t.name.as_str()))
+                .map(|t| t.name.clone())
+                .collect()
+        }
+    };
+    Ok(names
+        .into_iter()
+        .filter(|n| !opts.frozen.contains(n))
+        .collect())
+}
+
+/// The initializers a `BatchNormalization` reads as its running mean or variance.
+fn running_statistics(g: &Graph) -> HashSet<&str> {
+    g.nodes
+        .iter()
+        .filter(|n| n.op_type == "BatchNormalization")
+        .flat_map(|n| n.input.iter().skip(3).take(2))
+        .filter(|v| g.initializer(v).is_some())
+        .map(String::as_str)
+        .collect()
 }

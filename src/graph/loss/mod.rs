@@ -1,10 +1,12 @@
 //! Attaching a loss to a forward graph (ONNX Runtime's `loss_func_info`).
 
+mod label;
+
 use serde::{Deserialize, Serialize};
 
-use crate::graph::ir::{
-    int_attr, make_node, string_attr, tensor_attr, value_info, Graph, ValueMeta,
-};
+use label::{classes_on_axis_1, find_class_axis, label_input, reshape_label};
+
+use crate::graph::ir::{int_attr, make_node, string_attr, tensor_attr, Graph, ValueMeta};
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
@@ -334,174 +336,8 @@ fn attach_output(g: &mut Graph, name: &str, meta: &ValueMeta) -> Result<()> {
     Ok(())
 }
 
-/// Checks the prediction, adds the label as a graph input when the model has none, and
-/// returns the label's type and shape.
-fn label_input(
-    g: &mut Graph,
-    prediction: &str,
-    label: &str,
-    label_meta: Option<&ValueMeta>,
-) -> Result<ValueMeta> {
-    if !g.has_value(prediction) {
-        return Err(missing("prediction", prediction, g));
-    }
-    if g.has_value(LOSS) {
-        return Err(Error::graph(format!(
-            "the model already has a value named `{LOSS}`, the name pipetrain gives the loss; \
-             use `output` as the loss kind if it is the loss"
-        )));
-    }
-    let is_input = g.inputs.iter().any(|v| v.name == label);
-    let lm = match (label_meta, is_input) {
-        (Some(m), _) => m.clone(),
-        (None, true) => {
-            return Err(Error::MissingValue {
-                role: "label",
-                name: label.into(),
-                hint: "; its shape is unknown (no data provides it)".into(),
-            })
-        }
-        (None, false) => return Err(missing("label", label, g)),
-    };
-    if !is_input {
-        g.inputs.push(value_info(label, &lm));
-    }
-    Ok(lm)
-}
-
-/// The prediction's class axis: `class_axis` when given; else the last axis when the
-/// label has exactly the prediction's shape without it (a language model's logits
-/// `[batch, seq, vocab]`, labels `[batch, seq]`) and not the shape without axis 1;
-/// else axis 1.
-fn find_class_axis(
-    prediction: &str,
-    label: &str,
-    class_axis: Option<i64>,
-    pm: &ValueMeta,
-    lm: &ValueMeta,
-) -> Result<usize> {
-    let rank = pm.shape.len();
-    if rank < 2 {
-        return Err(Error::BadTensor {
-            name: prediction.into(),
-            reason: format!(
-                "cross-entropy needs logits of rank >= 2 (a class axis beside the batch), got {:?}",
-                pm.shape
-            ),
-        });
-    }
-    if let Some(a) = class_axis {
-        let axis = if a < 0 { a + rank as i64 } else { a };
-        if axis < 1 || axis >= rank as i64 {
-            return Err(Error::BadTensor {
-                name: prediction.into(),
-                reason: format!(
-                    "loss.class_axis = {a} is not an axis after the batch axis of a prediction \
-                     of shape {:?}",
-                    pm.shape
-                ),
-            });
-        }
-        return Ok(axis as usize);
-    }
-    let without = |axis: usize| -> Vec<usize> {
-        let mut s = pm.shape.clone();
-        s.remove(axis);
-        s
-    };
-    if rank >= 3 && lm.shape == without(rank - 1) && lm.shape != without(1) {
-        tracing::debug!(
-            "cross-entropy: label `{label}` {:?} takes classes on the last axis of `{prediction}` {:?}",
-            lm.shape,
-            pm.shape
-        );
-        return Ok(rank - 1);
-    }
-    Ok(1)
-}
-
-/// Brings the classes of `prediction` to axis 1, where `SoftmaxCrossEntropyLoss` wants
-/// them; returns the value to use and the label shape it wants. Classes on the last axis
-/// are a free `Reshape` to `[-1, classes]` (every position a row: the same mean over the
-/// same positions); another axis is a `Transpose`.
-fn classes_on_axis_1(
-    g: &mut Graph,
-    prediction: &str,
-    axis: usize,
-    pm: &ValueMeta,
-) -> Result<(String, Vec<usize>)> {
-    let shape = &pm.shape;
-    let rank = shape.len();
-    if axis == 1 {
-        let mut want = shape.clone();
-        want.remove(1);
-        return Ok((prediction.to_string(), want));
-    }
-    if axis == rank - 1 {
-        let classes = shape[axis];
-        let rows: usize = shape[..axis].iter().product();
-        let dims = Tensor::i64(vec![2], vec![-1, classes as i64])?;
-        g.nodes.push(constant_node("loss/rows_shape", &dims));
-        g.nodes.push(make_node(
-            "Reshape",
-            "loss/logits_rows",
-            &[prediction, "loss/rows_shape"],
-            &["loss/logits"],
-            vec![],
-        ));
-        return Ok(("loss/logits".into(), vec![rows]));
-    }
-    let mut perm: Vec<i64> = (0..rank as i64).filter(|&a| a != axis as i64).collect();
-    perm.insert(1, axis as i64);
-    g.nodes.push(make_node(
-        "Transpose",
-        "loss/classes_to_axis_1",
-        &[prediction],
-        &["loss/logits"],
-        vec![crate::graph::ir::ints_attr("perm", &perm)],
-    ));
-    let mut want = shape.clone();
-    want.remove(axis);
-    Ok(("loss/logits".into(), want))
-}
-
-/// The label as the loss op wants it (`want`): data often comes in another layout of the
-/// same size (e.g. [B, T] targets for [B*T, V] logits), so the label is reshaped when the
-/// sizes agree.
-fn reshape_label(
-    g: &mut Graph,
-    label: &str,
-    lm: &ValueMeta,
-    want: &[usize],
-    pm: &ValueMeta,
-) -> Result<String> {
-    if lm.numel() != want.iter().product::<usize>() {
-        return Err(Error::BadTensor {
-            name: label.into(),
-            reason: format!(
-                "label shape {:?} does not fit prediction shape {:?} (expected {want:?}, or \
-                 the prediction's shape without its last axis)",
-                lm.shape, pm.shape
-            ),
-        });
-    }
-    if lm.shape == want {
-        return Ok(label.into());
-    }
-    let shape = Tensor::i64(vec![want.len()], want.iter().map(|&d| d as i64).collect())?;
-    g.nodes.push(constant_node("loss/label_shape", &shape));
-    g.nodes.push(make_node(
-        "Reshape",
-        "loss/label_reshape",
-        &[label, "loss/label_shape"],
-        &["loss/label"],
-        vec![],
-    ));
-    Ok("loss/label".into())
-}
-
 /// A `Constant` node whose output has the node's name.
-fn constant_node(name: &str, t: &Tensor) -> crate::onnx::proto::NodeProto {
+pub(super) fn constant_node(name: &str, t: &Tensor) -> crate::onnx::proto::NodeProto {
     make_node(
         "Constant",
         name,
@@ -511,7 +347,7 @@ fn constant_node(name: &str, t: &Tensor) -> crate::onnx::proto::NodeProto {
     )
 }
 
-fn missing(role: &'static str, name: &str, g: &Graph) -> Error {
+pub(super) fn missing(role: &'static str, name: &str, g: &Graph) -> Error {
     Error::MissingValue {
         role,
         name: name.to_string(),
