@@ -3,193 +3,15 @@
 //! `tools/fixtures/export_models.py`), trained through `pipetrain train` and compared
 //! with PyTorch's own training of the same weights on the same batches.
 //!
-//! The tolerance is the float32 spread: at step `s`, pipetrain's loss (float32) is within
-//! `max(4 x max_{t <= s} |torch_f32(t) - torch_f64(t)|, 1e-6)` of PyTorch's float64 loss.
-//! The running maximum, because rounding differences grow over the steps and PyTorch's
-//! own float32 run can land close to float64 at one step by chance.
+//! Within the float32 spread of PyTorch (see `common/exported.rs`).
 
 mod common;
 
-use std::path::PathBuf;
-
-use pipetrain::config::TrainConfig;
-use pipetrain::train::train;
-use serde_json::Value;
-
-/// How a fixture feeds the model and what its loss ignores.
-struct Family {
-    name: &'static str,
-    /// Model inputs, each an array of `data.npz` of the same name.
-    inputs: &'static [&'static str],
-    /// `labels` value that counts for nothing (masked language modelling).
-    ignore_index: Option<i64>,
-    /// Float initializers that are PyTorch buffers, not parameters.
-    frozen: &'static [&'static str],
-    /// Steps compared (of 20): BatchNorm nets turn chaotic after a few steps, where two
-    /// float32 runs part ways whichever is right.
-    steps: usize,
-}
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models")
-        .join(name)
-}
-
-/// PyTorch's losses of the fixture's run with `optimizer` (`float64`, `float32`) and
-/// its learning rate.
-fn reference(f: &Family, optimizer: &str) -> (Vec<f64>, Vec<f64>, f64) {
-    let text = std::fs::read_to_string(fixture(f.name).join("curves.json")).unwrap();
-    let c: Value = serde_json::from_str(&text).unwrap();
-    let curve = |kind: &str| -> Vec<f64> {
-        c["curves"][optimizer][kind]
-            .as_array()
-            .unwrap_or_else(|| panic!("{}: curves.{optimizer}.{kind} missing", f.name))
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect()
-    };
-    let lr = c["lr"][optimizer].as_f64().unwrap();
-    (curve("float64"), curve("float32"), lr)
-}
-
-/// The layout of a run: pipeline stages, data-parallel replicas, and micro-batches per
-/// replica; the global batch is always the fixture's 4 rows.
-#[derive(Clone, Copy)]
-struct Layout {
-    pp: usize,
-    dp: usize,
-    micro_batches: usize,
-    /// The pipeline schedule (`interleaved_1f1b` with 2 virtual stages a rank).
-    schedule: &'static str,
-}
-
-const ONE: Layout = Layout {
-    pp: 1,
-    dp: 1,
-    micro_batches: 1,
-    schedule: "1f1b",
+use common::exported::{
+    assert_within_spread, fixture, layout_matches_pytorch, matches_pytorch, piped, reference,
+    train_fixture, train_model, train_run, Family, Layout, Run, ONE,
 };
-
-/// `pp` stages under `schedule`, `micro_batches` micro-batches, one replica.
-const fn piped(pp: usize, micro_batches: usize, schedule: &'static str) -> Layout {
-    Layout {
-        pp,
-        dp: 1,
-        micro_batches,
-        schedule,
-    }
-}
-
-/// Trains the fixture's `model.onnx` for `steps` optimizer steps; each step's loss.
-fn train_fixture(f: &Family, optimizer: &str, lr: f64, layout: Layout, steps: usize) -> Vec<f64> {
-    train_model(f, "model.onnx", optimizer, lr, layout, steps)
-}
-
-/// Trains the fixture's model file `model` for `steps` optimizer steps; each step's loss.
-fn train_model(
-    f: &Family,
-    model: &str,
-    optimizer: &str,
-    lr: f64,
-    layout: Layout,
-    steps: usize,
-) -> Vec<f64> {
-    let dir = fixture(f.name);
-    let per_micro_batch = 4 / (layout.dp * layout.micro_batches);
-    let feeds: Vec<String> = f
-        .inputs
-        .iter()
-        .chain(&["labels"])
-        .map(|n| format!("{n} = \"{n}\""))
-        .collect();
-    let ignore = f.ignore_index.map_or(String::new(), |i| {
-        format!("ignore_index = {i}\nnormalize = \"tokens\"\n")
-    });
-    let frozen: Vec<String> = f.frozen.iter().map(|n| format!("\"{n}\"")).collect();
-    let virtual_stages = if layout.schedule == "interleaved_1f1b" {
-        2
-    } else {
-        1
-    };
-    let text = format!(
-        "model_path = {model:?}\nbatch_size = {per_micro_batch}\n\
-         gradient_accumulation_steps = {m}\npipeline_parallel_size = {pp}\n\
-         data_parallel_size = {dp}\nnum_train_steps = {passes}\ndisplay_loss_steps = 1000\n\n\
-         [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"labels\"\n{ignore}\n\
-         [params]\nfrozen = [{frozen}]\n\n\
-         [pipeline]\nschedule = \"{schedule}\"\nvirtual_stages = {virtual_stages}\n\n\
-         [data]\npath = {data:?}\nlayout = {{ kind = \"arrays\", feeds = {{ {feeds} }} }}\n\n\
-         [optimizer]\nkind = \"{optimizer}\"\n\n[lr_schedule]\nkind = \"constant\"\nlr = {lr}\n",
-        model = dir.join(model),
-        data = dir.join("data.npz"),
-        m = layout.micro_batches,
-        pp = layout.pp,
-        dp = layout.dp,
-        passes = steps * layout.micro_batches,
-        feeds = feeds.join(", "),
-        frozen = frozen.join(", "),
-        schedule = layout.schedule,
-    );
-    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "exported_{}_{model}_{optimizer}_pp{}_dp{}_{}.toml",
-        f.name, layout.pp, layout.dp, layout.schedule
-    ));
-    std::fs::write(&path, &text).unwrap();
-    let cfg = TrainConfig::parse(&text, &path).unwrap();
-    let mut losses = Vec::new();
-    train(&common::runtime(), &cfg, &path, false, |r| {
-        losses.push(r.loss)
-    })
-    .unwrap_or_else(|e| panic!("{} ({optimizer}, pp {}): {e}", f.name, layout.pp));
-    losses
-}
-
-/// Every step within `k` times the float32 spread of PyTorch's float64 run.
-fn assert_within_spread(what: &str, ours: &[f64], f64s: &[f64], f32s: &[f64], k: f64) {
-    assert!(
-        ours.len() <= f64s.len(),
-        "{what}: more steps than the reference"
-    );
-    let mut spread: f64 = 0.0;
-    let mut worst: f64 = 0.0;
-    for (s, ((&a, &b), &c)) in ours.iter().zip(f64s).zip(f32s).enumerate() {
-        spread = spread.max((c - b).abs());
-        let tol = (k * spread).max(1e-6);
-        let err = (a - b).abs();
-        worst = worst.max(err / tol);
-        assert!(
-            err <= tol,
-            "{what}: step {s}: loss {a} vs PyTorch float64 {b} (off {err:.2e}; tolerance {tol:.2e}, \
-             PyTorch float32 is off {:.2e})",
-            (c - b).abs()
-        );
-    }
-    eprintln!(
-        "{what}: {} steps, worst {worst:.2} of the tolerance",
-        ours.len()
-    );
-}
-
-/// SGD and AdamW at pp = 1 for 20 steps, each within the float32 spread.
-fn matches_pytorch(f: &Family) {
-    for optimizer in ["sgd", "adamw"] {
-        let (f64s, f32s, lr) = reference(f, optimizer);
-        let ours = train_fixture(f, optimizer, lr, ONE, f.steps.min(f64s.len()));
-        assert_within_spread(&format!("{} {optimizer}", f.name), &ours, &f64s, &f32s, 4.0);
-    }
-}
-
-/// SGD at `layout` within the float32 spread of PyTorch's batch of 4.
-fn layout_matches_pytorch(f: &Family, layout: Layout) {
-    let (f64s, f32s, lr) = reference(f, "sgd");
-    let ours = train_fixture(f, "sgd", lr, layout, f64s.len());
-    let what = format!(
-        "{} sgd pp {} dp {} {}",
-        f.name, layout.pp, layout.dp, layout.schedule
-    );
-    assert_within_spread(&what, &ours, &f64s, &f32s, 4.0);
-}
+use pipetrain::checkpoint::folder_name;
 
 const GPT2: Family = Family {
     name: "gpt2",
@@ -256,10 +78,54 @@ const RESNET18: Family = Family {
 };
 
 /// GPT-2: logits `[batch, seq, vocab]` with classes on the last axis, erf-free "gelu_new"
-/// (tanh), the LM head tied to the token embedding.
+/// (tanh), the LM head tied to the token embedding; at pp = 1, and at pp = 2 and 4 where
+/// the first stage owns the tied embedding and the last reads it.
 #[test]
-fn gpt2_trains_as_pytorch() {
+fn gpt2_trains_as_pytorch_with_its_tied_head_across_stages() {
     matches_pytorch(&GPT2);
+    for layout in [
+        piped(2, 2, "1f1b"),
+        piped(4, 4, "1f1b"),
+        piped(2, 4, "zb_v"),
+    ] {
+        layout_matches_pytorch(&GPT2, layout);
+    }
+}
+
+/// GPT-2's tied embedding in a checkpoint written at pp = 2 (its owner stage saves it):
+/// resuming at pp = 2 gives the uninterrupted run's losses bitwise (AdamW, so the moments
+/// come back too), and resuming at pp = 1 stays within the float32 spread of PyTorch.
+#[test]
+fn gpt2_tied_embedding_checkpoints_across_layouts() {
+    let (f64s, f32s, lr) = reference(&GPT2, "adamw");
+    let dir = tempfile::tempdir().unwrap();
+    let ckpts = dir.path().join("ckpts");
+    let run = |layout, extra: &str| {
+        let run = Run {
+            model: "model.onnx",
+            optimizer: "adamw",
+            lr,
+            layout,
+            steps: 20,
+            extra,
+        };
+        train_run(&GPT2, &run)
+    };
+    let saving = format!("checkpoints_dir = {ckpts:?}\ncheckpoint_period = 10\n");
+    let straight = run(piped(2, 2, "1f1b"), &saving);
+    let loading = format!(
+        "checkpoint_to_load_path = {:?}\n",
+        ckpts.join(folder_name(10))
+    );
+    let resumed = run(piped(2, 2, "1f1b"), &loading);
+    assert_eq!(
+        resumed,
+        straight[10..],
+        "pp 2 -> pp 2: losses after the resume"
+    );
+    let one = run(piped(1, 2, "1f1b"), &loading);
+    let ours: Vec<f64> = straight[..10].iter().chain(&one).copied().collect();
+    assert_within_spread("gpt2 adamw pp 2 -> pp 1", &ours, &f64s, &f32s, 4.0);
 }
 
 /// Llama: grouped-query attention, rotary embeddings (shape arithmetic folded), RMSNorm,
@@ -274,16 +140,24 @@ fn llama_trains_as_pytorch_in_every_layout() {
 
 /// BERT masked LM: labels -100 where nothing is predicted, padding tokens (row 0 of the
 /// word embeddings is PyTorch's `padding_idx`, found and kept frozen), attention mask.
+/// At pp = 2 the LM head's decoder, tied to the word embeddings, reads them on the
+/// last stage.
 #[test]
 fn bert_masked_lm_trains_as_pytorch() {
     matches_pytorch(&BERT);
+    layout_matches_pytorch(&BERT, piped(2, 2, "1f1b"));
 }
 
 /// BART: encoder-decoder, embeddings shared by encoder, decoder and LM head, padding row
 /// 1, and `final_logits_bias`, a buffer the exporter writes as an initializer.
+/// At pp = 2 and 3 the shared embeddings are read by the first stage (encoder) and by later
+/// ones (decoder, LM head).
 #[test]
 fn bart_trains_as_pytorch() {
     matches_pytorch(&BART);
+    for layout in [piped(2, 2, "1f1b"), piped(3, 4, "1f1b")] {
+        layout_matches_pytorch(&BART, layout);
+    }
 }
 
 /// MobileNetV3: BatchNormalization in training mode, HardSwish, HardSigmoid

@@ -12,6 +12,7 @@ mod sequences;
 mod stages;
 mod static_fold;
 mod subgraph;
+mod tied;
 mod training;
 
 pub use buckets::{grad_chain, GradChain};
@@ -23,6 +24,7 @@ pub use partition::{assign_stages, BalanceBy, Partition, StageAssignment};
 pub use sequences::{makes_sequence, split_sequences};
 pub use stages::{build_stage_graphs, build_stage_graphs_with, Recompute, StageGraphs, StageIo};
 pub use static_fold::{fold_static_values, static_nodes, FoldReport};
+pub use tied::{tied_params, with_tied_shared, TiedParam};
 pub use training::{
     build_training_graph, Param, ShapeProbe, TrainOptions, TrainingGraph, LOSS_GRAD,
 };

@@ -15,6 +15,7 @@ use crate::graph::ir::Graph;
 use crate::graph::loss::{ACC_CORRECT, ACC_COUNTED, LOSS};
 use crate::graph::partition::{constant_nodes, StageAssignment};
 use crate::graph::subgraph::{ancestors, external_inputs, subgraph, with_constants};
+use crate::graph::tied::{node_stages, tied_params};
 use crate::graph::training::TrainingGraph;
 use crate::{Error, Result};
 
@@ -100,9 +101,9 @@ pub fn build_stage_graphs(tg: &TrainingGraph, a: &StageAssignment) -> Result<Vec
 /// stage keeps between its passes.
 ///
 /// # Errors
-/// `Partition` when a parameter is used by more than one stage (tied weights across
-/// stages would need their gradients summed and their updates shared between stages),
-/// or when recomputing would rerun a random op (its second draw would not match the
+/// `Partition` when a parameter is read by more than one stage (tied weights: pass the
+/// graph through [`crate::graph::with_tied_shared`] first), when a stage would not
+/// compute the gradient of a parameter it owns, or when recomputing would rerun a random op (its second draw would not match the
 /// forward's).
 pub fn build_stage_graphs_with(
     tg: &TrainingGraph,
@@ -111,15 +112,7 @@ pub fn build_stage_graphs_with(
 ) -> Result<Vec<StageGraphs>> {
     let g = &tg.graph;
     let is_const = constant_nodes(tg);
-    let node_stage: Vec<Option<usize>> = (0..g.nodes.len())
-        .map(|i| {
-            if i < tg.forward_len {
-                a.stage[i]
-            } else {
-                a.stage[tg.anchors[i - tg.forward_len]]
-            }
-        })
-        .collect();
+    let node_stage = node_stages(tg, a);
     let mut producer: HashMap<&str, usize> = HashMap::new();
     for (i, n) in g.nodes.iter().enumerate() {
         for o in n.output.iter().filter(|o| !o.is_empty()) {
@@ -137,16 +130,13 @@ pub fn build_stage_graphs_with(
             }
         }
     }
-    for p in &tg.params {
-        let stages = users.get(p.name.as_str()).cloned().unwrap_or_default();
-        if stages.len() > 1 {
-            return Err(Error::Partition {
-                reason: format!(
-                    "parameter `{}` is used by stages {:?}; tied parameters must stay in one stage (move the cut)",
-                    p.name, stages
-                ),
-            });
-        }
+    if let Some(t) = tied_params(tg, a).first() {
+        return Err(Error::Partition {
+            reason: format!(
+                "parameter `{}` is read by stages {:?}; share it first (graph::with_tied_shared)",
+                t.name, t.stages
+            ),
+        });
     }
     let crossing = |s: usize, forward: bool| -> Vec<String> {
         let mut out: Vec<String> = producer
@@ -227,6 +217,18 @@ pub fn build_stage_graphs_with(
             .filter(|p| bwd_made.contains(p.grad.as_str()))
             .map(|p| p.grad.clone())
             .collect();
+        if let Some(p) = tg
+            .params
+            .iter()
+            .find(|p| bwd_made.contains(p.grad.as_str()) && !stage_params.contains(&p.name))
+        {
+            return Err(Error::Partition {
+                reason: format!(
+                    "stage {s} would compute the gradient of `{}`, which another stage holds",
+                    p.name
+                ),
+            });
+        }
         let mut bwd_outputs: Vec<String> = bwd_send
             .iter()
             .filter(|v| bwd_made.contains(v.as_str()))

@@ -49,9 +49,9 @@ pub struct Gpt2Config {
     /// Attention heads (must divide `d_model`).
     #[arg(long, default_value_t = Gpt2Config::DEFAULT.heads)]
     pub heads: usize,
-    /// Use the token embedding as the LM head (GPT-2 does). Off by default: pipetrain
-    /// keeps a parameter in one pipeline stage, and the embedding (first stage) and the
-    /// head (last stage) are at opposite ends, so a tied model cannot be cut into stages.
+    /// Use the token embedding as the LM head (GPT-2 does). Off by default. Cut into
+    /// pipeline stages, the first stage owns the embedding and hands it to the head's
+    /// stage with each micro-batch (`graph/tied.rs`).
     #[arg(long)]
     pub tie_embeddings: bool,
     /// A fixed batch size; none: a dynamic batch dimension named `batch`.

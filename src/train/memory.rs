@@ -10,7 +10,8 @@ use crate::compute::Runtime;
 use crate::config::{ScheduleKind, TrainConfig};
 use crate::data::open_step_batches;
 use crate::graph::{
-    assign_stages, build_stage_graphs_with, Partition, Recompute, StageGraphs, TrainingGraph,
+    assign_stages, build_stage_graphs_with, with_tied_shared, Partition, Recompute, StageGraphs,
+    TrainingGraph,
 };
 use crate::{Error, Result};
 
@@ -176,8 +177,9 @@ fn rank_peaks(
     let schedule = cfg.schedule().generate().map_err(|e| Error::Partition {
         reason: e.to_string(),
     })?;
-    let stages = build_stage_graphs_with(tg, &assign_stages(tg, &cfg.partition())?, recompute)?;
-    let (kept, handoff) = stash_sizes(tg, &stages, &schedule);
+    let (tg, a) = with_tied_shared(tg, assign_stages(tg, &cfg.partition())?);
+    let stages = build_stage_graphs_with(&tg, &a, recompute)?;
+    let (kept, handoff) = stash_sizes(&tg, &stages, &schedule);
     let costs = CostModel::uniform(stages.len(), StageCost::default());
     let t = simulate(&schedule, &costs).map_err(|e| Error::Partition {
         reason: e.to_string(),

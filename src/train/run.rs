@@ -17,7 +17,9 @@ use crate::checkpoint::{model_fingerprint, ModelInfo};
 use crate::compute::{check_device, Runtime};
 use crate::config::TrainConfig;
 use crate::data::{open_step_batches, read_safetensors, FedBatches, StepBatches};
-use crate::graph::{assign_stages, build_stage_graphs_with, export_inference_model, LossNormalize};
+use crate::graph::{
+    assign_stages, build_stage_graphs_with, export_inference_model, with_tied_shared, LossNormalize,
+};
 use crate::onnx::save_model;
 use crate::pipeline::{OrtStage, StepData};
 use crate::tensor::Tensor;
@@ -108,7 +110,7 @@ pub(super) async fn run_training<K: Collective>(
             .collect();
         ckpt.check_model(&shapes)?;
     }
-    let assignment = assign_stages(&tg, &cfg.partition())?;
+    let (tg, assignment) = with_tied_shared(&tg, assign_stages(&tg, &cfg.partition())?);
     let stages = build_stage_graphs_with(&tg, &assignment, cfg.recompute).map_err(|e| match e {
         Error::Partition { reason } if reason.starts_with("recompute") => Error::Config {
             path: config_path.to_path_buf(),

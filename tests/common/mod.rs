@@ -2,6 +2,7 @@
 //! in `../shared/peers` (see its README).
 #![allow(dead_code)]
 
+pub mod exported;
 pub mod gradcheck;
 pub mod mlp;
 

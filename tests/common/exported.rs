@@ -1,0 +1,239 @@
+//! The harness of `tests/exported_models.rs`: the fixtures of
+//! `tests/fixtures/models/` (small Hugging Face and torchvision models as
+//! `torch.onnx.export` writes them), PyTorch's curves for them, and training them
+//! through `pipetrain train` in a given layout.
+//!
+//! The tolerance is the float32 spread: at step `s`, pipetrain's loss (float32) is within
+//! `max(k x max_{t <= s} |torch_f32(t) - torch_f64(t)|, 1e-6)` of PyTorch's float64 loss.
+//! The running maximum, because rounding differences grow over the steps and PyTorch's
+//! own float32 run can land close to float64 at one step by chance.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use pipetrain::config::TrainConfig;
+use pipetrain::train::train;
+use serde_json::Value;
+
+/// How a fixture feeds the model and what its loss ignores.
+pub struct Family {
+    pub name: &'static str,
+    /// Model inputs, each an array of `data.npz` of the same name.
+    pub inputs: &'static [&'static str],
+    /// `labels` value that counts for nothing (masked language modelling).
+    pub ignore_index: Option<i64>,
+    /// Float initializers that are PyTorch buffers, not parameters.
+    pub frozen: &'static [&'static str],
+    /// Steps compared (of 20): BatchNorm nets turn chaotic after a few steps, where two
+    /// float32 runs part ways whichever is right.
+    pub steps: usize,
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(name)
+}
+
+/// PyTorch's losses of the fixture's run with `optimizer` (`float64`, `float32`) and
+/// its learning rate.
+pub fn reference(f: &Family, optimizer: &str) -> (Vec<f64>, Vec<f64>, f64) {
+    let text = std::fs::read_to_string(fixture(f.name).join("curves.json")).unwrap();
+    let c: Value = serde_json::from_str(&text).unwrap();
+    let curve = |kind: &str| -> Vec<f64> {
+        c["curves"][optimizer][kind]
+            .as_array()
+            .unwrap_or_else(|| panic!("{}: curves.{optimizer}.{kind} missing", f.name))
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    let lr = c["lr"][optimizer].as_f64().unwrap();
+    (curve("float64"), curve("float32"), lr)
+}
+
+/// The layout of a run: pipeline stages, data-parallel replicas, and micro-batches per
+/// replica; the global batch is always the fixture's 4 rows.
+#[derive(Clone, Copy)]
+pub struct Layout {
+    pub pp: usize,
+    pub dp: usize,
+    pub micro_batches: usize,
+    /// The pipeline schedule (`interleaved_1f1b` with 2 virtual stages a rank).
+    pub schedule: &'static str,
+}
+
+pub const ONE: Layout = Layout {
+    pp: 1,
+    dp: 1,
+    micro_batches: 1,
+    schedule: "1f1b",
+};
+
+/// `pp` stages under `schedule`, `micro_batches` micro-batches, one replica.
+pub const fn piped(pp: usize, micro_batches: usize, schedule: &'static str) -> Layout {
+    Layout {
+        pp,
+        dp: 1,
+        micro_batches,
+        schedule,
+    }
+}
+
+/// Trains the fixture's `model.onnx` for `steps` optimizer steps; each step's loss.
+pub fn train_fixture(
+    f: &Family,
+    optimizer: &str,
+    lr: f64,
+    layout: Layout,
+    steps: usize,
+) -> Vec<f64> {
+    train_model(f, "model.onnx", optimizer, lr, layout, steps)
+}
+
+/// Trains the fixture's model file `model` for `steps` optimizer steps; each step's loss.
+pub fn train_model(
+    f: &Family,
+    model: &str,
+    optimizer: &str,
+    lr: f64,
+    layout: Layout,
+    steps: usize,
+) -> Vec<f64> {
+    let run = Run {
+        model,
+        optimizer,
+        lr,
+        layout,
+        steps,
+        extra: "",
+    };
+    train_run(f, &run)
+}
+
+/// One `pipetrain train` run of a fixture.
+pub struct Run<'a> {
+    /// The model file in the fixture's folder.
+    pub model: &'a str,
+    /// `sgd` or `adamw`.
+    pub optimizer: &'a str,
+    /// Learning rate.
+    pub lr: f64,
+    /// Parallel layout and schedule.
+    pub layout: Layout,
+    /// Optimizer steps to the end of the run (counting steps a resumed run skips).
+    pub steps: usize,
+    /// Top-level configuration lines added (checkpoints, say).
+    pub extra: &'a str,
+}
+
+/// Trains `run`; the loss of each step it trains.
+pub fn train_run(f: &Family, run: &Run) -> Vec<f64> {
+    let Run {
+        model,
+        optimizer,
+        lr,
+        layout,
+        steps,
+        extra,
+    } = *run;
+    let dir = fixture(f.name);
+    let per_micro_batch = 4 / (layout.dp * layout.micro_batches);
+    let feeds: Vec<String> = f
+        .inputs
+        .iter()
+        .chain(&["labels"])
+        .map(|n| format!("{n} = \"{n}\""))
+        .collect();
+    let ignore = f.ignore_index.map_or(String::new(), |i| {
+        format!("ignore_index = {i}\nnormalize = \"tokens\"\n")
+    });
+    let frozen: Vec<String> = f.frozen.iter().map(|n| format!("\"{n}\"")).collect();
+    let virtual_stages = if layout.schedule == "interleaved_1f1b" {
+        2
+    } else {
+        1
+    };
+    let text = format!(
+        "model_path = {model:?}\nbatch_size = {per_micro_batch}\n\
+         gradient_accumulation_steps = {m}\npipeline_parallel_size = {pp}\n\
+         data_parallel_size = {dp}\nnum_train_steps = {passes}\ndisplay_loss_steps = 1000\n{extra}\n\
+         [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"labels\"\n{ignore}\n\
+         [params]\nfrozen = [{frozen}]\n\n\
+         [pipeline]\nschedule = \"{schedule}\"\nvirtual_stages = {virtual_stages}\n\n\
+         [data]\npath = {data:?}\nlayout = {{ kind = \"arrays\", feeds = {{ {feeds} }} }}\n\n\
+         [optimizer]\nkind = \"{optimizer}\"\n\n[lr_schedule]\nkind = \"constant\"\nlr = {lr}\n",
+        model = dir.join(model),
+        data = dir.join("data.npz"),
+        m = layout.micro_batches,
+        pp = layout.pp,
+        dp = layout.dp,
+        passes = steps * layout.micro_batches,
+        feeds = feeds.join(", "),
+        frozen = frozen.join(", "),
+        schedule = layout.schedule,
+    );
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "exported_{}_{model}_{optimizer}_pp{}_dp{}_{}_{}.toml",
+        f.name,
+        layout.pp,
+        layout.dp,
+        layout.schedule,
+        RUNS.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&path, &text).unwrap();
+    let cfg = TrainConfig::parse(&text, &path).unwrap();
+    let mut losses = Vec::new();
+    train(&super::runtime(), &cfg, &path, false, |r| {
+        losses.push(r.loss)
+    })
+    .unwrap_or_else(|e| panic!("{} ({optimizer}, pp {}): {e}", f.name, layout.pp));
+    losses
+}
+
+/// Every step within `k` times the float32 spread of PyTorch's float64 run.
+pub fn assert_within_spread(what: &str, ours: &[f64], f64s: &[f64], f32s: &[f64], k: f64) {
+    assert!(
+        ours.len() <= f64s.len(),
+        "{what}: more steps than the reference"
+    );
+    let mut spread: f64 = 0.0;
+    let mut worst: f64 = 0.0;
+    for (s, ((&a, &b), &c)) in ours.iter().zip(f64s).zip(f32s).enumerate() {
+        spread = spread.max((c - b).abs());
+        let tol = (k * spread).max(1e-6);
+        let err = (a - b).abs();
+        worst = worst.max(err / tol);
+        assert!(
+            err <= tol,
+            "{what}: step {s}: loss {a} vs PyTorch float64 {b} (off {err:.2e}; tolerance {tol:.2e}, \
+             PyTorch float32 is off {:.2e})",
+            (c - b).abs()
+        );
+    }
+    eprintln!(
+        "{what}: {} steps, worst {worst:.2} of the tolerance",
+        ours.len()
+    );
+}
+
+/// SGD and AdamW at pp = 1 for 20 steps, each within the float32 spread.
+pub fn matches_pytorch(f: &Family) {
+    for optimizer in ["sgd", "adamw"] {
+        let (f64s, f32s, lr) = reference(f, optimizer);
+        let ours = train_fixture(f, optimizer, lr, ONE, f.steps.min(f64s.len()));
+        assert_within_spread(&format!("{} {optimizer}", f.name), &ours, &f64s, &f32s, 4.0);
+    }
+}
+
+/// SGD at `layout` within the float32 spread of PyTorch's batch of 4.
+pub fn layout_matches_pytorch(f: &Family, layout: Layout) {
+    let (f64s, f32s, lr) = reference(f, "sgd");
+    let ours = train_fixture(f, "sgd", lr, layout, f64s.len());
+    let what = format!(
+        "{} sgd pp {} dp {} {}",
+        f.name, layout.pp, layout.dp, layout.schedule
+    );
+    assert_within_spread(&what, &ours, &f64s, &f32s, 4.0);
+}
