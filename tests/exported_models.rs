@@ -162,19 +162,21 @@ fn bart_trains_as_pytorch() {
 
 /// MobileNetV3: BatchNormalization in training mode, HardSwish, HardSigmoid
 /// (squeeze-excitation), its first 10 steps (with SGD, PyTorch's float32 and float64
-/// runs part by 1e-5 from step 12, with AdamW by 1e-3 from step 17); at pp = 2 each micro-batch of 2 has its own batch statistics
-/// (as in PyTorch with micro-batches), so pp = 2 is compared with pp = 1 on the same
-/// micro-batches.
+/// runs part by 1e-5 from step 12, with AdamW by 1e-3 from step 17); and at pp = 2.
 #[test]
 fn mobilenet_v3_trains_as_pytorch_and_pipelines() {
     matches_pytorch(&MOBILENET_V3);
-    let (_, _, lr) = reference(&MOBILENET_V3, "sgd");
-    let micro = piped(1, 2, "1f1b");
-    let pipelined = piped(2, 2, "1f1b");
-    // Two steps: its last BatchNormalizations see 1x1 maps, over 2 samples per
-    // micro-batch, and runs that differ in rounding part by 4e-5 from the third step.
-    let one = train_fixture(&MOBILENET_V3, "sgd", lr, micro, 2);
-    let two = train_fixture(&MOBILENET_V3, "sgd", lr, pipelined, 2);
+    pipelines_as_one_stage(&MOBILENET_V3, 2e-6);
+}
+
+/// At pp = 2 each micro-batch of 2 has its own batch statistics (as in PyTorch with
+/// micro-batches), so a BatchNorm net at pp = 2 is compared with pp = 1 on the same
+/// micro-batches, for two SGD steps (its last BatchNormalizations see 1x1 maps over 2
+/// samples, where runs that differ in rounding part from the third step), within `tol`.
+fn pipelines_as_one_stage(f: &Family, tol: f64) {
+    let (_, _, lr) = reference(f, "sgd");
+    let one = train_fixture(f, "sgd", lr, piped(1, 2, "1f1b"), 2);
+    let two = train_fixture(f, "sgd", lr, piped(2, 2, "1f1b"), 2);
     // The stage graphs are optimized by ONNX Runtime apart, so their kernels round
     // differently: a few float32 ulps of a loss near 2.3 (one ulp is 2.4e-7).
     let worst = one
@@ -182,11 +184,14 @@ fn mobilenet_v3_trains_as_pytorch_and_pipelines() {
         .zip(&two)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0, f64::max);
-    eprintln!("mobilenet_v3 pp 2 vs pp 1 on the same micro-batches: worst {worst:.2e}");
+    eprintln!(
+        "{}: pp 2 vs pp 1 on the same micro-batches: worst {worst:.2e}",
+        f.name
+    );
     assert!(
-        worst <= 2e-6,
-        "mobilenet_v3: pp 2 parts from pp 1 by {worst:.2e} on the same micro-batches \
-         ({one:?} vs {two:?})"
+        worst <= tol,
+        "{}: pp 2 parts from pp 1 by {worst:.2e} on the same micro-batches ({one:?} vs {two:?})",
+        f.name
     );
 }
 
@@ -219,11 +224,13 @@ fn convnext_trains_as_pytorch() {
 #[test]
 fn mobilenet_v2_first_steps_as_pytorch() {
     matches_pytorch(&MOBILENET_V2);
+    pipelines_as_one_stage(&MOBILENET_V2, 2e-6);
 }
 
 /// ResNet-18's structure at 1/8 width: its last BatchNormalizations normalize 1x1 maps
 /// over a batch of 4, which makes training chaotic (PyTorch's own float32 run is 5e-2 off
-/// float64 by step 2), so only the first two steps are compared, within 10x the spread.
+/// float64 by step 2), so only the first two steps are compared, within 10x the spread;
+/// and at pp = 2.
 #[test]
 fn resnet18_first_steps_as_pytorch() {
     for optimizer in ["sgd", "adamw"] {
@@ -232,6 +239,7 @@ fn resnet18_first_steps_as_pytorch() {
         let what = format!("resnet18 {optimizer}");
         assert_within_spread(&what, &ours, &f64s, &f32s, 10.0);
     }
+    pipelines_as_one_stage(&RESNET18, 2e-6);
 }
 
 /// What `pipetrain check` prints for a fixture's model file (it must succeed).
