@@ -8,8 +8,9 @@ use clap::{Parser, Subcommand};
 use pipetrain::compute::Runtime;
 use pipetrain::config::TrainConfig;
 use pipetrain::telemetry::timeline_svg;
-use pipetrain::train::Reporter;
+use pipetrain::train::{signal_name, Reporter, StopOnSignal, TrainSummary};
 use pipetrain::{Error, Result};
+use pipetrain_actors::RunControl;
 use pipetrain_schedules::{lower, simulate, CostModel, LowerOptions, ScheduleSpec, StageCost};
 
 #[derive(Parser)]
@@ -177,12 +178,16 @@ fn main() -> ExitCode {
             trace,
             chrome_trace,
             resume,
-        } => train(
+        } => match train(
             &config,
             metrics.as_deref(),
             (trace.as_deref(), chrome_trace.as_deref()),
             resume,
-        ),
+        ) {
+            // Stopped by a signal: the shell's status for it (130, 143).
+            Ok(Some(sig)) => return ExitCode::from((128 + sig) as u8),
+            other => other.map(|_| ()),
+        },
         Command::Check { model, config } => pipetrain::compute::Runtime::from_env()
             .and_then(|rt| pipetrain::train::check_model(&rt, &model, config.as_deref()))
             .map(|text| print!("{text}")),
@@ -239,7 +244,7 @@ fn train(
     metrics: Option<&Path>,
     (trace, chrome): (Option<&Path>, Option<&Path>),
     resume: bool,
-) -> Result<()> {
+) -> Result<Option<i32>> {
     let mut cfg = TrainConfig::load(config)?;
     if resume && cfg.checkpoint_to_load_path.is_none() {
         match pipetrain::train::latest_checkpoint(&cfg, config)? {
@@ -271,8 +276,19 @@ fn train(
     let is_terminal = stderr.is_terminal();
     let mut reporter = Reporter::new(&cfg, stderr, is_terminal, metrics, resuming)?;
     let record = trace.is_some() || chrome.is_some();
-    let summary = pipetrain::train::train(&rt, &cfg, config, record, |r| reporter.step(r))?;
+    let (control, requests) = flume::unbounded();
+    let signals = StopOnSignal::install("pipetrain", move |_| {
+        let _ = control.send(RunControl::Stop);
+    })?;
+    let summary =
+        pipetrain::train::train_controlled(&rt, &cfg, config, record, Some(requests), |r| {
+            reporter.step(r)
+        })?;
     reporter.finish(&summary)?;
+    let stopped = signals.received();
+    if let Some(sig) = stopped {
+        stopped_note(&cfg, config, &summary, sig)?;
+    }
     if let (Some(path), Some(t)) = (trace, &summary.trace) {
         pipetrain::train::save_trace(t, path)?;
         eprintln!("trace: {}", path.display());
@@ -285,6 +301,21 @@ fn train(
     if let Some(out) = &cfg.output_path {
         eprintln!("trained model: {}", out.display());
     }
+    Ok(stopped)
+}
+
+/// What a run stopped by a signal left: where it stopped, and how to go on.
+fn stopped_note(cfg: &TrainConfig, config: &Path, summary: &TrainSummary, sig: i32) -> Result<()> {
+    let at = summary.first_step + summary.steps as u64;
+    let saved = match pipetrain::train::latest_checkpoint(cfg, config)? {
+        Some(path) => format!("newest checkpoint {}", path.display()),
+        None => "no checkpoint (no checkpoints_dir)".into(),
+    };
+    eprintln!(
+        "pipetrain: stopped by {} after step {at}; {saved}; `pipetrain train {} --resume` goes on",
+        signal_name(sig),
+        config.display()
+    );
     Ok(())
 }
 

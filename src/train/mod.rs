@@ -26,12 +26,14 @@ mod memory;
 mod report;
 mod run;
 mod settings;
+mod signals;
 
 pub use check::check_model;
 pub use checkpointing::latest_checkpoint;
 pub use cluster::ClusterPart;
 pub use memory::{memory_report, memory_table, MemoryRow, StashPeak};
 pub use report::Reporter;
+pub use signals::{signal_name, StopOnSignal, REPEAT_GRACE};
 
 /// What one optimizer step did.
 #[derive(Debug, Clone)]
@@ -167,6 +169,22 @@ pub fn train(
     record_trace: bool,
     on_step: impl FnMut(&StepReport) + Send,
 ) -> Result<TrainSummary> {
+    train_controlled(rt, cfg, config_path, record_trace, None, on_step)
+}
+
+/// [`train`], taking requests from `control` as it goes (stop, checkpoint now): what
+/// the command line's signal handling sends.
+///
+/// # Errors
+/// As [`train_async`].
+pub fn train_controlled(
+    rt: &Runtime,
+    cfg: &TrainConfig,
+    config_path: &Path,
+    record_trace: bool,
+    control: Option<flume::Receiver<RunControl>>,
+    mut on_step: impl FnMut(&StepReport) + Send,
+) -> Result<TrainSummary> {
     // Stage actors compute on threads of their own; the scheduler, coordinator and data
     // actors share one worker, so their messages wake no further threads on cores the
     // stages need (engine overhead on mlp fell from +5..15% to within +-1.5%).
@@ -175,7 +193,19 @@ pub fn train(
         .enable_time()
         .build()
         .map_err(Error::io(config_path))?;
-    runtime.block_on(train_async(rt, cfg, config_path, record_trace, on_step))
+    let mut forward = |e: RunEvent| {
+        if let RunEvent::Step(r) = e {
+            on_step(&r);
+        }
+    };
+    let opts = RunOptions {
+        record_trace,
+        data: None,
+        eval_data: None,
+        control,
+        on_event: &mut forward,
+    };
+    runtime.block_on(run_with(rt, cfg, config_path, opts))
 }
 
 /// Trains as `cfg` says, calling `on_step` after every optimizer step; resumes from
