@@ -184,14 +184,16 @@ fn main() -> ExitCode {
             (trace.as_deref(), chrome_trace.as_deref()),
             resume,
         ) {
-            // Stopped by a signal: the shell's status for it (130, 143).
-            Ok(Some(sig)) => return ExitCode::from((128 + sig) as u8),
+            Ok(Some(sig)) => return stopped_by(sig),
             other => other.map(|_| ()),
         },
         Command::Check { model, config } => pipetrain::compute::Runtime::from_env()
             .and_then(|rt| pipetrain::train::check_model(&rt, &model, config.as_deref()))
             .map(|text| print!("{text}")),
-        Command::Launch(args) => pipetrain::launch::launch(&args),
+        Command::Launch(args) => match pipetrain::launch::launch(&args) {
+            Ok(Some(sig)) => return stopped_by(sig),
+            other => other.map(|_| ()),
+        },
         Command::Schedule { command } => schedule(command),
         Command::Checkpoint {
             command: CheckpointCommand::Inspect { dir },
@@ -216,6 +218,12 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The status of a run stopped by a signal after saving its work: the shell's for that
+/// signal (130 for SIGINT, 143 for SIGTERM).
+fn stopped_by(sig: i32) -> ExitCode {
+    ExitCode::from((128 + sig) as u8)
 }
 
 fn doctor() -> Result<()> {

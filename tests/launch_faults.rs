@@ -25,6 +25,9 @@ struct Started {
     metrics: PathBuf,
     /// The same run's configuration for one process.
     single: PathBuf,
+    /// The job's manifest and configuration.
+    manifest: PathBuf,
+    config: PathBuf,
 }
 
 /// Starts the job and returns once a checkpoint is complete and the job is 40 steps in.
@@ -63,6 +66,8 @@ fn start_past_a_checkpoint() -> Started {
         children,
         metrics,
         single,
+        manifest: m,
+        config: cfg,
     }
 }
 
@@ -73,6 +78,7 @@ fn a_killed_worker_is_restarted_with_the_others_from_the_newest_checkpoint() {
         children,
         metrics,
         single,
+        ..
     } = start_past_a_checkpoint();
     // A checkpoint is complete and the job is past it: kill node c's worker.
     let worker = child_of(children[2].id()).expect("node c runs a worker");
@@ -98,6 +104,71 @@ fn a_killed_worker_is_restarted_with_the_others_from_the_newest_checkpoint() {
         weights(&dir.path().join("single/model.onnx"))
     );
     // Every step's loss is the uninterrupted run's (steps trained twice included).
+    let one: std::collections::BTreeMap<u64, f64> = losses(&dir.path().join("single.jsonl"))
+        .into_iter()
+        .collect();
+    for (step, loss) in losses(&metrics) {
+        assert_eq!(Some(&loss), one.get(&step), "step {step}");
+    }
+}
+
+/// SIGTERM to one node's supervisor (as when Kubernetes evicts one pod) stops the whole
+/// job after the same step, with a checkpoint of that step: every node exits with 143.
+/// `--resume` on every node then ends with the uninterrupted run's weights and losses.
+#[test]
+fn a_signal_to_one_node_stops_the_job_with_a_checkpoint_and_it_resumes_exactly() {
+    let Started {
+        dir,
+        children,
+        metrics,
+        single,
+        manifest,
+        config,
+    } = start_past_a_checkpoint();
+    unsafe { libc::kill(children[1].id() as i32, libc::SIGTERM) };
+    let outs = wait_all(children);
+    for (n, o) in NODES.iter().zip(&outs) {
+        assert_eq!(o.status.code(), Some(143), "node {n}:\n{}", stderr(o));
+    }
+    let a = stderr(&outs[0]);
+    let stopped: u64 = a
+        .split("the job stopped after step ")
+        .nth(1)
+        .and_then(|r| r.split(';').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("node a does not say where the job stopped:\n{a}"));
+    assert!(stopped < 300, "stopped after step {stopped}");
+    eprintln!("the job stopped after step {stopped}");
+    let (_, newest) = pipetrain::checkpoint::latest_complete(&dir.path().join("ck"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(newest.steps_done, stopped, "the stop's checkpoint");
+
+    let metrics_arg = metrics.to_str().unwrap().to_owned();
+    let resumed: Vec<Child> = NODES
+        .iter()
+        .map(|n| {
+            launch(
+                &manifest,
+                n,
+                &config,
+                &["--resume", "--metrics", &metrics_arg],
+                &[],
+            )
+        })
+        .collect();
+    for (n, o) in NODES.iter().zip(wait_all(resumed)) {
+        assert!(
+            o.status.success(),
+            "node {n} after the resume:\n{}",
+            stderr(&o)
+        );
+    }
+    one_process(&single, &dir.path().join("single.jsonl"));
+    assert_eq!(
+        weights(&dir.path().join("cluster/model.onnx")),
+        weights(&dir.path().join("single/model.onnx"))
+    );
     let one: std::collections::BTreeMap<u64, f64> = losses(&dir.path().join("single.jsonl"))
         .into_iter()
         .collect();
@@ -204,8 +275,8 @@ fn a_worker_that_stops_answering_is_detected_and_named_within_the_peer_timeout()
     let Started {
         dir,
         children,
-        metrics: _,
         single,
+        ..
     } = start_past_a_checkpoint();
     let frozen = child_of(children[2].id()).expect("node c runs a worker");
     let first_a = child_of(children[0].id()).expect("node a runs a worker");

@@ -96,6 +96,7 @@ where
         }
     }
     let expected_local = local.len() == replicas * ranks;
+    let distributed = remote.is_some();
     if local.is_empty() || (remote.is_none() && !expected_local) {
         return Err(ActorError::Settings {
             reason: format!(
@@ -288,6 +289,7 @@ where
         checkpoint: settings.checkpoint.clone(),
         last_step: steps.end.saturating_sub(1),
         control: settings.control.clone(),
+        shared_stop: distributed,
     };
     let mut results = Vec::new();
     let mut on_step = on_step;

@@ -65,6 +65,9 @@ pub(crate) struct SchedulerActor<P> {
     pub last_step: u64,
     /// Requests from whoever embeds the run.
     pub control: Option<flume::Receiver<RunControl>>,
+    /// Processes share the run: a stop waits for the end of a step, whose gather tells
+    /// every process that one of them was asked, so that all stop after the same round.
+    pub shared_stop: bool,
 }
 
 /// What an embedder can ask of a running run (see `EngineSettings::control`).
@@ -115,10 +118,12 @@ impl<P: Send + 'static> SchedulerActor<P> {
         }
         let mut pending: Option<StepResult> = None;
         let mut waiters: HashMap<usize, SaveWaiter> = HashMap::new();
+        // This process was asked to stop (shared runs); the run is stopping.
+        let (mut stop_asked, mut stopping) = (false, false);
         let mut i = 0;
         while i < rounds.len() {
             let round = rounds[i];
-            self.take_requests(&mut rounds, i, &mut waiters);
+            stop_asked |= self.take_requests(&mut rounds, i, &mut waiters);
             // Hand out the next round before this one ends: an actor that finishes goes on
             // at once instead of waiting for the round trip through the scheduler and the
             // coordinator. Rounds stay in order: each actor runs its plans one by one, and
@@ -159,7 +164,17 @@ impl<P: Send + 'static> SchedulerActor<P> {
                     if let Some(r) = pending.take() {
                         on_step(&r);
                     }
-                    pending = Some(self.coordinator.end(step, losses, grads).await?);
+                    let result = self
+                        .coordinator
+                        .end(step, losses, grads, stop_asked)
+                        .await?;
+                    if result.stop && !stopping {
+                        // Every process learns it at this same step: all stop after the
+                        // round already handed out.
+                        self.stop_after(&mut rounds, i + 2, &mut waiters);
+                        stopping = true;
+                    }
+                    pending = Some(result);
                 }
                 Round::Eval(step) => {
                     let (loss, acc) = self.coordinator.evaluated(step, losses, accuracy).await?;
@@ -190,16 +205,18 @@ impl<P: Send + 'static> SchedulerActor<P> {
     /// Takes the embedder's requests that arrived while round `current` ran: a
     /// checkpoint goes right after it (after its step, for an evaluation or a save); a
     /// stop drops every later round but a checkpoint. Rounds up to `current + 1` may
-    /// already be handed out, so changes start after them.
+    /// already be handed out, so changes start after them. In a shared run a stop is
+    /// only noted (`true`): the step's end tells every process.
     fn take_requests(
         &self,
         rounds: &mut Vec<Round>,
         current: usize,
         waiters: &mut HashMap<usize, SaveWaiter>,
-    ) {
+    ) -> bool {
         let Some(control) = &self.control else {
-            return;
+            return false;
         };
+        let mut stop_asked = false;
         // The round after `current` is handed out next, in this same iteration: requests
         // change what follows it.
         let at = current + 2;
@@ -229,20 +246,31 @@ impl<P: Send + 'static> SchedulerActor<P> {
                     *waiters = moved;
                     waiters.insert(pos, Some(reply));
                 }
-                RunControl::Stop => {
-                    let keep = at.min(rounds.len());
-                    rounds.truncate(keep);
-                    let saved_last =
-                        matches!(rounds.last(), Some(Round::Save(s)) if Some(*s) == done_step);
-                    if let (Some(step), true, false) =
-                        (done_step, self.checkpoint.is_some(), saved_last)
-                    {
-                        rounds.push(Round::Save(step));
-                    }
-                    waiters.retain(|&k, _| k < rounds.len());
-                }
+                RunControl::Stop if self.shared_stop => stop_asked = true,
+                RunControl::Stop => self.stop_after(rounds, at, waiters),
             }
         }
+        stop_asked
+    }
+
+    /// Keeps the first `keep` rounds (those handed out) and a checkpoint of the last step
+    /// among them (when the run saves any and it is not saved already).
+    fn stop_after(
+        &self,
+        rounds: &mut Vec<Round>,
+        keep: usize,
+        waiters: &mut HashMap<usize, SaveWaiter>,
+    ) {
+        rounds.truncate(keep.min(rounds.len()));
+        let done_step = rounds.iter().rev().find_map(|r| match r {
+            Round::Train(s) => Some(*s),
+            _ => None,
+        });
+        let saved_last = matches!(rounds.last(), Some(Round::Save(s)) if Some(*s) == done_step);
+        if let (Some(step), true, false) = (done_step, self.checkpoint.is_some(), saved_last) {
+            rounds.push(Round::Save(step));
+        }
+        waiters.retain(|&k, _| k < rounds.len());
     }
 
     /// Sends every member its plan for `round` (the `index`-th of the run); for a

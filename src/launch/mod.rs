@@ -49,12 +49,14 @@ pub struct LaunchArgs {
     pub config: PathBuf,
 }
 
-/// Runs `pipetrain launch`: the supervisor, or with `--worker` the worker.
+/// Runs `pipetrain launch`: the supervisor, or with `--worker` the worker. The signal
+/// that stopped the job (SIGINT, SIGTERM), if one did: it stopped after a checkpoint,
+/// and the process exits with `128 + signal`.
 ///
 /// # Errors
 /// A bad manifest, configuration or environment, naming the file, field and rule; the
 /// job's failure.
-pub fn launch(args: &LaunchArgs) -> Result<()> {
+pub fn launch(args: &LaunchArgs) -> Result<Option<i32>> {
     match args.worker {
         true => worker::run_worker(args),
         false => supervisor::supervise(args),

@@ -4,10 +4,21 @@
 //! when one does (its peers see the connection drop or fall silent), so every node's
 //! supervisor restarts its worker and the job meets again, up to `job.max_restarts`
 //! times, as torchrun's elastic agent restarts a worker group.
+//!
+//! The worker runs in a process group of its own, so that a terminal's Ctrl-C reaches
+//! the supervisor alone, which hands every SIGINT and SIGTERM it gets on to the worker
+//! (Kubernetes signals only a container's first process): the first stops the job after
+//! a checkpoint, a second stops it at once. A worker stopped so is not restarted.
 
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitStatus};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 
 use super::{LaunchArgs, Placement};
 use crate::{Error, Result};
@@ -15,17 +26,18 @@ use crate::{Error, Result};
 /// Pause before a restart, so a worker that failed at once does not spin.
 const RESTART_PAUSE: Duration = Duration::from_secs(1);
 
-/// Runs this node's worker until the job ends: `Ok` when it finishes, the last failure
-/// when it failed `max_restarts + 1` times or was stopped by a signal the user sent
-/// (SIGINT, SIGTERM), which is not restarted.
+/// Runs this node's worker until the job ends: `Ok(None)` when it finishes,
+/// `Ok(Some(signal))` when a SIGINT or SIGTERM stopped it (not restarted), the last
+/// failure when it failed `max_restarts + 1` times.
 ///
 /// # Errors
 /// A bad manifest or configuration (before anything starts), or the worker's failure.
-pub fn supervise(args: &LaunchArgs) -> Result<()> {
+pub fn supervise(args: &LaunchArgs) -> Result<Option<i32>> {
     let placement = Placement::load(args)?;
     let node = &placement.node;
     let job = placement.manifest.job();
     let exe = std::env::current_exe().map_err(Error::io(Path::new("pipetrain")))?;
+    let signals = Forwarder::start()?;
     let mut attempt = 0u32;
     loop {
         let mut cmd = Command::new(&exe);
@@ -52,23 +64,33 @@ pub fn supervise(args: &LaunchArgs) -> Result<()> {
             attempt + 1,
             job.max_restarts + 1
         );
-        let status = cmd.status().map_err(Error::io(exe.as_path()))?;
+        let mut child = cmd
+            .process_group(0)
+            .spawn()
+            .map_err(Error::io(exe.as_path()))?;
+        signals.child.store(child.id(), Ordering::SeqCst);
+        let status = child.wait().map_err(Error::io(exe.as_path()));
+        signals.child.store(0, Ordering::SeqCst);
+        let status = status?;
         if status.success() {
-            return Ok(());
+            return Ok(None);
         }
         let why = describe(status);
-        let stopped = stopped_by_user(status);
-        if stopped || attempt >= job.max_restarts {
-            let rule = match stopped {
-                true => format!("the worker {why}; not restarted"),
-                false => format!(
+        if let Some(sig) = stopped_by(status).or(signals.received()) {
+            eprintln!(
+                "pipetrain launch: node {}: the worker {why} (stopped by {}); not restarted",
+                node.name,
+                crate::train::signal_name(sig)
+            );
+            return Ok(Some(sig));
+        }
+        if attempt >= job.max_restarts {
+            return Err(Error::Launch {
+                node: node.name.clone(),
+                reason: format!(
                     "the worker {why}, and has been restarted {attempt} time(s) (job.max_restarts = {})",
                     job.max_restarts
                 ),
-            };
-            return Err(Error::Launch {
-                node: node.name.clone(),
-                reason: rule,
             });
         }
         eprintln!(
@@ -95,17 +117,59 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-/// Whether the worker ended on a signal a user or scheduler sends to stop (SIGINT,
-/// SIGTERM), rather than crashing or being killed (SIGKILL, e.g. out of memory).
-fn stopped_by_user(status: ExitStatus) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::process::ExitStatusExt;
-        matches!(status.signal(), Some(libc::SIGINT) | Some(libc::SIGTERM))
+/// The stop signal (SIGINT, SIGTERM) the worker ended by: killed by it, or exited with
+/// `128 + signal` after stopping on it. Not a crash, nor a kill (SIGKILL, e.g. out of
+/// memory).
+fn stopped_by(status: ExitStatus) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    let sig = status.signal().or_else(|| status.code().map(|c| c - 128))?;
+    [SIGINT, SIGTERM].contains(&sig).then_some(sig)
+}
+
+/// Hands the supervisor's SIGINT and SIGTERM on to the worker running now.
+struct Forwarder {
+    /// The worker's pid (0 between workers).
+    child: Arc<AtomicU32>,
+    /// The first signal received (0: none).
+    first: Arc<AtomicI32>,
+    handle: signal_hook::iterator::Handle,
+}
+
+impl Forwarder {
+    fn start() -> Result<Forwarder> {
+        let io = Error::io(Path::new("signals"));
+        let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(io)?;
+        let (child, first) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicI32::new(0)));
+        let (to, seen) = (child.clone(), first.clone());
+        let handle = signals.handle();
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                for sig in signals.forever() {
+                    let _ = seen.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
+                    let pid = to.load(Ordering::SeqCst);
+                    if pid != 0 {
+                        // SAFETY: kill(2) with a plain signal number on our own child.
+                        unsafe { libc::kill(pid as libc::pid_t, sig) };
+                    }
+                }
+            })
+            .map_err(Error::io(Path::new("signals")))?;
+        Ok(Forwarder {
+            child,
+            first,
+            handle,
+        })
     }
-    #[cfg(not(unix))]
-    {
-        let _ = status;
-        false
+
+    /// The first signal received, if any.
+    fn received(&self) -> Option<i32> {
+        Some(self.first.load(Ordering::SeqCst)).filter(|&s| s != 0)
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        self.handle.close();
     }
 }

@@ -16,15 +16,20 @@ use super::{LaunchArgs, Placement};
 use crate::cluster::{process_env, ClusterManifest, Endpoint};
 use crate::comm::{link_transfers, Mesh, MeshBus, MeshCollective, MeshTimeouts};
 use crate::compute::Runtime;
-use crate::train::{latest_checkpoint, run_cluster, ClusterPart, Reporter, RunEvent, RunOptions};
+use crate::train::{
+    latest_checkpoint, run_cluster, ClusterPart, Reporter, RunEvent, RunOptions, StopOnSignal,
+};
 use crate::{Error, Result};
+use pipetrain_actors::RunControl;
 
-/// Runs this node's worker to the end of the job (or its failure).
+/// Runs this node's worker to the end of the job (or its failure). A SIGINT or SIGTERM
+/// stops the whole job after the same step on every node, with a checkpoint (see
+/// [`StopOnSignal`]); the signal that stopped it, SIGTERM when another node's did.
 ///
 /// # Errors
 /// A bad manifest, configuration or secret; nodes that disagree; the run's failure,
 /// another node's included.
-pub(super) fn run_worker(args: &LaunchArgs) -> Result<()> {
+pub(super) fn run_worker(args: &LaunchArgs) -> Result<Option<i32>> {
     let placement = Placement::load(args)?;
     let secret = placement.manifest.secret(&process_env)?;
     let rt = Runtime::from_env()?;
@@ -33,10 +38,25 @@ pub(super) fn run_worker(args: &LaunchArgs) -> Result<()> {
         .enable_all()
         .build()
         .map_err(Error::io(&args.config))?;
-    runtime.block_on(work(args, placement, &secret, &rt))
+    let (control, requests) = flume::unbounded();
+    let who = format!("pipetrain launch: node {}", placement.node.name);
+    let signals = StopOnSignal::install(&who, move |_| {
+        let _ = control.send(RunControl::Stop);
+    })?;
+    let ended_early = runtime.block_on(work(args, placement, &secret, &rt, requests))?;
+    Ok(signals
+        .received()
+        .or(ended_early.then_some(signal_hook::consts::SIGTERM)))
 }
 
-async fn work(args: &LaunchArgs, p: Placement, secret: &[u8], rt: &Runtime) -> Result<()> {
+/// Joins the job and trains; whether the run stopped before its last step.
+async fn work(
+    args: &LaunchArgs,
+    p: Placement,
+    secret: &[u8],
+    rt: &Runtime,
+    requests: flume::Receiver<RunControl>,
+) -> Result<bool> {
     let Placement {
         manifest,
         node,
@@ -114,25 +134,26 @@ async fn work(args: &LaunchArgs, p: Placement, secret: &[u8], rt: &Runtime) -> R
     // would only notice at the watchdog, so the job stops here at once (dropping the run
     // aborts this process's actors) and the supervisors restart it.
     let result = tokio::select! {
-        r = train(rt, &cfg, args, part, me, &node.name) => r,
+        r = train(rt, &cfg, args, (part, requests), me, &node.name) => r,
         why = mesh.failed() => Err(failed(format!("the job lost a node: {why}"))),
     };
     match &result {
-        Ok(()) => mesh.shutdown().await,
+        Ok(_) => mesh.shutdown().await,
         Err(_) => mesh.abort(),
     }
     result
 }
 
-/// Trains this node's part, reporting on node 0.
+/// Trains this node's part, reporting on node 0; whether it stopped before its last
+/// step (a stop request, here or on another node).
 async fn train<K: pipetrain_actors::Collective>(
     rt: &Runtime,
     cfg: &crate::config::TrainConfig,
     args: &LaunchArgs,
-    part: ClusterPart<K>,
+    (part, requests): (ClusterPart<K>, flume::Receiver<RunControl>),
     me: usize,
     name: &str,
-) -> Result<()> {
+) -> Result<bool> {
     let resuming = cfg.checkpoint_to_load_path.is_some();
     let stderr = std::io::stderr();
     let is_terminal = stderr.is_terminal();
@@ -162,17 +183,23 @@ async fn train<K: pipetrain_actors::Collective>(
         record_trace: false,
         data: None,
         eval_data: None,
-        control: None,
+        control: Some(requests),
         on_event: &mut on_event,
     };
     let summary = run_cluster(rt, cfg, &args.config, opts, part).await?;
+    let last = cfg.optimizer_steps() as u64;
+    let stopped_at = summary.first_step + summary.steps as u64;
     if let Some(rep) = reporter {
         rep.finish(&summary)?;
-        if let Some(out) = &cfg.output_path {
+        if stopped_at < last {
+            eprintln!(
+                "pipetrain launch: the job stopped after step {stopped_at}; `pipetrain launch ... --resume` goes on"
+            );
+        } else if let Some(out) = &cfg.output_path {
             eprintln!("trained model: {}", out.display());
         }
     }
-    Ok(())
+    Ok(stopped_at < last)
 }
 
 /// Where each node's worker listens for the others: node 0 at the job's rendezvous

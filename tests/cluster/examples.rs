@@ -39,6 +39,9 @@ fn the_sbatch_script_writes_a_manifest_each_task_finds_its_node_in() {
             "SLURM_NODEID",
             "SLURM_NTASKS",
             "secret_file",
+            "#SBATCH --signal=TERM@120",
+            "#SBATCH --requeue",
+            "scontrol requeue",
         ],
     );
     let tmp = tempfile::tempdir().unwrap();
@@ -54,37 +57,51 @@ fn the_sbatch_script_writes_a_manifest_each_task_finds_its_node_in() {
     // a copy of the job folder as the tasks would see it (the script deletes the secret
     // when it ends).
     let stubs = [
-        ("scontrol", "#!/bin/sh\n[ \"$1 $2 $3\" = \"show hostnames n[01-03,07]\" ] || exit 9\nprintf 'n01\\nn02\\nn03\\nn07\\n'\n"),
-        ("srun", "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$OUT/srun.args\"\ncp -p \"$SLURM_SUBMIT_DIR\"/* \"$OUT\"/\n"),
+        ("scontrol", "#!/bin/sh\nif [ \"$1\" = requeue ]; then echo \"$@\" > \"$OUT/requeued\"; exit 0; fi\n[ \"$1 $2 $3\" = \"show hostnames n[01-03,07]\" ] || exit 9\nprintf 'n01\\nn02\\nn03\\nn07\\n'\n"),
+        ("srun", "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$OUT/srun.args\"\ncp -p \"$SLURM_SUBMIT_DIR\"/* \"$OUT\"/\nexit ${SRUN_STATUS:-0}\n"),
     ];
     for (name, body) in stubs {
         let p = bin.join(name);
         std::fs::write(&p, body).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let status = std::process::Command::new("bash")
-        .arg(repo("examples/slurm.sbatch"))
-        .arg("train.toml")
-        .env(
-            "PATH",
-            format!(
-                "{}:{}",
-                bin.display(),
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        )
-        .env("OUT", &out)
-        .env("SLURM_JOB_ID", "77")
-        .env("SLURM_JOB_NAME", "tiny gpt")
-        .env("SLURM_JOB_NODELIST", "n[01-03,07]")
-        .env("SLURM_SUBMIT_DIR", &job)
-        .status()
-        .unwrap();
+    let run = |srun_status: &str| {
+        std::process::Command::new("bash")
+            .arg(repo("examples/slurm.sbatch"))
+            .arg("train.toml")
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    bin.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .env("OUT", &out)
+            .env("SRUN_STATUS", srun_status)
+            .env("SLURM_JOB_ID", "77")
+            .env("SLURM_JOB_NAME", "tiny gpt")
+            .env("SLURM_JOB_NODELIST", "n[01-03,07]")
+            .env("SLURM_SUBMIT_DIR", &job)
+            .status()
+            .unwrap()
+    };
+    // Stopped by a signal (143): the job goes back to the queue, and says so by its status.
+    let stopped = run("143");
+    assert_eq!(stopped.code(), Some(143));
+    let requeued = std::fs::read_to_string(out.join("requeued")).unwrap();
+    assert_eq!(requeued.trim(), "requeue 77");
+    std::fs::remove_file(out.join("requeued")).unwrap();
+    let status = run("0");
     assert!(status.success(), "{status}");
+    assert!(
+        !out.join("requeued").exists(),
+        "a finished job was requeued"
+    );
     let args = std::fs::read_to_string(out.join("srun.args")).unwrap();
     let manifest_path = job.join("cluster-77.toml");
     let expect = format!(
-        "--ntasks-per-node=1\npipetrain\nlaunch\n--manifest\n{}\ntrain.toml\n",
+        "--ntasks-per-node=1\npipetrain\nlaunch\n--manifest\n{}\n--resume\ntrain.toml\n",
         manifest_path.display()
     );
     assert_eq!(args, expect);
@@ -162,6 +179,9 @@ fn the_kubernetes_job_runs_a_pod_per_node_found_by_completion_index() {
             "- launch",
             "- --manifest",
             "/etc/pipetrain/cluster.toml",
+            "- --resume",
+            "terminationGracePeriodSeconds",
+            "values: [130, 143]",
         ],
     );
     let text = yaml_block(&yaml, "cluster.toml");

@@ -53,6 +53,9 @@ pub struct StepResult {
     pub skipped: bool,
     /// Checkpoints completed since the previous step's result.
     pub saved: Vec<SavedCheckpoint>,
+    /// A process of the run was asked to stop by this step's end (a signal): every
+    /// process stops after the same rounds.
+    pub stop: bool,
 }
 
 /// How the coordinator decides.
@@ -100,6 +103,8 @@ enum Msg {
         step: u64,
         losses: Vec<(usize, usize, f64)>,
         stats: Vec<(usize, usize, GradStats)>,
+        /// This process was asked to stop.
+        stop: bool,
         reply: oneshot::Sender<Result<StepResult, ActorError>>,
     },
     Save {
@@ -194,11 +199,13 @@ impl CoordinatorHandle {
         step: u64,
         losses: Vec<(usize, usize, f64)>,
         stats: Vec<(usize, usize, GradStats)>,
+        stop: bool,
     ) -> Result<StepResult, ActorError> {
         self.ask(|reply| Msg::End {
             step,
             losses,
             stats,
+            stop,
             reply,
         })
         .await?
@@ -363,10 +370,11 @@ impl Coordinator {
                 step,
                 losses,
                 stats,
+                stop,
                 reply,
             } => match self.s.bus.clone() {
                 None => {
-                    let result = self.end(step, losses, stats);
+                    let result = self.end(step, (losses, stats, stop));
                     let _ = reply.send(result);
                 }
                 Some(bus) => {
@@ -375,6 +383,8 @@ impl Coordinator {
                     let s: wire::Triples =
                         stats.iter().map(|&(r, st, g)| (r, st, g.sum_sq)).collect();
                     wire::put(&mut bytes, &s);
+                    let asked: wire::Triples = stop.then_some((0, 0, 1.0)).into_iter().collect();
+                    wire::put(&mut bytes, &asked);
                     self.gathers.spawn(async move {
                         let all = bus
                             .all_gather(format!("end/{step}"), bytes)

@@ -13,8 +13,9 @@ use crate::error::ActorError;
 /// `(replica, [(stage, statistics)])` of a step, from every rank that sent them.
 pub(super) type ReplicaStats = Vec<(usize, Vec<(usize, GradStats)>)>;
 
-/// A step's micro-batch losses and `(replica, stage, statistics)`.
-pub(super) type StepTotals = (wire::Triples, Vec<(usize, usize, GradStats)>);
+/// A step's micro-batch losses, `(replica, stage, statistics)`, and whether a process
+/// was asked to stop.
+pub(super) type StepTotals = (wire::Triples, Vec<(usize, usize, GradStats)>, bool);
 
 /// What a gather over the bus brings back, with the replies waiting on it.
 pub(super) enum Gathered {
@@ -101,7 +102,7 @@ impl Coordinator {
                 }
             },
             Gathered::End { step, all, reply } => {
-                let result = all.and_then(|(losses, stats)| self.end(step, losses, stats));
+                let result = all.and_then(|totals| self.end(step, totals));
                 let _ = reply.send(result);
             }
             Gathered::Eval { step, all, reply } => {
@@ -155,8 +156,7 @@ impl Coordinator {
     pub(super) fn end(
         &mut self,
         step: u64,
-        losses: Vec<(usize, usize, f64)>,
-        stats: Vec<(usize, usize, GradStats)>,
+        (losses, stats, stop): StepTotals,
     ) -> Result<StepResult, ActorError> {
         if let Some(e) = self.save_error.take() {
             return Err(e);
@@ -234,6 +234,7 @@ impl Coordinator {
             loss_scale: used,
             skipped,
             saved: std::mem::take(&mut self.saved),
+            stop,
         })
     }
 }
@@ -268,7 +269,7 @@ pub(super) fn merge_stats(parts: &[Vec<u8>]) -> Result<ReplicaStats, ActorError>
 
 /// Every process's losses and statistics of a step.
 pub(super) fn merge_end(parts: &[Vec<u8>]) -> Result<StepTotals, ActorError> {
-    let (mut losses, mut stats) = (Vec::new(), Vec::new());
+    let (mut losses, mut stats, mut stop) = (Vec::new(), Vec::new(), false);
     for p in parts {
         let mut at = 0;
         losses.extend(wire::take(p, &mut at)?);
@@ -277,8 +278,9 @@ pub(super) fn merge_end(parts: &[Vec<u8>]) -> Result<StepTotals, ActorError> {
                 .into_iter()
                 .map(|(r, s, sum_sq)| (r, s, GradStats { sum_sq })),
         );
+        stop |= !wire::take(p, &mut at)?.is_empty();
     }
-    Ok((losses, stats))
+    Ok((losses, stats, stop))
 }
 
 /// Every process's evaluation losses and accuracy counts.
