@@ -30,6 +30,14 @@ pub struct DataConfig {
     /// ONNX Runtime `.pb` shard folders instead of a file (`[data.shards]`).
     #[serde(default)]
     pub shards: Option<ShardSpec>,
+    /// Check the values before they train (finite floats, labels within the classes,
+    /// token ids within their table): a file at the start, shards batch by batch.
+    #[serde(default = "checked")]
+    pub check: bool,
+}
+
+fn checked() -> bool {
+    true
 }
 
 /// How arrays of the data file become model inputs. The default, no feeds, stands for

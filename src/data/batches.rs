@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use super::check::{first_bad_value, place, FeedRule};
 use crate::config::{DataConfig, DataLayout};
 use crate::tensor::{Tensor, TensorMap};
 use crate::{Error, Result};
@@ -15,6 +16,8 @@ pub struct Batches {
     order: Option<Vec<Vec<usize>>>,
     batch_size: usize,
     rows: usize,
+    /// The data file (`data.synth` for generated data), for messages.
+    source: std::path::PathBuf,
 }
 
 impl Batches {
@@ -140,7 +143,41 @@ impl Batches {
             order,
             batch_size,
             rows,
+            source: match cfg.synth {
+                Some(_) => "data.synth".into(),
+                None => cfg.path.clone(),
+            },
         })
+    }
+
+    /// Checks every value of the arrays that feed the inputs `rules` name (see
+    /// [`super::check`]): the first bad one is an error naming the file, array, row and
+    /// value. A next-token array is checked as a whole against both its rules.
+    ///
+    /// # Errors
+    /// `Data` for the first value a rule refuses.
+    pub fn check(&self, rules: &[FeedRule]) -> Result<()> {
+        for rule in rules {
+            let array = match &self.layout {
+                DataLayout::Arrays { feeds } => feeds.get(&rule.feed),
+                DataLayout::NextToken {
+                    array,
+                    input,
+                    label,
+                } => (rule.feed == *input || rule.feed == *label).then_some(array),
+            };
+            let Some((name, t)) = array.and_then(|a| Some((a, self.arrays.get(a)?))) else {
+                continue;
+            };
+            if let Some((row, pos, why)) = first_bad_value(t, rule) {
+                return Err(Error::Data {
+                    path: self.source.clone(),
+                    what: format!("array `{name}` (feeding `{}`)", rule.feed),
+                    reason: format!("{}: {why}", place(row, &pos)),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Rows per batch.
@@ -224,5 +261,9 @@ impl super::StepBatches for Batches {
 
     fn part(&self, step: usize, part: usize, parts: usize) -> Result<TensorMap> {
         Batches::part(self, step, part, parts)
+    }
+
+    fn check_all(&self, rules: &[FeedRule]) -> Result<bool> {
+        self.check(rules).map(|()| true)
     }
 }

@@ -8,6 +8,7 @@ use crate::config::DataConfig;
 use crate::{Error, Result};
 
 mod batches;
+mod check;
 mod npy;
 mod npz_write;
 pub mod shards;
@@ -16,6 +17,7 @@ pub mod synth;
 mod weights;
 
 pub use batches::Batches;
+pub use check::{first_bad_value, CheckedBatches, FeedRule, IndexRule};
 pub use npy::{parse_npy, read_npz};
 pub use npz_write::write_npz;
 pub use shards::{ShardDataset, ShardSpec, ShardSplit};

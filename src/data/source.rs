@@ -26,6 +26,16 @@ pub trait StepBatches: Send + Sync {
     fn part(&self, step: usize, part: usize, parts: usize) -> Result<TensorMap> {
         split_rows(&self.batch(step)?, part, parts)
     }
+
+    /// Checks every value of the data against `rules` at once, where it is all in memory
+    /// (`Ok(true)`); `Ok(false)` where batches must be checked as they are read.
+    ///
+    /// # Errors
+    /// `Data` naming the first value a rule refuses.
+    fn check_all(&self, rules: &[super::check::FeedRule]) -> Result<bool> {
+        let _ = rules;
+        Ok(false)
+    }
 }
 
 /// Rows `part * n / parts ..` of every tensor of `batch`.

@@ -22,6 +22,7 @@ mod board;
 mod check;
 mod checkpointing;
 mod cluster;
+mod data_rules;
 mod memory;
 mod report;
 mod run;

@@ -58,6 +58,7 @@ pub(super) async fn run_training<K: Collective>(
     }
     let first_step = resume.as_ref().map_or(0, |c| c.manifest.steps_done);
     let (d, m) = (cfg.data_parallel_size, cfg.gradient_accumulation_steps);
+    let is_fed = fed.is_some();
     let (batches, order_len, rows): (Box<dyn StepBatches>, _, _) = match fed {
         Some(source) => (Box::new(FedBatches(source)), None, 0),
         None => open_step_batches(&cfg.data, cfg.global_batch(), d, config_path)?,
@@ -69,6 +70,9 @@ pub(super) async fn run_training<K: Collective>(
         .as_ref()
         .and_then(|c| c.members.iter().map(|&(r, _)| r).min())
         .unwrap_or(0);
+    let example = batches.part(first_step as usize, probe * m, d * m)?;
+    let batches = super::data_rules::checked_batches(cfg, &model, batches, &example, is_fed)?;
+    drop(example);
     let tg = training_graph(
         rt,
         cfg,

@@ -75,6 +75,7 @@ impl PeerModel {
             batch_order: Some("batch_idx".into()),
             layout,
             shards: None,
+            check: true,
         };
         let batches = Batches::open(&cfg, global, &dir).unwrap();
         PeerModel {
