@@ -2,8 +2,11 @@
 //! initializers, and not the embedding rows PyTorch's `padding_idx` leaves as they are.
 //!
 //! ONNX does not tell parameters from buffers: `torch.onnx.export` writes both as
-//! initializers (BART's `final_logits_bias`, for one), so every floating-point
-//! initializer but BatchNorm's running statistics trains unless it is listed in `frozen`.
+//! initializers (BART's `final_logits_bias`, for one). The dynamo exporter
+//! (`dynamo=True`) says which is which in each initializer's value info
+//! (`pkg.torch.export.graph_signature.InputSpec.kind`: `PARAMETER` or `BUFFER`), and
+//! what it calls a buffer does not train. Otherwise every floating-point initializer but
+//! BatchNorm's running statistics trains unless it is listed in `frozen`.
 //!
 //! `nn.Embedding(padding_idx=p)` zeroes row `p` at initialization and never gives it a
 //! gradient from the lookup; the ONNX export keeps only a `Gather`, so the row would
@@ -17,6 +20,7 @@ use std::collections::{BTreeMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use crate::graph::ir::{attr_i, Graph};
+use crate::onnx::proto::ModelProto;
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
@@ -104,6 +108,7 @@ pub(crate) fn trainable_names(
     g: &Graph,
     trainable: Option<&[String]>,
     opts: &ParamOptions,
+    buffers: &HashSet<String>,
 ) -> Result<Vec<String>> {
     for n in &opts.frozen {
         if g.initializer(n).is_none() {
@@ -137,10 +142,24 @@ pub(crate) fn trainable_names(
                     stats.len()
                 );
             }
+            let mut declared: Vec<&str> = g
+                .initializers
+                .iter()
+                .map(|t| t.name.as_str())
+                .filter(|n| buffers.contains(*n) && !stats.contains(n))
+                .collect();
+            if !declared.is_empty() {
+                declared.sort_unstable();
+                tracing::info!(
+                    "{} initializers the exporter declared buffers are not trained: {}",
+                    declared.len(),
+                    declared.join(", ")
+                );
+            }
             g.initializers
                 .iter()
                 .filter(|t| DType::from_onnx(t.data_type).is_some_and(|d| d.is_float()))
-                .filter(|t| !stats.contains(t.name.as_str()))
+                .filter(|t| !stats.contains(t.name.as_str()) && !buffers.contains(&t.name))
                 .map(|t| t.name.clone())
                 .collect()
         }
@@ -149,6 +168,27 @@ pub(crate) fn trainable_names(
         .into_iter()
         .filter(|n| !opts.frozen.contains(n))
         .collect())
+}
+
+/// The value-info key under which the dynamo exporter records what an initializer is.
+const INPUT_KIND: &str = "pkg.torch.export.graph_signature.InputSpec.kind";
+
+/// The initializers the exporter declared to be something other than parameters
+/// (`BUFFER`, `CONSTANT_TENSOR`): empty for exporters that do not say.
+pub(crate) fn declared_buffers(model: &ModelProto) -> HashSet<String> {
+    let Some(g) = model.graph.as_ref() else {
+        return HashSet::new();
+    };
+    g.value_info
+        .iter()
+        .chain(&g.input)
+        .filter(|v| {
+            v.metadata_props
+                .iter()
+                .any(|p| p.key == INPUT_KIND && p.value != "PARAMETER" && p.value != "USER_INPUT")
+        })
+        .map(|v| v.name.clone())
+        .collect()
 }
 
 /// The initializers a `BatchNormalization` reads as its running mean or variance.

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use crate::graph::autodiff::{differentiate, Backward};
 use crate::graph::ir::{node_label, untyped_value_info, value_info, Graph, Metas, ValueMeta};
 use crate::graph::loss::{attach_loss, LossSpec, LOSS};
-use crate::graph::params::{rows_to_freeze, trainable_names, ParamOptions};
+use crate::graph::params::{declared_buffers, rows_to_freeze, trainable_names, ParamOptions};
 use crate::graph::sequences::split_sequences;
 use crate::graph::static_fold::fold_static_values;
 use crate::onnx::proto::ModelProto;
@@ -206,7 +206,8 @@ pub fn build_training_graph(
         }
     }
     let resized = fit_inputs_to_example(&mut g, example)?;
-    let trainable = trainable_names(&g, opts.trainable.as_deref(), &opts.params)?;
+    let buffers = declared_buffers(model);
+    let trainable = trainable_names(&g, opts.trainable.as_deref(), &opts.params, &buffers)?;
     let trained: HashSet<&str> = trainable.iter().map(String::as_str).collect();
     let model_feeds = feeds_for(&g, example);
     let folded = fold_static_values(&mut g, rt, &model_feeds, &trained)?;
