@@ -24,6 +24,7 @@ mod checkpointing;
 mod cluster;
 mod data_rules;
 mod memory;
+mod phases;
 mod report;
 mod run;
 mod settings;

@@ -1,5 +1,5 @@
-//! The body of a run: the model and its checkpoint, the stage graphs and their
-//! computes, the data, the engine's settings, and the events of the run as it goes.
+//! The body of a run: its phases before training (`phases.rs`), the engine over the
+//! stage computes, the events of the run as it goes, and the trained model at the end.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -9,17 +9,14 @@ use std::time::{Duration, Instant};
 use pipetrain_actors::{Collective, EngineSettings, StepResult};
 
 use super::cluster::{gather_parameters, ClusterPart};
-use super::settings::{
-    session_options, stage_settings, stage_spin, starting_scaler, training_graph,
-};
-use super::{apply_init, checkpointing, RunEvent, RunOptions, StashPeak, StepReport, TrainSummary};
-use crate::checkpoint::{model_fingerprint, ModelInfo};
-use crate::compute::{check_device, Runtime};
+use super::phases::{build_graphs, make_computes, open_data, prepare, Built, OpenedData, Prepared};
+use super::settings::{session_options, stage_spin, starting_scaler};
+use super::{checkpointing, RunEvent, RunOptions, StashPeak, StepReport, TrainSummary};
+use crate::checkpoint::ModelInfo;
+use crate::compute::Runtime;
 use crate::config::TrainConfig;
-use crate::data::{open_step_batches, read_safetensors, FedBatches, StepBatches};
-use crate::graph::{
-    assign_stages, build_stage_graphs_with, export_inference_model, with_tied_shared, LossNormalize,
-};
+use crate::data::{open_step_batches, BatchSource, FedBatches, StepBatches};
+use crate::graph::{export_inference_model, LossNormalize};
 use crate::onnx::save_model;
 use crate::pipeline::{OrtStage, StepData};
 use crate::tensor::Tensor;
@@ -41,147 +38,120 @@ pub(super) async fn run_training<K: Collective>(
         control,
         on_event,
     } = opts;
-    check_device(cfg.runtime.device).map_err(|rule| Error::Config {
-        path: config_path.to_path_buf(),
-        field: "runtime.device".into(),
-        rule,
-    })?;
-    let mut model = cfg.load_model()?;
-    super::settings::warn_about_model(cfg, &model)?;
-    let fingerprint = model_fingerprint(&model);
-    if let Some(init) = &cfg.init_path {
-        apply_init(&mut model, &read_safetensors(init)?, init)?;
-    }
-    let (resume, changes) = checkpointing::load_resume(cfg, &fingerprint)?;
-    for change in changes {
-        on_event(RunEvent::Warning(change));
-    }
-    let first_step = resume.as_ref().map_or(0, |c| c.manifest.steps_done);
-    let (d, m) = (cfg.data_parallel_size, cfg.gradient_accumulation_steps);
-    let is_fed = fed.is_some();
-    let (batches, order_len, rows): (Box<dyn StepBatches>, _, _) = match fed {
-        Some(source) => (Box::new(FedBatches(source)), None, 0),
-        None => open_step_batches(&cfg.data, cfg.global_batch(), d, config_path)?,
-    };
-    // Shapes are measured on the first micro-batch of the first step the run trains (an
-    // embedder's source starts there), of a replica this process runs: with shards split
-    // by files, a process reads no other replica's files.
+    let prepared = prepare(cfg, config_path, on_event)?;
     let probe = cluster
         .as_ref()
         .and_then(|c| c.members.iter().map(|&(r, _)| r).min())
         .unwrap_or(0);
-    let example = batches.part(first_step as usize, probe * m, d * m)?;
-    let batches = super::data_rules::checked_batches(cfg, &model, batches, &example, is_fed)?;
-    drop(example);
-    let tg = training_graph(
-        rt,
-        cfg,
-        &model,
-        batches.as_ref(),
-        first_step as usize,
-        probe,
-    )?;
-    // Graph building's probes and copies are freed now; glibc keeps freed heap in the
-    // process unless asked (tiny_gpt: resident memory 88 -> 45 MiB here, and the run's
-    // peak from 134 to 103 MiB).
-    release_freed_memory();
-    for (path, built) in [
-        (
-            &cfg.model_with_loss_func_path,
-            cfg.model_with_loss_func_path
-                .as_ref()
-                .map(|_| tg.model_with_loss()),
-        ),
-        (
-            &cfg.model_with_training_graph_path,
-            cfg.model_with_training_graph_path
-                .as_ref()
-                .map(|_| Ok(tg.model_with_training_graph())),
-        ),
-    ] {
-        if let (Some(path), Some(model)) = (path, built) {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
-            }
-            save_model(&model?, path)?;
-        }
-    }
-    if let Some(ckpt) = &resume {
-        let shapes: Vec<(String, Vec<usize>)> = tg
-            .params
-            .iter()
-            .map(|p| (p.name.clone(), p.meta.shape.clone()))
-            .collect();
-        ckpt.check_model(&shapes)?;
-    }
-    let (tg, assignment) = with_tied_shared(&tg, assign_stages(&tg, &cfg.partition())?);
-    let stages = build_stage_graphs_with(&tg, &assignment, cfg.recompute).map_err(|e| match e {
-        Error::Partition { reason } if reason.starts_with("recompute") => Error::Config {
-            path: config_path.to_path_buf(),
-            field: "recompute".into(),
-            rule: reason,
-        },
-        e => e,
-    })?;
-    let schedule = cfg.schedule().generate().map_err(|e| Error::Config {
-        path: config_path.to_path_buf(),
-        field: "pipeline.schedule".into(),
-        rule: e.to_string(),
-    })?;
-    let placement = schedule.placement().to_vec();
-    let predicted = super::memory::predicted_stash(&tg, &stages, &schedule);
+    let opened = open_data(cfg, config_path, fed, &prepared, probe)?;
+    let built = build_graphs(rt, cfg, config_path, &prepared, &opened)?;
+    let d = cfg.data_parallel_size;
+    let placement = built.schedule.placement().to_vec();
     // The (replica, stage) computes this process holds: all of them, or its members'.
     let owned: Vec<(usize, usize)> = (0..d)
-        .flat_map(|r| (0..stages.len()).map(move |s| (r, s)))
+        .flat_map(|r| (0..built.stages.len()).map(move |s| (r, s)))
         .filter(|&(r, s)| cluster.as_ref().is_none_or(|c| c.owns(r, s, &placement)))
         .collect();
     // Only the process that reports the run writes TensorBoard's log.
     let reports = cluster.as_ref().is_none_or(|c| c.node == 0);
-    let param_names: Vec<String> = tg.params.iter().map(|p| p.name.clone()).collect();
-    let opened = match reports {
+    let param_names: Vec<String> = built.tg.params.iter().map(|p| p.name.clone()).collect();
+    let (board, tap) = match reports {
         true => super::board::Board::open(cfg, config_path, &param_names)?,
         false => None,
-    };
-    let (mut board, tap) = match opened {
-        Some((b, tap)) => (Some(b), tap),
-        None => (None, None),
-    };
-    let policy = cfg.grad_policy();
-    let scaler = starting_scaler(cfg, resume.as_ref());
-    let settings = stage_settings(cfg, scaler.scale);
+    }
+    .map_or((None, None), |(b, tap)| (Some(b), tap));
+    let scaler = starting_scaler(cfg, prepared.resume.as_ref());
     let local_actors = cluster
         .as_ref()
         .map_or(d * cfg.pipeline_parallel_size, |c| c.members.len());
     let session_opts = session_options(cfg, local_actors);
-    let mut computes = HashMap::new();
-    for replica in 0..d {
-        for (s, g) in stages.iter().enumerate() {
-            if !owned.contains(&(replica, s)) {
-                continue;
-            }
-            let mut st = settings.clone();
-            if replica == 0 {
-                st.histograms = tap.clone();
-            }
-            st.overflow_at = cfg
-                .debug
-                .inject_grad_overflow
-                .iter()
-                .filter(|f| f.stage == s && f.replica == replica)
-                .map(|f| f.step - 1)
-                .collect();
-            st.stall = cfg
-                .debug
-                .stall
-                .filter(|f| f.stage == s && f.replica == replica)
-                .map(|f| (f.step - 1, Duration::from_secs(f.seconds)));
-            let mut stage = OrtStage::new(rt, &tg, g, &session_opts, &st)?;
-            if let Some(ckpt) = &resume {
-                stage.restore(ckpt)?;
-            }
-            computes.insert((replica, s), stage);
+    let computes = make_computes(
+        rt,
+        cfg,
+        &built,
+        &owned,
+        (&session_opts, scaler.scale),
+        (tap, prepared.resume.as_ref()),
+    )?;
+    let facts = run_facts(cfg, &prepared, &built, &computes, &opened);
+    let (data, evaluation) = step_data(cfg, config_path, opened.batches, &built, fed_eval)?;
+    let engine = EngineSettings {
+        watchdog: Duration::from_secs_f64(cfg.watchdog_seconds),
+        record_trace,
+        evaluation,
+        policy: cfg.grad_policy(),
+        scaler: Some(scaler),
+        checkpoint: checkpointing::checkpointer(cfg, facts)?,
+        control,
+        spin: stage_spin(local_actors),
+        ..EngineSettings::new(built.schedule, d)
+    };
+    let Prepared {
+        model,
+        first_step,
+        resume,
+        ..
+    } = prepared;
+    drop(resume);
+    let total = cfg.optimizer_steps() as u64;
+    on_event(RunEvent::Started {
+        first_step,
+        total_steps: total,
+        stages: built.assignment.stages,
+        replicas: d,
+    });
+    let start = Instant::now();
+    let on_step = step_reporter(cfg, start, board, on_event);
+    let lr = cfg.lr_schedule.clone();
+    let lr_at = Box::new(move |step| lr.lr_at(step, total));
+    let run = (first_step..total, on_step);
+    let (results, trace, parameters, peaks) = run_engine(
+        &engine,
+        computes,
+        data,
+        lr_at,
+        run,
+        cluster,
+        built.stages.len(),
+    )
+    .await?;
+    let elapsed = start.elapsed();
+    if let (Some(path), true) = (&cfg.output_path, reports) {
+        let trained: Vec<(&str, &Tensor)> =
+            parameters.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
         }
+        save_model(&export_inference_model(&model, &trained)?, path)?;
     }
+    Ok(TrainSummary {
+        steps: results.len(),
+        first_step,
+        final_loss: results.last().map_or(f64::NAN, |s| s.loss),
+        global_batch: cfg.global_batch(),
+        elapsed,
+        stages: built.assignment.stages,
+        parameters,
+        trace,
+        stash: peaks
+            .into_iter()
+            .map(|(stage, measured)| StashPeak {
+                stage,
+                measured: measured as u64,
+                predicted: built.predicted.get(stage).copied().unwrap_or(0),
+            })
+            .collect(),
+    })
+}
+
+/// What a checkpoint records of the run.
+fn run_facts(
+    cfg: &TrainConfig,
+    p: &Prepared,
+    built: &Built,
+    computes: &HashMap<(usize, usize), OrtStage>,
+    opened: &OpenedData,
+) -> checkpointing::RunFacts {
     let state_names: Vec<String> = computes
         .values()
         .next()
@@ -190,18 +160,30 @@ pub(super) async fn run_training<K: Collective>(
     let model_info = ModelInfo {
         path: cfg.model_path.clone(),
         spec: cfg.model.clone(),
-        fingerprint: fingerprint.clone(),
-        tensors: tg.params.len(),
-        parameters: tg.params.iter().map(|p| p.meta.numel() as u64).sum(),
+        fingerprint: p.fingerprint.clone(),
+        tensors: built.tg.params.len(),
+        parameters: built.tg.params.iter().map(|p| p.meta.numel() as u64).sum(),
     };
-    let facts = checkpointing::RunFacts::new(
+    checkpointing::RunFacts::new(
         cfg,
-        (order_len, rows),
+        (opened.order_len, opened.rows),
         model_info,
         state_names,
-        stages.len(),
-    );
-    let reads = stages.iter().map(|s| s.io.data.clone()).collect();
+        built.stages.len(),
+    )
+}
+
+/// The data actor's source: the stages' micro-batches (and token counts), and the
+/// evaluation data when the run evaluates.
+fn step_data(
+    cfg: &TrainConfig,
+    config_path: &Path,
+    batches: Box<dyn StepBatches>,
+    built: &Built,
+    fed_eval: Option<Arc<dyn BatchSource>>,
+) -> Result<(Arc<StepData>, Option<pipetrain_actors::EvalSettings>)> {
+    let (d, m) = (cfg.data_parallel_size, cfg.gradient_accumulation_steps);
+    let reads = built.stages.iter().map(|s| s.io.data.clone()).collect();
     let mut data = StepData::new(batches, m, d, reads);
     if cfg.loss.normalize() == LossNormalize::Tokens {
         if let Some(label) = cfg.loss.label() {
@@ -225,30 +207,19 @@ pub(super) async fn run_training<K: Collective>(
         }
         None => None,
     };
-    let data = Arc::new(data);
-    let engine = EngineSettings {
-        watchdog: Duration::from_secs_f64(cfg.watchdog_seconds),
-        record_trace,
-        evaluation,
-        policy,
-        scaler: Some(scaler),
-        checkpoint: checkpointing::checkpointer(cfg, facts)?,
-        control,
-        spin: stage_spin(local_actors),
-        ..EngineSettings::new(schedule, d)
-    };
-    let total = cfg.optimizer_steps() as u64;
-    drop(resume);
-    on_event(RunEvent::Started {
-        first_step,
-        total_steps: total,
-        stages: assignment.stages,
-        replicas: d,
-    });
-    let lr = cfg.lr_schedule.clone();
-    let start = Instant::now();
+    Ok((Arc::new(data), evaluation))
+}
+
+/// Turns each step's result into the run's events (and TensorBoard's log, which stops
+/// with a warning if it cannot be written).
+fn step_reporter<'a>(
+    cfg: &'a TrainConfig,
+    start: Instant,
+    mut board: Option<super::board::Board>,
+    on_event: &'a mut (dyn FnMut(RunEvent) + Send),
+) -> impl FnMut(&StepResult) + Send + 'a {
     let mut last = Duration::ZERO;
-    let on_step = |r: &StepResult| {
+    move |r: &StepResult| {
         let elapsed = start.elapsed();
         let step_s = (elapsed - last).as_secs_f64().max(1e-9);
         last = elapsed;
@@ -275,37 +246,56 @@ pub(super) async fn run_training<K: Collective>(
         for e in report.events() {
             on_event(e);
         }
-    };
-    let lr_at = Box::new(move |step| lr.lr_at(step, total));
-    let steps = first_step..total;
+    }
+}
+
+/// What the engine hands back: the steps' results, the trace, the trained parameters
+/// (replica 0's, every stage), and each stage's measured stash peak.
+type EngineOutput = (
+    Vec<StepResult>,
+    Option<pipetrain_actors::RunTrace>,
+    Vec<(String, Tensor)>,
+    Vec<(usize, usize)>,
+);
+
+/// Runs the engine over this process's computes, alone or as its part of a cluster.
+async fn run_engine<K: Collective>(
+    engine: &EngineSettings,
+    mut computes: HashMap<(usize, usize), OrtStage>,
+    data: Arc<StepData>,
+    lr_at: Box<dyn Fn(u64) -> f64 + Send + Sync>,
+    (steps, on_step): (std::ops::Range<u64>, impl FnMut(&StepResult) + Send),
+    cluster: Option<ClusterPart<K>>,
+    stages: usize,
+) -> Result<EngineOutput> {
     let failed = |e| Error::Runtime {
         source: Box::new(e),
     };
-    let (results, trace, parameters, peaks): (_, _, _, Vec<(usize, usize)>) = match cluster {
+    match cluster {
         None => {
-            let by_replica = (0..d)
+            let by_replica = (0..engine.replicas)
                 .map(|r| {
-                    (0..stages.len())
+                    (0..stages)
                         .map(|s| computes.remove(&(r, s)).expect("every stage was built"))
                         .collect()
                 })
                 .collect();
-            let out = pipetrain_actors::run(&engine, by_replica, data, lr_at, steps, on_step)
+            let out = pipetrain_actors::run(engine, by_replica, data, lr_at, steps, on_step)
                 .await
                 .map_err(failed)?;
             let first = out.computes.first().into_iter().flatten();
             let peaks = first
                 .clone()
                 .enumerate()
-                .map(|(s, c)| (s, c.peak_stash_bytes()));
-            let peaks = peaks.collect();
+                .map(|(s, c)| (s, c.peak_stash_bytes()))
+                .collect();
             let params = first.flat_map(OrtStage::parameters).collect();
-            (out.steps, out.trace, params, peaks)
+            Ok((out.steps, out.trace, params, peaks))
         }
         Some(part) => {
             let bus = part.dist.bus.clone();
             let out = pipetrain_actors::run_distributed(
-                &engine, computes, data, lr_at, steps, on_step, part.dist,
+                engine, computes, data, lr_at, steps, on_step, part.dist,
             )
             .await
             .map_err(failed)?;
@@ -316,52 +306,12 @@ pub(super) async fn run_training<K: Collective>(
                 .collect();
             mine.sort_by_key(|((_, s), _)| *s);
             let local = mine.iter().flat_map(|(_, c)| c.parameters()).collect();
-            let peaks = mine.iter().map(|((_, s), c)| (*s, c.peak_stash_bytes()));
-            let peaks = peaks.collect();
-            (
-                out.steps,
-                out.trace,
-                gather_parameters(bus.as_ref(), local).await?,
-                peaks,
-            )
+            let peaks = mine
+                .iter()
+                .map(|((_, s), c)| (*s, c.peak_stash_bytes()))
+                .collect();
+            let params = gather_parameters(bus.as_ref(), local).await?;
+            Ok((out.steps, out.trace, params, peaks))
         }
-    };
-    let elapsed = start.elapsed();
-    if let (Some(path), true) = (&cfg.output_path, reports) {
-        let trained: Vec<(&str, &Tensor)> =
-            parameters.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
-        }
-        save_model(&export_inference_model(&model, &trained)?, path)?;
-    }
-    Ok(TrainSummary {
-        steps: results.len(),
-        first_step,
-        final_loss: results.last().map_or(f64::NAN, |s| s.loss),
-        global_batch: cfg.global_batch(),
-        elapsed,
-        stages: assignment.stages,
-        parameters,
-        trace,
-        stash: peaks
-            .into_iter()
-            .map(|(stage, measured)| StashPeak {
-                stage,
-                measured: measured as u64,
-                predicted: predicted.get(stage).copied().unwrap_or(0),
-            })
-            .collect(),
-    })
-}
-
-/// Gives memory the allocator holds but no longer uses back to the system (glibc's
-/// `malloc_trim`; elsewhere nothing to do).
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` only returns free heap pages to the system; it touches no
-    // live allocation.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
