@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use common::mlp::Mlp;
 use pipetrain::checkpoint::{
-    save_job, DirCheckpointer, LoadedCheckpoint, Manifest, SnapshotBuffers,
+    save_job, DirCheckpointer, LoadedCheckpoint, Manifest, SnapshotBuffers, StageState,
 };
 use pipetrain::optim::{build, OptimizerConfig, ParamLayout};
 use pipetrain_actors::{Checkpointer, CommitState, ScalerState};
@@ -88,7 +88,13 @@ fn write_once(
     .unwrap();
     let t = Instant::now();
     let dir = store.prepare(1).unwrap();
-    let job = save_job(0, &dir, layout, params, opt, None, pool).unwrap();
+    let state = StageState {
+        layout,
+        params,
+        optimizer: opt,
+        stats: &[],
+    };
+    let job = save_job(0, &dir, state, None, pool).unwrap();
     let shards = job().unwrap();
     let state = CommitState {
         steps_done: 1,
@@ -154,7 +160,13 @@ fn snapshot_bench(scratch: &Path) {
         let mut t = Vec::new();
         for _ in 0..PAIRS {
             let s = Instant::now();
-            let job = save_job(0, &dir, &layout, &params, opt.as_ref(), None, &pool).unwrap();
+            let state = StageState {
+                layout: &layout,
+                params: &params,
+                optimizer: opt.as_ref(),
+                stats: &[],
+            };
+            let job = save_job(0, &dir, state, None, &pool).unwrap();
             t.push(s.elapsed().as_secs_f64());
             drop(job);
         }

@@ -152,6 +152,14 @@ pub fn export(dir: &Path, model: Option<&Path>, output: &Path) -> Result<()> {
             Tensor::new(shape.to_vec(), TensorData::F32(values))?,
         ));
     }
+    for (name, shape) in ckpt.buffers() {
+        let mut values = vec![0.0f32; shape.iter().product()];
+        ckpt.copy_buffer(name, shape, &mut values)?;
+        trained.push((
+            name.to_string(),
+            Tensor::new(shape.to_vec(), TensorData::F32(values))?,
+        ));
+    }
     let views: Vec<(&str, &Tensor)> = trained.iter().map(|(n, t)| (n.as_str(), t)).collect();
     if let Some(parent) = output.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(Error::io(parent))?;

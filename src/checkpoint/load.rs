@@ -17,6 +17,8 @@ use crate::{Error, Result};
 pub(crate) const KIND_PARAMS: &str = "parameters";
 /// See [`KIND_PARAMS`].
 pub(crate) const KIND_OPTIMIZER: &str = "optimizer";
+/// See [`KIND_PARAMS`]: state that is not trained (BatchNorm's running statistics).
+pub(crate) const KIND_BUFFERS: &str = "buffers";
 
 /// Where one tensor's bytes are.
 #[derive(Debug, Clone)]
@@ -37,6 +39,8 @@ pub struct LoadedCheckpoint {
     params: HashMap<String, Entry>,
     /// `(state, parameter)` -> bytes.
     state: HashMap<(String, String), Entry>,
+    /// Buffers (running statistics) by name.
+    buffers: HashMap<String, Entry>,
     /// The optimizer's step count, as every shard's metadata records it.
     step_count: Option<u64>,
 }
@@ -57,6 +61,7 @@ impl LoadedCheckpoint {
             files: Vec::new(),
             params: HashMap::new(),
             state: HashMap::new(),
+            buffers: HashMap::new(),
             step_count: None,
         };
         for shard in out.manifest.shards.clone() {
@@ -142,6 +147,7 @@ impl LoadedCheckpoint {
             };
             let twice = match kind.as_str() {
                 KIND_PARAMS => self.params.insert(name.clone(), entry).is_some(),
+                KIND_BUFFERS => self.buffers.insert(name.clone(), entry).is_some(),
                 KIND_OPTIMIZER => {
                     let (state, param) = split_state_key(&name).ok_or_else(|| {
                         bad(format!(
@@ -170,6 +176,17 @@ impl LoadedCheckpoint {
     pub fn parameters(&self) -> Vec<(&str, &[usize])> {
         let mut v: Vec<(&str, &[usize])> = self
             .params
+            .iter()
+            .map(|(n, e)| (n.as_str(), e.shape.as_slice()))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Every buffer's (running statistic's) name and shape, sorted by name.
+    pub fn buffers(&self) -> Vec<(&str, &[usize])> {
+        let mut v: Vec<(&str, &[usize])> = self
+            .buffers
             .iter()
             .map(|(n, e)| (n.as_str(), e.shape.as_slice()))
             .collect();
@@ -241,6 +258,19 @@ impl LoadedCheckpoint {
     /// checkpoint of another model.
     pub fn copy_param(&self, name: &str, shape: &[usize], dst: &mut [f32]) -> Result<()> {
         self.copy(self.param_entry(name)?, name, shape, dst)
+    }
+
+    /// Copies buffer `name` (a running statistic) into `dst`.
+    ///
+    /// # Errors
+    /// `Checkpoint` when it is missing (a checkpoint written before pipetrain kept
+    /// running statistics) or of another shape.
+    pub fn copy_buffer(&self, name: &str, shape: &[usize], dst: &mut [f32]) -> Result<()> {
+        let e = self.buffers.get(name).ok_or_else(|| Error::Checkpoint {
+            path: self.dir.clone(),
+            reason: format!("no buffer `{name}` (BatchNorm running statistic)"),
+        })?;
+        self.copy(e, name, shape, dst)
     }
 
     /// Copies optimizer state `state` of parameter `name` into `dst`.

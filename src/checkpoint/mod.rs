@@ -40,7 +40,7 @@ pub use manifest::{
     OptimizerInfo, ScalerInfo, Settings, FORMAT, FORMAT_VERSION, MANIFEST,
 };
 pub use settings::{check_resume, settings_of};
-pub use shard::{optimizer_file, params_file, state_key};
+pub use shard::{buffers_file, optimizer_file, params_file, state_key};
 pub use snapshot::SnapshotBuffers;
 pub use store::{
     folder_name, latest_complete, list, slow_write, to_delete, DirCheckpointer, Listed, ManifestFn,
@@ -54,10 +54,23 @@ pub(crate) const META_KEY: &str = "pipetrain";
 use crate::optim::{Optimizer, ParamLayout};
 use crate::Result;
 
+/// What one stage saves.
+pub struct StageState<'a> {
+    /// Its parameters' names and shapes.
+    pub layout: &'a ParamLayout,
+    /// Their values, flat.
+    pub params: &'a [f32],
+    /// Their optimizer (its state is saved).
+    pub optimizer: &'a dyn Optimizer,
+    /// Running statistics: name, shape, values.
+    pub stats: &'a [(String, &'a [usize], &'a [f32])],
+}
+
 /// Snapshots one stage's parameters and optimizer state (encoded here: one copy, into
 /// buffers of `buffers`) into a job that writes and syncs
 /// `dir/stage-NNN.params.safetensors` and, when the optimizer keeps state,
-/// `dir/stage-NNN.optimizer.safetensors`.
+/// `dir/stage-NNN.optimizer.safetensors` (and its running statistics in
+/// `dir/stage-NNN.buffers.safetensors`).
 ///
 /// The job runs at the normal priority. A lower one looks kinder to the training beside
 /// it, but ONNX Runtime's idle intra-op threads spin rather than sleep: a low-priority
@@ -70,12 +83,16 @@ use crate::Result;
 pub fn save_job(
     stage: usize,
     dir: &Path,
-    layout: &ParamLayout,
-    params: &[f32],
-    optimizer: &dyn Optimizer,
+    state: StageState<'_>,
     slow: Option<Duration>,
     buffers: &SnapshotBuffers,
 ) -> Result<SaveJob> {
+    let StageState {
+        layout,
+        params,
+        optimizer,
+        stats,
+    } = state;
     // One metadata key holding sorted JSON: safetensors keeps `__metadata__` in a hash
     // map, so several keys would come out in a different order each time, and the same
     // state would not give the same bytes.
@@ -128,6 +145,15 @@ pub fn save_job(
         )?;
         Some((name, bytes))
     };
+    let stats = match stats.is_empty() {
+        true => None,
+        false => {
+            let name = buffers_file(stage);
+            let bytes =
+                snapshot::encode(stats, meta(load::KIND_BUFFERS), &dir.join(&name), buffers)?;
+            Some((name, bytes))
+        }
+    };
     let dir = dir.to_path_buf();
     Ok(Box::new(move || {
         let mut files = vec![shard::write_shard(
@@ -137,7 +163,7 @@ pub fn save_job(
             &param_bytes,
             slow,
         )?];
-        if let Some((name, bytes)) = optim {
+        for (name, bytes) in optim.into_iter().chain(stats) {
             files.push(shard::write_shard(&dir, &name, stage, &bytes, slow)?);
         }
         Ok(files)

@@ -21,6 +21,11 @@ pub fn optimizer_file(stage: usize) -> String {
     format!("stage-{stage:03}.optimizer.safetensors")
 }
 
+/// The buffers file (running statistics) of `stage`.
+pub fn buffers_file(stage: usize) -> String {
+    format!("stage-{stage:03}.buffers.safetensors")
+}
+
 /// The key of optimizer state `state` (`exp_avg`, ...) of parameter `param`.
 pub fn state_key(state: &str, param: &str) -> String {
     format!("{state}/{param}")

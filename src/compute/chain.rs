@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use crate::compute::{GraphSession, Runtime, SessionOptions};
-use crate::graph::{Graph, StageGraphs, TrainingGraph, LOSS, LOSS_GRAD};
+use crate::graph::{buffers_as_constants, Graph, StageGraphs, TrainingGraph, LOSS, LOSS_GRAD};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
@@ -33,8 +33,11 @@ impl TrainSession {
     /// # Errors
     /// `Ort` when ONNX Runtime rejects the graph.
     pub fn new(rt: &Runtime, tg: &TrainingGraph, opts: &SessionOptions) -> Result<TrainSession> {
+        // Running statistics stay at their initial values here (one micro-batch at a
+        // time, no state kept between steps).
+        let g = buffers_as_constants(&tg.graph, &tg.buffers);
         Ok(TrainSession {
-            session: GraphSession::new(rt, &tg.graph, opts, "the training graph")?,
+            session: GraphSession::new(rt, &g, opts, "the training graph")?,
             grad_to_param: tg
                 .params
                 .iter()
@@ -115,7 +118,8 @@ impl StageChain {
             if g.nodes.is_empty() {
                 return Ok(None);
             }
-            GraphSession::new(rt, g, opts, &g.name).map(Some)
+            let g = buffers_as_constants(g, &tg.buffers);
+            GraphSession::new(rt, &g, opts, &g.name).map(Some)
         };
         let mut out = Vec::with_capacity(stages.len());
         for s in stages {

@@ -1,5 +1,9 @@
 //! Exporting the trained inference model: the original forward model with the trained
-//! values in its initializers (no loss, no gradient nodes).
+//! values in its initializers (no loss, no gradient nodes). A training-mode
+//! `BatchNormalization` whose running statistics were trained along is put in inference
+//! mode, normalizing with them, as PyTorch's `eval()` does.
+
+use std::collections::HashSet;
 
 use crate::onnx::proto::ModelProto;
 use crate::onnx::MAX_IR_VERSION;
@@ -45,6 +49,26 @@ pub fn export_inference_model(
             });
         }
         *slot = value.to_proto(name);
+    }
+    let given: HashSet<&str> = trained.iter().map(|(n, _)| *n).collect();
+    let read: HashSet<String> = graph
+        .node
+        .iter()
+        .flat_map(|n| n.input.iter().cloned())
+        .chain(graph.output.iter().map(|o| o.name.clone()))
+        .collect();
+    for n in &mut graph.node {
+        let training = n.op_type == "BatchNormalization"
+            && n.attribute
+                .iter()
+                .any(|a| a.name == "training_mode" && a.i == 1);
+        let with_stats =
+            n.input.len() == 5 && n.input[3..].iter().all(|v| given.contains(v.as_str()));
+        let unread = n.output.iter().skip(1).all(|o| !read.contains(o));
+        if training && with_stats && unread {
+            n.attribute.retain(|a| a.name != "training_mode");
+            n.output.truncate(1);
+        }
     }
     Ok(model)
 }

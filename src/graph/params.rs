@@ -135,10 +135,10 @@ pub(crate) fn trainable_names(
         None => {
             let stats = running_statistics(g);
             if !stats.is_empty() {
-                tracing::warn!(
+                tracing::info!(
                     "{} BatchNormalization running statistics are state, not parameters: \
-                     training normalizes with batch statistics, and the running ones keep \
-                     their initial values (not updated yet)",
+                     training normalizes with batch statistics and updates them as PyTorch's \
+                     train() does; evaluation and the trained model normalize with them",
                     stats.len()
                 );
             }

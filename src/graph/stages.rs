@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::graph::ir::Graph;
 use crate::graph::loss::{ACC_CORRECT, ACC_COUNTED, LOSS};
 use crate::graph::partition::{constant_nodes, StageAssignment};
+use crate::graph::running_stats::inference_mode;
 use crate::graph::subgraph::{ancestors, external_inputs, subgraph, with_constants};
 use crate::graph::tied::{node_stages, tied_params};
 use crate::graph::training::TrainingGraph;
@@ -40,6 +41,8 @@ pub struct StageIo {
     pub i_to_w: Vec<String>,
     /// Whether this stage computes the loss (and its backward reads `loss_grad`).
     pub has_loss: bool,
+    /// Running statistics this stage keeps: `(buffer, the forward value updating it)`.
+    pub buffers: Vec<(String, String)>,
 }
 
 /// The graphs of one pipeline stage.
@@ -205,6 +208,14 @@ pub fn build_stage_graphs_with(
         if has_loss && !fwd_outputs.iter().any(|v| v == LOSS) {
             fwd_outputs.push(LOSS.into());
         }
+        let buffers: Vec<(String, String)> = tg
+            .buffers
+            .iter()
+            .filter(|b| fwd_made.contains(b.update.as_str()))
+            .map(|b| (b.name.clone(), b.update.clone()))
+            .collect();
+        let updates: Vec<String> = buffers.iter().map(|(_, u)| u.clone()).collect();
+        fwd_outputs.extend(updates.iter().cloned());
         let stage_params: Vec<String> = tg
             .params
             .iter()
@@ -295,6 +306,7 @@ pub fn build_stage_graphs_with(
             nodes.dedup();
             let mut outputs = vec![LOSS.to_string()];
             outputs.extend(bwd_outputs.iter().cloned());
+            outputs.extend(updates.iter().cloned());
             Some(subgraph(tg, &nodes, &outputs, &label("forward_backward"))?)
         } else {
             None
@@ -324,7 +336,7 @@ pub fn build_stage_graphs_with(
                 .into_iter()
                 .filter(|v| recomputed.contains(v.as_str()))
                 .collect();
-            fwd_outputs.retain(|v| fwd_send.contains(v) || v == LOSS);
+            fwd_outputs.retain(|v| fwd_send.contains(v) || v == LOSS || updates.contains(v));
             let read: HashSet<String> = [&bwd_nodes, &input_nodes, &weight_full]
                 .into_iter()
                 .flat_map(|nodes| external_inputs(g, nodes))
@@ -336,10 +348,12 @@ pub fn build_stage_graphs_with(
                 .collect();
         }
         let input_outputs = [input_targets, i_to_w.clone()].concat();
+        let mut evaluate = subgraph(tg, &fwd_full, &eval_outputs, &label("evaluate"))?;
+        inference_mode(&mut evaluate, &tg.buffers);
         result.push(StageGraphs {
             stage: s,
             forward: subgraph(tg, &fwd_full, &fwd_outputs, &label("forward"))?,
-            evaluate: subgraph(tg, &fwd_full, &eval_outputs, &label("evaluate"))?,
+            evaluate,
             backward: subgraph(tg, &bwd_nodes, &bwd_outputs, &label("backward"))?,
             backward_input: subgraph(tg, &input_nodes, &input_outputs, &label("backward_input"))?,
             backward_weight: subgraph(tg, &weight_full, &grads, &label("backward_weight"))?,
@@ -354,6 +368,7 @@ pub fn build_stage_graphs_with(
                 stash,
                 i_to_w,
                 has_loss,
+                buffers,
             },
         });
     }

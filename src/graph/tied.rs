@@ -15,7 +15,7 @@
 //! the readers would send it once per step.
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::graph::partition::StageAssignment;
 use crate::graph::training::TrainingGraph;
@@ -32,10 +32,11 @@ pub struct TiedParam {
     pub shared: String,
 }
 
-/// The stage of every node of `tg` under `a`: forward nodes as assigned, backward nodes
-/// with their anchor.
+/// The stage of every node of `tg` under `a`: forward nodes as assigned (the update
+/// nodes of a running statistic where the node reading it is), backward nodes with their
+/// anchor.
 pub(crate) fn node_stages(tg: &TrainingGraph, a: &StageAssignment) -> Vec<Option<usize>> {
-    (0..tg.graph.nodes.len())
+    let mut stages: Vec<Option<usize>> = (0..tg.graph.nodes.len())
         .map(|i| {
             if i < tg.forward_len {
                 a.stage[i]
@@ -43,7 +44,23 @@ pub(crate) fn node_stages(tg: &TrainingGraph, a: &StageAssignment) -> Vec<Option
                 a.stage[tg.anchors[i - tg.forward_len]]
             }
         })
-        .collect()
+        .collect();
+    if !tg.buffers.is_empty() {
+        let index: HashMap<&str, usize> = tg.graph.nodes[..tg.forward_len]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), i))
+            .collect();
+        for b in &tg.buffers {
+            let Some(&reader) = index.get(b.reader.as_str()) else {
+                continue;
+            };
+            for i in b.nodes.iter().filter_map(|n| index.get(n.as_str())) {
+                stages[*i] = stages[reader];
+            }
+        }
+    }
+    stages
 }
 
 /// The parameters that nodes of more than one stage read, in parameter order.

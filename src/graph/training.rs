@@ -7,6 +7,7 @@ use crate::graph::autodiff::{differentiate, Backward};
 use crate::graph::ir::{node_label, untyped_value_info, value_info, Graph, Metas, ValueMeta};
 use crate::graph::loss::{attach_loss, LossSpec, LOSS};
 use crate::graph::params::{declared_buffers, rows_to_freeze, trainable_names, ParamOptions};
+use crate::graph::running_stats::{track_running_stats, Buffer};
 use crate::graph::sequences::split_sequences;
 use crate::graph::static_fold::fold_static_values;
 use crate::onnx::proto::ModelProto;
@@ -88,6 +89,9 @@ pub struct TrainingGraph {
     pub metas: Metas,
     /// Parameters the loss does not depend on.
     pub unused_params: Vec<String>,
+    /// State that is not trained but updated by each forward (BatchNorm's running
+    /// statistics): graph inputs, each with the forward value that replaces it.
+    pub buffers: Vec<Buffer>,
 }
 
 impl TrainingGraph {
@@ -128,9 +132,11 @@ impl TrainingGraph {
     /// Gives every parameter input of `g` its initial value as an initializer (an input
     /// with a default, in ONNX terms).
     fn params_as_defaults(&self, g: &mut Graph) {
-        for p in &self.params {
-            if g.inputs.iter().any(|v| v.name == p.name) {
-                g.initializers.push(p.init.to_proto(&p.name));
+        let values = self.params.iter().map(|p| (&p.name, &p.init));
+        let buffers = self.buffers.iter().map(|b| (&b.name, &b.init));
+        for (name, init) in values.chain(buffers) {
+            if g.inputs.iter().any(|v| v.name == *name) {
+                g.initializers.push(init.to_proto(name));
             }
         }
     }
@@ -302,6 +308,7 @@ pub fn build_training_graph(
         opts.contrib_ops,
         &frozen,
     )?;
+    let buffers = track_running_stats(&mut g, &loss_metas)?;
     let forward_len = g.nodes.len();
     let mut full = g;
     full.nodes.extend(backward.nodes.iter().cloned());
@@ -334,6 +341,7 @@ pub fn build_training_graph(
     // Measure the backward values too (stage graphs declare their types).
     let mut feeds = feeds_for(&full, example);
     feeds.extend(params.iter().map(|p| (p.name.as_str(), &p.init)));
+    feeds.extend(buffers.iter().map(|b| (b.name.as_str(), &b.init)));
     let seed = Tensor::zeros(loss_meta.dtype, vec![]);
     feeds.push((LOSS_GRAD, &seed));
     let metas = rt.probe(&full, &feeds)?;
@@ -345,6 +353,7 @@ pub fn build_training_graph(
         data_inputs,
         metas,
         unused_params: backward.no_grad,
+        buffers,
     })
 }
 

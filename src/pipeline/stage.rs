@@ -60,6 +60,9 @@ pub struct OrtStage {
     pub(super) contributions: usize,
     /// Buckets sent this step, awaiting their sums.
     pub(super) sent_buckets: usize,
+    /// Running statistics this stage keeps, by name (see `StageIo::buffers`): fed to
+    /// its graphs, replaced after each training forward.
+    pub(super) buffers: Payload,
 }
 
 impl OrtStage {
@@ -163,6 +166,13 @@ impl OrtStage {
             bucket_sink: None,
             contributions: 0,
             sent_buckets: 0,
+            buffers: graphs
+                .io
+                .buffers
+                .iter()
+                .filter_map(|(n, _)| tg.buffers.iter().find(|b| b.name == *n))
+                .map(|b| (b.name.clone(), Arc::new(b.init.clone())))
+                .collect(),
         })
     }
 
@@ -178,14 +188,43 @@ impl OrtStage {
     /// # Errors
     /// `Checkpoint` when a tensor is missing or of another shape; nothing changes then.
     pub fn restore(&mut self, ckpt: &LoadedCheckpoint) -> Result<()> {
+        let mut stats = Vec::with_capacity(self.buffers.len());
+        for (name, t) in &self.buffers {
+            let mut v = vec![0f32; t.len()];
+            ckpt.copy_buffer(name, &t.shape, &mut v)?;
+            stats.push((name.clone(), Tensor::f32(t.shape.clone(), v)?));
+        }
         crate::checkpoint::restore_stage(
             ckpt,
             &self.layout,
             &mut self.params,
             self.optimizer.as_mut(),
         )?;
+        for (name, t) in stats {
+            self.buffers.insert(name, Arc::new(t));
+        }
         self.steps_done = ckpt.manifest.steps_done;
         Ok(())
+    }
+
+    /// Takes the running statistics a training forward computed (`outputs`).
+    pub(super) fn keep_buffers(&mut self, outputs: &Payload) {
+        for (name, update) in &self.io.buffers {
+            if let Some(t) = outputs.get(update) {
+                self.buffers.insert(name.clone(), t.clone());
+            }
+        }
+    }
+
+    /// The running statistics, by name, sorted.
+    pub fn buffer_values(&self) -> Vec<(String, Tensor)> {
+        let mut v: Vec<(String, Tensor)> = self
+            .buffers
+            .iter()
+            .map(|(n, t)| (n.clone(), (**t).clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
     }
 
     /// The backward seed `loss_grad` of a micro-batch: its share of the step's loss
@@ -250,9 +289,10 @@ impl OrtStage {
             .collect()
     }
 
-    /// The stage's parameters by name (after training, for export).
+    /// The stage's parameters by name, then its running statistics (after training, for
+    /// export).
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        (0..self.layout.count())
+        let mut trained: Vec<(String, Tensor)> = (0..self.layout.count())
             .map(|i| {
                 let t = Tensor {
                     shape: self.layout.shapes()[i].clone(),
@@ -262,7 +302,9 @@ impl OrtStage {
                 };
                 (self.layout.names()[i].clone(), t)
             })
-            .collect()
+            .collect();
+        trained.extend(self.buffer_values());
+        trained
     }
 
     /// Sends copies of the named tensors of `buf` (parameters or gradients) to the tap.

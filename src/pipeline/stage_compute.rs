@@ -108,6 +108,7 @@ impl StageCompute for OrtStage {
             let outputs = self.run_grads(&mut session, &[&input, &data]);
             self.fused = Some(session);
             let rest = outputs?;
+            self.keep_buffers(&rest);
             let raw = rest
                 .get(LOSS)
                 .and_then(|t| t.to_f64_vec().first().copied())
@@ -122,6 +123,7 @@ impl StageCompute for OrtStage {
             });
         }
         let outputs = self.forward_pass(false, &input, &data)?;
+        self.keep_buffers(&outputs);
         let mut keep = pick(&self.io.stash, &[&outputs, &input]);
         keep.extend(data.iter().map(|(k, v)| (k.clone(), v.clone())));
         self.stash.insert(mb, keep);
@@ -249,12 +251,24 @@ impl StageCompute for OrtStage {
     }
 
     fn save(&mut self, stage: usize, dir: &Path) -> Result<SaveJob, BoxError> {
+        let stats = self.buffer_values();
+        let mut entries = Vec::with_capacity(stats.len());
+        for (name, t) in &stats {
+            let values = t.as_f32().ok_or_else(|| {
+                format!("running statistic `{name}` is not float32; checkpoints hold float32")
+            })?;
+            entries.push((name.clone(), t.shape.as_slice(), values));
+        }
+        let state = crate::checkpoint::StageState {
+            layout: &self.layout,
+            params: &self.params,
+            optimizer: self.optimizer.as_ref(),
+            stats: &entries,
+        };
         Ok(crate::checkpoint::save_job(
             stage,
             dir,
-            &self.layout,
-            &self.params,
-            self.optimizer.as_ref(),
+            state,
             self.settings.slow_save,
             &self.snapshots,
         )?)

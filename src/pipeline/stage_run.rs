@@ -32,6 +32,7 @@ impl OrtStage {
             grads,
             written,
             grad_slot,
+            buffers,
             ..
         } = self;
         let mut feeds: Vec<(&str, TensorView<'_>)> = Vec::with_capacity(names.len());
@@ -47,6 +48,7 @@ impl OrtStage {
                 sources
                     .iter()
                     .find_map(|s| s.get(n))
+                    .or_else(|| buffers.get(n))
                     .map(|t| t.view())
                     .ok_or_else(|| Error::MissingValue {
                         role: "stage input",

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pipetrain::config::TrainConfig;
-use pipetrain::train::train;
+use pipetrain::train::{train, TrainSummary};
 use serde_json::Value;
 
 /// How a fixture feeds the model and what its loss ignores.
@@ -129,6 +129,12 @@ pub struct Run<'a> {
 
 /// Trains `run`; the loss of each step it trains.
 pub fn train_run(f: &Family, run: &Run) -> Vec<f64> {
+    train_summary(f, run).0
+}
+
+/// Trains `run`; the loss of each step it trains, and the run's summary (its trained
+/// parameters and running statistics).
+pub fn train_summary(f: &Family, run: &Run) -> (Vec<f64>, TrainSummary) {
     let Run {
         model,
         optimizer,
@@ -185,11 +191,11 @@ pub fn train_run(f: &Family, run: &Run) -> Vec<f64> {
     std::fs::write(&path, &text).unwrap();
     let cfg = TrainConfig::parse(&text, &path).unwrap();
     let mut losses = Vec::new();
-    train(&super::runtime(), &cfg, &path, false, |r| {
+    let summary = train(&super::runtime(), &cfg, &path, false, |r| {
         losses.push(r.loss)
     })
     .unwrap_or_else(|e| panic!("{} ({optimizer}, pp {}): {e}", f.name, layout.pp));
-    losses
+    (losses, summary)
 }
 
 /// Every step within `k` times the float32 spread of PyTorch's float64 run.

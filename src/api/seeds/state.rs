@@ -62,7 +62,18 @@ impl CheckpointState {
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(Error::io(&tmp))?;
         let (layout, params, opt) = module.stage.state();
-        let job = checkpoint::save_job(0, &tmp, layout, params, opt, None, &Default::default())?;
+        let job = checkpoint::save_job(
+            0,
+            &tmp,
+            checkpoint::StageState {
+                layout,
+                params,
+                optimizer: opt,
+                stats: &[],
+            },
+            None,
+            &Default::default(),
+        )?;
         let shards = job().map_err(|e| Error::Checkpoint {
             path: tmp.clone(),
             reason: e.to_string(),
