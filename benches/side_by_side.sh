@@ -6,6 +6,9 @@
 #   bash benches/side_by_side.sh [rounds] [cases]   (default 10 rounds of
 #        mlp:sgd,mlp:adamw,tiny_gpt:sgd,tiny_gpt:adamw; ~10 min after set-up)
 #
+# Cases bert:sgd and vit:sgd run the exported Hugging Face fixtures against PyTorch eager
+# instead (benches/exported_side_by_side.sh, its own Python environment).
+#
 # Set-up (first run only, ~5 GB, needs PyPI): the peers' venv from
 # ../shared/peers/requirements-lock.txt and their ORT training artifacts, under
 # $PEERS_SCRATCH (default ~/.cache/pipetrain-peers). ../shared is read-only, so the peers'
@@ -15,6 +18,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 rounds=${1:-10}
 cases=${2:-mlp:sgd,mlp:adamw,tiny_gpt:sgd,tiny_gpt:adamw}
 export PEERS_SCRATCH=${PEERS_SCRATCH:-$HOME/.cache/pipetrain-peers}
+# The exported fixtures' cases go to their own bench; the rest to the peers'.
+exported=$(tr ',' '\n' <<< "$cases" | sed -n 's/^\(bert\|vit\):sgd$/\1/p' | paste -sd, -)
+cases=$(tr ',' '\n' <<< "$cases" | grep -Ev '^(bert|vit):sgd$' | paste -sd, - || true)
+if [ -n "$exported" ]; then
+  bash "$root/benches/exported_side_by_side.sh" "$rounds" "$exported"
+fi
+[ -n "$cases" ] || exit 0
 peers=$PEERS_SCRATCH/peers
 mkdir -p "$PEERS_SCRATCH"
 rm -rf "$peers" && cp -r "$root/../shared/peers" "$peers" && chmod -R u+w "$peers"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# pipetrain vs PyTorch eager on the exported Hugging Face fixtures (BERT, ViT), in
+# alternating windows; see benches/exported_side_by_side.py for the method.
+#
+#   bash benches/exported_side_by_side.sh [rounds] [families]   (default 10 rounds, bert,vit)
+#
+# PyTorch side: TORCH_PYTHON, a Python with the packages of tools/fixtures/requirements.txt;
+# by default a venv made once under $PEERS_SCRATCH (default ~/.cache/pipetrain-peers) from
+# PyPI (torch's CUDA wheels included: several GB).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+rounds=${1:-10}
+families=${2:-bert,vit}
+export PEERS_SCRATCH=${PEERS_SCRATCH:-$HOME/.cache/pipetrain-peers}
+if [ -z "${TORCH_PYTHON:-}" ]; then
+  venv=$PEERS_SCRATCH/torch-venv
+  if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv"
+  fi
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+    -r "$root/tools/fixtures/requirements.txt"
+  TORCH_PYTHON=$venv/bin/python
+fi
+export OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
+bash "$root/scripts/setup.sh" > /dev/null
+cargo build --release --manifest-path "$root/Cargo.toml" -q
+"$TORCH_PYTHON" "$root/benches/exported_side_by_side.py" --rounds "$rounds" --families "$families"
