@@ -327,3 +327,58 @@ fn einsum_two_operands_and_one() {
         check(&format!("Einsum {eq}"), c, F64);
     }
 }
+
+/// A ConvTranspose case: name, X's shape, W's shape, attributes.
+type ConvCase = (
+    &'static str,
+    Vec<usize>,
+    Vec<usize>,
+    Vec<pipetrain::onnx::proto::AttributeProto>,
+);
+
+/// ConvTranspose (decoders' and U-Nets' upsampling): strides, pads, output_padding,
+/// dilations and groups, in float32 (ONNX Runtime has no double kernel).
+#[test]
+fn conv_transpose() {
+    let mut r = Rng::new(31);
+    const S: DType = DType::F32;
+    // (X, W, attributes)
+    let cases: Vec<ConvCase> = vec![
+        ("plain 2-D", vec![2, 3, 4, 4], vec![3, 2, 3, 3], vec![]),
+        (
+            "stride 2, pads, output_padding",
+            vec![1, 2, 3, 3],
+            vec![2, 3, 3, 3],
+            vec![
+                ints_attr("strides", &[2, 2]),
+                ints_attr("pads", &[1, 0, 1, 1]),
+                ints_attr("output_padding", &[1, 0]),
+            ],
+        ),
+        (
+            "groups and dilations",
+            vec![2, 4, 3, 3],
+            vec![4, 1, 2, 2],
+            vec![int_attr("group", 2), ints_attr("dilations", &[2, 1])],
+        ),
+        (
+            "1-D, stride 3",
+            vec![2, 2, 5],
+            vec![2, 3, 2],
+            vec![ints_attr("strides", &[3])],
+        ),
+    ];
+    for (name, sx, sw, attrs) in cases {
+        let cout = sw[1]
+            * attrs
+                .iter()
+                .find(|a| a.name == "group")
+                .map_or(1, |a| a.i as usize);
+        let c = GradCheck::new(17)
+            .param("X", r.tensor(S, &sx, -1.0, 1.0))
+            .param("W", r.tensor(S, &sw, -1.0, 1.0))
+            .param("B", r.tensor(S, &[cout], -0.5, 0.5))
+            .node("ConvTranspose", &["X", "W", "B"], &["Y"], attrs);
+        check(&format!("ConvTranspose {name}"), c, F32);
+    }
+}

@@ -83,6 +83,7 @@ fn rule(op_type: &str) -> Option<Rule> {
         "Pad" => layout::pad,
         "CumSum" => layout::cumsum,
         "Conv" => pool::conv,
+        "ConvTranspose" => pool::conv_transpose,
         "MaxPool" => pool::max_pool,
         "AveragePool" => pool::average_pool,
         "GlobalAveragePool" => pool::global_average_pool,
