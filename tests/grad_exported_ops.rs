@@ -382,3 +382,79 @@ fn conv_transpose() {
         check(&format!("ConvTranspose {name}"), c, F32);
     }
 }
+
+/// Resize (U-Net, FPN and YOLO upsampling): nearest with integer and fractional scales,
+/// linear (half_pixel, align_corners), cubic, by scales or by sizes, and downsampling; in
+/// float32 (ONNX Runtime has no double Resize).
+#[test]
+fn resize_modes() {
+    let mut r = Rng::new(32);
+    let nearest = |m: &str| {
+        vec![
+            string_attr("mode", "nearest"),
+            string_attr("nearest_mode", m),
+        ]
+    };
+    let linear = |c: &str| {
+        vec![
+            string_attr("mode", "linear"),
+            string_attr("coordinate_transformation_mode", c),
+        ]
+    };
+    let scales = |v: &[f32]| Tensor::f32(vec![v.len()], v.to_vec()).unwrap();
+    let cases = [
+        (
+            "nearest x2",
+            nearest("floor"),
+            Some(scales(&[1.0, 1.0, 2.0, 2.0])),
+            None,
+        ),
+        (
+            "nearest x1.5",
+            nearest("round_prefer_floor"),
+            Some(scales(&[1.0, 1.0, 1.5, 1.5])),
+            None,
+        ),
+        (
+            "linear half_pixel x2",
+            linear("half_pixel"),
+            Some(scales(&[1.0, 1.0, 2.0, 2.0])),
+            None,
+        ),
+        (
+            "linear align_corners to 7x5",
+            linear("align_corners"),
+            None,
+            Some(ints(&[2, 3, 7, 5])),
+        ),
+        (
+            "linear down to 2x3",
+            linear("pytorch_half_pixel"),
+            None,
+            Some(ints(&[2, 3, 2, 3])),
+        ),
+        (
+            "cubic x2",
+            vec![string_attr("mode", "cubic")],
+            Some(scales(&[1.0, 1.0, 2.0, 2.0])),
+            None,
+        ),
+    ];
+    for (name, attrs, scales, sizes) in cases {
+        let x = r.tensor(DType::F32, &[2, 3, 4, 4], -1.0, 1.0);
+        let mut c = GradCheck::new(17).param("X", x);
+        let inputs: Vec<&str> = match (&scales, &sizes) {
+            (Some(s), _) => {
+                c = c.constant("scales", s.clone());
+                vec!["X", "", "scales"]
+            }
+            (_, Some(s)) => {
+                c = c.constant("sizes", s.clone());
+                vec!["X", "", "", "sizes"]
+            }
+            _ => unreachable!(),
+        };
+        let c = c.node("Resize", &inputs, &["Y"], attrs);
+        check(&format!("Resize {name}"), c, F32);
+    }
+}

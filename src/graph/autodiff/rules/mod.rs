@@ -14,6 +14,7 @@ mod nn;
 mod norm;
 mod pool;
 mod reduce;
+mod resize;
 mod shape;
 
 use super::RuleCtx;
@@ -84,6 +85,7 @@ fn rule(op_type: &str) -> Option<Rule> {
         "CumSum" => layout::cumsum,
         "Conv" => pool::conv,
         "ConvTranspose" => pool::conv_transpose,
+        "Resize" => resize::resize,
         "MaxPool" => pool::max_pool,
         "AveragePool" => pool::average_pool,
         "GlobalAveragePool" => pool::global_average_pool,
