@@ -1,6 +1,5 @@
 //! The `pipetrain` command line.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -8,9 +7,7 @@ use clap::{Parser, Subcommand};
 use pipetrain::compute::Runtime;
 use pipetrain::config::TrainConfig;
 use pipetrain::telemetry::timeline_svg;
-use pipetrain::train::{signal_name, Reporter, StopOnSignal, TrainSummary};
 use pipetrain::{Error, Result};
-use pipetrain_actors::RunControl;
 use pipetrain_schedules::{lower, simulate, CostModel, LowerOptions, ScheduleSpec, StageCost};
 
 #[derive(Parser)]
@@ -178,7 +175,7 @@ fn main() -> ExitCode {
             trace,
             chrome_trace,
             resume,
-        } => match train(
+        } => match pipetrain::train::train_command(
             &config,
             metrics.as_deref(),
             (trace.as_deref(), chrome_trace.as_deref()),
@@ -244,86 +241,6 @@ fn doctor() -> Result<()> {
         }
         Err(why) => println!("cuda:      {why}"),
     }
-    Ok(())
-}
-
-fn train(
-    config: &Path,
-    metrics: Option<&Path>,
-    (trace, chrome): (Option<&Path>, Option<&Path>),
-    resume: bool,
-) -> Result<Option<i32>> {
-    let mut cfg = TrainConfig::load(config)?;
-    if resume && cfg.checkpoint_to_load_path.is_none() {
-        match pipetrain::train::latest_checkpoint(&cfg, config)? {
-            Some(path) => cfg.checkpoint_to_load_path = Some(path),
-            None => eprintln!(
-                "pipetrain: no complete checkpoint in {}; starting from step 0",
-                cfg.checkpoints_dir
-                    .as_deref()
-                    .unwrap_or(Path::new("?"))
-                    .display()
-            ),
-        }
-    }
-    let rt = Runtime::from_env()?;
-    eprintln!(
-        "pipetrain: {} | {} stage(s) x {} replica(s), {} micro-batches of {} | ONNX Runtime {}",
-        cfg.model_name(),
-        cfg.stages(),
-        cfg.data_parallel_size,
-        cfg.gradient_accumulation_steps,
-        cfg.batch_size,
-        rt.info().version
-    );
-    if let Some(path) = &cfg.checkpoint_to_load_path {
-        eprintln!("pipetrain: resuming from {}", path.display());
-    }
-    let resuming = cfg.checkpoint_to_load_path.is_some();
-    let stderr = std::io::stderr();
-    let is_terminal = stderr.is_terminal();
-    let mut reporter = Reporter::new(&cfg, stderr, is_terminal, metrics, resuming)?;
-    let record = trace.is_some() || chrome.is_some();
-    let (control, requests) = flume::unbounded();
-    let signals = StopOnSignal::install("pipetrain", move |_| {
-        let _ = control.send(RunControl::Stop);
-    })?;
-    let summary =
-        pipetrain::train::train_controlled(&rt, &cfg, config, record, Some(requests), |r| {
-            reporter.step(r)
-        })?;
-    reporter.finish(&summary)?;
-    let stopped = signals.received();
-    if let Some(sig) = stopped {
-        stopped_note(&cfg, config, &summary, sig)?;
-    }
-    if let (Some(path), Some(t)) = (trace, &summary.trace) {
-        pipetrain::train::save_trace(t, path)?;
-        eprintln!("trace: {}", path.display());
-    }
-    if let (Some(path), Some(t)) = (chrome, &summary.trace) {
-        let json = pipetrain::telemetry::chrome_trace(t);
-        pipetrain::onnx::save_bytes(path, json.to_string().as_bytes())?;
-        eprintln!("chrome trace (Perfetto): {}", path.display());
-    }
-    if let Some(out) = &cfg.output_path {
-        eprintln!("trained model: {}", out.display());
-    }
-    Ok(stopped)
-}
-
-/// What a run stopped by a signal left: where it stopped, and how to go on.
-fn stopped_note(cfg: &TrainConfig, config: &Path, summary: &TrainSummary, sig: i32) -> Result<()> {
-    let at = summary.first_step + summary.steps as u64;
-    let saved = match pipetrain::train::latest_checkpoint(cfg, config)? {
-        Some(path) => format!("newest checkpoint {}", path.display()),
-        None => "no checkpoint (no checkpoints_dir)".into(),
-    };
-    eprintln!(
-        "pipetrain: stopped by {} after step {at}; {saved}; `pipetrain train {} --resume` goes on",
-        signal_name(sig),
-        config.display()
-    );
     Ok(())
 }
 

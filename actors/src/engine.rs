@@ -15,7 +15,7 @@ use crate::decide::{GradPolicy, ScalerState};
 use crate::error::ActorError;
 use crate::members::{run_members, Remote};
 use crate::messages::Transfer;
-use crate::scheduler::RunControl;
+use crate::requests::RunControl;
 use crate::traits::{Bus, Collective, DataSource, StageCompute};
 
 /// How long a failed run waits for checkpoints already being written to complete.

@@ -39,6 +39,7 @@ mod error;
 mod members;
 mod messages;
 mod places;
+mod requests;
 mod scheduler;
 pub mod sim;
 mod stage;
@@ -58,6 +59,6 @@ pub use engine::{
 pub use error::{ActorError, BoxError};
 pub use messages::{Flow, Transfer};
 pub use pipetrain_schedules as schedules;
-pub use scheduler::RunControl;
+pub use requests::RunControl;
 pub use sim::{replay, ReplayDivergence};
 pub use traits::{BackwardPart, Bus, Collective, DataSource, ForwardOut, Gathered, StageCompute};

@@ -6,6 +6,7 @@
 //! uses a training-only kernel, the rule writes the same math in standard ops.
 
 mod activation;
+mod conv;
 mod einsum;
 mod elementwise;
 mod layout;
@@ -83,8 +84,8 @@ fn rule(op_type: &str) -> Option<Rule> {
         "Tile" => layout::tile,
         "Pad" => layout::pad,
         "CumSum" => layout::cumsum,
-        "Conv" => pool::conv,
-        "ConvTranspose" => pool::conv_transpose,
+        "Conv" => conv::conv,
+        "ConvTranspose" => conv::conv_transpose,
         "Resize" => resize::resize,
         "MaxPool" => pool::max_pool,
         "AveragePool" => pool::average_pool,

@@ -1,13 +1,12 @@
-//! Convolution and pooling.
+//! Pooling, and the window geometry that convolutions (`conv.rs`) share.
 //!
 //! Shapes are static, so the window geometry (explicit pads for `auto_pad`, the
 //! `output_padding` that gives a ConvTranspose exactly the input's size, AveragePool's
 //! divisors) is computed here, and checked against the forward output's measured shape.
 //! The math is that of ONNX Runtime's orttraining gradient builder; where it calls
-//! training-only kernels (ConvGrad, MaxPoolGrad, AveragePoolGrad) the same sums are
-//! written here in standard ops: ConvTranspose and a batch/channel-swapped Conv for Conv,
-//! a scatter-add over the Indices output for MaxPool. GlobalAveragePool's is the builder's
-//! own (scale, then Expand).
+//! training-only kernels (MaxPoolGrad, AveragePoolGrad) the same sums are written here in
+//! standard ops: a scatter-add over the Indices output for MaxPool. GlobalAveragePool's is
+//! the builder's own (scale, then Expand).
 
 use super::elementwise::{dtype, shape};
 use super::Grads;
@@ -18,14 +17,14 @@ use crate::Result;
 
 /// The window geometry of one spatial axis, pads made explicit.
 #[derive(Debug, Clone, Copy)]
-struct Axis {
-    input: usize,
-    kernel: usize,
-    stride: usize,
-    dilation: usize,
-    begin: usize,
-    end: usize,
-    output: usize,
+pub(super) struct Axis {
+    pub(super) input: usize,
+    pub(super) kernel: usize,
+    pub(super) stride: usize,
+    pub(super) dilation: usize,
+    pub(super) begin: usize,
+    pub(super) end: usize,
+    pub(super) output: usize,
 }
 
 impl Axis {
@@ -35,13 +34,13 @@ impl Axis {
     }
 
     /// The input length with its pads.
-    fn padded(&self) -> usize {
+    pub(super) fn padded(&self) -> usize {
         self.input + self.begin + self.end
     }
 
     /// The `output_padding` that makes a ConvTranspose undoing this window walk produce
     /// exactly `input` elements: the trailing elements no window reached (in [0, stride)).
-    fn output_padding(&self) -> i64 {
+    pub(super) fn output_padding(&self) -> i64 {
         (self.padded() - self.extent() - self.stride * (self.output - 1)) as i64
     }
 
@@ -80,7 +79,12 @@ fn axis_attr(
 
 /// The geometry of every spatial axis of a window op with input shape `x`, kernel
 /// `kernel` and measured output shape `y`.
-fn geometry(ctx: &RuleCtx, x: &[usize], kernel: &[usize], y: &[usize]) -> Result<Vec<Axis>> {
+pub(super) fn geometry(
+    ctx: &RuleCtx,
+    x: &[usize],
+    kernel: &[usize],
+    y: &[usize],
+) -> Result<Vec<Axis>> {
     let r = kernel.len();
     if r == 0 || x.len() != r + 2 || y.len() != r + 2 {
         return Err(ctx.unsupported(format!(
@@ -145,13 +149,13 @@ fn geometry(ctx: &RuleCtx, x: &[usize], kernel: &[usize], y: &[usize]) -> Result
 }
 
 /// `[begin..., end...]` pads of the axes.
-fn pads_of(axes: &[Axis]) -> Vec<i64> {
+pub(super) fn pads_of(axes: &[Axis]) -> Vec<i64> {
     let begins = axes.iter().map(|a| a.begin as i64);
     begins.chain(axes.iter().map(|a| a.end as i64)).collect()
 }
 
 /// One integer per axis.
-fn ints_of(axes: &[Axis], f: impl Fn(&Axis) -> usize) -> Vec<i64> {
+pub(super) fn ints_of(axes: &[Axis], f: impl Fn(&Axis) -> usize) -> Vec<i64> {
     axes.iter().map(|a| f(a) as i64).collect()
 }
 
@@ -164,16 +168,15 @@ fn float_tensor(t: DType, shape: Vec<usize>, v: Vec<f64>) -> Tensor {
     Tensor { shape, data }
 }
 
-/// The transposition swapping axes 0 and 1 of a rank-`rank` value.
-fn swap01(rank: usize) -> Vec<i64> {
-    let mut perm: Vec<i64> = (0..rank as i64).collect();
-    perm.swap(0, 1);
-    perm
-}
-
 /// The ConvTranspose that is the adjoint of a window walk over `axes` (the Conv or pool
 /// reading X), so its output has X's spatial size exactly.
-fn transpose_walk(ctx: &mut RuleCtx, g: &str, w: &str, axes: &[Axis], group: i64) -> String {
+pub(super) fn transpose_walk(
+    ctx: &mut RuleCtx,
+    g: &str,
+    w: &str,
+    axes: &[Axis],
+    group: i64,
+) -> String {
     ctx.e.op(
         "ConvTranspose",
         &[g, w],
@@ -188,165 +191,6 @@ fn transpose_walk(ctx: &mut RuleCtx, g: &str, w: &str, axes: &[Axis], group: i64
             int_attr("group", group),
         ],
     )
-}
-
-pub fn conv(ctx: &mut RuleCtx) -> Result<Grads> {
-    let dy = ctx.dy(0)?;
-    let (x, w) = (ctx.input(0).to_string(), ctx.input(1).to_string());
-    let sx = shape(ctx, &x)?;
-    let sw = shape(ctx, &w)?;
-    let sy = shape(ctx, ctx.output(0))?;
-    if sw.len() < 3 || sx.len() != sw.len() {
-        return Err(ctx.unsupported(format!("X of shape {sx:?} with W of shape {sw:?}")));
-    }
-    let kernel = sw[2..].to_vec();
-    if let Some(ks) = attr_ints(ctx.node, "kernel_shape") {
-        if ks.iter().map(|&k| k as usize).ne(kernel.iter().copied()) {
-            return Err(ctx.unsupported(format!("kernel_shape={ks:?} unlike W's {kernel:?}")));
-        }
-    }
-    let axes = geometry(ctx, &sx, &kernel, &sy)?;
-    let group = attr_i(ctx.node, "group").unwrap_or(1);
-    let (c, m) = (sx[1], sw[0]);
-    let gu = usize::try_from(group).unwrap_or(0);
-    if gu == 0 || c % gu != 0 || m % gu != 0 || sw[1] * gu != c {
-        return Err(ctx.unsupported(format!(
-            "group={group} with {c} input and {m} output channels"
-        )));
-    }
-    let rank = sx.len();
-    let spatial_axes: Vec<i64> = (2..rank as i64).collect();
-    let mut g = vec![None; ctx.node.input.len()];
-
-    if ctx.needs(0) {
-        // ConvTranspose with Conv's own W (its [M, C/group, k...] layout is ConvTranspose's
-        // [in, out/group, k...]) is Conv's adjoint.
-        g[0] = Some(transpose_walk(ctx, &dy, &w, &axes, group));
-    }
-    if ctx.needs(1) {
-        g[1] = Some(conv_weight_grad(ctx, (&x, &sx), &dy, &axes, group));
-    }
-    if ctx.needs(2) && !ctx.input(2).is_empty() {
-        let mut sum_axes = vec![0];
-        sum_axes.extend(&spatial_axes);
-        g[2] = Some(ctx.e.reduce_sum(&dy, &sum_axes, false));
-    }
-    Ok(g)
-}
-
-/// The gradient of a Conv's weight from its input `x` (of shape `sx`) and its output's
-/// gradient `dy`, for the window walk `axes`:
-/// dW[m, c, k] = sum_{n, o} dY[n, m, o] X_pad[n, c, o*stride + k*dilation]: a Conv of
-/// X (batch and channels swapped) by dY (likewise), stride and dilation swapped. For
-/// group > 1, X's channels become C/group images of group*N channels each, so that group
-/// j of that Conv sees only X's group j.
-fn conv_weight_grad(
-    ctx: &mut RuleCtx,
-    (x, sx): (&str, &[usize]),
-    dy: &str,
-    axes: &[Axis],
-    group: i64,
-) -> String {
-    let rank = sx.len();
-    let (n, c) = (sx[0], sx[1]);
-    let gu = group as usize;
-    let cg = c / gu;
-    let xt = if gu == 1 {
-        ctx.e
-            .op("Transpose", &[x], vec![ints_attr("perm", &swap01(rank))])
-    } else {
-        let mut split = vec![n, gu, cg];
-        split.extend(&sx[2..]);
-        let xr = ctx.e.reshape(x, &split);
-        let mut perm = vec![2, 1, 0];
-        perm.extend(3..rank as i64 + 1);
-        let xp = ctx
-            .e
-            .op("Transpose", &[&xr], vec![ints_attr("perm", &perm)]);
-        let mut merged = vec![cg, gu * n];
-        merged.extend(&sx[2..]);
-        ctx.e.reshape(&xp, &merged)
-    };
-    let dyt = ctx
-        .e
-        .op("Transpose", &[dy], vec![ints_attr("perm", &swap01(rank))]);
-    let corr = ctx.e.op(
-        "Conv",
-        &[&xt, &dyt],
-        vec![
-            ints_attr("strides", &ints_of(axes, |a| a.dilation)),
-            ints_attr("dilations", &ints_of(axes, |a| a.stride)),
-            ints_attr("pads", &pads_of(axes)),
-            int_attr("group", group),
-        ],
-    );
-    let dw = ctx.e.op(
-        "Transpose",
-        &[&corr],
-        vec![ints_attr("perm", &swap01(rank))],
-    );
-    // Pad elements past the last window's reach add kernel taps that W lacks.
-    let reach = |a: &Axis| (a.padded() - a.stride * (a.output - 1) - 1) / a.dilation + 1;
-    if axes.iter().all(|a| reach(a) == a.kernel) {
-        return dw;
-    }
-    let spatial_axes: Vec<i64> = (2..rank as i64).collect();
-    let starts = ctx.e.ints(&vec![0; axes.len()]);
-    let ends = ctx.e.ints(&ints_of(axes, |a| a.kernel));
-    let which = ctx.e.ints(&spatial_axes);
-    ctx.e.op("Slice", &[&dw, &starts, &ends, &which], vec![])
-}
-
-/// ConvTranspose is the adjoint of the Conv with its W, strides, pads, dilations and
-/// group (a Conv from Y's shape to X's): dX is that Conv of dY, and dW that Conv's weight
-/// gradient with dY as its input and X as its output's gradient.
-pub fn conv_transpose(ctx: &mut RuleCtx) -> Result<Grads> {
-    let dy = ctx.dy(0)?;
-    let (x, w) = (ctx.input(0).to_string(), ctx.input(1).to_string());
-    let (sx, sw) = (shape(ctx, &x)?, shape(ctx, &w)?);
-    let sy = shape(ctx, ctx.output(0))?;
-    if attr_ints(ctx.node, "output_shape").is_some() {
-        return Err(ctx.unsupported("output_shape (give pads and output_padding instead)"));
-    }
-    if attr_s(ctx.node, "auto_pad").is_some_and(|p| p != "NOTSET") {
-        return Err(ctx.unsupported("auto_pad (give pads instead)"));
-    }
-    if sw.len() < 3 || sx.len() != sw.len() {
-        return Err(ctx.unsupported(format!("X of shape {sx:?} with W of shape {sw:?}")));
-    }
-    let group = attr_i(ctx.node, "group").unwrap_or(1);
-    let gu = usize::try_from(group).unwrap_or(0);
-    let cout = sy[1];
-    if gu == 0 || sx[1] != sw[0] || cout % gu != 0 || sw[1] * gu != cout {
-        return Err(ctx.unsupported(format!(
-            "group={group} with {} input and {cout} output channels",
-            sx[1]
-        )));
-    }
-    // The Conv this node is the adjoint of reads Y's shape and writes X's.
-    let axes = geometry(ctx, &sy, &sw[2..], &sx)?;
-    let mut g = vec![None; ctx.node.input.len()];
-    if ctx.needs(0) {
-        g[0] = Some(ctx.e.op(
-            "Conv",
-            &[&dy, &w],
-            vec![
-                ints_attr("strides", &ints_of(&axes, |a| a.stride)),
-                ints_attr("dilations", &ints_of(&axes, |a| a.dilation)),
-                ints_attr("pads", &pads_of(&axes)),
-                int_attr("group", group),
-            ],
-        ));
-    }
-    if ctx.needs(1) {
-        g[1] = Some(conv_weight_grad(ctx, (&dy, &sy), &x, &axes, group));
-    }
-    if ctx.needs(2) && !ctx.input(2).is_empty() {
-        let mut sum_axes = vec![0];
-        sum_axes.extend(2..sy.len() as i64);
-        g[2] = Some(ctx.e.reduce_sum(&dy, &sum_axes, false));
-    }
-    Ok(g)
 }
 
 pub fn max_pool(ctx: &mut RuleCtx) -> Result<Grads> {

@@ -1,0 +1,98 @@
+//! `pipetrain train`: a run from a configuration file, with its progress on stderr, a
+//! metrics file and traces when asked, and the stop signals handled (see `signals.rs`).
+
+use std::io::IsTerminal;
+use std::path::Path;
+
+use pipetrain_actors::RunControl;
+
+use super::{signal_name, Reporter, StopOnSignal, TrainSummary};
+use crate::compute::Runtime;
+use crate::config::TrainConfig;
+use crate::Result;
+
+/// Runs `pipetrain train CONFIG`: resumes from the newest complete checkpoint with
+/// `resume`, writes one JSON object per step to `metrics`, and the run's trace (and its
+/// Chrome trace) when asked. `Some(signal)` when a SIGINT or SIGTERM stopped the run
+/// (after a checkpoint, when it saves any).
+///
+/// # Errors
+/// The run's errors, naming the file, field and rule.
+pub fn train_command(
+    config: &Path,
+    metrics: Option<&Path>,
+    (trace, chrome): (Option<&Path>, Option<&Path>),
+    resume: bool,
+) -> Result<Option<i32>> {
+    let mut cfg = TrainConfig::load(config)?;
+    if resume && cfg.checkpoint_to_load_path.is_none() {
+        match super::latest_checkpoint(&cfg, config)? {
+            Some(path) => cfg.checkpoint_to_load_path = Some(path),
+            None => eprintln!(
+                "pipetrain: no complete checkpoint in {}; starting from step 0",
+                cfg.checkpoints_dir
+                    .as_deref()
+                    .unwrap_or(Path::new("?"))
+                    .display()
+            ),
+        }
+    }
+    let rt = Runtime::from_env()?;
+    eprintln!(
+        "pipetrain: {} | {} stage(s) x {} replica(s), {} micro-batches of {} | ONNX Runtime {}",
+        cfg.model_name(),
+        cfg.stages(),
+        cfg.data_parallel_size,
+        cfg.gradient_accumulation_steps,
+        cfg.batch_size,
+        rt.info().version
+    );
+    if let Some(path) = &cfg.checkpoint_to_load_path {
+        eprintln!("pipetrain: resuming from {}", path.display());
+    }
+    let resuming = cfg.checkpoint_to_load_path.is_some();
+    let stderr = std::io::stderr();
+    let is_terminal = stderr.is_terminal();
+    let mut reporter = Reporter::new(&cfg, stderr, is_terminal, metrics, resuming)?;
+    let record = trace.is_some() || chrome.is_some();
+    let (control, requests) = flume::unbounded();
+    let signals = StopOnSignal::install("pipetrain", move |_| {
+        let _ = control.send(RunControl::Stop);
+    })?;
+    let summary = super::train_controlled(&rt, &cfg, config, record, Some(requests), |r| {
+        reporter.step(r)
+    })?;
+    reporter.finish(&summary)?;
+    let stopped = signals.received();
+    if let Some(sig) = stopped {
+        stopped_note(&cfg, config, &summary, sig)?;
+    }
+    if let (Some(path), Some(t)) = (trace, &summary.trace) {
+        super::save_trace(t, path)?;
+        eprintln!("trace: {}", path.display());
+    }
+    if let (Some(path), Some(t)) = (chrome, &summary.trace) {
+        let json = crate::telemetry::chrome_trace(t);
+        crate::onnx::save_bytes(path, json.to_string().as_bytes())?;
+        eprintln!("chrome trace (Perfetto): {}", path.display());
+    }
+    if let Some(out) = &cfg.output_path {
+        eprintln!("trained model: {}", out.display());
+    }
+    Ok(stopped)
+}
+
+/// What a run stopped by a signal left: where it stopped, and how to go on.
+fn stopped_note(cfg: &TrainConfig, config: &Path, summary: &TrainSummary, sig: i32) -> Result<()> {
+    let at = summary.first_step + summary.steps as u64;
+    let saved = match super::latest_checkpoint(cfg, config)? {
+        Some(path) => format!("newest checkpoint {}", path.display()),
+        None => "no checkpoint (no checkpoints_dir)".into(),
+    };
+    eprintln!(
+        "pipetrain: stopped by {} after step {at}; {saved}; `pipetrain train {} --resume` goes on",
+        signal_name(sig),
+        config.display()
+    );
+    Ok(())
+}
