@@ -9,73 +9,10 @@ mod common;
 
 use common::exported::{
     assert_within_spread, fixture, layout_matches_pytorch, matches_pytorch, piped, reference,
-    train_fixture, train_model, train_run, Family, Layout, Run, ONE,
+    train_fixture, train_model, train_run, Family, Layout, Run, BART, BERT, CONVNEXT, GPT2, LLAMA,
+    MOBILENET_V2, MOBILENET_V3, ONE, RESNET18, VIT,
 };
 use pipetrain::checkpoint::folder_name;
-
-const GPT2: Family = Family {
-    name: "gpt2",
-    inputs: &["input_ids"],
-    ignore_index: None,
-    frozen: &[],
-    steps: 20,
-};
-const LLAMA: Family = Family {
-    name: "llama",
-    inputs: &["input_ids"],
-    ignore_index: None,
-    frozen: &[],
-    steps: 20,
-};
-const BERT: Family = Family {
-    name: "bert",
-    inputs: &["input_ids", "attention_mask"],
-    ignore_index: Some(-100),
-    frozen: &[],
-    steps: 20,
-};
-const BART: Family = Family {
-    name: "bart",
-    inputs: &["input_ids", "decoder_input_ids"],
-    ignore_index: None,
-    frozen: &["final_logits_bias"],
-    steps: 20,
-};
-const MOBILENET_V3: Family = Family {
-    name: "mobilenet_v3",
-    inputs: &["pixel_values"],
-    ignore_index: None,
-    frozen: &[],
-    steps: 10,
-};
-const MOBILENET_V2: Family = Family {
-    name: "mobilenet_v2",
-    inputs: &["pixel_values"],
-    ignore_index: None,
-    frozen: &[],
-    steps: 2,
-};
-const VIT: Family = Family {
-    name: "vit",
-    inputs: &["pixel_values"],
-    ignore_index: None,
-    frozen: &[],
-    steps: 20,
-};
-const CONVNEXT: Family = Family {
-    name: "convnext",
-    inputs: &["pixel_values"],
-    ignore_index: None,
-    frozen: &[],
-    steps: 20,
-};
-const RESNET18: Family = Family {
-    name: "resnet18",
-    inputs: &["pixel_values"],
-    ignore_index: None,
-    frozen: &[],
-    steps: 2,
-};
 
 /// GPT-2: logits `[batch, seq, vocab]` with classes on the last axis, erf-free "gelu_new"
 /// (tanh), the LM head tied to the token embedding; at pp = 1, and at pp = 2 and 4 where

@@ -71,6 +71,21 @@ fn start_past_a_checkpoint() -> Started {
     }
 }
 
+/// The job in `dir` ended with the weights of the one-process run `single` (run now),
+/// and every step's loss in `metrics` is that run's (steps trained twice included).
+fn ends_as_one_process(dir: &std::path::Path, metrics: &std::path::Path, single: &std::path::Path) {
+    one_process(single, &dir.join("single.jsonl"));
+    assert_eq!(
+        weights(&dir.join("cluster/model.onnx")),
+        weights(&dir.join("single/model.onnx"))
+    );
+    let one: std::collections::BTreeMap<u64, f64> =
+        losses(&dir.join("single.jsonl")).into_iter().collect();
+    for (step, loss) in losses(metrics) {
+        assert_eq!(Some(&loss), one.get(&step), "step {step}");
+    }
+}
+
 #[test]
 fn a_killed_worker_is_restarted_with_the_others_from_the_newest_checkpoint() {
     let Started {
@@ -97,19 +112,7 @@ fn a_killed_worker_is_restarted_with_the_others_from_the_newest_checkpoint() {
         "{}",
         stderr(&outs[0])
     );
-    one_process(&single, &dir.path().join("single.jsonl"));
-    // The resumed job ends with the weights of the run never interrupted.
-    assert_eq!(
-        weights(&dir.path().join("cluster/model.onnx")),
-        weights(&dir.path().join("single/model.onnx"))
-    );
-    // Every step's loss is the uninterrupted run's (steps trained twice included).
-    let one: std::collections::BTreeMap<u64, f64> = losses(&dir.path().join("single.jsonl"))
-        .into_iter()
-        .collect();
-    for (step, loss) in losses(&metrics) {
-        assert_eq!(Some(&loss), one.get(&step), "step {step}");
-    }
+    ends_as_one_process(dir.path(), &metrics, &single);
 }
 
 /// SIGTERM to one node's supervisor (as when Kubernetes evicts one pod) stops the whole
@@ -164,17 +167,7 @@ fn a_signal_to_one_node_stops_the_job_with_a_checkpoint_and_it_resumes_exactly()
             stderr(&o)
         );
     }
-    one_process(&single, &dir.path().join("single.jsonl"));
-    assert_eq!(
-        weights(&dir.path().join("cluster/model.onnx")),
-        weights(&dir.path().join("single/model.onnx"))
-    );
-    let one: std::collections::BTreeMap<u64, f64> = losses(&dir.path().join("single.jsonl"))
-        .into_iter()
-        .collect();
-    for (step, loss) in losses(&metrics) {
-        assert_eq!(Some(&loss), one.get(&step), "step {step}");
-    }
+    ends_as_one_process(dir.path(), &metrics, &single);
 }
 
 /// While the job trains, a client with the wrong secret and one sending garbage connect

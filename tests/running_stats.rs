@@ -9,24 +9,11 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::exported::{fixture, piped, reference, train_summary, Family, Layout, Run, ONE};
+use common::exported::{
+    fixture, piped, reference, train_summary, Family, Layout, Run, MOBILENET_V3, ONE, RESNET18,
+};
 use pipetrain::data::read_npz;
 use pipetrain::tensor::Tensor;
-
-const RESNET18: Family = Family {
-    name: "resnet18",
-    inputs: &["pixel_values"],
-    ignore_index: None,
-    frozen: &[],
-    steps: 2,
-};
-const MOBILENET_V3: Family = Family {
-    name: "mobilenet_v3",
-    inputs: &["pixel_values"],
-    ignore_index: None,
-    frozen: &[],
-    steps: 10,
-};
 
 /// The running statistics (`running_mean`, `running_var`) among a run's trained tensors.
 fn stats_of(trained: &[(String, Tensor)]) -> HashMap<String, Vec<f64>> {

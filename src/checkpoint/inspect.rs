@@ -144,17 +144,14 @@ pub fn export(dir: &Path, model: Option<&Path>, output: &Path) -> Result<()> {
         });
     }
     let mut trained: Vec<(String, Tensor)> = Vec::new();
-    for (name, shape) in ckpt.parameters() {
+    let params = ckpt.parameters().into_iter().map(|p| (p, false));
+    let buffers = ckpt.buffers().into_iter().map(|b| (b, true));
+    for ((name, shape), buffer) in params.chain(buffers) {
         let mut values = vec![0.0f32; shape.iter().product()];
-        ckpt.copy_param(name, shape, &mut values)?;
-        trained.push((
-            name.to_string(),
-            Tensor::new(shape.to_vec(), TensorData::F32(values))?,
-        ));
-    }
-    for (name, shape) in ckpt.buffers() {
-        let mut values = vec![0.0f32; shape.iter().product()];
-        ckpt.copy_buffer(name, shape, &mut values)?;
+        match buffer {
+            true => ckpt.copy_buffer(name, shape, &mut values)?,
+            false => ckpt.copy_param(name, shape, &mut values)?,
+        }
         trained.push((
             name.to_string(),
             Tensor::new(shape.to_vec(), TensorData::F32(values))?,

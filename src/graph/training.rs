@@ -141,6 +141,14 @@ impl TrainingGraph {
         }
     }
 
+    /// Every parameter's name and shape (what a checkpoint must hold).
+    pub fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        self.params
+            .iter()
+            .map(|p| (p.name.clone(), p.meta.shape.clone()))
+            .collect()
+    }
+
     /// The parameter of that name.
     pub fn param(&self, name: &str) -> Option<&Param> {
         self.params.iter().find(|p| p.name == name)

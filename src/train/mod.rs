@@ -187,7 +187,7 @@ pub fn train_controlled(
     config_path: &Path,
     record_trace: bool,
     control: Option<flume::Receiver<RunControl>>,
-    mut on_step: impl FnMut(&StepReport) + Send,
+    on_step: impl FnMut(&StepReport) + Send,
 ) -> Result<TrainSummary> {
     // Stage actors compute on threads of their own; the scheduler, coordinator and data
     // actors share one worker, so their messages wake no further threads on cores the
@@ -197,6 +197,18 @@ pub fn train_controlled(
         .enable_time()
         .build()
         .map_err(Error::io(config_path))?;
+    let run = steps_of(rt, cfg, config_path, (record_trace, control), on_step);
+    runtime.block_on(run)
+}
+
+/// A run from the configuration's own data, reporting its steps to `on_step`.
+async fn steps_of(
+    rt: &Runtime,
+    cfg: &TrainConfig,
+    config_path: &Path,
+    (record_trace, control): (bool, Option<flume::Receiver<RunControl>>),
+    mut on_step: impl FnMut(&StepReport) + Send,
+) -> Result<TrainSummary> {
     let mut forward = |e: RunEvent| {
         if let RunEvent::Step(r) = e {
             on_step(&r);
@@ -209,7 +221,7 @@ pub fn train_controlled(
         control,
         on_event: &mut forward,
     };
-    runtime.block_on(run_with(rt, cfg, config_path, opts))
+    run_with(rt, cfg, config_path, opts).await
 }
 
 /// Trains as `cfg` says, calling `on_step` after every optimizer step; resumes from
@@ -225,21 +237,9 @@ pub async fn train_async(
     cfg: &TrainConfig,
     config_path: &Path,
     record_trace: bool,
-    mut on_step: impl FnMut(&StepReport) + Send,
+    on_step: impl FnMut(&StepReport) + Send,
 ) -> Result<TrainSummary> {
-    let mut forward = |e: RunEvent| {
-        if let RunEvent::Step(r) = e {
-            on_step(&r);
-        }
-    };
-    let opts = RunOptions {
-        record_trace,
-        data: None,
-        eval_data: None,
-        control: None,
-        on_event: &mut forward,
-    };
-    run_with(rt, cfg, config_path, opts).await
+    steps_of(rt, cfg, config_path, (record_trace, None), on_step).await
 }
 
 /// Trains as `cfg` says, driven by `opts`: an embedder's data, control requests, and

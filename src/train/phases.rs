@@ -141,12 +141,7 @@ pub(super) fn build_graphs(
     release_freed_memory();
     write_debug_models(cfg, &tg)?;
     if let Some(ckpt) = &p.resume {
-        let shapes: Vec<(String, Vec<usize>)> = tg
-            .params
-            .iter()
-            .map(|p| (p.name.clone(), p.meta.shape.clone()))
-            .collect();
-        ckpt.check_model(&shapes)?;
+        ckpt.check_model(&tg.param_shapes())?;
     }
     let (shared, assignment) = with_tied_shared(&tg, assign_stages(&tg, &cfg.partition())?);
     let shared: Option<TrainingGraph> = match shared {

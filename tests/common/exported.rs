@@ -243,3 +243,69 @@ pub fn layout_matches_pytorch(f: &Family, layout: Layout) {
     );
     assert_within_spread(&what, &ours, &f64s, &f32s, 4.0);
 }
+
+// The fixtures' families.
+
+pub const GPT2: Family = Family {
+    name: "gpt2",
+    inputs: &["input_ids"],
+    ignore_index: None,
+    frozen: &[],
+    steps: 20,
+};
+pub const LLAMA: Family = Family {
+    name: "llama",
+    inputs: &["input_ids"],
+    ignore_index: None,
+    frozen: &[],
+    steps: 20,
+};
+pub const BERT: Family = Family {
+    name: "bert",
+    inputs: &["input_ids", "attention_mask"],
+    ignore_index: Some(-100),
+    frozen: &[],
+    steps: 20,
+};
+pub const BART: Family = Family {
+    name: "bart",
+    inputs: &["input_ids", "decoder_input_ids"],
+    ignore_index: None,
+    frozen: &["final_logits_bias"],
+    steps: 20,
+};
+pub const MOBILENET_V3: Family = Family {
+    name: "mobilenet_v3",
+    inputs: &["pixel_values"],
+    ignore_index: None,
+    frozen: &[],
+    steps: 10,
+};
+pub const MOBILENET_V2: Family = Family {
+    name: "mobilenet_v2",
+    inputs: &["pixel_values"],
+    ignore_index: None,
+    frozen: &[],
+    steps: 2,
+};
+pub const VIT: Family = Family {
+    name: "vit",
+    inputs: &["pixel_values"],
+    ignore_index: None,
+    frozen: &[],
+    steps: 20,
+};
+pub const CONVNEXT: Family = Family {
+    name: "convnext",
+    inputs: &["pixel_values"],
+    ignore_index: None,
+    frozen: &[],
+    steps: 20,
+};
+pub const RESNET18: Family = Family {
+    name: "resnet18",
+    inputs: &["pixel_values"],
+    ignore_index: None,
+    frozen: &[],
+    steps: 2,
+};

@@ -78,12 +78,7 @@ impl Module {
         let settings = StageSettings::new(OptimizerConfig::default(), 1.0);
         let stage = OrtStage::new(rt, &tg, &graphs[0], &session, &settings)?;
         if let Some(ckpt) = &state.loaded {
-            let shapes: Vec<(String, Vec<usize>)> = tg
-                .params
-                .iter()
-                .map(|p| (p.name.clone(), p.meta.shape.clone()))
-                .collect();
-            ckpt.check_model(&shapes)?;
+            ckpt.check_model(&tg.param_shapes())?;
         }
         let steps = state.loaded.as_ref().map_or(0, |c| c.manifest.steps_done);
         Ok(Module {
