@@ -6,6 +6,7 @@ pub mod check;
 mod export;
 mod ir;
 mod loss;
+mod model_inputs;
 mod params;
 mod partition;
 mod running_stats;
