@@ -188,8 +188,8 @@ fn main() -> ExitCode {
             .and_then(|rt| pipetrain::train::check_model(&rt, &model, config.as_deref()))
             .map(|text| print!("{text}")),
         Command::Launch(args) => match pipetrain::launch::launch(&args) {
-            Ok(Some(sig)) => return stopped_by(sig),
-            other => other.map(|_| ()),
+            Ok(end) => return ExitCode::from(end.status()),
+            Err(e) => Err(e),
         },
         Command::Schedule { command } => schedule(command),
         Command::Checkpoint {

@@ -235,3 +235,28 @@ fn a_global_batch_that_does_not_fit_the_data_is_refused_before_training() {
         "{err}"
     );
 }
+
+/// An elastic job's smaller run: fewer replicas accumulate more micro-batches, with the
+/// same global batch, optimizer steps and evaluation set; a count that does not share a
+/// step's micro-batches is refused.
+#[test]
+fn the_same_run_at_fewer_replicas() {
+    let dp4 = with(
+        "data_parallel_size = 1",
+        "data_parallel_size = 4\neval_micro_batches = 3",
+    );
+    let c = TrainConfig::parse(&dp4, &path()).unwrap();
+    let two = c.at_data_parallel(2, &path()).unwrap();
+    assert_eq!(
+        (two.data_parallel_size, two.gradient_accumulation_steps),
+        (2, 8)
+    );
+    assert_eq!(two.global_batch(), c.global_batch());
+    assert_eq!(two.optimizer_steps(), c.optimizer_steps());
+    assert_eq!(two.eval_micro_batches, 6);
+    let err = c.at_data_parallel(3, &path()).unwrap_err().to_string();
+    assert!(
+        err.contains("data_parallel_size") && err.contains("16 micro-batches"),
+        "{err}"
+    );
+}

@@ -184,6 +184,7 @@ fn metrics_lines_round_trip_and_are_flushed_as_written() {
             loss_scale: Some(65536.0),
             skipped: true,
             samples: Some(128),
+            event: Some("elastic: 3 of 4 nodes are left".into()),
         },
     ];
     let mut w = MetricsWriter::create(&path).unwrap();

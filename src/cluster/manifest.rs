@@ -62,6 +62,15 @@ pub struct JobSpec {
     /// Restarts of the whole job (from its newest checkpoint) before giving up.
     #[serde(default = "max_restarts")]
     pub max_restarts: u32,
+    /// Go on with the nodes left when one is gone for good (its restarts spent, or not
+    /// back within `connect_timeout_s`): a smaller data-parallel size, the same global
+    /// batch (see [`ClusterManifest::shrink`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub elastic: bool,
+    /// With `elastic`, the fewest nodes the job goes on with (default: as few as hold
+    /// one replica).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_nodes: Option<usize>,
 }
 
 fn heartbeat_ms() -> u64 {

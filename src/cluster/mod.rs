@@ -10,6 +10,7 @@
 //! - `manifest`: [`ClusterManifest`] (TOML: `[job]`, `[layout]`, `[[nodes]]`), parsed
 //!   and validated once; rank lookups both ways.
 //! - `validate`: the manifest's rules and the rank assignment they yield.
+//! - `elastic`: [`Shrunk`], the smaller job an elastic manifest goes on as.
 //! - `coords`: [`Layout`] and [`RankCoords`]: `rank = dp * pipeline_parallel + pp`.
 //! - `host`: [`Host`] and [`Endpoint`], IP literals or host names left unresolved.
 //! - `secret`: [`SecretSource`], reading the shared secret, refusing an exposed file.
@@ -19,6 +20,7 @@
 //! - `field`: naming the field (`nodes[1].port`) of a TOML parse error.
 
 mod coords;
+mod elastic;
 mod env;
 mod field;
 mod host;
@@ -29,6 +31,7 @@ mod slurm;
 mod validate;
 
 pub use coords::{Layout, RankCoords};
+pub use elastic::Shrunk;
 pub use env::{node_from_env, select_node, NodeChoice, NodeSource};
 pub use host::{Endpoint, Host};
 pub use hostlist::{expand_hostlist, MAX_HOSTS};

@@ -113,6 +113,10 @@ pub struct SlurmDefaults {
     pub connect_timeout_s: u64,
     /// As [`JobSpec::max_restarts`].
     pub max_restarts: u32,
+    /// As [`JobSpec::elastic`].
+    pub elastic: bool,
+    /// As [`JobSpec::min_nodes`].
+    pub min_nodes: Option<usize>,
 }
 
 impl Default for SlurmDefaults {
@@ -131,6 +135,8 @@ impl Default for SlurmDefaults {
             peer_timeout_s: 10,
             connect_timeout_s: 60,
             max_restarts: 3,
+            elastic: false,
+            min_nodes: None,
         }
     }
 }
@@ -215,6 +221,8 @@ pub fn manifest_from_slurm(
             peer_timeout_s: base.peer_timeout_s,
             connect_timeout_s: base.connect_timeout_s,
             max_restarts: base.max_restarts,
+            elastic: base.elastic,
+            min_nodes: base.min_nodes,
         },
         layout: base.layout,
         nodes,

@@ -34,6 +34,7 @@ pub(super) fn validate(m: &ManifestFile, path: &Path) -> Result<Resolved> {
         return Err(bad("nodes", "give at least one `[[nodes]]` entry".into()));
     }
     let hosts = validate_nodes(&m.nodes, &bad)?;
+    validate_elastic(&m.job, m.nodes.len(), &bad)?;
     let node_ranks = assign_ranks(&m.nodes, world, &bad)?;
     validate_ports(&m.nodes, &hosts, &node_ranks, &bad)?;
     let rendezvous = Endpoint::parse(&m.job.rendezvous).map_err(|r| bad("job.rendezvous", r))?;
@@ -135,6 +136,21 @@ fn validate_job(job: &JobSpec, bad: &Bad) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// `min_nodes` applies to elastic jobs, and counts from 1 to the nodes listed.
+fn validate_elastic(job: &JobSpec, nodes: usize, bad: &Bad) -> Result<()> {
+    match job.min_nodes {
+        Some(_) if !job.elastic => Err(bad(
+            "job.min_nodes",
+            "applies to elastic jobs only: set `elastic = true` too, or remove it".into(),
+        )),
+        Some(m) if m == 0 || m > nodes => Err(bad(
+            "job.min_nodes",
+            format!("must be from 1 to the {nodes} nodes listed, got {m}"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn validate_layout(m: &ManifestFile, bad: &Bad) -> Result<usize> {

@@ -10,6 +10,8 @@
 //!   ([`Mesh::send_slice`]) and is read into recycled buffers ([`Mesh::recycle`]).
 //! - `conn`: one connection's tasks (dial, accept, write, read) and what they share
 //!   with the mesh.
+//! - `lobby`: an elastic job's rendezvous before its mesh: the first node learns who
+//!   came back ([`Gathered`]) and tells them.
 //! - `bus`: [`MeshBus`], the actors' control [`pipetrain_actors::Bus`] (keyed
 //!   all-gathers).
 //! - `ring`: [`MeshCollective`], ring all-reduce (reduce-scatter + all-gather) for the
@@ -27,11 +29,13 @@ mod bus;
 mod conn;
 pub mod frame;
 pub mod handshake;
+mod lobby;
 mod mesh;
 mod ring;
 pub mod wire;
 
 pub use bus::MeshBus;
+pub use lobby::{host_lobby, join_lobby, Gathered};
 pub use mesh::{Mesh, MeshTimeouts};
 pub use ring::MeshCollective;
 pub use wire::link_transfers;

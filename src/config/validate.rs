@@ -191,3 +191,39 @@ impl TrainConfig {
         Ok(())
     }
 }
+
+impl TrainConfig {
+    /// This run at `data_parallel` replicas with the same global batch: each replica's
+    /// gradient accumulation (and `num_train_steps`, which counts a replica's passes)
+    /// grows as the replicas fall, so the optimizer steps and the samples of each stay
+    /// those of the run as configured. An elastic job that lost nodes goes on so.
+    ///
+    /// # Errors
+    /// `Config` on `data_parallel_size` when the step's micro-batches
+    /// (`data_parallel_size x gradient_accumulation_steps`) cannot be shared evenly, or
+    /// any rule the changed run breaks.
+    pub fn at_data_parallel(&self, data_parallel: usize, path: &Path) -> Result<TrainConfig> {
+        let micro_batches = self.data_parallel_size * self.gradient_accumulation_steps;
+        if data_parallel == 0 || micro_batches % data_parallel != 0 {
+            return Err(Error::Config {
+                path: path.to_path_buf(),
+                field: "data_parallel_size".into(),
+                rule: format!(
+                    "a step's {micro_batches} micro-batches (data_parallel_size x gradient_accumulation_steps) cannot be shared by {data_parallel} replicas"
+                ),
+            });
+        }
+        let mut c = self.clone();
+        c.data_parallel_size = data_parallel;
+        c.gradient_accumulation_steps = micro_batches / data_parallel;
+        c.num_train_steps = self.optimizer_steps() * c.gradient_accumulation_steps;
+        c.eval_micro_batches = (self.eval_micro_batches * self.data_parallel_size)
+            .div_ceil(data_parallel)
+            .max(1);
+        if let Some(w) = c.world_size.as_mut() {
+            *w = *w / self.data_parallel_size * data_parallel;
+        }
+        c.validate(path)?;
+        Ok(c)
+    }
+}

@@ -13,6 +13,7 @@
 //! ONNX Runtime library, one copy of the data and one set of connections, and hand
 //! activations to each other through memory; a rank's failure is the node's anyway.
 
+mod elastic;
 mod supervisor;
 mod worker;
 
@@ -49,14 +50,41 @@ pub struct LaunchArgs {
     pub config: PathBuf,
 }
 
-/// Runs `pipetrain launch`: the supervisor, or with `--worker` the worker. The signal
-/// that stopped the job (SIGINT, SIGTERM), if one did: it stopped after a checkpoint,
-/// and the process exits with `128 + signal`.
+/// How a node's part of the job ended (see [`Ended::status`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The job trained to its end.
+    Finished,
+    /// A SIGINT or SIGTERM (the signal) stopped the job after a checkpoint.
+    Stopped(i32),
+    /// An elastic job's worker lost a peer mid-run: restarted without counting against
+    /// `max_restarts` (the peer's own supervisor counts its failures).
+    LostPeer,
+    /// An elastic job went on without this node (no rank left for it).
+    Left,
+}
+
+/// The exit status of an elastic job's worker that lost a peer (`EX_TEMPFAIL`).
+const LOST_PEER_STATUS: u8 = 75;
+
+impl Ended {
+    /// The process's exit status: 0 finished or left, `128 + signal` stopped, 75 a
+    /// worker that lost a peer.
+    pub fn status(self) -> u8 {
+        match self {
+            Ended::Finished | Ended::Left => 0,
+            Ended::Stopped(sig) => (128 + sig) as u8,
+            Ended::LostPeer => LOST_PEER_STATUS,
+        }
+    }
+}
+
+/// Runs `pipetrain launch`: the supervisor, or with `--worker` the worker.
 ///
 /// # Errors
 /// A bad manifest, configuration or environment, naming the file, field and rule; the
 /// job's failure.
-pub fn launch(args: &LaunchArgs) -> Result<Option<i32>> {
+pub fn launch(args: &LaunchArgs) -> Result<Ended> {
     match args.worker {
         true => worker::run_worker(args),
         false => supervisor::supervise(args),
@@ -69,6 +97,10 @@ struct Placement {
     manifest: ClusterManifest,
     node: NodeChoice,
     cfg: TrainConfig,
+    /// The job name the mesh's connections prove (an elastic job's names its regroup).
+    mesh_job: String,
+    /// What an elastic regroup changed, for the log and the metrics.
+    event: Option<String>,
 }
 
 impl Placement {
@@ -78,9 +110,11 @@ impl Placement {
         let cfg = TrainConfig::load(&args.config)?;
         manifest.check_train_config(&cfg, &args.config)?;
         Ok(Placement {
+            mesh_job: manifest.job().name.clone(),
             manifest,
             node,
             cfg,
+            event: None,
         })
     }
 }

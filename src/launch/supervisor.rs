@@ -20,51 +20,37 @@ use std::time::Duration;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use super::{LaunchArgs, Placement};
+use super::{Ended, LaunchArgs, Placement};
 use crate::{Error, Result};
 
 /// Pause before a restart, so a worker that failed at once does not spin.
 const RESTART_PAUSE: Duration = Duration::from_secs(1);
 
-/// Runs this node's worker until the job ends: `Ok(None)` when it finishes,
-/// `Ok(Some(signal))` when a SIGINT or SIGTERM stopped it (not restarted), the last
-/// failure when it failed `max_restarts + 1` times.
+/// Runs this node's worker until the job ends: [`Ended::Finished`] when it finishes
+/// (or leaves an elastic job), [`Ended::Stopped`] when a SIGINT or SIGTERM stopped it
+/// (not restarted), the last failure when it failed `max_restarts + 1` times. An
+/// elastic job's worker that lost a peer is restarted without counting.
 ///
 /// # Errors
 /// A bad manifest or configuration (before anything starts), or the worker's failure.
-pub fn supervise(args: &LaunchArgs) -> Result<Option<i32>> {
+pub fn supervise(args: &LaunchArgs) -> Result<Ended> {
     let placement = Placement::load(args)?;
     let node = &placement.node;
     let job = placement.manifest.job();
     let exe = std::env::current_exe().map_err(Error::io(Path::new("pipetrain")))?;
     let signals = Forwarder::start()?;
-    let mut attempt = 0u32;
+    let (mut attempt, mut failures) = (0u32, 0u32);
     loop {
-        let mut cmd = Command::new(&exe);
-        cmd.arg("launch")
-            .arg("--manifest")
-            .arg(&args.manifest)
-            .arg("--node")
-            .arg(&node.name)
-            .arg("--worker")
-            .arg("--attempt")
-            .arg(attempt.to_string());
-        if args.resume || attempt > 0 {
-            cmd.arg("--resume");
-        }
-        if let Some(m) = &args.metrics {
-            cmd.arg("--metrics").arg(m);
-        }
-        cmd.arg(&args.config);
         eprintln!(
-            "pipetrain launch: node {} ({}) of job {}: starting its worker (attempt {} of {})",
+            "pipetrain launch: node {} ({}) of job {}: starting its worker (attempt {}; {} of {} restarts used)",
             node.name,
             node.source,
             job.name,
             attempt + 1,
-            job.max_restarts + 1
+            failures,
+            job.max_restarts
         );
-        let mut child = cmd
+        let mut child = worker_command(&exe, args, &node.name, attempt)
             .process_group(0)
             .spawn()
             .map_err(Error::io(exe.as_path()))?;
@@ -73,7 +59,7 @@ pub fn supervise(args: &LaunchArgs) -> Result<Option<i32>> {
         signals.child.store(0, Ordering::SeqCst);
         let status = status?;
         if status.success() {
-            return Ok(None);
+            return Ok(Ended::Finished);
         }
         let why = describe(status);
         if let Some(sig) = stopped_by(status).or(signals.received()) {
@@ -82,24 +68,55 @@ pub fn supervise(args: &LaunchArgs) -> Result<Option<i32>> {
                 node.name,
                 crate::train::signal_name(sig)
             );
-            return Ok(Some(sig));
+            return Ok(Ended::Stopped(sig));
         }
-        if attempt >= job.max_restarts {
+        attempt += 1;
+        if job.elastic && status.code() == Some(Ended::LostPeer.status().into()) {
+            eprintln!(
+                "pipetrain launch: node {}: the worker lost a peer; restarting it to go on with the nodes left",
+                node.name
+            );
+            std::thread::sleep(RESTART_PAUSE);
+            continue;
+        }
+        if failures >= job.max_restarts {
             return Err(Error::Launch {
                 node: node.name.clone(),
                 reason: format!(
-                    "the worker {why}, and has been restarted {attempt} time(s) (job.max_restarts = {})",
+                    "the worker {why}, and has been restarted {failures} time(s) (job.max_restarts = {})",
                     job.max_restarts
                 ),
             });
         }
+        failures += 1;
         eprintln!(
             "pipetrain launch: node {}: the worker {why}; restarting it from the newest complete checkpoint",
             node.name
         );
-        attempt += 1;
         std::thread::sleep(RESTART_PAUSE);
     }
+}
+
+/// The worker's command line: `attempt` counts its starts (0 first); every start after
+/// the first resumes.
+fn worker_command(exe: &Path, args: &LaunchArgs, node: &str, attempt: u32) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.arg("launch")
+        .arg("--manifest")
+        .arg(&args.manifest)
+        .arg("--node")
+        .arg(node)
+        .arg("--worker")
+        .arg("--attempt")
+        .arg(attempt.to_string());
+    if args.resume || attempt > 0 {
+        cmd.arg("--resume");
+    }
+    if let Some(m) = &args.metrics {
+        cmd.arg("--metrics").arg(m);
+    }
+    cmd.arg(&args.config);
+    cmd
 }
 
 /// How a worker ended, in words.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use pipetrain_actors::{Bus, Distribution};
 use sha2::{Digest, Sha256};
 
-use super::{LaunchArgs, Placement};
+use super::{Ended, LaunchArgs, Placement};
 use crate::cluster::{process_env, ClusterManifest, Endpoint};
 use crate::comm::{link_transfers, Mesh, MeshBus, MeshCollective, MeshTimeouts};
 use crate::compute::Runtime;
@@ -24,12 +24,14 @@ use pipetrain_actors::RunControl;
 
 /// Runs this node's worker to the end of the job (or its failure). A SIGINT or SIGTERM
 /// stops the whole job after the same step on every node, with a checkpoint (see
-/// [`StopOnSignal`]); the signal that stopped it, SIGTERM when another node's did.
+/// [`StopOnSignal`]): [`Ended::Stopped`] by that signal, SIGTERM when another node's
+/// did. An elastic job regroups first ([`super::elastic`]), and a lost peer ends it as
+/// [`Ended::LostPeer`] rather than as a failure.
 ///
 /// # Errors
 /// A bad manifest, configuration or secret; nodes that disagree; the run's failure,
 /// another node's included.
-pub(super) fn run_worker(args: &LaunchArgs) -> Result<Option<i32>> {
+pub(super) fn run_worker(args: &LaunchArgs) -> Result<Ended> {
     let placement = Placement::load(args)?;
     let secret = placement.manifest.secret(&process_env)?;
     let rt = Runtime::from_env()?;
@@ -43,24 +45,38 @@ pub(super) fn run_worker(args: &LaunchArgs) -> Result<Option<i32>> {
     let signals = StopOnSignal::install(&who, move |_| {
         let _ = control.send(RunControl::Stop);
     })?;
-    let ended_early = runtime.block_on(work(args, placement, &secret, &rt, requests))?;
-    Ok(signals
-        .received()
-        .or(ended_early.then_some(signal_hook::consts::SIGTERM)))
+    let ended = runtime.block_on(async {
+        let placement = match placement.manifest.job().elastic {
+            true => super::elastic::regroup(placement, &secret, &args.config).await?,
+            false => Some(placement),
+        };
+        match placement {
+            Some(p) => work(args, p, &secret, &rt, requests).await,
+            None => Ok(Ended::Left),
+        }
+    })?;
+    Ok(match (signals.received(), ended) {
+        (Some(sig), _) => Ended::Stopped(sig),
+        (None, Ended::Stopped(_)) => Ended::Stopped(signal_hook::consts::SIGTERM),
+        (None, other) => other,
+    })
 }
 
-/// Joins the job and trains; whether the run stopped before its last step.
+/// Joins the job and trains: finished, stopped before its last step (by a stop here or
+/// on another node), or (elastic) a peer lost.
 async fn work(
     args: &LaunchArgs,
     p: Placement,
     secret: &[u8],
     rt: &Runtime,
     requests: flume::Receiver<RunControl>,
-) -> Result<bool> {
+) -> Result<Ended> {
     let Placement {
         manifest,
         node,
         mut cfg,
+        mesh_job,
+        event,
     } = p;
     let me = node.index;
     let failed = |reason: String| Error::Launch {
@@ -78,7 +94,7 @@ async fn work(
     let names = (0..manifest.nodes().len())
         .map(|i| node_label(&manifest, i))
         .collect();
-    let mesh = Mesh::connect(me, &job.name, listen, addresses, names, secret, timeouts)
+    let mesh = Mesh::connect(me, &mesh_job, listen, addresses, names, secret, timeouts)
         .await
         .map_err(|e| failed(format!("could not join the job: {e}")))?;
     let bus: Arc<dyn Bus> = Arc::new(MeshBus::new(mesh.clone()));
@@ -134,37 +150,47 @@ async fn work(
     // would only notice at the watchdog, so the job stops here at once (dropping the run
     // aborts this process's actors) and the supervisors restart it.
     let result = tokio::select! {
-        r = train(rt, &cfg, args, (part, requests), me, &node.name) => r,
+        r = train(rt, &cfg, args, (part, requests), &node.name, event) => r,
         why = mesh.failed() => Err(failed(format!("the job lost a node: {why}"))),
     };
     match &result {
         Ok(_) => mesh.shutdown().await,
         Err(_) => mesh.abort(),
     }
-    result
+    match (result, mesh.failure()) {
+        (Ok(true), _) => Ok(Ended::Stopped(signal_hook::consts::SIGTERM)),
+        (Ok(false), _) => Ok(Ended::Finished),
+        (Err(_), Some(why)) if job.elastic => {
+            eprintln!(
+                "pipetrain launch: node {}: the job lost a node: {why}",
+                node.name
+            );
+            Ok(Ended::LostPeer)
+        }
+        (Err(e), _) => Err(e),
+    }
 }
 
-/// Trains this node's part, reporting on node 0; whether it stopped before its last
-/// step (a stop request, here or on another node).
+/// Trains this node's part, reporting on node 0 (with `event`, an elastic regroup, in
+/// its first step's metrics); whether it stopped before its last step (a stop request,
+/// here or on another node).
 async fn train<K: pipetrain_actors::Collective>(
     rt: &Runtime,
     cfg: &crate::config::TrainConfig,
     args: &LaunchArgs,
     (part, requests): (ClusterPart<K>, flume::Receiver<RunControl>),
-    me: usize,
     name: &str,
+    event: Option<String>,
 ) -> Result<bool> {
+    let me = part.node;
     let resuming = cfg.checkpoint_to_load_path.is_some();
     let stderr = std::io::stderr();
     let is_terminal = stderr.is_terminal();
     let mut reporter = match me {
-        0 => Some(Reporter::new(
-            cfg,
-            stderr,
-            is_terminal,
-            args.metrics.as_deref(),
-            resuming,
-        )?),
+        0 => Some(
+            Reporter::new(cfg, stderr, is_terminal, args.metrics.as_deref(), resuming)?
+                .with_event(event),
+        ),
         _ => None,
     };
     if let (0, Some(path)) = (me, &cfg.checkpoint_to_load_path) {
@@ -204,7 +230,7 @@ async fn train<K: pipetrain_actors::Collective>(
 
 /// Where each node's worker listens for the others: node 0 at the job's rendezvous
 /// address, the others at their `address:port`. Host names are resolved here.
-async fn mesh_addresses(manifest: &ClusterManifest) -> Result<Vec<SocketAddr>> {
+pub(super) async fn mesh_addresses(manifest: &ClusterManifest) -> Result<Vec<SocketAddr>> {
     let mut out = Vec::with_capacity(manifest.nodes().len());
     for (i, n) in manifest.nodes().iter().enumerate() {
         let ep = match i {
@@ -239,7 +265,11 @@ async fn resolve(ep: &Endpoint, manifest: &ClusterManifest, node: usize) -> Resu
 
 /// The address this node's listener binds: the wildcard with `bind_all`, else the
 /// address peers dial.
-fn listen_address(manifest: &ClusterManifest, me: usize, dialed: SocketAddr) -> SocketAddr {
+pub(super) fn listen_address(
+    manifest: &ClusterManifest,
+    me: usize,
+    dialed: SocketAddr,
+) -> SocketAddr {
     let bind: Option<IpAddr> = manifest.nodes()[me].bind_ip();
     bind.map_or(dialed, |ip| SocketAddr::new(ip, dialed.port()))
 }

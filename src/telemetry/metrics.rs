@@ -66,6 +66,10 @@ pub struct StepMetrics {
     /// ([`pipetrain_schedules::Timeline::bubble_fraction`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bubble_fraction: Option<f64>,
+    /// What happened to the job just before this step, in words: an elastic job that
+    /// went on with fewer nodes says so on its first step after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
 }
 
 /// Reads `null` as NaN: see [`StepMetrics`].

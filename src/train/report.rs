@@ -19,6 +19,8 @@ pub struct Reporter<W: Write> {
     first: Option<u64>,
     last: f64,
     failed: Option<crate::Error>,
+    /// What happened to the job before its first step here (an elastic regroup).
+    event: Option<String>,
 }
 
 impl<W: Write> Reporter<W> {
@@ -49,7 +51,15 @@ impl<W: Write> Reporter<W> {
             first: None,
             last: 0.0,
             failed: None,
+            event: None,
         })
+    }
+
+    /// Notes `event` (what happened to the job before this run, such as an elastic
+    /// regroup) in the metrics line of the first step.
+    pub fn with_event(mut self, event: Option<String>) -> Self {
+        self.event = event;
+        self
     }
 
     /// Reports step `r`.
@@ -97,6 +107,7 @@ impl<W: Write> Reporter<W> {
                 loss_scale: self.scaled.then_some(r.loss_scale),
                 skipped: r.skipped,
                 samples: Some((r.step + 1) * self.global as u64),
+                event: self.event.take(),
                 ..Default::default()
             };
             if let Err(e) = w.write(&m) {

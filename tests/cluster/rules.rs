@@ -96,6 +96,19 @@ fn every_rule_names_the_file_the_field_and_the_rule() {
             "at least 3 heartbeats (15000 ms)",
         ),
         (
+            edit(GOOD, &[("[layout]", "min_nodes = 2\n[layout]")]),
+            "job.min_nodes",
+            "elastic jobs only",
+        ),
+        (
+            edit(
+                GOOD,
+                &[("[layout]", "elastic = true\nmin_nodes = 5\n[layout]")],
+            ),
+            "job.min_nodes",
+            "from 1 to the 2 nodes listed, got 5",
+        ),
+        (
             edit(GOOD, &[("[layout]", "connect_timeout_s = 0\n[layout]")]),
             "job.connect_timeout_s",
             "from 1 to 86400",
