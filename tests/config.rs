@@ -260,3 +260,37 @@ fn the_same_run_at_fewer_replicas() {
         "{err}"
     );
 }
+
+/// `[[optimizer_attributes]]`: each group's values follow the optimizer's rules, named
+/// by the group's index; moments only for optimizers that keep them.
+#[test]
+fn optimizer_attributes_rules() {
+    let group = |body: &str| format!("{GOOD}\n[[optimizer_attributes]]\n{body}\n");
+    TrainConfig::parse(&group("params = [\"*.bias\"]\nweight_decay = 0.0"), &path()).unwrap();
+    refused(
+        &group("params = [\"*.bias\"]\nbeta1 = 1.5"),
+        "optimizer_attributes[0].beta1",
+        "[0, 1)",
+    );
+    refused(
+        &group("params = []"),
+        "optimizer_attributes[0].params",
+        "at least one",
+    );
+    refused(
+        &group("params = [\"[a\"]"),
+        "optimizer_attributes[0].params",
+        "`[a`",
+    );
+    refused(
+        &group("params = [\"*\"]\nlr_scale = -1.0"),
+        "optimizer_attributes[0].lr_scale",
+        ">= 0",
+    );
+    let sgd = with("kind = \"adamw\"", "kind = \"sgd\"");
+    refused(
+        &format!("{sgd}\n[[optimizer_attributes]]\nparams = [\"*\"]\neps = 1e-6\n"),
+        "optimizer_attributes[0].eps",
+        "not sgd",
+    );
+}

@@ -417,3 +417,65 @@ fn lr_schedules_at_their_landmarks() {
     ));
     assert!(near(schedule(kinds[3], 0.1).lr_at(100, 100), 0.0));
 }
+
+/// Parameter groups act per tensor: a tensor in a group is updated bitwise as by an
+/// optimizer with the group's settings (its learning rate scaled), every other tensor as
+/// by the ungrouped optimizer; for every kind, LAMB's per-tensor trust ratio included.
+#[test]
+fn param_groups_act_per_tensor() {
+    use pipetrain::optim::{build_grouped, ParamGroup};
+    let l = layout();
+    let n = l.len();
+    let b = l.offsets()[1]..l.offsets()[2];
+    let run = |opt: &mut dyn Optimizer, lr: f64| {
+        let mut p = params0(n);
+        for g in grads(n, 6) {
+            opt.step(&mut p, &g, lr).unwrap();
+        }
+        p
+    };
+    let cases = [
+        (sgd(0.9, 0.0, true, 0.01), sgd(0.9, 0.0, true, 0.0), false),
+        (
+            adam(0.01),
+            cfg("kind = \"adam\"\nbeta2 = 0.99\nweight_decay = 0.0"),
+            true,
+        ),
+        (
+            adamw(0.01),
+            cfg("kind = \"adamw\"\nbeta2 = 0.99\nweight_decay = 0.0"),
+            true,
+        ),
+        (
+            lamb(0.01),
+            cfg("kind = \"lamb\"\nbeta2 = 0.99\nweight_decay = 0.0"),
+            true,
+        ),
+    ];
+    for (base, as_group, moments) in cases {
+        let group = ParamGroup {
+            params: vec!["b".into()],
+            weight_decay: Some(0.0),
+            lr_scale: Some(0.5),
+            beta1: None,
+            beta2: moments.then_some(0.99),
+            eps: None,
+        };
+        let grouped = run(build_grouped(&base, &[group], &l).unwrap().as_mut(), 1e-2);
+        let plain = run(opt(&base).as_mut(), 1e-2);
+        let alone = run(opt(&as_group).as_mut(), 0.5e-2);
+        assert_eq!(
+            grouped[b.clone()],
+            alone[b.clone()],
+            "{base:?}: the group's tensor"
+        );
+        assert_ne!(
+            grouped[b.clone()],
+            plain[b.clone()],
+            "{base:?}: the group changes it"
+        );
+        for r in [0..b.start, b.end..n] {
+            assert_eq!(grouped[r.clone()], plain[r], "{base:?}: the other tensors");
+        }
+    }
+}

@@ -90,6 +90,10 @@ pub struct TrainConfig {
     pub data: DataConfig,
     /// The optimizer.
     pub optimizer: OptimizerConfig,
+    /// Parameter groups with their own weight decay, learning-rate scale, betas or eps
+    /// (`[[optimizer_attributes]]`, as ONNX Runtime's per-weight optimizer attributes).
+    #[serde(default)]
+    pub optimizer_attributes: Vec<crate::optim::ParamGroup>,
     /// The learning rate and its schedule.
     pub lr_schedule: LrSchedule,
     /// Pipeline schedule and partition.

@@ -187,6 +187,7 @@ impl TrainConfig {
         }
         self.validate_run_state(path)?;
         self.optimizer.validate(path)?;
+        crate::optim::validate_groups(&self.optimizer_attributes, &self.optimizer, path)?;
         self.lr_schedule.validate(path)?;
         Ok(())
     }

@@ -1,5 +1,6 @@
 //! Adam and AdamW, as `torch.optim.Adam` and `torch.optim.AdamW`.
 
+use super::groups::Segment;
 use super::{check_lengths, load_buffers, Optimizer};
 use crate::Result;
 
@@ -28,10 +29,9 @@ pub(crate) enum Decay {
 /// corrections are moved onto the scalars, which is how PyTorch computes it.
 pub(crate) struct Adam {
     decay: Decay,
-    beta1: f64,
-    beta2: f64,
-    eps: f64,
-    weight_decay: f64,
+    /// Stretches of the buffer and their betas, eps, weight decay and learning-rate scale
+    /// (one without parameter groups).
+    segments: Vec<Segment>,
     /// First moment (`exp_avg`).
     m: Vec<f32>,
     /// Second moment (`exp_avg_sq`).
@@ -40,21 +40,11 @@ pub(crate) struct Adam {
 }
 
 impl Adam {
-    /// Adam or AdamW over `len` values, moments zero.
-    pub(crate) fn new(
-        len: usize,
-        decay: Decay,
-        beta1: f64,
-        beta2: f64,
-        eps: f64,
-        weight_decay: f64,
-    ) -> Adam {
+    /// Adam or AdamW over `len` values laid out as `segments`, moments zero.
+    pub(crate) fn new(len: usize, decay: Decay, segments: Vec<Segment>) -> Adam {
         Adam {
             decay,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
+            segments,
             m: vec![0.0; len],
             v: vec![0.0; len],
             step: 0,
@@ -77,31 +67,11 @@ impl Optimizer for Adam {
     fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<()> {
         check_lengths(self.m.len(), params, grads)?;
         self.step += 1;
-        let t = self.step as f64;
-        let bias1 = 1.0 - self.beta1.powf(t);
-        let bias2 = 1.0 - self.beta2.powf(t);
-        let step_size = (lr / bias1) as f32;
-        let bias2_sqrt = bias2.sqrt() as f32;
-        // One loop for both kinds: the unused decay is a multiply by exactly 1 or an add of
-        // exactly 0 * p, which leaves every finite value unchanged.
-        let (l2, shrink) = match self.decay {
-            Decay::L2 => (self.weight_decay as f32, 1.0f32),
-            Decay::Decoupled => (0.0, (1.0 - lr * self.weight_decay) as f32),
-        };
-        let w1 = (1.0 - self.beta1) as f32;
-        let b2 = self.beta2 as f32;
-        let w2 = (1.0 - self.beta2) as f32;
-        let k = AdamCoefficients {
-            l2,
-            shrink,
-            w1,
-            b2,
-            w2,
-            eps: self.eps as f32,
-            bias2_sqrt,
-            step_size,
-        };
-        adam_update(params, grads, &mut self.m, &mut self.v, &k);
+        for (r, h) in &self.segments {
+            let k = AdamCoefficients::new(self.decay, h, lr * h.lr_scale, self.step);
+            let (m, v) = (&mut self.m[r.clone()], &mut self.v[r.clone()]);
+            adam_update(&mut params[r.clone()], &grads[r.clone()], m, v, &k);
+        }
         Ok(())
     }
 
@@ -133,6 +103,31 @@ struct AdamCoefficients {
     eps: f32,
     bias2_sqrt: f32,
     step_size: f32,
+}
+
+impl AdamCoefficients {
+    /// Step `step`'s (from 1) constants for values updated with `h` at learning rate `lr`.
+    fn new(decay: Decay, h: &super::groups::Hyper, lr: f64, step: u64) -> AdamCoefficients {
+        let t = step as f64;
+        let bias1 = 1.0 - h.beta1.powf(t);
+        let bias2 = 1.0 - h.beta2.powf(t);
+        // One loop for both kinds: the unused decay is a multiply by exactly 1 or an add
+        // of exactly 0 * p, which leaves every finite value unchanged.
+        let (l2, shrink) = match decay {
+            Decay::L2 => (h.weight_decay as f32, 1.0f32),
+            Decay::Decoupled => (0.0, (1.0 - lr * h.weight_decay) as f32),
+        };
+        AdamCoefficients {
+            l2,
+            shrink,
+            w1: (1.0 - h.beta1) as f32,
+            b2: h.beta2 as f32,
+            w2: (1.0 - h.beta2) as f32,
+            eps: h.eps as f32,
+            bias2_sqrt: bias2.sqrt() as f32,
+            step_size: (lr / bias1) as f32,
+        }
+    }
 }
 
 /// The update of every value. Compiled also for AVX2 and AVX-512 and picked at run time

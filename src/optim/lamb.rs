@@ -2,6 +2,7 @@
 
 use std::ops::Range;
 
+use super::groups::Hyper;
 use super::{check_lengths, load_buffers, Optimizer, ParamLayout};
 use crate::Result;
 
@@ -29,12 +30,9 @@ use crate::Result;
 ///   ORT's `ratio_min` / `ratio_max` clamps are not offered (their defaults clamp nothing).
 /// - The norms are summed in `f64` over eight lanes (ORT sums in `f32` on the GPU).
 pub(crate) struct Lamb {
-    beta1: f64,
-    beta2: f64,
-    eps: f64,
-    weight_decay: f64,
-    /// Each parameter tensor's values in the flat buffers.
-    ranges: Vec<Range<usize>>,
+    /// Each parameter tensor's values in the flat buffers, and its betas, eps, weight
+    /// decay and learning-rate scale.
+    tensors: Vec<(Range<usize>, Hyper)>,
     /// First moment (`exp_avg`).
     m: Vec<f32>,
     /// Second moment (`exp_avg_sq`).
@@ -46,22 +44,13 @@ pub(crate) struct Lamb {
 }
 
 impl Lamb {
-    /// LAMB over the tensors of `layout`, moments zero.
-    pub(crate) fn new(
-        layout: &ParamLayout,
-        beta1: f64,
-        beta2: f64,
-        eps: f64,
-        weight_decay: f64,
-    ) -> Lamb {
-        let ranges: Vec<Range<usize>> = layout.ranges().collect();
-        let largest = ranges.iter().map(|r| r.len()).max().unwrap_or(0);
+    /// LAMB over the tensors of `layout`, each updated with its entry of `hypers`,
+    /// moments zero.
+    pub(crate) fn new(layout: &ParamLayout, hypers: Vec<Hyper>) -> Lamb {
+        let tensors: Vec<(Range<usize>, Hyper)> = layout.ranges().zip(hypers).collect();
+        let largest = tensors.iter().map(|(r, _)| r.len()).max().unwrap_or(0);
         Lamb {
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-            ranges,
+            tensors,
             m: vec![0.0; layout.len()],
             v: vec![0.0; layout.len()],
             scratch: vec![0.0; largest],
@@ -90,13 +79,12 @@ impl Optimizer for Lamb {
         check_lengths(self.m.len(), params, grads)?;
         self.step += 1;
         let t = self.step as f64;
-        let bias1 = (1.0 - self.beta1.powf(t)) as f32;
-        let bias2 = (1.0 - self.beta2.powf(t)) as f32;
-        let (b1, w1) = (self.beta1 as f32, (1.0 - self.beta1) as f32);
-        let (b2, w2) = (self.beta2 as f32, (1.0 - self.beta2) as f32);
-        let eps = self.eps as f32;
-        let wd = self.weight_decay as f32;
-        for r in &self.ranges {
+        for (r, h) in &self.tensors {
+            let bias1 = (1.0 - h.beta1.powf(t)) as f32;
+            let bias2 = (1.0 - h.beta2.powf(t)) as f32;
+            let (b1, w1) = (h.beta1 as f32, (1.0 - h.beta1) as f32);
+            let (b2, w2) = (h.beta2 as f32, (1.0 - h.beta2) as f32);
+            let (eps, wd) = (h.eps as f32, h.weight_decay as f32);
             let p = &mut params[r.clone()];
             let g = &grads[r.clone()];
             let m = &mut self.m[r.clone()];
@@ -115,7 +103,7 @@ impl Optimizer for Lamb {
             } else {
                 1.0
             };
-            let step = (lr * ratio) as f32;
+            let step = (lr * h.lr_scale * ratio) as f32;
             for (p, &d) in p.iter_mut().zip(d.iter()) {
                 *p -= step * d;
             }

@@ -9,6 +9,9 @@
 //!   - `sgd.rs`: `torch.optim.SGD` (momentum, dampening, Nesterov, L2 weight decay).
 //!   - `adam.rs`: `torch.optim.Adam` and `torch.optim.AdamW` (one kernel, two decays).
 //!   - `lamb.rs`: LAMB as ONNX Runtime's `LambOptimizer` (per-tensor trust ratio).
+//! - [`ParamGroup`] (`groups.rs`): `[[optimizer_attributes]]`, per-parameter weight decay,
+//!   learning-rate scale, betas and eps for parameters matched by name; the optimizers
+//!   step over stretches of equal settings.
 //! - [`LrSchedule`] (`schedule.rs`): linear warmup, then constant / linear / polynomial /
 //!   cosine decay, HuggingFace's `get_*_schedule_with_warmup`.
 //!
@@ -24,12 +27,14 @@ use crate::{Error, Result};
 
 mod adam;
 mod config;
+mod groups;
 mod lamb;
 mod layout;
 mod schedule;
 mod sgd;
 
 pub use config::OptimizerConfig;
+pub use groups::{unmatched_patterns, validate_groups, ParamGroup};
 pub use layout::ParamLayout;
 pub use schedule::{LrDecay, LrSchedule};
 
@@ -68,53 +73,45 @@ pub trait Optimizer: Send {
 /// # Errors
 /// `Config` (path `<config>`) when `cfg` breaks a rule of [`OptimizerConfig::validate`].
 pub fn build(cfg: &OptimizerConfig, layout: &ParamLayout) -> Result<Box<dyn Optimizer>> {
-    cfg.validate(Path::new("<config>"))?;
+    build_grouped(cfg, &[], layout)
+}
+
+/// [`build`], each parameter matched by one of `groups` updated with its group's
+/// settings (the first group that matches).
+///
+/// # Errors
+/// `Config` (path `<config>`) when `cfg` or a group breaks a rule.
+pub fn build_grouped(
+    cfg: &OptimizerConfig,
+    groups: &[ParamGroup],
+    layout: &ParamLayout,
+) -> Result<Box<dyn Optimizer>> {
+    let path = Path::new("<config>");
+    cfg.validate(path)?;
+    validate_groups(groups, cfg, path)?;
     let len = layout.len();
+    let segments = || groups::segments(cfg, groups, layout);
     Ok(match *cfg {
         OptimizerConfig::Sgd {
             momentum,
             dampening,
             nesterov,
-            weight_decay,
+            ..
         } => Box::new(sgd::Sgd::new(
             len,
             momentum,
             dampening,
             nesterov,
-            weight_decay,
+            segments(),
         )),
-        OptimizerConfig::Adam {
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        } => Box::new(adam::Adam::new(
-            len,
-            adam::Decay::L2,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
+        OptimizerConfig::Adam { .. } => Box::new(adam::Adam::new(len, adam::Decay::L2, segments())),
+        OptimizerConfig::AdamW { .. } => {
+            Box::new(adam::Adam::new(len, adam::Decay::Decoupled, segments()))
+        }
+        OptimizerConfig::Lamb { .. } => Box::new(lamb::Lamb::new(
+            layout,
+            groups::tensor_hypers(cfg, groups, layout),
         )),
-        OptimizerConfig::AdamW {
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        } => Box::new(adam::Adam::new(
-            len,
-            adam::Decay::Decoupled,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        )),
-        OptimizerConfig::Lamb {
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        } => Box::new(lamb::Lamb::new(layout, beta1, beta2, eps, weight_decay)),
     })
 }
 

@@ -1,5 +1,6 @@
 //! Stochastic gradient descent, as `torch.optim.SGD`.
 
+use super::groups::Segment;
 use super::{check_lengths, load_buffers, Optimizer};
 use crate::Result;
 
@@ -18,7 +19,9 @@ pub(crate) struct Sgd {
     momentum: f64,
     dampening: f64,
     nesterov: bool,
-    weight_decay: f64,
+    /// Stretches of the buffer and their weight decay and learning-rate scale (one
+    /// without parameter groups).
+    segments: Vec<Segment>,
     len: usize,
     /// The momentum buffer; empty when `momentum == 0`.
     buf: Vec<f32>,
@@ -26,19 +29,19 @@ pub(crate) struct Sgd {
 }
 
 impl Sgd {
-    /// Plain SGD or SGD with momentum over `len` values.
+    /// Plain SGD or SGD with momentum over `len` values laid out as `segments`.
     pub(crate) fn new(
         len: usize,
         momentum: f64,
         dampening: f64,
         nesterov: bool,
-        weight_decay: f64,
+        segments: Vec<Segment>,
     ) -> Sgd {
         Sgd {
             momentum,
             dampening,
             nesterov,
-            weight_decay,
+            segments,
             len,
             buf: if momentum == 0.0 {
                 Vec::new()
@@ -53,29 +56,16 @@ impl Sgd {
 impl Optimizer for Sgd {
     fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<()> {
         check_lengths(self.len, params, grads)?;
-        let lr = lr as f32;
-        let wd = self.weight_decay as f32;
-        if self.momentum == 0.0 {
-            for (p, &g) in params.iter_mut().zip(grads) {
-                let g = g + wd * *p;
-                *p -= lr * g;
-            }
-        } else {
-            let m = self.momentum as f32;
-            // PyTorch's first step sets the buffer to the gradient. The buffer is still
-            // zero then, so `0 * b + 1 * g` is that value exactly, and the loop stays one
-            // branch-free loop that vectorizes.
-            let (keep, take) = if self.step == 0 {
-                (0.0, 1.0)
-            } else {
-                (m, (1.0 - self.dampening) as f32)
-            };
-            // Likewise `gc * g + bc * b` is exactly `g + m * b` (Nesterov) or `b`.
-            let (gc, bc) = if self.nesterov { (1.0, m) } else { (0.0, 1.0) };
-            for ((p, &g), b) in params.iter_mut().zip(grads).zip(&mut self.buf) {
-                let g = g + wd * *p;
-                *b = keep * *b + take * g;
-                *p -= lr * (gc * g + bc * *b);
+        let k = self.coefficients();
+        for (r, h) in &self.segments {
+            let (lr, wd) = ((lr * h.lr_scale) as f32, h.weight_decay as f32);
+            let (p, g) = (&mut params[r.clone()], &grads[r.clone()]);
+            match self.momentum == 0.0 {
+                true => plain_step(p, g, lr, wd),
+                false => {
+                    let b = &mut self.buf[r.clone()];
+                    momentum_step(p, g, b, k, lr, wd);
+                }
             }
         }
         self.step += 1;
@@ -102,5 +92,47 @@ impl Optimizer for Sgd {
         }
         self.step = step;
         Ok(())
+    }
+}
+
+impl Sgd {
+    /// `(keep, take, gc, bc)` of [`momentum_step`] at this step.
+    fn coefficients(&self) -> (f32, f32, f32, f32) {
+        let m = self.momentum as f32;
+        // PyTorch's first step sets the buffer to the gradient. The buffer is still zero
+        // then, so `0 * b + 1 * g` is that value exactly, and the loop stays one
+        // branch-free loop that vectorizes.
+        let (keep, take) = if self.step == 0 {
+            (0.0, 1.0)
+        } else {
+            (m, (1.0 - self.dampening) as f32)
+        };
+        // Likewise `gc * g + bc * b` is exactly `g + m * b` (Nesterov) or `b`.
+        let (gc, bc) = if self.nesterov { (1.0, m) } else { (0.0, 1.0) };
+        (keep, take, gc, bc)
+    }
+}
+
+/// SGD without momentum over one stretch.
+fn plain_step(params: &mut [f32], grads: &[f32], lr: f32, wd: f32) {
+    for (p, &g) in params.iter_mut().zip(grads) {
+        let g = g + wd * *p;
+        *p -= lr * g;
+    }
+}
+
+/// SGD with momentum over one stretch.
+fn momentum_step(
+    params: &mut [f32],
+    grads: &[f32],
+    buf: &mut [f32],
+    (keep, take, gc, bc): (f32, f32, f32, f32),
+    lr: f32,
+    wd: f32,
+) {
+    for ((p, &g), b) in params.iter_mut().zip(grads).zip(buf) {
+        let g = g + wd * *p;
+        *b = keep * *b + take * g;
+        *p -= lr * (gc * g + bc * *b);
     }
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::graph::LossNormalize;
-use crate::optim::OptimizerConfig;
+use crate::optim::{OptimizerConfig, ParamGroup};
 
 /// How a stage trains, besides its graphs.
 #[derive(Debug, Clone)]
@@ -13,6 +13,8 @@ pub struct StageSettings {
     pub split_backward: bool,
     /// The optimizer.
     pub optimizer: OptimizerConfig,
+    /// Parameters with their own optimizer settings (first match wins).
+    pub param_groups: Vec<ParamGroup>,
     /// 1 / (micro-batches x replicas): summing micro-batch gradients over the step and
     /// over replicas then gives the mean gradient of the global batch.
     pub seed_scale: f64,
@@ -54,6 +56,7 @@ impl StageSettings {
         StageSettings {
             split_backward: false,
             optimizer,
+            param_groups: Vec::new(),
             seed_scale,
             loss_scale: 1.0,
             normalize: LossNormalize::MicroBatch,

@@ -149,7 +149,11 @@ impl OrtStage {
             } else {
                 None
             },
-            optimizer: crate::optim::build(&settings.optimizer, &layout)?,
+            optimizer: crate::optim::build_grouped(
+                &settings.optimizer,
+                &settings.param_groups,
+                &layout,
+            )?,
             grads: vec![0.0; layout.len()],
             written: vec![false; layout.count()],
             params: flat,

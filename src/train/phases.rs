@@ -143,6 +143,7 @@ pub(super) fn build_graphs(
     if let Some(ckpt) = &p.resume {
         ckpt.check_model(&tg.param_shapes())?;
     }
+    check_param_groups(cfg, config_path, &tg)?;
     let (shared, assignment) = with_tied_shared(&tg, assign_stages(&tg, &cfg.partition())?);
     let shared: Option<TrainingGraph> = match shared {
         Cow::Owned(t) => Some(t),
@@ -245,5 +246,29 @@ fn release_freed_memory() {
     // live allocation.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// Refuses a `[[optimizer_attributes]]` pattern that matches none of the model's
+/// parameters (a typo would otherwise leave the group silently empty).
+fn check_param_groups(cfg: &TrainConfig, config_path: &Path, tg: &TrainingGraph) -> Result<()> {
+    let names: Vec<String> = tg.param_shapes().into_iter().map(|(n, _)| n).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    match crate::optim::unmatched_patterns(&cfg.optimizer_attributes, &refs).first() {
+        None => Ok(()),
+        Some((i, pattern)) => Err(Error::Config {
+            path: config_path.to_path_buf(),
+            field: format!("optimizer_attributes[{i}].params"),
+            rule: format!(
+                "`{pattern}` matches none of the model's {} parameters (e.g. `{}`)",
+                names.len(),
+                names
+                    .iter()
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("`, `")
+            ),
+        }),
     }
 }

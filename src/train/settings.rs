@@ -41,6 +41,7 @@ pub(super) fn stage_settings(cfg: &TrainConfig, loss_scale: f64) -> StageSetting
             _ => (cfg.gradient_bucket_mb * (1 << 20) as f64) as usize,
         },
         micro_batches: m,
+        param_groups: cfg.optimizer_attributes.clone(),
         ..StageSettings::new(cfg.optimizer.clone(), 1.0 / (m * d) as f64)
     }
 }
