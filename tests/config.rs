@@ -294,3 +294,17 @@ fn optimizer_attributes_rules() {
         "not sgd",
     );
 }
+
+/// Adasum pairs replicas in a binary tree: a replica count that is not a power of two
+/// is refused, naming the key.
+#[test]
+fn adasum_needs_a_power_of_two_of_replicas() {
+    let at = |dp: usize| {
+        with(
+            "data_parallel_size = 1",
+            &format!("data_parallel_size = {dp}\nenable_adasum = true"),
+        )
+    };
+    TrainConfig::parse(&at(4), &path()).unwrap();
+    refused(&at(3), "enable_adasum", "must be a power of two, got 3");
+}

@@ -144,3 +144,25 @@ fn four_nodes_read_only_their_replicas_shards() {
     let model = dir.path().join("a/cluster/model.onnx");
     job_equals_one_process(dir.path(), &configs, &single, steps, &model);
 }
+
+/// `enable_adasum`: the two replicas' gradients combine by Adasum, over the sockets
+/// bitwise as in one process (each replica's gradient travels in its own slot of the
+/// all-reduced buffer, so no sum order enters), and the run is not the summed one.
+#[test]
+fn four_nodes_combine_gradients_by_adasum_exactly_as_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 12;
+    let adasum = "enable_adasum = true\n";
+    let cfg = train_config(dir.path(), "cluster", steps, adasum);
+    let single = train_config(dir.path(), "single", steps, adasum);
+    let model = dir.path().join("cluster/model.onnx");
+    job_equals_one_process(dir.path(), &[cfg.as_path(); 4], &single, steps, &model);
+    let summed = train_config(dir.path(), "summed", steps, "");
+    one_process(&summed, &dir.path().join("summed.jsonl"));
+    let (a, s) = (
+        losses(&dir.path().join("single.jsonl")),
+        losses(&dir.path().join("summed.jsonl")),
+    );
+    assert_eq!(a[0], s[0], "the first step's loss comes before any update");
+    assert_ne!(a[1..], s[1..], "Adasum changes the updates");
+}

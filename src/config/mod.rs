@@ -90,6 +90,10 @@ pub struct TrainConfig {
     pub data: DataConfig,
     /// The optimizer.
     pub optimizer: OptimizerConfig,
+    /// Combine the replicas' gradients by Adasum instead of summing them (ONNX Runtime's
+    /// `enable_adasum`); needs a power-of-two `data_parallel_size`.
+    #[serde(default)]
+    pub enable_adasum: bool,
     /// Parameter groups with their own weight decay, learning-rate scale, betas or eps
     /// (`[[optimizer_attributes]]`, as ONNX Runtime's per-weight optimizer attributes).
     #[serde(default)]

@@ -182,6 +182,15 @@ impl TrainConfig {
                 ),
             ));
         }
+        if self.enable_adasum && !self.data_parallel_size.is_power_of_two() {
+            return Err(bad(
+                "enable_adasum",
+                format!(
+                    "Adasum combines replicas in a binary tree, as ONNX Runtime's and Horovod's: data_parallel_size must be a power of two, got {}",
+                    self.data_parallel_size
+                ),
+            ));
+        }
         if self.runtime.intra_op_threads == Some(0) {
             return Err(bad("runtime.intra_op_threads", "must be at least 1".into()));
         }

@@ -15,6 +15,7 @@
 //! - `data`: [`StepData`], the [`pipetrain_actors::DataSource`] splitting each step's
 //!   global batch into per-replica micro-batches.
 
+mod adasum;
 mod buckets;
 mod data;
 mod settings;
@@ -22,6 +23,7 @@ mod stage;
 mod stage_compute;
 mod stage_run;
 
+pub use adasum::{adasum_pair, AdasumSlot};
 pub use data::{StepData, LOSS_COUNT};
 pub use settings::{HistogramTap, StageSettings};
 pub use stage::{OrtStage, Payload};

@@ -36,6 +36,9 @@ pub struct StageSettings {
     pub bucket_bytes: usize,
     /// Micro-batches per step (each contributes once to the gradients).
     pub micro_batches: usize,
+    /// This replica's place when the replicas' gradients combine by Adasum rather than
+    /// by their sum (`enable_adasum`).
+    pub adasum: Option<super::AdasumSlot>,
 }
 
 /// Where a stage sends copies of the parameters (and gradients) named for TensorBoard
@@ -66,6 +69,7 @@ impl StageSettings {
             histograms: None,
             bucket_bytes: 0,
             micro_batches: 1,
+            adasum: None,
         }
     }
 }

@@ -198,11 +198,21 @@ impl StageCompute for OrtStage {
 
     fn take_grads(&mut self) -> Vec<f32> {
         self.complete_grads();
-        std::mem::take(&mut self.grads)
+        let grads = std::mem::take(&mut self.grads);
+        match self.settings.adasum {
+            Some(slot) => slot.spread(&grads),
+            None => grads,
+        }
     }
 
     fn put_grads(&mut self, grads: Vec<f32>) {
-        self.grads = grads;
+        self.grads = match self.settings.adasum {
+            Some(slot) => {
+                let tensors: Vec<_> = self.layout.ranges().collect();
+                slot.combine(&grads, &tensors)
+            }
+            None => grads,
+        };
     }
 
     fn reduce_buckets_into(&mut self, sink: Option<flume::Sender<Vec<f32>>>) -> bool {

@@ -23,8 +23,8 @@ use crate::graph::{
 };
 use crate::onnx::proto::ModelProto;
 use crate::onnx::save_model;
-use crate::pipeline::HistogramTap;
 use crate::pipeline::OrtStage;
+use crate::pipeline::{AdasumSlot, HistogramTap};
 use crate::{Error, Result};
 
 /// The model as it trains, and where it starts.
@@ -217,6 +217,10 @@ pub(super) fn make_computes(
         if replica == 0 {
             st.histograms = tap.clone();
         }
+        st.adasum = cfg.enable_adasum.then_some(AdasumSlot {
+            replica,
+            replicas: cfg.data_parallel_size,
+        });
         st.overflow_at = cfg
             .debug
             .inject_grad_overflow

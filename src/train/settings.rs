@@ -35,9 +35,10 @@ pub(super) fn stage_settings(cfg: &TrainConfig, loss_scale: f64) -> StageSetting
         loss_scale,
         normalize: cfg.loss.normalize(),
         slow_save: slow_write(cfg.debug.checkpoint_write_delay_ms),
-        // Buckets only pay with replicas to reduce among.
-        bucket_bytes: match d {
-            1 => 0,
+        // Buckets only pay with replicas to reduce among; Adasum combines whole
+        // gradients (its coefficients are per tensor).
+        bucket_bytes: match (d, cfg.enable_adasum) {
+            (1, _) | (_, true) => 0,
             _ => (cfg.gradient_bucket_mb * (1 << 20) as f64) as usize,
         },
         micro_batches: m,
