@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::check::{first_bad_value, place, FeedRule};
-use crate::config::{DataConfig, DataLayout};
+use super::{DataConfig, DataLayout};
 use crate::tensor::{Tensor, TensorMap};
 use crate::{Error, Result};
 

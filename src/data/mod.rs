@@ -4,7 +4,6 @@
 
 use std::path::Path;
 
-use crate::config::DataConfig;
 use crate::{Error, Result};
 
 mod batches;
@@ -13,6 +12,7 @@ mod npy;
 mod npz_write;
 pub mod shards;
 mod source;
+mod spec;
 pub mod synth;
 mod weights;
 
@@ -22,6 +22,7 @@ pub use npy::{parse_npy, read_npz};
 pub use npz_write::write_npz;
 pub use shards::{ShardDataset, ShardSpec, ShardSplit};
 pub use source::{split_rows, BatchSource, ChannelBatches, FedBatches, StepBatches};
+pub use spec::{DataConfig, DataLayout};
 pub use synth::{generate, SynthSpec};
 pub use weights::read_safetensors;
 
