@@ -267,35 +267,3 @@ fn progress_in_a_log_writes_plain_lines_every_few_steps() {
         .collect();
     assert_eq!(shown, ["3/7", "6/7", "7/7", "done"]);
 }
-
-#[test]
-fn progress_on_a_terminal_redraws_one_line() {
-    let mut p = Progress::new(3, Vec::new(), true);
-    for step in 1..=3 {
-        p.update(step, 2.0, 10.0).unwrap();
-    }
-    let out = String::from_utf8(p.finish("done").unwrap()).unwrap();
-    assert_eq!(out.matches('\r').count(), 3);
-    assert_eq!(
-        out.matches('\n').count(),
-        2,
-        "one after the bar, one after the summary"
-    );
-    let expected: String = (1..=3)
-        .map(|s| format!("\r{}", render(s, 3, 2.0, 10.0)))
-        .collect();
-    assert_eq!(out, format!("{expected}\ndone\n"));
-}
-
-#[test]
-fn progress_on_a_terminal_blanks_a_longer_previous_line() {
-    let mut p = Progress::new(10, Vec::new(), true);
-    p.update(1, 123456.0, 1000.0).unwrap();
-    p.update(2, 1.0, 1.0).unwrap();
-    let out = String::from_utf8(p.finish("").unwrap()).unwrap();
-    let long = render(1, 10, 123456.0, 1000.0);
-    let short = render(2, 10, 1.0, 1.0);
-    assert!(long.len() > short.len());
-    let pad = " ".repeat(long.len() - short.len());
-    assert!(out.contains(&format!("\r{short}{pad}\n")), "{out:?}");
-}

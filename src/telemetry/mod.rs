@@ -1,11 +1,12 @@
-//! Telemetry: what a run reports while it trains and after. Nothing here prints on its
-//! own: every part writes to a file or a writer the caller passes.
+//! Telemetry: what a run reports while it trains and after. Every part writes to a file
+//! or a writer the caller passes, except the terminal progress bar, which `indicatif`
+//! draws on stderr when the caller says stderr is a terminal.
 //!
 //! # Layout
 //! - `metrics`: [`MetricsWriter`] writes one [`StepMetrics`] per line (JSON Lines),
 //!   flushed as it goes, for other programs to follow.
-//! - `progress`: [`Progress`], a progress bar redrawn in place on a terminal and written as
-//!   plain lines elsewhere; [`render`] formats one line.
+//! - `progress`: [`Progress`], an `indicatif` bar on a terminal, plain lines elsewhere;
+//!   [`render`] formats one line.
 //! - `svg`: [`timeline_svg`] draws a pipeline [`pipetrain_schedules::Timeline`] (simulated
 //!   or traced) as a standalone SVG, with its makespan, bubble fraction and idle time.
 //! - `tensorboard`: [`TensorBoardWriter`] writes scalars and histograms as a TensorBoard

@@ -1,41 +1,58 @@
-//! A training progress bar without dependencies:
+//! The training progress display:
 //! `[############........] 120/200  loss 5.9123  64.1 steps/s  ETA 1.2s`.
 //!
-//! On a terminal the bar redraws itself in place with `\r`; into a file or a pipe (a CI
-//! log, `tee`) carriage returns would pile up as one enormous line, so there it writes a
-//! plain line every few steps instead. Whether the output is a terminal is the caller's
-//! to say (the binary asks [`std::io::IsTerminal`]), which keeps this testable.
+//! On a terminal it is an `indicatif` bar, redrawn in place on stderr, with notes
+//! (evaluations, checkpoints) printed above it. Into a file or a pipe (a CI log, `tee`)
+//! redraws would pile up as one enormous line, so there it writes the same line as plain
+//! text every few steps instead ([`render`]), which `indicatif` does not offer. Whether
+//! the output is a terminal is the caller's to say (the binary asks
+//! [`std::io::IsTerminal`]), which keeps this testable.
 
 use std::io::{self, Write};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Characters in the bar between the brackets.
 const BAR: u64 = 20;
 /// Plain lines per run when the output is not a terminal (about; see [`Progress::every`]).
 const PLAIN_LINES: u64 = 20;
 
-/// A progress display for `total` optimizer steps, written to `out`.
+/// A progress display for `total` optimizer steps: a bar on a terminal, plain lines to
+/// `out` otherwise; the closing summary goes to `out` either way.
 #[derive(Debug)]
 pub struct Progress<W: Write> {
     total: u64,
     out: W,
-    is_terminal: bool,
     every: u64,
-    /// The bar as last drawn on a terminal: a shorter line must blank out its tail, and a
-    /// note printed above the bar redraws it.
-    drawn: Option<String>,
+    /// The bar, on a terminal.
+    bar: Option<ProgressBar>,
 }
 
 impl<W: Write> Progress<W> {
-    /// A display for `total_steps` steps. With `is_terminal` it redraws one line in place;
-    /// without, it writes a line every `total_steps / 20` steps (at least every step) and at
-    /// the last step.
+    /// A display for `total_steps` steps. With `is_terminal` it is a bar on stderr;
+    /// without, it writes a line to `out` every `total_steps / 20` steps (at least every
+    /// step) and at the last step.
     pub fn new(total_steps: u64, out: W, is_terminal: bool) -> Self {
+        let target = is_terminal.then(ProgressDrawTarget::stderr);
+        Self::drawn_to(total_steps, out, target)
+    }
+
+    /// [`Progress::new`] with the bar drawn to `target` (`None`: plain lines to `out`).
+    pub fn drawn_to(total_steps: u64, out: W, target: Option<ProgressDrawTarget>) -> Self {
+        let bar = target.map(|t| {
+            let width = total_steps.to_string().len();
+            let template =
+                format!("[{{bar:{BAR}}}] {{pos:>{width}}}/{{len}}  {{msg}}  ETA {{eta}}");
+            let style = ProgressStyle::with_template(&template)
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("#.");
+            ProgressBar::with_draw_target(Some(total_steps), t).with_style(style)
+        });
         Progress {
             total: total_steps,
             out,
-            is_terminal,
             every: total_steps.div_ceil(PLAIN_LINES).max(1),
-            drawn: None,
+            bar,
         }
     }
 
@@ -52,28 +69,28 @@ impl<W: Write> Progress<W> {
     /// # Errors
     /// What writing to the output returned.
     pub fn update(&mut self, step: u64, loss: f64, steps_per_s: f64) -> io::Result<()> {
-        let line = render(step, self.total, loss, steps_per_s);
-        if self.is_terminal {
-            self.redraw(line)
-        } else if step % self.every == 0 || step == self.total {
-            writeln!(self.out, "{line}")?;
-            self.out.flush()
-        } else {
-            Ok(())
+        if let Some(bar) = &self.bar {
+            bar.set_message(format!("loss {loss:.4}  {steps_per_s:.1} steps/s"));
+            bar.set_position(step);
+            return Ok(());
         }
+        if step % self.every == 0 || step == self.total {
+            writeln!(self.out, "{}", render(step, self.total, loss, steps_per_s))?;
+            self.out.flush()?;
+        }
+        Ok(())
     }
 
-    /// Writes `text` as a line of its own (an evaluation result, a checkpoint saved) without
-    /// breaking the bar: on a terminal the bar is cleared, and drawn again under the text.
+    /// Writes `text` as a line of its own (an evaluation result, a checkpoint saved): above
+    /// the bar on a terminal.
     ///
     /// # Errors
     /// What writing to the output returned.
     pub fn note(&mut self, text: &str) -> io::Result<()> {
-        match self.drawn.take() {
+        match &self.bar {
             Some(bar) => {
-                let pad = bar.chars().count().saturating_sub(text.chars().count());
-                writeln!(self.out, "\r{text}{:pad$}", "")?;
-                self.redraw(bar)
+                bar.println(text);
+                Ok(())
             }
             None => {
                 writeln!(self.out, "{text}")?;
@@ -82,13 +99,15 @@ impl<W: Write> Progress<W> {
         }
     }
 
-    /// Ends the display: moves past the bar on a terminal, then writes `summary` as a line,
-    /// and hands the output back.
+    /// Ends the display (the bar stays as last drawn; `out` moves past it), then writes
+    /// `summary` as a line, and hands the output back.
     ///
     /// # Errors
     /// What writing to the output returned.
     pub fn finish(mut self, summary: &str) -> io::Result<W> {
-        if self.drawn.take().is_some() {
+        if let Some(bar) = self.bar.take() {
+            // The bar stays as last drawn, the cursor at its end.
+            bar.finish();
             writeln!(self.out)?;
         }
         writeln!(self.out, "{summary}")?;
@@ -96,14 +115,9 @@ impl<W: Write> Progress<W> {
         Ok(self.out)
     }
 
-    /// Draws `line` over the current one.
-    fn redraw(&mut self, line: String) -> io::Result<()> {
-        let old = self.drawn.as_deref().map_or(0, |l| l.chars().count());
-        let pad = old.saturating_sub(line.chars().count());
-        write!(self.out, "\r{line}{:pad$}", "")?;
-        self.out.flush()?;
-        self.drawn = Some(line);
-        Ok(())
+    /// The bar's position and message, on a terminal.
+    pub fn shown(&self) -> Option<(u64, String)> {
+        self.bar.as_ref().map(|b| (b.position(), b.message()))
     }
 }
 
@@ -177,19 +191,13 @@ mod tests {
     }
 
     #[test]
-    fn note_redraws_the_bar_under_it() {
-        let mut p = Progress::new(10, Vec::new(), true);
-        p.update(1, 2.0, 1.0).unwrap();
+    fn on_a_terminal_the_bar_shows_the_step_and_out_only_moves_past_it() {
+        let target = Some(ProgressDrawTarget::hidden());
+        let mut p = Progress::drawn_to(10, Vec::new(), target);
+        p.update(3, 2.0, 1.5).unwrap();
         p.note("eval loss 1.5").unwrap();
+        assert_eq!(p.shown(), Some((3, "loss 2.0000  1.5 steps/s".into())));
         let out = String::from_utf8(p.finish("done").unwrap()).unwrap();
-        let bar = render(1, 10, 2.0, 1.0);
-        assert_eq!(
-            out,
-            format!(
-                "\r{bar}\reval loss 1.5{:pad$}\n\r{bar}\ndone\n",
-                "",
-                pad = bar.len() - 13
-            )
-        );
+        assert_eq!(out, "\ndone\n");
     }
 }
