@@ -3,7 +3,9 @@
 //! three left regroup at dp 1 x pp 2 on two of them (the third leaves), resume from the
 //! newest complete checkpoint with twice the gradient accumulation, and end with the
 //! samples of the uninterrupted run (the same steps and data position)
-//! and its weights within the cross-layout tolerance of `tests/checkpoint.rs`.
+//! and its weights within the cross-layout tolerance of `tests/checkpoint.rs`. A node
+//! whose supervisor spends its restarts is left behind the same way, while the others'
+//! restarts (they only lost a peer) do not count.
 
 #![cfg(unix)]
 
@@ -134,4 +136,77 @@ fn a_node_lost_for_good_shrinks_the_job_which_ends_with_the_same_samples() {
     eprintln!("shrunk job vs one process: weights {diff:.3e} relative, losses {loss_diff:.3e}");
     assert!(diff <= 1e-5, "weights {diff:.3e}");
     assert!(loss_diff <= 1e-5, "losses {loss_diff:.3e}");
+}
+
+/// Node d's worker dies twice with `max_restarts = 1`: the first time its supervisor
+/// restarts it and the job meets again at full size (every node back, dp 2 x pp 2); the
+/// second time d's supervisor has spent its restarts and gives up, while the others,
+/// whose workers only lost a peer (not counted), go on at dp 1 x pp 2 to the last step.
+#[test]
+fn a_node_whose_restarts_are_spent_is_left_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let steps = 1500;
+    let extra = format!(
+        "checkpoints_dir = \"{}\"\ncheckpoint_period = 50\nmax_num_checkpoints = 2\n",
+        ck.display()
+    );
+    let cfg = train_config(dir.path(), "cluster", steps, &extra);
+    let m = manifest(
+        dir.path(),
+        "0123456789abcdef0123456789abcdef",
+        "elastic = true\nmax_restarts = 1\nconnect_timeout_s = 10\n",
+    );
+    let metrics = dir.path().join("cluster.jsonl");
+    let metrics_arg = metrics.to_str().unwrap().to_owned();
+    let children: Vec<_> = NODES
+        .iter()
+        .map(|n| launch(&m, n, &cfg, &["--metrics", &metrics_arg], &[]))
+        .collect();
+    let lines = || fs::read_to_string(&metrics).map_or(0, |t| t.lines().count());
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < Duration::from_secs(120), "{what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let d = children[3].id();
+    wait_for("no checkpoint came", &|| {
+        lines() >= 60 && latest_complete(&ck).ok().flatten().is_some()
+    });
+    let first = child_of(d).expect("node d runs a worker");
+    unsafe { libc::kill(first as i32, libc::SIGKILL) };
+    // Its supervisor restarts it; the job goes on at full size and passes a checkpoint.
+    let seen = lines();
+    wait_for("node d's worker was not restarted", &|| {
+        child_of(d).is_some_and(|w| w != first)
+    });
+    wait_for("the job did not go on", &|| lines() >= seen + 120);
+    let second = child_of(d).unwrap();
+    unsafe { libc::kill(second as i32, libc::SIGKILL) };
+    let outs = wait_all(children);
+    let d_err = stderr(&outs[3]);
+    assert!(!outs[3].status.success(), "{d_err}");
+    assert!(d_err.contains("job.max_restarts = 1"), "{d_err}");
+    for (n, o) in NODES.iter().zip(&outs).take(3) {
+        assert!(o.status.success(), "node {n} failed:\n{}", stderr(o));
+    }
+    let a = stderr(&outs[0]);
+    assert!(
+        a.contains("0 of 1 restarts used")
+            && !a.contains("1 of 1 restarts used")
+            && a.contains("3 of 4 nodes are left (gone: d)"),
+        "{a}"
+    );
+    // Three starts of a's worker: at full size twice (the second with d back), then
+    // shrunk once.
+    assert!(a.contains("attempt 3;") && !a.contains("attempt 4;"), "{a}");
+    assert_eq!(a.matches("elastic:").count(), 1, "{a}");
+    let steps_seen: Vec<u64> = losses(&metrics).iter().map(|l| l.0).collect();
+    assert_eq!(steps_seen, (1..=steps as u64).collect::<Vec<_>>());
+    let (newest, _) = latest_complete(&ck).unwrap().unwrap();
+    let last = LoadedCheckpoint::open(&newest).unwrap();
+    assert_eq!(last.manifest.data.sample_offset, (steps * 64) as u64);
+    assert_eq!(last.manifest.layout.data_parallel_size, 1);
 }
