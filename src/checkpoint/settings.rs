@@ -49,7 +49,10 @@ pub fn settings_of(cfg: &TrainConfig, model_fingerprint: &str) -> Settings {
     let recorded = BTreeMap::from([
         ("optimizer".to_string(), to(&cfg.optimizer)),
         ("lr_schedule".to_string(), to(&cfg.lr_schedule)),
-        ("num_train_steps".to_string(), json!(cfg.num_train_steps)),
+        // The run's length in optimizer steps: `num_train_steps` counts a replica's
+        // passes, which a layout change with the same global batch (an elastic
+        // shrink) changes while the run stays the same.
+        ("optimizer_steps".to_string(), json!(cfg.optimizer_steps())),
         ("max_grad_norm".to_string(), json!(cfg.max_grad_norm)),
         ("loss_scale".to_string(), json!(cfg.loss_scale)),
         ("loss_scaler".to_string(), to(&cfg.loss_scaler)),
@@ -117,7 +120,10 @@ pub fn check_resume(
     }
     let mut changed = Vec::new();
     for (name, current) in &now.recorded {
-        let then = saved.recorded.get(name).unwrap_or(&Value::Null);
+        // A checkpoint of an older version may not have recorded it.
+        let Some(then) = saved.recorded.get(name) else {
+            continue;
+        };
         if then != current {
             changed.push(format!("`{name}` changed from {then} to {current}"));
         }
