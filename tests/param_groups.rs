@@ -61,15 +61,7 @@ fn param_groups_train_as_pytorch_float64_with_the_same_groups() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let ours: Vec<f64> = std::fs::read_to_string(&metrics)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
-                .as_f64()
-                .unwrap()
-        })
-        .collect();
+    let ours = common::metrics_losses(&metrics);
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/param_groups");
     let want = read_npz(&Path::new(fixture).join("tiny_gpt_adamw.npz")).unwrap();
     let reference = want["losses"].to_f64_vec();

@@ -22,15 +22,7 @@ fn losses_of_run(example: &str) -> Vec<f64> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    std::fs::read_to_string(&metrics)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
-                .as_f64()
-                .unwrap()
-        })
-        .collect()
+    common::metrics_losses(&metrics)
 }
 
 fn check(example: &str, model: &str, opt: &str, tol: impl Fn(usize) -> f64) {

@@ -59,34 +59,42 @@ pub(crate) type Segment = (Range<usize>, Hyper);
 
 impl Hyper {
     fn of(cfg: &OptimizerConfig, lr_scale: f64) -> Hyper {
-        let (weight_decay, beta1, beta2, eps) = match *cfg {
-            OptimizerConfig::Sgd { weight_decay, .. } => (weight_decay, 0.0, 0.0, 0.0),
-            OptimizerConfig::Adam {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            }
-            | OptimizerConfig::AdamW {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            }
-            | OptimizerConfig::Lamb {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            } => (weight_decay, beta1, beta2, eps),
-        };
+        let mut cfg = cfg.clone();
+        let (weight_decay, moments) = fields_mut(&mut cfg);
+        let [beta1, beta2, eps] = moments.map_or([0.0; 3], |m| m.map(|v| *v));
         Hyper {
             lr_scale,
-            weight_decay,
+            weight_decay: *weight_decay,
             beta1,
             beta2,
             eps,
         }
+    }
+}
+
+/// An optimizer's weight decay, and its `[beta1, beta2, eps]` where it keeps moments
+/// (not SGD).
+fn fields_mut(cfg: &mut OptimizerConfig) -> (&mut f64, Option<[&mut f64; 3]>) {
+    match cfg {
+        OptimizerConfig::Sgd { weight_decay, .. } => (weight_decay, None),
+        OptimizerConfig::Adam {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        }
+        | OptimizerConfig::AdamW {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        }
+        | OptimizerConfig::Lamb {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => (weight_decay, Some([beta1, beta2, eps])),
     }
 }
 
@@ -103,32 +111,11 @@ impl ParamGroup {
     /// `cfg` with this group's values.
     fn apply(&self, cfg: &OptimizerConfig) -> OptimizerConfig {
         let mut out = cfg.clone();
-        match &mut out {
-            OptimizerConfig::Sgd { weight_decay, .. } => {
-                *weight_decay = self.weight_decay.unwrap_or(*weight_decay);
-            }
-            OptimizerConfig::Adam {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            }
-            | OptimizerConfig::AdamW {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            }
-            | OptimizerConfig::Lamb {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            } => {
-                *beta1 = self.beta1.unwrap_or(*beta1);
-                *beta2 = self.beta2.unwrap_or(*beta2);
-                *eps = self.eps.unwrap_or(*eps);
-                *weight_decay = self.weight_decay.unwrap_or(*weight_decay);
+        let (weight_decay, moments) = fields_mut(&mut out);
+        *weight_decay = self.weight_decay.unwrap_or(*weight_decay);
+        if let Some(fields) = moments {
+            for (field, given) in fields.into_iter().zip([self.beta1, self.beta2, self.eps]) {
+                *field = given.unwrap_or(*field);
             }
         }
         out

@@ -21,6 +21,19 @@ pub fn runtime() -> Runtime {
     Runtime::from_env().expect("ONNX Runtime: run `bash scripts/setup.sh` first")
 }
 
+/// The `loss` of every line of a metrics file (`--metrics`), in order.
+pub fn metrics_losses(path: &std::path::Path) -> Vec<f64> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
 /// `../shared/peers` beside the project.
 pub fn peers_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/peers")
