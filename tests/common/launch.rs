@@ -71,7 +71,12 @@ layout = {{ kind = "arrays", feeds = {{ x = "x", y = "y" }} }}
 
 /// A manifest for the four loopback nodes; the secret in a private file beside it.
 pub fn manifest(dir: &Path, secret: &str, extra_job: &str) -> PathBuf {
-    let (rdzv, port) = (free_port(), free_port());
+    // Two asks may get the same port back (it was freed in between): the manifest would
+    // then put node a's data port on the rendezvous, which it refuses.
+    let rdzv = free_port();
+    let port = std::iter::repeat_with(free_port)
+        .find(|&p| p.abs_diff(rdzv) > 1)
+        .unwrap();
     let connect = match extra_job.contains("connect_timeout_s") {
         true => "",
         false => "connect_timeout_s = 20\n",
