@@ -180,6 +180,30 @@ impl OptimizerConfig {
                     ));
                 }
             }
+            _ => {
+                let (weight_decay, moments) = self.decay_and_moments();
+                if let Some([beta1, beta2, eps]) = moments {
+                    beta("beta1", beta1)?;
+                    beta("beta2", beta2)?;
+                    positive("eps", eps)?;
+                }
+                non_negative("weight_decay", weight_decay)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Its weight decay, and its `[beta1, beta2, eps]` where it keeps moments (not SGD).
+    pub(crate) fn decay_and_moments(&self) -> (f64, Option<[f64; 3]>) {
+        let mut copy = self.clone();
+        let (weight_decay, moments) = copy.decay_and_moments_mut();
+        (*weight_decay, moments.map(|m| m.map(|v| *v)))
+    }
+
+    /// [`OptimizerConfig::decay_and_moments`], to change them.
+    pub(crate) fn decay_and_moments_mut(&mut self) -> (&mut f64, Option<[&mut f64; 3]>) {
+        match self {
+            OptimizerConfig::Sgd { weight_decay, .. } => (weight_decay, None),
             OptimizerConfig::Adam {
                 beta1,
                 beta2,
@@ -197,14 +221,8 @@ impl OptimizerConfig {
                 beta2,
                 eps,
                 weight_decay,
-            } => {
-                beta("beta1", beta1)?;
-                beta("beta2", beta2)?;
-                positive("eps", eps)?;
-                non_negative("weight_decay", weight_decay)?;
-            }
+            } => (weight_decay, Some([beta1, beta2, eps])),
         }
-        Ok(())
     }
 }
 

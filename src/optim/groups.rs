@@ -59,42 +59,15 @@ pub(crate) type Segment = (Range<usize>, Hyper);
 
 impl Hyper {
     fn of(cfg: &OptimizerConfig, lr_scale: f64) -> Hyper {
-        let mut cfg = cfg.clone();
-        let (weight_decay, moments) = fields_mut(&mut cfg);
-        let [beta1, beta2, eps] = moments.map_or([0.0; 3], |m| m.map(|v| *v));
+        let (weight_decay, moments) = cfg.decay_and_moments();
+        let [beta1, beta2, eps] = moments.unwrap_or([0.0; 3]);
         Hyper {
             lr_scale,
-            weight_decay: *weight_decay,
+            weight_decay,
             beta1,
             beta2,
             eps,
         }
-    }
-}
-
-/// An optimizer's weight decay, and its `[beta1, beta2, eps]` where it keeps moments
-/// (not SGD).
-fn fields_mut(cfg: &mut OptimizerConfig) -> (&mut f64, Option<[&mut f64; 3]>) {
-    match cfg {
-        OptimizerConfig::Sgd { weight_decay, .. } => (weight_decay, None),
-        OptimizerConfig::Adam {
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        }
-        | OptimizerConfig::AdamW {
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        }
-        | OptimizerConfig::Lamb {
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        } => (weight_decay, Some([beta1, beta2, eps])),
     }
 }
 
@@ -111,7 +84,7 @@ impl ParamGroup {
     /// `cfg` with this group's values.
     fn apply(&self, cfg: &OptimizerConfig) -> OptimizerConfig {
         let mut out = cfg.clone();
-        let (weight_decay, moments) = fields_mut(&mut out);
+        let (weight_decay, moments) = out.decay_and_moments_mut();
         *weight_decay = self.weight_decay.unwrap_or(*weight_decay);
         if let Some(fields) = moments {
             for (field, given) in fields.into_iter().zip([self.beta1, self.beta2, self.eps]) {

@@ -51,16 +51,20 @@ impl AdasumSlot {
     /// [`AdasumSlot::spread`] buffers), per tensor of `tensors` (ranges of one gradient).
     pub fn combine(&self, gathered: &[f32], tensors: &[Range<usize>]) -> Vec<f32> {
         let n = gathered.len() / self.replicas;
-        let mut level: Vec<Vec<f32>> = gathered.chunks(n.max(1)).map(<[f32]>::to_vec).collect();
-        level.truncate(self.replicas);
+        if n == 0 || self.replicas == 1 {
+            return gathered[..n].to_vec();
+        }
+        // The first level reads the gathered buffer in place; `replicas` is a power of
+        // two (the configuration refuses others), so every level pairs up evenly.
+        let slots: Vec<&[f32]> = gathered.chunks_exact(n).collect();
+        let mut level: Vec<Vec<f32>> = slots
+            .chunks_exact(2)
+            .map(|p| adasum_pair(p[0], p[1], tensors))
+            .collect();
         while level.len() > 1 {
             level = level
-                .chunks(2)
-                .map(|pair| match pair {
-                    [a, b] => adasum_pair(a, b, tensors),
-                    [a] => a.clone(),
-                    _ => Vec::new(),
-                })
+                .chunks_exact(2)
+                .map(|p| adasum_pair(&p[0], &p[1], tensors))
                 .collect();
         }
         level.pop().unwrap_or_default()

@@ -116,7 +116,8 @@ impl<W: Write> Progress<W> {
     }
 
     /// The bar's position and message, on a terminal.
-    pub fn shown(&self) -> Option<(u64, String)> {
+    #[cfg(test)]
+    fn shown(&self) -> Option<(u64, String)> {
         self.bar.as_ref().map(|b| (b.position(), b.message()))
     }
 }

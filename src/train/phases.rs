@@ -256,9 +256,8 @@ fn release_freed_memory() {
 /// Refuses a `[[optimizer_attributes]]` pattern that matches none of the model's
 /// parameters (a typo would otherwise leave the group silently empty).
 fn check_param_groups(cfg: &TrainConfig, config_path: &Path, tg: &TrainingGraph) -> Result<()> {
-    let names: Vec<String> = tg.param_shapes().into_iter().map(|(n, _)| n).collect();
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    match crate::optim::unmatched_patterns(&cfg.optimizer_attributes, &refs).first() {
+    let names: Vec<&str> = tg.params.iter().map(|p| p.name.as_str()).collect();
+    match crate::optim::unmatched_patterns(&cfg.optimizer_attributes, &names).first() {
         None => Ok(()),
         Some((i, pattern)) => Err(Error::Config {
             path: config_path.to_path_buf(),
@@ -266,12 +265,7 @@ fn check_param_groups(cfg: &TrainConfig, config_path: &Path, tg: &TrainingGraph)
             rule: format!(
                 "`{pattern}` matches none of the model's {} parameters (e.g. `{}`)",
                 names.len(),
-                names
-                    .iter()
-                    .take(3)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join("`, `")
+                names[..names.len().min(3)].join("`, `")
             ),
         }),
     }
