@@ -93,6 +93,7 @@ fn write_once(
         params,
         optimizer: opt,
         stats: &[],
+        shard: None,
     };
     let job = save_job(0, &dir, state, None, pool).unwrap();
     let shards = job().unwrap();
@@ -145,7 +146,7 @@ fn load_once(dir: &Path, layout: &ParamLayout, opt: &mut dyn pipetrain::optim::O
     let mut params = vec![0.0f32; layout.len()];
     let t = Instant::now();
     let ckpt = LoadedCheckpoint::open(dir).unwrap();
-    pipetrain::checkpoint::restore_stage(&ckpt, layout, &mut params, opt).unwrap();
+    pipetrain::checkpoint::restore_stage(&ckpt, layout, &mut params, opt, None).unwrap();
     t.elapsed().as_secs_f64()
 }
 
@@ -165,6 +166,7 @@ fn snapshot_bench(scratch: &Path) {
                 params: &params,
                 optimizer: opt.as_ref(),
                 stats: &[],
+                shard: None,
             };
             let job = save_job(0, &dir, state, None, &pool).unwrap();
             t.push(s.elapsed().as_secs_f64());

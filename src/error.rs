@@ -162,6 +162,14 @@ pub enum Error {
         /// What happened.
         reason: String,
     },
+    /// The model cannot be split across `horizontal_parallel_size` tensor shards.
+    #[error("horizontal_parallel_size: node `{node}`: {rule}")]
+    TensorParallel {
+        /// The node (or parameter) that breaks the rule.
+        node: String,
+        /// The rule.
+        rule: String,
+    },
     /// A pipeline partition request cannot be met.
     #[error("cannot partition into stages: {reason}")]
     Partition {

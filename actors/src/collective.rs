@@ -47,6 +47,10 @@ struct Group {
 #[derive(Clone)]
 pub struct LocalCollective {
     replicas: usize,
+    /// Tensor shards per data-parallel replica: the same shard of every data-parallel
+    /// replica reduces together.
+    shards: usize,
+    /// By `stage * shards + shard`.
     groups: Vec<Arc<Group>>,
 }
 
@@ -58,18 +62,45 @@ impl LocalCollective {
         replicas: usize,
         _tasks: &mut JoinSet<Result<(), ActorError>>,
     ) -> LocalCollective {
-        let groups = (0..stages)
+        Self::groups(stages, replicas, 1)
+    }
+
+    /// One group per (stage, tensor shard) of `replicas / shards` data-parallel
+    /// replicas (see [`crate::EngineSettings::shards`]).
+    ///
+    /// # Errors
+    /// `Settings` when `shards` does not divide `replicas`.
+    pub fn sharded(
+        stages: usize,
+        replicas: usize,
+        shards: usize,
+    ) -> Result<LocalCollective, ActorError> {
+        if shards == 0 || replicas % shards != 0 {
+            return Err(ActorError::Settings {
+                reason: format!("{replicas} replicas are not a multiple of {shards} tensor shards"),
+            });
+        }
+        Ok(Self::groups(stages, replicas, shards))
+    }
+
+    fn groups(stages: usize, replicas: usize, shards: usize) -> LocalCollective {
+        let members = replicas / shards;
+        let groups = (0..stages * shards)
             .map(|_| {
                 Arc::new(Group {
-                    replicas,
-                    lent: Mutex::new(vec![None; replicas]),
-                    lent_all: Barrier::new(replicas),
-                    summed_all: Barrier::new(replicas),
-                    gathered_all: Barrier::new(replicas),
+                    replicas: members,
+                    lent: Mutex::new(vec![None; members]),
+                    lent_all: Barrier::new(members),
+                    summed_all: Barrier::new(members),
+                    gathered_all: Barrier::new(members),
                 })
             })
             .collect();
-        LocalCollective { replicas, groups }
+        LocalCollective {
+            replicas,
+            shards,
+            groups,
+        }
     }
 }
 
@@ -197,16 +228,16 @@ impl Collective for LocalCollective {
         replica: usize,
         buf: Vec<f32>,
     ) -> Result<Vec<f32>, ActorError> {
-        if self.replicas == 1 {
+        if self.replicas == self.shards {
             return Ok(buf);
         }
         let group = self
             .groups
-            .get(stage)
+            .get(stage * self.shards + replica % self.shards)
             .ok_or_else(|| ActorError::ActorGone {
                 actor: format!("all-reduce group of stage {stage}"),
             })?;
-        group.all_reduce(stage, replica, buf).await
+        group.all_reduce(stage, replica / self.shards, buf).await
     }
 }
 

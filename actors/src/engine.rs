@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use pipetrain_schedules::{lower, validate, Action, LowerOptions, Schedule, Trace};
 use serde::{Deserialize, Serialize};
-use tokio::task::JoinSet;
 
 use crate::checkpoint::CheckpointSettings;
 use crate::collective::LocalCollective;
@@ -27,8 +26,14 @@ pub struct EngineSettings {
     /// The compute-only schedule (F, B, I, W per rank); the engine adds the transfers,
     /// the all-reduce and the optimizer step.
     pub schedule: Schedule,
-    /// Data-parallel replicas.
+    /// Replicas of the pipeline: data-parallel replicas times tensor shards.
     pub replicas: usize,
+    /// Tensor shards per data-parallel replica: replica `r` is shard `r % shards` of
+    /// data-parallel replica `r / shards`. A replica's shards read the same data, hold
+    /// their parts of the split parameters (the same values of the others), report the
+    /// loss once (shard 0), and reduce gradients only with the same shard of the other
+    /// data-parallel replicas.
+    pub shards: usize,
     /// Fail the run when no actor makes progress for this long.
     pub watchdog: Duration,
     /// Record what every actor did (see [`RunTrace`]).
@@ -60,6 +65,7 @@ impl EngineSettings {
         EngineSettings {
             schedule,
             replicas,
+            shards: 1,
             watchdog: Duration::from_secs(300),
             record_trace: false,
             threads: ActorThreads::Dedicated,
@@ -187,11 +193,7 @@ where
         .enumerate()
         .flat_map(|(r, list)| list.into_iter().enumerate().map(move |(s, c)| ((r, s), c)))
         .collect();
-    let collective = Arc::new(LocalCollective::spawn(
-        stages,
-        replicas,
-        &mut JoinSet::new(),
-    ));
+    let collective = Arc::new(LocalCollective::sharded(stages, replicas, settings.shards)?);
     let (steps, trace, mut out) = run_members(
         settings, by_key, data, lr_at, steps, on_step, collective, None,
     )

@@ -117,8 +117,9 @@ where
     let coordinator = CoordinatorHandle::spawn(
         CoordinatorSettings {
             lr_at,
-            expected_losses: replicas * m,
+            expected_losses: replicas / settings.shards.max(1) * m,
             replicas,
+            shards: settings.shards.max(1),
             stages,
             local_stats: local_stage_count,
             bus: remote.as_ref().map(|r| r.bus.clone()),
@@ -230,6 +231,7 @@ where
                 spin: settings.spin,
                 places: places.clone(),
                 reducing: HashMap::new(),
+                shards: settings.shards.max(1),
             };
             let index = members.len() - 1;
             let body = async move { actor.run().await.map(|c| (index, c)) };

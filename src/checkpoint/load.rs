@@ -11,6 +11,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::manifest::Manifest;
 use super::shard::{copy_f32, split_state_key};
+use crate::graph::tensor_parallel::ShardSpec;
 use crate::{Error, Result};
 
 /// What the `kind` metadata of a shard file says it holds.
@@ -28,6 +29,9 @@ struct Entry {
     bytes: Range<usize>,
 }
 
+/// A tensor shard's part of a split tensor: how it is split, which shard, where.
+type Part = (ShardSpec, usize, Entry);
+
 /// A complete checkpoint in memory, checked and indexed.
 #[derive(Debug)]
 pub struct LoadedCheckpoint {
@@ -43,6 +47,11 @@ pub struct LoadedCheckpoint {
     buffers: HashMap<String, Entry>,
     /// The optimizer's step count, as every shard's metadata records it.
     step_count: Option<u64>,
+    /// Tensor shards' parts of split tensors, until they are put together:
+    /// `(kind, key) -> [(spec, rank, part)]`.
+    parts: HashMap<(String, String), Vec<Part>>,
+    /// Split tensors put back together (float32 bytes), and the files they came from.
+    assembled: Vec<(PathBuf, Vec<u8>)>,
 }
 
 impl LoadedCheckpoint {
@@ -63,6 +72,8 @@ impl LoadedCheckpoint {
             state: HashMap::new(),
             buffers: HashMap::new(),
             step_count: None,
+            parts: HashMap::new(),
+            assembled: Vec::new(),
         };
         for shard in out.manifest.shards.clone() {
             let path = dir.join(&shard.file);
@@ -100,7 +111,80 @@ impl LoadedCheckpoint {
             out.index(out.files.len(), &path, &bytes)?;
             out.files.push((path, bytes));
         }
+        out.assemble()?;
         Ok(out)
+    }
+
+    /// Puts every split tensor back together from its shards' parts (a checkpoint
+    /// written under tensor parallelism holds parts; any layout resumes from the whole).
+    fn assemble(&mut self) -> Result<()> {
+        let mut parts: Vec<_> = std::mem::take(&mut self.parts).into_iter().collect();
+        parts.sort_by(|a, b| a.0.cmp(&b.0));
+        for ((kind, key), mut list) in parts {
+            list.sort_by_key(|(_, rank, _)| *rank);
+            let (spec, _, first) = list[0].clone();
+            let dir = self.dir.clone();
+            let bad = |reason: String| Error::Checkpoint {
+                path: dir.clone(),
+                reason: format!("split tensor `{key}`: {reason}"),
+            };
+            let ranks: Vec<usize> = list.iter().map(|(_, r, _)| *r).collect();
+            if ranks != (0..spec.shards).collect::<Vec<_>>()
+                || list
+                    .iter()
+                    .any(|(s, _, e)| *s != spec || e.shape != first.shape)
+            {
+                return Err(bad(format!(
+                    "parts of shards {ranks:?} of {}, of differing splits or shapes",
+                    spec.shards
+                )));
+            }
+            let mut whole_shape = first.shape.clone();
+            whole_shape[spec.axis] *= spec.shards;
+            let mut whole = vec![0f32; whole_shape.iter().product()];
+            let mut part = Vec::new();
+            for (_, rank, e) in &list {
+                let (_, bytes) = self.entry_bytes(e);
+                part.resize(bytes.len() / 4, 0.0);
+                copy_f32(&mut part, bytes);
+                spec.place(&part, &whole_shape, *rank, &mut whole);
+            }
+            let path = self.entry_bytes(&first).0.to_path_buf();
+            let entry = Entry {
+                file: self.files.len() + self.assembled.len(),
+                shape: whole_shape,
+                bytes: 0..whole.len() * 4,
+            };
+            self.assembled
+                .push((path, bytemuck::cast_slice(&whole).to_vec()));
+            if self.insert(&kind, key.clone(), entry)? {
+                return Err(bad("appears whole and in parts".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Indexes a whole tensor of a shard of `kind`; whether it was there already.
+    fn insert(&mut self, kind: &str, name: String, entry: Entry) -> Result<bool> {
+        Ok(match kind {
+            KIND_PARAMS => self.params.insert(name, entry).is_some(),
+            KIND_BUFFERS => self.buffers.insert(name, entry).is_some(),
+            KIND_OPTIMIZER => {
+                let (state, param) = split_state_key(&name).ok_or_else(|| Error::Checkpoint {
+                    path: self.dir.clone(),
+                    reason: format!("optimizer tensor `{name}` is not `<state>/<parameter>`"),
+                })?;
+                self.state
+                    .insert((state.to_string(), param.to_string()), entry)
+                    .is_some()
+            }
+            other => {
+                return Err(Error::Checkpoint {
+                    path: self.dir.clone(),
+                    reason: format!("unknown shard kind {other:?}"),
+                })
+            }
+        })
     }
 
     fn index(&mut self, file: usize, path: &Path, bytes: &[u8]) -> Result<()> {
@@ -133,34 +217,28 @@ impl LoadedCheckpoint {
         }
         self.step_count = Some(steps);
         let start = 8 + header;
-        for (name, info) in meta.tensors() {
-            if info.dtype != Dtype::F32 {
+        for (name, t) in meta.tensors() {
+            if t.dtype != Dtype::F32 {
                 return Err(bad(format!(
                     "tensor `{name}` is {:?}; checkpoints hold float32",
-                    info.dtype
+                    t.dtype
                 )));
             }
             let entry = Entry {
                 file,
-                shape: info.shape.clone(),
-                bytes: start + info.data_offsets.0..start + info.data_offsets.1,
+                shape: t.shape.clone(),
+                bytes: start + t.data_offsets.0..start + t.data_offsets.1,
             };
-            let twice = match kind.as_str() {
-                KIND_PARAMS => self.params.insert(name.clone(), entry).is_some(),
-                KIND_BUFFERS => self.buffers.insert(name.clone(), entry).is_some(),
-                KIND_OPTIMIZER => {
-                    let (state, param) = split_state_key(&name).ok_or_else(|| {
-                        bad(format!(
-                            "optimizer tensor `{name}` is not `<state>/<parameter>`"
-                        ))
-                    })?;
-                    self.state
-                        .insert((state.to_string(), param.to_string()), entry)
-                        .is_some()
-                }
-                other => return Err(bad(format!("unknown shard kind {other:?}"))),
+            let param = match kind.as_str() {
+                KIND_OPTIMIZER => split_state_key(&name).map_or(name.as_str(), |(_, p)| p),
+                _ => name.as_str(),
             };
-            if twice {
+            if let Some((spec, rank)) = split_of(&info, param) {
+                let key = (kind.clone(), name.clone());
+                self.parts.entry(key).or_default().push((spec, rank, entry));
+                continue;
+            }
+            if self.insert(&kind, name.clone(), entry)? {
                 return Err(bad(format!("tensor `{name}` appears in two shards")));
             }
         }
@@ -196,8 +274,13 @@ impl LoadedCheckpoint {
 
     /// Bytes and file of parameter `name`.
     fn entry_bytes(&self, e: &Entry) -> (&Path, &[u8]) {
-        let (path, bytes) = &self.files[e.file];
-        (path, &bytes[e.bytes.clone()])
+        match self.files.get(e.file) {
+            Some((path, bytes)) => (path, &bytes[e.bytes.clone()]),
+            None => {
+                let (path, bytes) = &self.assembled[e.file - self.files.len()];
+                (path, &bytes[e.bytes.clone()])
+            }
+        }
     }
 
     /// Checks that parameter `name` is there with `shape`.
@@ -347,5 +430,26 @@ impl LoadedCheckpoint {
     /// Bytes of all shards.
     pub fn bytes(&self) -> u64 {
         self.files.iter().map(|(_, b)| b.len() as u64).sum()
+    }
+}
+
+/// How parameter `name` is split in a shard whose metadata is `info`, and which part
+/// the shard holds: `split: {name: [axis, sections, shards, rank]}`.
+fn split_of(info: &serde_json::Value, name: &str) -> Option<(ShardSpec, usize)> {
+    let v: Vec<usize> = info["split"][name]
+        .as_array()?
+        .iter()
+        .map(|x| x.as_u64().map(|x| x as usize))
+        .collect::<Option<_>>()?;
+    match v[..] {
+        [axis, sections, shards, rank] => Some((
+            ShardSpec {
+                axis,
+                sections,
+                shards,
+            },
+            rank,
+        )),
+        _ => None,
     }
 }

@@ -51,6 +51,7 @@ use pipetrain_actors::SaveJob;
 /// The one `__metadata__` key of pipetrain's shard files.
 pub(crate) const META_KEY: &str = "pipetrain";
 
+use crate::graph::tensor_parallel::ShardSpec;
 use crate::optim::{Optimizer, ParamLayout};
 use crate::Result;
 
@@ -64,6 +65,26 @@ pub struct StageState<'a> {
     pub optimizer: &'a dyn Optimizer,
     /// Running statistics: name, shape, values.
     pub stats: &'a [(String, &'a [usize], &'a [f32])],
+    /// The tensor shard this is (`None`: the stage is not split).
+    pub shard: Option<SavedShard<'a>>,
+}
+
+/// What a tensor shard of a stage saves: its part of every split parameter (and of its
+/// optimizer state), and, shard 0 only, the replicated ones. The loader puts the parts
+/// back together, so a checkpoint holds whole tensors for any layout to take.
+#[derive(Clone, Copy)]
+pub struct SavedShard<'a> {
+    /// This shard.
+    pub rank: usize,
+    /// The split parameters (of the whole model) and how they are split.
+    pub specs: &'a std::collections::BTreeMap<String, (ShardSpec, Vec<usize>)>,
+}
+
+impl SavedShard<'_> {
+    /// Whether this shard saves parameter `name`.
+    fn saves(&self, name: &str) -> bool {
+        self.rank == 0 || self.specs.contains_key(name)
+    }
 }
 
 /// Snapshots one stage's parameters and optimizer state (encoded here: one copy, into
@@ -92,21 +113,41 @@ pub fn save_job(
         params,
         optimizer,
         stats,
+        shard,
     } = state;
+    let saves = |name: &str| shard.is_none_or(|s| s.saves(name));
+    // The split parameters this shard holds parts of: `name -> [axis, sections, shards,
+    // rank]`, for the loader.
+    let split: serde_json::Map<String, serde_json::Value> = match shard {
+        Some(s) => layout
+            .names()
+            .iter()
+            .filter_map(|n| {
+                let (spec, _) = s.specs.get(n)?;
+                let v = serde_json::json!([spec.axis, spec.sections, spec.shards, s.rank]);
+                Some((n.clone(), v))
+            })
+            .collect(),
+        None => serde_json::Map::new(),
+    };
     // One metadata key holding sorted JSON: safetensors keeps `__metadata__` in a hash
     // map, so several keys would come out in a different order each time, and the same
     // state would not give the same bytes.
     let meta = |kind: &str| {
-        let info = serde_json::json!({
+        let mut info = serde_json::json!({
             "kind": kind,
             "stage": stage,
             "step_count": optimizer.step_count(),
         });
+        if !split.is_empty() {
+            info["split"] = serde_json::Value::Object(split.clone());
+        }
         HashMap::from([(META_KEY.to_string(), info.to_string())])
     };
     let names = layout.names();
     let shapes = layout.shapes();
     let tensors: Vec<snapshot::F32Entry<'_>> = (0..layout.count())
+        .filter(|&i| saves(&names[i]))
         .map(|i| {
             (
                 names[i].clone(),
@@ -115,7 +156,11 @@ pub fn save_job(
             )
         })
         .collect();
-    let params_name = params_file(stage);
+    let file = |name: String| match shard {
+        Some(s) => name.replacen(".", &format!(".shard-{}.", s.rank), 1),
+        None => name,
+    };
+    let params_name = file(params_file(stage));
     let param_bytes = snapshot::encode(
         &tensors,
         meta(load::KIND_PARAMS),
@@ -128,7 +173,7 @@ pub fn save_job(
     } else {
         let mut entries = Vec::with_capacity(state.len() * layout.count());
         for (kind, buf) in &state {
-            for i in 0..layout.count() {
+            for i in (0..layout.count()).filter(|&i| saves(&names[i])) {
                 entries.push((
                     state_key(kind, &names[i]),
                     shapes[i].as_slice(),
@@ -136,7 +181,7 @@ pub fn save_job(
                 ));
             }
         }
-        let name = optimizer_file(stage);
+        let name = file(optimizer_file(stage));
         let bytes = snapshot::encode(
             &entries,
             meta(load::KIND_OPTIMIZER),
@@ -145,7 +190,7 @@ pub fn save_job(
         )?;
         Some((name, bytes))
     };
-    let stats = match stats.is_empty() {
+    let stats = match stats.is_empty() || shard.is_some_and(|s| s.rank != 0) {
         true => None,
         false => {
             let name = buffers_file(stage);
@@ -180,11 +225,13 @@ pub fn restore_stage(
     layout: &ParamLayout,
     params: &mut [f32],
     optimizer: &mut dyn Optimizer,
+    shard: Option<SavedShard<'_>>,
 ) -> Result<()> {
     let kinds: Vec<&'static str> = optimizer.state().iter().map(|(k, _)| *k).collect();
     // Everything is checked before anything is copied: all or nothing.
     for i in 0..layout.count() {
-        let (name, shape) = (&layout.names()[i], &layout.shapes()[i]);
+        let name = &layout.names()[i];
+        let shape = whole_shape(shard, name).unwrap_or(&layout.shapes()[i]);
         ckpt.check_param(name, shape)?;
         for kind in &kinds {
             ckpt.check_state(kind, name, shape)?;
@@ -195,7 +242,7 @@ pub fn restore_stage(
         let mut buf = vec![0.0f32; layout.len()];
         for i in 0..layout.count() {
             let r = layout.range(i);
-            ckpt.copy_state(kind, &layout.names()[i], &layout.shapes()[i], &mut buf[r])?;
+            copy_part(ckpt, Some(kind), layout, i, &mut buf[r], shard)?;
         }
         buffers.push(buf);
     }
@@ -207,9 +254,42 @@ pub fn restore_stage(
     optimizer.load_state(ckpt.optimizer_steps(), &state)?;
     for i in 0..layout.count() {
         let r = layout.range(i);
-        ckpt.copy_param(&layout.names()[i], &layout.shapes()[i], &mut params[r])?;
+        copy_part(ckpt, None, layout, i, &mut params[r], shard)?;
     }
     Ok(())
+}
+
+/// The whole shape of parameter `name` when `shard` holds a part of it.
+fn whole_shape<'a>(shard: Option<SavedShard<'a>>, name: &str) -> Option<&'a [usize]> {
+    shard
+        .and_then(|s| s.specs.get(name))
+        .map(|(_, whole)| whole.as_slice())
+}
+
+/// Copies parameter `i` of `layout` (or its optimizer state `state`) from `ckpt` into
+/// `dst`: the tensor itself, or this shard's part of it when it is split.
+fn copy_part(
+    ckpt: &LoadedCheckpoint,
+    state: Option<&str>,
+    layout: &ParamLayout,
+    i: usize,
+    dst: &mut [f32],
+    shard: Option<SavedShard<'_>>,
+) -> Result<()> {
+    let (name, shape) = (&layout.names()[i], &layout.shapes()[i]);
+    let copy = |shape: &[usize], dst: &mut [f32]| match state {
+        Some(kind) => ckpt.copy_state(kind, name, shape, dst),
+        None => ckpt.copy_param(name, shape, dst),
+    };
+    match shard.and_then(|s| s.specs.get(name.as_str()).map(|x| (s.rank, x))) {
+        None => copy(shape, dst),
+        Some((rank, (spec, whole))) => {
+            let mut all = vec![0.0f32; whole.iter().product()];
+            copy(whole, &mut all)?;
+            dst.copy_from_slice(&spec.slice(&all, whole, rank));
+            Ok(())
+        }
+    }
 }
 
 /// Restores only one stage's parameters from `ckpt`, by name.

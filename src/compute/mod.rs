@@ -6,6 +6,7 @@ mod direct;
 mod probe;
 mod runtime;
 mod session;
+mod shard_ops;
 
 pub use chain::{StageChain, StepOutput, TensorMap, TrainSession};
 pub use device::{check_device, cuda_devices, CudaDevices, Device};
@@ -13,3 +14,4 @@ pub use direct::Target;
 pub use probe::probe_values;
 pub use runtime::{find_library, Runtime, RuntimeInfo, ORT_VERSION};
 pub use session::{GraphSession, SessionOptions};
+pub use shard_ops::{LocalShards, ShardComm, ShardLink};

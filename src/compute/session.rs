@@ -7,7 +7,9 @@ use ort::value::{DynValue, TensorElementType, TensorRef, ValueType};
 use prost::Message;
 
 use super::direct::{in_place, DirectOutputs, Target};
+use super::shard_ops::{shard_domain, ShardLink};
 use crate::compute::Runtime;
+use crate::graph::tensor_parallel::DOMAIN;
 use crate::graph::Graph;
 use crate::onnx::proto::ModelProto;
 use crate::tensor::{DType, Tensor, TensorData, TensorView, ViewData};
@@ -76,6 +78,21 @@ impl GraphSession {
         GraphSession::from_model(rt, &graph.to_model(), opts, label)
     }
 
+    /// [`GraphSession::new`] for a tensor shard: the shard collectives of `graph` sum
+    /// through `link` (without one, a graph's collectives sum over a group of one).
+    ///
+    /// # Errors
+    /// As [`GraphSession::new`].
+    pub fn for_shard(
+        rt: &Runtime,
+        graph: &Graph,
+        opts: &SessionOptions,
+        label: &str,
+        link: Option<&ShardLink>,
+    ) -> Result<GraphSession> {
+        GraphSession::build(rt, &graph.to_model(), opts, label, (true, link))
+    }
+
     /// Creates a session for a model as it is (an exported model, say).
     ///
     /// # Errors
@@ -86,7 +103,7 @@ impl GraphSession {
         opts: &SessionOptions,
         label: &str,
     ) -> Result<GraphSession> {
-        GraphSession::build(rt, model, opts, label, true)
+        GraphSession::build(rt, model, opts, label, (true, None))
     }
 
     /// A session whose memory goes back to the system as soon as a run ends (no arena):
@@ -98,7 +115,7 @@ impl GraphSession {
         opts: &SessionOptions,
         label: &str,
     ) -> Result<GraphSession> {
-        GraphSession::build(rt, &graph.to_model(), opts, label, false)
+        GraphSession::build(rt, &graph.to_model(), opts, label, (false, None))
     }
 
     fn build(
@@ -106,8 +123,9 @@ impl GraphSession {
         model: &ModelProto,
         opts: &SessionOptions,
         label: &str,
-        arena: bool,
+        (arena, link): (bool, Option<&ShardLink>),
     ) -> Result<GraphSession> {
+        let sharded = model.opset_import.iter().any(|o| o.domain == DOMAIN);
         let graph = model.graph.clone().unwrap_or_default();
         let bytes = model.encode_to_vec();
         let ctx = || format!("creating the session for {label}");
@@ -151,6 +169,14 @@ impl GraphSession {
                 } else {
                     Ok(b)
                 }
+            })
+            .and_then(|b| match sharded {
+                true => {
+                    let alone = ShardLink::alone();
+                    let domain = shard_domain(link.unwrap_or(&alone))?;
+                    b.with_operators(domain).map_err(Into::into)
+                }
+                false => Ok(b),
             })
             .and_then(|mut b| b.commit_from_memory(&bytes))
             .map_err(Error::ort(ctx()))?;

@@ -89,11 +89,23 @@ impl TrainConfig {
                 return Err(bad(field, "must be at least 1".into()));
             }
         }
-        if self.horizontal_parallel_size != 1 {
-            return Err(bad(
-                "horizontal_parallel_size",
-                "tensor parallelism is not supported; use 1".into(),
-            ));
+        if self.horizontal_parallel_size > 1 {
+            if self.enable_adasum {
+                return Err(bad(
+                    "enable_adasum",
+                    "Adasum combines whole per-tensor gradients; it cannot be used with \
+                     horizontal_parallel_size > 1 (split tensors)"
+                        .into(),
+                ));
+            }
+            if matches!(self.optimizer, crate::optim::OptimizerConfig::Lamb { .. }) {
+                return Err(bad(
+                    "optimizer.kind",
+                    "LAMB's trust ratio needs whole-tensor norms; it cannot be used with \
+                     horizontal_parallel_size > 1 (split tensors)"
+                        .into(),
+                ));
+            }
         }
         let product =
             self.data_parallel_size * self.horizontal_parallel_size * self.pipeline_parallel_size;

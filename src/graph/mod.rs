@@ -14,6 +14,7 @@ mod sequences;
 mod stages;
 mod static_fold;
 mod subgraph;
+pub mod tensor_parallel;
 mod tied;
 mod training;
 
@@ -29,5 +30,6 @@ pub use stages::{build_stage_graphs, build_stage_graphs_with, Recompute, StageGr
 pub use static_fold::{fold_static_values, static_nodes, FoldReport};
 pub use tied::{tied_params, with_tied_shared, TiedParam};
 pub use training::{
-    build_training_graph, Param, ShapeProbe, TrainOptions, TrainingGraph, LOSS_GRAD,
+    build_sharded_training_graph, build_training_graph, Param, ShapeProbe, TrainOptions,
+    TrainingGraph, LOSS_GRAD,
 };

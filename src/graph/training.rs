@@ -13,6 +13,7 @@ use crate::graph::params::{declared_buffers, rows_to_freeze, trainable_names, Pa
 use crate::graph::running_stats::{track_running_stats, Buffer};
 use crate::graph::sequences::split_sequences;
 use crate::graph::static_fold::fold_static_values;
+use crate::graph::tensor_parallel::{shard_graph, ShardPlan};
 use crate::onnx::proto::ModelProto;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -95,6 +96,9 @@ pub struct TrainingGraph {
     /// State that is not trained but updated by each forward (BatchNorm's running
     /// statistics): graph inputs, each with the forward value that replaces it.
     pub buffers: Vec<Buffer>,
+    /// How the graph is split across tensor shards (`None`: not split). Parameters'
+    /// shapes and initial values are shard 0's.
+    pub shards: Option<ShardPlan>,
 }
 
 impl TrainingGraph {
@@ -149,6 +153,19 @@ impl TrainingGraph {
         self.params
             .iter()
             .map(|p| (p.name.clone(), p.meta.shape.clone()))
+            .collect()
+    }
+
+    /// Every parameter's name and whole shape (a tensor shard's parameters are parts of
+    /// these; what a checkpoint holds).
+    pub fn whole_param_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let plan = self.shards.as_ref();
+        self.params
+            .iter()
+            .map(|p| {
+                let whole = plan.and_then(|s| s.specs.get(&p.name)).map(|(_, w)| w);
+                (p.name.clone(), whole.unwrap_or(&p.meta.shape).clone())
+            })
             .collect()
     }
 
@@ -211,6 +228,22 @@ pub fn build_training_graph(
     opts: &TrainOptions,
     example: &[(&str, &Tensor)],
 ) -> Result<TrainingGraph> {
+    build_sharded_training_graph(rt, model, opts, example, 1)
+}
+
+/// [`build_training_graph`] for one of `shards` tensor shards (Megatron-LM's split; see
+/// [`crate::graph::tensor_parallel`]): the graph of shard 0, with the plan that gives
+/// the other shards their parameters.
+///
+/// # Errors
+/// As [`build_training_graph`]; `TensorParallel` when the model cannot be split.
+pub fn build_sharded_training_graph(
+    rt: &dyn ShapeProbe,
+    model: &ModelProto,
+    opts: &TrainOptions,
+    example: &[(&str, &Tensor)],
+    shards: usize,
+) -> Result<TrainingGraph> {
     let mut g = Graph::from_model(model)?;
     add_outputs_backward_needs(&mut g);
     for v in &g.inputs {
@@ -252,6 +285,10 @@ pub fn build_training_graph(
     if split_sequences(&mut g, &forward_metas) > 0 {
         tracing::debug!("split sequences read at constant positions became Split nodes");
     }
+    let shard_plan = match shards {
+        0 | 1 => None,
+        n => Some(shard_graph(&mut g, &forward_metas, n, &trained)?),
+    };
     let pred_name = match &opts.loss {
         LossSpec::SoftmaxCrossEntropy { prediction, .. } | LossSpec::Mse { prediction, .. } => {
             prediction
@@ -365,5 +402,6 @@ pub fn build_training_graph(
         metas,
         unused_params: backward.no_grad,
         buffers,
+        shards: shard_plan,
     })
 }

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::compute::{GraphSession, Runtime, SessionOptions};
+use crate::compute::{GraphSession, Runtime, SessionOptions, ShardLink};
 use crate::graph::{grad_chain, Graph, TrainingGraph};
 use crate::pipeline::stage::{OrtStage, Payload};
 use crate::{Error, Result};
@@ -34,7 +34,7 @@ impl Chain {
         rt: &Runtime,
         tg: &TrainingGraph,
         g: &Graph,
-        opts: &SessionOptions,
+        (opts, link): (&SessionOptions, Option<&ShardLink>),
         slots: &HashMap<String, usize>,
         sizes: &[usize],
         bucket_bytes: usize,
@@ -64,7 +64,7 @@ impl Chain {
         let pieces = chain
             .pieces
             .iter()
-            .map(|p| GraphSession::new(rt, p, opts, &p.name))
+            .map(|p| GraphSession::for_shard(rt, p, opts, &p.name, link))
             .collect::<Result<Vec<_>>>()?;
         tracing::debug!(
             "{}: gradients in {} buckets of {:?} parameters",

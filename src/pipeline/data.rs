@@ -22,6 +22,9 @@ pub struct StepData {
     eval: Option<(Box<dyn StepBatches>, usize)>,
     micro_batches: usize,
     replicas: usize,
+    /// Tensor shards per replica: the engine's replica `r` reads data-parallel replica
+    /// `r / shards`'s data.
+    shards: usize,
     /// For each stage, the data inputs its graphs read.
     reads: Vec<Vec<String>>,
     /// `(label, ignore_index)`: send [`LOSS_COUNT`] with this label.
@@ -41,9 +44,17 @@ impl StepData {
             eval: None,
             micro_batches,
             replicas,
+            shards: 1,
             reads,
             count_labels: None,
         }
+    }
+
+    /// The engine's replicas are `shards` tensor shards of each data-parallel replica:
+    /// every shard of one reads the same data.
+    pub fn with_shards(mut self, shards: usize) -> StepData {
+        self.shards = shards.max(1);
+        self
     }
 
     /// Sends the step's count of `label` positions other than `ignore_index` with the
@@ -107,6 +118,7 @@ impl DataSource for StepData {
         stage: usize,
     ) -> Result<Payload, BoxError> {
         let parts = self.micro_batches * self.replicas;
+        let replica = replica / self.shards;
         let all = self
             .batches
             .part(step as usize, replica * self.micro_batches + mb, parts)?;
@@ -120,6 +132,7 @@ impl DataSource for StepData {
         stage: usize,
     ) -> Result<Payload, BoxError> {
         let (eval, k) = self.eval.as_ref().ok_or("no evaluation data configured")?;
+        let replica = replica / self.shards;
         let all = eval.part(0, replica * k + mb, k * self.replicas)?;
         self.pick(all, stage, || eval.batch(0))
     }

@@ -12,6 +12,8 @@
 //!   for checkpoints.
 //! - `buckets`: the gradient graph as a chain of pieces on a step's last micro-batch,
 //!   each piece's gradients sent for reduction while the next pieces run.
+//! - `shard`: [`StageShard`], a stage that is one tensor shard: its split parameters in
+//!   gradient statistics, checkpoints and exported parameters.
 //! - `data`: [`StepData`], the [`pipetrain_actors::DataSource`] splitting each step's
 //!   global batch into per-replica micro-batches.
 
@@ -19,6 +21,7 @@ mod adasum;
 mod buckets;
 mod data;
 mod settings;
+mod shard;
 mod stage;
 mod stage_compute;
 mod stage_run;
@@ -26,4 +29,5 @@ mod stage_run;
 pub use adasum::{adasum_pair, AdasumSlot};
 pub use data::{StepData, LOSS_COUNT};
 pub use settings::{HistogramTap, StageSettings};
+pub use shard::{whole_parameters, StageShard};
 pub use stage::{OrtStage, Payload};

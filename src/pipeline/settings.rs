@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::compute::ShardLink;
 use crate::graph::LossNormalize;
 use crate::optim::{OptimizerConfig, ParamGroup};
 
@@ -39,6 +40,8 @@ pub struct StageSettings {
     /// This replica's place when the replicas' gradients combine by Adasum rather than
     /// by their sum (`enable_adasum`).
     pub adasum: Option<super::AdasumSlot>,
+    /// This stage's tensor shard: its collectives' group (`None`: not split).
+    pub shard: Option<ShardLink>,
 }
 
 /// Where a stage sends copies of the parameters (and gradients) named for TensorBoard
@@ -70,6 +73,7 @@ impl StageSettings {
             bucket_bytes: 0,
             micro_batches: 1,
             adasum: None,
+            shard: None,
         }
     }
 }

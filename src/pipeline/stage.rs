@@ -56,6 +56,8 @@ pub struct OrtStage {
     pub(super) chain: Option<Chain>,
     /// Where the buckets go this step, while the stage actor reduces them.
     pub(super) bucket_sink: Option<flume::Sender<Vec<f32>>>,
+    /// The tensor shard this stage is (`None`: not split).
+    pub(super) shard: Option<super::StageShard>,
     /// Micro-batches that contributed to this step's gradients so far.
     pub(super) contributions: usize,
     /// Buckets sent this step, awaiting their sums.
@@ -80,7 +82,7 @@ impl OrtStage {
         let split_backward = settings.split_backward;
         let session = |g: &Graph| -> Result<Option<GraphSession>> {
             (!g.nodes.is_empty())
-                .then(|| GraphSession::new(rt, g, opts, &g.name))
+                .then(|| GraphSession::for_shard(rt, g, opts, &g.name, settings.shard.as_ref()))
                 .transpose()
         };
         let params: Vec<&crate::graph::Param> = graphs
@@ -96,7 +98,13 @@ impl OrtStage {
         );
         let mut flat = Vec::with_capacity(layout.len());
         for p in &params {
-            let v = p.init.as_f32().ok_or_else(|| Error::BadTensor {
+            // A tensor shard other than 0 starts from its own part of a split parameter.
+            let own = match (&tg.shards, &settings.shard) {
+                (Some(plan), Some(link)) => Some(plan.initial(&p.name, link.0.rank(), &p.init)?),
+                _ => None,
+            };
+            let init = own.as_ref().unwrap_or(&p.init);
+            let v = init.as_f32().ok_or_else(|| Error::BadTensor {
                 name: p.name.clone(),
                 reason: "pipelined training keeps float32 parameters".into(),
             })?;
@@ -122,7 +130,15 @@ impl OrtStage {
                 };
                 let sizes: Vec<usize> =
                     layout.shapes().iter().map(|s| s.iter().product()).collect();
-                Chain::new(rt, tg, g, opts, &grad_slot, &sizes, bytes)?
+                Chain::new(
+                    rt,
+                    tg,
+                    g,
+                    (opts, settings.shard.as_ref()),
+                    &grad_slot,
+                    &sizes,
+                    bytes,
+                )?
             }
         };
         Ok(OrtStage {
@@ -155,6 +171,10 @@ impl OrtStage {
                 &layout,
             )?,
             grads: vec![0.0; layout.len()],
+            shard: settings
+                .shard
+                .as_ref()
+                .and_then(|link| super::StageShard::new(tg, &layout, link.0.rank())),
             written: vec![false; layout.count()],
             params: flat,
             grad_slot,
@@ -203,6 +223,7 @@ impl OrtStage {
             &self.layout,
             &mut self.params,
             self.optimizer.as_mut(),
+            self.shard.as_ref().map(super::StageShard::saved),
         )?;
         for (name, t) in stats {
             self.buffers.insert(name, Arc::new(t));

@@ -234,7 +234,10 @@ impl StageCompute for OrtStage {
                 *g = f32::INFINITY;
             }
         }
-        GradStats::of(&self.grads)
+        match &self.shard {
+            Some(shard) => shard.grad_stats(&self.layout, &self.grads),
+            None => GradStats::of(&self.grads),
+        }
     }
 
     async fn update(
@@ -274,6 +277,7 @@ impl StageCompute for OrtStage {
             params: &self.params,
             optimizer: self.optimizer.as_ref(),
             stats: &entries,
+            shard: self.shard.as_ref().map(super::StageShard::saved),
         };
         Ok(crate::checkpoint::save_job(
             stage,

@@ -16,6 +16,7 @@ use crate::checkpoint::ModelInfo;
 use crate::compute::Runtime;
 use crate::config::TrainConfig;
 use crate::data::{open_step_batches, BatchSource, FedBatches, StepBatches};
+use crate::graph::tensor_parallel::ShardPlan;
 use crate::graph::{export_inference_model, LossNormalize};
 use crate::onnx::save_model;
 use crate::pipeline::{OrtStage, StepData};
@@ -39,16 +40,19 @@ pub(super) async fn run_training<K: Collective>(
         on_event,
     } = opts;
     let prepared = prepare(cfg, config_path, on_event)?;
+    // The engine's replicas: every tensor shard of every data-parallel replica.
+    let hp = cfg.horizontal_parallel_size;
     let probe = cluster
         .as_ref()
-        .and_then(|c| c.members.iter().map(|&(r, _)| r).min())
+        .and_then(|c| c.members.iter().map(|&(r, _)| r / hp).min())
         .unwrap_or(0);
     let opened = open_data(cfg, config_path, fed, &prepared, probe)?;
     let built = build_graphs(rt, cfg, config_path, &prepared, &opened)?;
     let d = cfg.data_parallel_size;
+    let replicas = d * hp;
     let placement = built.schedule.placement().to_vec();
     // The (replica, stage) computes this process holds: all of them, or its members'.
-    let owned: Vec<(usize, usize)> = (0..d)
+    let owned: Vec<(usize, usize)> = (0..replicas)
         .flat_map(|r| (0..built.stages.len()).map(move |s| (r, s)))
         .filter(|&(r, s)| cluster.as_ref().is_none_or(|c| c.owns(r, s, &placement)))
         .collect();
@@ -63,7 +67,7 @@ pub(super) async fn run_training<K: Collective>(
     let scaler = starting_scaler(cfg, prepared.resume.as_ref());
     let local_actors = cluster
         .as_ref()
-        .map_or(d * cfg.pipeline_parallel_size, |c| c.members.len());
+        .map_or(replicas * cfg.pipeline_parallel_size, |c| c.members.len());
     let session_opts = session_options(cfg, local_actors);
     let computes = make_computes(
         rt,
@@ -84,7 +88,8 @@ pub(super) async fn run_training<K: Collective>(
         checkpoint: checkpointing::checkpointer(cfg, facts)?,
         control,
         spin: stage_spin(local_actors),
-        ..EngineSettings::new(built.schedule, d)
+        shards: hp,
+        ..EngineSettings::new(built.schedule, replicas)
     };
     let Prepared {
         model,
@@ -112,7 +117,7 @@ pub(super) async fn run_training<K: Collective>(
         lr_at,
         run,
         cluster,
-        built.stages.len(),
+        (built.stages.len(), built.tg.shards.as_ref()),
     )
     .await?;
     let elapsed = start.elapsed();
@@ -184,7 +189,7 @@ fn step_data(
 ) -> Result<(Arc<StepData>, Option<pipetrain_actors::EvalSettings>)> {
     let (d, m) = (cfg.data_parallel_size, cfg.gradient_accumulation_steps);
     let reads = built.stages.iter().map(|s| s.io.data.clone()).collect();
-    let mut data = StepData::new(batches, m, d, reads);
+    let mut data = StepData::new(batches, m, d, reads).with_shards(cfg.horizontal_parallel_size);
     if cfg.loss.normalize() == LossNormalize::Tokens {
         if let Some(label) = cfg.loss.label() {
             data = data.with_token_count(label, cfg.loss.ignore_index());
@@ -266,7 +271,7 @@ async fn run_engine<K: Collective>(
     lr_at: Box<dyn Fn(u64) -> f64 + Send + Sync>,
     (steps, on_step): (std::ops::Range<u64>, impl FnMut(&StepResult) + Send),
     cluster: Option<ClusterPart<K>>,
-    stages: usize,
+    (stages, plan): (usize, Option<&ShardPlan>),
 ) -> Result<EngineOutput> {
     let failed = |e| Error::Runtime {
         source: Box::new(e),
@@ -289,7 +294,12 @@ async fn run_engine<K: Collective>(
                 .enumerate()
                 .map(|(s, c)| (s, c.peak_stash_bytes()))
                 .collect();
-            let params = first.flat_map(OrtStage::parameters).collect();
+            // Data-parallel replica 0: its tensor shards, each stage's parts together.
+            let by_shard = out.computes[..engine.shards]
+                .iter()
+                .map(|r| r.iter().flat_map(OrtStage::parameters).collect())
+                .collect();
+            let params = whole_parameters(plan, by_shard)?;
             Ok((out.steps, out.trace, params, peaks))
         }
         Some(part) => {
@@ -313,5 +323,17 @@ async fn run_engine<K: Collective>(
             let params = gather_parameters(bus.as_ref(), local).await?;
             Ok((out.steps, out.trace, params, peaks))
         }
+    }
+}
+
+/// Whole parameters from data-parallel replica 0's tensor shards (`by_shard[k]`: shard
+/// `k`'s); shard 0's as they are when the model is not split.
+fn whole_parameters(
+    plan: Option<&ShardPlan>,
+    mut by_shard: Vec<Vec<(String, Tensor)>>,
+) -> Result<Vec<(String, Tensor)>> {
+    match plan {
+        Some(p) => crate::pipeline::whole_parameters(&p.specs, by_shard),
+        None => Ok(by_shard.swap_remove(0)),
     }
 }

@@ -9,7 +9,7 @@ use crate::checkpoint::{slow_write, LoadedCheckpoint};
 use crate::compute::{Runtime, SessionOptions};
 use crate::config::TrainConfig;
 use crate::data::StepBatches;
-use crate::graph::{build_training_graph, TrainOptions, TrainingGraph};
+use crate::graph::{build_sharded_training_graph, TrainOptions, TrainingGraph};
 use crate::onnx::proto::ModelProto;
 use crate::pipeline::StageSettings;
 use crate::tensor::Tensor;
@@ -100,7 +100,7 @@ pub(super) fn training_graph(
         contrib_ops: !cfg.runtime.standard_ops_only,
         params: cfg.params.clone(),
     };
-    build_training_graph(rt, model, &opts, &example)
+    build_sharded_training_graph(rt, model, &opts, &example, cfg.horizontal_parallel_size)
 }
 
 /// Logs what `pipetrain check` would say of the model before it trains: initializers an

@@ -64,6 +64,8 @@ pub(crate) struct CoordinatorSettings {
     /// Losses each step must report (replicas x micro-batches).
     pub expected_losses: usize,
     pub replicas: usize,
+    /// Tensor shards per data-parallel replica (see `EngineSettings::shards`).
+    pub shards: usize,
     pub stages: usize,
     /// Statistics each step's decision waits for in this process: the stages of its
     /// members.

@@ -127,15 +127,16 @@ impl Coordinator {
             }
             return;
         }
-        // Every replica holds the same reduced gradients: count each stage once, from
-        // replica 0, in stage order; any replica's overflow counts.
-        let mut per_stage: BTreeMap<usize, GradStats> = BTreeMap::new();
+        // Every data-parallel replica holds the same reduced gradients: count each stage
+        // once, from replica 0's shards (whose statistics count the replicated
+        // parameters once between them), in stage order; any replica's overflow counts.
+        let mut per_stage: BTreeMap<(usize, usize), GradStats> = BTreeMap::new();
         let mut any_bad = false;
         for (replica, list) in &ranks {
             for &(stage, s) in list {
                 any_bad |= !s.finite();
-                if *replica == 0 {
-                    per_stage.insert(stage, s);
+                if *replica < self.s.shards {
+                    per_stage.insert((stage, *replica), s);
                 }
             }
         }

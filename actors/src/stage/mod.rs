@@ -49,6 +49,9 @@ pub(crate) struct StageActor<C: StageCompute, K: Collective> {
     pub places: Arc<Places>,
     /// This step's gradient buckets under reduction, by stage.
     pub reducing: HashMap<usize, crate::buckets::Reduction>,
+    /// Tensor shards per data-parallel replica (this actor is shard
+    /// `replica % shards`); only shard 0 reports losses.
+    pub shards: usize,
 }
 
 impl<C: StageCompute, K: Collective> StageActor<C, K> {
@@ -162,7 +165,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                     .forward(mb, input, data)
                     .await
                     .map_err(|source| self.failed(action, source))?;
-                if let Some(loss) = result.loss {
+                if let Some(loss) = result.loss.filter(|_| self.reports_losses()) {
                     out.losses.push((mb, loss));
                 }
                 if let Some(p) = result.output.filter(|_| s < last) {
@@ -269,7 +272,8 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
         dir: &std::path::Path,
     ) -> Result<StepOutcome, ActorError> {
         let mut out = StepOutcome::default();
-        if self.replica != 0 {
+        // Data-parallel replica 0's tensor shards: each saves its part.
+        if self.replica >= self.shards {
             return Ok(out);
         }
         let mut stages: Vec<usize> = self.computes.keys().copied().collect();
@@ -308,10 +312,10 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                         .evaluate(mb, input, batch)
                         .await
                         .map_err(|source| self.failed(action, source))?;
-                    if let Some(loss) = result.loss {
+                    if let Some(loss) = result.loss.filter(|_| self.reports_losses()) {
                         out.losses.push((mb, loss));
                     }
-                    if let Some((c, n)) = result.accuracy {
+                    if let Some((c, n)) = result.accuracy.filter(|_| self.reports_losses()) {
                         let (sc, sn) = out.accuracy.unwrap_or((0.0, 0.0));
                         out.accuracy = Some((sc + c, sn + n));
                     }
@@ -350,6 +354,12 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             action,
             source,
         }
+    }
+
+    /// Whether this actor reports its losses (tensor shard 0 of its replica: the
+    /// other shards compute the same ones).
+    fn reports_losses(&self) -> bool {
+        self.replica % self.shards == 0
     }
 
     fn protocol(&self, reason: String) -> ActorError {

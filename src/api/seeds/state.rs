@@ -70,6 +70,7 @@ impl CheckpointState {
                 params,
                 optimizer: opt,
                 stats: &[],
+                shard: None,
             },
             None,
             &Default::default(),

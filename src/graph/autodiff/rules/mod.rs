@@ -95,17 +95,46 @@ fn rule(op_type: &str) -> Option<Rule> {
     Some(rule)
 }
 
+/// The gradient rule of one of pipetrain's tensor-shard collectives: Megatron-LM's
+/// pair, each the other's gradient.
+fn shard_rule(op_type: &str) -> Option<Rule> {
+    use crate::graph::tensor_parallel::{ALL_REDUCE, DOMAIN, SHARD_ENTRY};
+    let rule: Rule = match op_type {
+        // The sum of the shards' partial products: every shard's part gets the
+        // (replicated) gradient of the sum.
+        ALL_REDUCE => |c| Ok(vec![Some(c.dy(0)?)]),
+        // A replicated input read by every shard's split computation: its gradient is
+        // the sum of the shards' partial gradients.
+        SHARD_ENTRY => |c| {
+            let dy = c.dy(0)?;
+            let out = c.e.fresh("shard_sum");
+            c.e.node(ALL_REDUCE, DOMAIN, &[&dy], &[&out], vec![]);
+            Ok(vec![Some(out)])
+        },
+        _ => return None,
+    };
+    Some(rule)
+}
+
+/// The rule of a node of this operator and domain, if it has one.
+fn rule_of(op_type: &str, domain: &str) -> Option<Rule> {
+    match domain {
+        "" | "ai.onnx" => rule(op_type),
+        crate::graph::tensor_parallel::DOMAIN => shard_rule(op_type),
+        _ => None,
+    }
+}
+
 /// Whether a node of this operator and domain can be differentiated (its rule may still
 /// refuse particular attributes).
 pub fn has_rule(op_type: &str, domain: &str) -> bool {
-    (domain.is_empty() || domain == "ai.onnx") && rule(op_type).is_some()
+    rule_of(op_type, domain).is_some()
 }
 
 /// The gradient rule for the node's operator; `Ok(None)` when the operator has none.
 pub fn gradient(ctx: &mut RuleCtx) -> Result<Option<Grads>> {
-    if !has_rule(&ctx.node.op_type, &ctx.node.domain) {
-        return Ok(None);
+    match rule_of(&ctx.node.op_type, &ctx.node.domain) {
+        Some(rule) => rule(ctx).map(Some),
+        None => Ok(None),
     }
-    let rule = rule(&ctx.node.op_type).expect("checked above");
-    rule(ctx).map(Some)
 }

@@ -1,0 +1,306 @@
+//! The tensor shards' collectives as ONNX Runtime custom operators (domain
+//! `ai.pipetrain`; see [`crate::graph::tensor_parallel`]), and the in-process group
+//! they sum through.
+//!
+//! A kernel blocks until every shard of its group brought its tensor: each shard's
+//! sessions run on the thread of its own stage actor, so the shards meet inside their
+//! sessions as the data-parallel replicas meet in their all-reduce. The sum is taken in
+//! shard order by one shard and copied by the others, so every shard gets the same
+//! bits (as the replicas' all-reduce does). Written here because no crate offers an
+//! in-process blocking all-reduce over borrowed slices.
+
+use std::fmt;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ort::operator::{
+    BoxedKernel, ComputeContext, KernelContext, Operator, OperatorDomain, OperatorInput,
+    OperatorOutput,
+};
+use ort::value::TensorElementType;
+
+use crate::graph::tensor_parallel::{ALL_REDUCE, DOMAIN, SHARD_ENTRY};
+
+/// One shard's end of its group's all-reduce.
+pub trait ShardComm: Send + Sync + 'static {
+    /// Shards in the group.
+    fn shards(&self) -> usize;
+
+    /// This shard's rank in the group.
+    fn rank(&self) -> usize;
+
+    /// Sums `buf` over the group's shards in shard order, in place.
+    ///
+    /// # Errors
+    /// When a shard is gone, brings a tensor of another length, or does not come.
+    fn all_reduce(&self, buf: &mut [f32]) -> Result<(), String>;
+}
+
+/// A shard's collective handle, as sessions are given it.
+#[derive(Clone)]
+pub struct ShardLink(pub Arc<dyn ShardComm>);
+
+impl fmt::Debug for ShardLink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ShardLink(shard {} of {})",
+            self.0.rank(),
+            self.0.shards()
+        )
+    }
+}
+
+impl ShardLink {
+    /// A group of one (shape probes, and graphs run outside a sharded run): the sum is
+    /// the tensor itself.
+    pub fn alone() -> ShardLink {
+        ShardLink(Arc::new(Alone))
+    }
+}
+
+struct Alone;
+
+impl ShardComm for Alone {
+    fn shards(&self) -> usize {
+        1
+    }
+    fn rank(&self) -> usize {
+        0
+    }
+    fn all_reduce(&self, _buf: &mut [f32]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The operator domain with both collectives bound to `link`.
+pub(crate) fn shard_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
+    OperatorDomain::new(DOMAIN)?
+        .add(Collective {
+            link: link.clone(),
+            sums: true,
+        })?
+        .add(Collective {
+            link: link.clone(),
+            sums: false,
+        })
+}
+
+/// `AllReduce` (`sums`) or `ShardEntry` (the identity forward).
+struct Collective {
+    link: ShardLink,
+    sums: bool,
+}
+
+impl Operator for Collective {
+    type Kernel<'attr> = BoxedKernel<'attr>;
+
+    fn name(&self) -> &str {
+        if self.sums {
+            ALL_REDUCE
+        } else {
+            SHARD_ENTRY
+        }
+    }
+
+    fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
+        [OperatorInput::required(TensorElementType::Float32)]
+    }
+
+    fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
+        [OperatorOutput::required(TensorElementType::Float32)]
+    }
+
+    fn create_kernel<'attr>(&self, _: &KernelContext<'attr>) -> ort::Result<Self::Kernel<'attr>> {
+        let link = self.link.clone();
+        let sums = self.sums;
+        Ok(Box::new(move |ctx: &ComputeContext| {
+            let x = ctx.input(0)?.ok_or_else(|| ort::Error::new("no input"))?;
+            let (shape, xs) = x.try_extract_tensor::<f32>()?;
+            let mut y = ctx
+                .output(0, shape.to_vec())?
+                .ok_or_else(|| ort::Error::new("no output"))?;
+            let (_, ys) = y.try_extract_tensor_mut::<f32>()?;
+            ys.copy_from_slice(xs);
+            if sums {
+                link.0.all_reduce(ys).map_err(ort::Error::new)?;
+            }
+            Ok(())
+        }))
+    }
+}
+
+/// The shards of one group that share a process: a meeting point per all-reduce.
+pub struct LocalShards {
+    shards: usize,
+    state: Mutex<Round>,
+    turn: Condvar,
+    patience: Duration,
+}
+
+/// One all-reduce in progress.
+#[derive(Default)]
+struct Round {
+    parts: Vec<Option<Vec<f32>>>,
+    sum: Option<Arc<Vec<f32>>>,
+    taken: usize,
+}
+
+impl LocalShards {
+    /// A group of `shards`; a shard waits at most `patience` for the others (then its
+    /// session fails, naming the wait, rather than hanging the run).
+    pub fn new(shards: usize, patience: Duration) -> Arc<LocalShards> {
+        Arc::new(LocalShards {
+            shards,
+            state: Mutex::new(Round {
+                parts: vec![None; shards],
+                ..Round::default()
+            }),
+            turn: Condvar::new(),
+            patience,
+        })
+    }
+
+    /// Shard `rank`'s handle.
+    pub fn link(self: &Arc<Self>, rank: usize) -> ShardLink {
+        ShardLink(Arc::new(LocalShard {
+            group: self.clone(),
+            rank,
+        }))
+    }
+
+    fn wait<'a>(
+        &self,
+        state: MutexGuard<'a, Round>,
+        until: Instant,
+        rank: usize,
+    ) -> Result<MutexGuard<'a, Round>, String> {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "tensor shard {rank} waited {:.0} s for the other shards of its group",
+                self.patience.as_secs_f64()
+            ));
+        }
+        let (state, _) = self
+            .turn
+            .wait_timeout(state, left)
+            .map_err(|_| "a tensor shard panicked".to_string())?;
+        Ok(state)
+    }
+}
+
+struct LocalShard {
+    group: Arc<LocalShards>,
+    rank: usize,
+}
+
+impl ShardComm for LocalShard {
+    fn shards(&self) -> usize {
+        self.group.shards
+    }
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn all_reduce(&self, buf: &mut [f32]) -> Result<(), String> {
+        let g = &self.group;
+        let until = Instant::now() + g.patience;
+        let mut st = g.state.lock().map_err(|_| "a tensor shard panicked")?;
+        // The previous round's sum is still being copied out by slower shards.
+        while st.sum.is_some() {
+            st = g.wait(st, until, self.rank)?;
+        }
+        if st.parts[self.rank].is_some() {
+            return Err(format!("tensor shard {} contributed twice", self.rank));
+        }
+        st.parts[self.rank] = Some(buf.to_vec());
+        if st.parts.iter().all(Option::is_some) {
+            let mut parts = st.parts.iter_mut().map(|p| p.take().unwrap_or_default());
+            let mut sum = parts.next().unwrap_or_default();
+            for (k, p) in parts.enumerate() {
+                if p.len() != sum.len() {
+                    return Err(format!(
+                        "tensor shard {} brought {} values, shard 0 {}",
+                        k + 1,
+                        p.len(),
+                        sum.len()
+                    ));
+                }
+                sum.iter_mut().zip(&p).for_each(|(s, v)| *s += v);
+            }
+            st.sum = Some(Arc::new(sum));
+            g.turn.notify_all();
+        }
+        while st.sum.is_none() {
+            st = g.wait(st, until, self.rank)?;
+        }
+        let sum = st.sum.clone().unwrap_or_default();
+        if sum.len() != buf.len() {
+            return Err(format!(
+                "tensor shard {} has {} values, the sum {}",
+                self.rank,
+                buf.len(),
+                sum.len()
+            ));
+        }
+        buf.copy_from_slice(&sum);
+        st.taken += 1;
+        if st.taken == g.shards {
+            st.sum = None;
+            st.taken = 0;
+            g.turn.notify_all();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shard_gets_the_sum_in_shard_order_round_after_round() {
+        let group = LocalShards::new(3, Duration::from_secs(10));
+        let parts: Vec<Vec<f32>> = (0..3)
+            .map(|r| {
+                (0..257)
+                    .map(|i| (i as f32 * 0.37 + r as f32) * 1.3e-3)
+                    .collect()
+            })
+            .collect();
+        let want: Vec<f32> = (0..257)
+            .map(|i| parts[0][i] + parts[1][i] + parts[2][i])
+            .collect();
+        let handles: Vec<_> = (0..3)
+            .map(|r| {
+                let link = group.link(r);
+                let mine = parts[r].clone();
+                std::thread::spawn(move || {
+                    (0..20)
+                        .map(|_| {
+                            let mut b = mine.clone();
+                            link.0.all_reduce(&mut b).map(|_| b)
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                })
+            })
+            .collect();
+        for h in handles {
+            for got in h.join().unwrap().unwrap() {
+                assert!(got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
+        }
+    }
+
+    #[test]
+    fn a_shard_whose_peers_never_come_fails_naming_the_wait() {
+        let group = LocalShards::new(2, Duration::from_millis(50));
+        let err = group.link(1).0.all_reduce(&mut [1.0]).unwrap_err();
+        assert!(err.contains("tensor shard 1 waited"), "{err}");
+    }
+}
