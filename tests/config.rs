@@ -74,10 +74,10 @@ fn parallel_sizes() {
     refused(
         &with(
             "data_parallel_size = 1",
-            "data_parallel_size = 1\nhorizontal_parallel_size = 2",
+            "data_parallel_size = 1\nhorizontal_parallel_size = 2\nworld_size = 2",
         ),
-        "horizontal_parallel_size",
-        "tensor parallelism is not supported",
+        "world_size",
+        "must equal data_parallel_size x horizontal_parallel_size x pipeline_parallel_size = 4",
     );
     refused(
         &with("pipeline_parallel_size = 2", "pipeline_parallel_size = 0"),

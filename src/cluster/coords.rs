@@ -3,11 +3,11 @@
 //! ONNX Runtime's distributed training asks only that data x horizontal x pipeline
 //! parallel sizes multiply to the world size; it fixes no numbering. pipetrain's is
 //! `rank = (dp * pipeline_parallel + pp) * tensor_parallel + tp`: tensor index fastest,
-//! then the pipeline stage, then the replica. With `tensor_parallel = 1` (the only size
-//! supported) that is `rank = dp * pipeline_parallel + pp`, so one replica's stages are
-//! consecutive ranks and, assigned to nodes in order, share a node or sit on neighbouring
-//! ones: activations and their gradients cross between stages every micro-batch, while
-//! replicas exchange gradients once per optimizer step.
+//! then the pipeline stage, then the replica (Megatron-LM's order). Assigned to nodes in
+//! order, a stage's tensor shards fill a node before spanning nodes (they all-reduce
+//! activations several times per micro-batch), one replica's stages come next, on one
+//! node or neighbouring ones (activations and gradients cross between stages every
+//! micro-batch), and replicas exchange gradients once per optimizer step.
 
 use serde::{Deserialize, Serialize};
 
@@ -19,7 +19,7 @@ pub struct Layout {
     pub data_parallel: usize,
     /// Pipeline stages of one replica (`pipeline_parallel_size`).
     pub pipeline_parallel: usize,
-    /// Tensor shards (`horizontal_parallel_size`); only 1 is supported.
+    /// Tensor shards (`horizontal_parallel_size`).
     #[serde(default = "one")]
     pub tensor_parallel: usize,
 }
@@ -47,7 +47,7 @@ pub struct RankCoords {
     pub dp: usize,
     /// The pipeline stage (rank within the replica's pipeline).
     pub pp: usize,
-    /// The tensor shard (always 0 while `tensor_parallel = 1`).
+    /// The tensor shard.
     pub tp: usize,
 }
 

@@ -164,15 +164,6 @@ fn validate_layout(m: &ManifestFile, bad: &Bad) -> Result<usize> {
             return Err(bad(field, "must be at least 1".into()));
         }
     }
-    if l.tensor_parallel != 1 {
-        return Err(bad(
-            "layout.tensor_parallel",
-            format!(
-                "tensor parallelism is not supported; use 1, got {}",
-                l.tensor_parallel
-            ),
-        ));
-    }
     match l.checked_world_size() {
         Some(w) if w <= MAX_WORLD => Ok(w),
         _ => Err(bad(

@@ -16,6 +16,7 @@
 //!   all-gathers).
 //! - `ring`: [`MeshCollective`], ring all-reduce (reduce-scatter + all-gather) for the
 //!   actors' [`pipetrain_actors::Collective`].
+//! - `shards`: [`MeshShardGroups`], the tensor shards' all-reduce between nodes.
 //! - `wire`: activations and gradients as bytes, and [`link_transfers`], the mailboxes of
 //!   other nodes' stage actors.
 //!
@@ -32,12 +33,14 @@ pub mod handshake;
 mod lobby;
 mod mesh;
 mod ring;
+mod shards;
 pub mod wire;
 
 pub use bus::MeshBus;
 pub use lobby::{host_lobby, join_lobby, Gathered};
 pub use mesh::{Mesh, MeshTimeouts};
 pub use ring::MeshCollective;
+pub use shards::MeshShardGroups;
 pub use wire::link_transfers;
 
 /// Channels over a connection (the handshake's are 0 and 1).
@@ -47,3 +50,7 @@ pub(crate) const BUS: u32 = 4;
 pub(crate) const DATA: u32 = 5;
 /// Ring segments: `RING + stage * replicas + receiving replica`.
 pub(crate) const RING: u32 = 16;
+/// Tensor shards' tensors: `TENSOR_SHARDS + ((stage * groups + group) * shards +
+/// receiver) * shards + sender` (above every ring channel of a job of up to a million
+/// stage members).
+pub(crate) const TENSOR_SHARDS: u32 = 1 << 20;

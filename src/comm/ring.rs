@@ -20,13 +20,27 @@ pub struct MeshCollective {
     mesh: Arc<Mesh>,
     /// The node of each (replica, stage): `[replica][stage]`.
     placement: Vec<Vec<usize>>,
+    /// Tensor shards per data-parallel replica: the same shard of every data-parallel
+    /// replica forms one ring.
+    shards: usize,
 }
 
 impl MeshCollective {
     /// The collective over `mesh`, with `placement[replica][stage]` the node that runs
     /// that member.
     pub fn new(mesh: Arc<Mesh>, placement: Vec<Vec<usize>>) -> MeshCollective {
-        MeshCollective { mesh, placement }
+        MeshCollective {
+            mesh,
+            placement,
+            shards: 1,
+        }
+    }
+
+    /// Replicas are `shards` consecutive tensor shards of each data-parallel replica;
+    /// each shard reduces with the same shard of the others.
+    pub fn with_shards(mut self, shards: usize) -> MeshCollective {
+        self.shards = shards.max(1);
+        self
     }
 
     /// The channel on which `replica` receives its ring segments for `stage`.
@@ -100,12 +114,16 @@ impl Collective for MeshCollective {
         replica: usize,
         mut buf: Vec<f32>,
     ) -> Result<Vec<f32>, ActorError> {
-        let n = self.placement.len();
+        let shards = self.shards;
+        let n = self.placement.len() / shards;
         if n <= 1 {
             return Ok(buf);
         }
         let gone = |reason: String| ActorError::Peer { reason };
-        let (next, prev) = ((replica + 1) % n, (replica + n - 1) % n);
+        // Position in this shard's ring, and the ring neighbours' engine replicas.
+        let (shard, at) = (replica % shards, replica / shards);
+        let next = ((at + 1) % n) * shards + shard;
+        let prev = ((at + n - 1) % n) * shards + shard;
         let next_node = self.placement[next][stage];
         let prev_node = self.placement[prev][stage];
         let (to_next, from_prev) = (self.channel(stage, next), self.channel(stage, replica));
@@ -117,20 +135,20 @@ impl Collective for MeshCollective {
             to_next,
             from_prev,
         };
-        // Reduce-scatter: at round k, pass on segment (replica - k) and add the previous
-        // replica's running sum of segment (replica - k - 1) into ours.
+        // Reduce-scatter: at round k, pass on segment (at - k) and add the previous
+        // member's running sum of segment (at - k - 1) into ours (`at`: ring position).
         for k in 0..n - 1 {
-            let send = segment(len, n, (replica + n - k) % n);
-            let recv = segment(len, n, (replica + 2 * n - k - 1) % n);
+            let send = segment(len, n, (at + n - k) % n);
+            let recv = segment(len, n, (at + 2 * n - k - 1) % n);
             link.exchange(&mut buf, send, recv, add_into)
                 .await
                 .map_err(gone)?;
         }
-        // All-gather: replica r holds the full sum of segment r + 1; pass the full
+        // All-gather: position p holds the full sum of segment p + 1; pass the full
         // segments round.
         for k in 0..n - 1 {
-            let send = segment(len, n, (replica + 1 + n - k) % n);
-            let recv = segment(len, n, (replica + n - k) % n);
+            let send = segment(len, n, (at + 1 + n - k) % n);
+            let recv = segment(len, n, (at + n - k) % n);
             link.exchange(&mut buf, send, recv, copy_into)
                 .await
                 .map_err(gone)?;

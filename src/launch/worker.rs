@@ -8,13 +8,14 @@ use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use pipetrain_actors::{Bus, Distribution};
 use sha2::{Digest, Sha256};
 
 use super::{Ended, LaunchArgs, Placement};
 use crate::cluster::{process_env, ClusterManifest, Endpoint};
-use crate::comm::{link_transfers, Mesh, MeshBus, MeshCollective, MeshTimeouts};
+use crate::comm::{link_transfers, Mesh, MeshBus, MeshCollective, MeshShardGroups, MeshTimeouts};
 use crate::compute::Runtime;
 use crate::train::{
     latest_checkpoint, run_cluster, ClusterPart, Reporter, RunEvent, RunOptions, StopOnSignal,
@@ -103,12 +104,14 @@ async fn work(
         cfg.checkpoint_to_load_path = resume_choice(bus.as_ref(), &cfg, args, me).await?;
     }
     // Node by [replica][rank], and by [replica][stage] under the schedule's placement.
+    // The engine's replica `r` is tensor shard `r % hp` of data-parallel replica `r / hp`.
     let layout = manifest.layout();
-    let owner: Vec<Vec<usize>> = (0..layout.data_parallel)
-        .map(|dp| {
+    let hp = layout.tensor_parallel;
+    let owner: Vec<Vec<usize>> = (0..layout.data_parallel * hp)
+        .map(|r| {
             (0..layout.pipeline_parallel)
                 .map(|pp| {
-                    let rank = layout.rank(dp, pp, 0).unwrap_or(usize::MAX);
+                    let rank = layout.rank(r / hp, pp, r % hp).unwrap_or(usize::MAX);
                     manifest.node_of_rank(rank).unwrap_or(usize::MAX)
                 })
                 .collect()
@@ -124,8 +127,15 @@ async fn work(
         .iter()
         .map(|ranks| stage_rank.iter().map(|&r| ranks[r]).collect())
         .collect();
-    let members: Vec<(usize, usize)> = manifest.ranks_of(me).iter().map(|c| (c.dp, c.pp)).collect();
-    let collective = Arc::new(MeshCollective::new(mesh.clone(), by_stage));
+    let members: Vec<(usize, usize)> = manifest
+        .ranks_of(me)
+        .iter()
+        .map(|c| (c.dp * hp + c.tp, c.pp))
+        .collect();
+    let patience = Duration::from_secs_f64(cfg.watchdog_seconds);
+    let shard_groups =
+        (hp > 1).then(|| MeshShardGroups::new(mesh.clone(), by_stage.clone(), hp, patience));
+    let collective = Arc::new(MeshCollective::new(mesh.clone(), by_stage).with_shards(hp));
     // Where the other nodes' members run, as the watchdog's report names them.
     let places = owner
         .iter()
@@ -145,6 +155,7 @@ async fn work(
             bus: bus.clone(),
             places,
         },
+        shard_groups,
     };
     // A peer gone or silent fails the mesh; the stage actors waiting on its messages
     // would only notice at the watchdog, so the job stops here at once (dropping the run

@@ -18,6 +18,8 @@ pub struct ClusterPart<K> {
     pub members: Vec<(usize, usize)>,
     /// Mailboxes of the other processes' members, the collective, and the bus.
     pub dist: Distribution<Payload, K>,
+    /// The tensor shards' groups across the job's nodes (`None`: not split).
+    pub shard_groups: Option<crate::comm::MeshShardGroups>,
 }
 
 impl<K> ClusterPart<K> {
@@ -30,17 +32,25 @@ impl<K> ClusterPart<K> {
     }
 }
 
-/// Every process's `local` parameters (its stages of replica 0, possibly none), merged:
-/// the whole model's, the same in every process.
+/// Every process's `local` parameters (its stages of data-parallel replica 0, possibly
+/// none, each with its tensor shard), merged: by shard, the same in every process.
 ///
 /// # Errors
 /// `Runtime` when the bus breaks; `Data` when a process sent bytes that do not decode.
 pub(super) async fn gather_parameters(
     bus: &dyn Bus,
-    local: Vec<(String, Tensor)>,
-) -> Result<Vec<(String, Tensor)>> {
+    local: Vec<(usize, String, Tensor)>,
+) -> Result<Vec<Vec<(String, Tensor)>>> {
+    // A tensor shard's part goes with its shard in the doc string.
     let graph = GraphProto {
-        initializer: local.iter().map(|(n, t)| t.to_proto(n)).collect(),
+        initializer: local
+            .iter()
+            .map(|(k, n, t)| {
+                let mut p = t.to_proto(n);
+                p.doc_string = k.to_string();
+                p
+            })
+            .collect(),
         ..Default::default()
     };
     let all = bus
@@ -49,7 +59,7 @@ pub(super) async fn gather_parameters(
         .map_err(|e| Error::Runtime {
             source: Box::new(e),
         })?;
-    let mut out = Vec::new();
+    let mut out: Vec<Vec<(String, Tensor)>> = Vec::new();
     for (node, bytes) in all.iter().enumerate() {
         let bad = |reason: String| Error::Data {
             path: format!("<node {node}>").into(),
@@ -58,8 +68,15 @@ pub(super) async fn gather_parameters(
         };
         let graph = GraphProto::decode(bytes.as_slice()).map_err(|e| bad(e.to_string()))?;
         for p in &graph.initializer {
-            if !out.iter().any(|(n, _): &(String, Tensor)| n == &p.name) {
-                out.push((p.name.clone(), Tensor::from_proto(p)?));
+            let k: usize = p
+                .doc_string
+                .parse()
+                .map_err(|_| bad("no tensor shard".into()))?;
+            if out.len() <= k {
+                out.resize_with(k + 1, Vec::new);
+            }
+            if !out[k].iter().any(|(n, _)| n == &p.name) {
+                out[k].push((p.name.clone(), Tensor::from_proto(p)?));
             }
         }
     }

@@ -38,8 +38,12 @@ pub fn train_command(
         }
     }
     let rt = Runtime::from_env()?;
+    let shards = match cfg.horizontal_parallel_size {
+        1 => String::new(),
+        n => format!(" x {n} tensor shards"),
+    };
     eprintln!(
-        "pipetrain: {} | {} stage(s) x {} replica(s), {} micro-batches of {} | ONNX Runtime {}",
+        "pipetrain: {} | {} stage(s) x {} replica(s){shards}, {} micro-batches of {} | ONNX Runtime {}",
         cfg.model_name(),
         cfg.stages(),
         cfg.data_parallel_size,

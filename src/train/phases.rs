@@ -14,6 +14,7 @@ use pipetrain_schedules::Schedule;
 use super::settings::{stage_settings, training_graph, warn_about_model};
 use super::{apply_init, checkpointing, RunEvent};
 use crate::checkpoint::{model_fingerprint, LoadedCheckpoint};
+use crate::comm::MeshShardGroups;
 use crate::compute::{check_device, LocalShards, Runtime, SessionOptions, ShardLink};
 use crate::config::TrainConfig;
 use crate::data::{open_step_batches, read_safetensors, BatchSource, FedBatches, StepBatches};
@@ -209,12 +210,17 @@ pub(super) fn make_computes(
     rt: &Runtime,
     cfg: &TrainConfig,
     built: &Built,
-    owned: &[(usize, usize)],
+    (owned, groups): (&[(usize, usize)], Option<&MeshShardGroups>),
     (session_opts, scale): (&SessionOptions, f64),
     (tap, resume): (Option<HistogramTap>, Option<&LoadedCheckpoint>),
 ) -> Result<HashMap<(usize, usize), OrtStage>> {
     let settings = stage_settings(cfg, scale);
-    let mut links = shard_links(cfg, owned)?;
+    let mut links = match groups {
+        Some(g) if cfg.horizontal_parallel_size > 1 => {
+            owned.iter().map(|&(r, s)| ((r, s), g.link(r, s))).collect()
+        }
+        _ => shard_links(cfg, owned)?,
+    };
     let mut computes = HashMap::new();
     for &(replica, s) in owned {
         let mut st = settings.clone();
@@ -248,8 +254,8 @@ pub(super) fn make_computes(
 }
 
 /// Each tensor shard's collective handle, by (engine replica, stage), when the model is
-/// split (`horizontal_parallel_size > 1`): the shards of a data-parallel replica's stage
-/// meet in a group of this process. A shard waits for the others as long as the
+/// split (`horizontal_parallel_size > 1`) in a run of one process: the shards of a
+/// data-parallel replica's stage meet in a group of this process. A shard waits for the others as long as the
 /// watchdog lets a run stand still.
 ///
 /// # Errors

@@ -73,7 +73,10 @@ pub(super) async fn run_training<K: Collective>(
         rt,
         cfg,
         &built,
-        &owned,
+        (
+            &owned,
+            cluster.as_ref().and_then(|c| c.shard_groups.as_ref()),
+        ),
         (&session_opts, scaler.scale),
         (tap, prepared.resume.as_ref()),
     )?;
@@ -309,18 +312,24 @@ async fn run_engine<K: Collective>(
             )
             .await
             .map_err(failed)?;
+            // Data-parallel replica 0's tensor shards.
             let mut mine: Vec<_> = out
                 .computes
                 .into_iter()
-                .filter(|((r, _), _)| *r == 0)
+                .filter(|((r, _), _)| *r < engine.shards)
                 .collect();
-            mine.sort_by_key(|((_, s), _)| *s);
-            let local = mine.iter().flat_map(|(_, c)| c.parameters()).collect();
+            mine.sort_by_key(|((r, s), _)| (*s, *r));
+            let local = mine
+                .iter()
+                .flat_map(|((r, _), c)| c.parameters().into_iter().map(|(n, t)| (*r, n, t)))
+                .collect();
             let peaks = mine
                 .iter()
+                .filter(|((r, _), _)| *r == 0)
                 .map(|((_, s), c)| (*s, c.peak_stash_bytes()))
                 .collect();
-            let params = gather_parameters(bus.as_ref(), local).await?;
+            let by_shard = gather_parameters(bus.as_ref(), local).await?;
+            let params = whole_parameters(plan, by_shard)?;
             Ok((out.steps, out.trace, params, peaks))
         }
     }

@@ -144,11 +144,11 @@ fn every_rule_names_the_file_the_field_and_the_rule() {
                 GOOD,
                 &[(
                     "pipeline_parallel = 2",
-                    "pipeline_parallel = 2\ntensor_parallel = 2",
+                    "pipeline_parallel = 2\ntensor_parallel = 0",
                 )],
             ),
             "layout.tensor_parallel",
-            "not supported",
+            "at least 1",
         ),
         (
             edit(GOOD, &[("data_parallel = 2", "data_parallel = 0")]),
