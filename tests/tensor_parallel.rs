@@ -268,3 +268,62 @@ fn the_split_is_megatrons_heads_and_hidden_width_with_two_all_reduces_per_layer_
         assert_eq!(tg.metas[v].shape, vec![4, 32, 64], "{v}");
     }
 }
+
+/// Hugging Face and torchvision models as `torch.onnx.export` writes them (both
+/// exporters; `tests/fixtures/models/`): the split finds their attention (by heads:
+/// `Linear` as `MatMul` by a transposed weight, GPT-2's `Conv1D` as `Gemm`, Llama's
+/// rotary embedding and key/value `Expand`) and MLPs, leaves the heads whole, and the
+/// split models train as the unsplit ones within float32 noise. torchvision's ViT keeps
+/// its attention whole (`nn.MultiheadAttention` packs Q, K and V and picks them with
+/// `Gather`), its MLPs split.
+#[test]
+fn exported_hugging_face_models_split_and_train_as_unsplit() {
+    use common::exported::{fixture, train_run, Family, Run, BART, BERT, GPT2, LLAMA, ONE, VIT};
+    use pipetrain::graph::{build_sharded_training_graph, LossSpec, TrainOptions};
+    let cases: [(&Family, usize); 5] = [(&GPT2, 4), (&BERT, 4), (&LLAMA, 4), (&BART, 5), (&VIT, 2)];
+    let rt = common::runtime();
+    for (f, summed) in cases {
+        let dir = fixture(f.name);
+        let data = pipetrain::data::read_npz(&dir.join("data.npz")).unwrap();
+        let rows = |n: &str| data[n].gather_rows(&[0, 1, 2, 3]).unwrap();
+        let mut names: Vec<&str> = f.inputs.to_vec();
+        names.push("labels");
+        let tensors: Vec<Tensor> = names.iter().map(|n| rows(n)).collect();
+        let example: Vec<(&str, &Tensor)> = names.iter().copied().zip(&tensors).collect();
+        let opts = TrainOptions {
+            loss: LossSpec::SoftmaxCrossEntropy {
+                prediction: "logits".into(),
+                label: "labels".into(),
+                ignore_index: f.ignore_index,
+                class_axis: None,
+                normalize: Default::default(),
+            },
+            trainable: None,
+            contrib_ops: true,
+            params: Default::default(),
+        };
+        for file in ["model.onnx", "model.dynamo.onnx"] {
+            let model = pipetrain::onnx::load_model(&dir.join(file)).unwrap();
+            let tg = build_sharded_training_graph(&rt, &model, &opts, &example, 2).unwrap();
+            let plan = tg.shards.unwrap();
+            assert_eq!(
+                plan.summed_forward.len(),
+                summed,
+                "{} {file}: {}",
+                f.name,
+                plan.summary()
+            );
+        }
+        let run = |extra| Run {
+            model: "model.onnx",
+            optimizer: "adamw",
+            lr: 1e-3,
+            layout: ONE,
+            steps: 6,
+            extra,
+        };
+        let whole = train_run(f, &run(""));
+        let split = train_run(f, &run("horizontal_parallel_size = 2"));
+        assert_close(f.name, &split, &whole, 1e-5);
+    }
+}

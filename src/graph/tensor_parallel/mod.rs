@@ -19,6 +19,7 @@
 //! instead of a session boundary (two runs, the values copied out and back in) per
 //! all-reduce.
 
+mod linear;
 mod regions;
 mod spec;
 
@@ -188,7 +189,7 @@ fn values_key(values: &[i64]) -> String {
 /// the `MatMul`s reading it) and `AllReduce` after the row-parallel ones.
 fn insert_collectives(g: &mut Graph, entries: &[usize], exits: &[usize], plan: &mut ShardPlan) {
     let mut before: BTreeMap<usize, Vec<crate::onnx::proto::NodeProto>> = BTreeMap::new();
-    let mut after: BTreeMap<usize, crate::onnx::proto::NodeProto> = BTreeMap::new();
+    let mut after: BTreeMap<usize, Vec<crate::onnx::proto::NodeProto>> = BTreeMap::new();
     let mut entered: HashMap<String, String> = HashMap::new();
     let mut sorted = entries.to_vec();
     sorted.sort_unstable();
@@ -218,21 +219,27 @@ fn insert_collectives(g: &mut Graph, entries: &[usize], exits: &[usize], plan: &
         let y = g.nodes[i].output[0].clone();
         let partial = format!("{y}/partial");
         g.nodes[i].output[0] = partial.clone();
-        let mut n = make_node(
-            ALL_REDUCE,
-            &format!("{y}/AllReduce"),
-            &[&partial],
-            &[&y],
-            vec![],
-        );
+        // A row-parallel `Gemm`'s bias is added once, after the sum.
+        let bias = match g.nodes[i].op_type == "Gemm" && g.nodes[i].input.len() > 2 {
+            true => g.nodes[i].input.pop().filter(|b| !b.is_empty()),
+            false => None,
+        };
+        let summed = bias.as_ref().map_or(y.clone(), |_| format!("{y}/summed"));
+        let name = format!("{y}/AllReduce");
+        let mut n = make_node(ALL_REDUCE, &name, &[&partial], &[&summed], vec![]);
         n.domain = DOMAIN.into();
-        after.insert(i, n);
+        let mut nodes = vec![n];
+        if let Some(b) = bias {
+            let add = make_node("Add", &format!("{y}/bias"), &[&summed, &b], &[&y], vec![]);
+            nodes.push(add);
+        }
+        after.insert(i, nodes);
         plan.summed_forward.push(y);
     }
     let nodes = std::mem::take(&mut g.nodes);
     for (i, n) in nodes.into_iter().enumerate() {
         g.nodes.extend(before.remove(&i).unwrap_or_default());
         g.nodes.push(n);
-        g.nodes.extend(after.remove(&i));
+        g.nodes.extend(after.remove(&i).unwrap_or_default());
     }
 }

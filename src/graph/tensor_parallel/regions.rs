@@ -12,6 +12,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::linear::{linear, Linear};
 use super::spec::ShardSpec;
 use crate::graph::ir::{attr_i, attr_ints, node_label, Graph, Metas};
 use crate::onnx::proto::NodeProto;
@@ -61,6 +62,7 @@ struct Walk<'a> {
     trainable: &'a HashSet<&'a str>,
     constants: HashMap<String, Tensor>,
     readers: HashMap<&'a str, Vec<usize>>,
+    producers: HashMap<&'a str, usize>,
     split: HashMap<String, Split>,
     parent: Vec<usize>,
     starts: Vec<usize>,
@@ -141,6 +143,7 @@ impl<'a> Walk<'a> {
             trainable,
             constants: g.constants(),
             readers: g.consumers(),
+            producers: g.producers(),
             split: HashMap::new(),
             parent: Vec::new(),
             starts: Vec::new(),
@@ -190,15 +193,28 @@ impl<'a> Walk<'a> {
         self.sections.len() - 1
     }
 
-    /// A trainable 2-D weight read as `MatMul`'s second input.
-    fn weight_2d(&self, n: &NodeProto) -> Option<&'a str> {
-        let g: &'a Graph = self.g;
-        let t = g.initializer(n.input.get(1)?)?;
-        (self.trainable.contains(t.name.as_str()) && t.dims.len() == 2).then_some(t.name.as_str())
+    /// The linear layer `n` computes, if it is one.
+    fn linear(&self, n: &NodeProto) -> Option<Linear<'a>> {
+        linear(self.g, n, self.trainable, (&self.producers, &self.readers))
     }
 
     fn read_elsewhere(&self, param: &str) -> bool {
         self.readers.get(param).is_some_and(|r| r.len() > 1)
+    }
+
+    /// Records split parameter `name` (along `axis`, aligned with `group`), and the
+    /// error it would be to split it when another node reads it too.
+    fn split_param(&mut self, region: usize, name: &str, axis: usize, group: usize) {
+        self.params.push((region, name.to_string(), axis, group));
+        if self.read_elsewhere(name) {
+            self.fatal.push((
+                region,
+                name.to_string(),
+                "a split parameter is also read by another node (parameters shared across a \
+                 split are not supported)"
+                    .into(),
+            ));
+        }
     }
 
     fn run(&mut self, excluded: &HashSet<usize>) {
@@ -262,12 +278,9 @@ impl<'a> Walk<'a> {
         }
     }
 
-    /// A column-parallel start: `MatMul(x, W)` with `W` a trainable 2-D weight.
+    /// A column-parallel start: a linear layer of an activation.
     fn try_start(&mut self, i: usize, n: &NodeProto) {
-        if n.op_type != "MatMul" || !n.domain.is_empty() {
-            return;
-        }
-        let Some(w) = self.weight_2d(n) else { return };
+        let Some(lin) = self.linear(n) else { return };
         let Some(rank) = self.rank(&n.input[0]).filter(|&r| r >= 2) else {
             return;
         };
@@ -279,15 +292,10 @@ impl<'a> Walk<'a> {
         self.parent.push(region);
         self.failed.push(None);
         let group = self.new_group();
-        self.params.push((region, w.to_string(), 1, group));
-        if self.read_elsewhere(w) {
-            self.fatal.push((
-                region,
-                w.to_string(),
-                "a split parameter is also read by another node (parameters shared across a \
-                 split are not supported)"
-                    .into(),
-            ));
+        self.split_param(region, lin.weight, lin.out_axis, group);
+        if let Some(b) = lin.bias {
+            let axis = self.shape(b).map_or(0, |s| s.len().saturating_sub(1));
+            self.split_param(region, b, axis, group);
         }
         self.entries.push((region, i));
         let s = Split {
@@ -347,9 +355,14 @@ impl<'a> Walk<'a> {
                     .ok_or("a permutation without the split axis")?;
                 Ok(all(same(j)))
             }
+            "CastLike" if ins.iter().all(|&(k, _)| k == 0) => Ok(all(same(first.axis))),
             "Reshape" => self.reshape(i, n, first, region),
             "Split" => self.split_node(i, n, first, region),
-            "MatMul" => self.matmul(i, n, ins, region),
+            "Slice" => self.slice(n, first),
+            "Concat" => self.concat(n, ins, region),
+            "Unsqueeze" | "Squeeze" => self.unsqueeze(n, first, region),
+            "Expand" => self.expand(i, n, first, region),
+            "MatMul" | "Gemm" => self.matmul(i, n, ins, region),
             op => Err(format!("`{op}` does not keep a tensor-parallel split")),
         }
     }
@@ -387,14 +400,7 @@ impl<'a> Walk<'a> {
                     "`{v}` is whole along the split axis and not a bias parameter"
                 ));
             }
-            self.params.push((region, v.clone(), 0, group));
-            if self.read_elsewhere(v) {
-                self.fatal.push((
-                    region,
-                    v.clone(),
-                    "a split parameter is also read by another node".into(),
-                ));
-            }
+            self.split_param(region, v, 0, group);
         }
         Ok(n.output
             .iter()
@@ -427,20 +433,28 @@ impl<'a> Walk<'a> {
             self.shape(&n.output[0]).ok_or("no shape")?,
         );
         let a = s.axis;
-        if a >= to.len() || from[..a] != to[..a] {
+        // The split axis keeps its place (same leading dimensions: heads split from or
+        // merged into the width), or stays last with its size (leading dimensions folded
+        // into rows or unfolded from them).
+        let b = if a < to.len() && from[..a] == to[..a] {
+            a
+        } else if a + 1 == from.len() && to.last() == from.last() {
+            to.len() - 1
+        } else {
             return Err("moves the split axis".into());
-        }
+        };
         let mut values = target.clone();
-        if from[a] != to[a] {
-            if self.sections[s.group] != 1 {
-                return Err("reshapes a sectioned split axis".into());
-            }
-            if target.get(a).is_none_or(|&t| t <= 0) {
-                return Err("the split dimension is not given in the target shape".into());
-            }
-            values[a] /= self.shards as i64;
+        if from[a] != to[b] && self.sections[s.group] != 1 {
+            return Err("reshapes a sectioned split axis".into());
         }
-        for (dim, what) in [(from[a], "input"), (to[a], "output")] {
+        match target.get(b).copied() {
+            // Inferred from the (split) size.
+            Some(-1) => {}
+            Some(0) if b == a => {}
+            Some(t) if t > 0 => values[b] = t / self.shards as i64,
+            _ => return Err("the split dimension is not given in the target shape".into()),
+        }
+        for (dim, what) in [(from[a], "input"), (to[b], "output")] {
             if dim % self.shards != 0 {
                 self.fatal.push((
                     region,
@@ -463,7 +477,110 @@ impl<'a> Walk<'a> {
                 },
             ));
         }
-        Ok(vec![(n.output[0].clone(), s)])
+        let out = Split { axis: b, ..s };
+        Ok(vec![(n.output[0].clone(), out)])
+    }
+
+    /// `Slice` along other axes than the split one keeps it.
+    fn slice(&self, n: &NodeProto, s: Split) -> Result<Vec<(String, Split)>, String> {
+        let rank = self.rank(&n.input[0]).ok_or("no shape")? as i64;
+        let starts = self.const_ints(n, 1).ok_or("slices by computed bounds")?;
+        let axes = match n.input.get(3).filter(|v| !v.is_empty()) {
+            Some(_) => self.const_ints(n, 3).ok_or("slices computed axes")?,
+            None => (0..starts.len() as i64).collect(),
+        };
+        match axes.iter().any(|&x| (x + rank) % rank == s.axis as i64) {
+            true => Err("slices the split axis".into()),
+            false => Ok(vec![(n.output[0].clone(), s)]),
+        }
+    }
+
+    /// `Concat` of split values along another axis keeps the split.
+    fn concat(
+        &self,
+        n: &NodeProto,
+        ins: &[(usize, Split)],
+        region: usize,
+    ) -> Result<Vec<(String, Split)>, String> {
+        let rank = self.rank(&n.output[0]).ok_or("no shape")? as i64;
+        let axis = (attr_i(n, "axis").unwrap_or(0) + rank) % rank;
+        let a = ins[0].1.axis;
+        if ins.len() != n.input.iter().filter(|v| !v.is_empty()).count()
+            || ins.iter().any(|(_, s)| s.axis != a)
+            || axis == a as i64
+        {
+            return Err("concatenates along the split axis or with whole values".into());
+        }
+        let out = Split { region, ..ins[0].1 };
+        Ok(vec![(n.output[0].clone(), out)])
+    }
+
+    /// `Unsqueeze` and `Squeeze` move the split axis by the axes they add or remove.
+    fn unsqueeze(
+        &self,
+        n: &NodeProto,
+        s: Split,
+        region: usize,
+    ) -> Result<Vec<(String, Split)>, String> {
+        let (ri, ro) = (
+            self.rank(&n.input[0]).ok_or("no shape")? as i64,
+            self.rank(&n.output[0]).ok_or("no shape")? as i64,
+        );
+        let axes = match n.input.get(1).filter(|v| !v.is_empty()) {
+            Some(_) => self.const_ints(n, 1).ok_or("computed axes")?,
+            None => attr_ints(n, "axes").unwrap_or_default(),
+        };
+        let a = s.axis as i64;
+        let axis = if n.op_type == "Unsqueeze" {
+            let mut added: Vec<i64> = axes.iter().map(|&x| (x + ro) % ro).collect();
+            added.sort_unstable();
+            // Output positions that are not added ones, in order, hold the input axes.
+            (0..ro).filter(|p| !added.contains(p)).nth(a as usize)
+        } else {
+            let removed: Vec<i64> = axes.iter().map(|&x| (x + ri) % ri).collect();
+            (!removed.contains(&a) && !removed.is_empty())
+                .then(|| a - removed.iter().filter(|&&x| x < a).count() as i64)
+        };
+        let axis = axis.ok_or("removes the split axis")? as usize;
+        Ok(vec![(n.output[0].clone(), Split { axis, region, ..s })])
+    }
+
+    /// `Expand` keeps the split where it broadcasts along other axes (the split axis is
+    /// whole in the target shape, which is rewritten for one shard; or it is 1).
+    fn expand(
+        &mut self,
+        i: usize,
+        n: &NodeProto,
+        s: Split,
+        region: usize,
+    ) -> Result<Vec<(String, Split)>, String> {
+        let target = self.const_ints(n, 1).ok_or("expands to a computed shape")?;
+        let from = self.shape(&n.input[0]).ok_or("no shape")?;
+        let ro = self.rank(&n.output[0]).ok_or("no shape")?;
+        let b = s.axis + ro - from.len();
+        let at = (b + target.len()).checked_sub(ro).ok_or("no shape")?;
+        let mut values = target.clone();
+        match target.get(at).copied() {
+            None | Some(1) => {}
+            Some(t) if t == from[s.axis] as i64 => {
+                values[at] = t / self.shards as i64;
+                self.consts.push((
+                    region,
+                    NewConst::Input {
+                        node: i,
+                        input: 1,
+                        values,
+                    },
+                ));
+            }
+            Some(_) => return Err("expands the split axis".into()),
+        }
+        Ok(vec![(n.output[0].clone(), Split { axis: b, ..s })])
+    }
+
+    /// Input `i` of `n` as constant integers.
+    fn const_ints(&self, n: &NodeProto, i: usize) -> Option<Vec<i64>> {
+        self.constants.get(n.input.get(i)?)?.to_i64_vec()
     }
 
     fn split_node(
@@ -565,16 +682,9 @@ impl<'a> Walk<'a> {
             return Err("multiplies values split along different axes".into());
         }
         let (k, s) = ins[0];
-        match (k, self.weight_2d(n)) {
-            (0, Some(w)) if s.axis == ra - 1 => {
-                self.params.push((region, w.to_string(), 0, s.group));
-                if self.read_elsewhere(w) {
-                    self.fatal.push((
-                        region,
-                        w.to_string(),
-                        "a split parameter is also read by another node".into(),
-                    ));
-                }
+        match (k, self.linear(n)) {
+            (0, Some(lin)) if s.axis == ra - 1 => {
+                self.split_param(region, lin.weight, lin.in_axis, s.group);
                 self.exits.push((region, i));
                 Ok(Vec::new())
             }
