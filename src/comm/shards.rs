@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::mesh::Mesh;
 use super::TENSOR_SHARDS;
-use crate::compute::{ShardComm, ShardLink};
+use crate::compute::{ShardComm, ShardLink, ShardTraffic, TrafficMeter};
 
 /// Where every tensor shard group of a job runs, to hand each local shard its link.
 #[derive(Clone)]
@@ -63,6 +63,7 @@ impl MeshShardGroups {
             base: TENSOR_SHARDS + ((stage * groups + dp) * self.shards * self.shards) as u32,
             runtime: self.runtime.clone(),
             patience: self.patience,
+            meter: TrafficMeter::default(),
         }))
     }
 }
@@ -76,6 +77,7 @@ struct MeshShard {
     base: u32,
     runtime: tokio::runtime::Handle,
     patience: Duration,
+    meter: TrafficMeter,
 }
 
 impl MeshShard {
@@ -93,7 +95,21 @@ impl ShardComm for MeshShard {
         self.rank
     }
 
+    fn traffic(&self) -> ShardTraffic {
+        self.meter.read()
+    }
+
     fn all_reduce(&self, buf: &mut [f32]) -> Result<(), String> {
+        let start = std::time::Instant::now();
+        self.exchange(buf)?;
+        self.meter.count(buf.len(), start);
+        Ok(())
+    }
+}
+
+impl MeshShard {
+    /// Sends this shard's tensor to the others, and sums theirs in in shard order.
+    fn exchange(&self, buf: &mut [f32]) -> Result<(), String> {
         let n = self.nodes.len();
         let (me, mesh) = (self.rank, self.mesh.clone());
         let bytes = bytemuck::cast_slice::<f32, u8>(buf).to_vec();

@@ -14,4 +14,5 @@ pub use direct::Target;
 pub use probe::probe_values;
 pub use runtime::{find_library, Runtime, RuntimeInfo, ORT_VERSION};
 pub use session::{GraphSession, SessionOptions};
-pub use shard_ops::{LocalShards, ShardComm, ShardLink};
+pub(crate) use shard_ops::TrafficMeter;
+pub use shard_ops::{LocalShards, ShardComm, ShardLink, ShardTraffic};

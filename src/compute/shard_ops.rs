@@ -34,6 +34,62 @@ pub trait ShardComm: Send + Sync + 'static {
     /// # Errors
     /// When a shard is gone, brings a tensor of another length, or does not come.
     fn all_reduce(&self, buf: &mut [f32]) -> Result<(), String>;
+
+    /// What this shard's all-reduces have carried so far.
+    fn traffic(&self) -> ShardTraffic {
+        ShardTraffic::default()
+    }
+}
+
+/// What a tensor shard's all-reduces carried: how many, how many bytes it brought, and
+/// the time spent in them (waiting for the other shards included).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ShardTraffic {
+    /// All-reduces.
+    pub calls: u64,
+    /// Bytes this shard brought to them.
+    pub bytes: u64,
+    /// Seconds spent in them.
+    pub seconds: f64,
+}
+
+impl std::ops::Add for ShardTraffic {
+    type Output = ShardTraffic;
+    fn add(self, o: ShardTraffic) -> ShardTraffic {
+        ShardTraffic {
+            calls: self.calls + o.calls,
+            bytes: self.bytes + o.bytes,
+            seconds: self.seconds + o.seconds,
+        }
+    }
+}
+
+/// A shard's running [`ShardTraffic`], counted by its comm.
+#[derive(Debug, Default)]
+pub(crate) struct TrafficMeter {
+    calls: std::sync::atomic::AtomicU64,
+    bytes: std::sync::atomic::AtomicU64,
+    nanos: std::sync::atomic::AtomicU64,
+}
+
+impl TrafficMeter {
+    /// Counts one all-reduce of `values` that took from `start` until now.
+    pub(crate) fn count(&self, values: usize, start: Instant) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.calls.fetch_add(1, Relaxed);
+        self.bytes.fetch_add(values as u64 * 4, Relaxed);
+        self.nanos
+            .fetch_add(start.elapsed().as_nanos() as u64, Relaxed);
+    }
+
+    pub(crate) fn read(&self) -> ShardTraffic {
+        use std::sync::atomic::Ordering::Relaxed;
+        ShardTraffic {
+            calls: self.calls.load(Relaxed),
+            bytes: self.bytes.load(Relaxed),
+            seconds: self.nanos.load(Relaxed) as f64 * 1e-9,
+        }
+    }
 }
 
 /// A shard's collective handle, as sessions are given it.
@@ -166,6 +222,7 @@ impl LocalShards {
         ShardLink(Arc::new(LocalShard {
             group: self.clone(),
             rank,
+            meter: TrafficMeter::default(),
         }))
     }
 
@@ -193,6 +250,7 @@ impl LocalShards {
 struct LocalShard {
     group: Arc<LocalShards>,
     rank: usize,
+    meter: TrafficMeter,
 }
 
 impl ShardComm for LocalShard {
@@ -204,7 +262,20 @@ impl ShardComm for LocalShard {
         self.rank
     }
 
+    fn traffic(&self) -> ShardTraffic {
+        self.meter.read()
+    }
+
     fn all_reduce(&self, buf: &mut [f32]) -> Result<(), String> {
+        let start = Instant::now();
+        self.sum(buf)?;
+        self.meter.count(buf.len(), start);
+        Ok(())
+    }
+}
+
+impl LocalShard {
+    fn sum(&self, buf: &mut [f32]) -> Result<(), String> {
         let g = &self.group;
         let until = Instant::now() + g.patience;
         let mut st = g.state.lock().map_err(|_| "a tensor shard panicked")?;

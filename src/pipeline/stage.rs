@@ -200,6 +200,11 @@ impl OrtStage {
         })
     }
 
+    /// What this stage's tensor-shard all-reduces carried (`None`: not split).
+    pub fn shard_traffic(&self) -> Option<crate::compute::ShardTraffic> {
+        self.settings.shard.as_ref().map(|l| l.0.traffic())
+    }
+
     /// The most bytes this stage kept at once for its micro-batches between their
     /// forward and their backward (the stash: activations, data, hand-offs).
     pub fn peak_stash_bytes(&self) -> usize {

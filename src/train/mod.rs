@@ -160,6 +160,9 @@ pub struct TrainSummary {
     pub trace: Option<RunTrace>,
     /// Per stage this process ran for replica 0: its peak stash, measured and predicted.
     pub stash: Vec<StashPeak>,
+    /// What the tensor-shard all-reduces of data-parallel replica 0's shard 0 carried
+    /// over the run (this process's stages; `None`: not split).
+    pub shard_traffic: Option<crate::compute::ShardTraffic>,
 }
 
 /// Trains as `cfg` says (a tokio runtime of its own; see [`train_async`] to embed).

@@ -141,9 +141,10 @@ pub(super) async fn run_training<K: Collective>(
         stages: built.assignment.stages,
         parameters,
         trace,
+        shard_traffic: peaks.iter().filter_map(|p| p.2).reduce(|a, b| a + b),
         stash: peaks
             .into_iter()
-            .map(|(stage, measured)| StashPeak {
+            .map(|(stage, measured, _)| StashPeak {
                 stage,
                 measured: measured as u64,
                 predicted: built.predicted.get(stage).copied().unwrap_or(0),
@@ -258,12 +259,13 @@ fn step_reporter<'a>(
 }
 
 /// What the engine hands back: the steps' results, the trace, the trained parameters
-/// (replica 0's, every stage), and each stage's measured stash peak.
+/// (replica 0's, every stage), and each stage's measured stash peak and tensor-shard
+/// traffic (replica 0's shard 0).
 type EngineOutput = (
     Vec<StepResult>,
     Option<pipetrain_actors::RunTrace>,
     Vec<(String, Tensor)>,
-    Vec<(usize, usize)>,
+    Vec<(usize, usize, Option<crate::compute::ShardTraffic>)>,
 );
 
 /// Runs the engine over this process's computes, alone or as its part of a cluster.
@@ -295,7 +297,7 @@ async fn run_engine<K: Collective>(
             let peaks = first
                 .clone()
                 .enumerate()
-                .map(|(s, c)| (s, c.peak_stash_bytes()))
+                .map(|(s, c)| (s, c.peak_stash_bytes(), c.shard_traffic()))
                 .collect();
             // Data-parallel replica 0: its tensor shards, each stage's parts together.
             let by_shard = out.computes[..engine.shards]
@@ -326,7 +328,7 @@ async fn run_engine<K: Collective>(
             let peaks = mine
                 .iter()
                 .filter(|((r, _), _)| *r == 0)
-                .map(|((_, s), c)| (*s, c.peak_stash_bytes()))
+                .map(|((_, s), c)| (*s, c.peak_stash_bytes(), c.shard_traffic()))
                 .collect();
             let by_shard = gather_parameters(bus.as_ref(), local).await?;
             let params = whole_parameters(plan, by_shard)?;
