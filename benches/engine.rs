@@ -258,6 +258,7 @@ fn single_stage(
         loss: cfg.loss.clone(),
         trainable: None,
         contrib_ops: true,
+        fused_kernels: true,
         params: Default::default(),
     };
     let tg = pipetrain::graph::build_training_graph(rt, &model, &opts, &example).unwrap();

@@ -55,6 +55,7 @@ fn held(cfg: &TrainConfig, hp: usize) -> (usize, usize) {
         loss: cfg.loss.clone(),
         trainable: None,
         contrib_ops: true,
+        fused_kernels: true,
         params: cfg.params.clone(),
     };
     let tg = build_sharded_training_graph(&common::runtime(), &model, &opts, &example, hp).unwrap();

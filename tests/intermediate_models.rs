@@ -51,6 +51,7 @@ fn stock_onnx_runtime_runs_the_training_graph_file() {
         loss: cfg.loss.clone(),
         trainable: None,
         contrib_ops: true,
+        fused_kernels: true,
         params: Default::default(),
     };
     let tg = build_training_graph(&rt, &cfg.load_model().unwrap(), &opts, &example).unwrap();

@@ -180,13 +180,13 @@ fn what_cannot_be_split_is_refused_naming_the_rule() {
         e.contains("horizontal_parallel_size") && e.contains("not divisible by 8"),
         "{e}"
     );
-    // A model without a column-parallel / row-parallel pair (the MLP's layers are Gemm).
-    let path = dir.path().join("mlp.toml");
-    let text = "batch_size = 8\nnum_train_steps = 4\nhorizontal_parallel_size = 2\n\
+    // A model without a column-parallel / row-parallel pair (SqueezeNet: convolutions).
+    let path = dir.path().join("conv.toml");
+    let text = "batch_size = 4\nnum_train_steps = 4\nhorizontal_parallel_size = 2\n\
                 [optimizer]\nkind = \"sgd\"\n[lr_schedule]\nkind = \"constant\"\nlr = 0.1\n\
-                [model]\nkind = \"mlp\"\nhidden = [8]\n\
+                [model]\nkind = \"squeezenet\"\nimage_size = 32\nclasses = 10\n\
                 [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"y\"\n\
-                [data]\nsynth = { kind = \"teacher\", samples = 256, seed = 5 }\n\
+                [data]\nsynth = { kind = \"images\", samples = 64, classes = 10, image_size = 32, seed = 3 }\n\
                 layout = { kind = \"arrays\", feeds = { x = \"x\", y = \"y\" } }\n";
     std::fs::write(&path, text).unwrap();
     let e = fails(&TrainConfig::load(&path).unwrap());
@@ -227,6 +227,7 @@ fn the_split_is_megatrons_heads_and_hidden_width_with_two_all_reduces_per_layer_
         loss: cfg.loss.clone(),
         trainable: None,
         contrib_ops: true,
+        fused_kernels: true,
         params: cfg.params.clone(),
     };
     let rt = common::runtime();
@@ -300,6 +301,7 @@ fn exported_hugging_face_models_split_and_train_as_unsplit() {
             },
             trainable: None,
             contrib_ops: true,
+            fused_kernels: true,
             params: Default::default(),
         };
         for file in ["model.onnx", "model.dynamo.onnx"] {

@@ -3,6 +3,7 @@
 mod chain;
 mod device;
 mod direct;
+mod fused_ops;
 mod probe;
 mod runtime;
 mod session;

@@ -7,9 +7,9 @@ use ort::value::{DynValue, TensorElementType, TensorRef, ValueType};
 use prost::Message;
 
 use super::direct::{in_place, DirectOutputs, Target};
-use super::shard_ops::{shard_domain, ShardLink};
+use super::shard_ops::{custom_domain, ShardLink};
 use crate::compute::Runtime;
-use crate::graph::tensor_parallel::DOMAIN;
+use crate::graph::custom_ops::DOMAIN;
 use crate::graph::Graph;
 use crate::onnx::proto::ModelProto;
 use crate::tensor::{DType, Tensor, TensorData, TensorView, ViewData};
@@ -125,7 +125,7 @@ impl GraphSession {
         label: &str,
         (arena, link): (bool, Option<&ShardLink>),
     ) -> Result<GraphSession> {
-        let sharded = model.opset_import.iter().any(|o| o.domain == DOMAIN);
+        let custom = model.opset_import.iter().any(|o| o.domain == DOMAIN);
         let graph = model.graph.clone().unwrap_or_default();
         let bytes = model.encode_to_vec();
         let ctx = || format!("creating the session for {label}");
@@ -170,10 +170,10 @@ impl GraphSession {
                     Ok(b)
                 }
             })
-            .and_then(|b| match sharded {
+            .and_then(|b| match custom {
                 true => {
                     let alone = ShardLink::alone();
-                    let domain = shard_domain(link.unwrap_or(&alone))?;
+                    let domain = custom_domain(link.unwrap_or(&alone))?;
                     b.with_operators(domain).map_err(Into::into)
                 }
                 false => Ok(b),

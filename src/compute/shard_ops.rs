@@ -19,7 +19,7 @@ use ort::operator::{
 };
 use ort::value::TensorElementType;
 
-use crate::graph::tensor_parallel::{ALL_REDUCE, DOMAIN, SHARD_ENTRY};
+use crate::graph::custom_ops::{ALL_REDUCE, DOMAIN, SHARD_ENTRY};
 
 /// One shard's end of its group's all-reduce.
 pub trait ShardComm: Send + Sync + 'static {
@@ -129,8 +129,9 @@ impl ShardComm for Alone {
     }
 }
 
-/// The operator domain with both collectives bound to `link`.
-pub(crate) fn shard_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
+/// pipetrain's operator domain: both collectives bound to `link`, and the fused
+/// kernels.
+pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
     OperatorDomain::new(DOMAIN)?
         .add(Collective {
             link: link.clone(),
@@ -139,7 +140,8 @@ pub(crate) fn shard_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
         .add(Collective {
             link: link.clone(),
             sums: false,
-        })
+        })?
+        .add(super::fused_ops::LayerNormGrad)
 }
 
 /// `AllReduce` (`sums`) or `ShardEntry` (the identity forward).

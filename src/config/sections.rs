@@ -53,7 +53,7 @@ impl Default for PipelineConfig {
 }
 
 /// ONNX Runtime settings.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuntimeConfig {
     /// Threads per operator; default: the machine's cores shared among the stage actors.
@@ -73,4 +73,26 @@ pub struct RuntimeConfig {
     /// `enable_profiling`), written when the run ends.
     #[serde(default)]
     pub profile: bool,
+    /// Run backward patterns that stock ONNX Runtime spreads over many small kernels
+    /// (LayerNormalization's backward) as pipetrain's fused kernels (custom operators;
+    /// default on; off with `standard_ops_only`).
+    #[serde(default = "on")]
+    pub fused_kernels: bool,
+}
+
+fn on() -> bool {
+    true
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            intra_op_threads: None,
+            disable_optimizations: false,
+            standard_ops_only: false,
+            device: Default::default(),
+            profile: false,
+            fused_kernels: true,
+        }
+    }
 }

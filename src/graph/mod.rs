@@ -3,6 +3,7 @@
 pub mod autodiff;
 mod buckets;
 pub mod check;
+pub mod custom_ops;
 mod export;
 mod ir;
 mod loss;

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use crate::graph::autodiff::{differentiate, Backward};
+use crate::graph::autodiff::{differentiate, Backward, OpChoice};
 use crate::graph::ir::{untyped_value_info, value_info, Graph, Metas, ValueMeta};
 use crate::graph::loss::{attach_loss, LossSpec, LOSS};
 use crate::graph::model_inputs::{
@@ -58,6 +58,8 @@ pub struct TrainOptions {
     pub trainable: Option<Vec<String>>,
     /// Allow ONNX Runtime's contrib ops (`com.microsoft.FusedMatMul`) in backward graphs.
     pub contrib_ops: bool,
+    /// Use pipetrain's fused kernels (custom operators) in backward graphs.
+    pub fused_kernels: bool,
     /// Initializers not to train, and embedding rows whose lookups give them no
     /// gradient (padding rows).
     pub params: ParamOptions,
@@ -353,7 +355,10 @@ pub fn build_sharded_training_graph(
         LOSS,
         LOSS_GRAD,
         &trainable,
-        opts.contrib_ops,
+        OpChoice {
+            contrib: opts.contrib_ops,
+            fused: opts.fused_kernels,
+        },
         &frozen,
     )?;
     let buffers = track_running_stats(&mut g, &loss_metas)?;
@@ -362,6 +367,9 @@ pub fn build_sharded_training_graph(
     full.nodes.extend(backward.nodes.iter().cloned());
     if backward.used_contrib {
         full.import_domain("com.microsoft", 1);
+    }
+    if backward.used_custom {
+        full.import_domain(crate::graph::custom_ops::DOMAIN, 1);
     }
     let seed_meta = ValueMeta {
         dtype: loss_meta.dtype,

@@ -143,7 +143,28 @@ pub(super) fn build_graphs(
     // process unless asked (tiny_gpt: resident memory 88 -> 45 MiB here, and the run's
     // peak from 134 to 103 MiB).
     release_freed_memory();
-    write_debug_models(cfg, &tg)?;
+    // The training graph written for users holds standard ops only: the same graph
+    // built without fused kernels (a split graph keeps its collectives).
+    let standard = match (
+        &cfg.model_with_training_graph_path,
+        cfg.runtime.fused_kernels,
+    ) {
+        (Some(_), true) if cfg.horizontal_parallel_size == 1 => {
+            let mut plain = cfg.clone();
+            plain.runtime.fused_kernels = false;
+            let (step, probe) = (p.first_step as usize, data.probe);
+            Some(training_graph(
+                rt,
+                &plain,
+                &p.model,
+                data.batches.as_ref(),
+                step,
+                probe,
+            )?)
+        }
+        _ => None,
+    };
+    write_debug_models(cfg, standard.as_ref().unwrap_or(&tg))?;
     if let Some(ckpt) = &p.resume {
         ckpt.check_model(&tg.whole_param_shapes())?;
     }

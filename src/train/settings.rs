@@ -98,6 +98,7 @@ pub(super) fn training_graph(
         loss: cfg.loss.clone(),
         trainable: None,
         contrib_ops: !cfg.runtime.standard_ops_only,
+        fused_kernels: cfg.runtime.fused_kernels && !cfg.runtime.standard_ops_only,
         params: cfg.params.clone(),
     };
     build_sharded_training_graph(rt, model, &opts, &example, cfg.horizontal_parallel_size)

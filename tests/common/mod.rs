@@ -123,6 +123,7 @@ impl PeerModel {
             },
             trainable: None,
             contrib_ops: true,
+            fused_kernels: true,
             params: Default::default(),
         }
     }

@@ -58,6 +58,7 @@ impl Module {
             loss: loss.clone(),
             trainable: None,
             contrib_ops: true,
+            fused_kernels: true,
             params: Default::default(),
         };
         let tg = build_training_graph(rt, &model, &opts, &feeds)?;

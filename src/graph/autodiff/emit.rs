@@ -20,6 +20,11 @@ pub struct Emitter {
     pub contrib: bool,
     /// Whether a `com.microsoft` node was emitted (the domain must then be imported).
     pub used_contrib: bool,
+    /// Emit pipetrain's fused kernels where their pattern appears (see
+    /// [`crate::graph::custom_ops`]).
+    pub fused: bool,
+    /// Whether one of pipetrain's own nodes was emitted (its domain must be imported).
+    pub used_custom: bool,
 }
 
 impl Emitter {
@@ -58,6 +63,9 @@ impl Emitter {
         n.domain = domain.into();
         if domain == "com.microsoft" {
             self.used_contrib = true;
+        }
+        if domain == crate::graph::custom_ops::DOMAIN {
+            self.used_custom = true;
         }
         self.nodes.push(n);
         self.anchors.push(self.anchor);

@@ -34,6 +34,17 @@ pub struct Backward {
     pub no_grad: Vec<String>,
     /// Whether a `com.microsoft` node was emitted.
     pub used_contrib: bool,
+    /// Whether one of pipetrain's own nodes (domain `ai.pipetrain`) was emitted.
+    pub used_custom: bool,
+}
+
+/// Which operators beyond the standard ones a backward graph may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OpChoice {
+    /// ONNX Runtime's contrib ops (`com.microsoft.FusedMatMul`).
+    pub contrib: bool,
+    /// pipetrain's fused kernels (`ai.pipetrain.LayerNormGrad`).
+    pub fused: bool,
 }
 
 /// What a gradient rule sees of its node.
@@ -141,7 +152,7 @@ pub fn differentiate(
     loss: &str,
     seed: &str,
     wrt: &[String],
-    contrib: bool,
+    ops: OpChoice,
     frozen_rows: &BTreeMap<String, Vec<i64>>,
 ) -> Result<Backward> {
     let consts = fwd.constants();
@@ -195,7 +206,8 @@ pub fn differentiate(
         return Err(err);
     }
 
-    let mut e = Emitter::new(contrib);
+    let mut e = Emitter::new(ops.contrib);
+    e.fused = ops.fused;
     let mut contributions: HashMap<String, Vec<String>> = HashMap::new();
     contributions.insert(loss.to_string(), vec![seed.to_string()]);
     let opset = fwd.opset();
@@ -268,6 +280,7 @@ pub fn differentiate(
     }
     Ok(Backward {
         used_contrib: e.used_contrib,
+        used_custom: e.used_custom,
         nodes: e.nodes,
         anchors: e.anchors,
         grads,

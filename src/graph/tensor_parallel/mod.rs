@@ -32,12 +32,7 @@ use crate::tensor::Tensor;
 use crate::{Error, Result};
 use regions::NewConst;
 
-/// The domain of pipetrain's own operators.
-pub const DOMAIN: &str = "ai.pipetrain";
-/// Sum over the tensor shards (forward); identity gradient.
-pub const ALL_REDUCE: &str = "AllReduce";
-/// Identity (forward); the gradient is summed over the tensor shards.
-pub const SHARD_ENTRY: &str = "ShardEntry";
+pub use crate::graph::custom_ops::{ALL_REDUCE, DOMAIN, SHARD_ENTRY};
 
 /// How a graph was split across tensor shards.
 #[derive(Debug, Clone, Default)]

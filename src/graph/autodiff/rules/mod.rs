@@ -9,6 +9,7 @@ mod activation;
 mod conv;
 mod einsum;
 mod elementwise;
+mod fused;
 mod layout;
 mod linalg;
 mod nn;

@@ -165,6 +165,9 @@ pub fn layer_norm(ctx: &mut RuleCtx) -> Result<Grads> {
     let t = dtype(ctx, &x)?;
     let r = sx.len();
     let a = norm_axis(attr_i(ctx.node, "axis").unwrap_or(-1), r);
+    if let Some(g) = super::fused::layer_norm(ctx, a)? {
+        return Ok(g);
+    }
     let eps = attr_f(ctx.node, "epsilon").unwrap_or(1e-5) as f64;
     let norm_axes: Vec<i64> = (a as i64..r as i64).collect();
     let lead_axes: Vec<i64> = (0..a as i64).collect();

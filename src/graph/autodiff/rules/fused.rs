@@ -1,0 +1,55 @@
+//! Gradient rules that emit one of pipetrain's fused kernels (see
+//! [`crate::graph::custom_ops`]) in place of the standard-op form, where the node fits
+//! the kernel; otherwise the caller emits the standard ops.
+
+use super::elementwise::shape;
+use super::Grads;
+use crate::graph::autodiff::RuleCtx;
+use crate::graph::custom_ops::{DOMAIN, LAYER_NORM_GRAD};
+use crate::tensor::DType;
+use crate::Result;
+
+/// LayerNormalization's backward as `LayerNormGrad`, when fused kernels are on and the
+/// node fits the kernel: float32, the forward's statistics saved (its `Mean` and
+/// `InvStdDev` outputs), and `scale` (and `B`) spanning exactly the normalized axes
+/// from `axis` on. `None`: emit the standard ops.
+pub fn layer_norm(ctx: &mut RuleCtx, axis: usize) -> Result<Option<Grads>> {
+    if !ctx.e.fused {
+        return Ok(None);
+    }
+    let f32_value = |ctx: &RuleCtx, name: &str| {
+        !name.is_empty() && ctx.metas.get(name).is_some_and(|m| m.dtype == DType::F32)
+    };
+    let (x, scale, mean, inv) = (ctx.input(0), ctx.input(1), ctx.output(1), ctx.output(2));
+    if ![x, scale, mean, inv].iter().all(|v| f32_value(ctx, v)) {
+        return Ok(None);
+    }
+    let sx = shape(ctx, x)?;
+    let normalized = &sx[axis.min(sx.len())..];
+    let spans = |ctx: &RuleCtx, v: &str| shape(ctx, v).is_ok_and(|s| s == normalized);
+    if !spans(ctx, scale) || (ctx.needs(2) && !spans(ctx, ctx.input(2))) {
+        return Ok(None);
+    }
+    let dy = ctx.dy(0)?;
+    let (x, scale, mean, inv) = (
+        x.to_string(),
+        scale.to_string(),
+        mean.to_string(),
+        inv.to_string(),
+    );
+    let dx = ctx.e.fresh("dX");
+    let ds = ctx.e.fresh("dscale");
+    let db = ctx.e.fresh("dbias");
+    ctx.e.node(
+        LAYER_NORM_GRAD,
+        DOMAIN,
+        &[&dy, &x, &scale, &mean, &inv],
+        &[&dx, &ds, &db],
+        vec![],
+    );
+    Ok(Some(vec![
+        ctx.needs(0).then_some(dx),
+        ctx.needs(1).then_some(ds),
+        ctx.needs(2).then_some(db),
+    ]))
+}

@@ -1,0 +1,14 @@
+//! pipetrain's own operators (domain `ai.pipetrain`), which its graphs may hold beside
+//! standard ONNX ops and run on stock ONNX Runtime as custom operators
+//! (`compute::shard_ops`, `compute::fused_ops`). Graphs that leave pipetrain (exported
+//! models, `model_with_training_graph_path`) hold none of them.
+
+/// The domain of pipetrain's own operators.
+pub const DOMAIN: &str = "ai.pipetrain";
+/// Sum over the tensor shards (forward); identity gradient.
+pub const ALL_REDUCE: &str = "AllReduce";
+/// Identity (forward); the gradient is summed over the tensor shards.
+pub const SHARD_ENTRY: &str = "ShardEntry";
+/// LayerNormalization's backward in one kernel: `dY, X, scale, mean, inv_std` in,
+/// `dX, dscale, dbias` out.
+pub const LAYER_NORM_GRAD: &str = "LayerNormGrad";
