@@ -1,36 +1,49 @@
 //! pipetrain's fused kernels (custom operators in its backward graphs): each against
-//! the standard-op graph it replaces, and the switch that turns them off
-//! (`runtime.fused_kernels`). Their gradients against finite differences: the float32
-//! LayerNormalization case of `tests/grad_ops.rs` runs with fused kernels on.
+//! the standard-op graph it replaces and central finite differences, and training with
+//! and without them (`runtime.fused_kernels`). The float32 LayerNormalization case of
+//! `tests/grad_ops.rs` also runs with fused kernels on.
 
 mod common;
 
-use common::gradcheck::Rng;
+use common::gradcheck::{check, GradCheck, Rng, F32};
 use pipetrain::compute::{SessionOptions, TensorMap, TrainSession};
-use pipetrain::graph::custom_ops::{DOMAIN, LAYER_NORM_GRAD};
+use pipetrain::graph::custom_ops::{DOMAIN, LAYER_NORM_GRAD, SOFTMAX_GRAD};
 use pipetrain::graph::{build_training_graph, make_node, untyped_value_info};
 use pipetrain::graph::{LossSpec, TrainOptions, TrainingGraph};
-use pipetrain::onnx::proto::{GraphProto, ModelProto, OperatorSetIdProto};
+use pipetrain::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
 use pipetrain::tensor::{DType, Tensor};
 
-/// `loss = sum(LayerNorm(X) * R)` over the last axis of `[6, 33, 48]` (rows of 48, with
-/// lanes of 8 and no remainder, and of 45, with one), float32.
+/// `loss = sum(LayerNorm(X) * R)` over the last axis of `[6, 33, cols]`, float32.
 fn layer_norm_model(cols: usize) -> ModelProto {
     let mut r = Rng::new(3);
-    let inits = [
+    let inits = vec![
         ("X", r.tensor(DType::F32, &[6, 33, cols], -2.0, 2.0)),
         ("W", r.tensor(DType::F32, &[cols], 0.5, 1.5)),
         ("B", r.tensor(DType::F32, &[cols], -0.5, 0.5)),
-        ("R", r.tensor(DType::F32, &[6, 33, cols], -1.0, 1.0)),
     ];
+    let ln = make_node(
+        "LayerNormalization",
+        "ln",
+        &["X", "W", "B"],
+        &["Y", "M", "I"],
+        vec![],
+    );
+    weighted_sum(ln, inits, &[6, 33, cols])
+}
+
+/// `loss = sum(Softmax(X) * R)` over the last axis of `[3, 4, 17, cols]`, float32.
+fn softmax_model(cols: usize) -> ModelProto {
+    let mut r = Rng::new(5);
+    let inits = vec![("X", r.tensor(DType::F32, &[3, 4, 17, cols], -3.0, 3.0))];
+    let sm = make_node("Softmax", "sm", &["X"], &["Y"], vec![]);
+    weighted_sum(sm, inits, &[3, 4, 17, cols])
+}
+
+/// `node` (output `Y`, of `shape`) with `loss = sum(Y * R)`, `R` fixed random.
+fn weighted_sum(node: NodeProto, mut inits: Vec<(&str, Tensor)>, shape: &[usize]) -> ModelProto {
+    inits.push(("R", Rng::new(11).tensor(DType::F32, shape, -1.0, 1.0)));
     let nodes = vec![
-        make_node(
-            "LayerNormalization",
-            "ln",
-            &["X", "W", "B"],
-            &["Y", "M", "I"],
-            vec![],
-        ),
+        node,
         make_node("Mul", "m", &["Y", "R"], &["YR"], vec![]),
         make_node("ReduceSum", "s", &["YR"], &["total"], vec![]),
     ];
@@ -41,7 +54,7 @@ fn layer_norm_model(cols: usize) -> ModelProto {
             version: 17,
         }],
         graph: Some(GraphProto {
-            name: "ln".into(),
+            name: "fused".into(),
             node: nodes,
             initializer: inits.iter().map(|(n, t)| t.to_proto(n)).collect(),
             output: vec![untyped_value_info("total")],
@@ -51,13 +64,14 @@ fn layer_norm_model(cols: usize) -> ModelProto {
     }
 }
 
-fn gradients(model: &ModelProto, fused: bool) -> (TrainingGraph, TensorMap) {
+/// The training graph and the gradients of `wrt`, with or without fused kernels.
+fn gradients(model: &ModelProto, fused: bool, wrt: &[&str]) -> (TrainingGraph, TensorMap) {
     let rt = common::runtime();
     let opts = TrainOptions {
         loss: LossSpec::Output {
             name: "total".into(),
         },
-        trainable: Some(vec!["X".into(), "W".into(), "B".into()]),
+        trainable: Some(wrt.iter().map(|s| s.to_string()).collect()),
         contrib_ops: true,
         fused_kernels: fused,
         params: Default::default(),
@@ -78,41 +92,65 @@ fn gradients(model: &ModelProto, fused: bool) -> (TrainingGraph, TensorMap) {
     (tg, grads)
 }
 
-fn fused_nodes(tg: &TrainingGraph) -> usize {
+fn fused_nodes(tg: &TrainingGraph, op: &str) -> usize {
     let g = &tg.graph;
     g.nodes
         .iter()
-        .filter(|n| n.domain == DOMAIN && n.op_type == LAYER_NORM_GRAD)
+        .filter(|n| n.domain == DOMAIN && n.op_type == op)
         .count()
 }
 
+/// Every gradient of `wrt` within `tol` (relative to the largest) of the other's.
+fn assert_same(what: &str, a: &TensorMap, b: &TensorMap, wrt: &[&str], tol: f64) {
+    for name in wrt {
+        let (x, y) = (a[*name].to_f64_vec(), b[*name].to_f64_vec());
+        let scale = y.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+        let worst = x
+            .iter()
+            .zip(&y)
+            .fold(0f64, |m, (p, q)| m.max((p - q).abs()));
+        assert!(
+            worst <= tol * scale,
+            "{what}: d{name} {worst:e} of {scale:e}"
+        );
+    }
+}
+
+/// Rows of 48 (whole lanes of 8) and 45 (a remainder).
 #[test]
 fn layer_norm_grad_gives_the_standard_op_graphs_gradients() {
+    let wrt = ["X", "W", "B"];
     for cols in [48, 45] {
         let model = layer_norm_model(cols);
-        let (fused_tg, fused) = gradients(&model, true);
-        let (plain_tg, plain) = gradients(&model, false);
+        let (fused_tg, fused) = gradients(&model, true, &wrt);
+        let (plain_tg, plain) = gradients(&model, false, &wrt);
         assert_eq!(
-            fused_nodes(&fused_tg),
+            fused_nodes(&fused_tg, LAYER_NORM_GRAD),
             1,
-            "one LayerNormGrad replaces the rule's ops"
+            "one kernel for the rule's ops"
         );
-        assert_eq!(fused_nodes(&plain_tg), 0);
+        assert_eq!(fused_nodes(&plain_tg, LAYER_NORM_GRAD), 0);
         assert!(fused_tg.graph.nodes.len() + 10 < plain_tg.graph.nodes.len());
-        for name in ["X", "W", "B"] {
-            let (a, b) = (fused[name].to_f64_vec(), plain[name].to_f64_vec());
-            let scale = b.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
-            let worst = a
-                .iter()
-                .zip(&b)
-                .fold(0f64, |m, (x, y)| m.max((x - y).abs()));
-            // float32 rounding of sums over up to 198 rows in another order.
-            assert!(
-                worst <= 2e-6 * scale,
-                "d{name} (cols {cols}): {worst:e} of {scale:e}"
-            );
-        }
+        // float32 rounding of sums over up to 198 rows in another order.
+        assert_same(&format!("cols {cols}"), &fused, &plain, &wrt, 2e-6);
     }
+}
+
+#[test]
+fn softmax_grad_gives_the_standard_op_graphs_gradient_and_finite_differences() {
+    for cols in [40, 37] {
+        let model = softmax_model(cols);
+        let (fused_tg, fused) = gradients(&model, true, &["X"]);
+        let (plain_tg, plain) = gradients(&model, false, &["X"]);
+        assert_eq!(fused_nodes(&fused_tg, SOFTMAX_GRAD), 1);
+        assert_eq!(fused_nodes(&plain_tg, SOFTMAX_GRAD), 0);
+        assert_same(&format!("cols {cols}"), &fused, &plain, &["X"], 1e-6);
+    }
+    let mut r = Rng::new(9);
+    let case = GradCheck::new(17)
+        .param("X", r.tensor(DType::F32, &[2, 3, 11], -2.0, 2.0))
+        .node("Softmax", &["X"], &["Y"], vec![]);
+    check("Softmax float32, fused", case, F32);
 }
 
 #[test]

@@ -141,7 +141,8 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
             link: link.clone(),
             sums: false,
         })?
-        .add(super::fused_ops::LayerNormGrad)
+        .add(super::fused_ops::LayerNormGrad)?
+        .add(super::fused_ops::SoftmaxGrad)
 }
 
 /// `AllReduce` (`sums`) or `ShardEntry` (the identity forward).

@@ -12,3 +12,6 @@ pub const SHARD_ENTRY: &str = "ShardEntry";
 /// LayerNormalization's backward in one kernel: `dY, X, scale, mean, inv_std` in,
 /// `dX, dscale, dbias` out.
 pub const LAYER_NORM_GRAD: &str = "LayerNormGrad";
+/// Softmax's backward over the last axis in one kernel: `dY, Y` in, `dX = Y * (dY -
+/// sum(dY * Y))` out.
+pub const SOFTMAX_GRAD: &str = "SoftmaxGrad";

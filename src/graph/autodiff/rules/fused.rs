@@ -5,9 +5,23 @@
 use super::elementwise::shape;
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
-use crate::graph::custom_ops::{DOMAIN, LAYER_NORM_GRAD};
+use crate::graph::custom_ops::{DOMAIN, LAYER_NORM_GRAD, SOFTMAX_GRAD};
 use crate::tensor::DType;
 use crate::Result;
+
+/// Softmax's backward as `SoftmaxGrad`, when fused kernels are on, the output is
+/// float32 and the softmax runs over the last axis. `None`: emit the standard ops.
+pub fn softmax(ctx: &mut RuleCtx, axis: usize) -> Result<Option<String>> {
+    let y = ctx.output(0).to_string();
+    let f32_out = ctx.metas.get(&y).is_some_and(|m| m.dtype == DType::F32);
+    if !ctx.e.fused || !f32_out || axis + 1 != shape(ctx, &y)?.len() {
+        return Ok(None);
+    }
+    let dy = ctx.dy(0)?;
+    let dx = ctx.e.fresh("dX");
+    ctx.e.node(SOFTMAX_GRAD, DOMAIN, &[&dy, &y], &[&dx], vec![]);
+    Ok(Some(dx))
+}
 
 /// LayerNormalization's backward as `LayerNormGrad`, when fused kernels are on and the
 /// node fits the kernel: float32, the forward's statistics saved (its `Mean` and

@@ -21,6 +21,13 @@ pub fn softmax(ctx: &mut RuleCtx, log: bool) -> Result<Grads> {
     let y = ctx.output(0).to_string();
     let rank = shape(ctx, &y)?.len();
     let axis = norm_axis(attr_i(ctx.node, "axis").unwrap_or(-1), rank) as i64;
+    let fused = match log {
+        true => None,
+        false => super::fused::softmax(ctx, axis as usize)?,
+    };
+    if let Some(dx) = fused {
+        return Ok(vec![Some(dx)]);
+    }
     let dx = if log {
         // dX = dY - softmax(X) * sum(dY)
         let s = ctx.e.reduce_sum(&dy, &[axis], true);
