@@ -203,6 +203,18 @@ struct Round {
     parts: Vec<Option<Vec<f32>>>,
     sum: Option<Arc<Vec<f32>>>,
     taken: usize,
+    /// Why the group failed: every shard waiting or coming later fails with it at once
+    /// (rather than waiting out its patience).
+    failed: Option<String>,
+}
+
+impl Round {
+    /// Marks the group failed, wakes every shard, and hands back the reason.
+    fn fail(&mut self, turn: &Condvar, why: String) -> String {
+        self.failed.get_or_insert(why.clone());
+        turn.notify_all();
+        why
+    }
 }
 
 impl LocalShards {
@@ -231,22 +243,26 @@ impl LocalShards {
 
     fn wait<'a>(
         &self,
-        state: MutexGuard<'a, Round>,
+        mut state: MutexGuard<'a, Round>,
         until: Instant,
         rank: usize,
     ) -> Result<MutexGuard<'a, Round>, String> {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(format!(
+            let why = format!(
                 "tensor shard {rank} waited {:.0} s for the other shards of its group",
                 self.patience.as_secs_f64()
-            ));
+            );
+            return Err(state.fail(&self.turn, why));
         }
         let (state, _) = self
             .turn
             .wait_timeout(state, left)
             .map_err(|_| "a tensor shard panicked".to_string())?;
-        Ok(state)
+        match &state.failed {
+            Some(why) => Err(why.clone()),
+            None => Ok(state),
+        }
     }
 }
 
@@ -282,27 +298,32 @@ impl LocalShard {
         let g = &self.group;
         let until = Instant::now() + g.patience;
         let mut st = g.state.lock().map_err(|_| "a tensor shard panicked")?;
+        if let Some(why) = &st.failed {
+            return Err(why.clone());
+        }
         // The previous round's sum is still being copied out by slower shards.
         while st.sum.is_some() {
             st = g.wait(st, until, self.rank)?;
         }
         if st.parts[self.rank].is_some() {
-            return Err(format!("tensor shard {} contributed twice", self.rank));
+            let why = format!("tensor shard {} contributed twice", self.rank);
+            return Err(st.fail(&g.turn, why));
         }
         st.parts[self.rank] = Some(buf.to_vec());
         if st.parts.iter().all(Option::is_some) {
             let mut parts = st.parts.iter_mut().map(|p| p.take().unwrap_or_default());
             let mut sum = parts.next().unwrap_or_default();
+            let mut uneven = None;
             for (k, p) in parts.enumerate() {
                 if p.len() != sum.len() {
-                    return Err(format!(
-                        "tensor shard {} brought {} values, shard 0 {}",
-                        k + 1,
-                        p.len(),
-                        sum.len()
-                    ));
+                    uneven.get_or_insert((k + 1, p.len()));
+                    continue;
                 }
                 sum.iter_mut().zip(&p).for_each(|(s, v)| *s += v);
+            }
+            if let Some((k, n)) = uneven {
+                let why = format!("tensor shard {k} brought {n} values, shard 0 {}", sum.len());
+                return Err(st.fail(&g.turn, why));
             }
             st.sum = Some(Arc::new(sum));
             g.turn.notify_all();
@@ -312,12 +333,13 @@ impl LocalShard {
         }
         let sum = st.sum.clone().unwrap_or_default();
         if sum.len() != buf.len() {
-            return Err(format!(
+            let why = format!(
                 "tensor shard {} has {} values, the sum {}",
                 self.rank,
                 buf.len(),
                 sum.len()
-            ));
+            );
+            return Err(st.fail(&g.turn, why));
         }
         buf.copy_from_slice(&sum);
         st.taken += 1;
@@ -376,5 +398,21 @@ mod tests {
         let group = LocalShards::new(2, Duration::from_millis(50));
         let err = group.link(1).0.all_reduce(&mut [1.0]).unwrap_err();
         assert!(err.contains("tensor shard 1 waited"), "{err}");
+        // The group stays failed: the late shard fails at once with the reason.
+        let start = Instant::now();
+        let late = group.link(0).0.all_reduce(&mut [1.0]).unwrap_err();
+        assert_eq!(late, err);
+        assert!(start.elapsed() < Duration::from_millis(40));
+    }
+
+    #[test]
+    fn a_shard_bringing_another_length_fails_the_whole_group_at_once() {
+        let group = LocalShards::new(2, Duration::from_secs(30));
+        let other = group.link(1);
+        let waiting = std::thread::spawn(move || other.0.all_reduce(&mut [1.0, 2.0]));
+        std::thread::sleep(Duration::from_millis(20));
+        let err = group.link(0).0.all_reduce(&mut [1.0]).unwrap_err();
+        assert!(err.contains("brought 2 values, shard 0 1"), "{err}");
+        assert_eq!(waiting.join().unwrap().unwrap_err(), err);
     }
 }

@@ -143,13 +143,13 @@ pub(super) fn build_graphs(
     // process unless asked (tiny_gpt: resident memory 88 -> 45 MiB here, and the run's
     // peak from 134 to 103 MiB).
     release_freed_memory();
-    // The training graph written for users holds standard ops only: the same graph
-    // built without fused kernels (a split graph keeps its collectives).
+    // The training graph written for users holds no fused kernels: the same graph built
+    // without them (a split graph keeps its collectives).
     let standard = match (
         &cfg.model_with_training_graph_path,
         cfg.runtime.fused_kernels,
     ) {
-        (Some(_), true) if cfg.horizontal_parallel_size == 1 => {
+        (Some(_), true) => {
             let mut plain = cfg.clone();
             plain.runtime.fused_kernels = false;
             let (step, probe) = (p.first_step as usize, data.probe);

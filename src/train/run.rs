@@ -171,7 +171,12 @@ fn run_facts(
         spec: cfg.model.clone(),
         fingerprint: p.fingerprint.clone(),
         tensors: built.tg.params.len(),
-        parameters: built.tg.params.iter().map(|p| p.meta.numel() as u64).sum(),
+        parameters: built
+            .tg
+            .whole_param_shapes()
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>() as u64)
+            .sum(),
     };
     checkpointing::RunFacts::new(
         cfg,
@@ -341,10 +346,10 @@ async fn run_engine<K: Collective>(
 /// `k`'s); shard 0's as they are when the model is not split.
 fn whole_parameters(
     plan: Option<&ShardPlan>,
-    mut by_shard: Vec<Vec<(String, Tensor)>>,
+    by_shard: Vec<Vec<(String, Tensor)>>,
 ) -> Result<Vec<(String, Tensor)>> {
     match plan {
         Some(p) => crate::pipeline::whole_parameters(&p.specs, by_shard),
-        None => Ok(by_shard.swap_remove(0)),
+        None => Ok(by_shard.into_iter().next().unwrap_or_default()),
     }
 }

@@ -192,7 +192,7 @@ impl Coordinator {
             None => {
                 let sum: f64 = ordered
                     .iter()
-                    .filter(|(r, _, _)| *r == 0)
+                    .filter(|(r, _, _)| *r < self.s.shards)
                     .map(|(_, _, s)| s.sum_sq)
                     .sum();
                 sum.sqrt() / used

@@ -38,6 +38,8 @@ pub struct TrainingParameters {
     pub data_parallel_size: usize,
     /// Pipeline stages.
     pub pipeline_parallel_size: usize,
+    /// Tensor shards per stage (Megatron-LM's split; see the README's "Tensor parallelism").
+    pub horizontal_parallel_size: usize,
     /// Evaluate every this many optimizer steps (with an evaluation loader).
     pub evaluation_period: usize,
     /// Checkpoints: folder, period, how many to keep, one to resume from.
@@ -73,6 +75,7 @@ impl TrainingParameters {
             training_optimizer_name: "SGDOptimizer".into(),
             data_parallel_size: 1,
             pipeline_parallel_size: 1,
+            horizontal_parallel_size: 1,
             evaluation_period: 10,
             checkpoints_dir: None,
             checkpoint_period: None,
@@ -108,7 +111,8 @@ impl TrainingParameters {
         };
         let mut text = format!(
             "model_path = {:?}\nbatch_size = {}\nnum_train_steps = {}\ngradient_accumulation_steps = {}\n\
-             display_loss_steps = {}\ndata_parallel_size = {}\npipeline_parallel_size = {}\nloss_scale = {:?}\n",
+             display_loss_steps = {}\ndata_parallel_size = {}\npipeline_parallel_size = {}\n\
+             horizontal_parallel_size = {}\nloss_scale = {:?}\n",
             self.model_path,
             self.batch_size,
             self.num_train_steps,
@@ -116,6 +120,7 @@ impl TrainingParameters {
             self.display_loss_steps,
             self.data_parallel_size,
             self.pipeline_parallel_size,
+            self.horizontal_parallel_size,
             self.loss_scale,
         );
         if with_eval {

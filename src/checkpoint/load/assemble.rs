@@ -33,7 +33,21 @@ impl LoadedCheckpoint {
                 )));
             }
             let mut whole_shape = first.shape.clone();
+            if spec.axis >= whole_shape.len() || spec.sections == 0 {
+                return Err(bad(format!(
+                    "split along axis {} in {} sections of a tensor of rank {}",
+                    spec.axis,
+                    spec.sections,
+                    whole_shape.len()
+                )));
+            }
             whole_shape[spec.axis] *= spec.shards;
+            if !spec.fits(&whole_shape) {
+                return Err(bad(format!(
+                    "a whole shape {whole_shape:?} that {} sections of {} shards do not divide",
+                    spec.sections, spec.shards
+                )));
+            }
             let mut whole = vec![0f32; whole_shape.iter().product()];
             let mut part = Vec::new();
             for (_, rank, e) in &list {

@@ -135,9 +135,24 @@ pub fn shard_graph(
         plan.whole.insert(name.clone(), whole);
     }
     rewrite_constants(g, &found.consts);
+    seed_dropouts(g);
     insert_collectives(g, &found.entries, &found.exits, &mut plan);
     g.import_domain(DOMAIN, 1);
     Ok(plan)
+}
+
+/// Gives every Dropout without a `seed` one of its own, the same on every shard (all
+/// shards run this graph). Unseeded, ONNX Runtime draws each Dropout's masks from one
+/// process-wide generator, in whatever order the shards' threads reach it (and from
+/// unrelated generators in other processes), so replicated activations would differ
+/// between shards and their copies of the replicated parameters drift apart.
+fn seed_dropouts(g: &mut Graph) {
+    for (i, n) in g.nodes.iter_mut().enumerate() {
+        if n.op_type == "Dropout" && !n.attribute.iter().any(|a| a.name == "seed") {
+            n.attribute
+                .push(crate::graph::ir::int_attr("seed", 0x7e45_0000 + i as i64));
+        }
+    }
 }
 
 /// Gives each rewritten constant a new initializer of its own (others may read the

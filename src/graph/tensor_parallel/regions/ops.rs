@@ -5,7 +5,6 @@
 use super::{NewConst, Split, Walk};
 use crate::graph::ir::{attr_i, attr_ints, node_label};
 use crate::onnx::proto::NodeProto;
-use crate::tensor::Tensor;
 
 impl Walk<'_> {
     pub(super) fn elementwise(
@@ -65,9 +64,7 @@ impl Walk<'_> {
         region: usize,
     ) -> Result<Vec<(String, Split)>, String> {
         let target = self
-            .constants
-            .get(&n.input[1])
-            .and_then(Tensor::to_i64_vec)
+            .const_ints(n, 1)
             .ok_or("reshapes to a computed shape")?;
         let (from, to) = (
             self.shape(&n.input[0]).ok_or("no shape")?,
@@ -77,10 +74,10 @@ impl Walk<'_> {
         // The split axis keeps its place (same leading dimensions: heads split from or
         // merged into the width), or stays last with its size (leading dimensions folded
         // into rows or unfolded from them).
-        let b = if a < to.len() && from[..a] == to[..a] {
-            a
-        } else if a + 1 == from.len() && to.last() == from.last() {
+        let b = if a + 1 == from.len() && to.last() == from.last() {
             to.len() - 1
+        } else if a < to.len() && from[..a] == to[..a] {
+            a
         } else {
             return Err("moves the split axis".into());
         };
@@ -238,12 +235,12 @@ impl Walk<'_> {
             return Ok(outs.into_iter().map(|o| (o.clone(), s)).collect());
         }
         let dim = self.shape(&n.input[0]).ok_or("no shape")?[axis] as i64;
+        if outs.is_empty() {
+            return Err("a Split without outputs".into());
+        }
         let (sizes, from_input) = match n.input.get(1).filter(|v| !v.is_empty()) {
-            Some(v) => (
-                self.constants
-                    .get(v)
-                    .and_then(Tensor::to_i64_vec)
-                    .ok_or("splits by computed sizes")?,
+            Some(_) => (
+                self.const_ints(n, 1).ok_or("splits by computed sizes")?,
                 true,
             ),
             None => match attr_ints(n, "split") {
@@ -251,7 +248,7 @@ impl Walk<'_> {
                 None => (vec![dim / outs.len() as i64; outs.len()], false),
             },
         };
-        if sizes.iter().any(|&x| x != sizes[0]) {
+        if sizes.is_empty() || sizes.iter().any(|&x| x != sizes[0] || x <= 0) {
             return Err("splits the split axis into unequal sections".into());
         }
         if self.sections[s.group] != 1 {
