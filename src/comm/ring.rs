@@ -161,7 +161,7 @@ impl Collective for MeshCollective {
 fn check(bytes: &[u8], want: usize) -> Result<(), String> {
     if bytes.len() != want * 4 {
         return Err(format!(
-            "a ring segment of {} bytes arrived where {} were due",
+            "{} bytes arrived where {} were due",
             bytes.len(),
             want * 4
         ));
@@ -189,12 +189,14 @@ fn fold_floats(dst: &mut [f32], bytes: &[u8], f: impl Fn(&mut f32, f32)) -> Resu
     Ok(())
 }
 
-fn add_into(dst: &mut [f32], bytes: &[u8]) -> Result<(), String> {
+/// Adds the f32s of `bytes` into `dst` (of their length).
+pub(super) fn add_into(dst: &mut [f32], bytes: &[u8]) -> Result<(), String> {
     // The running sum arrives from the previous replica (a + b == b + a in IEEE
     // arithmetic, so the order of the two operands does not matter).
     fold_floats(dst, bytes, |d, x| *d += x)
 }
 
-fn copy_into(dst: &mut [f32], bytes: &[u8]) -> Result<(), String> {
+/// Copies the f32s of `bytes` into `dst` (of their length).
+pub(super) fn copy_into(dst: &mut [f32], bytes: &[u8]) -> Result<(), String> {
     fold_floats(dst, bytes, |d, x| *d = x)
 }

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::mesh::Mesh;
+use super::ring::{add_into, copy_into};
 use super::TENSOR_SHARDS;
 use crate::compute::{ShardComm, ShardLink, ShardTraffic, TrafficMeter};
 
@@ -144,28 +145,19 @@ impl MeshShard {
                 )
             })??
             .into_iter();
-        // Shard order: shard 0's values, then each next shard's added in.
-        let own = buf.to_vec();
+        // Shard order: shard 0's values, then each next shard's added in (this shard's
+        // own values are already in `buf` when it is shard 0, kept aside otherwise).
+        let own = (me != 0).then(|| buf.to_vec());
         for k in 0..n {
-            let part: Vec<f32> = match k == me {
-                true => own.clone(),
-                false => {
-                    let b = others.next().ok_or("a shard's tensor is missing")?;
-                    if b.len() != buf.len() * 4 {
-                        return Err(format!(
-                            "tensor shard {k} sent {} bytes, shard {me} has {} values",
-                            b.len(),
-                            buf.len()
-                        ));
-                    }
-                    b.chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect()
+            match (k == me, &own) {
+                (true, None) => {}
+                (true, Some(own)) => buf.iter_mut().zip(own).for_each(|(s, v)| *s += v),
+                (false, _) => {
+                    let bytes = others.next().ok_or("a shard's tensor is missing")?;
+                    let fold = if k == 0 { copy_into } else { add_into };
+                    fold(buf, &bytes).map_err(|e| format!("tensor shard {k}: {e}"))?;
+                    self.mesh.recycle(bytes);
                 }
-            };
-            match k {
-                0 => buf.copy_from_slice(&part),
-                _ => buf.iter_mut().zip(&part).for_each(|(s, v)| *s += v),
             }
         }
         Ok(())
