@@ -7,7 +7,10 @@ mod common;
 
 use common::gradcheck::{check, GradCheck, Rng, F32};
 use pipetrain::compute::{SessionOptions, TensorMap, TrainSession};
-use pipetrain::graph::custom_ops::{DOMAIN, LAYER_NORM_GRAD, SOFTMAX_GRAD};
+use pipetrain::graph::custom_ops::{
+    DOMAIN, GELU, GELU_GRAD, LAYER_NORM_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
+    SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
+};
 use pipetrain::graph::{build_training_graph, make_node, untyped_value_info};
 use pipetrain::graph::{LossSpec, TrainOptions, TrainingGraph};
 use pipetrain::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
@@ -64,19 +67,62 @@ fn weighted_sum(node: NodeProto, mut inits: Vec<(&str, Tensor)>, shape: &[usize]
     }
 }
 
+/// `loss = sum(GELU(X) * R)` with GELU as PyTorch exports `nn.GELU()`: `x / sqrt 2`
+/// (or `x * (1 / sqrt 2)`), `Erf`, `+ 1`, `x *`, `* 0.5`.
+fn gelu_model(by_mul: bool) -> ModelProto {
+    let mut r = Rng::new(13);
+    let shape = [5, 7, 67];
+    let scalar = |v: f32| Tensor::f32(vec![], vec![v]).unwrap();
+    let inits = vec![
+        ("X", r.tensor(DType::F32, &shape, -5.0, 5.0)),
+        ("k", scalar(std::f32::consts::SQRT_2)),
+        ("c", scalar(std::f32::consts::FRAC_1_SQRT_2)),
+        ("one", scalar(1.0)),
+        ("half", scalar(0.5)),
+    ];
+    let scale = match by_mul {
+        false => make_node("Div", "div", &["X", "k"], &["t"], vec![]),
+        true => make_node("Mul", "mul", &["c", "X"], &["t"], vec![]),
+    };
+    let mut chain = vec![
+        scale,
+        make_node("Erf", "erf", &["t"], &["e"], vec![]),
+        make_node("Add", "add", &["e", "one"], &["a"], vec![]),
+        make_node("Mul", "times", &["X", "a"], &["m"], vec![]),
+        make_node("Mul", "halve", &["m", "half"], &["Y"], vec![]),
+    ];
+    let last = chain.pop().unwrap();
+    let mut model = weighted_sum(last, inits, &shape);
+    model.graph.as_mut().unwrap().node.splice(0..0, chain);
+    model
+}
+
 /// The training graph and the gradients of `wrt`, with or without fused kernels.
 fn gradients(model: &ModelProto, fused: bool, wrt: &[&str]) -> (TrainingGraph, TensorMap) {
+    let loss = LossSpec::Output {
+        name: "total".into(),
+    };
+    gradients_with(model, loss, &[], fused, wrt)
+}
+
+/// The training graph and the gradients of `wrt` (with the loss, named `loss`) for
+/// `loss` and data `feeds`, with or without fused kernels.
+fn gradients_with(
+    model: &ModelProto,
+    loss: LossSpec,
+    feeds: &[(&str, &Tensor)],
+    fused: bool,
+    wrt: &[&str],
+) -> (TrainingGraph, TensorMap) {
     let rt = common::runtime();
     let opts = TrainOptions {
-        loss: LossSpec::Output {
-            name: "total".into(),
-        },
+        loss,
         trainable: Some(wrt.iter().map(|s| s.to_string()).collect()),
         contrib_ops: true,
         fused_kernels: fused,
         params: Default::default(),
     };
-    let tg = build_training_graph(&rt, model, &opts, &[]).unwrap();
+    let tg = build_training_graph(&rt, model, &opts, feeds).unwrap();
     let session_opts = SessionOptions {
         intra_threads: 2,
         ..SessionOptions::default()
@@ -88,7 +134,13 @@ fn gradients(model: &ModelProto, fused: bool, wrt: &[&str]) -> (TrainingGraph, T
         .map(|p| (p.name.clone(), p.init.clone()))
         .collect();
     let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
-    let grads = s.step(&params, &TensorMap::new(), &seed).unwrap().grads;
+    let data: TensorMap = feeds
+        .iter()
+        .map(|(n, t)| (n.to_string(), (*t).clone()))
+        .collect();
+    let out = s.step(&params, &data, &seed).unwrap();
+    let mut grads = out.grads;
+    grads.insert("loss".into(), Tensor::f64(vec![], vec![out.loss]).unwrap());
     (tg, grads)
 }
 
@@ -142,15 +194,102 @@ fn softmax_grad_gives_the_standard_op_graphs_gradient_and_finite_differences() {
         let model = softmax_model(cols);
         let (fused_tg, fused) = gradients(&model, true, &["X"]);
         let (plain_tg, plain) = gradients(&model, false, &["X"]);
+        assert_eq!(fused_nodes(&fused_tg, SOFTMAX), 1);
         assert_eq!(fused_nodes(&fused_tg, SOFTMAX_GRAD), 1);
         assert_eq!(fused_nodes(&plain_tg, SOFTMAX_GRAD), 0);
-        assert_same(&format!("cols {cols}"), &fused, &plain, &["X"], 1e-6);
+        assert_same(
+            &format!("cols {cols}"),
+            &fused,
+            &plain,
+            &["X", "loss"],
+            1e-6,
+        );
     }
     let mut r = Rng::new(9);
     let case = GradCheck::new(17)
         .param("X", r.tensor(DType::F32, &[2, 3, 11], -2.0, 2.0))
         .node("Softmax", &["X"], &["Y"], vec![]);
     check("Softmax float32, fused", case, F32);
+}
+
+#[test]
+fn gelu_kernels_give_the_standard_op_graphs_values_and_gradient() {
+    for by_mul in [false, true] {
+        let model = gelu_model(by_mul);
+        let (fused_tg, fused) = gradients(&model, true, &["X"]);
+        let (plain_tg, plain) = gradients(&model, false, &["X"]);
+        assert_eq!(fused_nodes(&fused_tg, GELU), 1, "five nodes as one");
+        assert_eq!(fused_nodes(&fused_tg, GELU_GRAD), 1);
+        assert!(!plain_tg.graph.nodes.iter().any(|n| n.domain == DOMAIN));
+        assert!(!fused_tg.graph.nodes.iter().any(|n| n.op_type == "Erf"));
+        // erf within 2.5e-7 absolute (the kernels' approximation) of ONNX Runtime's.
+        assert_same(
+            &format!("by_mul {by_mul}"),
+            &fused,
+            &plain,
+            &["X", "loss"],
+            1e-6,
+        );
+    }
+    let scalar = |v: f32| Tensor::f32(vec![], vec![v]).unwrap();
+    let case = GradCheck::new(17)
+        .param("X", Rng::new(21).tensor(DType::F32, &[3, 29], -3.0, 3.0))
+        .constant("k", scalar(std::f32::consts::SQRT_2))
+        .constant("one", scalar(1.0))
+        .constant("half", scalar(0.5))
+        .node("Div", &["X", "k"], &["t"], vec![])
+        .node("Erf", &["t"], &["e"], vec![])
+        .node("Add", &["one", "e"], &["a"], vec![])
+        .node("Mul", &["a", "X"], &["m"], vec![])
+        .node("Mul", &["half", "m"], &["Y"], vec![]);
+    check("GELU float32, fused", case, F32);
+}
+
+/// `logits = X @ W` (`[rows, classes]`), softmax cross-entropy against `labels`.
+fn classifier(rows: usize, classes: usize) -> (ModelProto, Tensor) {
+    let mut r = Rng::new(17);
+    let inits = vec![
+        ("X", r.tensor(DType::F32, &[rows, 24], -1.0, 1.0)),
+        ("W", r.tensor(DType::F32, &[24, classes], -1.0, 1.0)),
+    ];
+    let mut model = weighted_sum(
+        make_node("MatMul", "mm", &["X", "W"], &["Y"], vec![]),
+        inits,
+        &[rows, classes],
+    );
+    model.graph.as_mut().unwrap().output = vec![untyped_value_info("Y")];
+    let labels: Vec<i64> = (0..rows as i64)
+        .map(|i| (i * 7 + 3) % classes as i64)
+        .collect();
+    (model, Tensor::i64(vec![rows], labels).unwrap())
+}
+
+#[test]
+fn cross_entropy_kernels_give_the_standard_op_graphs_loss_and_gradients() {
+    use pipetrain::graph::LossNormalize;
+    let wrt = ["X", "W", "loss"];
+    for (classes, ignore, normalize) in [
+        (40, None, LossNormalize::MicroBatch),
+        (37, Some(3), LossNormalize::MicroBatch),
+        (37, Some(3), LossNormalize::Tokens),
+    ] {
+        let (model, labels) = classifier(19, classes);
+        let loss = LossSpec::SoftmaxCrossEntropy {
+            prediction: "Y".into(),
+            label: "labels".into(),
+            ignore_index: ignore,
+            class_axis: None,
+            normalize,
+        };
+        let feeds = [("labels", &labels)];
+        let (fused_tg, fused) = gradients_with(&model, loss.clone(), &feeds, true, &wrt[..2]);
+        let (plain_tg, plain) = gradients_with(&model, loss, &feeds, false, &wrt[..2]);
+        assert_eq!(fused_nodes(&fused_tg, SOFTMAX_CROSS_ENTROPY), 1);
+        assert_eq!(fused_nodes(&fused_tg, SOFTMAX_CROSS_ENTROPY_GRAD), 1);
+        assert_eq!(fused_nodes(&plain_tg, SOFTMAX_CROSS_ENTROPY), 0);
+        let what = format!("{classes} classes, ignore {ignore:?}, {normalize:?}");
+        assert_same(&what, &fused, &plain, &wrt, 2e-6);
+    }
 }
 
 #[test]

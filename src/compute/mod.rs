@@ -3,7 +3,7 @@
 mod chain;
 mod device;
 mod direct;
-mod fused_ops;
+mod fused;
 mod local_shards;
 mod probe;
 mod runtime;

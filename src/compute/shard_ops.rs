@@ -139,8 +139,13 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
             link: link.clone(),
             sums: false,
         })?
-        .add(super::fused_ops::LayerNormGrad)?
-        .add(super::fused_ops::SoftmaxGrad)
+        .add(super::fused::LayerNormGrad)?
+        .add(super::fused::SoftmaxGrad)?
+        .add(super::fused::Softmax)?
+        .add(super::fused::Gelu)?
+        .add(super::fused::GeluGrad)?
+        .add(super::fused::SoftmaxCrossEntropy)?
+        .add(super::fused::SoftmaxCrossEntropyGrad)
 }
 
 /// `AllReduce` (`sums`) or `ShardEntry` (the identity forward).

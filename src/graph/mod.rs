@@ -5,6 +5,7 @@ mod buckets;
 pub mod check;
 pub mod custom_ops;
 mod export;
+mod fusion;
 mod ir;
 mod loss;
 mod model_inputs;

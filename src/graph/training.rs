@@ -348,6 +348,10 @@ pub fn build_sharded_training_graph(
         });
     }
 
+    if opts.fused_kernels {
+        let fused = super::fusion::fuse_forward(&mut g, &loss_metas);
+        tracing::debug!("fused forward kernels: {fused:?}");
+    }
     let frozen = rows_to_freeze(&g, &param_values, &opts.params);
     let backward: Backward = differentiate(
         &g,

@@ -8,7 +8,7 @@
 
 mod emit;
 mod fold;
-mod gelu;
+pub(crate) mod gelu;
 mod rules;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

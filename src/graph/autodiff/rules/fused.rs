@@ -5,9 +5,42 @@
 use super::elementwise::shape;
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
-use crate::graph::custom_ops::{DOMAIN, LAYER_NORM_GRAD, SOFTMAX_GRAD};
+use crate::graph::custom_ops::{
+    DOMAIN, GELU, GELU_GRAD, LAYER_NORM_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
+    SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
+};
 use crate::tensor::DType;
 use crate::Result;
+
+/// The gradient rule of one of pipetrain's fused forward kernels (`graph::fusion`): its
+/// fused backward.
+pub fn rule(op_type: &str) -> Option<super::Rule> {
+    let rule: super::Rule = match op_type {
+        GELU => |c| {
+            let (dy, x) = (c.dy(0)?, c.input(0).to_string());
+            let dx = c.e.fresh("dX");
+            c.e.node(GELU_GRAD, DOMAIN, &[&dy, &x], &[&dx], vec![]);
+            Ok(vec![Some(dx)])
+        },
+        SOFTMAX => |c| {
+            let (dy, y) = (c.dy(0)?, c.output(0).to_string());
+            let dx = c.e.fresh("dX");
+            c.e.node(SOFTMAX_GRAD, DOMAIN, &[&dy, &y], &[&dx], vec![]);
+            Ok(vec![Some(dx)])
+        },
+        SOFTMAX_CROSS_ENTROPY => |c| {
+            let dloss = c.dy(0)?;
+            let (log_prob, labels) = (c.output(1).to_string(), c.input(1).to_string());
+            let dx = c.e.fresh("dscores");
+            let attrs = c.node.attribute.clone();
+            let inputs = [dloss.as_str(), &log_prob, &labels];
+            c.e.node(SOFTMAX_CROSS_ENTROPY_GRAD, DOMAIN, &inputs, &[&dx], attrs);
+            Ok(vec![Some(dx), None])
+        },
+        _ => return None,
+    };
+    Some(rule)
+}
 
 /// Softmax's backward as `SoftmaxGrad`, when fused kernels are on, the output is
 /// float32 and the softmax runs over the last axis. `None`: emit the standard ops.

@@ -121,7 +121,7 @@ fn shard_rule(op_type: &str) -> Option<Rule> {
 fn rule_of(op_type: &str, domain: &str) -> Option<Rule> {
     match domain {
         "" | "ai.onnx" => rule(op_type),
-        crate::graph::tensor_parallel::DOMAIN => shard_rule(op_type),
+        crate::graph::custom_ops::DOMAIN => shard_rule(op_type).or_else(|| fused::rule(op_type)),
         _ => None,
     }
 }

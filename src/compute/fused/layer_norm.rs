@@ -1,6 +1,3 @@
-//! Fused CPU kernels registered with ONNX Runtime as custom operators of pipetrain's
-//! domain, for backward patterns that stock ONNX Runtime runs as many small kernels.
-//!
 //! `LayerNormGrad`: LayerNormalization's backward in one pass over each row, where the
 //! standard-op form is 12 kernels (each a full pass over the tensor, most with a
 //! broadcast) and two reductions over the rows. Inputs `dY, X, scale, mean, inv_std` (the
@@ -9,20 +6,14 @@
 //! order per element (`dX = inv * (g - mean(g) - xhat * mean(g * xhat))`, `g = dY *
 //! scale`); the row means are summed in eight lanes and the column sums over rows in row
 //! order, so it matches the standard-op graph within float32 rounding, not bitwise.
-//!
-//! `SoftmaxGrad`: Softmax's backward over the last axis, `dX = Y * (dY - sum(dY * Y))`,
-//! in one pass per row where the standard-op form is four kernels (a product, a
-//! reduction, a broadcast difference, a product).
-//!
-//! Written here because no crate offers ONNX Runtime kernels; vectorized for the
-//! machine it runs on (`multiversion`), as the Adam loop is.
 
 use ort::operator::{
     BoxedKernel, ComputeContext, KernelContext, Operator, OperatorInput, OperatorOutput,
 };
 use ort::value::TensorElementType;
 
-use crate::graph::custom_ops::{LAYER_NORM_GRAD, SOFTMAX_GRAD};
+use super::{BLOCKS, LANES};
+use crate::graph::custom_ops::LAYER_NORM_GRAD;
 
 /// LayerNormalization's backward as one kernel.
 pub(crate) struct LayerNormGrad;
@@ -85,87 +76,6 @@ impl Operator for LayerNormGrad {
     }
 }
 
-/// Softmax's backward over the last axis as one kernel.
-pub(crate) struct SoftmaxGrad;
-
-impl Operator for SoftmaxGrad {
-    type Kernel<'attr> = BoxedKernel<'attr>;
-
-    fn name(&self) -> &str {
-        SOFTMAX_GRAD
-    }
-
-    fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
-        (0..2).map(|_| OperatorInput::required(TensorElementType::Float32))
-    }
-
-    fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
-        [OperatorOutput::required(TensorElementType::Float32)]
-    }
-
-    fn create_kernel<'attr>(&self, _: &KernelContext<'attr>) -> ort::Result<Self::Kernel<'attr>> {
-        Ok(Box::new(|ctx: &ComputeContext| {
-            let missing = |what: &str| ort::Error::new(format!("SoftmaxGrad: no {what}"));
-            let dy = ctx.input(0)?.ok_or_else(|| missing("dY"))?;
-            let y = ctx.input(1)?.ok_or_else(|| missing("Y"))?;
-            let (shape, y) = y.try_extract_tensor::<f32>()?;
-            let (_, dy) = dy.try_extract_tensor::<f32>()?;
-            let cols = shape.last().copied().unwrap_or(1).max(1) as usize;
-            if dy.len() != y.len() || y.len() % cols != 0 {
-                return Err(ort::Error::new(format!(
-                    "SoftmaxGrad: Y of {} values in rows of {cols}, dY {}",
-                    y.len(),
-                    dy.len()
-                )));
-            }
-            let mut dx = ctx
-                .output(0, shape.to_vec())?
-                .ok_or_else(|| missing("dX"))?;
-            let (_, dx) = dx.try_extract_tensor_mut::<f32>()?;
-            let rows = y.len() / cols;
-            let per = rows.div_ceil(BLOCKS).max(1) * cols;
-            let blocks: Vec<std::sync::Mutex<&mut [f32]>> =
-                dx.chunks_mut(per).map(std::sync::Mutex::new).collect();
-            ctx.par_for(blocks.len(), blocks.len(), |b| {
-                if let Ok(mut dx) = blocks[b].lock() {
-                    let (lo, hi) = (b * per, b * per + dx.len());
-                    softmax_grad(&dy[lo..hi], &y[lo..hi], cols, &mut dx);
-                }
-            })
-        }))
-    }
-}
-
-/// Softmax's backward over rows of `cols`: `dx = y * (dy - sum(dy * y))`.
-pub(crate) fn softmax_grad(dy: &[f32], y: &[f32], cols: usize, dx: &mut [f32]) {
-    let rows = dy.chunks_exact(cols).zip(y.chunks_exact(cols));
-    for ((dy, y), dx) in rows.zip(dx.chunks_exact_mut(cols)) {
-        softmax_row(dy, y, dx);
-    }
-}
-
-/// One row of [`softmax_grad`]: its sum in `LANES` partial sums, then `dx`.
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma"))]
-fn softmax_row(dy: &[f32], y: &[f32], dx: &mut [f32]) {
-    let mut s = [0f32; LANES];
-    let whole = dy.len() / LANES * LANES;
-    let lanes = dy[..whole]
-        .chunks_exact(LANES)
-        .zip(y[..whole].chunks_exact(LANES));
-    for (dy, y) in lanes {
-        for l in 0..LANES {
-            s[l] += dy[l] * y[l];
-        }
-    }
-    for j in whole..dy.len() {
-        s[0] += dy[j] * y[j];
-    }
-    let sum = s.iter().sum::<f32>();
-    for ((dx, &dy), &y) in dx.iter_mut().zip(dy).zip(y) {
-        *dx = y * (dy - sum);
-    }
-}
-
 /// The row-wise inputs of [`layer_norm_grad`].
 pub(crate) struct Rows<'a> {
     pub dy: &'a [f32],
@@ -193,10 +103,6 @@ pub(crate) fn layer_norm_grad(
         row(dy, x, scale, stats, dx, (dscale, dbias));
     }
 }
-
-/// Row blocks a kernel call is cut into for ONNX Runtime's intra-op threads: fixed, so
-/// the column sums (per block, then over blocks in order) do not depend on the threads.
-const BLOCKS: usize = 4;
 
 /// One block's rows of `dx`, and its column sums (`dscale`, `dbias`).
 type Block<'a> = (&'a mut [f32], Vec<f32>, Vec<f32>);
@@ -240,9 +146,6 @@ fn layer_norm_grad_parallel(
     }
     Ok(())
 }
-
-/// Eight independent lanes: what vectorizes (a single running sum cannot be reordered).
-const LANES: usize = 8;
 
 /// One row: its two means (in `LANES` partial sums), its `dx`, and its share of the
 /// column sums. Whole lanes as fixed-size chunks (what vectorizes without bounds

@@ -1,0 +1,68 @@
+//! Fused CPU kernels registered with ONNX Runtime as custom operators of pipetrain's
+//! domain (`graph::custom_ops`), for what stock ONNX Runtime runs as many small kernels:
+//! one module per kernel family, `math` for the vectorizable `exp` and `erf` they share.
+//!
+//! Written here because no crate offers ONNX Runtime kernels; vectorized for the machine
+//! it runs on (`multiversion`), as the Adam loop is, and cut into a fixed number of
+//! blocks for ONNX Runtime's intra-op threads, so that results do not depend on the
+//! thread count.
+
+mod cross_entropy;
+mod gelu;
+mod layer_norm;
+pub(crate) mod math;
+mod softmax;
+
+use std::sync::Mutex;
+
+use ort::operator::ComputeContext;
+use ort::value::ValueRef;
+
+pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
+pub(crate) use gelu::{Gelu, GeluGrad};
+pub(crate) use layer_norm::LayerNormGrad;
+pub(crate) use softmax::{Softmax, SoftmaxGrad};
+
+/// Blocks a kernel call is cut into for ONNX Runtime's intra-op threads: fixed, so that
+/// sums over blocks (in block order) do not depend on the threads.
+const BLOCKS: usize = 4;
+
+/// Eight independent lanes: what vectorizes (a single running sum cannot be reordered).
+const LANES: usize = 8;
+
+/// Input `i` of `op`'s call, an error naming both where it is missing.
+fn input<'a>(ctx: &'a ComputeContext, op: &str, i: usize) -> ort::Result<ValueRef<'a>> {
+    ctx.input(i)?
+        .ok_or_else(|| ort::Error::new(format!("{op}: no input {i}")))
+}
+
+/// `f(offset, block)` over [`BLOCKS`] blocks of `out` (block lengths multiples of
+/// `unit`, the row length), on ONNX Runtime's intra-op threads.
+fn par_blocks(
+    ctx: &ComputeContext,
+    out: &mut [f32],
+    unit: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+) -> ort::Result<()> {
+    let unit = unit.max(1);
+    let per = (out.len() / unit).div_ceil(BLOCKS).max(1) * unit;
+    let blocks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per).map(Mutex::new).collect();
+    ctx.par_for(blocks.len(), blocks.len(), |b| {
+        if let Ok(mut block) = blocks[b].lock() {
+            f(b * per, &mut block);
+        }
+    })
+}
+
+/// The sum of `v` in [`LANES`] partial sums (which vectorizes), then across them.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma"))]
+fn lane_sum(v: &[f32]) -> f32 {
+    let mut s = [0f32; LANES];
+    let whole = v.len() / LANES * LANES;
+    for c in v[..whole].chunks_exact(LANES) {
+        for l in 0..LANES {
+            s[l] += c[l];
+        }
+    }
+    v[whole..].iter().fold(s.iter().sum::<f32>(), |a, b| a + b)
+}
