@@ -178,7 +178,14 @@ impl GraphSession {
                 }
                 false => Ok(b),
             })
-            .and_then(|mut b| b.commit_from_memory(&bytes))
+            .and_then(|mut b| {
+                let first = first_with_custom_domain(custom);
+                let session = b.commit_from_memory(&bytes);
+                if let (Some(mut known), Ok(_)) = (first, &session) {
+                    *known = true;
+                }
+                session
+            })
             .map_err(Error::ort(ctx()))?;
         Ok(GraphSession {
             session,
@@ -420,4 +427,22 @@ pub(crate) fn to_host(value: &DynValue, name: &str) -> Result<Tensor> {
         TensorElementType::Bool => take!(bool, Bool),
         other => Err(bad(format!("unsupported output element type {other:?}"))),
     }
+}
+
+/// Whether a session with pipetrain's operator domain has been created in this process.
+static CUSTOM_DOMAIN_KNOWN: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+
+/// ONNX Runtime enters a custom operator domain into a process-wide table when the first
+/// session using it is created, checking and inserting without a lock: two sessions
+/// created at once can both insert, and one fails ("the domain is already exist"). Until
+/// one has been created, sessions with pipetrain's domain are created one at a time
+/// (the guard, held over the creation); after that, concurrently (`None`).
+fn first_with_custom_domain(custom: bool) -> Option<std::sync::MutexGuard<'static, bool>> {
+    if !custom {
+        return None;
+    }
+    let known = CUSTOM_DOMAIN_KNOWN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    (!*known).then_some(known)
 }

@@ -17,10 +17,6 @@ pub const LAYER_NORM_GRAD: &str = "LayerNormGrad";
 pub const SOFTMAX_GRAD: &str = "SoftmaxGrad";
 /// Softmax over the last axis (forward), float32: `X` in, `Y` out.
 pub const SOFTMAX: &str = "Softmax";
-/// GELU as PyTorch exports it (erf form, forward): `X` in, `Y` out.
-pub const GELU: &str = "Gelu";
-/// GELU's backward (erf form): `dY, X` in, `dX` out.
-pub const GELU_GRAD: &str = "GeluGrad";
 /// ONNX `SoftmaxCrossEntropyLoss` over rows (classes on the last axis, int64 labels,
 /// attributes `reduction` and `ignore_index`): `scores, labels` in, `loss, log_prob` out.
 pub const SOFTMAX_CROSS_ENTROPY: &str = "SoftmaxCrossEntropy";

@@ -1,25 +1,23 @@
 //! The training graph's forward part with pipetrain's fused kernels in place of the
-//! patterns they compute (`runtime.fused_kernels`): PyTorch's erf GELU (five nodes) as
-//! one `Gelu`, `Softmax` over the last axis as pipetrain's `Softmax`, and the
-//! `SoftmaxCrossEntropyLoss` pipetrain attaches as `SoftmaxCrossEntropy`; each gets its
-//! fused backward from the autodiff (`autodiff::rules::fused`). Only float32 nodes whose
-//! shapes fit the kernels are replaced; the rest stay standard ONNX.
+//! nodes they compute (`runtime.fused_kernels`): `Softmax` over the last axis as
+//! pipetrain's `Softmax`, and the `SoftmaxCrossEntropyLoss` pipetrain attaches as
+//! `SoftmaxCrossEntropy`; each gets its fused backward from the autodiff
+//! (`autodiff::rules::fused`). Only float32 nodes whose shapes fit the kernels are
+//! replaced; the rest stay standard ONNX.
 //!
 //! Runs after the loss is attached and the values measured, before differentiation, on
 //! pipetrain's own graph only: graphs that leave pipetrain are built without it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
-use super::autodiff::gelu;
-use super::custom_ops::{DOMAIN, GELU, SOFTMAX, SOFTMAX_CROSS_ENTROPY};
+use super::custom_ops::{DOMAIN, SOFTMAX, SOFTMAX_CROSS_ENTROPY};
 use super::ir::{attr_i, attr_s, make_node, Graph, Metas};
 use crate::onnx::proto::NodeProto;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::DType;
 
 /// How many nodes of each kind [`fuse_forward`] replaced.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Fused {
-    pub gelu: usize,
     pub softmax: usize,
     pub cross_entropy: usize,
 }
@@ -27,7 +25,7 @@ pub struct Fused {
 impl Fused {
     /// Whether any node was replaced.
     pub fn any(&self) -> bool {
-        self.gelu + self.softmax + self.cross_entropy > 0
+        self.softmax + self.cross_entropy > 0
     }
 }
 
@@ -35,32 +33,8 @@ impl Fused {
 /// types and shapes. Imports pipetrain's domain when it replaced anything.
 pub fn fuse_forward(g: &mut Graph, metas: &Metas) -> Fused {
     let is_f32 = |v: &str| metas.get(v).is_some_and(|m| m.dtype == DType::F32);
-    let consts = g.constants();
     let mut fused = Fused::default();
-    let mut drop: HashSet<usize> = HashSet::new();
     let mut replace: HashMap<usize, NodeProto> = HashMap::new();
-
-    let gelus = gelu::find(g, &consts, &|_| false);
-    let producer = producers(g);
-    let consumers = g.consumers();
-    for (&half, chain) in &gelus {
-        let scale = producer[chain.t.as_str()];
-        if !is_f32(&chain.x) || !scales_by_inv_sqrt2(&g.nodes[scale], &consts) {
-            continue;
-        }
-        // The chain: scale (makes `t`), Erf (reads it), Add (makes `a`), Mul (reads it:
-        // x * a), Mul (by one half); each inner value has that one reader.
-        let (erf, add, times) = (
-            consumers[chain.t.as_str()][0],
-            producer[chain.a.as_str()],
-            consumers[chain.a.as_str()][0],
-        );
-        drop.extend([scale, erf, add, times]);
-        let name = format!("{}/fused_gelu", g.nodes[half].name);
-        let y = g.nodes[half].output[0].clone();
-        replace.insert(half, custom(GELU, &name, &[&chain.x], &[&y], vec![]));
-        fused.gelu += 1;
-    }
 
     let opset = g.opset();
     for (i, n) in g.nodes.iter().enumerate() {
@@ -98,23 +72,11 @@ pub fn fuse_forward(g: &mut Graph, metas: &Metas) -> Fused {
         g.nodes = nodes
             .into_iter()
             .enumerate()
-            .filter(|(i, _)| !drop.contains(i))
             .map(|(i, n)| replace.remove(&i).unwrap_or(n))
             .collect();
         g.import_domain(DOMAIN, 1);
     }
     fused
-}
-
-/// Which node makes each value.
-fn producers(g: &Graph) -> HashMap<&str, usize> {
-    let mut map = HashMap::new();
-    for (i, n) in g.nodes.iter().enumerate() {
-        for o in &n.output {
-            map.insert(o.as_str(), i);
-        }
-    }
-    map
 }
 
 /// A node of pipetrain's domain.
@@ -128,26 +90,6 @@ fn custom(
     let mut n = make_node(op, name, inputs, outputs, attrs);
     n.domain = DOMAIN.into();
     n
-}
-
-/// Whether GELU's scale node is `x / sqrt 2` or `x * (1 / sqrt 2)` (what the `Gelu`
-/// kernel computes), within float32 rounding.
-fn scales_by_inv_sqrt2(scale: &NodeProto, consts: &HashMap<String, Tensor>) -> bool {
-    let value = |v: &str| {
-        consts
-            .get(v)
-            .filter(|t| t.len() == 1)
-            .map(|t| t.to_f64_vec()[0])
-    };
-    let near = |v: Option<f64>, want: f64| v.is_some_and(|v| (v - want).abs() < 1e-6);
-    match scale.op_type.as_str() {
-        "Div" => near(value(&scale.input[1]), std::f64::consts::SQRT_2),
-        "Mul" => scale
-            .input
-            .iter()
-            .any(|v| near(value(v), std::f64::consts::FRAC_1_SQRT_2)),
-        _ => false,
-    }
 }
 
 /// Whether a `SoftmaxCrossEntropyLoss` fits the fused kernel: float32 scores with the

@@ -145,7 +145,7 @@ impl Operator for SoftmaxCrossEntropy {
     }
 }
 
-/// One row's log-softmax: `lp = x - max - ln(sum(exp(x - max)))`.
+/// One row's log-softmax: `lp = x - (max + ln(sum(exp(x - max))))`.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma"))]
 fn log_softmax_row(x: &[f32], lp: &mut [f32]) {
     let mut m = [f32::NEG_INFINITY; LANES];

@@ -1,7 +1,7 @@
-//! `exp` and `erf` for float32 written branch-free, so that a loop over a slice calling
-//! them vectorizes (the loops sit in `multiversion` functions, which compile them for
+//! `exp` for float32 written branch-free, so that a loop over a slice calling
+//! it vectorizes (the loops sit in `multiversion` functions, which compile them for
 //! AVX2 and AVX-512 as well). The standard library's `f32::exp` is a call into libm per
-//! element, which no loop vectorizes, and Rust's standard library has no `erf`.
+//! element, which no loop vectorizes.
 //!
 //! `exp`: Cody-Waite range reduction, `x = n ln 2 + r` with `|r| <= ln 2 / 2`, and
 //! Cephes' degree-7 polynomial for `e^r` (relative error about 2 ulp), scaled by `2^n`
@@ -9,11 +9,7 @@
 //! result would be subnormal) the result is 0, never a subnormal, which would slow every
 //! later product it meets by orders of magnitude.
 //!
-//! `erf`: Abramowitz and Stegun 7.1.26, `1 - t (a1 + t (a2 + ...)) e^(-x^2)` with `t = 1 /
-//! (1 + p |x|)` (absolute error below 1.5e-7), and below `|x| = 0.6`, where that is 1
-//! minus nearly 1, erf's Taylor series to `x^13`: below 2.5e-7 absolute in float32.
-//!
-//! No crate offers these as inlinable, vectorizable float32 functions (`libm` is scalar).
+//! No crate offers it as an inlinable, vectorizable float32 function (`libm` is scalar).
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// `ln 2` in two parts: `n * LN2_HI` is exact for the `n` that occur.
@@ -49,30 +45,6 @@ pub(crate) fn exp(x: f32) -> f32 {
     }
 }
 
-/// `erf(x)`, and `e^(-x^2)` which it computes on the way (GELU's backward reuses it).
-#[inline(always)]
-pub(crate) fn erf_and_gauss(x: f32) -> (f32, f32) {
-    let a = x.abs();
-    let t = 1.0 / (1.0 + 0.327_591_1 * a);
-    let q = 1.061_405_4;
-    let q = q * t - 1.453_152;
-    let q = q * t + 1.421_413_8;
-    let q = q * t - 0.284_496_74;
-    let q = q * t + 0.254_829_6;
-    let u = x * x;
-    let gauss = exp(-u);
-    let tail = (1.0 - q * t * gauss).copysign(x);
-    // Near 0 that is 1 minus nearly 1: the Taylor series instead (to u^6, error < 1e-9).
-    let series = 1.0 / 9360.0;
-    let series = series * u - 1.0 / 1320.0;
-    let series = series * u + 1.0 / 216.0;
-    let series = series * u - 1.0 / 42.0;
-    let series = series * u + 0.1;
-    let series = series * u - 1.0 / 3.0;
-    let series = (series * u + 1.0) * x * std::f32::consts::FRAC_2_SQRT_PI;
-    (if a < 0.6 { series } else { tail }, gauss)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,21 +75,5 @@ mod tests {
         assert_eq!(exp(-1000.0), 0.0);
         assert!(exp(-87.3) >= f32::MIN_POSITIVE);
         assert!(exp(1000.0).is_finite() && exp(f32::INFINITY).is_finite());
-    }
-
-    #[test]
-    fn erf_is_within_2_5e7_absolute() {
-        for x in grid() {
-            let want = libm::erf(x as f64);
-            let (got, gauss) = erf_and_gauss(x);
-            assert!(
-                (got as f64 - want).abs() < 2.5e-7,
-                "erf({x}) = {got}, not {want}"
-            );
-            // e^(-x^2) of the float32 square (its rounding is the input's, not exp's).
-            let g = (-((x * x) as f64)).exp();
-            let underflows = g < f32::MIN_POSITIVE as f64 && gauss == 0.0;
-            assert!((gauss as f64 - g).abs() <= 3.0 * g * f32::EPSILON as f64 || underflows);
-        }
     }
 }

@@ -1,6 +1,6 @@
 //! Fused CPU kernels registered with ONNX Runtime as custom operators of pipetrain's
 //! domain (`graph::custom_ops`), for what stock ONNX Runtime runs as many small kernels:
-//! one module per kernel family, `math` for the vectorizable `exp` and `erf` they share.
+//! one module per kernel family, `math` for the vectorizable `exp` they share.
 //!
 //! Written here because no crate offers ONNX Runtime kernels; vectorized for the machine
 //! it runs on (`multiversion`), as the Adam loop is, and cut into a fixed number of
@@ -8,7 +8,6 @@
 //! thread count.
 
 mod cross_entropy;
-mod gelu;
 mod layer_norm;
 pub(crate) mod math;
 mod softmax;
@@ -19,7 +18,6 @@ use ort::operator::ComputeContext;
 use ort::value::ValueRef;
 
 pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
-pub(crate) use gelu::{Gelu, GeluGrad};
 pub(crate) use layer_norm::LayerNormGrad;
 pub(crate) use softmax::{Softmax, SoftmaxGrad};
 

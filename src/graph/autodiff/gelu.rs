@@ -21,7 +21,7 @@ use crate::tensor::{DType, Tensor};
 
 /// One GELU found in a forward graph, named by its values.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Gelu {
+pub(super) struct Gelu {
     /// The input.
     pub x: String,
     /// `x / k` (or `x * c`).
@@ -34,7 +34,7 @@ pub(crate) struct Gelu {
 /// Every inner value must be read by the next node of the chain only (a value read
 /// elsewhere too gets its gradient node by node), and the constants (`k` or `c`, 1 and
 /// 0.5) must be constants, not values computed from what is differentiated.
-pub(crate) fn find(
+pub(super) fn find(
     fwd: &Graph,
     consts: &HashMap<String, Tensor>,
     is_variable: &dyn Fn(&str) -> bool,

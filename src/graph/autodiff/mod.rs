@@ -8,7 +8,7 @@
 
 mod emit;
 mod fold;
-pub(crate) mod gelu;
+mod gelu;
 mod rules;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

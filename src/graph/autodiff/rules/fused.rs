@@ -6,8 +6,8 @@ use super::elementwise::shape;
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
 use crate::graph::custom_ops::{
-    DOMAIN, GELU, GELU_GRAD, LAYER_NORM_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
-    SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
+    DOMAIN, LAYER_NORM_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD,
+    SOFTMAX_GRAD,
 };
 use crate::tensor::DType;
 use crate::Result;
@@ -16,12 +16,6 @@ use crate::Result;
 /// fused backward.
 pub fn rule(op_type: &str) -> Option<super::Rule> {
     let rule: super::Rule = match op_type {
-        GELU => |c| {
-            let (dy, x) = (c.dy(0)?, c.input(0).to_string());
-            let dx = c.e.fresh("dX");
-            c.e.node(GELU_GRAD, DOMAIN, &[&dy, &x], &[&dx], vec![]);
-            Ok(vec![Some(dx)])
-        },
         SOFTMAX => |c| {
             let (dy, y) = (c.dy(0)?, c.output(0).to_string());
             let dx = c.e.fresh("dX");
