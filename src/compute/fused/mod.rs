@@ -9,7 +9,7 @@
 
 mod cross_entropy;
 mod layer_norm;
-pub(crate) mod math;
+mod math;
 mod softmax;
 
 use std::sync::Mutex;
