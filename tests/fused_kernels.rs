@@ -1,4 +1,4 @@
-//! pipetrain's fused kernels (custom operators in its backward graphs): each against
+//! pipetrain's fused kernels (custom operators in its training graphs): each against
 //! the standard-op graph it replaces and central finite differences, and training with
 //! and without them (`runtime.fused_kernels`). The float32 LayerNormalization case of
 //! `tests/grad_ops.rs` also runs with fused kernels on.
@@ -8,7 +8,7 @@ mod common;
 use common::gradcheck::{check, GradCheck, Rng, F32};
 use pipetrain::compute::{SessionOptions, TensorMap, TrainSession};
 use pipetrain::graph::custom_ops::{
-    DOMAIN, LAYER_NORM_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD,
+    DOMAIN, GELU_GRAD, LAYER_NORM_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD,
     SOFTMAX_GRAD,
 };
 use pipetrain::graph::{build_training_graph, make_node, untyped_value_info};
@@ -65,6 +65,36 @@ fn weighted_sum(node: NodeProto, mut inits: Vec<(&str, Tensor)>, shape: &[usize]
         }),
         ..Default::default()
     }
+}
+
+/// `loss = sum(GELU(X) * R)` with GELU as PyTorch exports `nn.GELU()`: `x / sqrt 2`
+/// (or `x * (1 / sqrt 2)`), `Erf`, `+ 1`, `x *`, `* 0.5`.
+fn gelu_model(by_mul: bool) -> ModelProto {
+    let mut r = Rng::new(13);
+    let shape = [5, 7, 67];
+    let scalar = |v: f32| Tensor::f32(vec![], vec![v]).unwrap();
+    let inits = vec![
+        ("X", r.tensor(DType::F32, &shape, -5.0, 5.0)),
+        ("k", scalar(std::f32::consts::SQRT_2)),
+        ("c", scalar(std::f32::consts::FRAC_1_SQRT_2)),
+        ("one", scalar(1.0)),
+        ("half", scalar(0.5)),
+    ];
+    let scale = match by_mul {
+        false => make_node("Div", "div", &["X", "k"], &["t"], vec![]),
+        true => make_node("Mul", "mul", &["c", "X"], &["t"], vec![]),
+    };
+    let mut chain = vec![
+        scale,
+        make_node("Erf", "erf", &["t"], &["e"], vec![]),
+        make_node("Add", "add", &["e", "one"], &["a"], vec![]),
+        make_node("Mul", "times", &["X", "a"], &["m"], vec![]),
+        make_node("Mul", "halve", &["m", "half"], &["Y"], vec![]),
+    ];
+    let last = chain.pop().unwrap();
+    let mut model = weighted_sum(last, inits, &shape);
+    model.graph.as_mut().unwrap().node.splice(0..0, chain);
+    model
 }
 
 /// The training graph and the gradients of `wrt`, with or without fused kernels.
@@ -180,6 +210,33 @@ fn softmax_grad_gives_the_standard_op_graphs_gradient_and_finite_differences() {
         .param("X", r.tensor(DType::F32, &[2, 3, 11], -2.0, 2.0))
         .node("Softmax", &["X"], &["Y"], vec![]);
     check("Softmax float32, fused", case, F32);
+}
+
+#[test]
+fn gelu_grad_gives_the_standard_op_graphs_gradient_and_finite_differences() {
+    for by_mul in [false, true] {
+        let model = gelu_model(by_mul);
+        let (fused_tg, fused) = gradients(&model, true, &["X"]);
+        let (plain_tg, plain) = gradients(&model, false, &["X"]);
+        assert_eq!(fused_nodes(&fused_tg, GELU_GRAD), 1, "seven kernels as one");
+        assert_eq!(fused_nodes(&plain_tg, GELU_GRAD), 0);
+        // The forward is ONNX Runtime's either way: the same loss, bit for bit.
+        assert_eq!(fused["loss"].to_f64_vec(), plain["loss"].to_f64_vec());
+        // The same arithmetic in the same order but for `exp` (within 3 ulp).
+        assert_same(&format!("by_mul {by_mul}"), &fused, &plain, &["X"], 1e-6);
+    }
+    let scalar = |v: f32| Tensor::f32(vec![], vec![v]).unwrap();
+    let case = GradCheck::new(17)
+        .param("X", Rng::new(21).tensor(DType::F32, &[3, 29], -3.0, 3.0))
+        .constant("k", scalar(std::f32::consts::SQRT_2))
+        .constant("one", scalar(1.0))
+        .constant("half", scalar(0.5))
+        .node("Div", &["X", "k"], &["t"], vec![])
+        .node("Erf", &["t"], &["e"], vec![])
+        .node("Add", &["one", "e"], &["a"], vec![])
+        .node("Mul", &["a", "X"], &["m"], vec![])
+        .node("Mul", &["half", "m"], &["Y"], vec![]);
+    check("GELU float32, fused backward", case, F32);
 }
 
 /// `logits = X @ W` (`[rows, classes]`), softmax cross-entropy against `labels`.

@@ -22,3 +22,6 @@ pub const SOFTMAX: &str = "Softmax";
 pub const SOFTMAX_CROSS_ENTROPY: &str = "SoftmaxCrossEntropy";
 /// Its backward: `dloss, log_prob, labels` in, `dscores` out (same attributes).
 pub const SOFTMAX_CROSS_ENTROPY_GRAD: &str = "SoftmaxCrossEntropyGrad";
+/// GELU's backward as PyTorch exports it (erf form), from the forward's `t = x / k` and
+/// `a = 1 + erf(t)`: `dY, T, A` in, `dX` out.
+pub const GELU_GRAD: &str = "GeluGrad";

@@ -8,6 +8,7 @@
 //! thread count.
 
 mod cross_entropy;
+mod gelu;
 mod layer_norm;
 mod math;
 mod softmax;
@@ -18,6 +19,7 @@ use ort::operator::ComputeContext;
 use ort::value::ValueRef;
 
 pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
+pub(crate) use gelu::GeluGrad;
 pub(crate) use layer_norm::LayerNormGrad;
 pub(crate) use softmax::{Softmax, SoftmaxGrad};
 

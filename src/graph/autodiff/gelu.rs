@@ -136,6 +136,14 @@ pub(super) fn backward(e: &mut Emitter, g: &Gelu, dy: &str, dtype: DType) -> Str
     e.mul(dy, &d)
 }
 
+/// The same gradient as one fused kernel (`GeluGrad`), float32 with fused kernels on.
+pub(super) fn fused_backward(e: &mut Emitter, g: &Gelu, dy: &str) -> String {
+    use crate::graph::custom_ops::{DOMAIN, GELU_GRAD};
+    let dx = e.fresh("dX");
+    e.node(GELU_GRAD, DOMAIN, &[dy, &g.t, &g.a], &[&dx], vec![]);
+    dx
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
