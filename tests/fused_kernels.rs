@@ -8,8 +8,8 @@ mod common;
 use common::gradcheck::{check, GradCheck, Rng, F32};
 use pipetrain::compute::{SessionOptions, TensorMap, TrainSession};
 use pipetrain::graph::custom_ops::{
-    DOMAIN, GELU_GRAD, LAYER_NORM_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD,
-    SOFTMAX_GRAD,
+    DOMAIN, GELU_GRAD, LAYER_NORM_GRAD, RELU_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
+    SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
 };
 use pipetrain::graph::{build_training_graph, make_node, untyped_value_info};
 use pipetrain::graph::{LossSpec, TrainOptions, TrainingGraph};
@@ -237,6 +237,25 @@ fn gelu_grad_gives_the_standard_op_graphs_gradient_and_finite_differences() {
         .node("Mul", &["a", "X"], &["m"], vec![])
         .node("Mul", &["half", "m"], &["Y"], vec![]);
     check("GELU float32, fused backward", case, F32);
+}
+
+#[test]
+fn relu_grad_gives_the_standard_op_graphs_gradient_bit_for_bit() {
+    let mut r = Rng::new(23);
+    let mut x = r.tensor(DType::F32, &[9, 77], -1.0, 1.0);
+    if let pipetrain::tensor::TensorData::F32(v) = &mut x.data {
+        v[..5].fill(0.0); // at the kink: no gradient, as `Greater` says
+    }
+    let model = weighted_sum(
+        make_node("Relu", "relu", &["X"], &["Y"], vec![]),
+        vec![("X", x)],
+        &[9, 77],
+    );
+    let (fused_tg, fused) = gradients(&model, true, &["X"]);
+    let (plain_tg, plain) = gradients(&model, false, &["X"]);
+    assert_eq!(fused_nodes(&fused_tg, RELU_GRAD), 1, "two kernels as one");
+    assert_eq!(fused_nodes(&plain_tg, RELU_GRAD), 0);
+    assert_eq!(fused["X"].to_f64_vec(), plain["X"].to_f64_vec());
 }
 
 /// `logits = X @ W` (`[rows, classes]`), softmax cross-entropy against `labels`.

@@ -143,6 +143,7 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
         .add(super::fused::SoftmaxGrad)?
         .add(super::fused::Softmax)?
         .add(super::fused::GeluGrad)?
+        .add(super::fused::ReluGrad)?
         .add(super::fused::SoftmaxCrossEntropy)?
         .add(super::fused::SoftmaxCrossEntropyGrad)
 }

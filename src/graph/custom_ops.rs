@@ -25,3 +25,5 @@ pub const SOFTMAX_CROSS_ENTROPY_GRAD: &str = "SoftmaxCrossEntropyGrad";
 /// GELU's backward as PyTorch exports it (erf form), from the forward's `t = x / k` and
 /// `a = 1 + erf(t)`: `dY, T, A` in, `dX` out.
 pub const GELU_GRAD: &str = "GeluGrad";
+/// ReLU's backward: `dY, X` in, `dX = X > 0 ? dY : 0` out.
+pub const RELU_GRAD: &str = "ReluGrad";

@@ -7,8 +7,8 @@
 //! blocks for ONNX Runtime's intra-op threads, so that results do not depend on the
 //! thread count.
 
+mod activation;
 mod cross_entropy;
-mod gelu;
 mod layer_norm;
 mod math;
 mod softmax;
@@ -18,8 +18,8 @@ use std::sync::Mutex;
 use ort::operator::ComputeContext;
 use ort::value::ValueRef;
 
+pub(crate) use activation::{GeluGrad, ReluGrad};
 pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
-pub(crate) use gelu::GeluGrad;
 pub(crate) use layer_norm::LayerNormGrad;
 pub(crate) use softmax::{Softmax, SoftmaxGrad};
 

@@ -189,7 +189,10 @@ fn rectifier(ctx: &mut RuleCtx, slope: f64) -> Result<Grads> {
 }
 
 pub fn relu(ctx: &mut RuleCtx) -> Result<Grads> {
-    rectifier(ctx, 0.0)
+    match super::fused::relu(ctx)? {
+        Some(dx) => Ok(vec![Some(dx)]),
+        None => rectifier(ctx, 0.0),
+    }
 }
 
 pub fn leaky_relu(ctx: &mut RuleCtx) -> Result<Grads> {

@@ -6,7 +6,7 @@ use super::elementwise::shape;
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
 use crate::graph::custom_ops::{
-    DOMAIN, LAYER_NORM_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD,
+    DOMAIN, LAYER_NORM_GRAD, RELU_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD,
     SOFTMAX_GRAD,
 };
 use crate::tensor::DType;
@@ -34,6 +34,19 @@ pub fn rule(op_type: &str) -> Option<super::Rule> {
         _ => return None,
     };
     Some(rule)
+}
+
+/// ReLU's backward as `ReluGrad`, when fused kernels are on and the input is float32.
+/// `None`: emit the standard ops.
+pub fn relu(ctx: &mut RuleCtx) -> Result<Option<String>> {
+    let x = ctx.input(0).to_string();
+    if !ctx.e.fused || !ctx.metas.get(&x).is_some_and(|m| m.dtype == DType::F32) {
+        return Ok(None);
+    }
+    let dy = ctx.dy(0)?;
+    let dx = ctx.e.fresh("dX");
+    ctx.e.node(RELU_GRAD, DOMAIN, &[&dy, &x], &[&dx], vec![]);
+    Ok(Some(dx))
 }
 
 /// Softmax's backward as `SoftmaxGrad`, when fused kernels are on, the output is
