@@ -8,7 +8,7 @@ mod common;
 use common::gradcheck::{check, GradCheck, Rng, F32};
 use pipetrain::compute::{SessionOptions, TensorMap, TrainSession};
 use pipetrain::graph::custom_ops::{
-    DOMAIN, GELU_GRAD, LAYER_NORM_GRAD, RELU_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
+    DOMAIN, GELU_FROM_ERF, GELU_GRAD, LAYER_NORM_GRAD, RELU_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
     SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
 };
 use pipetrain::graph::{build_training_graph, make_node, untyped_value_info};
@@ -213,14 +213,19 @@ fn softmax_grad_gives_the_standard_op_graphs_gradient_and_finite_differences() {
 }
 
 #[test]
-fn gelu_grad_gives_the_standard_op_graphs_gradient_and_finite_differences() {
+fn gelu_kernels_give_the_standard_op_graphs_loss_gradient_and_finite_differences() {
     for by_mul in [false, true] {
         let model = gelu_model(by_mul);
         let (fused_tg, fused) = gradients(&model, true, &["X"]);
         let (plain_tg, plain) = gradients(&model, false, &["X"]);
+        assert_eq!(
+            fused_nodes(&fused_tg, GELU_FROM_ERF),
+            1,
+            "three kernels as one"
+        );
         assert_eq!(fused_nodes(&fused_tg, GELU_GRAD), 1, "seven kernels as one");
         assert_eq!(fused_nodes(&plain_tg, GELU_GRAD), 0);
-        // The forward is ONNX Runtime's either way: the same loss, bit for bit.
+        // The forward's arithmetic is the exported form's: the same loss, bit for bit.
         assert_eq!(fused["loss"].to_f64_vec(), plain["loss"].to_f64_vec());
         // The same arithmetic in the same order but for `exp` (within 3 ulp).
         assert_same(&format!("by_mul {by_mul}"), &fused, &plain, &["X"], 1e-6);
@@ -236,7 +241,7 @@ fn gelu_grad_gives_the_standard_op_graphs_gradient_and_finite_differences() {
         .node("Add", &["one", "e"], &["a"], vec![])
         .node("Mul", &["a", "X"], &["m"], vec![])
         .node("Mul", &["half", "m"], &["Y"], vec![]);
-    check("GELU float32, fused backward", case, F32);
+    check("GELU float32, fused", case, F32);
 }
 
 #[test]

@@ -142,6 +142,7 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
         .add(super::fused::LayerNormGrad)?
         .add(super::fused::SoftmaxGrad)?
         .add(super::fused::Softmax)?
+        .add(super::fused::GeluFromErf)?
         .add(super::fused::GeluGrad)?
         .add(super::fused::ReluGrad)?
         .add(super::fused::SoftmaxCrossEntropy)?

@@ -22,8 +22,10 @@ pub const SOFTMAX: &str = "Softmax";
 pub const SOFTMAX_CROSS_ENTROPY: &str = "SoftmaxCrossEntropy";
 /// Its backward: `dloss, log_prob, labels` in, `dscores` out (same attributes).
 pub const SOFTMAX_CROSS_ENTROPY_GRAD: &str = "SoftmaxCrossEntropyGrad";
-/// GELU's backward as PyTorch exports it (erf form), from the forward's `t = x / k` and
-/// `a = 1 + erf(t)`: `dY, T, A` in, `dX` out.
+/// The end of PyTorch's erf GELU, from its own `t = x / sqrt 2` and `e = erf(t)`: `X, T,
+/// E` in, `Y = (X * (E + 1)) * 0.5` out.
+pub const GELU_FROM_ERF: &str = "GeluFromErf";
+/// Its backward: `dY, T, E` in, `dX` out.
 pub const GELU_GRAD: &str = "GeluGrad";
 /// ReLU's backward: `dY, X` in, `dX = X > 0 ? dY : 0` out.
 pub const RELU_GRAD: &str = "ReluGrad";

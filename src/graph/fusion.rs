@@ -1,16 +1,20 @@
 //! The training graph's forward part with pipetrain's fused kernels in place of the
 //! nodes they compute (`runtime.fused_kernels`): `Softmax` over the last axis as
-//! pipetrain's `Softmax`, and the `SoftmaxCrossEntropyLoss` pipetrain attaches as
-//! `SoftmaxCrossEntropy`; each gets its fused backward from the autodiff
+//! pipetrain's `Softmax`, the `SoftmaxCrossEntropyLoss` pipetrain attaches as
+//! `SoftmaxCrossEntropy`, and the last three nodes of PyTorch's erf GELU (`+ 1`, `x *`,
+//! `* 0.5`) as `GeluFromErf` (its `x / k` and `Erf` stay ONNX Runtime's, so its values
+//! are bit for bit the exported form's); each gets its fused backward from the autodiff
 //! (`autodiff::rules::fused`). Only float32 nodes whose shapes fit the kernels are
 //! replaced; the rest stay standard ONNX.
 //!
 //! Runs after the loss is attached and the values measured, before differentiation, on
 //! pipetrain's own graph only: graphs that leave pipetrain are built without it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use super::custom_ops::{DOMAIN, SOFTMAX, SOFTMAX_CROSS_ENTROPY};
+use super::autodiff::gelu;
+
+use super::custom_ops::{DOMAIN, GELU_FROM_ERF, SOFTMAX, SOFTMAX_CROSS_ENTROPY};
 use super::ir::{attr_i, attr_s, make_node, Graph, Metas};
 use crate::onnx::proto::NodeProto;
 use crate::tensor::DType;
@@ -18,6 +22,7 @@ use crate::tensor::DType;
 /// How many nodes of each kind [`fuse_forward`] replaced.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Fused {
+    pub gelu: usize,
     pub softmax: usize,
     pub cross_entropy: usize,
 }
@@ -25,7 +30,7 @@ pub struct Fused {
 impl Fused {
     /// Whether any node was replaced.
     pub fn any(&self) -> bool {
-        self.softmax + self.cross_entropy > 0
+        self.gelu + self.softmax + self.cross_entropy > 0
     }
 }
 
@@ -35,6 +40,24 @@ pub fn fuse_forward(g: &mut Graph, metas: &Metas) -> Fused {
     let is_f32 = |v: &str| metas.get(v).is_some_and(|m| m.dtype == DType::F32);
     let mut fused = Fused::default();
     let mut replace: HashMap<usize, NodeProto> = HashMap::new();
+    let mut drop: HashSet<usize> = HashSet::new();
+
+    // GELU: `a = e + 1` and `m = x * a` dropped, `y = m * 0.5` made from `x, t, e`.
+    let consumers = g.consumers();
+    let producers = g.producers();
+    for (&half, chain) in &gelu::find(g, &g.constants(), &|_| false) {
+        if !is_f32(&chain.x) {
+            continue;
+        }
+        let erf = &g.nodes[consumers[chain.t.as_str()][0]];
+        let (add, times) = (producers[chain.a.as_str()], consumers[chain.a.as_str()][0]);
+        let inputs = [chain.x.as_str(), &chain.t, &erf.output[0]];
+        let name = format!("{}/fused", g.nodes[half].name);
+        let y = g.nodes[half].output[0].clone();
+        replace.insert(half, custom(GELU_FROM_ERF, &name, &inputs, &[&y], vec![]));
+        drop.extend([add, times]);
+        fused.gelu += 1;
+    }
 
     let opset = g.opset();
     for (i, n) in g.nodes.iter().enumerate() {
@@ -72,6 +95,7 @@ pub fn fuse_forward(g: &mut Graph, metas: &Metas) -> Fused {
         g.nodes = nodes
             .into_iter()
             .enumerate()
+            .filter(|(i, _)| !drop.contains(i))
             .map(|(i, n)| replace.remove(&i).unwrap_or(n))
             .collect();
         g.import_domain(DOMAIN, 1);

@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use ort::operator::ComputeContext;
 use ort::value::ValueRef;
 
-pub(crate) use activation::{GeluGrad, ReluGrad};
+pub(crate) use activation::{GeluFromErf, GeluGrad, ReluGrad};
 pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
 pub(crate) use layer_norm::LayerNormGrad;
 pub(crate) use softmax::{Softmax, SoftmaxGrad};

@@ -21,7 +21,7 @@ use crate::tensor::{DType, Tensor};
 
 /// One GELU found in a forward graph, named by its values.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Gelu {
+pub(crate) struct Gelu {
     /// The input.
     pub x: String,
     /// `x / k` (or `x * c`).
@@ -34,7 +34,7 @@ pub(super) struct Gelu {
 /// Every inner value must be read by the next node of the chain only (a value read
 /// elsewhere too gets its gradient node by node), and the constants (`k` or `c`, 1 and
 /// 0.5) must be constants, not values computed from what is differentiated.
-pub(super) fn find(
+pub(crate) fn find(
     fwd: &Graph,
     consts: &HashMap<String, Tensor>,
     is_variable: &dyn Fn(&str) -> bool,
@@ -134,14 +134,6 @@ pub(super) fn backward(e: &mut Emitter, g: &Gelu, dy: &str, dtype: DType) -> Str
     let level = e.mul(&g.a, &half);
     let d = e.op("Add", &[&level, &slope], vec![]);
     e.mul(dy, &d)
-}
-
-/// The same gradient as one fused kernel (`GeluGrad`), float32 with fused kernels on.
-pub(super) fn fused_backward(e: &mut Emitter, g: &Gelu, dy: &str) -> String {
-    use crate::graph::custom_ops::{DOMAIN, GELU_GRAD};
-    let dx = e.fresh("dX");
-    e.node(GELU_GRAD, DOMAIN, &[dy, &g.t, &g.a], &[&dx], vec![]);
-    dx
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 
 mod emit;
 mod fold;
-mod gelu;
+pub(crate) mod gelu;
 mod rules;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -227,10 +227,7 @@ pub fn differentiate(
         if let Some(g) = gelus.get(&i) {
             if let Some(dy) = dy[0].as_deref().filter(|_| useful.contains(g.x.as_str())) {
                 let t = metas.get(g.x.as_str()).map_or(DType::F32, |m| m.dtype);
-                let dx = match e.fused && t == DType::F32 {
-                    true => gelu::fused_backward(&mut e, g, dy),
-                    false => gelu::backward(&mut e, g, dy, t),
-                };
+                let dx = gelu::backward(&mut e, g, dy, t);
                 contributions.entry(g.x.clone()).or_default().push(dx);
             }
             continue;

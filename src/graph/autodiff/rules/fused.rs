@@ -6,8 +6,8 @@ use super::elementwise::shape;
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
 use crate::graph::custom_ops::{
-    DOMAIN, LAYER_NORM_GRAD, RELU_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD,
-    SOFTMAX_GRAD,
+    DOMAIN, GELU_FROM_ERF, GELU_GRAD, LAYER_NORM_GRAD, RELU_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
+    SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
 };
 use crate::tensor::DType;
 use crate::Result;
@@ -16,6 +16,14 @@ use crate::Result;
 /// fused backward.
 pub fn rule(op_type: &str) -> Option<super::Rule> {
     let rule: super::Rule = match op_type {
+        // GELU's whole derivative lands on `x`; `t` and `e` get none (they are functions
+        // of `x` the derivative already accounts for).
+        GELU_FROM_ERF => |c| {
+            let (dy, t, e) = (c.dy(0)?, c.input(1).to_string(), c.input(2).to_string());
+            let dx = c.e.fresh("dX");
+            c.e.node(GELU_GRAD, DOMAIN, &[&dy, &t, &e], &[&dx], vec![]);
+            Ok(vec![Some(dx), None, None])
+        },
         SOFTMAX => |c| {
             let (dy, y) = (c.dy(0)?, c.output(0).to_string());
             let dx = c.e.fresh("dX");
