@@ -140,11 +140,11 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
             sums: false,
         })?
         .add(super::fused::LayerNormGrad)?
-        .add(super::fused::SoftmaxGrad)?
-        .add(super::fused::Softmax)?
-        .add(super::fused::GeluFromErf)?
-        .add(super::fused::GeluGrad)?
-        .add(super::fused::ReluGrad)?
+        .add(super::fused::SOFTMAX_GRAD_OP)?
+        .add(super::fused::SOFTMAX_OP)?
+        .add(super::fused::GELU_FROM_ERF_OP)?
+        .add(super::fused::GELU_GRAD_OP)?
+        .add(super::fused::RELU_GRAD_OP)?
         .add(super::fused::SoftmaxCrossEntropy)?
         .add(super::fused::SoftmaxCrossEntropyGrad)
 }

@@ -11,6 +11,7 @@ mod activation;
 mod cross_entropy;
 mod layer_norm;
 mod math;
+mod pointwise;
 mod softmax;
 
 use std::sync::Mutex;
@@ -18,10 +19,10 @@ use std::sync::Mutex;
 use ort::operator::ComputeContext;
 use ort::value::ValueRef;
 
-pub(crate) use activation::{GeluFromErf, GeluGrad, ReluGrad};
+pub(crate) use activation::{GELU_FROM_ERF_OP, GELU_GRAD_OP, RELU_GRAD_OP};
 pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
 pub(crate) use layer_norm::LayerNormGrad;
-pub(crate) use softmax::{Softmax, SoftmaxGrad};
+pub(crate) use softmax::{SOFTMAX_GRAD_OP, SOFTMAX_OP};
 
 /// Blocks a kernel call is cut into for ONNX Runtime's intra-op threads: fixed, so that
 /// sums over blocks (in block order) do not depend on the threads.

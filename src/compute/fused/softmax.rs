@@ -10,55 +10,29 @@
 //! in one pass per row where the standard-op form is four kernels (a product, a
 //! reduction, a broadcast difference, a product).
 
-use ort::operator::{
-    BoxedKernel, ComputeContext, KernelContext, Operator, OperatorInput, OperatorOutput,
-};
-use ort::value::TensorElementType;
-
-use super::{input, math, par_blocks, LANES};
+use super::pointwise::Pointwise;
+use super::{math, LANES};
 use crate::graph::custom_ops::{SOFTMAX, SOFTMAX_GRAD};
 
 /// Softmax over the last axis as one kernel.
-pub(crate) struct Softmax;
+pub(crate) const SOFTMAX_OP: Pointwise = Pointwise {
+    name: SOFTMAX,
+    inputs: 1,
+    rows: true,
+    block: |i, y, cols| {
+        for (x, y) in i[0].chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
+            softmax_row(x, y);
+        }
+    },
+};
 
-impl Operator for Softmax {
-    type Kernel<'attr> = BoxedKernel<'attr>;
-
-    fn name(&self) -> &str {
-        SOFTMAX
-    }
-
-    fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
-        [OperatorInput::required(TensorElementType::Float32)]
-    }
-
-    fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
-        [OperatorOutput::required(TensorElementType::Float32)]
-    }
-
-    fn create_kernel<'attr>(&self, _: &KernelContext<'attr>) -> ort::Result<Self::Kernel<'attr>> {
-        Ok(Box::new(|ctx: &ComputeContext| {
-            let x = input(ctx, SOFTMAX, 0)?;
-            let (shape, x) = x.try_extract_tensor::<f32>()?;
-            let cols = last_axis(shape);
-            let mut y = ctx
-                .output(0, shape.to_vec())?
-                .ok_or_else(|| ort::Error::new("Softmax: no output"))?;
-            let (_, y) = y.try_extract_tensor_mut::<f32>()?;
-            par_blocks(ctx, y, cols, |at, y| {
-                let x = &x[at..at + y.len()];
-                for (x, y) in x.chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
-                    softmax_row(x, y);
-                }
-            })
-        }))
-    }
-}
-
-/// The length of the last axis (1 for a scalar).
-fn last_axis(shape: &[i64]) -> usize {
-    shape.last().copied().unwrap_or(1).max(1) as usize
-}
+/// Softmax's backward over the last axis as one kernel: `dY, Y` in.
+pub(crate) const SOFTMAX_GRAD_OP: Pointwise = Pointwise {
+    name: SOFTMAX_GRAD,
+    inputs: 2,
+    rows: true,
+    block: |i, dx, cols| softmax_grad(i[0], i[1], cols, dx),
+};
 
 /// One row of `Softmax`.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma"))]
@@ -80,49 +54,6 @@ pub(crate) fn softmax_row(x: &[f32], y: &mut [f32]) {
     }
     let inv = 1.0 / super::lane_sum(y);
     y.iter_mut().for_each(|y| *y *= inv);
-}
-
-/// Softmax's backward over the last axis as one kernel.
-pub(crate) struct SoftmaxGrad;
-
-impl Operator for SoftmaxGrad {
-    type Kernel<'attr> = BoxedKernel<'attr>;
-
-    fn name(&self) -> &str {
-        SOFTMAX_GRAD
-    }
-
-    fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
-        (0..2).map(|_| OperatorInput::required(TensorElementType::Float32))
-    }
-
-    fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
-        [OperatorOutput::required(TensorElementType::Float32)]
-    }
-
-    fn create_kernel<'attr>(&self, _: &KernelContext<'attr>) -> ort::Result<Self::Kernel<'attr>> {
-        Ok(Box::new(|ctx: &ComputeContext| {
-            let (dy, y) = (input(ctx, SOFTMAX_GRAD, 0)?, input(ctx, SOFTMAX_GRAD, 1)?);
-            let (shape, y) = y.try_extract_tensor::<f32>()?;
-            let (_, dy) = dy.try_extract_tensor::<f32>()?;
-            let cols = last_axis(shape);
-            if dy.len() != y.len() || y.len() % cols != 0 {
-                return Err(ort::Error::new(format!(
-                    "SoftmaxGrad: Y of {} values in rows of {cols}, dY {}",
-                    y.len(),
-                    dy.len()
-                )));
-            }
-            let mut dx = ctx
-                .output(0, shape.to_vec())?
-                .ok_or_else(|| ort::Error::new("SoftmaxGrad: no dX"))?;
-            let (_, dx) = dx.try_extract_tensor_mut::<f32>()?;
-            par_blocks(ctx, dx, cols, |at, dx| {
-                let end = at + dx.len();
-                softmax_grad(&dy[at..end], &y[at..end], cols, dx);
-            })
-        }))
-    }
 }
 
 /// Softmax's backward over rows of `cols`: `dx = y * (dy - sum(dy * y))`.
