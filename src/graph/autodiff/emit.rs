@@ -78,6 +78,14 @@ impl Emitter {
         out
     }
 
+    /// Emits one of pipetrain's own operators (`graph::custom_ops`) with one output and
+    /// returns it.
+    pub fn custom_op(&mut self, op: &str, inputs: &[&str], attrs: Vec<AttributeProto>) -> String {
+        let out = self.fresh(op);
+        self.node(op, crate::graph::custom_ops::DOMAIN, inputs, &[&out], attrs);
+        out
+    }
+
     /// Emits a node with `n` outputs and returns them.
     pub fn op_n(
         &mut self,

@@ -20,23 +20,19 @@ pub fn rule(op_type: &str) -> Option<super::Rule> {
         // of `x` the derivative already accounts for).
         GELU_FROM_ERF => |c| {
             let (dy, t, e) = (c.dy(0)?, c.input(1).to_string(), c.input(2).to_string());
-            let dx = c.e.fresh("dX");
-            c.e.node(GELU_GRAD, DOMAIN, &[&dy, &t, &e], &[&dx], vec![]);
+            let dx = c.e.custom_op(GELU_GRAD, &[&dy, &t, &e], vec![]);
             Ok(vec![Some(dx), None, None])
         },
         SOFTMAX => |c| {
             let (dy, y) = (c.dy(0)?, c.output(0).to_string());
-            let dx = c.e.fresh("dX");
-            c.e.node(SOFTMAX_GRAD, DOMAIN, &[&dy, &y], &[&dx], vec![]);
-            Ok(vec![Some(dx)])
+            Ok(vec![Some(c.e.custom_op(SOFTMAX_GRAD, &[&dy, &y], vec![]))])
         },
         SOFTMAX_CROSS_ENTROPY => |c| {
             let dloss = c.dy(0)?;
             let (log_prob, labels) = (c.output(1).to_string(), c.input(1).to_string());
-            let dx = c.e.fresh("dscores");
             let attrs = c.node.attribute.clone();
             let inputs = [dloss.as_str(), &log_prob, &labels];
-            c.e.node(SOFTMAX_CROSS_ENTROPY_GRAD, DOMAIN, &inputs, &[&dx], attrs);
+            let dx = c.e.custom_op(SOFTMAX_CROSS_ENTROPY_GRAD, &inputs, attrs);
             Ok(vec![Some(dx), None])
         },
         _ => return None,
@@ -44,31 +40,31 @@ pub fn rule(op_type: &str) -> Option<super::Rule> {
     Some(rule)
 }
 
+/// Whether `name` is a float32 value.
+fn is_f32(ctx: &RuleCtx, name: &str) -> bool {
+    !name.is_empty() && ctx.metas.get(name).is_some_and(|m| m.dtype == DType::F32)
+}
+
 /// ReLU's backward as `ReluGrad`, when fused kernels are on and the input is float32.
 /// `None`: emit the standard ops.
 pub fn relu(ctx: &mut RuleCtx) -> Result<Option<String>> {
     let x = ctx.input(0).to_string();
-    if !ctx.e.fused || !ctx.metas.get(&x).is_some_and(|m| m.dtype == DType::F32) {
+    if !ctx.e.fused || !is_f32(ctx, &x) {
         return Ok(None);
     }
     let dy = ctx.dy(0)?;
-    let dx = ctx.e.fresh("dX");
-    ctx.e.node(RELU_GRAD, DOMAIN, &[&dy, &x], &[&dx], vec![]);
-    Ok(Some(dx))
+    Ok(Some(ctx.e.custom_op(RELU_GRAD, &[&dy, &x], vec![])))
 }
 
 /// Softmax's backward as `SoftmaxGrad`, when fused kernels are on, the output is
 /// float32 and the softmax runs over the last axis. `None`: emit the standard ops.
 pub fn softmax(ctx: &mut RuleCtx, axis: usize) -> Result<Option<String>> {
     let y = ctx.output(0).to_string();
-    let f32_out = ctx.metas.get(&y).is_some_and(|m| m.dtype == DType::F32);
-    if !ctx.e.fused || !f32_out || axis + 1 != shape(ctx, &y)?.len() {
+    if !ctx.e.fused || !is_f32(ctx, &y) || axis + 1 != shape(ctx, &y)?.len() {
         return Ok(None);
     }
     let dy = ctx.dy(0)?;
-    let dx = ctx.e.fresh("dX");
-    ctx.e.node(SOFTMAX_GRAD, DOMAIN, &[&dy, &y], &[&dx], vec![]);
-    Ok(Some(dx))
+    Ok(Some(ctx.e.custom_op(SOFTMAX_GRAD, &[&dy, &y], vec![])))
 }
 
 /// LayerNormalization's backward as `LayerNormGrad`, when fused kernels are on and the
@@ -79,11 +75,8 @@ pub fn layer_norm(ctx: &mut RuleCtx, axis: usize) -> Result<Option<Grads>> {
     if !ctx.e.fused {
         return Ok(None);
     }
-    let f32_value = |ctx: &RuleCtx, name: &str| {
-        !name.is_empty() && ctx.metas.get(name).is_some_and(|m| m.dtype == DType::F32)
-    };
     let (x, scale, mean, inv) = (ctx.input(0), ctx.input(1), ctx.output(1), ctx.output(2));
-    if ![x, scale, mean, inv].iter().all(|v| f32_value(ctx, v)) {
+    if ![x, scale, mean, inv].iter().all(|v| is_f32(ctx, v)) {
         return Ok(None);
     }
     let sx = shape(ctx, x)?;

@@ -99,7 +99,7 @@ fn rule(op_type: &str) -> Option<Rule> {
 /// The gradient rule of one of pipetrain's tensor-shard collectives: Megatron-LM's
 /// pair, each the other's gradient.
 fn shard_rule(op_type: &str) -> Option<Rule> {
-    use crate::graph::tensor_parallel::{ALL_REDUCE, DOMAIN, SHARD_ENTRY};
+    use crate::graph::tensor_parallel::{ALL_REDUCE, SHARD_ENTRY};
     let rule: Rule = match op_type {
         // The sum of the shards' partial products: every shard's part gets the
         // (replicated) gradient of the sum.
@@ -108,9 +108,7 @@ fn shard_rule(op_type: &str) -> Option<Rule> {
         // the sum of the shards' partial gradients.
         SHARD_ENTRY => |c| {
             let dy = c.dy(0)?;
-            let out = c.e.fresh("shard_sum");
-            c.e.node(ALL_REDUCE, DOMAIN, &[&dy], &[&out], vec![]);
-            Ok(vec![Some(out)])
+            Ok(vec![Some(c.e.custom_op(ALL_REDUCE, &[&dy], vec![]))])
         },
         _ => return None,
     };

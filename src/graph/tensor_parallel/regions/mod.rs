@@ -28,6 +28,10 @@ struct Split {
     region: usize,
 }
 
+/// What a per-op rule gives: the split of each output it splits, or why the node cannot
+/// keep the split.
+type Step = Result<Vec<(String, Split)>, String>;
+
 /// A constant that a region node reads, rewritten for one shard.
 #[derive(Debug, Clone)]
 pub(super) enum NewConst {
@@ -309,13 +313,7 @@ impl<'a> Walk<'a> {
     }
 
     /// The split of `n`'s outputs from its split inputs `ins`, or why it cannot keep it.
-    fn step(
-        &mut self,
-        i: usize,
-        n: &NodeProto,
-        ins: &[(usize, Split)],
-        region: usize,
-    ) -> Result<Vec<(String, Split)>, String> {
+    fn step(&mut self, i: usize, n: &NodeProto, ins: &[(usize, Split)], region: usize) -> Step {
         if !n.domain.is_empty() && n.domain != "ai.onnx" {
             return Err(format!("`{}` of domain {}", n.op_type, n.domain));
         }

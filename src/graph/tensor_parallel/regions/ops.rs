@@ -2,7 +2,7 @@
 //! moves the split axis, which constants it rewrites for one shard, and where a
 //! row-parallel layer ends a region.
 
-use super::{NewConst, Split, Walk};
+use super::{NewConst, Split, Step, Walk};
 use crate::graph::ir::{attr_i, attr_ints, node_label};
 use crate::onnx::proto::NodeProto;
 
@@ -12,7 +12,7 @@ impl Walk<'_> {
         n: &NodeProto,
         ins: &[(usize, Split)],
         region: usize,
-    ) -> Result<Vec<(String, Split)>, String> {
+    ) -> Step {
         let ro = self.rank(&n.output[0]).ok_or("no shape")?;
         let mut axis = None;
         for &(k, s) in ins {
@@ -56,13 +56,7 @@ impl Walk<'_> {
             .collect())
     }
 
-    pub(super) fn reshape(
-        &mut self,
-        i: usize,
-        n: &NodeProto,
-        s: Split,
-        region: usize,
-    ) -> Result<Vec<(String, Split)>, String> {
+    pub(super) fn reshape(&mut self, i: usize, n: &NodeProto, s: Split, region: usize) -> Step {
         let target = self
             .const_ints(n, 1)
             .ok_or("reshapes to a computed shape")?;
@@ -120,7 +114,7 @@ impl Walk<'_> {
     }
 
     /// `Slice` along other axes than the split one keeps it.
-    pub(super) fn slice(&self, n: &NodeProto, s: Split) -> Result<Vec<(String, Split)>, String> {
+    pub(super) fn slice(&self, n: &NodeProto, s: Split) -> Step {
         let rank = self.rank(&n.input[0]).ok_or("no shape")? as i64;
         let starts = self.const_ints(n, 1).ok_or("slices by computed bounds")?;
         let axes = match n.input.get(3).filter(|v| !v.is_empty()) {
@@ -134,12 +128,7 @@ impl Walk<'_> {
     }
 
     /// `Concat` of split values along another axis keeps the split.
-    pub(super) fn concat(
-        &self,
-        n: &NodeProto,
-        ins: &[(usize, Split)],
-        region: usize,
-    ) -> Result<Vec<(String, Split)>, String> {
+    pub(super) fn concat(&self, n: &NodeProto, ins: &[(usize, Split)], region: usize) -> Step {
         let rank = self.rank(&n.output[0]).ok_or("no shape")? as i64;
         let axis = (attr_i(n, "axis").unwrap_or(0) + rank) % rank;
         let a = ins[0].1.axis;
@@ -154,12 +143,7 @@ impl Walk<'_> {
     }
 
     /// `Unsqueeze` and `Squeeze` move the split axis by the axes they add or remove.
-    pub(super) fn unsqueeze(
-        &self,
-        n: &NodeProto,
-        s: Split,
-        region: usize,
-    ) -> Result<Vec<(String, Split)>, String> {
+    pub(super) fn unsqueeze(&self, n: &NodeProto, s: Split, region: usize) -> Step {
         let (ri, ro) = (
             self.rank(&n.input[0]).ok_or("no shape")? as i64,
             self.rank(&n.output[0]).ok_or("no shape")? as i64,
@@ -185,13 +169,7 @@ impl Walk<'_> {
 
     /// `Expand` keeps the split where it broadcasts along other axes (the split axis is
     /// whole in the target shape, which is rewritten for one shard; or it is 1).
-    pub(super) fn expand(
-        &mut self,
-        i: usize,
-        n: &NodeProto,
-        s: Split,
-        region: usize,
-    ) -> Result<Vec<(String, Split)>, String> {
+    pub(super) fn expand(&mut self, i: usize, n: &NodeProto, s: Split, region: usize) -> Step {
         let target = self.const_ints(n, 1).ok_or("expands to a computed shape")?;
         let from = self.shape(&n.input[0]).ok_or("no shape")?;
         let ro = self.rank(&n.output[0]).ok_or("no shape")?;
@@ -221,13 +199,7 @@ impl Walk<'_> {
         self.constants.get(n.input.get(i)?)?.to_i64_vec()
     }
 
-    pub(super) fn split_node(
-        &mut self,
-        i: usize,
-        n: &NodeProto,
-        s: Split,
-        region: usize,
-    ) -> Result<Vec<(String, Split)>, String> {
+    pub(super) fn split_node(&mut self, i: usize, n: &NodeProto, s: Split, region: usize) -> Step {
         let rank = self.rank(&n.input[0]).ok_or("no shape")? as i64;
         let axis = ((attr_i(n, "axis").unwrap_or(0) + rank) % rank) as usize;
         let outs: Vec<&String> = n.output.iter().filter(|o| !o.is_empty()).collect();
@@ -303,7 +275,7 @@ impl Walk<'_> {
         n: &NodeProto,
         ins: &[(usize, Split)],
         region: usize,
-    ) -> Result<Vec<(String, Split)>, String> {
+    ) -> Step {
         let ro = self.rank(&n.output[0]).ok_or("no shape")?;
         let ra = self.rank(&n.input[0]).ok_or("no shape")?;
         let rb = self.rank(&n.input[1]).ok_or("no shape")?;
