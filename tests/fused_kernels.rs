@@ -8,10 +8,10 @@ mod common;
 use common::gradcheck::{check, GradCheck, Rng, F32};
 use pipetrain::compute::{SessionOptions, TensorMap, TrainSession};
 use pipetrain::graph::custom_ops::{
-    DOMAIN, GELU_FROM_ERF, GELU_GRAD, LAYER_NORM_GRAD, RELU_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
-    SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
+    DEPTHWISE_CONV, DEPTHWISE_CONV_GRAD, DOMAIN, GELU_FROM_ERF, GELU_GRAD, LAYER_NORM_GRAD,
+    RELU_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
 };
-use pipetrain::graph::{build_training_graph, make_node, untyped_value_info};
+use pipetrain::graph::{build_training_graph, int_attr, ints_attr, make_node, untyped_value_info};
 use pipetrain::graph::{LossSpec, TrainOptions, TrainingGraph};
 use pipetrain::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
 use pipetrain::tensor::{DType, Tensor};
@@ -340,4 +340,78 @@ fn fused_and_unfused_runs_follow_the_same_curve() {
         .zip(&off)
         .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
     assert!(worst < 1e-5, "fused and unfused curves differ by {worst:e}");
+}
+
+/// `loss = sum(Conv(X, W, B) * R)` with one filter per channel (`group` = 6): ConvNeXt's
+/// 7x7, MobileNet's 3x3 at stride 2, and dilated, asymmetrically padded 3x2 taps.
+fn depthwise_model(
+    kernel: [i64; 2],
+    strides: [i64; 2],
+    pads: [i64; 4],
+    dilations: [i64; 2],
+) -> ModelProto {
+    let (n, c, h, w) = (3usize, 6usize, 11usize, 9usize);
+    let mut r = Rng::new(29);
+    let span = |a: usize| dilations[a] * (kernel[a] - 1) + 1;
+    let out =
+        |a: usize, size: usize| (size as i64 + pads[a] + pads[a + 2] - span(a)) / strides[a] + 1;
+    let shape = [n, c, out(0, h) as usize, out(1, w) as usize];
+    let inits = vec![
+        ("X", r.tensor(DType::F32, &[n, c, h, w], -2.0, 2.0)),
+        (
+            "W",
+            r.tensor(
+                DType::F32,
+                &[c, 1, kernel[0] as usize, kernel[1] as usize],
+                -0.5,
+                0.5,
+            ),
+        ),
+        ("B", r.tensor(DType::F32, &[c], -0.5, 0.5)),
+    ];
+    let attrs = vec![
+        ints_attr("kernel_shape", &kernel),
+        ints_attr("strides", &strides),
+        ints_attr("pads", &pads),
+        ints_attr("dilations", &dilations),
+        int_attr("group", c as i64),
+    ];
+    let conv = make_node("Conv", "dw", &["X", "W", "B"], &["Y"], attrs);
+    weighted_sum(conv, inits, &shape)
+}
+
+#[test]
+fn depthwise_conv_kernels_give_the_standard_op_graphs_loss_gradients_and_finite_differences() {
+    let cases = [
+        ([7, 7], [1, 1], [3, 3, 3, 3], [1, 1]),
+        ([3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),
+        ([3, 2], [1, 2], [0, 2, 1, 0], [2, 1]),
+    ];
+    for (kernel, strides, pads, dilations) in cases {
+        let model = depthwise_model(kernel, strides, pads, dilations);
+        let wrt = ["X", "W", "B"];
+        let (fused_tg, fused) = gradients(&model, true, &wrt);
+        let (plain_tg, plain) = gradients(&model, false, &wrt);
+        assert_eq!(fused_nodes(&fused_tg, DEPTHWISE_CONV), 1);
+        assert_eq!(
+            fused_nodes(&fused_tg, DEPTHWISE_CONV_GRAD),
+            1,
+            "three gradients in one"
+        );
+        assert_eq!(fused_nodes(&plain_tg, DEPTHWISE_CONV), 0);
+        let what = format!("kernel {kernel:?} strides {strides:?} pads {pads:?}");
+        assert_same(&what, &fused, &plain, &["X", "W", "B", "loss"], 1e-5);
+    }
+    let mut r = Rng::new(31);
+    let attrs = vec![
+        ints_attr("pads", &[1, 2, 1, 0]),
+        ints_attr("strides", &[2, 1]),
+        int_attr("group", 3),
+    ];
+    let case = GradCheck::new(17)
+        .param("X", r.tensor(DType::F32, &[2, 3, 7, 6], -2.0, 2.0))
+        .param("W", r.tensor(DType::F32, &[3, 1, 3, 3], -1.0, 1.0))
+        .param("B", r.tensor(DType::F32, &[3], -1.0, 1.0))
+        .node("Conv", &["X", "W", "B"], &["Y"], attrs);
+    check("depthwise Conv float32, fused", case, F32);
 }

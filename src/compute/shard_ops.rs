@@ -146,7 +146,9 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
         .add(super::fused::GELU_GRAD_OP)?
         .add(super::fused::RELU_GRAD_OP)?
         .add(super::fused::SoftmaxCrossEntropy)?
-        .add(super::fused::SoftmaxCrossEntropyGrad)
+        .add(super::fused::SoftmaxCrossEntropyGrad)?
+        .add(super::fused::DepthwiseConv)?
+        .add(super::fused::DepthwiseConvGrad)
 }
 
 /// `AllReduce` (`sums`) or `ShardEntry` (the identity forward).

@@ -29,3 +29,8 @@ pub const GELU_FROM_ERF: &str = "GeluFromErf";
 pub const GELU_GRAD: &str = "GeluGrad";
 /// ReLU's backward: `dY, X` in, `dX = X > 0 ? dY : 0` out.
 pub const RELU_GRAD: &str = "ReluGrad";
+/// Depthwise 2-D convolution (`Conv` with `group` = channels, one filter each), NCHW,
+/// float32: `X, W[, B]` in, `Y` out; attributes `strides`, `pads`, `dilations`.
+pub const DEPTHWISE_CONV: &str = "DepthwiseConv";
+/// Its backward: `dY, X, W` in, `dX, dW, dB` out (same attributes).
+pub const DEPTHWISE_CONV_GRAD: &str = "DepthwiseConvGrad";

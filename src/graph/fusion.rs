@@ -3,7 +3,8 @@
 //! pipetrain's `Softmax`, the `SoftmaxCrossEntropyLoss` pipetrain attaches as
 //! `SoftmaxCrossEntropy`, and the last three nodes of PyTorch's erf GELU (`+ 1`, `x *`,
 //! `* 0.5`) as `GeluFromErf` (its `x / k` and `Erf` stay ONNX Runtime's, so its values
-//! are bit for bit the exported form's); each gets its fused backward from the autodiff
+//! are bit for bit the exported form's), and a depthwise 2-D `Conv` (one filter per
+//! channel) as `DepthwiseConv`; each gets its fused backward from the autodiff
 //! (`autodiff::rules::fused`). Only float32 nodes whose shapes fit the kernels are
 //! replaced; the rest stay standard ONNX.
 //!
@@ -14,9 +15,9 @@ use std::collections::{HashMap, HashSet};
 
 use super::autodiff::gelu;
 
-use super::custom_ops::{DOMAIN, GELU_FROM_ERF, SOFTMAX, SOFTMAX_CROSS_ENTROPY};
-use super::ir::{attr_i, attr_s, make_node, Graph, Metas};
-use crate::onnx::proto::NodeProto;
+use super::custom_ops::{DEPTHWISE_CONV, DOMAIN, GELU_FROM_ERF, SOFTMAX, SOFTMAX_CROSS_ENTROPY};
+use super::ir::{attr_i, attr_ints, attr_s, ints_attr, make_node, Graph, Metas};
+use crate::onnx::proto::{AttributeProto, NodeProto};
 use crate::tensor::DType;
 
 /// How many nodes of each kind [`fuse_forward`] replaced.
@@ -25,12 +26,13 @@ pub struct Fused {
     pub gelu: usize,
     pub softmax: usize,
     pub cross_entropy: usize,
+    pub depthwise_conv: usize,
 }
 
 impl Fused {
     /// Whether any node was replaced.
     pub fn any(&self) -> bool {
-        self.gelu + self.softmax + self.cross_entropy > 0
+        self.gelu + self.softmax + self.cross_entropy + self.depthwise_conv > 0
     }
 }
 
@@ -88,6 +90,14 @@ pub fn fuse_forward(g: &mut Graph, metas: &Metas) -> Fused {
             replace.insert(i, node);
             fused.cross_entropy += 1;
         }
+        if n.op_type == "Conv" {
+            if let Some(attrs) = depthwise_attributes(n, metas) {
+                let inputs: Vec<&str> = n.input.iter().map(String::as_str).collect();
+                let node = custom(DEPTHWISE_CONV, &n.name, &inputs, &[&n.output[0]], attrs);
+                replace.insert(i, node);
+                fused.depthwise_conv += 1;
+            }
+        }
     }
 
     if fused.any() {
@@ -137,4 +147,42 @@ fn cross_entropy_fits(n: &NodeProto, metas: &Metas) -> bool {
         && n.output.len() == 2
         && !n.output[1].is_empty()
         && (reduction == "mean" || reduction == "sum")
+}
+
+/// The `DepthwiseConv` attributes (explicit strides, pads, dilations) of a `Conv` that
+/// fits the kernel: float32 `X` of shape `[N, C, H, W]`, `W` of shape `[C, 1, KH, KW]`
+/// (one filter per channel), `group = C`, explicit pads; `None` otherwise.
+fn depthwise_attributes(n: &NodeProto, metas: &Metas) -> Option<Vec<AttributeProto>> {
+    let x = metas.get(n.input.first()?)?;
+    let w = metas.get(n.input.get(1)?)?;
+    let c = *x.shape.get(1)?;
+    let fits = x.dtype == DType::F32
+        && x.shape.len() == 4
+        && w.shape.len() == 4
+        && w.shape[..2] == [c, 1]
+        && c > 1
+        && attr_i(n, "group") == Some(c as i64)
+        && attr_s(n, "auto_pad").is_none_or(|p| p == "NOTSET")
+        && attr_ints(n, "kernel_shape").is_none_or(|k| {
+            k.iter()
+                .map(|&d| d as usize)
+                .eq(w.shape[2..].iter().copied())
+        });
+    // Defaults are also the least values allowed: strides and dilations 1, pads 0.
+    let ints = |name: &str, len: usize, least: i64| {
+        let v = attr_ints(n, name).unwrap_or_else(|| vec![least; len]);
+        (v.len() == len && v.iter().all(|&d| d >= least)).then_some(v)
+    };
+    let (strides, pads, dilations) = (
+        ints("strides", 2, 1)?,
+        ints("pads", 4, 0)?,
+        ints("dilations", 2, 1)?,
+    );
+    fits.then(|| {
+        vec![
+            ints_attr("strides", &strides),
+            ints_attr("pads", &pads),
+            ints_attr("dilations", &dilations),
+        ]
+    })
 }

@@ -9,6 +9,7 @@
 
 mod activation;
 mod cross_entropy;
+mod depthwise;
 mod layer_norm;
 mod math;
 mod pointwise;
@@ -21,6 +22,7 @@ use ort::value::ValueRef;
 
 pub(crate) use activation::{GELU_FROM_ERF_OP, GELU_GRAD_OP, RELU_GRAD_OP};
 pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
+pub(crate) use depthwise::{DepthwiseConv, DepthwiseConvGrad};
 pub(crate) use layer_norm::LayerNormGrad;
 pub(crate) use softmax::{SOFTMAX_GRAD_OP, SOFTMAX_OP};
 

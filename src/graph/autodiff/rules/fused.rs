@@ -6,8 +6,8 @@ use super::elementwise::shape;
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
 use crate::graph::custom_ops::{
-    DOMAIN, GELU_FROM_ERF, GELU_GRAD, LAYER_NORM_GRAD, RELU_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
-    SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
+    DEPTHWISE_CONV, DEPTHWISE_CONV_GRAD, DOMAIN, GELU_FROM_ERF, GELU_GRAD, LAYER_NORM_GRAD,
+    RELU_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
 };
 use crate::tensor::DType;
 use crate::Result;
@@ -22,6 +22,23 @@ pub fn rule(op_type: &str) -> Option<super::Rule> {
             let (dy, t, e) = (c.dy(0)?, c.input(1).to_string(), c.input(2).to_string());
             let dx = c.e.custom_op(GELU_GRAD, &[&dy, &t, &e], vec![]);
             Ok(vec![Some(dx), None, None])
+        },
+        // One kernel for all three gradients; those not needed are left unread.
+        DEPTHWISE_CONV => |c| {
+            let dy = c.dy(0)?;
+            let (x, w) = (c.input(0).to_string(), c.input(1).to_string());
+            let outputs = [c.e.fresh("dX"), c.e.fresh("dW"), c.e.fresh("dB")];
+            let out: Vec<&str> = outputs.iter().map(String::as_str).collect();
+            let attrs = c.node.attribute.clone();
+            c.e.node(DEPTHWISE_CONV_GRAD, DOMAIN, &[&dy, &x, &w], &out, attrs);
+            let [dx, dw, db] = outputs;
+            let bias = c.node.input.len() > 2 && !c.input(2).is_empty();
+            Ok(vec![
+                c.needs(0).then_some(dx),
+                c.needs(1).then_some(dw),
+                (bias && c.needs(2)).then_some(db),
+            ][..c.node.input.len()]
+                .to_vec())
         },
         SOFTMAX => |c| {
             let (dy, y) = (c.dy(0)?, c.output(0).to_string());
