@@ -1,22 +1,30 @@
-"""Training steps/s of pipetrain on the exported Hugging Face fixtures (BERT masked LM,
-ViT; tests/fixtures/models) against PyTorch eager training the same model, in windows
-that alternate (torch, pipetrain, torch, pipetrain, ...), each ratio taken within one
-round so that drift between minutes does not land in it.
+"""Training steps/s of pipetrain on exported Hugging Face and torchvision models against
+PyTorch eager and ONNX Runtime's training build training the same model, in windows that
+alternate (torch, pipetrain, ORT, torch, pipetrain, ORT, ...), each ratio taken within
+one round so that drift between minutes does not land in it.
+
+The models are tools/fixtures/export_models.py's families (small, random-initialized:
+hidden sizes of 16 to 64), plus DistilBERT (masked LM, built here the same way). Each is
+exported by torch.onnx.export as the fixtures are (TorchScript, opset 17, training mode,
+no constant folding) for pipetrain, and at opset 16 for ONNX Runtime's training build,
+which cannot differentiate LayerNormalization as opset 17 writes it; its logits are
+reshaped to [rows, classes] there for its loss block.
 
 Each round, for a family:
-  - a PyTorch window: the family's model as tools/fixtures/export_models.py builds it
-    (float32, train mode, torch.optim.SGD, 2 threads), 300 steps on batches of `--batch`
-    rows of the fixture's data; steps/s over steps 21-300;
-  - a pipetrain window: `pipetrain train` of the fixture's model.onnx (the TorchScript
-    export) with the same optimizer, batch and data, 300 steps; steps/s over steps
-    21-300 from its metrics file.
+  - a PyTorch window: the family's model (float32, train mode, torch.optim.SGD, 2 threads),
+    300 steps on batches of `--batch` rows of the family's data (its 80 rows, cycled);
+    steps/s over steps 21-300;
+  - a pipetrain window: `pipetrain train` of the opset-17 export with the same optimizer,
+    batch and data, 300 steps; steps/s over steps 21-300 from its metrics file;
+  - an ONNX Runtime window (when `--ort-python` names the peers' Python, which
+    benches/exported_side_by_side.sh makes): benches/ort_training_window.py, 300 steps,
+    steps/s over steps 21-300.
 
-The fixtures are small (hidden sizes of 32 to 64): the ratios say how much each engine
-spends around the arithmetic, not what it reaches on large layers.
-
-Run by benches/exported_side_by_side.sh, which makes the Python environment.
+The models are small: the ratios say how much each engine spends around the arithmetic,
+not what it reaches on large layers.
 """
 import argparse
+import copy
 import json
 import statistics
 import subprocess
@@ -25,7 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import onnx
 import torch
+import transformers
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools" / "fixtures"))
@@ -35,15 +46,31 @@ BIN = ROOT / "target" / "release" / "pipetrain"
 STEPS, WARMUP = 300, 20
 
 
+def distilbert() -> em.Family:
+    """DistilBERT masked LM at the fixtures' BERT size, on BERT's data."""
+    rng = np.random.default_rng(em.DATA_SEED)
+    data = em.masked_lm_data(rng, pad_id=0, mask_id=em.BERT_MASK_ID, low=5)
+    cfg = dict(vocab_size=em.VOCAB, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
+               max_position_embeddings=64, dropout=0.0, attention_dropout=0.0, pad_token_id=0)
+    axes = {**em.TEXT_AXES, "attention_mask": {0: "batch", 1: "seq"}}
+    return em.hf_family("distilbert", transformers.DistilBertForMaskedLM,
+                        transformers.DistilBertConfig, cfg, data,
+                        ["input_ids", "attention_mask"], axes, ["logits"],
+                        ignore_index=em.IGNORE_INDEX)
+
+
+FAMILIES = {**em.FAMILIES, "distilbert": distilbert}
+
+
 def rows(fam, step: int, batch: int) -> dict:
-    """Rows of step `step` (the data's 80 rows, cycled)."""
+    """Rows of step `step` (the data's rows, cycled)."""
     n = len(fam.data["labels"])
     idx = [(step * batch + i) % n for i in range(batch)]
     return {k: v[idx] for k, v in fam.data.items()}
 
 
 def torch_window(fam, batch: int) -> float:
-    model = em.copy.deepcopy(fam.model).train()
+    model = copy.deepcopy(fam.model).train()
     opt = torch.optim.SGD(model.parameters(), lr=fam.lr_sgd)
     marks = []
     for step in range(STEPS):
@@ -56,15 +83,40 @@ def torch_window(fam, batch: int) -> float:
     return (STEPS - WARMUP) / (marks[-1] - marks[WARMUP - 1])
 
 
-def pipetrain_config(fam, batch: int, scratch: Path) -> Path:
-    folder = ROOT / "tests" / "fixtures" / "models" / fam.name
+def export(fam, path: Path, opset: int) -> Path:
+    entry = em.export(fam, path, **{**em.TS_EXPORT, "opset_version": opset})
+    if not entry["ok"]:
+        sys.exit(f"{fam.name}: export at opset {opset} failed: {entry['error']}")
+    return path
+
+
+def flat_logits(path: Path, classes: int) -> Path:
+    """The model with its first output (the logits) reshaped to [rows, classes]."""
+    m = onnx.load(str(path))
+    logits = m.graph.output[0]
+    if len(logits.type.tensor_type.shape.dim) == 2:
+        return path
+    shape = onnx.numpy_helper.from_array(np.array([-1, classes], np.int64), "flat_shape")
+    m.graph.initializer.append(shape)
+    m.graph.node.append(onnx.helper.make_node("Reshape", [logits.name, "flat_shape"],
+                                              ["flat_logits"]))
+    flat = onnx.helper.make_tensor_value_info("flat_logits", onnx.TensorProto.FLOAT,
+                                              ["rows", classes])
+    m.graph.output.insert(0, flat)
+    m.graph.output.remove(logits)
+    out = path.with_name(path.stem + ".flat.onnx")
+    onnx.save(m, str(out))
+    return out
+
+
+def pipetrain_config(fam, model: Path, data: Path, batch: int, scratch: Path) -> Path:
     feeds = ", ".join(f'{n} = "{n}"' for n in [*fam.inputs, "labels"])
     ignore = f"ignore_index = {fam.ignore_index}\n" if fam.ignore_index is not None else ""
     text = (
-        f'model_path = "{folder / "model.onnx"}"\nbatch_size = {batch}\n'
+        f'model_path = "{model}"\nbatch_size = {batch}\n'
         f"num_train_steps = {STEPS}\ndisplay_loss_steps = 1000\n\n"
         f'[loss]\nkind = "softmax_cross_entropy"\nprediction = "logits"\nlabel = "labels"\n{ignore}\n'
-        f'[data]\npath = "{folder / "data.npz"}"\n'
+        f'[data]\npath = "{data}"\n'
         f'layout = {{ kind = "arrays", feeds = {{ {feeds} }} }}\n\n'
         f'[optimizer]\nkind = "sgd"\n\n[lr_schedule]\nkind = "constant"\nlr = {fam.lr_sgd}\n'
     )
@@ -83,33 +135,70 @@ def pipetrain_window(config: Path, scratch: Path) -> float:
     return (STEPS - WARMUP) / (t[STEPS] - t[WARMUP])
 
 
+def ort_window(python: str, fam, model: Path, data: Path, batch: int, scratch: Path) -> float:
+    args = [python, str(ROOT / "benches" / "ort_training_window.py"), "--model", str(model),
+            "--artifacts", str(scratch / f"{fam.name}_ort"), "--data", str(data),
+            "--inputs", ",".join(fam.inputs), "--batch", str(batch), "--steps", str(STEPS),
+            "--warmup", str(WARMUP), "--lr", str(fam.lr_sgd)]
+    if fam.ignore_index is not None:
+        args += ["--ignore-index", str(fam.ignore_index)]
+    out = subprocess.run(args, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"ONNX Runtime training ({fam.name}): {out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["steps_per_s"]
+
+
+def ratio(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--families", default="bert,vit")
+    ap.add_argument("--families", default="bert,distilbert,vit,convnext")
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--ort-python", default=None,
+                    help="a Python with onnxruntime-training (the peers'); none: no ORT column")
     a = ap.parse_args()
     torch.set_num_threads(2)
     scratch = Path(tempfile.mkdtemp(prefix="exported_side_by_side_"))
-    print(f"\n## pipetrain train vs PyTorch eager on the exported fixtures, {a.rounds} "
-          f"alternating rounds, batch {a.batch}, SGD, 2 threads ({time.strftime('%Y-%m-%d')}; "
-          f"torch {torch.__version__}, transformers {em.transformers.__version__})\n")
-    print("| model | pipetrain / PyTorch: median [min-max] | pipetrain steps/s | PyTorch steps/s |")
-    print("|---|---|---|---|")
+    ort = a.ort_python
+    print(f"\n## pipetrain train vs PyTorch eager{' and ONNX Runtime training' if ort else ''} "
+          f"on exported models, {a.rounds} alternating rounds of {STEPS} steps, batch "
+          f"{a.batch}, SGD, 2 threads ({time.strftime('%Y-%m-%d')}; torch {torch.__version__}, "
+          f"transformers {transformers.__version__})\n")
+    print("Ratios: median [min-max] over rounds of pipetrain's steps/s over the peer's.\n")
+    print("| model | vs PyTorch | vs ORT training | vs the faster | pipetrain | PyTorch | ORT "
+          "training (steps/s) |")
+    print("|---|---|---|---|---|---|---|")
     for name in a.families.split(","):
-        fam = em.FAMILIES[name]()
-        config = pipetrain_config(fam, a.batch, scratch)
-        ratios, ours, theirs = [], [], []
+        fam = FAMILIES[name]()
+        folder = scratch / name
+        folder.mkdir()
+        data = folder / "data.npz"
+        np.savez(data, **fam.data)
+        config = pipetrain_config(fam, export(fam, folder / "model.onnx", 17), data, a.batch,
+                                  scratch)
+        if ort:
+            classes = em.forward(fam, copy.deepcopy(fam.model), fam.batch(0)).shape[-1]
+            ort_model = flat_logits(export(fam, folder / "model16.onnx", 16), classes)
+        per = {"torch": [], "ours": [], "ort": []}
         for r in range(a.rounds):
-            t = torch_window(fam, a.batch)
-            p = pipetrain_window(config, scratch)
-            ratios.append(p / t)
-            ours.append(p)
-            theirs.append(t)
-            print(f"{name} round {r}: torch {t:.1f}, pipetrain {p:.1f} steps/s",
+            per["torch"].append(torch_window(fam, a.batch))
+            per["ours"].append(pipetrain_window(config, scratch))
+            if ort:
+                per["ort"].append(ort_window(ort, fam, ort_model, data, a.batch, scratch))
+            print(f"{name} round {r}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in per.items()
+                                                    if v) + " steps/s",
                   file=sys.stderr, flush=True)
-        print(f"| {name} | {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] "
-              f"| {statistics.median(ours):.1f} | {statistics.median(theirs):.1f} |")
+        ours = per["ours"]
+        vs_torch = [p / t for p, t in zip(ours, per["torch"])]
+        vs_ort = [p / o for p, o in zip(ours, per["ort"])]
+        vs_best = [p / max(t, o) for p, t, o in zip(ours, per["torch"], per["ort"])]
+        med = lambda v: f"{statistics.median(v):.1f}" if v else "-"  # noqa: E731
+        print(f"| {name} | {ratio(vs_torch)} | {ratio(vs_ort) if vs_ort else '-'} | "
+              f"{ratio(vs_best) if vs_best else '-'} | {med(ours)} | {med(per['torch'])} | "
+              f"{med(per['ort'])} |", flush=True)
 
 
 if __name__ == "__main__":

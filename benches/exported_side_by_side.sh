@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# pipetrain vs PyTorch eager on the exported Hugging Face fixtures (BERT, ViT), in
-# alternating windows; see benches/exported_side_by_side.py for the method.
+# pipetrain vs PyTorch eager and ONNX Runtime's training build on exported Hugging Face
+# and torchvision models (BERT, DistilBERT, ViT, ConvNeXt), in alternating windows; see
+# benches/exported_side_by_side.py for the method.
 #
-#   bash benches/exported_side_by_side.sh [rounds] [families]   (default 10 rounds, bert,vit)
+#   bash benches/exported_side_by_side.sh [rounds] [families]
+#        (default 10 rounds of bert,distilbert,vit,convnext; ~25 min after set-up)
 #
+# ORT side: the peers' venv (benches/peers_venv.sh; needs ../shared/peers), left out with
+# a note where ../shared/peers is missing.
 # PyTorch side: TORCH_PYTHON, a Python with the packages of tools/fixtures/requirements.txt;
 # by default a venv made once under $PEERS_SCRATCH (default ~/.cache/pipetrain-peers) from
 # PyPI (torch's CUDA wheels included: several GB).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 rounds=${1:-10}
-families=${2:-bert,vit}
+families=${2:-bert,distilbert,vit,convnext}
 export PEERS_SCRATCH=${PEERS_SCRATCH:-$HOME/.cache/pipetrain-peers}
 if [ -z "${TORCH_PYTHON:-}" ]; then
   venv=$PEERS_SCRATCH/torch-venv
@@ -24,4 +28,11 @@ fi
 export OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
 bash "$root/scripts/setup.sh" > /dev/null
 cargo build --release --manifest-path "$root/Cargo.toml" -q
-"$TORCH_PYTHON" "$root/benches/exported_side_by_side.py" --rounds "$rounds" --families "$families"
+ort=()
+if [ -d "$root/../shared/peers" ]; then
+  ort=(--ort-python "$(bash "$root/benches/peers_venv.sh")")
+else
+  echo "no ../shared/peers: ONNX Runtime's training build left out" >&2
+fi
+"$TORCH_PYTHON" "$root/benches/exported_side_by_side.py" --rounds "$rounds" \
+  --families "$families" "${ort[@]}"

@@ -6,8 +6,9 @@
 #   bash benches/side_by_side.sh [rounds] [cases]   (default 10 rounds of
 #        mlp:sgd,mlp:adamw,tiny_gpt:sgd,tiny_gpt:adamw; ~10 min after set-up)
 #
-# Cases bert:sgd and vit:sgd run the exported Hugging Face fixtures against PyTorch eager
-# instead (benches/exported_side_by_side.sh, its own Python environment).
+# Cases bert:sgd, distilbert:sgd, vit:sgd and convnext:sgd run exported Hugging Face and
+# torchvision models against PyTorch eager and ORT training instead
+# (benches/exported_side_by_side.sh, with its own PyTorch environment as well).
 #
 # Set-up (first run only, ~5 GB, needs PyPI): the peers' venv from
 # ../shared/peers/requirements-lock.txt and their ORT training artifacts, under
@@ -19,20 +20,14 @@ rounds=${1:-10}
 cases=${2:-mlp:sgd,mlp:adamw,tiny_gpt:sgd,tiny_gpt:adamw}
 export PEERS_SCRATCH=${PEERS_SCRATCH:-$HOME/.cache/pipetrain-peers}
 # The exported fixtures' cases go to their own bench; the rest to the peers'.
-exported=$(tr ',' '\n' <<< "$cases" | sed -n 's/^\(bert\|vit\):sgd$/\1/p' | paste -sd, -)
-cases=$(tr ',' '\n' <<< "$cases" | grep -Ev '^(bert|vit):sgd$' | paste -sd, - || true)
+exported=$(tr ',' '\n' <<< "$cases" | sed -n 's/^\(bert\|distilbert\|vit\|convnext\):sgd$/\1/p' | paste -sd, -)
+cases=$(tr ',' '\n' <<< "$cases" | grep -Ev '^(bert|distilbert|vit|convnext):sgd$' | paste -sd, - || true)
 if [ -n "$exported" ]; then
   bash "$root/benches/exported_side_by_side.sh" "$rounds" "$exported"
 fi
 [ -n "$cases" ] || exit 0
+py=$(bash "$root/benches/peers_venv.sh")
 peers=$PEERS_SCRATCH/peers
-mkdir -p "$PEERS_SCRATCH"
-rm -rf "$peers" && cp -r "$root/../shared/peers" "$peers" && chmod -R u+w "$peers"
-if [ ! -x "$PEERS_SCRATCH/venv/bin/python" ]; then
-  python3 -m venv "$PEERS_SCRATCH/venv"
-fi
-py=$PEERS_SCRATCH/venv/bin/python
-"$py" -m pip install -q --disable-pip-version-check -r "$peers/requirements-lock.txt"
 export OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
 if [ ! -d "$PEERS_SCRATCH/artifacts/tiny_gpt_sgd" ]; then
   (cd "$peers" && "$py" make_artifacts.py > "$PEERS_SCRATCH/artifacts.log" 2>&1)
