@@ -1,6 +1,8 @@
 //! Emitting backward nodes: unique names, constants, and the few compound patterns that
 //! many gradient rules share (un-broadcasting, reshaping like a forward value).
 
+use std::collections::HashMap;
+
 use crate::graph::ir::{float_attr, int_attr, ints_attr, make_node, tensor_attr};
 use crate::onnx::proto::{AttributeProto, NodeProto};
 use crate::tensor::{DType, Tensor, TensorData};
@@ -25,6 +27,13 @@ pub struct Emitter {
     pub fused: bool,
     /// Whether one of pipetrain's own nodes was emitted (its domain must be imported).
     pub used_custom: bool,
+    /// Each `Reshape` emitted: `(input, shape)` to its output, so that the same reshape
+    /// asked for again (a layer's output gradient flattened for both its weight and its
+    /// bias) is one node.
+    reshapes: HashMap<(String, Vec<usize>), String>,
+    /// Each emitted `Reshape`'s output to its input and anchor, so that a reshape of it
+    /// under the same anchor reads that input instead (one node, not two).
+    reshaped: HashMap<String, (String, usize)>,
 }
 
 impl Emitter {
@@ -159,10 +168,28 @@ impl Emitter {
     }
 
     /// `Reshape(x, shape)` with a constant shape.
+    ///
+    /// One node per `(input, shape)`, however often asked for; a reshape of a reshape
+    /// emitted for the same forward node reads the first one's input. (Shapes here are
+    /// whole, so a `Reshape` depends on its input's values only, not its shape. The
+    /// node kept was emitted first, so it is at the same pipeline stage or a later one:
+    /// its output flows the way gradients do.)
     pub fn reshape(&mut self, x: &str, shape: &[usize]) -> String {
+        let x = match self.reshaped.get(x) {
+            Some((source, anchor)) if *anchor == self.anchor => source.clone(),
+            _ => x.to_string(),
+        };
+        let key = (x, shape.to_vec());
+        if let Some(out) = self.reshapes.get(&key) {
+            return out.clone();
+        }
         let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
         let s = self.ints(&dims);
-        self.op("Reshape", &[x, &s], vec![])
+        let out = self.op("Reshape", &[&key.0, &s], vec![]);
+        self.reshaped
+            .insert(out.clone(), (key.0.clone(), self.anchor));
+        self.reshapes.insert(key, out.clone());
+        out
     }
 
     /// `Reshape(g, Shape(like))`: the shape comes from the value at run time.
@@ -184,14 +211,19 @@ impl Emitter {
             }
         }
         let k = axes.len();
-        let summed = if axes.is_empty() {
-            g.to_string()
+        let (summed, shape) = if axes.is_empty() {
+            (g.to_string(), from.to_vec())
         } else if axes.iter().enumerate().all(|(i, &a)| a == i as i64) {
-            self.sum_leading(g, from, k, dtype)
+            (self.sum_leading(g, from, k, dtype), from[k..].to_vec())
         } else {
-            self.reduce_sum(g, &axes, true)
+            let mut kept = from.to_vec();
+            axes.iter().for_each(|&a| kept[a as usize] = 1);
+            (self.reduce_sum(g, &axes, true), kept)
         };
-        self.reshape(&summed, to)
+        match shape == to {
+            true => summed,
+            false => self.reshape(&summed, to),
+        }
     }
 
     /// Sums over the first `k` axes of `g` (of shape `from`); the result has shape
@@ -205,13 +237,17 @@ impl Emitter {
             DType::F64 => TensorData::F64(vec![1.0; rows]),
             _ => TensorData::F32(vec![1.0; rows]),
         };
+        // A vector first operand: the product is `[cols]`, no axis to drop.
         let ones = self.constant(Tensor {
-            shape: vec![1, rows],
+            shape: vec![rows],
             data,
         });
         let m = self.reshape(g, &[rows, cols]);
         let s = self.op("MatMul", &[&ones, &m], vec![]);
-        self.reshape(&s, &from[k..])
+        match from[k..] == [cols] {
+            true => s,
+            false => self.reshape(&s, &from[k..]),
+        }
     }
 
     /// `alpha * op(a) @ op(b)` where `op` transposes the last two axes when asked; `ra`/`rb`

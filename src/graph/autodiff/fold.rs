@@ -1,4 +1,5 @@
-//! Folding a weight gradient's transpose into the product that makes it.
+//! Folding a weight gradient's transpose into the product that makes it, and dropping
+//! the reshapes nothing reads.
 //!
 //! A linear layer exported as `x @ Transpose(W)` gets the gradient `Transpose(op(A) @
 //! op(B))` for `W`: the product of the `MatMul` rule, then the `Transpose` rule's
@@ -59,6 +60,42 @@ pub(super) fn fold_transposes(nodes: &mut Vec<NodeProto>, keep: &[&str]) -> Vec<
     for &t in removed.iter().rev() {
         nodes.remove(t);
     }
+    removed
+}
+
+/// Removes the `Reshape` and `Constant` nodes whose outputs nothing reads (left by
+/// [`super::emit::Emitter::reshape`] reading a reshape's input instead of it), until none
+/// is left; returns the indices removed (in increasing order), as [`fold_transposes`].
+pub(super) fn drop_unread(nodes: &mut Vec<NodeProto>, keep: &[&str]) -> Vec<usize> {
+    let mut gone = vec![false; nodes.len()];
+    loop {
+        let mut readers: HashMap<&str, usize> = HashMap::new();
+        for (_, n) in nodes.iter().enumerate().filter(|(i, _)| !gone[*i]) {
+            for i in &n.input {
+                *readers.entry(i.as_str()).or_default() += 1;
+            }
+        }
+        let unread = |n: &NodeProto| {
+            matches!(n.op_type.as_str(), "Reshape" | "Constant")
+                && n.domain.is_empty()
+                && n.output
+                    .iter()
+                    .all(|o| !readers.contains_key(o.as_str()) && !keep.contains(&o.as_str()))
+        };
+        let now: Vec<usize> = (0..nodes.len())
+            .filter(|&i| !gone[i] && unread(&nodes[i]))
+            .collect();
+        if now.is_empty() {
+            break;
+        }
+        now.into_iter().for_each(|i| gone[i] = true);
+    }
+    let removed: Vec<usize> = (0..nodes.len()).filter(|&i| gone[i]).collect();
+    let mut i = 0;
+    nodes.retain(|_| {
+        i += 1;
+        !gone[i - 1]
+    });
     removed
 }
 
@@ -128,5 +165,27 @@ mod tests {
         let mut nodes = batched.clone();
         assert!(fold_transposes(&mut nodes, &[]).is_empty());
         assert_eq!(nodes, batched);
+    }
+}
+
+#[cfg(test)]
+mod unread {
+    use super::*;
+    use crate::graph::ir::make_node;
+
+    #[test]
+    fn unread_reshapes_and_their_shapes_go_and_nothing_else() {
+        let mut nodes = vec![
+            make_node("Constant", "c1", &[], &["s1"], vec![]),
+            make_node("Reshape", "r1", &["x", "s1"], &["y"], vec![]),
+            make_node("Constant", "c2", &[], &["s2"], vec![]),
+            make_node("Reshape", "r2", &["x", "s2"], &["z"], vec![]),
+            make_node("Neg", "n", &["z"], &["w"], vec![]),
+            make_node("Reshape", "r3", &["x", "s2"], &["kept"], vec![]),
+            make_node("Relu", "unread_but_not_a_reshape", &["x"], &["v"], vec![]),
+        ];
+        assert_eq!(drop_unread(&mut nodes, &["kept"]), vec![0, 1]);
+        let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["c2", "r2", "n", "r3", "unread_but_not_a_reshape"]);
     }
 }

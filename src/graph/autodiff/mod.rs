@@ -278,6 +278,9 @@ pub fn differentiate(
     for t in fold::fold_transposes(&mut e.nodes, &keep).into_iter().rev() {
         e.anchors.remove(t);
     }
+    for t in fold::drop_unread(&mut e.nodes, &keep).into_iter().rev() {
+        e.anchors.remove(t);
+    }
     Ok(Backward {
         used_contrib: e.used_contrib,
         used_custom: e.used_custom,
