@@ -307,10 +307,11 @@ fn exported_hugging_face_models_split_and_train_as_unsplit() {
         for file in ["model.onnx", "model.dynamo.onnx"] {
             let model = pipetrain::onnx::load_model(&dir.join(file)).unwrap();
             let tg = build_sharded_training_graph(&rt, &model, &opts, &example, 2).unwrap();
-            // Seeded, every shard draws the same Dropout masks (replicated values stay
-            // the same on every shard).
-            let mut dropouts = tg.graph.nodes.iter().filter(|n| n.op_type == "Dropout");
-            assert!(dropouts.all(|n| n.attribute.iter().any(|a| a.name == "seed")));
+            // The fixtures' Dropouts have ratio 0: identities, so none is left to draw
+            // masks that shards could disagree on (seeding the others is unit-tested in
+            // `graph::tensor_parallel`).
+            let dropouts = tg.graph.nodes.iter().filter(|n| n.op_type == "Dropout");
+            assert_eq!(dropouts.count(), 0, "{} {file}", f.name);
             let plan = tg.shards.unwrap();
             assert_eq!(
                 plan.summed_forward.len(),

@@ -3,6 +3,7 @@
 pub mod autodiff;
 mod buckets;
 pub mod check;
+mod cleanup;
 pub mod custom_ops;
 mod export;
 mod fusion;

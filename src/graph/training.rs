@@ -348,6 +348,10 @@ pub fn build_sharded_training_graph(
         });
     }
 
+    let identities = super::cleanup::identity_dropouts(&mut g);
+    if identities > 0 {
+        tracing::debug!("{identities} Dropout nodes with ratio 0 taken as Identity");
+    }
     if opts.fused_kernels {
         let fused = super::fusion::fuse_forward(&mut g, &loss_metas);
         tracing::debug!("fused forward kernels: {fused:?}");

@@ -253,3 +253,31 @@ fn insert_collectives(g: &mut Graph, entries: &[usize], exits: &[usize], plan: &
         g.nodes.extend(after.remove(&i).unwrap_or_default());
     }
 }
+
+#[cfg(test)]
+mod seeds {
+    use super::*;
+    use crate::graph::ir::{attr_i, int_attr, make_node};
+
+    #[test]
+    fn every_dropout_gets_a_seed_of_its_own_and_seeded_ones_keep_theirs() {
+        let mut g = Graph {
+            nodes: vec![
+                make_node("Dropout", "a", &["x", "r"], &["y"], vec![]),
+                make_node("Relu", "b", &["y"], &["z"], vec![]),
+                make_node(
+                    "Dropout",
+                    "c",
+                    &["z", "r"],
+                    &["w"],
+                    vec![int_attr("seed", 7)],
+                ),
+                make_node("Dropout", "d", &["w", "r"], &["v"], vec![]),
+            ],
+            ..Default::default()
+        };
+        seed_dropouts(&mut g);
+        let seeds: Vec<Option<i64>> = g.nodes.iter().map(|n| attr_i(n, "seed")).collect();
+        assert_eq!(seeds, [Some(0x7e45_0000), None, Some(7), Some(0x7e45_0003)]);
+    }
+}
