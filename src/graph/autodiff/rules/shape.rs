@@ -26,12 +26,17 @@ fn zeros(ctx: &mut RuleCtx, dims: &[usize], t: DType) -> String {
         .op("ConstantOfShape", &[&s], vec![tensor_attr("value", value)])
 }
 
-/// Reshape, Flatten, Squeeze, Unsqueeze: the gradient is dY in X's shape.
+/// Reshape, Flatten, Squeeze, Unsqueeze: the gradient is dY in X's shape (X's measured
+/// shape as a constant, as the training graph's other shapes are: no `Shape` kernel
+/// each step; X's shape at run time where it was not measured).
 pub fn reshape_like_input(ctx: &mut RuleCtx) -> Result<Grads> {
     let dy = ctx.dy(0)?;
     let x = ctx.input(0).to_string();
     let mut g = vec![None; ctx.node.input.len()];
-    g[0] = Some(ctx.e.reshape_like(&dy, &x));
+    g[0] = Some(match shape(ctx, &x) {
+        Ok(sx) => ctx.e.reshape(&dy, &sx),
+        Err(_) => ctx.e.reshape_like(&dy, &x),
+    });
     Ok(g)
 }
 
