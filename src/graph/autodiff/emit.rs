@@ -299,3 +299,43 @@ impl Emitter {
         self.op("Transpose", &[x], vec![ints_attr("perm", &perm)])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reshapes(e: &Emitter) -> Vec<&NodeProto> {
+        e.nodes.iter().filter(|n| n.op_type == "Reshape").collect()
+    }
+
+    #[test]
+    fn a_reshape_asked_for_twice_is_one_node_and_a_chain_under_one_node_reads_its_source() {
+        let mut e = Emitter::new(false);
+        e.set_anchor(3, "layer");
+        let flat = e.reshape("dY", &[32, 16]);
+        assert_eq!(e.reshape("dY", &[32, 16]), flat);
+        // Under the same forward node, a reshape of `flat` reads `dY` itself.
+        let back = e.reshape(&flat, &[2, 16, 16]);
+        assert_eq!(reshapes(&e)[1].input[0], "dY");
+        assert_ne!(back, flat);
+        // Under another node it reads `flat` (its stage may differ).
+        e.set_anchor(2, "other");
+        e.reshape(&flat, &[4, 8, 16]);
+        assert_eq!(reshapes(&e)[2].input[0], flat);
+        assert_eq!(reshapes(&e).len(), 3);
+    }
+
+    #[test]
+    fn a_bias_gradient_is_one_product_with_no_reshape_after_it() {
+        let mut e = Emitter::new(false);
+        let db = e.unbroadcast("dY", &[2, 16, 8], &[8], DType::F32);
+        let ops: Vec<&str> = e.nodes.iter().map(|n| n.op_type.as_str()).collect();
+        assert_eq!(ops, ["Constant", "Constant", "Reshape", "MatMul"]);
+        assert_eq!(e.nodes[3].output[0], db);
+        // Summed over a middle axis, kept as 1: the reduction's own shape, no reshape.
+        let mut e = Emitter::new(false);
+        e.unbroadcast("dY", &[2, 16, 8], &[2, 1, 8], DType::F32);
+        let ops: Vec<&str> = e.nodes.iter().map(|n| n.op_type.as_str()).collect();
+        assert!(!ops.contains(&"Reshape"), "{ops:?}");
+    }
+}
