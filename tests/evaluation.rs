@@ -65,11 +65,7 @@ lr = 1e-9
         .map(|n| (n.to_string(), data[*n].gather_rows(&rows).unwrap()))
         .collect();
     let tg = peer.training_graph(&rt);
-    let params: TensorMap = tg
-        .params
-        .iter()
-        .map(|p| (p.name.clone(), p.init.clone()))
-        .collect();
+    let params = common::initial_params(&tg);
     let reference = TrainSession::new(&rt, &tg, &SessionOptions::default())
         .unwrap()
         .step(&params, &batch, &Tensor::f32(vec![], vec![1.0]).unwrap())

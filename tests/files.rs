@@ -6,7 +6,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::PeerModel;
-use pipetrain::compute::{GraphSession, SessionOptions, TensorMap, TrainSession};
+use pipetrain::compute::{GraphSession, SessionOptions, TrainSession};
 use pipetrain::graph::{
     build_training_graph, export_inference_model, make_node, LossSpec, TrainOptions,
 };
@@ -36,11 +36,7 @@ fn exported_model_gives_pipetrains_logits_in_onnx_runtime() {
     let peer = PeerModel::load("tiny_gpt");
     let tg = peer.training_graph(&rt);
     let mut session = TrainSession::new(&rt, &tg, &SessionOptions::default()).unwrap();
-    let mut params: TensorMap = tg
-        .params
-        .iter()
-        .map(|p| (p.name.clone(), p.init.clone()))
-        .collect();
+    let mut params = common::initial_params(&tg);
     let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
     for step in 0..5 {
         let out = session.step(&params, &peer.batch(step), &seed).unwrap();

@@ -128,11 +128,7 @@ fn gradients_with(
         ..SessionOptions::default()
     };
     let mut s = TrainSession::new(&rt, &tg, &session_opts).unwrap();
-    let params: TensorMap = tg
-        .params
-        .iter()
-        .map(|p| (p.name.clone(), p.init.clone()))
-        .collect();
+    let params = common::initial_params(&tg);
     let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
     let data: TensorMap = feeds
         .iter()

@@ -60,11 +60,7 @@ fn stock_onnx_runtime_runs_the_training_graph_file() {
         };
         let model = cfg.load_model().unwrap();
         let tg = build_training_graph(&rt, &model, &opts, &example).unwrap();
-        let params: TensorMap = tg
-            .params
-            .iter()
-            .map(|p| (p.name.clone(), p.init.clone()))
-            .collect();
+        let params = common::initial_params(&tg);
         let out = TrainSession::new(&rt, &tg, &SessionOptions::default())
             .unwrap()
             .step(&params, &batch, &Tensor::f32(vec![], vec![1.0]).unwrap())

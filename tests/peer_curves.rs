@@ -4,7 +4,7 @@
 mod common;
 
 use common::{reference_curve, sgd, PeerModel};
-use pipetrain::compute::{SessionOptions, TensorMap, TrainSession};
+use pipetrain::compute::{SessionOptions, TrainSession};
 use pipetrain::tensor::Tensor;
 
 fn sgd_curve(name: &'static str) -> Vec<f64> {
@@ -12,11 +12,7 @@ fn sgd_curve(name: &'static str) -> Vec<f64> {
     let peer = PeerModel::load(name);
     let tg = peer.training_graph(&rt);
     let mut session = TrainSession::new(&rt, &tg, &SessionOptions::default()).unwrap();
-    let mut params: TensorMap = tg
-        .params
-        .iter()
-        .map(|p| (p.name.clone(), p.init.clone()))
-        .collect();
+    let mut params = common::initial_params(&tg);
     let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
     (0..200)
         .map(|step| {

@@ -22,11 +22,7 @@ fn run_uncut(
     peer: &PeerModel,
     opts: &SessionOptions,
 ) -> StepOutput {
-    let params = tg
-        .params
-        .iter()
-        .map(|p| (p.name.clone(), p.init.clone()))
-        .collect();
+    let params = common::initial_params(tg);
     let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
     TrainSession::new(rt, tg, opts)
         .unwrap()
@@ -44,11 +40,7 @@ fn run_cut(
 ) -> (StepOutput, usize) {
     let a = assign_stages(tg, p).unwrap();
     let stages = build_stage_graphs(tg, &a).unwrap();
-    let params = tg
-        .params
-        .iter()
-        .map(|p| (p.name.clone(), p.init.clone()))
-        .collect();
+    let params = common::initial_params(tg);
     let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
     let mut chain = StageChain::new(rt, tg, &stages, opts, split).unwrap();
     (

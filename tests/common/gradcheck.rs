@@ -244,11 +244,7 @@ impl GradCheck {
             },
         )
         .map_err(|e| e.to_string())?;
-        let mut params: TensorMap = tg
-            .params
-            .iter()
-            .map(|p| (p.name.clone(), p.init.clone()))
-            .collect();
+        let mut params = super::initial_params(&tg);
         let data = TensorMap::new();
         let dtype = tg.params[0].meta.dtype;
         let loss_dtype = tg.metas["loss"].dtype;

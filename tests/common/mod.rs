@@ -16,6 +16,15 @@ use pipetrain::graph::{build_training_graph, LossSpec, TrainOptions, TrainingGra
 use pipetrain::onnx::proto::ModelProto;
 use pipetrain::tensor::Tensor;
 
+/// The parameters of `tg` at their initial values, by name: what a session's first step
+/// feeds.
+pub fn initial_params(tg: &TrainingGraph) -> TensorMap {
+    tg.params
+        .iter()
+        .map(|p| (p.name.clone(), p.init.clone()))
+        .collect()
+}
+
 /// The loaded ONNX Runtime (one per test process).
 pub fn runtime() -> Runtime {
     Runtime::from_env().expect("ONNX Runtime: run `bash scripts/setup.sh` first")

@@ -116,7 +116,7 @@ fn forward(
 ) -> ort::Result<()> {
     let (ip, op, t) = (g.in_plane(), g.out_plane().max(1), g.taps());
     par_blocks(ctx, y, op, |at, y| {
-        let mut scratch = Scratch::new(g);
+        let mut scratch = Scratch::new(g, false);
         for (i, y) in y.chunks_exact_mut(op).enumerate() {
             let p = at / op + i;
             let c = p % g.c;
@@ -150,7 +150,7 @@ fn backward(
             return;
         };
         let (dx, shares) = &mut *block;
-        let mut scratch = Scratch::new(g);
+        let mut scratch = Scratch::new(g, true);
         let planes = dx.chunks_exact_mut(ip).zip(shares.chunks_exact_mut(sl));
         for (i, (dx, share)) in planes.enumerate() {
             let p = b * per + i;

@@ -133,7 +133,8 @@ pub(super) fn reduce_shares(g: &Geometry, shares: &[f32], dw: &mut [f32], db: &m
     }
 }
 
-/// What a block of planes reuses: the taps' offsets and the scratch planes.
+/// What a block of planes reuses: the taps' offsets and the scratch planes (those of
+/// the pass it is made for; the other pass's stay empty).
 pub(super) struct Scratch {
     /// Where each tap reads (forward, and `dW`), and where each tap's `dX` reads in
     /// `spread` (the kernel turned around).
@@ -141,26 +142,28 @@ pub(super) struct Scratch {
     back: Vec<usize>,
     /// The padded input, with room for the last tap's reach past the stride-1 output.
     padded: Vec<f32>,
-    /// The stride-1 output.
+    /// The stride-1 output (forward).
     full: Vec<f32>,
-    /// `dY` spread to the stride-1 output's places, after `reach` zeros.
+    /// `dY` spread to the stride-1 output's places, after `reach` zeros (backward).
     spread: Vec<f32>,
-    /// The padded input's gradient, whole [`CHUNK`]s.
+    /// The padded input's gradient, whole [`CHUNK`]s (backward).
     grad: Vec<f32>,
 }
 
 impl Scratch {
-    pub(super) fn new(g: &Geometry) -> Self {
+    /// For [`forward_plane`] (`backward` false) or [`backward_plane`].
+    pub(super) fn new(g: &Geometry, backward: bool) -> Self {
         let at: Vec<usize> = (0..g.taps()).map(|t| g.offset(t)).collect();
         let reach = at.last().copied().unwrap_or(0);
         let grad = g.padded_plane().next_multiple_of(CHUNK);
+        let sized = |len: usize, wanted: bool| vec![0.0; if wanted { len } else { 0 }];
         Self {
             back: at.iter().map(|a| reach - a).collect(),
             at,
             padded: vec![0.0; g.full_len() + reach],
-            full: vec![0.0; g.full_len()],
-            spread: vec![0.0; grad.max(g.full_len()) + reach],
-            grad: vec![0.0; grad],
+            full: sized(g.full_len(), !backward),
+            spread: sized(grad.max(g.full_len()) + reach, backward),
+            grad: sized(grad, backward),
         }
     }
 
@@ -304,7 +307,7 @@ mod tests {
                 vec![0f32; x.len()],
                 vec![0f32; w.len()],
             );
-            let mut scratch = Scratch::new(&g);
+            let (mut scratch, mut back) = (Scratch::new(&g, false), Scratch::new(&g, true));
             let (i, o, t) = (g.in_plane(), g.out_plane(), g.taps());
             let sl = t + 1;
             let mut shares = vec![0f32; n * c * sl];
@@ -316,7 +319,7 @@ mod tests {
                     &mut dx[p * i..(p + 1) * i],
                     &mut shares[p * sl..(p + 1) * sl],
                 );
-                backward_plane(&g, (dyp, xp, wc), &mut scratch, dxp, share);
+                backward_plane(&g, (dyp, xp, wc), &mut back, dxp, share);
             }
             let mut db = vec![0f32; c];
             reduce_shares(&g, &shares, &mut dw, &mut db);
