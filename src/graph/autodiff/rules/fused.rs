@@ -33,12 +33,13 @@ pub fn rule(op_type: &str) -> Option<super::Rule> {
             c.e.node(DEPTHWISE_CONV_GRAD, DOMAIN, &[&dy, &x, &w], &out, attrs);
             let [dx, dw, db] = outputs;
             let bias = c.node.input.len() > 2 && !c.input(2).is_empty();
-            Ok(vec![
+            let mut grads = vec![
                 c.needs(0).then_some(dx),
                 c.needs(1).then_some(dw),
                 (bias && c.needs(2)).then_some(db),
-            ][..c.node.input.len()]
-                .to_vec())
+            ];
+            grads.truncate(c.node.input.len());
+            Ok(grads)
         },
         SOFTMAX => |c| {
             let (dy, y) = (c.dy(0)?, c.output(0).to_string());
