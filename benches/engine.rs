@@ -274,6 +274,7 @@ fn single_stage(
         // As the engine sets it for one actor with one stage.
         spin: true,
         profile: false,
+        device: pipetrain::compute::Device::Cpu,
     };
     let settings = pipetrain::pipeline::StageSettings::new(cfg.optimizer.clone(), 1.0);
     let stage =

@@ -38,6 +38,7 @@ fn main() {
             optimize: true,
             spin: true,
             profile: false,
+            device: pipetrain::compute::Device::Cpu,
         };
         let nospin = SessionOptions {
             spin: false,
@@ -103,6 +104,7 @@ fn where_time_goes(
 ) -> String {
     let opts = SessionOptions {
         profile: true,
+        device: pipetrain::compute::Device::Cpu,
         spin: true,
         ..opts
     };

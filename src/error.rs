@@ -100,6 +100,15 @@ pub enum Error {
         /// ONNX Runtime's message.
         source: ort::Error,
     },
+    /// A session could not be placed on the device asked for (no CUDA in this build, no
+    /// stream to be had).
+    #[error("{device}: {reason}")]
+    Device {
+        /// The device (`cuda:0`).
+        device: String,
+        /// What failed, in words.
+        reason: String,
+    },
     /// The ONNX Runtime shared library could not be found or loaded.
     #[error("ONNX Runtime library not usable: {reason}")]
     RuntimeLibrary {

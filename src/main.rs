@@ -238,10 +238,33 @@ fn doctor() -> Result<()> {
             for (i, name) in found.names.iter().enumerate() {
                 println!("cuda:{i}:    {name} ({})", found.library);
             }
+            gpu_checks(info.providers.iter().any(|p| p == "CUDAExecutionProvider"));
         }
         Err(why) => println!("cuda:      {why}"),
     }
     Ok(())
+}
+
+/// What `doctor` says of the GPU path on a machine with a GPU: whether this build has it,
+/// whether the library has ONNX Runtime's CUDA provider, and whether NCCL reduces.
+fn gpu_checks(provider: bool) {
+    if !cfg!(feature = "cuda") {
+        println!("gpu path:  not in this build (build with `--features cuda`)");
+        return;
+    }
+    println!(
+        "provider:  {}",
+        if provider {
+            "CUDAExecutionProvider offered by the library"
+        } else {
+            "this library has no CUDAExecutionProvider: use onnxruntime-gpu's (`scripts/setup.sh --cuda`, or ORT_DYLIB_PATH)"
+        }
+    );
+    #[cfg(feature = "cuda")]
+    match pipetrain::compute::cuda::nccl_self_check(0) {
+        Ok(()) => println!("nccl:      one-rank all-reduce on cuda:0 ok"),
+        Err(why) => println!("nccl:      {why}"),
+    }
 }
 
 fn schedule_error(e: impl std::fmt::Display) -> Error {

@@ -85,6 +85,7 @@ fn tiny_gpt_stage(
         optimize: true,
         spin: false,
         profile: false,
+        device: pipetrain::compute::Device::Cpu,
     };
     let settings = pipetrain::pipeline::StageSettings {
         bucket_bytes,

@@ -6,9 +6,9 @@
 //! probe opens `libcuda` itself with `libloading` and asks it through the driver API's
 //! stable C entry points `cuInit`, `cuDeviceGetCount` and `cuDeviceGetName`).
 //!
-//! The CUDA compute path itself (a stream per stage actor, ONNX Runtime's CUDA provider,
-//! NCCL) is not built yet: a run that asks for a present GPU is refused saying so, rather
-//! than silently training on the CPU.
+//! The CUDA path (ONNX Runtime's CUDA provider on a stream each session owns, NCCL; see
+//! `compute/cuda.rs`) is in builds with `--features cuda`; a build without it refuses a
+//! present GPU saying so, rather than silently training on the CPU.
 
 use std::fmt;
 use std::os::raw::{c_char, c_int, c_uint};
@@ -137,7 +137,7 @@ pub fn cuda_devices() -> Result<CudaDevices, String> {
 }
 
 /// Whether a run on `device` can start here: the CPU always; a GPU when the driver has
-/// it, and then not yet (the CUDA path is not built).
+/// it and this build has the CUDA path (`--features cuda`).
 ///
 /// # Errors
 /// Why not, in words, for the caller to attach to the setting.
@@ -156,8 +156,9 @@ pub fn check_device(device: Device) -> Result<(), String> {
                 n => format!(": cuda:0..cuda:{}", n - 1),
             }
         )),
+        Some(_) if cfg!(feature = "cuda") => Ok(()),
         Some(name) => Err(format!(
-            "{device} ({name}) is present, but this build trains on the CPU only: the CUDA path (a stream per stage actor, ONNX Runtime's CUDA provider, NCCL) is not built yet; use device = \"cpu\""
+            "{device} ({name}) is present, but this build trains on the CPU only: build pipetrain with `--features cuda` (and ONNX Runtime's CUDA build: `scripts/setup.sh --cuda`), or use device = \"cpu\""
         )),
     }
 }

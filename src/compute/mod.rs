@@ -1,6 +1,8 @@
 //! Running graphs on ONNX Runtime through `ort`.
 
 mod chain;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod device;
 mod direct;
 mod fused;

@@ -30,6 +30,7 @@ const ONE_OFF: SessionOptions = SessionOptions {
     optimize: false,
     spin: false,
     profile: false,
+    device: crate::compute::Device::Cpu,
 };
 
 /// Values exposed per probe run (see [`probe_values`]).

@@ -8,7 +8,7 @@ use prost::Message;
 
 use super::direct::{in_place, DirectOutputs, Target};
 use super::shard_ops::{custom_domain, ShardLink};
-use crate::compute::Runtime;
+use crate::compute::{Device, Runtime};
 use crate::graph::custom_ops::DOMAIN;
 use crate::graph::Graph;
 use crate::onnx::proto::ModelProto;
@@ -30,6 +30,10 @@ pub struct SessionOptions {
     /// Record ONNX Runtime's per-operator profile (a JSON file in the current folder,
     /// named after the session; see [`GraphSession::end_profiling`]).
     pub profile: bool,
+    /// Where the graph computes: ONNX Runtime's CPU provider, or its CUDA provider on a
+    /// stream of the session's own (builds with `--features cuda`), the CPU provider
+    /// taking the nodes it has no CUDA kernel for.
+    pub device: Device,
 }
 
 impl Default for SessionOptions {
@@ -40,18 +44,23 @@ impl Default for SessionOptions {
             optimize: true,
             spin: true,
             profile: false,
+            device: Device::Cpu,
         }
     }
 }
 
 /// A graph ready to run: an ONNX Runtime session and the order of its inputs and outputs.
 pub struct GraphSession {
+    /// Declared before `_stream`: ONNX Runtime's session goes first.
     session: Session,
     label: String,
     inputs: Vec<String>,
     outputs: Vec<String>,
     /// Run options directing outputs into a caller's buffer, kept for that buffer.
     direct: Option<DirectOutputs>,
+    /// The CUDA stream ONNX Runtime computes on, for a session on a GPU.
+    #[cfg(feature = "cuda")]
+    _stream: Option<super::cuda::DeviceStream>,
 }
 
 impl std::fmt::Debug for GraphSession {
@@ -134,12 +143,12 @@ impl GraphSession {
         } else {
             GraphOptimizationLevel::Disable
         };
+        let (gpu, _stream) = gpu_provider(opts.device)?;
         let session = Session::builder(rt.env())
             .and_then(|b| {
-                b.with_execution_providers([ort::ep::CPU::default()
-                    .with_arena_allocator(arena)
-                    .build()])
-                    .map_err(Into::into)
+                let cpu = ort::ep::CPU::default().with_arena_allocator(arena).build();
+                let providers: Vec<_> = gpu.into_iter().chain([cpu]).collect();
+                b.with_execution_providers(providers).map_err(Into::into)
             })
             .and_then(|b| b.with_optimization_level(level).map_err(Into::into))
             .and_then(|b| b.with_intra_threads(opts.intra_threads).map_err(Into::into))
@@ -198,6 +207,8 @@ impl GraphSession {
                 .collect(),
             outputs: graph.output.iter().map(|v| v.name.clone()).collect(),
             direct: None,
+            #[cfg(feature = "cuda")]
+            _stream,
         })
     }
 
@@ -431,6 +442,42 @@ pub(crate) fn to_host(value: &DynValue, name: &str) -> Result<Tensor> {
 
 /// Whether a session with pipetrain's operator domain has been created in this process.
 static CUSTOM_DOMAIN_KNOWN: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+
+/// The stream a session on a GPU owns (nothing in a build without CUDA).
+#[cfg(feature = "cuda")]
+type OwnStream = Option<super::cuda::DeviceStream>;
+#[cfg(not(feature = "cuda"))]
+type OwnStream = ();
+
+/// ONNX Runtime's CUDA provider for a session on `device` (none for the CPU), computing on
+/// a new stream that the session keeps. TF32 stays off: float32 products as the CPU's.
+fn gpu_provider(device: Device) -> Result<(Option<ort::ep::ExecutionProviderDispatch>, OwnStream)> {
+    let Device::Cuda(index) = device else {
+        return Ok((None, OwnStream::default()));
+    };
+    #[cfg(feature = "cuda")]
+    {
+        let stream = super::cuda::DeviceStream::new(index).map_err(|reason| Error::Device {
+            device: device.to_string(),
+            reason,
+        })?;
+        let cuda = ort::ep::CUDA::default()
+            .with_device_id(index as i32)
+            .with_tf32(false);
+        // SAFETY: the stream outlives the session: both belong to the `GraphSession`,
+        // which declares (so drops) its ONNX Runtime session first.
+        let cuda = unsafe { cuda.with_compute_stream(stream.raw()) };
+        Ok((Some(cuda.build().error_on_failure()), Some(stream)))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = index;
+        Err(Error::Device {
+            device: device.to_string(),
+            reason: "this build has no CUDA path; build pipetrain with `--features cuda`".into(),
+        })
+    }
+}
 
 /// ONNX Runtime enters a custom operator domain into a process-wide table when the first
 /// session using it is created, checking and inserting without a lock: two sessions

@@ -77,6 +77,7 @@ pub(super) fn session_options(cfg: &TrainConfig, actors: usize) -> SessionOption
         // the busy one.
         spin: actors == 1 && cfg.stages() == 1 && !cfg.split_backward(),
         profile: cfg.runtime.profile,
+        device: cfg.runtime.device,
     }
 }
 
@@ -98,7 +99,10 @@ pub(super) fn training_graph(
         loss: cfg.loss.clone(),
         trainable: None,
         contrib_ops: !cfg.runtime.standard_ops_only,
-        fused_kernels: cfg.runtime.fused_kernels && !cfg.runtime.standard_ops_only,
+        // The fused kernels are CPU code: a graph on a GPU keeps the standard ops.
+        fused_kernels: cfg.runtime.fused_kernels
+            && !cfg.runtime.standard_ops_only
+            && cfg.runtime.device == crate::compute::Device::Cpu,
         params: cfg.params.clone(),
     };
     build_sharded_training_graph(rt, model, &opts, &example, cfg.horizontal_parallel_size)

@@ -241,6 +241,7 @@ impl GradCheck {
                 optimize: true,
                 spin: false,
                 profile: false,
+                device: pipetrain::compute::Device::Cpu,
             },
         )
         .map_err(|e| e.to_string())?;

@@ -75,6 +75,7 @@ impl Module {
             optimize: true,
             spin: true,
             profile: false,
+            device: crate::compute::Device::Cpu,
         };
         let settings = StageSettings::new(OptimizerConfig::default(), 1.0);
         let stage = OrtStage::new(rt, &tg, &graphs[0], &session, &settings)?;

@@ -1,0 +1,60 @@
+"""PyTorch eager's side of the GPT-2 small comparison: the same model as pipetrain's
+built-in `gpt2` (12 layers, d 768, 12 heads, vocabulary 50257, context 1024, untied head,
+no dropout), float32 with TF32 off, plain SGD, random tokens; prints tokens/s.
+
+    python3 gpt2_eager.py --batch B --steps N [--layers 12 --d 768 --heads 12 --seq 1024]
+"""
+import argparse
+import time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--d", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--vocab", type=int, default=50257)
+    a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cfg = GPT2Config(n_layer=a.layers, n_embd=a.d, n_head=a.heads, n_positions=a.seq,
+                     vocab_size=a.vocab, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                     tie_word_embeddings=False)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = GPT2LMHeadModel(cfg).to(dev).train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    g = torch.Generator(device=dev).manual_seed(0)
+    tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device=dev, generator=g)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def step():
+        logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, a.vocab), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(3):
+        step()
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    sync()
+    t = time.perf_counter()
+    for _ in range(a.steps):
+        loss = step()
+    sync()
+    dt = time.perf_counter() - t
+    params = sum(p.numel() for p in model.parameters())
+    print(f"pytorch eager: {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}, {params / 1e6:.1f} M parameters, "
+          f"batch {a.batch} x {a.seq}, {a.steps} steps in {dt:.2f} s: "
+          f"{a.steps * a.batch * a.seq / dt:.0f} tokens/s, loss {loss.item():.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# The GPU checks, in one command, for a machine with an NVIDIA GPU:
+#   bash scripts/gpu-check.sh [--bin DIR] [--peers DIR] [--out DIR] [--quick]
+# - builds pipetrain with `--features cuda` (or takes the binary from --bin DIR, for a
+#   machine without cargo);
+# - `pipetrain doctor`: the library, its CUDA provider, the devices, a one-rank NCCL
+#   all-reduce; without a GPU it says so and stops (exit 0);
+# - the peers' MLP and tiny GPT (SGD, AdamW) trained on the GPU and on the CPU, the loss
+#   curves compared (TF32 off; --peers names the folder of ../shared/peers/data);
+# - a 2-stage pipeline on one GPU with its Chrome trace (how long both stages computed
+#   at once);
+# - checkpoint and resume on the GPU: 20 steps straight against 10 + 10 resumed, bitwise;
+# - unless --quick, GPT-2 small (12 layers, d 768, seq 1024; GPT2_* variables change it)
+#   tokens/s, pipetrain and, where PyTorch and transformers are installed, PyTorch eager
+#   on the same model.
+# ONNX Runtime's CUDA build comes from ORT_DYLIB_PATH or `scripts/setup.sh --cuda`.
+# Everything lands in --out (default gpu-check/); the summary is printed at the end.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin="" peers="$root/../shared/peers/data" out="gpu-check" quick=0
+device=${PIPETRAIN_GPU_CHECK_DEVICE:-cuda}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) bin=$2; shift 2 ;;
+    --peers) peers=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --quick) quick=1; shift ;;
+    *) echo "gpu-check: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+if [ -z "$bin" ]; then
+  (cd "$root" && cargo build --release --features cuda) || exit 1
+  bin="$root/target/release"
+fi
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+pt="$bin/pipetrain" summary="$out/summary.txt" fails=0
+: > "$summary"
+say() { echo "$*" | tee -a "$summary"; }
+fail() { say "FAIL: $*"; fails=$((fails + 1)); }
+
+"$pt" doctor 2>&1 | tee "$out/doctor.txt"
+if [ "$device" = cuda ] && ! grep -q '^cuda:0:' "$out/doctor.txt"; then
+  say "no GPU found (see doctor.txt): the GPU checks are skipped"
+  exit 0
+fi
+say "device: $(grep -m1 '^cuda:0:' "$out/doctor.txt" || echo "$device")"
+grep -E '^(provider|nccl|gpu path):' "$out/doctor.txt" >> "$summary"
+grep -q 'nccl:.*ok' "$out/doctor.txt" || [ "$device" != cuda ] || fail "nccl self-check"
+
+# A configuration from examples/NAME.toml on DEVICE: the peers' files from $peers, runs
+# under $out; extra top-level lines first.
+config() { # NAME DEVICE TAG [EXTRA...]
+  local name=$1 dev=$2 tag=$3; shift 3
+  local cfg="$out/cfg/$tag.toml"; mkdir -p "$out/cfg"
+  { printf '%s\n' "$@"
+    sed -e "s#\.\./\.\./shared/peers/data#$peers#g" -e "s#\.\./runs/[a-z_]*/#$out/runs/$tag/#g" \
+      "$root/examples/$name.toml"
+    printf '\n[runtime]\ndevice = "%s"\n' "$dev"; } > "$cfg"
+  echo "$cfg"
+}
+train() { # TAG CONFIG [ARGS...]
+  local tag=$1 cfg=$2; shift 2
+  timeout "${TRAIN_TIMEOUT:-600}" "$pt" train "$cfg" --metrics "$out/$tag.jsonl" "$@" > "$out/$tag.log" 2>&1 \
+    || { fail "$tag (see $tag.log)"; tail -5 "$out/$tag.log"; return 1; }
+}
+
+# Loss curves, GPU against CPU (float32 both; TF32 off on the GPU).
+for run in mlp_sgd mlp_adamw tiny_gpt_sgd tiny_gpt_adamw; do
+  train "${run}_cpu" "$(config $run cpu ${run}_cpu)" || continue
+  train "${run}_gpu" "$(config $run "$device" ${run}_gpu)" || continue
+  ref="$peers/../results/loss_$run.csv"; [ -f "$ref" ] || ref=""
+  python3 "$root/benches/gpu/curves.py" "$run" "$out/${run}_gpu.jsonl" "$out/${run}_cpu.jsonl" \
+    $ref --tol 1e-4 >> "$summary" || fails=$((fails + 1))
+done
+
+# Two pipeline stages on one GPU: a stream each; how long they computed at once.
+if train mlp_pipeline_gpu "$(config mlp_pipeline "$device" mlp_pipeline_gpu)" \
+    --chrome-trace "$out/mlp_pipeline_gpu.trace.json"; then
+  python3 "$root/benches/gpu/overlap.py" "$out/mlp_pipeline_gpu.trace.json" | sed 's/^/pp=2 /' >> "$summary"
+fi
+
+# Checkpoint and resume on the GPU: steps 11-20 resumed equal steps 11-20 straight.
+ck=("checkpoint_period = 10")
+straight=$(config tiny_gpt_adamw "$device" resume_straight "checkpoints_dir = \"$out/ck_straight\"" "${ck[@]}")
+sed -i 's/^num_train_steps = .*/num_train_steps = 20/' "$straight"
+half=$(config tiny_gpt_adamw "$device" resume_half "checkpoints_dir = \"$out/ck_half\"" "${ck[@]}")
+sed -i 's/^num_train_steps = .*/num_train_steps = 10/' "$half"
+if train resume_straight "$straight" && train resume_first "$half"; then
+  sed -i 's/^num_train_steps = .*/num_train_steps = 20/' "$half"
+  if train resume_second "$half" --resume; then
+    a=$(sed -n '11,20p' "$out/resume_straight.jsonl" | python3 -c 'import json,sys; print([json.loads(l)["loss"] for l in sys.stdin])')
+    b=$(python3 -c 'import json,sys; print([json.loads(l)["loss"] for l in open(sys.argv[1]) if l.strip()][-10:])' "$out/resume_second.jsonl")
+    last=step-00000020 same=1
+    for f in "$out/ck_straight/$last"/*.safetensors; do
+      cmp -s "$f" "$out/ck_half/$last/$(basename "$f")" || same=0
+    done
+    ls "$out/ck_straight/$last"/*.safetensors > /dev/null 2>&1 || same=0
+    if [ "$a" = "$b" ] && [ "$same" = 1 ]; then
+      say "resume: steps 11-20 losses, and the step-20 weights and optimizer state, bitwise equal"
+    else
+      fail "resume: losses straight $a, resumed $b; checkpoint files equal: $same"
+    fi
+  fi
+fi
+
+# GPT-2 small: tokens/s of pipetrain, and of PyTorch eager on the same model.
+if [ "$quick" = 0 ]; then
+  batch=${GPT2_BATCH:-4} steps=${GPT2_STEPS:-12} layers=${GPT2_LAYERS:-12} d=${GPT2_D:-768}
+  heads=${GPT2_HEADS:-12} seq=${GPT2_SEQ:-1024} vocab=${GPT2_VOCAB:-50257}
+  params=$((layers * 12 * d * d + 2 * vocab * d + seq * d))
+  cat > "$out/cfg/gpt2_small.toml" <<EOF
+batch_size = $batch
+num_train_steps = $steps
+display_loss_steps = 1
+[model]
+kind = "gpt2"
+layers = $layers
+d_model = $d
+heads = $heads
+vocab = $vocab
+seq = $seq
+[loss]
+kind = "softmax_cross_entropy"
+prediction = "logits"
+label = "targets"
+[data]
+synth = { kind = "language", samples = $((batch * 4)), seq = $seq, vocab = $vocab, seed = 7 }
+layout = { kind = "next_token", array = "tokens", input = "tokens", label = "targets" }
+[optimizer]
+kind = "sgd"
+[lr_schedule]
+kind = "constant"
+lr = 1e-4
+[runtime]
+device = "$device"
+EOF
+  if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_small "$out/cfg/gpt2_small.toml"; then
+    python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_small.jsonl" $((batch * seq)) "$params" >> "$summary"
+  fi
+  if python3 -c 'import torch, transformers' 2>/dev/null; then
+    python3 "$root/benches/gpu/gpt2_eager.py" --batch "$batch" --steps "$steps" \
+      --layers "$layers" --d "$d" --heads "$heads" --seq "$seq" --vocab "$vocab" >> "$summary" 2>"$out/gpt2_eager.err" \
+      || fail "gpt2 eager (see gpt2_eager.err)"
+  else
+    say "gpt2 eager: PyTorch or transformers not installed: skipped"
+  fi
+fi
+
+echo; echo "== gpu-check summary ($summary)"; cat "$summary"
+[ "$fails" = 0 ]

@@ -1,0 +1,130 @@
+//! What pipetrain owns on a GPU itself (`--features cuda`): a CUDA stream for each session,
+//! lent to ONNX Runtime's CUDA provider as its compute stream, and NCCL.
+//!
+//! cudarc opens the driver and NCCL at run time (`dynamic-loading`), so this module builds
+//! on a machine without CUDA; nothing here runs before [`super::check_device`] found the
+//! device (cudarc's context constructor panics where the driver is missing).
+//!
+//! A session's stream belongs to the session (so to the actor that owns the session) and
+//! outlives it: [`super::GraphSession`] drops ONNX Runtime's session before its stream.
+//! Feeds and outputs are host memory for now: ONNX Runtime copies them to and from the
+//! device around each run, on this stream, and the run returns once they are back.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::nccl::{Comm, Id, ReduceOp};
+
+/// A CUDA stream on one device, created by pipetrain and lent to ONNX Runtime.
+#[derive(Debug)]
+pub struct DeviceStream {
+    stream: Arc<CudaStream>,
+}
+
+impl DeviceStream {
+    /// A new stream on device `index` (its primary context, the one ONNX Runtime uses).
+    ///
+    /// # Errors
+    /// The driver's error, in words, when the device is missing or the stream cannot be
+    /// made.
+    pub fn new(index: usize) -> Result<DeviceStream, String> {
+        super::device::cuda_devices()?;
+        let ctx = CudaContext::new(index).map_err(|e| format!("cuda:{index}: {e}"))?;
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| format!("cuda:{index}: creating a stream: {e}"))?;
+        Ok(DeviceStream { stream })
+    }
+
+    /// The raw `cudaStream_t`, as ONNX Runtime's `user_compute_stream` takes it.
+    pub(crate) fn raw(&self) -> *mut () {
+        self.stream.cu_stream() as *mut ()
+    }
+}
+
+/// An NCCL unique id as text (hex), the form in which the rendezvous carries it from the
+/// rank that made it to the others.
+pub fn id_to_hex(id: &Id) -> String {
+    id.internal()
+        .iter()
+        .map(|b| format!("{:02x}", *b as u8))
+        .collect()
+}
+
+/// Reads an id written by [`id_to_hex`].
+///
+/// # Errors
+/// What is wrong with `text` (length, a character that is no hex digit).
+pub fn id_from_hex(text: &str) -> Result<Id, String> {
+    let bytes = text.as_bytes();
+    let mut raw = [0 as std::ffi::c_char; 128];
+    if bytes.len() != 2 * raw.len() {
+        return Err(format!(
+            "an NCCL id is {} hex digits, not {}",
+            2 * raw.len(),
+            bytes.len()
+        ));
+    }
+    for (slot, pair) in raw.iter_mut().zip(bytes.chunks(2)) {
+        let digits = std::str::from_utf8(pair).map_err(|e| e.to_string())?;
+        let byte = u8::from_str_radix(digits, 16)
+            .map_err(|_| format!("`{digits}` in an NCCL id is not a hex byte"))?;
+        *slot = byte as std::ffi::c_char;
+    }
+    Ok(Id::uninit(raw))
+}
+
+/// NCCL's library under a name cudarc looks for: PyPI's `nvidia-nccl-cu13` ships only
+/// `libnccl.so.2`, so a link named `libnccl.so` on `LD_LIBRARY_PATH` is needed.
+const NO_NCCL: &str = "NCCL not found: put a folder with libnccl.so on LD_LIBRARY_PATH (PyPI's nvidia-nccl wheel has libnccl.so.2 only: link libnccl.so to it)";
+
+/// Sums `[1, 2, 3, 4]` over an NCCL communicator of one rank on device `index` and reads
+/// it back: the check `pipetrain doctor` runs that NCCL loads, makes a communicator and
+/// reduces on a stream of ours.
+///
+/// # Errors
+/// Which step failed, with NCCL's or the driver's error.
+pub fn nccl_self_check(index: usize) -> Result<(), String> {
+    // SAFETY: only tries to open the library (cudarc panics on first use where none is).
+    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
+        return Err(NO_NCCL.into());
+    }
+    let stream = DeviceStream::new(index)?.stream;
+    let id = Id::new().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
+    let comm = Comm::from_rank(stream.clone(), 0, 1, id)
+        .map_err(|e| format!("ncclCommInitRank (1 rank): {e:?}"))?;
+    let sent = [1.0f32, 2.0, 3.0, 4.0];
+    let send = stream.clone_htod(&sent).map_err(|e| e.to_string())?;
+    let mut recv = stream
+        .alloc_zeros::<f32>(sent.len())
+        .map_err(|e| e.to_string())?;
+    comm.all_reduce(&send, &mut recv, &ReduceOp::Sum)
+        .map_err(|e| format!("ncclAllReduce: {e:?}"))?;
+    let back = stream.clone_dtoh(&recv).map_err(|e| e.to_string())?;
+    if back == sent {
+        Ok(())
+    } else {
+        Err(format!(
+            "all-reduce of {sent:?} over one rank gave {back:?}"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nccl_ids_survive_the_trip_through_text_and_bad_text_says_why() {
+        let mut raw = [0 as std::ffi::c_char; 128];
+        for (i, b) in raw.iter_mut().enumerate() {
+            *b = (i * 37 % 256) as u8 as std::ffi::c_char;
+        }
+        let text = id_to_hex(&Id::uninit(raw));
+        assert_eq!(text.len(), 256);
+        assert_eq!(id_from_hex(&text).unwrap().internal(), &raw);
+        assert!(id_from_hex("00").unwrap_err().contains("256 hex digits"));
+        let bad = format!("zz{}", &text[2..]);
+        assert!(id_from_hex(&bad).unwrap_err().contains("`zz`"));
+    }
+}
