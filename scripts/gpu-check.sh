@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, in one command, for a machine with an NVIDIA GPU:
 #   bash scripts/gpu-check.sh [--bin DIR] [--peers DIR] [--out DIR] [--quick]
+#                             [--checks curves,pipeline,resume,gpt2]
 # - builds pipetrain with `--features cuda` (or takes the binary from --bin DIR, for a
 #   machine without cargo);
 # - `pipetrain doctor`: the library, its CUDA provider, the devices, a one-rank NCCL
@@ -17,14 +18,15 @@
 # Everything lands in --out (default gpu-check/); the summary is printed at the end.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bin="" peers="$root/../shared/peers/data" out="gpu-check" quick=0
+bin="" peers="$root/../shared/peers/data" out="gpu-check" checks=curves,pipeline,resume,gpt2
 device=${PIPETRAIN_GPU_CHECK_DEVICE:-cuda}
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
     --peers) peers=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    --quick) quick=1; shift ;;
+    --quick) checks=curves,pipeline,resume; shift ;;
+    --checks) checks=$2; shift 2 ;;
     *) echo "gpu-check: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -37,6 +39,7 @@ pt="$bin/pipetrain" summary="$out/summary.txt" fails=0
 : > "$summary"
 say() { echo "$*" | tee -a "$summary"; }
 fail() { say "FAIL: $*"; fails=$((fails + 1)); }
+want() { [[ ",$checks," == *",$1,"* ]]; }
 
 "$pt" doctor 2>&1 | tee "$out/doctor.txt"
 if [ "$device" = cuda ] && ! grep -q '^cuda:0:' "$out/doctor.txt"; then
@@ -60,12 +63,12 @@ config() { # NAME DEVICE TAG [EXTRA...]
 }
 train() { # TAG CONFIG [ARGS...]
   local tag=$1 cfg=$2; shift 2
-  timeout "${TRAIN_TIMEOUT:-600}" "$pt" train "$cfg" --metrics "$out/$tag.jsonl" "$@" > "$out/$tag.log" 2>&1 \
+  timeout -k 10 "${TRAIN_TIMEOUT:-600}" "$pt" train "$cfg" --metrics "$out/$tag.jsonl" "$@" > "$out/$tag.log" 2>&1 \
     || { fail "$tag (see $tag.log)"; tail -5 "$out/$tag.log"; return 1; }
 }
 
 # Loss curves, GPU against CPU (float32 both; TF32 off on the GPU).
-for run in mlp_sgd mlp_adamw tiny_gpt_sgd tiny_gpt_adamw; do
+want curves && for run in mlp_sgd mlp_adamw tiny_gpt_sgd tiny_gpt_adamw; do
   train "${run}_cpu" "$(config $run cpu ${run}_cpu)" || continue
   train "${run}_gpu" "$(config $run "$device" ${run}_gpu)" || continue
   ref="$peers/../results/loss_$run.csv"; [ -f "$ref" ] || ref=""
@@ -74,7 +77,7 @@ for run in mlp_sgd mlp_adamw tiny_gpt_sgd tiny_gpt_adamw; do
 done
 
 # Two pipeline stages on one GPU: a stream each; how long they computed at once.
-if train mlp_pipeline_gpu "$(config mlp_pipeline "$device" mlp_pipeline_gpu)" \
+if want pipeline && train mlp_pipeline_gpu "$(config mlp_pipeline "$device" mlp_pipeline_gpu)" \
     --chrome-trace "$out/mlp_pipeline_gpu.trace.json"; then
   python3 "$root/benches/gpu/overlap.py" "$out/mlp_pipeline_gpu.trace.json" | sed 's/^/pp=2 /' >> "$summary"
 fi
@@ -85,7 +88,7 @@ straight=$(config tiny_gpt_adamw "$device" resume_straight "checkpoints_dir = \"
 sed -i 's/^num_train_steps = .*/num_train_steps = 20/' "$straight"
 half=$(config tiny_gpt_adamw "$device" resume_half "checkpoints_dir = \"$out/ck_half\"" "${ck[@]}")
 sed -i 's/^num_train_steps = .*/num_train_steps = 10/' "$half"
-if train resume_straight "$straight" && train resume_first "$half"; then
+if want resume && train resume_straight "$straight" && train resume_first "$half"; then
   sed -i 's/^num_train_steps = .*/num_train_steps = 20/' "$half"
   if train resume_second "$half" --resume; then
     a=$(sed -n '11,20p' "$out/resume_straight.jsonl" | python3 -c 'import json,sys; print([json.loads(l)["loss"] for l in sys.stdin])')
@@ -103,8 +106,28 @@ if train resume_straight "$straight" && train resume_first "$half"; then
   fi
 fi
 
+# The same run twice on the GPU: bitwise the same losses and step-20 state? (Resume
+# cannot be more exact than this.)
+if want resume; then
+  again=$(config tiny_gpt_adamw "$device" resume_again "checkpoints_dir = \"$out/ck_again\"" "${ck[@]}")
+  sed -i 's/^num_train_steps = .*/num_train_steps = 20/' "$again"
+  if train resume_again "$again"; then
+    same=1
+    for f in "$out/ck_straight/step-00000020"/*.safetensors; do
+      cmp -s "$f" "$out/ck_again/step-00000020/$(basename "$f")" || same=0
+    done
+    python3 - "$out/resume_straight.jsonl" "$out/resume_again.jsonl" "$same" <<'PY' >> "$summary"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p) if l.strip()] for p in sys.argv[1:3])
+diff = [i + 1 for i in range(min(len(a), len(b))) if a[i] != b[i]]
+state = "equal" if sys.argv[3] == "1" else "different"
+print(f"repeat: the same 20 steps run twice: losses {'bitwise equal' if not diff else f'first differ at step {diff[0]}'}, step-20 state {state}")
+PY
+  fi
+fi
+
 # GPT-2 small: tokens/s of pipetrain, and of PyTorch eager on the same model.
-if [ "$quick" = 0 ]; then
+if want gpt2; then
   batch=${GPT2_BATCH:-4} steps=${GPT2_STEPS:-12} layers=${GPT2_LAYERS:-12} d=${GPT2_D:-768}
   heads=${GPT2_HEADS:-12} seq=${GPT2_SEQ:-1024} vocab=${GPT2_VOCAB:-50257}
   params=$((layers * 12 * d * d + 2 * vocab * d + seq * d))

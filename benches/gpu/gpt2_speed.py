@@ -1,25 +1,28 @@
-"""Tokens/s of a `pipetrain train --metrics` run, over the steps after the first `skip`
-(warm-up), from the metrics' `elapsed_s`; and the model FLOPs it implies.
+"""Tokens/s of a `pipetrain train --metrics` run: the median of the steps' `step_s`,
+leaving out the first (warm-up) and the last (its record is written right after the one
+before it, so its `step_s` is near zero), and the model FLOPs it implies.
 
-    python3 gpt2_speed.py METRICS.jsonl TOKENS_PER_STEP PARAMS [--skip 3]
+    python3 gpt2_speed.py METRICS.jsonl TOKENS_PER_STEP PARAMS
 """
 import json
+import statistics
 import sys
 
 
 def main():
     path, tokens, params = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-    skip = int(sys.argv[5]) if len(sys.argv) > 5 else 3
     rows = [json.loads(line) for line in open(path) if line.strip()]
-    key = "elapsed_s" if "elapsed_s" in rows[0] else next(k for k in rows[0] if "elapsed" in k)
-    a, b = rows[skip - 1], rows[-1]
-    dt = b[key] - a[key]
-    n = len(rows) - skip
-    tps = n * tokens / dt
-    print(f"pipetrain: {n} steps in {dt:.2f} s: {tps:.0f} tokens/s "
+    steps = [r["step_s"] for r in rows[1:-1] if r.get("step_s")]
+    if not steps:
+        print(f"pipetrain: too few steps in {path} to time")
+        return 1
+    step = statistics.median(steps)
+    tps = tokens / step
+    print(f"pipetrain: median step {step * 1e3:.0f} ms over {len(steps)} steps: {tps:.0f} tokens/s "
           f"(~{6 * params * tps / 1e12:.1f} TFLOP/s at 6 x params per token), "
-          f"last loss {b['loss']:.4f}")
+          f"last loss {rows[-1]['loss']:.4f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,13 +1,13 @@
 //! Measuring every value's element type and shape by running the graph once.
 //!
 //! ONNX Runtime's own shape inference is the most complete one available; rather than
-//! re-implement it for every operator, pipetrain exposes every intermediate value as a
-//! graph output and runs the forward graph on one example batch. The backward graphs are
+//! re-implement it for every operator, pipetrain runs the forward graph on one example
+//! batch with ONNX Runtime's profiler on, which records every node's output shapes. The backward graphs are
 //! then built for those concrete shapes (the micro-batch shape is fixed during training).
 
 use crate::compute::{GraphSession, Runtime, SessionOptions};
 use crate::graph::{untyped_value_info, Graph, Metas, ShapeProbe, ValueMeta};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 use crate::Result;
 
 /// Graph building measures shapes by running ONNX Runtime.
@@ -33,11 +33,18 @@ const ONE_OFF: SessionOptions = SessionOptions {
     device: crate::compute::Device::Cpu,
 };
 
-/// Values exposed per probe run (see [`probe_values`]).
+/// Values exposed per probe run where the profile gave no shape (see [`probe_values`]).
 const PROBE_OUTPUTS: usize = 48;
 
 /// The type and shape of every input, initializer and node output of `graph` when run on
 /// `feeds`.
+///
+/// One run, profiled: ONNX Runtime's profile records each node's output types and shapes,
+/// and values are freed as the run goes, so memory stays that of a plain forward. Values
+/// the profile leaves out (a node whose outputs it lists differently from the graph, an
+/// element type pipetrain has no name for) are measured the slow way: a few at a time
+/// exposed as graph outputs, each such run recomputing the graph (before the profile,
+/// every value went that way: GPT-2 small's graph build was quadratic in its layers).
 ///
 /// # Errors
 /// `Ort` when the graph does not run on the feeds.
@@ -51,6 +58,16 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
             metas.insert(t.name.clone(), meta_of(&v));
         }
     }
+    // ONNX Runtime turns `Constant` nodes into initializers (no kernel, no profile event).
+    for n in graph.nodes.iter().filter(|n| n.op_type == "Constant") {
+        let value = n.attribute.iter().find(|a| a.name == "value");
+        if let (Some(t), Some(out)) = (value.and_then(|a| a.t.as_ref()), n.output.first()) {
+            if let Ok(v) = Tensor::from_proto(t) {
+                metas.insert(out.clone(), meta_of(&v));
+            }
+        }
+    }
+    profiled_shapes(rt, graph, feeds, &mut metas)?;
     let mut names = Vec::new();
     let mut seen = std::collections::HashSet::new();
     // Sequences are not tensors: they have no shape to measure.
@@ -60,14 +77,13 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
         .filter(|n| !crate::graph::makes_sequence(&n.op_type))
     {
         for o in n.output.iter().filter(|o| !o.is_empty()) {
-            if seen.insert(o.clone()) {
+            if !metas.contains_key(o) && seen.insert(o.clone()) {
                 names.push(o.clone());
             }
         }
     }
     // A few values at a time: every exposed value is held until the run ends, and all of
-    // a training graph's values at once would be the process's peak memory (tiny_gpt:
-    // 283 MiB that way). Each run recomputes the graph, a few milliseconds.
+    // a training graph's values at once would be the process's peak memory.
     for chunk in names.chunks(PROBE_OUTPUTS) {
         let mut probe = graph.clone();
         probe.outputs = chunk.iter().map(|o| untyped_value_info(o)).collect();
@@ -78,6 +94,93 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
         }
     }
     Ok(metas)
+}
+
+/// Runs `graph` once with ONNX Runtime's profiler on, its nodes renamed by index, and
+/// enters each node's output types and shapes from the profile into `metas`.
+fn profiled_shapes(
+    rt: &Runtime,
+    graph: &Graph,
+    feeds: &[(&str, &Tensor)],
+    metas: &mut Metas,
+) -> Result<()> {
+    let mut probe = graph.clone();
+    for (i, n) in probe.nodes.iter_mut().enumerate() {
+        n.name = format!("{NODE_PREFIX}{i}");
+    }
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let to = std::env::temp_dir().join(format!(
+        "pipetrain-probe-{}-{:?}-{stamp}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let opts = SessionOptions {
+        intra_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ..ONE_OFF
+    };
+    let mut session = GraphSession::profiled_one_off(rt, &probe, &opts, "the shape probe", &to)?;
+    session.run_shapes(feeds)?;
+    let file = session.end_profiling()?;
+    let text = std::fs::read_to_string(&file);
+    let _ = std::fs::remove_file(&file);
+    let Ok(events) = text.map(|t| serde_json::from_str::<serde_json::Value>(&t)) else {
+        return Ok(());
+    };
+    for (node, shapes) in events.iter().flat_map(node_output_shapes) {
+        let Some(n) = graph.nodes.get(node) else {
+            continue;
+        };
+        let outputs: Vec<&String> = n.output.iter().filter(|o| !o.is_empty()).collect();
+        if outputs.len() == shapes.len() && !crate::graph::makes_sequence(&n.op_type) {
+            for (name, meta) in outputs.into_iter().zip(shapes) {
+                metas.insert(name.clone(), meta);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The probe's node names: this and the node's index.
+const NODE_PREFIX: &str = "pipetrain_probe_";
+
+/// From a profile (ONNX Runtime's Chrome-trace JSON array), each node event's node index
+/// and output types and shapes; `None` for events of another kind, or naming a type
+/// pipetrain does not compute in.
+fn node_output_shapes(
+    events: &serde_json::Value,
+) -> impl Iterator<Item = (usize, Vec<ValueMeta>)> + '_ {
+    events.as_array().into_iter().flatten().filter_map(|e| {
+        let name = e.get("name")?.as_str()?;
+        let index = name
+            .strip_prefix(NODE_PREFIX)?
+            .strip_suffix("_kernel_time")?
+            .parse()
+            .ok()?;
+        let outputs = e.get("args")?.get("output_type_shape")?.as_array()?;
+        let metas = outputs
+            .iter()
+            .map(|o| {
+                let (ty, dims) = o.as_object()?.iter().next()?;
+                let dtype = match ty.as_str() {
+                    "float" => DType::F32,
+                    "double" => DType::F64,
+                    "int64" => DType::I64,
+                    "int32" => DType::I32,
+                    "bool" => DType::Bool,
+                    _ => return None,
+                };
+                let shape = dims
+                    .as_array()?
+                    .iter()
+                    .map(|d| d.as_u64().map(|d| d as usize))
+                    .collect::<Option<Vec<_>>>()?;
+                Some(ValueMeta { dtype, shape })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some((index, metas))
+    })
 }
 
 fn meta_of(t: &Tensor) -> ValueMeta {

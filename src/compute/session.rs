@@ -99,7 +99,7 @@ impl GraphSession {
         label: &str,
         link: Option<&ShardLink>,
     ) -> Result<GraphSession> {
-        GraphSession::build(rt, &graph.to_model(), opts, label, (true, link))
+        GraphSession::build(rt, &graph.to_model(), opts, label, (true, link, None))
     }
 
     /// Creates a session for a model as it is (an exported model, say).
@@ -112,7 +112,7 @@ impl GraphSession {
         opts: &SessionOptions,
         label: &str,
     ) -> Result<GraphSession> {
-        GraphSession::build(rt, model, opts, label, (true, None))
+        GraphSession::build(rt, model, opts, label, (true, None, None))
     }
 
     /// A session whose memory goes back to the system as soon as a run ends (no arena):
@@ -124,7 +124,20 @@ impl GraphSession {
         opts: &SessionOptions,
         label: &str,
     ) -> Result<GraphSession> {
-        GraphSession::build(rt, &graph.to_model(), opts, label, (false, None))
+        GraphSession::build(rt, &graph.to_model(), opts, label, (false, None, None))
+    }
+
+    /// [`GraphSession::one_off`] recording ONNX Runtime's profile (every node's output
+    /// types and shapes among it) to `<to>_<time>.json`, found by
+    /// [`GraphSession::end_profiling`].
+    pub(crate) fn profiled_one_off(
+        rt: &Runtime,
+        graph: &Graph,
+        opts: &SessionOptions,
+        label: &str,
+        to: &std::path::Path,
+    ) -> Result<GraphSession> {
+        GraphSession::build(rt, &graph.to_model(), opts, label, (false, None, Some(to)))
     }
 
     fn build(
@@ -132,7 +145,7 @@ impl GraphSession {
         model: &ModelProto,
         opts: &SessionOptions,
         label: &str,
-        (arena, link): (bool, Option<&ShardLink>),
+        (arena, link, profile_to): (bool, Option<&ShardLink>, Option<&std::path::Path>),
     ) -> Result<GraphSession> {
         let custom = model.opset_import.iter().any(|o| o.domain == DOMAIN);
         let graph = model.graph.clone().unwrap_or_default();
@@ -151,6 +164,12 @@ impl GraphSession {
                 b.with_execution_providers(providers).map_err(Into::into)
             })
             .and_then(|b| b.with_optimization_level(level).map_err(Into::into))
+            // Exact resume on a GPU asks for the same sums every run: ONNX Runtime's
+            // deterministic kernels where it has them (the CPU's are already).
+            .and_then(|b| {
+                b.with_deterministic_compute(opts.device != Device::Cpu)
+                    .map_err(Into::into)
+            })
             .and_then(|b| b.with_intra_threads(opts.intra_threads).map_err(Into::into))
             .and_then(|b| b.with_inter_threads(opts.inter_threads).map_err(Into::into))
             .and_then(|b| {
@@ -167,17 +186,17 @@ impl GraphSession {
                 )
                 .map_err(Into::into)
             })
-            .and_then(|b| {
-                if opts.profile {
+            .and_then(|b| match profile_to {
+                Some(to) => b.with_profiling(to).map_err(Into::into),
+                None if opts.profile => {
                     let name: String = label
                         .chars()
                         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
                         .collect();
                     b.with_profiling(format!("pipetrain_{name}"))
                         .map_err(Into::into)
-                } else {
-                    Ok(b)
                 }
+                None => Ok(b),
             })
             .and_then(|b| match custom {
                 true => {
