@@ -5,8 +5,36 @@
 # - the Python packages the tests use as independent readers of pipetrain's files:
 #   `onnx` (its model checker), `safetensors` (checkpoint weight files) and `tensorboard`
 #   (its own event-file reader, for the TensorBoard writer's tests).
+#
+# `scripts/setup.sh --cuda` (a machine with an NVIDIA GPU) instead installs ONNX Runtime's
+# CUDA build (PyPI onnxruntime-gpu, for CUDA 13) with the CUDA, cuDNN and NCCL wheels it
+# needs into ./.venv-cuda, and writes .venv-cuda/pipetrain-env.sh, which sets
+# ORT_DYLIB_PATH and LD_LIBRARY_PATH for a pipetrain built with `--features cuda`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--cuda" ]; then
+  venv=.venv-cuda
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  if ! "$venv/bin/python" -c 'import importlib.metadata as m; assert m.version("onnxruntime-gpu") == "1.31.1"; m.version("nvidia-nccl-cu13")' 2>/dev/null; then
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+      "onnxruntime-gpu[cuda,cudnn]==1.31.1" nvidia-nccl-cu13
+  fi
+  site=$(cd "$(ls -d "$venv"/lib/python3*/site-packages | head -n 1)" && pwd)
+  lib=$(ls "$site"/onnxruntime/capi/libonnxruntime.so.* | head -n 1)
+  # NCCL's wheel has libnccl.so.2 only; cudarc opens libnccl.so.
+  mkdir -p "$venv/pipetrain-lib"
+  links=$(cd "$venv/pipetrain-lib" && pwd)
+  ln -sf "$(ls "$site"/nvidia/nccl/lib/libnccl.so.* | head -n 1)" "$links/libnccl.so"
+  dirs=$links
+  for d in "$site"/nvidia/*/lib; do dirs="$dirs:$d"; done
+  {
+    echo "export ORT_DYLIB_PATH=$lib"
+    echo "export LD_LIBRARY_PATH=$dirs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+  } > "$venv/pipetrain-env.sh"
+  echo "setup: ONNX Runtime's CUDA build at $lib"
+  echo "setup: now 'source $venv/pipetrain-env.sh' and build with 'cargo build --release --features cuda'"
+  exit 0
+fi
 venv=.venv
 # name==version, one per line: what the project's venv must hold.
 PACKAGES="onnxruntime==1.31.1

@@ -4,6 +4,8 @@
 
 use std::process::Command;
 
+mod common;
+
 fn config(dir: &std::path::Path, device: &str) -> std::path::PathBuf {
     let text = format!(
         r#"
@@ -74,5 +76,35 @@ fn asking_for_a_gpu_that_is_not_there_fails_clearly_and_trains_nothing() {
             err.contains(&format!("has {} device(s)", found.names.len())),
             "{err}"
         ),
+    }
+}
+
+/// A session asked to compute on a GPU that this build or machine cannot give fails with
+/// an error saying why (how to get the CUDA path; no driver), never a CPU session.
+#[test]
+fn a_session_on_a_gpu_says_what_is_missing() {
+    use pipetrain::compute::{Device, GraphSession, SessionOptions};
+    let rt = common::runtime();
+    let model =
+        pipetrain::models::build(&pipetrain::models::ModelSpec::Mlp(Default::default())).unwrap();
+    let graph = pipetrain::graph::Graph::from_model(&model).unwrap();
+    let opts = SessionOptions {
+        device: Device::Cuda(0),
+        ..SessionOptions::default()
+    };
+    let made = GraphSession::new(&rt, &graph, &opts, "on a GPU");
+    match (cfg!(feature = "cuda"), pipetrain::compute::cuda_devices()) {
+        (false, _) => {
+            let err = made.unwrap_err().to_string();
+            assert!(
+                err.contains("cuda:0") && err.contains("--features cuda"),
+                "{err}"
+            );
+        }
+        (true, Err(why)) => {
+            let err = made.unwrap_err().to_string();
+            assert!(err.contains("cuda:0") && err.contains(&why), "{err}");
+        }
+        (true, Ok(_)) => eprintln!("a GPU is here: scripts/gpu-check.sh checks the session on it"),
     }
 }
