@@ -34,6 +34,7 @@ if [ -z "$bin" ]; then
   (cd "$root" && cargo build --release --features cuda) || exit 1
   bin="$root/target/release"
 fi
+bin=$(cd "$bin" && pwd)
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 pt="$bin/pipetrain" summary="$out/summary.txt" fails=0
 : > "$summary"
@@ -157,8 +158,19 @@ lr = 1e-4
 [runtime]
 device = "$device"
 EOF
-  if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_small "$out/cfg/gpt2_small.toml"; then
+  if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_small "$out/cfg/gpt2_small.toml" \
+      --chrome-trace "$out/gpt2_small.trace.json"; then
     python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_small.jsonl" $((batch * seq)) "$params" >> "$summary"
+    # Where a step goes: the session run (F, parameters in and gradients out included)
+    # against the optimizer (STEP); then ONNX Runtime's own profile of a few steps.
+    python3 "$root/benches/gpu/trace_summary.py" "$out/gpt2_small.trace.json" | sed 's/^/gpt2 trace /' >> "$summary"
+    sed -e 's/^num_train_steps = .*/num_train_steps = 4/' -e 's/^\[runtime\]/[runtime]\nprofile = true/' \
+      "$out/cfg/gpt2_small.toml" > "$out/cfg/gpt2_profiled.toml"
+    if (cd "$out" && TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_profiled "$out/cfg/gpt2_profiled.toml"); then
+      for f in "$out"/pipetrain_*forward_backward*.json; do
+        python3 "$root/benches/ort_profile.py" --skip 1 "$f" 2>&1 | head -25 | sed 's/^/gpt2 ort /' >> "$summary"
+      done
+    fi
   fi
   if python3 -c 'import torch, transformers' 2>/dev/null; then
     python3 "$root/benches/gpu/gpt2_eager.py" --batch "$batch" --steps "$steps" \
