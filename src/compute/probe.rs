@@ -17,7 +17,8 @@ impl ShapeProbe for Runtime {
     }
 
     fn values(&self, graph: &Graph, feeds: &[(&str, &Tensor)]) -> Result<Vec<Tensor>> {
-        let mut session = GraphSession::one_off(self, graph, &ONE_OFF, "folding static values")?;
+        let mut session =
+            GraphSession::one_off(self, graph, &ONE_OFF, "folding static values", None)?;
         session.run(feeds)
     }
 }
@@ -87,7 +88,7 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
     for chunk in names.chunks(PROBE_OUTPUTS) {
         let mut probe = graph.clone();
         probe.outputs = chunk.iter().map(|o| untyped_value_info(o)).collect();
-        let mut session = GraphSession::one_off(rt, &probe, &ONE_OFF, "the shape probe")?;
+        let mut session = GraphSession::one_off(rt, &probe, &ONE_OFF, "the shape probe", None)?;
         let shapes = session.run_shapes(feeds)?;
         for (name, (dtype, shape)) in session.output_names().iter().zip(shapes) {
             metas.insert(name.clone(), ValueMeta { dtype, shape });
@@ -120,7 +121,7 @@ fn profiled_shapes(
         intra_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         ..ONE_OFF
     };
-    let mut session = GraphSession::profiled_one_off(rt, &probe, &opts, "the shape probe", &to)?;
+    let mut session = GraphSession::one_off(rt, &probe, &opts, "the shape probe", Some(&to))?;
     session.run_shapes(feeds)?;
     let file = session.end_profiling()?;
     let text = std::fs::read_to_string(&file);

@@ -102,47 +102,23 @@ impl GraphSession {
 
     /// A session whose memory goes back to the system as soon as a run ends (no arena):
     /// for one-off runs such as the shape probe, whose values would otherwise stay in an
-    /// arena (and the process's resident memory) for the rest of the run.
+    /// arena (and the process's resident memory) for the rest of the run. With
+    /// `profile_to`, it records ONNX Runtime's profile (every node's output types and
+    /// shapes among it) to `<profile_to>_<time>.json`, found by
+    /// [`GraphSession::end_profiling`].
     pub(crate) fn one_off(
         rt: &Runtime,
         graph: &Graph,
         opts: &SessionOptions,
         label: &str,
+        profile_to: Option<&std::path::Path>,
     ) -> Result<GraphSession> {
-        GraphSession::build(
-            rt,
-            &graph.to_model(),
-            opts,
-            label,
-            Extras {
-                arena: false,
-                link: None,
-                profile_to: None,
-            },
-        )
-    }
-
-    /// [`GraphSession::one_off`] recording ONNX Runtime's profile (every node's output
-    /// types and shapes among it) to `<to>_<time>.json`, found by
-    /// [`GraphSession::end_profiling`].
-    pub(crate) fn profiled_one_off(
-        rt: &Runtime,
-        graph: &Graph,
-        opts: &SessionOptions,
-        label: &str,
-        to: &std::path::Path,
-    ) -> Result<GraphSession> {
-        GraphSession::build(
-            rt,
-            &graph.to_model(),
-            opts,
-            label,
-            Extras {
-                arena: false,
-                link: None,
-                profile_to: Some(to),
-            },
-        )
+        let extras = Extras {
+            arena: false,
+            link: None,
+            profile_to,
+        };
+        GraphSession::build(rt, &graph.to_model(), opts, label, extras)
     }
 
     fn build(
