@@ -53,7 +53,8 @@ pub struct SavedCheckpoint {
 
 /// Makes checkpoint folders and completes them.
 pub trait Checkpointer: Send + Sync + 'static {
-    /// An empty folder for the shards of the checkpoint after `steps_done` steps.
+    /// A folder for the shards of the checkpoint after `steps_done` steps (several
+    /// processes of one job may prepare the same step: each gets the same folder).
     ///
     /// # Errors
     /// When the folder cannot be made.

@@ -191,11 +191,13 @@ impl DirCheckpointer {
 }
 
 impl Checkpointer for DirCheckpointer {
+    /// The step's temporary folder, made unless there. It is never emptied here: the
+    /// processes of a multi-node job sharing `checkpoints_dir` each prepare the same step,
+    /// and one emptying it would delete (or pull from under) the shards another already
+    /// writes. A folder left by a crashed run was removed when this one started
+    /// ([`DirCheckpointer::new`]); shard files are rewritten whole, by name.
     fn prepare(&self, steps_done: u64) -> Result<PathBuf, BoxError> {
         let dir = self.root.join(format!("{TEMP}{}", folder_name(steps_done)));
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(Error::io(&dir))?;
-        }
         std::fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
         Ok(dir)
     }
@@ -234,6 +236,25 @@ mod tests {
         assert_eq!(to_delete(&[10, 20], 5), Vec::<u64>::new());
         assert_eq!(to_delete(&[10, 20, 30], 1), vec![10, 20]);
         assert_eq!(to_delete(&[], 0), Vec::<u64>::new());
+    }
+
+    /// Two processes of one job sharing the folder prepare the same step: the second
+    /// finds the first's shard still there (it once emptied the folder under it).
+    #[test]
+    fn preparing_a_step_again_keeps_the_shards_written_into_it() {
+        let root = tempfile::tempdir().unwrap();
+        let make: ManifestFn = Arc::new(|_, _| unreachable!("nothing is committed here"));
+        let (a, b) = (
+            DirCheckpointer::new(root.path(), None, make.clone()).unwrap(),
+            DirCheckpointer::new(root.path(), None, make).unwrap(),
+        );
+        let dir = a.prepare(7).unwrap();
+        std::fs::write(dir.join("stage-000.params.safetensors"), b"shard").unwrap();
+        assert_eq!(b.prepare(7).unwrap(), dir);
+        assert_eq!(
+            std::fs::read(dir.join("stage-000.params.safetensors")).unwrap(),
+            b"shard"
+        );
     }
 
     #[test]
