@@ -7,7 +7,7 @@
 # - `pipetrain doctor`: the library, its CUDA provider, the devices, a one-rank NCCL
 #   all-reduce; without a GPU it says so and stops (exit 0);
 # - the peers' MLP and tiny GPT (SGD, AdamW) trained on the GPU and on the CPU, the loss
-#   curves compared (TF32 off; --peers names the folder of ../shared/peers/data);
+#   curves judged against PyTorch float64 (TF32 off; --peers names ../shared/peers/data);
 # - a 2-stage pipeline on one GPU with its Chrome trace (how long both stages computed
 #   at once);
 # - checkpoint and resume on the GPU: 20 steps straight against 10 + 10 resumed, bitwise;
@@ -68,7 +68,8 @@ train() { # TAG CONFIG [ARGS...]
     || { fail "$tag (see $tag.log)"; tail -5 "$out/$tag.log"; return 1; }
 }
 
-# Loss curves, GPU against CPU (float32 both; TF32 off on the GPU).
+# Loss curves on the GPU, judged against the peers' PyTorch float64 curve (the CPU run beside it
+# for comparison; TF32 off on the GPU).
 want curves && for run in mlp_sgd mlp_adamw tiny_gpt_sgd tiny_gpt_adamw; do
   train "${run}_cpu" "$(config $run cpu ${run}_cpu)" || continue
   train "${run}_gpu" "$(config $run "$device" ${run}_gpu)" || continue

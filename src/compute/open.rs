@@ -24,7 +24,7 @@ pub struct SessionOptions {
     /// slower when several sessions share the cores).
     pub spin: bool,
     /// Record ONNX Runtime's per-operator profile (a JSON file in the current folder,
-    /// named after the session; see [`GraphSession::end_profiling`]).
+    /// named after the session; see [`super::GraphSession::end_profiling`]).
     pub profile: bool,
     /// Where the graph computes: ONNX Runtime's CPU provider, or its CUDA provider on a
     /// stream of the session's own (builds with `--features cuda`), the CPU provider
@@ -54,6 +54,16 @@ pub(super) struct Extras<'a> {
     pub link: Option<&'a ShardLink>,
     /// Record ONNX Runtime's profile to `<profile_to>_<time>.json`.
     pub profile_to: Option<&'a std::path::Path>,
+}
+
+impl Extras<'_> {
+    /// A session that keeps an arena, alone in its shard group, profiled only as its
+    /// options say.
+    pub const USUAL: Extras<'static> = Extras {
+        arena: true,
+        link: None,
+        profile_to: None,
+    };
 }
 
 /// Creates the ONNX Runtime session for `model` (`label` names it in errors), with the

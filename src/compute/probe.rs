@@ -2,8 +2,9 @@
 //!
 //! ONNX Runtime's own shape inference is the most complete one available; rather than
 //! re-implement it for every operator, pipetrain runs the forward graph on one example
-//! batch with ONNX Runtime's profiler on, which records every node's output shapes. The backward graphs are
-//! then built for those concrete shapes (the micro-batch shape is fixed during training).
+//! batch with ONNX Runtime's profiler on, which records every node's output shapes. The
+//! backward graphs are then built for those concrete shapes (the micro-batch shape is
+//! fixed during training).
 
 use crate::compute::{GraphSession, Runtime, SessionOptions};
 use crate::graph::{untyped_value_info, Graph, Metas, ShapeProbe, ValueMeta};
@@ -122,13 +123,14 @@ fn profiled_shapes(
         ..ONE_OFF
     };
     let mut session = GraphSession::one_off(rt, &probe, &opts, "the shape probe", Some(&to))?;
-    session.run_shapes(feeds)?;
+    let ran = session.run_shapes(feeds);
+    // The profile file goes whether the run worked or not (it is ours, in the temp folder).
     let file = session.end_profiling()?;
     let text = std::fs::read_to_string(&file);
     let _ = std::fs::remove_file(&file);
-    let Ok(events) = text.map(|t| serde_json::from_str::<serde_json::Value>(&t)) else {
-        return Ok(());
-    };
+    ran?;
+    // An unreadable profile leaves every value to the slow way.
+    let events: Option<serde_json::Value> = text.ok().and_then(|t| serde_json::from_str(&t).ok());
     for (node, shapes) in events.iter().flat_map(node_output_shapes) {
         let Some(n) = graph.nodes.get(node) else {
             continue;

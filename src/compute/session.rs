@@ -70,9 +70,8 @@ impl GraphSession {
             opts,
             label,
             Extras {
-                arena: true,
                 link,
-                profile_to: None,
+                ..Extras::USUAL
             },
         )
     }
@@ -87,17 +86,7 @@ impl GraphSession {
         opts: &SessionOptions,
         label: &str,
     ) -> Result<GraphSession> {
-        GraphSession::build(
-            rt,
-            model,
-            opts,
-            label,
-            Extras {
-                arena: true,
-                link: None,
-                profile_to: None,
-            },
-        )
+        GraphSession::build(rt, model, opts, label, Extras::USUAL)
     }
 
     /// A session whose memory goes back to the system as soon as a run ends (no arena):
@@ -115,8 +104,8 @@ impl GraphSession {
     ) -> Result<GraphSession> {
         let extras = Extras {
             arena: false,
-            link: None,
             profile_to,
+            ..Extras::USUAL
         };
         GraphSession::build(rt, &graph.to_model(), opts, label, extras)
     }
