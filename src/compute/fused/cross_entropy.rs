@@ -17,7 +17,7 @@ use ort::operator::{
 };
 use ort::value::TensorElementType;
 
-use super::{input, math, par_blocks, BLOCKS, LANES};
+use super::{input, math, output, par_blocks, BLOCKS, LANES};
 use crate::graph::custom_ops::{SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD};
 
 /// The attributes both kernels read.
@@ -108,9 +108,7 @@ impl Operator for SoftmaxCrossEntropy {
             let rows = shape.first().copied().unwrap_or(1).max(1) as usize;
             let cols = x.len() / rows;
             let l = labels(OP, l, rows, cols, r)?;
-            let mut lp = ctx
-                .output(1, shape.to_vec())?
-                .ok_or_else(|| ort::Error::new("SoftmaxCrossEntropy: no log_prob"))?;
+            let mut lp = output(ctx, OP, 1, shape)?;
             let (_, lp) = lp.try_extract_tensor_mut::<f32>()?;
             let per = rows.div_ceil(BLOCKS).max(1);
             let sums: Vec<std::sync::Mutex<f32>> = (0..BLOCKS).map(|_| 0f32.into()).collect();
@@ -135,9 +133,7 @@ impl Operator for SoftmaxCrossEntropy {
             if r.mean {
                 loss /= l.iter().filter(|&&v| r.counts(v)).count() as f32;
             }
-            let mut out = ctx
-                .output(0, Vec::<i64>::new())?
-                .ok_or_else(|| ort::Error::new("SoftmaxCrossEntropy: no loss"))?;
+            let mut out = output(ctx, OP, 0, &[])?;
             let (_, out) = out.try_extract_tensor_mut::<f32>()?;
             out[0] = loss;
             Ok(())
@@ -210,9 +206,7 @@ impl Operator for SoftmaxCrossEntropyGrad {
             if r.mean {
                 w /= l.iter().filter(|&&v| r.counts(v)).count() as f32;
             }
-            let mut dx = ctx
-                .output(0, shape.to_vec())?
-                .ok_or_else(|| ort::Error::new("SoftmaxCrossEntropyGrad: no dscores"))?;
+            let mut dx = output(ctx, OP, 0, shape)?;
             let (_, dx) = dx.try_extract_tensor_mut::<f32>()?;
             par_blocks(ctx, dx, cols, |at, dx| {
                 let lp = lp[at..at + dx.len()].chunks_exact(cols);

@@ -12,7 +12,7 @@ use ort::operator::{
 };
 use ort::value::TensorElementType;
 
-use super::{BLOCKS, LANES};
+use super::{input, output, BLOCKS, LANES};
 use crate::graph::custom_ops::LAYER_NORM_GRAD;
 
 /// LayerNormalization's backward as one kernel.
@@ -35,10 +35,8 @@ impl Operator for LayerNormGrad {
 
     fn create_kernel<'attr>(&self, _: &KernelContext<'attr>) -> ort::Result<Self::Kernel<'attr>> {
         Ok(Box::new(|ctx: &ComputeContext| {
-            let input = |i: usize| {
-                ctx.input(i)?
-                    .ok_or_else(|| ort::Error::new(format!("LayerNormGrad: no input {i}")))
-            };
+            const OP: &str = LAYER_NORM_GRAD;
+            let input = |i: usize| input(ctx, OP, i);
             let (dy, x, scale, mean, inv) = (input(0)?, input(1)?, input(2)?, input(3)?, input(4)?);
             let (x_shape, x) = x.try_extract_tensor::<f32>()?;
             let (_, dy) = dy.try_extract_tensor::<f32>()?;
@@ -60,13 +58,9 @@ impl Operator for LayerNormGrad {
                     inv.len()
                 )));
             }
-            let output = |i: usize, shape: Vec<i64>| {
-                ctx.output(i, shape)?
-                    .ok_or_else(|| ort::Error::new(format!("LayerNormGrad: no output {i}")))
-            };
-            let mut dx = output(0, x_shape.to_vec())?;
-            let mut ds = output(1, scale_shape.to_vec())?;
-            let mut db = output(2, scale_shape.to_vec())?;
+            let mut dx = output(ctx, OP, 0, x_shape)?;
+            let mut ds = output(ctx, OP, 1, scale_shape)?;
+            let mut db = output(ctx, OP, 2, scale_shape)?;
             let (_, dx) = dx.try_extract_tensor_mut::<f32>()?;
             let (_, ds) = ds.try_extract_tensor_mut::<f32>()?;
             let (_, db) = db.try_extract_tensor_mut::<f32>()?;

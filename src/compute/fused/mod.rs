@@ -18,7 +18,7 @@ mod softmax;
 use std::sync::Mutex;
 
 use ort::operator::ComputeContext;
-use ort::value::ValueRef;
+use ort::value::{ValueRef, ValueRefMut};
 
 pub(crate) use activation::{GELU_FROM_ERF_OP, GELU_GRAD_OP, RELU_GRAD_OP};
 pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
@@ -37,6 +37,18 @@ const LANES: usize = 8;
 fn input<'a>(ctx: &'a ComputeContext, op: &str, i: usize) -> ort::Result<ValueRef<'a>> {
     ctx.input(i)?
         .ok_or_else(|| ort::Error::new(format!("{op}: no input {i}")))
+}
+
+/// Output `i` of `op`'s call, made with `shape`; an error naming both where the call has
+/// no such output.
+fn output<'a>(
+    ctx: &'a ComputeContext,
+    op: &str,
+    i: usize,
+    shape: &[i64],
+) -> ort::Result<ValueRefMut<'a>> {
+    ctx.output(i, shape.to_vec())?
+        .ok_or_else(|| ort::Error::new(format!("{op}: no output {i}")))
 }
 
 /// `f(offset, block)` over [`BLOCKS`] blocks of `out` (block lengths multiples of

@@ -8,7 +8,7 @@ use ort::operator::{
 };
 use ort::value::TensorElementType;
 
-use super::{input, par_blocks};
+use super::{input, output, par_blocks};
 
 /// Values per block unit where blocks need not be whole rows (whole cache lines).
 const UNIT: usize = 64;
@@ -70,9 +70,7 @@ impl Pointwise {
                 self.name
             )));
         }
-        let mut out = ctx
-            .output(0, shape)?
-            .ok_or_else(|| ort::Error::new(format!("{}: no output", self.name)))?;
+        let mut out = output(ctx, self.name, 0, &shape)?;
         let (_, out) = out.try_extract_tensor_mut::<f32>()?;
         let unit = if self.rows { cols } else { UNIT };
         par_blocks(ctx, out, unit, |at, out| {

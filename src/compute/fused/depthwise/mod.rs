@@ -34,7 +34,7 @@ use ort::value::TensorElementType;
 
 mod plane;
 
-use super::{input, par_blocks, BLOCKS};
+use super::{input, output, par_blocks, BLOCKS};
 use crate::graph::custom_ops::{DEPTHWISE_CONV, DEPTHWISE_CONV_GRAD};
 use plane::{backward_plane, forward_plane, reduce_shares, Geometry, Scratch};
 
@@ -209,9 +209,7 @@ impl Operator for DepthwiseConv {
                 )));
             }
             let shape = [g.n, g.c, g.output.0, g.output.1].map(|d| d as i64);
-            let mut y = ctx
-                .output(0, shape.to_vec())?
-                .ok_or_else(|| ort::Error::new(format!("{OP}: no output")))?;
+            let mut y = output(ctx, OP, 0, &shape)?;
             let (_, y) = y.try_extract_tensor_mut::<f32>()?;
             forward(ctx, &g, (x, w, b), y)
         }))
@@ -258,12 +256,8 @@ impl Operator for DepthwiseConvGrad {
                     g.output.1
                 )));
             }
-            let output = |i: usize, shape: &[i64]| {
-                ctx.output(i, shape.to_vec())?
-                    .ok_or_else(|| ort::Error::new(format!("{OP}: no output {i}")))
-            };
-            let (mut dx, mut dw) = (output(0, sx)?, output(1, sw)?);
-            let mut db = output(2, &[g.c as i64])?;
+            let (mut dx, mut dw) = (output(ctx, OP, 0, sx)?, output(ctx, OP, 1, sw)?);
+            let mut db = output(ctx, OP, 2, &[g.c as i64])?;
             let (_, dx) = dx.try_extract_tensor_mut::<f32>()?;
             let (_, dw) = dw.try_extract_tensor_mut::<f32>()?;
             let (_, db) = db.try_extract_tensor_mut::<f32>()?;
