@@ -275,6 +275,7 @@ fn single_stage(
         spin: true,
         profile: false,
         device: pipetrain::compute::Device::Cpu,
+        deterministic: true,
     };
     let settings = pipetrain::pipeline::StageSettings::new(cfg.optimizer.clone(), 1.0);
     let stage =

@@ -39,6 +39,7 @@ fn main() {
             spin: true,
             profile: false,
             device: pipetrain::compute::Device::Cpu,
+            deterministic: true,
         };
         let nospin = SessionOptions {
             spin: false,

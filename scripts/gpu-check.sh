@@ -13,7 +13,8 @@
 # - checkpoint and resume on the GPU: 20 steps straight against 10 + 10 resumed, bitwise;
 # - unless --quick, GPT-2 small (12 layers, d 768, seq 1024; GPT2_* variables change it)
 #   tokens/s, pipetrain and, where PyTorch and transformers are installed, PyTorch eager
-#   on the same model.
+#   on the same model; also with `runtime.deterministic = false` (GPT2_UNORDERED=0: not)
+#   and ONNX Runtime's profile of four steps (GPT2_PROFILE=0: not).
 # ONNX Runtime's CUDA build comes from ORT_DYLIB_PATH or `scripts/setup.sh --cuda`.
 # Everything lands in --out (default gpu-check/); the summary is printed at the end.
 set -uo pipefail
@@ -165,6 +166,16 @@ EOF
     # Where a step goes: the session run (F, parameters in and gradients out included)
     # against the optimizer (STEP); then ONNX Runtime's own profile of a few steps.
     python3 "$root/benches/gpu/trace_summary.py" "$out/gpt2_small.trace.json" | sed 's/^/gpt2 trace /' >> "$summary"
+  fi
+  # The price of runtime.deterministic (on by default): the same run with it off.
+  if [ "${GPT2_UNORDERED:-1}" = 1 ]; then
+    sed 's/^\[runtime\]/[runtime]\ndeterministic = false/' "$out/cfg/gpt2_small.toml" > "$out/cfg/gpt2_unordered.toml"
+    if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_unordered "$out/cfg/gpt2_unordered.toml"; then
+      python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_unordered.jsonl" $((batch * seq)) "$params" \
+        | sed 's/^pipetrain/pipetrain, deterministic = false/' >> "$summary"
+    fi
+  fi
+  if [ "${GPT2_PROFILE:-1}" = 1 ] && [ -f "$out/gpt2_small.jsonl" ]; then
     sed -e 's/^num_train_steps = .*/num_train_steps = 4/' -e 's/^\[runtime\]/[runtime]\nprofile = true/' \
       "$out/cfg/gpt2_small.toml" > "$out/cfg/gpt2_profiled.toml"
     if (cd "$out" && TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_profiled "$out/cfg/gpt2_profiled.toml"); then

@@ -86,6 +86,7 @@ fn tiny_gpt_stage(
         spin: false,
         profile: false,
         device: pipetrain::compute::Device::Cpu,
+        deterministic: true,
     };
     let settings = pipetrain::pipeline::StageSettings {
         bucket_bytes,

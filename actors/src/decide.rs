@@ -13,6 +13,22 @@ pub struct GradStats {
     pub sum_sq: f64,
 }
 
+/// Values per block of [`GradStats::of`].
+const BLOCK: usize = 512;
+
+/// The sum of squares of one block, in 16 `f32` lanes added in `f64`.
+fn block_sum_sq(block: &[f32]) -> f64 {
+    let mut lanes = [0.0f32; 16];
+    let mut chunks = block.chunks_exact(16);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += x * x;
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().map(|&x| x * x).sum();
+    lanes.iter().map(|&l| f64::from(l)).sum::<f64>() + f64::from(tail)
+}
+
 impl GradStats {
     /// The statistics of `grads`, in one pass.
     ///
@@ -21,21 +37,33 @@ impl GradStats {
     /// runs every step), and the block sums are added in `f64`: a relative error of about
     /// 1e-6 at worst, well below what the clip coefficient needs. `f32` squares overflow
     /// only for gradients above ~1e19, which then read as an overflow, as they should.
+    /// Over many blocks (more than 2^21 values) the blocks are summed on several cores,
+    /// and their sums still added in block order: the same bits either way.
     pub fn of(grads: &[f32]) -> GradStats {
-        const BLOCK: usize = 512;
-        let mut total = 0.0f64;
-        for block in grads.chunks(BLOCK) {
-            let mut lanes = [0.0f32; 16];
-            let mut chunks = block.chunks_exact(16);
-            for c in &mut chunks {
-                for (l, &x) in lanes.iter_mut().zip(c) {
-                    *l += x * x;
-                }
-            }
-            let tail: f32 = chunks.remainder().iter().map(|&x| x * x).sum();
-            total += lanes.iter().map(|&l| f64::from(l)).sum::<f64>() + f64::from(tail);
+        const PIECE: usize = 1 << 20;
+        if grads.len() < 2 * PIECE {
+            let sum_sq = grads
+                .chunks(BLOCK)
+                .map(block_sum_sq)
+                .fold(0.0, |t, b| t + b);
+            return GradStats { sum_sq };
         }
-        GradStats { sum_sq: total }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let blocks = grads.len().div_ceil(BLOCK);
+        let per = blocks.div_ceil((grads.len() / PIECE).clamp(1, cores));
+        let mut sums = vec![0.0f64; blocks];
+        std::thread::scope(|s| {
+            for (g, out) in grads.chunks(per * BLOCK).zip(sums.chunks_mut(per)) {
+                s.spawn(move || {
+                    for (o, b) in out.iter_mut().zip(g.chunks(BLOCK)) {
+                        *o = block_sum_sq(b);
+                    }
+                });
+            }
+        });
+        GradStats {
+            sum_sq: sums.iter().fold(0.0, |t, &b| t + b),
+        }
     }
 
     /// Whether every gradient value is finite.
@@ -215,6 +243,22 @@ pub fn checkpoint_due(step: u64, every: Option<u64>, last: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gradient_statistics_over_many_cores_are_the_bits_of_one_pass() {
+        // Over 2^21 values the blocks are summed on several cores.
+        let grads: Vec<f32> = (0..(5u32 << 20) + 77)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 8) as f32 / 1e7) - 0.8)
+            .collect();
+        let one_pass = grads
+            .chunks(BLOCK)
+            .map(block_sum_sq)
+            .fold(0.0f64, |t, b| t + b);
+        assert_eq!(GradStats::of(&grads).sum_sq.to_bits(), one_pass.to_bits());
+        let mut bad = grads;
+        bad[3 << 20] = f32::NAN;
+        assert!(!GradStats::of(&bad).finite());
+    }
 
     fn stats(v: &[f64]) -> Vec<GradStats> {
         v.iter().map(|&sum_sq| GradStats { sum_sq }).collect()

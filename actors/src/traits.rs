@@ -151,7 +151,9 @@ pub trait DataSource: Send + Sync + 'static {
 /// Gradient reduction across the data-parallel replicas of one stage.
 pub trait Collective: Send + Sync + 'static {
     /// The element-wise sum over replicas of `buf`, returned to every replica. Summed in
-    /// replica order, so every replica gets identical bits.
+    /// replica order, so every replica gets identical bits. The sum is written into
+    /// `buf` and `buf` itself (the same allocation) comes back: a stage on a GPU keeps
+    /// its gradient buffer page-locked while it is lent here.
     fn all_reduce_sum(
         &self,
         stage: usize,

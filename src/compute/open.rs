@@ -30,6 +30,9 @@ pub struct SessionOptions {
     /// stream of the session's own (builds with `--features cuda`), the CPU provider
     /// taking the nodes it has no CUDA kernel for.
     pub device: Device,
+    /// On a GPU: sum in the same order every run (ONNX Runtime's deterministic kernels,
+    /// embedding gradients as one-hot products). The CPU's kernels always do.
+    pub deterministic: bool,
 }
 
 impl Default for SessionOptions {
@@ -41,6 +44,7 @@ impl Default for SessionOptions {
             spin: true,
             profile: false,
             device: Device::Cpu,
+            deterministic: true,
         }
     }
 }
@@ -99,7 +103,7 @@ pub(super) fn open(
         // Exact resume on a GPU asks for the same sums every run: ONNX Runtime's
         // deterministic kernels where it has them (the CPU's are already).
         .and_then(|b| {
-            b.with_deterministic_compute(opts.device != Device::Cpu)
+            b.with_deterministic_compute(opts.device != Device::Cpu && opts.deterministic)
                 .map_err(Into::into)
         })
         .and_then(|b| b.with_intra_threads(opts.intra_threads).map_err(Into::into))

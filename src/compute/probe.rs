@@ -33,6 +33,7 @@ const ONE_OFF: SessionOptions = SessionOptions {
     spin: false,
     profile: false,
     device: crate::compute::Device::Cpu,
+    deterministic: true,
 };
 
 /// Values exposed per probe run where the profile gave no shape (see [`probe_values`]).

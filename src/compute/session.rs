@@ -8,7 +8,7 @@ use ort::value::{DynValue, TensorElementType, TensorRef, ValueType};
 use super::direct::{in_place, DirectOutputs, Target};
 use super::open::{open, Extras, SessionOptions};
 use super::shard_ops::ShardLink;
-use crate::compute::Runtime;
+use crate::compute::{Device, Runtime};
 use crate::graph::Graph;
 use crate::onnx::proto::ModelProto;
 use crate::tensor::{DType, Tensor, TensorData, TensorView, ViewData};
@@ -117,6 +117,11 @@ impl GraphSession {
         label: &str,
         extras: Extras<'_>,
     ) -> Result<GraphSession> {
+        let fixed = match opts.deterministic {
+            true => in_fixed_order(model, opts.device)?,
+            false => None,
+        };
+        let model = fixed.as_ref().unwrap_or(model);
         let (session, _stream) = open(rt, model, opts, label, extras)?;
         let graph = model.graph.clone().unwrap_or_default();
         Ok(GraphSession {
@@ -320,6 +325,18 @@ impl GraphSession {
         }
         Ok(result)
     }
+}
+
+/// On a GPU, `model` with its embedding gradients summed in a fixed order
+/// ([`crate::graph::scatter_adds_as_products`]: ONNX Runtime's CUDA scatter adds with
+/// atomics); `None` where nothing changes (on the CPU, whose scatter adds in order).
+fn in_fixed_order(model: &ModelProto, device: Device) -> Result<Option<ModelProto>> {
+    let scatters = model.graph.iter().flat_map(|g| &g.node);
+    if device == Device::Cpu || !scatters.into_iter().any(|n| n.op_type == "ScatterND") {
+        return Ok(None);
+    }
+    let mut graph = Graph::from_model(model)?;
+    Ok((crate::graph::scatter_adds_as_products(&mut graph) > 0).then(|| graph.to_model()))
 }
 
 /// Lends a host tensor to ONNX Runtime.

@@ -78,6 +78,11 @@ pub struct RuntimeConfig {
     /// default on; off with `standard_ops_only`).
     #[serde(default = "on")]
     pub fused_kernels: bool,
+    /// On a GPU, sums in the same order every run, so that a run repeats and resumes
+    /// bit for bit: ONNX Runtime's deterministic kernels, and embedding gradients as
+    /// one-hot products instead of atomic scatters (default on; the CPU always is).
+    #[serde(default = "on")]
+    pub deterministic: bool,
 }
 
 fn on() -> bool {
@@ -93,6 +98,7 @@ impl Default for RuntimeConfig {
             device: Default::default(),
             profile: false,
             fused_kernels: true,
+            deterministic: true,
         }
     }
 }

@@ -5,6 +5,7 @@ mod buckets;
 pub mod check;
 mod cleanup;
 pub mod custom_ops;
+mod deterministic;
 mod export;
 mod fusion;
 mod ir;
@@ -22,6 +23,7 @@ mod tied;
 mod training;
 
 pub use buckets::{grad_chain, GradChain};
+pub use deterministic::scatter_adds_as_products;
 pub use export::export_inference_model;
 pub use ir::*;
 pub use loss::{attach_loss, LossNormalize, LossSpec, ACC_CORRECT, ACC_COUNTED, LOSS};

@@ -1,6 +1,7 @@
 //! Adam and AdamW, as `torch.optim.Adam` and `torch.optim.AdamW`.
 
 use super::groups::Segment;
+use super::pieces::{piece_len, run_pieces};
 use super::{check_lengths, load_buffers, Optimizer};
 use crate::Result;
 
@@ -70,7 +71,11 @@ impl Optimizer for Adam {
         for (r, h) in &self.segments {
             let k = AdamCoefficients::new(self.decay, h, lr * h.lr_scale, self.step);
             let (m, v) = (&mut self.m[r.clone()], &mut self.v[r.clone()]);
-            adam_update(&mut params[r.clone()], &grads[r.clone()], m, v, &k);
+            let (p, g) = (&mut params[r.clone()], &grads[r.clone()]);
+            let n = piece_len(p.len());
+            let parts =
+                (p.chunks_mut(n).zip(g.chunks(n))).zip(m.chunks_mut(n).zip(v.chunks_mut(n)));
+            run_pieces(parts, |((p, g), (m, v))| adam_update(p, g, m, v, &k));
         }
         Ok(())
     }
@@ -148,5 +153,46 @@ fn adam_update(
         *v = *v * k.b2 + k.w2 * g * g;
         let denom = v.sqrt() / k.bias2_sqrt + k.eps;
         *p = *p * k.shrink - k.step_size * (*m / denom);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::groups::Hyper;
+    use super::super::pieces::MIN_PIECE;
+    use super::*;
+
+    #[test]
+    fn a_step_over_a_big_buffer_in_pieces_is_bitwise_one_pass() {
+        let len = 3 * MIN_PIECE + 5;
+        let wave = |k: u32| -> Vec<f32> {
+            (0..len as u32)
+                .map(|i| ((i.wrapping_mul(k) >> 9) as f32 / 4e6) - 0.5)
+                .collect()
+        };
+        let (p0, g) = (wave(2_654_435_761), wave(40_503));
+        let hyper = Hyper {
+            lr_scale: 1.0,
+            weight_decay: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        };
+        let mut adam = Adam::new(len, Decay::Decoupled, vec![(0..len, hyper)]);
+        let mut pieces = p0.clone();
+        for _ in 0..2 {
+            adam.step(&mut pieces, &g, 1e-3).unwrap();
+        }
+        let (mut one, mut m, mut v) = (p0.clone(), vec![0.0; len], vec![0.0; len]);
+        for step in 1..=2 {
+            let k = AdamCoefficients::new(Decay::Decoupled, &hyper, 1e-3, step);
+            adam_update(&mut one, &g, &mut m, &mut v, &k);
+        }
+        assert!(pieces
+            .iter()
+            .zip(&one)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        let moved = pieces.iter().zip(&p0).filter(|(a, b)| a != b).count();
+        assert!(moved > len / 2, "only {moved} of {len} values moved");
     }
 }

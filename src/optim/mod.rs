@@ -17,7 +17,8 @@
 //!
 //! Every optimizer allocates its state once, in [`build`], and a step is a few passes of
 //! plain slice loops that the compiler vectorizes: the step runs on the hot path, hundreds
-//! of times a second over ~670k parameters. Scalars (bias corrections, step sizes) are
+//! of times a second over ~670k parameters. Over big buffers the element-wise loops run in
+//! pieces on several cores (`pieces.rs`), with the same result. Scalars (bias corrections, step sizes) are
 //! computed in `f64` and rounded to `f32` once per step, as `torch.optim` computes them
 //! as Python floats.
 
@@ -30,6 +31,7 @@ mod config;
 mod groups;
 mod lamb;
 mod layout;
+mod pieces;
 mod schedule;
 mod sgd;
 

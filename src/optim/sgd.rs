@@ -1,6 +1,7 @@
 //! Stochastic gradient descent, as `torch.optim.SGD`.
 
 use super::groups::Segment;
+use super::pieces::{piece_len, run_pieces};
 use super::{check_lengths, load_buffers, Optimizer};
 use crate::Result;
 
@@ -60,11 +61,15 @@ impl Optimizer for Sgd {
         for (r, h) in &self.segments {
             let (lr, wd) = ((lr * h.lr_scale) as f32, h.weight_decay as f32);
             let (p, g) = (&mut params[r.clone()], &grads[r.clone()]);
+            let n = piece_len(p.len());
             match self.momentum == 0.0 {
-                true => plain_step(p, g, lr, wd),
+                true => run_pieces(p.chunks_mut(n).zip(g.chunks(n)), |(p, g)| {
+                    plain_step(p, g, lr, wd);
+                }),
                 false => {
                     let b = &mut self.buf[r.clone()];
-                    momentum_step(p, g, b, k, lr, wd);
+                    let parts = p.chunks_mut(n).zip(g.chunks(n)).zip(b.chunks_mut(n));
+                    run_pieces(parts, |((p, g), b)| momentum_step(p, g, b, k, lr, wd));
                 }
             }
         }
@@ -134,5 +139,40 @@ fn momentum_step(
         let g = g + wd * *p;
         *b = keep * *b + take * g;
         *p -= lr * (gc * g + bc * *b);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::groups::Hyper;
+    use super::super::pieces::MIN_PIECE;
+    use super::*;
+
+    #[test]
+    fn momentum_steps_over_a_big_buffer_in_pieces_are_bitwise_one_pass() {
+        let len = 3 * MIN_PIECE + 5;
+        let p0: Vec<f32> = (0..len).map(|i| (i % 1000) as f32 / 1000.0 - 0.5).collect();
+        let g: Vec<f32> = (0..len).map(|i| (i % 777) as f32 / 777.0 - 0.4).collect();
+        let hyper = Hyper {
+            lr_scale: 1.0,
+            weight_decay: 1e-3,
+            beta1: 0.0,
+            beta2: 0.0,
+            eps: 0.0,
+        };
+        let mut sgd = Sgd::new(len, 0.9, 0.1, true, vec![(0..len, hyper)]);
+        let mut pieces = p0.clone();
+        let (mut one, mut b) = (p0.clone(), vec![0.0; len]);
+        for _ in 0..2 {
+            let k = sgd.coefficients();
+            sgd.step(&mut pieces, &g, 0.1).unwrap();
+            momentum_step(&mut one, &g, &mut b, k, 0.1, 1e-3);
+        }
+        assert!(pieces
+            .iter()
+            .zip(&one)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        let moved = pieces.iter().zip(&p0).filter(|(a, b)| a != b).count();
+        assert!(moved > len / 2, "only {moved} of {len} values moved");
     }
 }

@@ -34,6 +34,9 @@ pub struct OrtStage {
     /// Gradients for the previous stage computed by the fused forward, per micro-batch.
     pub(super) fused_out: HashMap<usize, Payload>,
     pub(super) layout: ParamLayout,
+    /// `params` and `grads` page-locked on a GPU (declared before them: unlocked before
+    /// they are freed).
+    pub(super) pinned: crate::compute::PinnedBuffers,
     pub(super) params: Vec<f32>,
     pub(super) grads: Vec<f32>,
     /// Per parameter: whether this step's gradients have reached its accumulator yet.
@@ -176,6 +179,7 @@ impl OrtStage {
                 .as_ref()
                 .and_then(|link| super::StageShard::new(tg, &layout, link.0.rank())),
             written: vec![false; layout.count()],
+            pinned: crate::compute::PinnedBuffers::new(opts.device),
             params: flat,
             grad_slot,
             layout,

@@ -198,10 +198,15 @@ impl StageCompute for OrtStage {
 
     fn take_grads(&mut self) -> Vec<f32> {
         self.complete_grads();
-        let grads = std::mem::take(&mut self.grads);
         match self.settings.adasum {
-            Some(slot) => slot.spread(&grads),
-            None => grads,
+            Some(slot) => {
+                // The buffer is freed here: unlocked first.
+                self.pinned.release(&self.grads);
+                slot.spread(&std::mem::take(&mut self.grads))
+            }
+            // Lent: collectives sum in place and give this allocation back (the
+            // `Collective` contract), so it stays page-locked meanwhile.
+            None => std::mem::take(&mut self.grads),
         }
     }
 

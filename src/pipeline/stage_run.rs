@@ -26,6 +26,8 @@ impl OrtStage {
         } else {
             None
         };
+        self.pinned.keep(&self.params);
+        self.pinned.keep(&self.grads);
         let OrtStage {
             layout,
             params,

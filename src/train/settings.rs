@@ -78,6 +78,7 @@ pub(super) fn session_options(cfg: &TrainConfig, actors: usize) -> SessionOption
         spin: actors == 1 && cfg.stages() == 1 && !cfg.split_backward(),
         profile: cfg.runtime.profile,
         device: cfg.runtime.device,
+        deterministic: cfg.runtime.deterministic,
     }
 }
 

@@ -242,6 +242,7 @@ impl GradCheck {
                 spin: false,
                 profile: false,
                 device: pipetrain::compute::Device::Cpu,
+                deterministic: true,
             },
         )
         .map_err(|e| e.to_string())?;

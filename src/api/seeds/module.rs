@@ -76,6 +76,7 @@ impl Module {
             spin: true,
             profile: false,
             device: crate::compute::Device::Cpu,
+            deterministic: true,
         };
         let settings = StageSettings::new(OptimizerConfig::default(), 1.0);
         let stage = OrtStage::new(rt, &tg, &graphs[0], &session, &settings)?;
