@@ -276,6 +276,7 @@ fn single_stage(
         profile: false,
         device: pipetrain::compute::Device::Cpu,
         deterministic: true,
+        mixed_precision: None,
     };
     let settings = pipetrain::pipeline::StageSettings::new(cfg.optimizer.clone(), 1.0);
     let stage =

@@ -40,6 +40,7 @@ fn main() {
             profile: false,
             device: pipetrain::compute::Device::Cpu,
             deterministic: true,
+            mixed_precision: None,
         };
         let nospin = SessionOptions {
             spin: false,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, in one command, for a machine with an NVIDIA GPU:
 #   bash scripts/gpu-check.sh [--bin DIR] [--peers DIR] [--out DIR] [--quick]
-#                             [--checks curves,pipeline,resume,gpt2]
+#                             [--checks curves,pipeline,resume,precision,gpt2]
 # - builds pipetrain with `--features cuda` (or takes the binary from --bin DIR, for a
 #   machine without cargo);
 # - `pipetrain doctor`: the library, its CUDA provider, the devices, a one-rank NCCL
@@ -11,22 +11,25 @@
 # - a 2-stage pipeline on one GPU with its Chrome trace (how long both stages computed
 #   at once);
 # - checkpoint and resume on the GPU: 20 steps straight against 10 + 10 resumed, bitwise;
+# - mixed precision: float16 and bfloat16 curves against float32 (PRECISION_TOL, default
+#   0.05 in the loss), and an injected float16 overflow skipping its step, scale halved;
 # - unless --quick, GPT-2 small (12 layers, d 768, seq 1024; GPT2_* variables change it)
 #   tokens/s, pipetrain and, where PyTorch and transformers are installed, PyTorch eager
 #   on the same model; also with `runtime.deterministic = false` (GPT2_UNORDERED=0: not)
-#   and ONNX Runtime's profile of four steps (GPT2_PROFILE=0: not).
+#   and ONNX Runtime's profile of four steps (GPT2_PROFILE=0: not); GPT2_HALF=bf16|f16
+#   adds a mixed-precision run against PyTorch eager under torch.autocast.
 # ONNX Runtime's CUDA build comes from ORT_DYLIB_PATH or `scripts/setup.sh --cuda`.
 # Everything lands in --out (default gpu-check/); the summary is printed at the end.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bin="" peers="$root/../shared/peers/data" out="gpu-check" checks=curves,pipeline,resume,gpt2
+bin="" peers="$root/../shared/peers/data" out="gpu-check" checks=curves,pipeline,resume,precision,gpt2
 device=${PIPETRAIN_GPU_CHECK_DEVICE:-cuda}
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
     --peers) peers=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    --quick) checks=curves,pipeline,resume; shift ;;
+    --quick) checks=curves,pipeline,resume,precision; shift ;;
     --checks) checks=$2; shift 2 ;;
     *) echo "gpu-check: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -129,6 +132,22 @@ PY
   fi
 fi
 
+# Mixed precision on the GPU: the tiny GPT under AdamW in float16 (dynamic loss scale) and
+# bfloat16 against float32, and a float16 run with an overflow injected at step 5.
+if want precision; then
+  mp() { config tiny_gpt_adamw "$device" "mp_$1" "${@:2}"; }
+  f32=$(mp f32) f16=$(mp f16 "use_mixed_precision = true" "loss_scale = 0")
+  bf16=$(mp bf16 "use_mixed_precision = true" "use_bfloat16 = true")
+  over=$(mp overflow "use_mixed_precision = true" "loss_scale = 0")
+  sed -i 's/^num_train_steps = .*/num_train_steps = 20/' "$over"
+  printf '\n[[debug.inject_grad_overflow]]\nstep = 5\nstage = 0\n' >> "$over"
+  if train mp_f32 "$f32" && train mp_f16 "$f16" && train mp_bf16 "$bf16" && train mp_overflow "$over"; then
+    python3 "$root/benches/gpu/precision.py" "$out/mp_f32.jsonl" "$out/mp_f16.jsonl" \
+      "$out/mp_bf16.jsonl" "$out/mp_overflow.jsonl" 5 --tol "${PRECISION_TOL:-0.05}" >> "$summary" \
+      || fails=$((fails + 1))
+  fi
+fi
+
 # GPT-2 small: tokens/s of pipetrain, and of PyTorch eager on the same model.
 if want gpt2; then
   batch=${GPT2_BATCH:-4} steps=${GPT2_STEPS:-12} layers=${GPT2_LAYERS:-12} d=${GPT2_D:-768}
@@ -184,10 +203,25 @@ EOF
       done
     fi
   fi
+  # Mixed precision (GPT2_HALF=bf16 or f16): pipetrain's use_mixed_precision against
+  # PyTorch eager under torch.autocast.
+  half=${GPT2_HALF:-}
+  if [ -n "$half" ]; then
+    { echo "use_mixed_precision = true"
+      if [ "$half" = bf16 ]; then echo "use_bfloat16 = true"; else echo "loss_scale = 0"; fi
+      cat "$out/cfg/gpt2_small.toml"; } > "$out/cfg/gpt2_$half.toml"
+    if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train "gpt2_$half" "$out/cfg/gpt2_$half.toml"; then
+      python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_$half.jsonl" $((batch * seq)) "$params" \
+        | sed "s/^pipetrain/pipetrain, $half mixed precision/" >> "$summary"
+    fi
+  fi
   if python3 -c 'import torch, transformers' 2>/dev/null; then
     python3 "$root/benches/gpu/gpt2_eager.py" --batch "$batch" --steps "$steps" \
       --layers "$layers" --d "$d" --heads "$heads" --seq "$seq" --vocab "$vocab" >> "$summary" 2>"$out/gpt2_eager.err" \
       || fail "gpt2 eager (see gpt2_eager.err)"
+    [ -z "$half" ] || python3 "$root/benches/gpu/gpt2_eager.py" --batch "$batch" --steps "$steps" --autocast "$half" \
+      --layers "$layers" --d "$d" --heads "$heads" --seq "$seq" --vocab "$vocab" >> "$summary" 2>"$out/gpt2_eager.err" \
+      || fail "gpt2 eager $half (see gpt2_eager.err)"
   else
     say "gpt2 eager: PyTorch or transformers not installed: skipped"
   fi

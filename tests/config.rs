@@ -308,3 +308,26 @@ fn adasum_needs_a_power_of_two_of_replicas() {
     TrainConfig::parse(&at(4), &path()).unwrap();
     refused(&at(3), "enable_adasum", "must be a power of two, got 3");
 }
+
+#[test]
+fn bfloat16_needs_mixed_precision_and_a_gpu() {
+    refused(
+        &with("batch_size = 16", "batch_size = 16\nuse_bfloat16 = true"),
+        "use_bfloat16",
+        "needs `use_mixed_precision = true`",
+    );
+    refused(
+        &with(
+            "batch_size = 16",
+            "batch_size = 16\nuse_mixed_precision = true\nuse_bfloat16 = true",
+        ),
+        "use_bfloat16",
+        "no bfloat16 matrix product",
+    );
+    let f16 = with(
+        "batch_size = 16",
+        "batch_size = 16\nuse_mixed_precision = true",
+    );
+    let c = TrainConfig::parse(&f16, &path()).unwrap();
+    assert_eq!(c.half(), Some(pipetrain::graph::autocast::Half::F16));
+}

@@ -87,6 +87,7 @@ fn tiny_gpt_stage(
         profile: false,
         device: pipetrain::compute::Device::Cpu,
         deterministic: true,
+        mixed_precision: None,
     };
     let settings = pipetrain::pipeline::StageSettings {
         bucket_bytes,

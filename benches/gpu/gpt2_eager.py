@@ -1,8 +1,11 @@
 """PyTorch eager's side of the GPT-2 small comparison: the same model as pipetrain's
 built-in `gpt2` (12 layers, d 768, 12 heads, vocabulary 50257, context 1024, untied head,
-no dropout), float32 with TF32 off, plain SGD, random tokens; prints tokens/s.
+no dropout), float32 with TF32 off, plain SGD, random tokens; prints tokens/s. With
+`--autocast bf16|f16` the forward runs under `torch.autocast` (what pipetrain's
+`use_mixed_precision` matches), parameters float32, a gradient scaler for float16.
 
     python3 gpt2_eager.py --batch B --steps N [--layers 12 --d 768 --heads 12 --seq 1024]
+                          [--autocast bf16|f16]
 """
 import argparse
 import time
@@ -20,6 +23,7 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--autocast", choices=["bf16", "f16"])
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -33,12 +37,17 @@ def main():
     tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device=dev, generator=g)
     x, y = tokens[:, :-1], tokens[:, 1:]
 
+    half = {"bf16": torch.bfloat16, "f16": torch.float16}.get(a.autocast)
+    scaler = torch.amp.GradScaler(enabled=a.autocast == "f16")
+
     def step():
-        logits = model(input_ids=x).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, a.vocab), y.reshape(-1))
+        with torch.autocast(dev, dtype=half or torch.float32, enabled=half is not None):
+            logits = model(input_ids=x).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, a.vocab).float(), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         return loss
 
     for _ in range(3):
@@ -51,7 +60,8 @@ def main():
     sync()
     dt = time.perf_counter() - t
     params = sum(p.numel() for p in model.parameters())
-    print(f"pytorch eager: {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}, {params / 1e6:.1f} M parameters, "
+    what = f", autocast {a.autocast}" if half else ""
+    print(f"pytorch eager{what}: {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}, {params / 1e6:.1f} M parameters, "
           f"batch {a.batch} x {a.seq}, {a.steps} steps in {dt:.2f} s: "
           f"{a.steps * a.batch * a.seq / dt:.0f} tokens/s, loss {loss.item():.4f}")
 

@@ -33,6 +33,9 @@ pub struct SessionOptions {
     /// On a GPU: sum in the same order every run (ONNX Runtime's deterministic kernels,
     /// embedding gradients as one-hot products). The CPU's kernels always do.
     pub deterministic: bool,
+    /// Matrix products in this half type, the rest in float32 (`graph::autocast`);
+    /// `None`: all float32.
+    pub mixed_precision: Option<crate::graph::autocast::Half>,
 }
 
 impl Default for SessionOptions {
@@ -45,6 +48,7 @@ impl Default for SessionOptions {
             profile: false,
             device: Device::Cpu,
             deterministic: true,
+            mixed_precision: None,
         }
     }
 }

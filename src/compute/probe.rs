@@ -34,6 +34,7 @@ const ONE_OFF: SessionOptions = SessionOptions {
     profile: false,
     device: crate::compute::Device::Cpu,
     deterministic: true,
+    mixed_precision: None,
 };
 
 /// Values exposed per probe run where the profile gave no shape (see [`probe_values`]).

@@ -117,10 +117,7 @@ impl GraphSession {
         label: &str,
         extras: Extras<'_>,
     ) -> Result<GraphSession> {
-        let fixed = match opts.deterministic {
-            true => in_fixed_order(model, opts.device)?,
-            false => None,
-        };
+        let fixed = rewritten(model, opts)?;
         let model = fixed.as_ref().unwrap_or(model);
         let (session, _stream) = open(rt, model, opts, label, extras)?;
         let graph = model.graph.clone().unwrap_or_default();
@@ -327,16 +324,27 @@ impl GraphSession {
     }
 }
 
-/// On a GPU, `model` with its embedding gradients summed in a fixed order
+/// `model` as `opts` computes it, `None` where that is the model itself: with mixed
+/// precision its products in half precision ([`crate::graph::autocast`]); on a GPU
+/// in a fixed order, its embedding gradients as one-hot products
 /// ([`crate::graph::scatter_adds_as_products`]: ONNX Runtime's CUDA scatter adds with
-/// atomics); `None` where nothing changes (on the CPU, whose scatter adds in order).
-fn in_fixed_order(model: &ModelProto, device: Device) -> Result<Option<ModelProto>> {
-    let scatters = model.graph.iter().flat_map(|g| &g.node);
-    if device == Device::Cpu || !scatters.into_iter().any(|n| n.op_type == "ScatterND") {
+/// atomics; the CPU's adds in order). The products are cast first, so the embedding
+/// gradient's own product stays float32, as PyTorch's embedding backward does.
+fn rewritten(model: &ModelProto, opts: &SessionOptions) -> Result<Option<ModelProto>> {
+    let gpu = opts.device != Device::Cpu;
+    let nodes = || model.graph.iter().flat_map(|g| &g.node);
+    let scatters = gpu && opts.deterministic && nodes().any(|n| n.op_type == "ScatterND");
+    if !scatters && opts.mixed_precision.is_none() {
         return Ok(None);
     }
     let mut graph = Graph::from_model(model)?;
-    Ok((crate::graph::scatter_adds_as_products(&mut graph) > 0).then(|| graph.to_model()))
+    if let Some(half) = opts.mixed_precision {
+        crate::graph::autocast::autocast(&mut graph, half, crate::graph::autocast::products(gpu));
+    }
+    if scatters {
+        crate::graph::scatter_adds_as_products(&mut graph);
+    }
+    Ok(Some(graph.to_model()))
 }
 
 /// Lends a host tensor to ONNX Runtime.

@@ -135,6 +135,13 @@ pub struct TrainConfig {
     /// Clip the global L2 norm of the gradients to this (`torch.nn.utils.clip_grad_norm_`).
     #[serde(default)]
     pub max_grad_norm: Option<f64>,
+    /// Matrix products in half precision, the rest and the parameters in float32
+    /// (ORT's `use_mixed_precision`; see `graph::autocast`).
+    #[serde(default)]
+    pub use_mixed_precision: bool,
+    /// With `use_mixed_precision`: bfloat16 rather than float16 (ORT's `use_bfloat16`).
+    #[serde(default)]
+    pub use_bfloat16: bool,
     /// Activation recompute: `"none"` keeps every forward value the backward reads per
     /// in-flight micro-batch; `"stage"` keeps only what a stage received, and its
     /// backward runs the stage's forward again.
@@ -344,6 +351,15 @@ impl TrainConfig {
                 ..s.clone()
             }),
             ..self.data.clone()
+        })
+    }
+
+    /// The half type of the matrix products, `None` without mixed precision.
+    pub fn half(&self) -> Option<crate::graph::autocast::Half> {
+        use crate::graph::autocast::Half;
+        self.use_mixed_precision.then_some(match self.use_bfloat16 {
+            true => Half::BF16,
+            false => Half::F16,
         })
     }
 

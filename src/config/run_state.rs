@@ -105,6 +105,20 @@ impl TrainConfig {
                 format!("must be a positive number, got {n}"),
             ));
         }
+        if self.use_bfloat16 && !self.use_mixed_precision {
+            return Err(bad(
+                "use_bfloat16",
+                "chooses mixed precision's half type: needs `use_mixed_precision = true`".into(),
+            ));
+        }
+        if self.use_bfloat16 && self.runtime.device == crate::compute::Device::Cpu {
+            return Err(bad(
+                "use_bfloat16",
+                "ONNX Runtime's CPU provider has no bfloat16 matrix product: set \
+                 `[runtime] device = \"cuda\"`, or use float16 (`use_bfloat16 = false`)"
+                    .into(),
+            ));
+        }
         if !(self.loss_scale.is_finite() && self.loss_scale >= 0.0) {
             return Err(bad(
                 "loss_scale",

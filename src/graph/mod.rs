@@ -1,5 +1,6 @@
 //! Graphs: the IR, loss attachment, reverse-mode autodiff, stage partitioning and export.
 
+pub mod autocast;
 pub mod autodiff;
 mod buckets;
 pub mod check;

@@ -38,6 +38,27 @@ pub(super) struct Prepared {
     pub first_step: u64,
 }
 
+/// Mixed precision casts float32 products to half and back: a model with parameters of
+/// another float type is refused, naming one.
+fn mixed_precision_fits(model: &crate::onnx::proto::ModelProto, config_path: &Path) -> Result<()> {
+    use crate::tensor::DType;
+    let inits = model.graph.iter().flat_map(|g| &g.initializer);
+    let other = inits
+        .filter_map(|t| Some((t, DType::from_onnx(t.data_type)?)))
+        .find(|(_, d)| d.is_float() && *d != DType::F32);
+    match other {
+        Some((t, d)) => Err(Error::Config {
+            path: config_path.to_path_buf(),
+            field: "use_mixed_precision".into(),
+            rule: format!(
+                "needs a float32 model; its initializer `{}` is {d:?}",
+                t.name
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Checks the device, loads the model (and `init_path`'s weights), and the checkpoint to
 /// resume from, reporting what changed since it was written.
 pub(super) fn prepare(
@@ -52,6 +73,15 @@ pub(super) fn prepare(
     })?;
     let mut model = cfg.load_model()?;
     warn_about_model(cfg, &model)?;
+    if cfg.use_mixed_precision {
+        mixed_precision_fits(&model, config_path)?;
+        if cfg.runtime.device == crate::compute::Device::Cpu {
+            tracing::warn!(
+                "use_mixed_precision on the CPU: ONNX Runtime's CPU provider has float16 \
+                 kernels for few products and runs the others in float32; it pays on a GPU"
+            );
+        }
+    }
     let fingerprint = model_fingerprint(&model);
     if let Some(init) = &cfg.init_path {
         apply_init(&mut model, &read_safetensors(init)?, init)?;

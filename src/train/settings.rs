@@ -79,6 +79,7 @@ pub(super) fn session_options(cfg: &TrainConfig, actors: usize) -> SessionOption
         profile: cfg.runtime.profile,
         device: cfg.runtime.device,
         deterministic: cfg.runtime.deterministic,
+        mixed_precision: cfg.half(),
     }
 }
 

@@ -243,6 +243,7 @@ impl GradCheck {
                 profile: false,
                 device: pipetrain::compute::Device::Cpu,
                 deterministic: true,
+                mixed_precision: None,
             },
         )
         .map_err(|e| e.to_string())?;

@@ -77,6 +77,7 @@ impl Module {
             profile: false,
             device: crate::compute::Device::Cpu,
             deterministic: true,
+            mixed_precision: None,
         };
         let settings = StageSettings::new(OptimizerConfig::default(), 1.0);
         let stage = OrtStage::new(rt, &tg, &graphs[0], &session, &settings)?;
