@@ -92,6 +92,22 @@ fn a_recorded_1f1b_run_and_a_zero_bubble_run_replay_in_order() {
             first.lines().count() == 10 && first.contains("\"loss\":2.29836"),
             "{first}"
         );
+        // Every step's time is its own (the last one too: results reach the reporter a
+        // round late, and the last two together).
+        let mut times: Vec<f64> = first
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["step_s"]
+                    .as_f64()
+                    .unwrap()
+            })
+            .collect();
+        let last = *times.last().unwrap();
+        times.sort_by(f64::total_cmp);
+        assert!(
+            last > times[times.len() / 2] / 10.0,
+            "step times {times:?}, last {last}"
+        );
         let text = ok(&pipetrain(&["schedule", "replay", trace.to_str().unwrap()]));
         assert!(text.contains("replayed 10 step(s) x 1 replica(s): every actor ran its actions in the recorded order"), "{text}");
         let svg = tmp(&format!("{schedule}.svg"));

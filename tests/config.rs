@@ -331,3 +331,19 @@ fn bfloat16_needs_mixed_precision_and_a_gpu() {
     let c = TrainConfig::parse(&f16, &path()).unwrap();
     assert_eq!(c.half(), Some(pipetrain::graph::autocast::Half::F16));
 }
+
+#[test]
+fn float16_mixed_precision_scales_the_loss_dynamically_unless_told() {
+    let parse = |extra: &str| {
+        let text = with("batch_size = 16", &format!("batch_size = 16\n{extra}"));
+        TrainConfig::parse(&text, &path()).unwrap().loss_scale()
+    };
+    assert_eq!(parse(""), 1.0);
+    assert_eq!(parse("use_mixed_precision = true"), 0.0);
+    assert_eq!(parse("use_mixed_precision = true\nloss_scale = 128"), 128.0);
+    refused(
+        &with("batch_size = 16", "batch_size = 16\nloss_scale = -1"),
+        "loss_scale",
+        "positive factor",
+    );
+}

@@ -54,7 +54,7 @@ pub fn settings_of(cfg: &TrainConfig, model_fingerprint: &str) -> Settings {
         // shrink) changes while the run stays the same.
         ("optimizer_steps".to_string(), json!(cfg.optimizer_steps())),
         ("max_grad_norm".to_string(), json!(cfg.max_grad_norm)),
-        ("loss_scale".to_string(), json!(cfg.loss_scale)),
+        ("loss_scale".to_string(), json!(cfg.loss_scale())),
         ("loss_scaler".to_string(), to(&cfg.loss_scaler)),
         (
             "data.path".to_string(),

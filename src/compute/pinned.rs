@@ -90,6 +90,11 @@ mod locked {
 
     impl Drop for Locks {
         fn drop(&mut self) {
+            // The driver unregisters within a context: the one the ranges were locked
+            // in, made current on whatever thread drops the stage.
+            if let Some(ctx) = &self.ctx {
+                let _ = ctx.bind_to_thread();
+            }
             self.locks.clear();
         }
     }

@@ -148,9 +148,11 @@ pub struct TrainConfig {
     #[serde(default)]
     pub recompute: Recompute,
     /// Loss scale (ORT's `loss_scale`): a static factor, or 0 for dynamic scaling with
-    /// ONNX Runtime's `DynamicLossScaler` semantics (see `loss_scaler`). Default 1: none.
-    #[serde(default = "one_f64")]
-    pub loss_scale: f64,
+    /// ONNX Runtime's `DynamicLossScaler` semantics (see `loss_scaler`). Default: 0 with
+    /// float16 mixed precision (as ORT's mixed-precision runs), else 1 (none); see
+    /// [`TrainConfig::loss_scale`].
+    #[serde(default)]
+    pub loss_scale: Option<f64>,
     /// The dynamic loss scaler's settings, for `loss_scale = 0`.
     #[serde(default)]
     pub loss_scaler: DynamicScalerConfig,
@@ -182,10 +184,6 @@ pub const SCALAR_NAMES: [&str; 8] = [
     "eval_loss",
     "eval_accuracy",
 ];
-
-fn one_f64() -> f64 {
-    1.0
-}
 
 fn one() -> usize {
     1
@@ -363,12 +361,19 @@ impl TrainConfig {
         })
     }
 
+    /// The loss scale: as given, or 0 (dynamic) with float16 mixed precision, whose
+    /// small gradients would otherwise underflow, or 1 (none).
+    pub fn loss_scale(&self) -> f64 {
+        let float16 = self.half() == Some(crate::graph::autocast::Half::F16);
+        self.loss_scale.unwrap_or(if float16 { 0.0 } else { 1.0 })
+    }
+
     /// How the coordinator clips and scales.
     pub fn grad_policy(&self) -> GradPolicy {
         let d = self.loss_scaler;
         GradPolicy {
             max_norm: self.max_grad_norm,
-            scaling: if self.loss_scale == 0.0 {
+            scaling: if self.loss_scale() == 0.0 {
                 LossScaling::Dynamic(DynamicScaling {
                     initial: d.initial,
                     window: d.window,
@@ -376,7 +381,7 @@ impl TrainConfig {
                     max: d.max,
                 })
             } else {
-                LossScaling::Static(self.loss_scale)
+                LossScaling::Static(self.loss_scale())
             },
         }
     }

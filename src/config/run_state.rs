@@ -119,13 +119,10 @@ impl TrainConfig {
                     .into(),
             ));
         }
-        if !(self.loss_scale.is_finite() && self.loss_scale >= 0.0) {
+        if let Some(s) = self.loss_scale.filter(|s| !(s.is_finite() && *s >= 0.0)) {
             return Err(bad(
                 "loss_scale",
-                format!(
-                    "must be a positive factor, or 0 for dynamic scaling; got {}",
-                    self.loss_scale
-                ),
+                format!("must be a positive factor, or 0 for dynamic scaling; got {s}"),
             ));
         }
         let d = self.loss_scaler;

@@ -10,8 +10,8 @@
 //! LayerNormalization, Softmax, the loss and their gradients (PyTorch AMP's float32 list,
 //! by leaving them alone). A backward product reads the float32 activation and casts it
 //! again, where AMP would have kept the half copy: more memory, the same values.
-//! Gradients of float16 products can underflow: pair float16 with loss scaling
-//! (`loss_scale = 0`, dynamic); bfloat16 has float32's range.
+//! Gradients of float16 products can underflow, so float16 runs scale the loss
+//! dynamically unless `loss_scale` says otherwise; bfloat16 has float32's range.
 
 use std::collections::HashMap;
 

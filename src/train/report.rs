@@ -47,7 +47,7 @@ impl<W: Write> Reporter<W> {
             progress: Progress::new(total, out, is_terminal).every(cfg.display_loss_steps as u64),
             metrics,
             global: cfg.global_batch() as f64,
-            scaled: cfg.loss_scale != 1.0,
+            scaled: cfg.loss_scale() != 1.0,
             first: None,
             last: 0.0,
             failed: None,

@@ -234,8 +234,8 @@ fn step_reporter<'a>(
 ) -> impl FnMut(&StepResult) + Send + 'a {
     let mut last = Duration::ZERO;
     move |r: &StepResult| {
-        let elapsed = start.elapsed();
-        let step_s = (elapsed - last).as_secs_f64().max(1e-9);
+        let elapsed = r.ended.saturating_duration_since(start);
+        let step_s = elapsed.saturating_sub(last).as_secs_f64().max(1e-9);
         last = elapsed;
         let report = StepReport {
             step: r.step,

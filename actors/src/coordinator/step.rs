@@ -236,6 +236,7 @@ impl Coordinator {
             skipped,
             saved: std::mem::take(&mut self.saved),
             stop,
+            ended: std::time::Instant::now(),
         })
     }
 }
