@@ -9,7 +9,7 @@ use pipetrain::graph::{
     build_training_graph, make_node, scatter_adds_as_products, untyped_value_info, value_info,
     LossSpec, TrainOptions, ValueMeta,
 };
-use pipetrain::onnx::proto::{GraphProto, ModelProto, OperatorSetIdProto};
+use pipetrain::onnx::proto::ModelProto;
 use pipetrain::tensor::{DType, Tensor};
 
 /// `total = sum(Gather(W, ids) * R)` with a table `W [rows, 3, 2]`, `ids [2, 5]` int64
@@ -27,28 +27,17 @@ fn lookup_model(rows: usize) -> (ModelProto, Tensor) {
         Tensor::f32(vec![rows, 3, 2], w).unwrap().to_proto("W"),
         Tensor::f32(vec![2, 5, 3, 2], r).unwrap().to_proto("R"),
     ];
-    let model = ModelProto {
-        ir_version: 8,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        graph: Some(GraphProto {
-            name: "lookup".into(),
-            node: nodes,
-            initializer: inits.to_vec(),
-            input: vec![value_info(
-                "ids",
-                &ValueMeta {
-                    dtype: DType::I64,
-                    shape: vec![2, 5],
-                },
-            )],
-            output: vec![untyped_value_info("total")],
-            ..Default::default()
-        }),
-        ..Default::default()
+    let ids_meta = ValueMeta {
+        dtype: DType::I64,
+        shape: vec![2, 5],
     };
+    let model = common::opset17_model(
+        "lookup",
+        nodes,
+        inits.to_vec(),
+        vec![value_info("ids", &ids_meta)],
+        vec![untyped_value_info("total")],
+    );
     (model, ids)
 }
 

@@ -13,7 +13,7 @@ use pipetrain::graph::custom_ops::{
 };
 use pipetrain::graph::{build_training_graph, int_attr, ints_attr, make_node, untyped_value_info};
 use pipetrain::graph::{LossSpec, TrainOptions, TrainingGraph};
-use pipetrain::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
+use pipetrain::onnx::proto::{ModelProto, NodeProto};
 use pipetrain::tensor::{DType, Tensor};
 
 /// `loss = sum(LayerNorm(X) * R)` over the last axis of `[6, 33, cols]`, float32.
@@ -50,21 +50,13 @@ fn weighted_sum(node: NodeProto, mut inits: Vec<(&str, Tensor)>, shape: &[usize]
         make_node("Mul", "m", &["Y", "R"], &["YR"], vec![]),
         make_node("ReduceSum", "s", &["YR"], &["total"], vec![]),
     ];
-    ModelProto {
-        ir_version: 8,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        graph: Some(GraphProto {
-            name: "fused".into(),
-            node: nodes,
-            initializer: inits.iter().map(|(n, t)| t.to_proto(n)).collect(),
-            output: vec![untyped_value_info("total")],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    common::opset17_model(
+        "fused",
+        nodes,
+        inits.iter().map(|(n, t)| t.to_proto(n)).collect(),
+        vec![],
+        vec![untyped_value_info("total")],
+    )
 }
 
 /// `loss = sum(GELU(X) * R)` with GELU as PyTorch exports `nn.GELU()`: `x / sqrt 2`

@@ -10,7 +10,7 @@ mod common;
 use pipetrain::compute::{GraphSession, SessionOptions};
 use pipetrain::graph::autocast::{autocast, products, Half};
 use pipetrain::graph::{int_attr, make_node, untyped_value_info, Graph};
-use pipetrain::onnx::proto::{GraphProto, ModelProto, OperatorSetIdProto};
+use pipetrain::onnx::proto::ModelProto;
 use pipetrain::tensor::Tensor;
 
 /// `y = LayerNorm(Gemm(x, W1, b1) + MatMul(x, W2)) @ W2ᵀ`-like chain: a Gemm with a
@@ -50,28 +50,17 @@ fn model() -> (ModelProto, Tensor) {
         t(vec![8], 11).to_proto("g"),
         t(vec![8, 4], 13).to_proto("W3"),
     ];
-    let model = ModelProto {
-        ir_version: 8,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        graph: Some(GraphProto {
-            name: "mixed".into(),
-            node: nodes,
-            initializer: inits.to_vec(),
-            input: vec![pipetrain::graph::value_info(
-                "x",
-                &pipetrain::graph::ValueMeta {
-                    dtype: pipetrain::tensor::DType::F32,
-                    shape: vec![5, 6],
-                },
-            )],
-            output: vec![untyped_value_info("y")],
-            ..Default::default()
-        }),
-        ..Default::default()
+    let x = pipetrain::graph::ValueMeta {
+        dtype: pipetrain::tensor::DType::F32,
+        shape: vec![5, 6],
     };
+    let model = common::opset17_model(
+        "mixed",
+        nodes,
+        inits.to_vec(),
+        vec![pipetrain::graph::value_info("x", &x)],
+        vec![untyped_value_info("y")],
+    );
     (model, t(vec![5, 6], 19))
 }
 

@@ -40,6 +40,22 @@ pub(crate) fn run_pieces<T: Send>(parts: impl Iterator<Item = T>, f: impl Fn(T) 
     });
 }
 
+/// Test aid: `pieces` (an update run in pieces) is bitwise `one` (the same update in
+/// one pass), and moved most of `before`'s values.
+#[cfg(test)]
+pub(crate) fn assert_bitwise_and_moved(pieces: &[f32], one: &[f32], before: &[f32]) {
+    assert!(pieces
+        .iter()
+        .zip(one)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    let moved = pieces.iter().zip(before).filter(|(a, b)| a != b).count();
+    assert!(
+        moved > before.len() / 2,
+        "only {moved} of {} values moved",
+        before.len()
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

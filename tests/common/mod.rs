@@ -26,6 +26,33 @@ pub fn initial_params(tg: &TrainingGraph) -> TensorMap {
 }
 
 /// The loaded ONNX Runtime (one per test process).
+/// An opset-17 model of `nodes` with `inits` as initializers, `inputs` and `outputs`.
+pub fn opset17_model(
+    name: &str,
+    nodes: Vec<pipetrain::onnx::proto::NodeProto>,
+    inits: Vec<pipetrain::onnx::proto::TensorProto>,
+    input: Vec<pipetrain::onnx::proto::ValueInfoProto>,
+    output: Vec<pipetrain::onnx::proto::ValueInfoProto>,
+) -> pipetrain::onnx::proto::ModelProto {
+    use pipetrain::onnx::proto::{GraphProto, ModelProto, OperatorSetIdProto};
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(GraphProto {
+            name: name.into(),
+            node: nodes,
+            initializer: inits,
+            input,
+            output,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 pub fn runtime() -> Runtime {
     Runtime::from_env().expect("ONNX Runtime: run `bash scripts/setup.sh` first")
 }
