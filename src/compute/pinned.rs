@@ -14,7 +14,6 @@
 use super::Device;
 
 /// The page-locked buffers of one stage, by address and length.
-#[derive(Default)]
 pub struct PinnedBuffers {
     device: Device,
     #[cfg(feature = "cuda")]

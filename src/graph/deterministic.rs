@@ -50,13 +50,14 @@ fn plan(g: &Graph, i: usize) -> Option<Plan> {
     if n.op_type != "ScatterND" || attr_s(n, "reduction").as_deref() != Some("add") {
         return None;
     }
-    let producer = |name: &str| g.nodes[..i].iter().rev().find(|m| m.output[0] == name);
+    let makes = |m: &NodeProto, name: &str| m.output.first().is_some_and(|o| o == name);
+    let producer = |name: &str| g.nodes[..i].iter().rev().find(|m| makes(m, name));
     let zeros = producer(&n.input[0]).filter(|m| m.op_type == "ConstantOfShape")?;
     let consts = |name: &str| {
         g.nodes[..i]
             .iter()
             .rev()
-            .find(|m| m.op_type == "Constant" && m.output[0] == name)
+            .find(|m| m.op_type == "Constant" && makes(m, name))
             .and_then(crate::graph::ir::constant_value)
             .or_else(|| g.initializer(name).and_then(|t| Tensor::from_proto(t).ok()))
     };
