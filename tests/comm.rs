@@ -286,12 +286,16 @@ async fn three_workers_gather_reduce_and_transfer() {
             .map(|r| {
                 let c = MeshCollective::new(meshes[r].clone(), placement.clone());
                 let buf = inputs[r].clone();
-                tokio::spawn(async move { c.all_reduce_sum(0, r, buf).await.unwrap() })
+                let lent = buf.as_ptr() as usize;
+                tokio::spawn(async move { (lent, c.all_reduce_sum(0, r, buf).await.unwrap()) })
             })
             .collect();
         let mut out = Vec::new();
         for t in tasks {
-            out.push(t.await.unwrap());
+            let (lent, sum) = t.await.unwrap();
+            // The `Collective` contract: the sum comes back in the buffer lent.
+            assert_eq!(sum.as_ptr() as usize, lent);
+            out.push(sum);
         }
         out
     };

@@ -271,15 +271,18 @@ mod tests {
                 .enumerate()
                 .map(|(r, b)| {
                     let c = c.clone();
-                    tokio::spawn(async move { c.all_reduce_sum(0, r, b).await.unwrap() })
+                    let lent = b.as_ptr() as usize;
+                    tokio::spawn(async move { (lent, c.all_reduce_sum(0, r, b).await.unwrap()) })
                 })
                 .collect();
             for h in handles {
-                let got = h.await.unwrap();
+                let (lent, got) = h.await.unwrap();
                 assert!(got
                     .iter()
                     .zip(&want)
                     .all(|(a, b)| a.to_bits() == b.to_bits()));
+                // The `Collective` contract: the sum comes back in the buffer lent.
+                assert_eq!(got.as_ptr() as usize, lent);
             }
         }
     }
