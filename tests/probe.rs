@@ -41,3 +41,85 @@ fn every_value_of_gpt2_has_the_type_and_shape_a_run_returns() {
     // The batch of 3 is in the shapes (not a default or a symbolic dimension).
     assert_eq!(metas["logits"].shape, vec![b * t, cfg.vocab]);
 }
+
+/// With the loss attached, the training graph's shapes come from probing the loss's
+/// nodes alone (`graph/loss_metas.rs`): the same metas and the same training graph as
+/// probing the whole graph again, the way it was done before.
+#[test]
+fn the_loss_alone_measures_what_the_whole_graph_does() {
+    use pipetrain::graph::{
+        build_training_graph, LossNormalize, LossSpec, Metas, ShapeProbe, TrainOptions,
+    };
+    use std::cell::RefCell;
+
+    /// ONNX Runtime's probe, noting each probed graph's node count; with `whole_only` it
+    /// refuses graphs without the model's first node (the loss alone), as a probe that
+    /// can only measure whole models would, so the builder falls back to the whole graph.
+    struct Probe<'a> {
+        rt: &'a pipetrain::compute::Runtime,
+        first: String,
+        whole_only: bool,
+        sizes: RefCell<Vec<usize>>,
+    }
+    impl ShapeProbe for Probe<'_> {
+        fn probe(&self, g: &Graph, feeds: &[(&str, &Tensor)]) -> pipetrain::Result<Metas> {
+            self.sizes.borrow_mut().push(g.nodes.len());
+            if self.whole_only && !g.nodes.iter().any(|n| n.name == self.first) {
+                return Err(pipetrain::Error::InvalidGraph {
+                    reason: "whole models only".into(),
+                });
+            }
+            self.rt.probe(g, feeds)
+        }
+    }
+
+    let rt = common::runtime();
+    let cfg = Gpt2Config {
+        layers: 2,
+        heads: 2,
+        ..Default::default()
+    };
+    let model = build(&ModelSpec::Gpt2(cfg.clone())).unwrap();
+    let first = model.graph.as_ref().unwrap().node[0].name.clone();
+    let (b, t) = (2, cfg.seq);
+    let ids = |k: usize| {
+        (0..b * t)
+            .map(|i| ((i * k + 3) % cfg.vocab) as i64)
+            .collect()
+    };
+    let tokens = Tensor::i64(vec![b, t], ids(7)).unwrap();
+    let targets = Tensor::i64(vec![b, t], ids(5)).unwrap();
+    let example = [("tokens", &tokens), ("targets", &targets)];
+    let opts = TrainOptions {
+        loss: LossSpec::SoftmaxCrossEntropy {
+            prediction: "logits".into(),
+            label: "targets".into(),
+            ignore_index: None,
+            class_axis: None,
+            normalize: LossNormalize::MicroBatch,
+        },
+        trainable: None,
+        contrib_ops: true,
+        fused_kernels: true,
+        params: Default::default(),
+    };
+    let probe = |whole_only| Probe {
+        rt: &rt,
+        first: first.clone(),
+        whole_only,
+        sizes: RefCell::new(Vec::new()),
+    };
+    let (fast, whole) = (probe(false), probe(true));
+    let a = build_training_graph(&fast, &model, &opts, &example).unwrap();
+    let b = build_training_graph(&whole, &model, &opts, &example).unwrap();
+    assert_eq!(a.metas, b.metas);
+    assert!(a.graph.to_model() == b.graph.to_model());
+    // The fast build probed a small graph (the loss) where the other probed it all.
+    let (fast, whole) = (fast.sizes.into_inner(), whole.sizes.into_inner());
+    let forward = model.graph.as_ref().unwrap().node.len();
+    assert!(fast.iter().any(|&n| n < forward / 4), "{fast:?}");
+    assert!(
+        whole.iter().filter(|&&n| n >= forward).count() >= 2,
+        "{whole:?}"
+    );
+}

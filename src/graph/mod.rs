@@ -11,6 +11,7 @@ mod export;
 mod fusion;
 mod ir;
 mod loss;
+mod loss_metas;
 mod model_inputs;
 mod params;
 mod partition;

@@ -284,9 +284,13 @@ pub fn build_sharded_training_graph(
             },
             (_, e) => e,
         })?;
-    if split_sequences(&mut g, &forward_metas) > 0 {
+    // Rewrites after the probe leave values it did not measure: the graph with its loss
+    // is then probed whole (see `loss_metas`).
+    let rewritten = split_sequences(&mut g, &forward_metas) > 0;
+    if rewritten {
         tracing::debug!("split sequences read at constant positions became Split nodes");
     }
+    let measured = !rewritten && shards <= 1;
     let shard_plan = match shards {
         0 | 1 => None,
         n => Some(shard_graph(&mut g, &forward_metas, n, &trained)?),
@@ -310,6 +314,7 @@ pub fn build_sharded_training_graph(
             dtype: t.dtype(),
             shape: t.shape.clone(),
         });
+    let first_loss_node = g.nodes.len();
     attach_loss(&mut g, &opts.loss, pred_meta, label_meta.as_ref())?;
     g.outputs = vec![untyped_value_info(LOSS)];
     let data_inputs: Vec<String> = g.inputs.iter().map(|v| v.name.clone()).collect();
@@ -325,14 +330,21 @@ pub fn build_sharded_training_graph(
         }
     }
     g.initializers = inits;
-    let loss_metas = {
+    let whole = || {
         let mut feeds = feeds_for(&g, example);
         feeds.extend(param_values.iter().map(|(n, t)| (n.as_str(), t)));
         let mut probe_graph = g.clone();
         for (n, t) in &param_values {
             probe_graph.inputs.push(value_info(n, &meta_of(t)));
         }
-        rt.probe(&probe_graph, &feeds)?
+        rt.probe(&probe_graph, &feeds)
+    };
+    let data = feeds_for(&g, example);
+    let loss_metas = match measured {
+        true => {
+            super::loss_metas::with_loss(rt, &g, first_loss_node, &forward_metas, &data, whole)?
+        }
+        false => whole()?,
     };
     let loss_meta = loss_metas
         .get(LOSS)
