@@ -36,6 +36,7 @@ mod data;
 pub mod decide;
 mod engine;
 mod error;
+mod grad_stats;
 mod members;
 mod messages;
 mod places;

@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use crate::graph::ir::{untyped_value_info, value_info, Graph, Metas};
 use crate::graph::loss::LOSS;
 use crate::graph::model_inputs::meta_of;
-use crate::graph::training::ShapeProbe;
+use crate::graph::shape_probe::ShapeProbe;
 use crate::tensor::Tensor;
 use crate::Result;
 

@@ -17,6 +17,7 @@ mod params;
 mod partition;
 mod running_stats;
 mod sequences;
+mod shape_probe;
 mod stages;
 mod static_fold;
 mod subgraph;
@@ -33,10 +34,11 @@ pub use params::ParamOptions;
 pub use partition::{assign_stages, BalanceBy, Partition, StageAssignment};
 pub use running_stats::{buffers_as_constants, Buffer};
 pub use sequences::{makes_sequence, split_sequences};
+pub use shape_probe::ShapeProbe;
 pub use stages::{build_stage_graphs, build_stage_graphs_with, Recompute, StageGraphs, StageIo};
 pub use static_fold::{fold_static_values, static_nodes, FoldReport};
 pub use tied::{tied_params, with_tied_shared, TiedParam};
 pub use training::{
-    build_sharded_training_graph, build_training_graph, Param, ShapeProbe, TrainOptions,
-    TrainingGraph, LOSS_GRAD,
+    build_sharded_training_graph, build_training_graph, Param, TrainOptions, TrainingGraph,
+    LOSS_GRAD,
 };

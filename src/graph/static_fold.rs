@@ -19,7 +19,7 @@
 use std::collections::HashSet;
 
 use crate::graph::ir::{untyped_value_info, Graph};
-use crate::graph::training::ShapeProbe;
+use crate::graph::shape_probe::ShapeProbe;
 use crate::tensor::Tensor;
 use crate::Result;
 

@@ -12,38 +12,12 @@ use crate::graph::model_inputs::{
 use crate::graph::params::{declared_buffers, rows_to_freeze, trainable_names, ParamOptions};
 use crate::graph::running_stats::{track_running_stats, Buffer};
 use crate::graph::sequences::split_sequences;
+use crate::graph::shape_probe::ShapeProbe;
 use crate::graph::static_fold::fold_static_values;
 use crate::graph::tensor_parallel::{shard_graph, ShardPlan};
 use crate::onnx::proto::ModelProto;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
-
-/// Measures the element type and shape of every value of a graph run on example feeds.
-///
-/// Graph building needs concrete shapes (the backward graphs are built for the
-/// micro-batch's), and takes them from the caller: `compute` implements this for
-/// [`crate::compute::Runtime`] by running ONNX Runtime once with every value exposed;
-/// a test can hand in shapes it knows. The graph layer itself runs nothing.
-pub trait ShapeProbe {
-    /// The type and shape of every input, initializer and node output of `graph` on
-    /// `feeds`.
-    ///
-    /// # Errors
-    /// When the graph cannot be measured (it does not run on the feeds).
-    fn probe(&self, graph: &Graph, feeds: &[(&str, &Tensor)]) -> Result<Metas>;
-
-    /// The values of `graph`'s outputs on `feeds` (static values to fold: shapes,
-    /// masks, positions). A probe that only knows shapes cannot fold them.
-    ///
-    /// # Errors
-    /// When the graph cannot be run on the feeds; by default, always.
-    fn values(&self, graph: &Graph, _feeds: &[(&str, &Tensor)]) -> Result<Vec<Tensor>> {
-        Err(Error::graph(format!(
-            "this shape probe cannot compute the {} values computed from shapes alone",
-            graph.outputs.len()
-        )))
-    }
-}
 
 /// The input that seeds the backward pass: the gradient of the loss (1, or a scale for
 /// gradient accumulation or loss scaling).
