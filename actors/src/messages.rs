@@ -49,6 +49,9 @@ pub(crate) struct StepOutcome {
     pub grads: Vec<(usize, GradStats)>,
     /// Snapshots for a checkpoint round, to be written in the background.
     pub saves: Vec<SaveJob>,
+    /// When the actor finished a training step's last action: the step's end as this
+    /// actor saw it (the scheduler may read the answer later, when it is busy).
+    pub finished: Option<std::time::Instant>,
 }
 
 /// A stage actor's answer at the end of a round: its index among the scheduler's

@@ -123,6 +123,7 @@ impl<P: Send + 'static> SchedulerActor<P> {
             let mut saves = Vec::new();
             let mut accuracy: Option<(f64, f64)> = None;
             let mut events = Vec::with_capacity(outcomes.len());
+            let finished = outcomes.iter().filter_map(|o| o.finished).max();
             for (m, o) in self.members.iter().zip(outcomes) {
                 if let Some((c, n)) = o.accuracy {
                     let (sc, sn) = accuracy.unwrap_or((0.0, 0.0));
@@ -148,10 +149,14 @@ impl<P: Send + 'static> SchedulerActor<P> {
                     if let Some(r) = pending.take() {
                         on_step(&r);
                     }
-                    let result = self
+                    let mut result = self
                         .coordinator
                         .end(step, losses, grads, stop_asked)
                         .await?;
+                    // The step ended when this process's last actor finished it, not
+                    // when the scheduler got round to it (answers may wait while it
+                    // works on the round before).
+                    result.ended = finished.unwrap_or(result.ended);
                     if result.stop && !stopping {
                         // Every process learns it at this same step: all stop after the
                         // round already handed out.

@@ -56,9 +56,10 @@ pub struct StepResult {
     /// A process of the run was asked to stop by this step's end (a signal): every
     /// process stops after the same rounds.
     pub stop: bool,
-    /// When this process had every outcome of the step (its round's end). A result is
-    /// handed on only after the next round (an evaluation may add to it), so step times
-    /// are differences of this, not of when results arrive.
+    /// When the step ended: the scheduler sets it to when this process's last actor
+    /// finished the step (the coordinator's clock at the step's end until then). A result
+    /// is handed on only after the next round (an evaluation may add to it), so step
+    /// times are differences of this, not of when results arrive.
     pub ended: std::time::Instant,
 }
 

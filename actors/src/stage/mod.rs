@@ -117,6 +117,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                 "{flow:?} for stage {stage} mb {mb} arrived but was never used"
             )));
         }
+        out.finished = Some(std::time::Instant::now());
         Ok(out)
     }
 
