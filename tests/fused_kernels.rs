@@ -5,14 +5,13 @@
 
 mod common;
 
+use common::fused::{assert_same, fused_nodes, gradients, gradients_with};
 use common::gradcheck::{check, GradCheck, Rng, F32};
-use pipetrain::compute::{SessionOptions, TensorMap, TrainSession};
 use pipetrain::graph::custom_ops::{
-    DEPTHWISE_CONV, DEPTHWISE_CONV_GRAD, DOMAIN, GELU_FROM_ERF, GELU_GRAD, LAYER_NORM_GRAD,
-    RELU_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
+    DEPTHWISE_CONV, DEPTHWISE_CONV_GRAD, GELU_FROM_ERF, GELU_GRAD, LAYER_NORM_GRAD, RELU_GRAD,
+    SOFTMAX, SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
 };
-use pipetrain::graph::{build_training_graph, int_attr, ints_attr, make_node, untyped_value_info};
-use pipetrain::graph::{LossSpec, TrainOptions, TrainingGraph};
+use pipetrain::graph::{int_attr, ints_attr, make_node, untyped_value_info, LossSpec};
 use pipetrain::onnx::proto::{ModelProto, NodeProto};
 use pipetrain::tensor::{DType, Tensor};
 
@@ -87,73 +86,6 @@ fn gelu_model(by_mul: bool) -> ModelProto {
     let mut model = weighted_sum(last, inits, &shape);
     model.graph.as_mut().unwrap().node.splice(0..0, chain);
     model
-}
-
-/// The training graph and the gradients of `wrt`, with or without fused kernels.
-fn gradients(model: &ModelProto, fused: bool, wrt: &[&str]) -> (TrainingGraph, TensorMap) {
-    let loss = LossSpec::Output {
-        name: "total".into(),
-    };
-    gradients_with(model, loss, &[], fused, wrt)
-}
-
-/// The training graph and the gradients of `wrt` (with the loss, named `loss`) for
-/// `loss` and data `feeds`, with or without fused kernels.
-fn gradients_with(
-    model: &ModelProto,
-    loss: LossSpec,
-    feeds: &[(&str, &Tensor)],
-    fused: bool,
-    wrt: &[&str],
-) -> (TrainingGraph, TensorMap) {
-    let rt = common::runtime();
-    let opts = TrainOptions {
-        loss,
-        trainable: Some(wrt.iter().map(|s| s.to_string()).collect()),
-        contrib_ops: true,
-        fused_kernels: fused,
-        params: Default::default(),
-    };
-    let tg = build_training_graph(&rt, model, &opts, feeds).unwrap();
-    let session_opts = SessionOptions {
-        intra_threads: 2,
-        ..SessionOptions::default()
-    };
-    let mut s = TrainSession::new(&rt, &tg, &session_opts).unwrap();
-    let params = common::initial_params(&tg);
-    let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
-    let data: TensorMap = feeds
-        .iter()
-        .map(|(n, t)| (n.to_string(), (*t).clone()))
-        .collect();
-    let out = s.step(&params, &data, &seed).unwrap();
-    let mut grads = out.grads;
-    grads.insert("loss".into(), Tensor::f64(vec![], vec![out.loss]).unwrap());
-    (tg, grads)
-}
-
-fn fused_nodes(tg: &TrainingGraph, op: &str) -> usize {
-    let g = &tg.graph;
-    g.nodes
-        .iter()
-        .filter(|n| n.domain == DOMAIN && n.op_type == op)
-        .count()
-}
-
-/// Every gradient of `wrt` within `tol` (relative to the largest) of the other's.
-fn assert_same(what: &str, a: &TensorMap, b: &TensorMap, wrt: &[&str], tol: f64) {
-    for name in wrt {
-        let (x, y) = (a[*name].to_f64_vec(), b[*name].to_f64_vec());
-        let scale = y.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
-        let worst = x
-            .iter()
-            .zip(&y)
-            .fold(0f64, |m, (p, q)| m.max((p - q).abs()));
-        assert!(
-            worst <= tol * scale,
-            "{what}: d{name} {worst:e} of {scale:e}"
-        );
-    }
 }
 
 /// Rows of 48 (whole lanes of 8) and 45 (a remainder).

@@ -148,7 +148,9 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
         .add(super::fused::SoftmaxCrossEntropy)?
         .add(super::fused::SoftmaxCrossEntropyGrad)?
         .add(super::fused::DepthwiseConv)?
-        .add(super::fused::DepthwiseConvGrad)
+        .add(super::fused::DepthwiseConvGrad)?
+        .add(super::fused::Attention)?
+        .add(super::fused::AttentionGrad)
 }
 
 /// `AllReduce` (`sums`) or `ShardEntry` (the identity forward).

@@ -339,7 +339,7 @@ pub fn build_sharded_training_graph(
         tracing::debug!("{identities} Dropout nodes with ratio 0 taken as Identity");
     }
     if opts.fused_kernels {
-        let fused = super::fusion::fuse_forward(&mut g, &loss_metas);
+        let fused = super::fusion::fuse_forward(&mut g, &loss_metas, &trained);
         tracing::debug!("fused forward kernels: {fused:?}");
     }
     let frozen = rows_to_freeze(&g, &param_values, &opts.params);

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod exported;
+pub mod fused;
 pub mod gradcheck;
 pub mod mlp;
 

@@ -8,6 +8,7 @@
 //! thread count.
 
 mod activation;
+mod attention;
 mod cross_entropy;
 mod depthwise;
 mod layer_norm;
@@ -21,6 +22,7 @@ use ort::operator::ComputeContext;
 use ort::value::{ValueRef, ValueRefMut};
 
 pub(crate) use activation::{GELU_FROM_ERF_OP, GELU_GRAD_OP, RELU_GRAD_OP};
+pub(crate) use attention::{Attention, AttentionGrad};
 pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
 pub(crate) use depthwise::{DepthwiseConv, DepthwiseConvGrad};
 pub(crate) use layer_norm::LayerNormGrad;

@@ -6,8 +6,9 @@ use super::elementwise::shape;
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
 use crate::graph::custom_ops::{
-    DEPTHWISE_CONV, DEPTHWISE_CONV_GRAD, DOMAIN, GELU_FROM_ERF, GELU_GRAD, LAYER_NORM_GRAD,
-    RELU_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
+    ATTENTION, ATTENTION_GRAD, DEPTHWISE_CONV, DEPTHWISE_CONV_GRAD, DOMAIN, GELU_FROM_ERF,
+    GELU_GRAD, LAYER_NORM_GRAD, RELU_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
+    SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
 };
 use crate::tensor::DType;
 use crate::Result;
@@ -39,6 +40,33 @@ pub fn rule(op_type: &str) -> Option<super::Rule> {
                 (bias && c.needs(2)).then_some(db),
             ];
             grads.truncate(c.node.input.len());
+            Ok(grads)
+        },
+        // One kernel for the three inputs' gradients from the kept probabilities; the
+        // mask gets none (the fusion pass leaves masks computed from parameters alone).
+        ATTENTION => |c| {
+            if c.node.input.len() > 3 && c.needs(3) {
+                return Err(crate::Error::graph(format!(
+                    "{}: the attention mask {} needs a gradient, which the fused kernel \
+                     does not give (train with runtime.fused_kernels = false)",
+                    c.node.name,
+                    c.input(3)
+                )));
+            }
+            let dy = c.dy(0)?;
+            let inputs = [dy.as_str(), c.input(0), c.input(1), c.input(2), c.output(1)];
+            let inputs: Vec<String> = inputs.iter().map(|s| s.to_string()).collect();
+            let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+            let outputs = [c.e.fresh("dQ"), c.e.fresh("dK"), c.e.fresh("dV")];
+            let out: Vec<&str> = outputs.iter().map(String::as_str).collect();
+            let attrs = c.node.attribute.clone();
+            c.e.node(ATTENTION_GRAD, DOMAIN, &inputs, &out, attrs);
+            let mut grads: Vec<Option<String>> = outputs
+                .into_iter()
+                .enumerate()
+                .map(|(i, g)| c.needs(i).then_some(g))
+                .collect();
+            grads.resize(c.node.input.len(), None);
             Ok(grads)
         },
         SOFTMAX => |c| {

@@ -4,12 +4,15 @@
 //! `SoftmaxCrossEntropy`, and the last three nodes of PyTorch's erf GELU (`+ 1`, `x *`,
 //! `* 0.5`) as `GeluFromErf` (its `x / k` and `Erf` stay ONNX Runtime's, so its values
 //! are bit for bit the exported form's), and a depthwise 2-D `Conv` (one filter per
-//! channel) as `DepthwiseConv`; each gets its fused backward from the autodiff
-//! (`autodiff::rules::fused`). Only float32 nodes whose shapes fit the kernels are
+//! channel) as `DepthwiseConv`, and scaled dot-product attention with the transposes
+//! around it as `Attention` (see [`attention`]); each gets its fused backward from the
+//! autodiff (`autodiff::rules::fused`). Only float32 nodes whose shapes fit the kernels are
 //! replaced; the rest stay standard ONNX.
 //!
 //! Runs after the loss is attached and the values measured, before differentiation, on
 //! pipetrain's own graph only: graphs that leave pipetrain are built without it.
+
+mod attention;
 
 use std::collections::{HashMap, HashSet};
 
@@ -27,27 +30,36 @@ pub struct Fused {
     pub softmax: usize,
     pub cross_entropy: usize,
     pub depthwise_conv: usize,
+    pub attention: usize,
 }
 
 impl Fused {
     /// Whether any node was replaced.
     pub fn any(&self) -> bool {
-        self.gelu + self.softmax + self.cross_entropy + self.depthwise_conv > 0
+        self.gelu + self.softmax + self.cross_entropy + self.depthwise_conv + self.attention > 0
     }
 }
 
 /// Replaces the patterns in `g` (see the module doc); `metas` are its values' measured
-/// types and shapes. Imports pipetrain's domain when it replaced anything.
-pub fn fuse_forward(g: &mut Graph, metas: &Metas) -> Fused {
+/// types and shapes, `trainable` the parameters trained (an attention mask computed
+/// from them stays standard ops). Imports pipetrain's domain when it replaced anything.
+pub fn fuse_forward(g: &mut Graph, metas: &Metas, trainable: &HashSet<&str>) -> Fused {
     let is_f32 = |v: &str| metas.get(v).is_some_and(|m| m.dtype == DType::F32);
     let mut fused = Fused::default();
     let mut replace: HashMap<usize, NodeProto> = HashMap::new();
     let mut drop: HashSet<usize> = HashSet::new();
+    let constants = g.constants();
+
+    for found in attention::find(g, metas, &constants, trainable) {
+        replace.insert(found.at, found.node);
+        drop.extend(found.drop);
+        fused.attention += 1;
+    }
 
     // GELU: `a = e + 1` and `m = x * a` dropped, `y = m * 0.5` made from `x, t, e`.
     let consumers = g.consumers();
     let producers = g.producers();
-    for (&half, chain) in &gelu::find(g, &g.constants(), &|_| false) {
+    for (&half, chain) in &gelu::find(g, &constants, &|_| false) {
         if !is_f32(&chain.x) {
             continue;
         }
@@ -63,7 +75,8 @@ pub fn fuse_forward(g: &mut Graph, metas: &Metas) -> Fused {
 
     let opset = g.opset();
     for (i, n) in g.nodes.iter().enumerate() {
-        if !n.domain.is_empty() && n.domain != "ai.onnx" {
+        let standard = n.domain.is_empty() || n.domain == "ai.onnx";
+        if !standard || drop.contains(&i) || replace.contains_key(&i) {
             continue;
         }
         let shape = |v: &str| metas.get(v).map(|m| m.shape.clone()).unwrap_or_default();

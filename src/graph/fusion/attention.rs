@@ -1,0 +1,255 @@
+//! Exported attention as pipetrain's `Attention` node (see `compute::fused`, attention):
+//!
+//! ```text
+//! MatMul(q, kt) [* c or / c] [+ mask] -> Softmax(last axis) [-> Identity | Cast float]*
+//!   -> MatMul(., v) [-> Transpose]
+//! ```
+//!
+//! with `q`, `kt` and `v` of rank 4 (`[B, H, T, D]`, `[B, H, D, S]`, `[B, H, S, E]`,
+//! no broadcasting), each read through the `Transpose` that makes it where nothing else
+//! reads that transpose, and the `Transpose` after the second product taken in where it
+//! is the product's only reader. This is how PyTorch exports `softmax(q @ k.transpose(-2,
+//! -1) * scale + mask) @ v` (Hugging Face's eager BERT and GPT-2, the tiny GPT) and
+//! `scaled_dot_product_attention` (torchvision's ViT, whose scale is on q and k and stays
+//! outside). The mask must not depend on a trained parameter (it gets no gradient); the
+//! values inside the pattern must have no other readers and not be graph outputs. The
+//! softmax's output keeps its name as the node's second output.
+
+use std::collections::{HashMap, HashSet};
+
+use super::super::ir::{attr_i, attr_ints, float_attr, ints_attr, Graph, Metas};
+use super::custom;
+use crate::graph::custom_ops::ATTENTION;
+use crate::onnx::proto::NodeProto;
+use crate::tensor::{DType, Tensor};
+
+/// One pattern found: the node to put at `at` (the pattern's last node) and the other
+/// nodes it replaces.
+pub(super) struct Found {
+    pub at: usize,
+    pub node: NodeProto,
+    pub drop: Vec<usize>,
+}
+
+/// Every attention pattern of `g` (none overlapping).
+pub(super) fn find<'g>(
+    g: &'g Graph,
+    metas: &'g Metas,
+    consts: &'g HashMap<String, Tensor>,
+    trainable: &HashSet<&'g str>,
+) -> Vec<Found> {
+    let finder = Finder {
+        g,
+        metas,
+        consts,
+        consumers: g.consumers(),
+        producers: g.producers(),
+        outputs: g.outputs.iter().map(|o| o.name.as_str()).collect(),
+        graded: graded(g, trainable),
+    };
+    let mut taken = HashSet::new();
+    let mut found = Vec::new();
+    for i in 0..g.nodes.len() {
+        let Some(f) = finder.at(i) else { continue };
+        if f.drop.iter().chain([&f.at]).all(|n| !taken.contains(n)) {
+            taken.extend(f.drop.iter().copied().chain([f.at]));
+            found.push(f);
+        }
+    }
+    found
+}
+
+/// The trained parameters and the values that depend on them.
+fn graded<'g>(g: &'g Graph, trainable: &HashSet<&'g str>) -> HashSet<&'g str> {
+    let mut graded: HashSet<&str> = trainable.clone();
+    for n in &g.nodes {
+        let reads = n
+            .input
+            .iter()
+            .any(|v| trainable.contains(v.as_str()) || graded.contains(v.as_str()));
+        if reads {
+            graded.extend(n.output.iter().map(String::as_str));
+        }
+    }
+    graded
+}
+
+struct Finder<'g> {
+    g: &'g Graph,
+    metas: &'g Metas,
+    consts: &'g HashMap<String, Tensor>,
+    consumers: HashMap<&'g str, Vec<usize>>,
+    producers: HashMap<&'g str, usize>,
+    outputs: HashSet<&'g str>,
+    graded: HashSet<&'g str>,
+}
+
+impl<'g> Finder<'g> {
+    /// Whether node `i` is the standard op `op`.
+    fn is(&self, i: usize, op: &str) -> bool {
+        let n = &self.g.nodes[i];
+        n.op_type == op && (n.domain.is_empty() || n.domain == "ai.onnx")
+    }
+
+    /// The only reader of `v`, where it has one and is not a graph output.
+    fn only(&self, v: &str) -> Option<usize> {
+        match self.consumers.get(v) {
+            Some(c) if c.len() == 1 && !self.outputs.contains(v) => Some(c[0]),
+            _ => None,
+        }
+    }
+
+    /// The shape of `v` where it is float32 of rank 4.
+    fn rank4(&self, v: &str) -> Option<&'g [usize]> {
+        let m = self.metas.get(v)?;
+        (m.dtype == DType::F32 && m.shape.len() == 4).then_some(m.shape.as_slice())
+    }
+
+    /// `v`'s value where it is a one-value constant.
+    fn scalar(&self, v: &str) -> Option<f64> {
+        let t = self.consts.get(v)?;
+        (t.len() == 1).then(|| t.to_f64_vec()[0])
+    }
+
+    /// The pattern whose first product is node `m1`.
+    fn at(&self, m1: usize) -> Option<Found> {
+        let g = self.g;
+        if !self.is(m1, "MatMul") {
+            return None;
+        }
+        let first = &g.nodes[m1];
+        let scores = self.rank4(&first.output[0])?;
+        let mut chain = vec![m1];
+        let (mut x, mut next) = (&first.output[0], self.only(&first.output[0])?);
+        let mut scale = 1.0;
+        if self.is(next, "Mul") || self.is(next, "Div") {
+            let n = &g.nodes[next];
+            let other = usize::from(n.input[0] == *x);
+            let c = self.scalar(&n.input[other])?;
+            scale = match n.op_type.as_str() {
+                "Mul" => c,
+                _ if other == 1 => 1.0 / c,
+                _ => return None,
+            };
+            chain.push(next);
+            (x, next) = (&n.output[0], self.only(&n.output[0])?);
+        }
+        let mut mask = None;
+        if self.is(next, "Add") {
+            let n = &g.nodes[next];
+            let m = &n.input[usize::from(n.input[0] == *x)];
+            let fits = self
+                .metas
+                .get(&n.output[0])
+                .is_some_and(|o| o.shape == scores)
+                && self.broadcasts(m, scores)
+                && !self.graded.contains(m.as_str());
+            if !fits {
+                return None;
+            }
+            mask = Some(m.as_str());
+            chain.push(next);
+            (x, next) = (&n.output[0], self.only(&n.output[0])?);
+        }
+        let softmax = self.softmax(next, x)?;
+        chain.push(softmax);
+        let probs = &g.nodes[softmax].output[0];
+        let (mut y, mut next) = (probs, self.only(probs)?);
+        while self.is(next, "Identity")
+            || (self.is(next, "Cast") && attr_i(&g.nodes[next], "to") == Some(1))
+        {
+            chain.push(next);
+            (y, next) = (
+                &g.nodes[next].output[0],
+                self.only(&g.nodes[next].output[0])?,
+            );
+        }
+        let second = &g.nodes[next];
+        if !self.is(next, "MatMul") || second.input[0] != *y || second.input[1] == *y {
+            return None;
+        }
+        chain.push(next);
+        let v = &second.input[1];
+        self.shapes_agree(&first.input[0], &first.input[1], v)?;
+        let (mut out, mut out_perm) = (&second.output[0], vec![0, 1, 2, 3]);
+        if let Some(t) = self.only(out).filter(|&t| self.is(t, "Transpose")) {
+            if let Some(perm) = self.perm(t) {
+                chain.push(t);
+                (out, out_perm) = (&g.nodes[t].output[0], perm);
+            }
+        }
+        let mut inputs = Vec::new();
+        let mut attrs = vec![float_attr("scale", scale as f32)];
+        for (value, reader, name) in [
+            (&first.input[0], m1, "q_perm"),
+            (&first.input[1], m1, "k_perm"),
+            (v, next, "v_perm"),
+        ] {
+            let (source, perm) = match self.transposed(value, reader) {
+                Some((t, perm)) => {
+                    chain.push(t);
+                    (g.nodes[t].input[0].as_str(), perm)
+                }
+                None => (value.as_str(), vec![0, 1, 2, 3]),
+            };
+            inputs.push(source);
+            attrs.push(ints_attr(name, &perm));
+        }
+        attrs.push(ints_attr("out_perm", &out_perm));
+        inputs.extend(mask);
+        let name = format!("{}/attention", g.nodes[softmax].name);
+        let node = custom(ATTENTION, &name, &inputs, &[out, probs], attrs);
+        let at = *chain.iter().max()?;
+        chain.retain(|&i| i != at);
+        Some(Found {
+            at,
+            node,
+            drop: chain,
+        })
+    }
+
+    /// Node `i` where it is a float32 softmax of `x` over its last axis.
+    fn softmax(&self, i: usize, x: &str) -> Option<usize> {
+        let n = &self.g.nodes[i];
+        let default = if self.g.opset() >= 13 { -1 } else { 1 };
+        let axis = attr_i(n, "axis").unwrap_or(default);
+        (self.is(i, "Softmax") && n.input[0] == x && (axis == -1 || axis == 3)).then_some(i)
+    }
+
+    /// Whether `mask` is float32 and broadcasts to `scores` (rank 4 at most).
+    fn broadcasts(&self, mask: &str, scores: &[usize]) -> bool {
+        let Some(m) = self.metas.get(mask) else {
+            return false;
+        };
+        let lead = scores.len().saturating_sub(m.shape.len());
+        m.dtype == DType::F32
+            && m.shape.len() <= scores.len()
+            && m.shape
+                .iter()
+                .zip(&scores[lead..])
+                .all(|(&d, &s)| d == 1 || d == s)
+    }
+
+    /// `Some` where `q` `[B, H, T, D]`, `kt` `[B, H, D, S]` and `v` `[B, H, S, E]` agree.
+    fn shapes_agree(&self, q: &str, kt: &str, v: &str) -> Option<()> {
+        let (q, k, v) = (self.rank4(q)?, self.rank4(kt)?, self.rank4(v)?);
+        let agree = q[..2] == k[..2] && k[..2] == v[..2] && q[3] == k[2] && k[3] == v[2];
+        agree.then_some(())
+    }
+
+    /// A rank-4 `Transpose` node's permutation.
+    fn perm(&self, t: usize) -> Option<Vec<i64>> {
+        let perm = attr_ints(&self.g.nodes[t], "perm").unwrap_or_else(|| vec![3, 2, 1, 0]);
+        (perm.len() == 4).then_some(perm)
+    }
+
+    /// The `Transpose` making `value` and its permutation, where `reader` is the only
+    /// node reading `value`.
+    fn transposed(&self, value: &str, reader: usize) -> Option<(usize, Vec<i64>)> {
+        let t = *self.producers.get(value)?;
+        if !self.is(t, "Transpose") || self.only(value) != Some(reader) {
+            return None;
+        }
+        Some((t, self.perm(t)?))
+    }
+}

@@ -1,0 +1,230 @@
+//! pipetrain's fused attention (`Attention`, `AttentionGrad`): on the forms PyTorch
+//! exports, against the standard-op graph it replaces and central finite differences;
+//! masks that need a gradient stay standard ops.
+
+mod common;
+
+use common::fused::{assert_same, fused_nodes, gradients};
+use common::gradcheck::{check, GradCheck, Rng, F32};
+use pipetrain::graph::custom_ops::{ATTENTION, ATTENTION_GRAD};
+use pipetrain::graph::{ints_attr, make_node, untyped_value_info, TrainingGraph};
+use pipetrain::onnx::proto::{ModelProto, NodeProto};
+use pipetrain::tensor::{DType, Tensor};
+
+/// Batch, heads, query tokens, key tokens, head size of q and k, head size of v.
+const B: usize = 2;
+const H: usize = 3;
+const T: usize = 5;
+const S: usize = 7;
+const D: usize = 4;
+const E: usize = 6;
+
+fn perm(p: [i64; 4]) -> Vec<pipetrain::onnx::proto::AttributeProto> {
+    vec![ints_attr("perm", &p)]
+}
+
+fn scalar(v: f32) -> Tensor {
+    Tensor::f32(vec![], vec![v]).unwrap()
+}
+
+/// The exported forms, each with `loss = sum(Y * R)`:
+/// - `gpt`: q, k, v as `[B, T, H, D]` turned by `Transpose`s, `* c`, a causal mask of
+///   `-inf` (`[T, T]`), the output turned back to `[B, T, H, E]`;
+/// - `bert`: cross-attention (`S` keys), `/ c`, a padding mask `[B, 1, 1, S]`, an
+///   `Identity` (a dropout of ratio 0) after the softmax;
+/// - `vit`: `q`, `kt`, `v` made elsewhere (no transposes to take in), no scale, no mask,
+///   the output turned to `[T, B, H, E]`.
+fn model(form: &str) -> ModelProto {
+    let mut r = Rng::new(31);
+    let s = if form == "gpt" { T } else { S };
+    let mut inits: Vec<(&str, Tensor)> = Vec::new();
+    let mut nodes: Vec<NodeProto> = Vec::new();
+    let (q, kt, v) = match form {
+        "vit" => {
+            inits.push(("Q", r.tensor(DType::F32, &[B, H, T, D], -2.0, 2.0)));
+            inits.push(("K", r.tensor(DType::F32, &[B, H, D, s], -2.0, 2.0)));
+            inits.push(("V", r.tensor(DType::F32, &[B, H, s, E], -2.0, 2.0)));
+            ("Q", "K", "V")
+        }
+        _ => {
+            inits.push(("Q", r.tensor(DType::F32, &[B, T, H, D], -2.0, 2.0)));
+            inits.push(("K", r.tensor(DType::F32, &[B, s, H, D], -2.0, 2.0)));
+            inits.push(("V", r.tensor(DType::F32, &[B, s, H, E], -2.0, 2.0)));
+            nodes.push(make_node(
+                "Transpose",
+                "tq",
+                &["Q"],
+                &["q"],
+                perm([0, 2, 1, 3]),
+            ));
+            nodes.push(make_node(
+                "Transpose",
+                "tk",
+                &["K"],
+                &["kt"],
+                perm([0, 2, 3, 1]),
+            ));
+            nodes.push(make_node(
+                "Transpose",
+                "tv",
+                &["V"],
+                &["v"],
+                perm([0, 2, 1, 3]),
+            ));
+            ("q", "kt", "v")
+        }
+    };
+    nodes.push(make_node("MatMul", "qk", &[q, kt], &["scores"], vec![]));
+    let softmax_in = match form {
+        "gpt" => {
+            let mut mask = vec![0f32; T * T];
+            for i in 0..T {
+                mask[i * T + i + 1..(i + 1) * T].fill(f32::NEG_INFINITY);
+            }
+            inits.push(("c", scalar(0.5)));
+            inits.push(("mask", Tensor::f32(vec![T, T], mask).unwrap()));
+            nodes.push(make_node(
+                "Mul",
+                "scale",
+                &["scores", "c"],
+                &["scaled"],
+                vec![],
+            ));
+            nodes.push(make_node(
+                "Add",
+                "masked",
+                &["scaled", "mask"],
+                &["x"],
+                vec![],
+            ));
+            "x"
+        }
+        "bert" => {
+            let mut mask = vec![0f32; B * s];
+            mask[s - 2..s].fill(-10000.0); // the first sequence's last two keys are padding
+            inits.push(("c", scalar(2.0)));
+            inits.push(("mask", Tensor::f32(vec![B, 1, 1, s], mask).unwrap()));
+            nodes.push(make_node(
+                "Div",
+                "scale",
+                &["scores", "c"],
+                &["scaled"],
+                vec![],
+            ));
+            nodes.push(make_node(
+                "Add",
+                "masked",
+                &["mask", "scaled"],
+                &["x"],
+                vec![],
+            ));
+            "x"
+        }
+        _ => "scores",
+    };
+    nodes.push(make_node("Softmax", "sm", &[softmax_in], &["p"], vec![]));
+    let probs = if form == "bert" {
+        nodes.push(make_node("Identity", "dropout", &["p"], &["pd"], vec![]));
+        "pd"
+    } else {
+        "p"
+    };
+    nodes.push(make_node("MatMul", "pv", &[probs, v], &["o"], vec![]));
+    let (out_perm, out_shape) = match form {
+        "vit" => ([2, 0, 1, 3], [T, B, H, E]),
+        _ => ([0, 2, 1, 3], [B, T, H, E]),
+    };
+    nodes.push(make_node("Transpose", "to", &["o"], &["Y"], perm(out_perm)));
+    inits.push(("R", Rng::new(37).tensor(DType::F32, &out_shape, -1.0, 1.0)));
+    nodes.push(make_node("Mul", "m", &["Y", "R"], &["YR"], vec![]));
+    nodes.push(make_node("ReduceSum", "s", &["YR"], &["total"], vec![]));
+    common::opset17_model(
+        "attention",
+        nodes,
+        inits.iter().map(|(n, t)| t.to_proto(n)).collect(),
+        vec![],
+        vec![untyped_value_info("total")],
+    )
+}
+
+/// How many nodes of the training graph's forward are `op`.
+fn forward_ops(tg: &TrainingGraph, op: &str) -> usize {
+    let forward = &tg.graph.nodes[..tg.forward_len];
+    forward.iter().filter(|n| n.op_type == op).count()
+}
+
+#[test]
+fn fused_attention_gives_the_standard_op_graphs_loss_and_gradients() {
+    let wrt = ["Q", "K", "V"];
+    // The nodes of each form the fused node replaces.
+    for (form, replaced) in [("gpt", 9), ("bert", 10), ("vit", 4)] {
+        let model = model(form);
+        let (fused_tg, fused) = gradients(&model, true, &wrt);
+        let (plain_tg, plain) = gradients(&model, false, &wrt);
+        assert_eq!(fused_nodes(&fused_tg, ATTENTION), 1, "{form}");
+        assert_eq!(fused_nodes(&fused_tg, ATTENTION_GRAD), 1, "{form}");
+        assert_eq!(fused_nodes(&plain_tg, ATTENTION), 0, "{form}");
+        // Every transpose around the products is read through strides.
+        for op in ["Transpose", "MatMul", "Softmax"] {
+            assert_eq!(forward_ops(&fused_tg, op), 0, "{form}: a {op} left");
+        }
+        assert_eq!(
+            fused_tg.forward_len + replaced - 1,
+            plain_tg.forward_len,
+            "{form}"
+        );
+        // float32 sums of up to 7 terms in another order.
+        assert_same(form, &fused, &plain, &["loss", "Q", "K", "V"], 2e-6);
+    }
+}
+
+/// The `gpt` form's nodes for a finite-difference check, with its parameters.
+fn gpt_case(seed: u64) -> GradCheck {
+    let mut r = Rng::new(seed);
+    let mut mask = vec![0f32; T * T];
+    for i in 0..T {
+        mask[i * T + i + 1..(i + 1) * T].fill(f32::NEG_INFINITY);
+    }
+    GradCheck::new(17)
+        .param("Q", r.tensor(DType::F32, &[B, T, H, D], -1.0, 1.0))
+        .param("K", r.tensor(DType::F32, &[B, T, H, D], -1.0, 1.0))
+        .param("V", r.tensor(DType::F32, &[B, T, H, E], -1.0, 1.0))
+        .constant("c", scalar(0.5))
+        .constant("mask", Tensor::f32(vec![T, T], mask).unwrap())
+        .node("Transpose", &["Q"], &["q"], perm([0, 2, 1, 3]))
+        .node("Transpose", &["K"], &["kt"], perm([0, 2, 3, 1]))
+        .node("Transpose", &["V"], &["v"], perm([0, 2, 1, 3]))
+        .node("MatMul", &["q", "kt"], &["scores"], vec![])
+        .node("Mul", &["scores", "c"], &["scaled"], vec![])
+        .node("Add", &["scaled", "mask"], &["x"], vec![])
+        .node("Softmax", &["x"], &["p"], vec![])
+        .node("MatMul", &["p", "v"], &["o"], vec![])
+        .node("Transpose", &["o"], &["Y"], perm([0, 2, 1, 3]))
+}
+
+#[test]
+fn fused_attention_matches_finite_differences() {
+    check("attention float32, fused", gpt_case(41), F32);
+}
+
+#[test]
+fn a_mask_that_needs_a_gradient_stays_standard_ops() {
+    // An additive bias that is trained (a learned relative position bias).
+    let mut model = model("gpt");
+    let g = model.graph.as_mut().unwrap();
+    let bias = Rng::new(47).tensor(DType::F32, &[T, T], -1.0, 1.0);
+    g.initializer.push(bias.to_proto("bias"));
+    let add = g.node.iter_mut().find(|n| n.name == "masked").unwrap();
+    add.input[1] = "bias".into();
+    let wrt = ["Q", "K", "V", "bias"];
+    let (fused_tg, fused) = gradients(&model, true, &wrt);
+    let (_, plain) = gradients(&model, false, &wrt);
+    assert_eq!(fused_nodes(&fused_tg, ATTENTION), 0);
+    assert_same(
+        "trained mask",
+        &fused,
+        &plain,
+        &["loss", "Q", "K", "V", "bias"],
+        1e-6,
+    );
+}
