@@ -7,7 +7,7 @@ mod common;
 use common::fused::{assert_same, fused_nodes, gradients};
 use common::gradcheck::{check, GradCheck, Rng, F32};
 use pipetrain::graph::custom_ops::{ATTENTION, ATTENTION_GRAD};
-use pipetrain::graph::{ints_attr, make_node, untyped_value_info, TrainingGraph};
+use pipetrain::graph::{attr_i, ints_attr, make_node, untyped_value_info, TrainingGraph};
 use pipetrain::onnx::proto::{ModelProto, NodeProto};
 use pipetrain::tensor::{DType, Tensor};
 
@@ -27,27 +27,38 @@ fn scalar(v: f32) -> Tensor {
     Tensor::f32(vec![], vec![v]).unwrap()
 }
 
+/// Query and key tokens of the causal forms: several row blocks of the kernel, the last
+/// one short; and queries that see a prefix of 16 keys more.
+const LONG: usize = 37;
+const PREFIXED: usize = 21;
+
 /// The exported forms, each with `loss = sum(Y * R)`:
 /// - `gpt`: q, k, v as `[B, T, H, D]` turned by `Transpose`s, `* c`, a causal mask of
-///   `-inf` (`[T, T]`), the output turned back to `[B, T, H, E]`;
+///   `-inf` (`[T, T]`), the output turned back to `[B, T, H, E]`; `prefixed`: the same
+///   with more keys than queries, each query seeing the keys up to its own place in the
+///   longer sequence (`-1e9` elsewhere);
 /// - `bert`: cross-attention (`S` keys), `/ c`, a padding mask `[B, 1, 1, S]`, an
 ///   `Identity` (a dropout of ratio 0) after the softmax;
 /// - `vit`: `q`, `kt`, `v` made elsewhere (no transposes to take in), no scale, no mask,
 ///   the output turned to `[T, B, H, E]`.
 fn model(form: &str) -> ModelProto {
     let mut r = Rng::new(31);
-    let s = if form == "gpt" { T } else { S };
+    let (t, s) = match form {
+        "gpt" => (LONG, LONG),
+        "prefixed" => (PREFIXED, LONG),
+        _ => (T, S),
+    };
     let mut inits: Vec<(&str, Tensor)> = Vec::new();
     let mut nodes: Vec<NodeProto> = Vec::new();
     let (q, kt, v) = match form {
         "vit" => {
-            inits.push(("Q", r.tensor(DType::F32, &[B, H, T, D], -2.0, 2.0)));
+            inits.push(("Q", r.tensor(DType::F32, &[B, H, t, D], -2.0, 2.0)));
             inits.push(("K", r.tensor(DType::F32, &[B, H, D, s], -2.0, 2.0)));
             inits.push(("V", r.tensor(DType::F32, &[B, H, s, E], -2.0, 2.0)));
             ("Q", "K", "V")
         }
         _ => {
-            inits.push(("Q", r.tensor(DType::F32, &[B, T, H, D], -2.0, 2.0)));
+            inits.push(("Q", r.tensor(DType::F32, &[B, t, H, D], -2.0, 2.0)));
             inits.push(("K", r.tensor(DType::F32, &[B, s, H, D], -2.0, 2.0)));
             inits.push(("V", r.tensor(DType::F32, &[B, s, H, E], -2.0, 2.0)));
             nodes.push(make_node(
@@ -76,13 +87,14 @@ fn model(form: &str) -> ModelProto {
     };
     nodes.push(make_node("MatMul", "qk", &[q, kt], &["scores"], vec![]));
     let softmax_in = match form {
-        "gpt" => {
-            let mut mask = vec![0f32; T * T];
-            for i in 0..T {
-                mask[i * T + i + 1..(i + 1) * T].fill(f32::NEG_INFINITY);
+        "gpt" | "prefixed" => {
+            let masked = if form == "gpt" { f32::NEG_INFINITY } else { -1e9 };
+            let mut mask = vec![0f32; t * s];
+            for i in 0..t {
+                mask[i * s + i + s - t + 1..(i + 1) * s].fill(masked);
             }
             inits.push(("c", scalar(0.5)));
-            inits.push(("mask", Tensor::f32(vec![T, T], mask).unwrap()));
+            inits.push(("mask", Tensor::f32(vec![t, s], mask).unwrap()));
             nodes.push(make_node(
                 "Mul",
                 "scale",
@@ -131,8 +143,8 @@ fn model(form: &str) -> ModelProto {
     };
     nodes.push(make_node("MatMul", "pv", &[probs, v], &["o"], vec![]));
     let (out_perm, out_shape) = match form {
-        "vit" => ([2, 0, 1, 3], [T, B, H, E]),
-        _ => ([0, 2, 1, 3], [B, T, H, E]),
+        "vit" => ([2, 0, 1, 3], [t, B, H, E]),
+        _ => ([0, 2, 1, 3], [B, t, H, E]),
     };
     nodes.push(make_node("Transpose", "to", &["o"], &["Y"], perm(out_perm)));
     inits.push(("R", Rng::new(37).tensor(DType::F32, &out_shape, -1.0, 1.0)));
@@ -156,8 +168,15 @@ fn forward_ops(tg: &TrainingGraph, op: &str) -> usize {
 #[test]
 fn fused_attention_gives_the_standard_op_graphs_loss_and_gradients() {
     let wrt = ["Q", "K", "V"];
-    // The nodes of each form the fused node replaces.
-    for (form, replaced) in [("gpt", 9), ("bert", 10), ("vit", 4)] {
+    // The nodes of each form the fused node replaces, and whether its mask is causal
+    // (then the kernel's own, not an input).
+    let forms = [
+        ("gpt", 9, true),
+        ("prefixed", 9, true),
+        ("bert", 10, false),
+        ("vit", 4, false),
+    ];
+    for (form, replaced, causal) in forms {
         let model = model(form);
         let (fused_tg, fused) = gradients(&model, true, &wrt);
         let (plain_tg, plain) = gradients(&model, false, &wrt);
@@ -173,24 +192,30 @@ fn fused_attention_gives_the_standard_op_graphs_loss_and_gradients() {
             plain_tg.forward_len,
             "{form}"
         );
-        // float32 sums of up to 7 terms in another order.
-        assert_same(form, &fused, &plain, &["loss", "Q", "K", "V"], 2e-6);
+        let node = fused_tg.graph.nodes.iter().find(|n| n.op_type == ATTENTION).unwrap();
+        assert_eq!(attr_i(node, "causal"), Some(i64::from(causal)), "{form}");
+        let masked = form != "vit" && !causal;
+        assert_eq!(node.input.len(), 3 + usize::from(masked), "{form}");
+        // float32 sums of up to 37 terms in another order.
+        assert_same(form, &fused, &plain, &["loss", "Q", "K", "V"], 4e-6);
     }
 }
 
-/// The `gpt` form's nodes for a finite-difference check, with its parameters.
+/// The `gpt` form's nodes for a finite-difference check, with its parameters: 20
+/// tokens, two row blocks of the causal kernel.
 fn gpt_case(seed: u64) -> GradCheck {
+    const N: usize = 20;
     let mut r = Rng::new(seed);
-    let mut mask = vec![0f32; T * T];
-    for i in 0..T {
-        mask[i * T + i + 1..(i + 1) * T].fill(f32::NEG_INFINITY);
+    let mut mask = vec![0f32; N * N];
+    for i in 0..N {
+        mask[i * N + i + 1..(i + 1) * N].fill(f32::NEG_INFINITY);
     }
     GradCheck::new(17)
-        .param("Q", r.tensor(DType::F32, &[B, T, H, D], -1.0, 1.0))
-        .param("K", r.tensor(DType::F32, &[B, T, H, D], -1.0, 1.0))
-        .param("V", r.tensor(DType::F32, &[B, T, H, E], -1.0, 1.0))
+        .param("Q", r.tensor(DType::F32, &[B, N, H, D], -1.0, 1.0))
+        .param("K", r.tensor(DType::F32, &[B, N, H, D], -1.0, 1.0))
+        .param("V", r.tensor(DType::F32, &[B, N, H, E], -1.0, 1.0))
         .constant("c", scalar(0.5))
-        .constant("mask", Tensor::f32(vec![T, T], mask).unwrap())
+        .constant("mask", Tensor::f32(vec![N, N], mask).unwrap())
         .node("Transpose", &["Q"], &["q"], perm([0, 2, 1, 3]))
         .node("Transpose", &["K"], &["kt"], perm([0, 2, 3, 1]))
         .node("Transpose", &["V"], &["v"], perm([0, 2, 1, 3]))
@@ -212,7 +237,7 @@ fn a_mask_that_needs_a_gradient_stays_standard_ops() {
     // An additive bias that is trained (a learned relative position bias).
     let mut model = model("gpt");
     let g = model.graph.as_mut().unwrap();
-    let bias = Rng::new(47).tensor(DType::F32, &[T, T], -1.0, 1.0);
+    let bias = Rng::new(47).tensor(DType::F32, &[LONG, LONG], -1.0, 1.0);
     g.initializer.push(bias.to_proto("bias"));
     let add = g.node.iter_mut().find(|n| n.name == "masked").unwrap();
     add.input[1] = "bias".into();

@@ -17,7 +17,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::super::ir::{attr_i, attr_ints, float_attr, ints_attr, Graph, Metas};
+use super::super::ir::{attr_i, attr_ints, float_attr, int_attr, ints_attr, Graph, Metas};
 use super::custom;
 use crate::graph::custom_ops::ATTENTION;
 use crate::onnx::proto::NodeProto;
@@ -29,6 +29,8 @@ pub(super) struct Found {
     pub at: usize,
     pub node: NodeProto,
     pub drop: Vec<usize>,
+    /// Whether the mask was causal (the kernel's own).
+    pub causal: bool,
 }
 
 /// Every attention pattern of `g` (none overlapping).
@@ -57,6 +59,33 @@ pub(super) fn find<'g>(
         }
     }
     found
+}
+
+/// Masked scores at most this: their probabilities are exactly 0 in float32 (`exp`
+/// underflows) for any scores within 1e7 of each other.
+const MASKED: f64 = -1e8;
+
+/// Whether `mask` is causal for `scores` (`[B, H, T, S]`): `[T, S]` matrices (one, or one
+/// per batch row or head, all alike), 0 where key `j <= i + S - T` and at most [`MASKED`]
+/// (or `-inf`) elsewhere, as PyTorch models build it.
+fn causal(mask: &Tensor, scores: &[usize]) -> bool {
+    let shape = &mask.shape;
+    let n = shape.len();
+    if n < 2 || scores.len() != 4 {
+        return false;
+    }
+    let (t, s) = (shape[n - 2], shape[n - 1]);
+    if t != scores[2] || s != scores[3] || s < t {
+        return false;
+    }
+    let values = mask.to_f64_vec();
+    values.chunks_exact(t * s).all(|matrix| {
+        (0..t).all(|i| {
+            let row = &matrix[i * s..(i + 1) * s];
+            let seen = i + s - t + 1;
+            row[..seen].iter().all(|&m| m == 0.0) && row[seen..].iter().all(|&m| m <= MASKED)
+        })
+    })
 }
 
 /// The trained parameters and the values that depend on them.
@@ -178,8 +207,16 @@ impl<'g> Finder<'g> {
                 (out, out_perm) = (&g.nodes[t].output[0], perm);
             }
         }
+        // A constant causal mask is the kernel's own (it then skips the masked keys).
+        let causal = mask.is_some_and(|m| self.consts.get(m).is_some_and(|t| causal(t, scores)));
+        if causal {
+            mask = None;
+        }
         let mut inputs = Vec::new();
-        let mut attrs = vec![float_attr("scale", scale as f32)];
+        let mut attrs = vec![
+            float_attr("scale", scale as f32),
+            int_attr("causal", i64::from(causal)),
+        ];
         for (value, reader, name) in [
             (&first.input[0], m1, "q_perm"),
             (&first.input[1], m1, "k_perm"),
@@ -205,6 +242,7 @@ impl<'g> Finder<'g> {
             at,
             node,
             drop: chain,
+            causal,
         })
     }
 

@@ -31,6 +31,8 @@ pub struct Fused {
     pub cross_entropy: usize,
     pub depthwise_conv: usize,
     pub attention: usize,
+    /// Of those, with a causal mask (the kernel's own).
+    pub causal_attention: usize,
 }
 
 impl Fused {
@@ -51,6 +53,7 @@ pub fn fuse_forward(g: &mut Graph, metas: &Metas, trainable: &HashSet<&str>) -> 
     let constants = g.constants();
 
     for found in attention::find(g, metas, &constants, trainable) {
+        fused.causal_attention += usize::from(found.causal);
         replace.insert(found.at, found.node);
         drop.extend(found.drop);
         fused.attention += 1;
