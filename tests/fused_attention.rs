@@ -88,7 +88,11 @@ fn model(form: &str) -> ModelProto {
     nodes.push(make_node("MatMul", "qk", &[q, kt], &["scores"], vec![]));
     let softmax_in = match form {
         "gpt" | "prefixed" => {
-            let masked = if form == "gpt" { f32::NEG_INFINITY } else { -1e9 };
+            let masked = if form == "gpt" {
+                f32::NEG_INFINITY
+            } else {
+                -1e9
+            };
             let mut mask = vec![0f32; t * s];
             for i in 0..t {
                 mask[i * s + i + s - t + 1..(i + 1) * s].fill(masked);
@@ -192,7 +196,12 @@ fn fused_attention_gives_the_standard_op_graphs_loss_and_gradients() {
             plain_tg.forward_len,
             "{form}"
         );
-        let node = fused_tg.graph.nodes.iter().find(|n| n.op_type == ATTENTION).unwrap();
+        let node = fused_tg
+            .graph
+            .nodes
+            .iter()
+            .find(|n| n.op_type == ATTENTION)
+            .unwrap();
         assert_eq!(attr_i(node, "causal"), Some(i64::from(causal)), "{form}");
         let masked = form != "vit" && !causal;
         assert_eq!(node.input.len(), 3 + usize::from(masked), "{form}");

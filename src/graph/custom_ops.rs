@@ -35,8 +35,8 @@ pub const DEPTHWISE_CONV: &str = "DepthwiseConv";
 /// Its backward: `dY, X, W` in, `dX, dW, dB` out (same attributes).
 pub const DEPTHWISE_CONV_GRAD: &str = "DepthwiseConvGrad";
 /// Scaled dot-product attention (float32): `Q, K, V[, mask]` in, `O, P` out; attributes
-/// `scale` and `q_perm`, `k_perm`, `v_perm`, `out_perm` (the transposes around the
-/// products, read through strides). See `compute::fused` (attention).
+/// `scale`, `causal` and `q_perm`, `k_perm`, `v_perm`, `out_perm` (the transposes around
+/// the products, read through strides). See `compute::fused` (attention).
 pub const ATTENTION: &str = "Attention";
 /// Its backward: `dO, Q, K, V, P` in, `dQ, dK, dV` out (same attributes).
 pub const ATTENTION_GRAD: &str = "AttentionGrad";

@@ -1,0 +1,141 @@
+//! How the attention kernels read their tensors: a rank-4 tensor as the logical
+//! `[B, H, rows, cols]` tensor `Transpose(tensor, perm)` (strides, no copies), a mask's
+//! broadcast strides, and outputs shared by the tasks that write disjoint parts of them.
+
+/// A tensor read (or written) as the logical `[B, H, rows, cols]` tensor
+/// `Transpose(tensor, perm)`: its dimensions and the strides into the tensor's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct View {
+    pub(super) dims: [usize; 4],
+    pub(super) strides: [usize; 4],
+}
+
+impl View {
+    /// `Transpose(x, perm)` of a row-major `x` of `shape`, `None` unless rank 4.
+    pub(super) fn of(shape: &[i64], perm: [usize; 4]) -> Option<View> {
+        let shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+        if shape.len() != 4 {
+            return None;
+        }
+        let mut strides = [1usize; 4];
+        for a in (0..3).rev() {
+            strides[a] = strides[a + 1] * shape[a + 1];
+        }
+        Some(View {
+            dims: perm.map(|a| shape[a]),
+            strides: perm.map(|a| strides[a]),
+        })
+    }
+
+    /// The row-major tensor `Transpose(logical, perm)` for a logical tensor of `dims`:
+    /// its shape and the view of it as `dims`.
+    pub(super) fn made(dims: [usize; 4], perm: [usize; 4]) -> (Vec<i64>, View) {
+        let shape: Vec<i64> = perm.iter().map(|&a| dims[a] as i64).collect();
+        let mut inverse = [0usize; 4];
+        for (j, &a) in perm.iter().enumerate() {
+            inverse[a] = j;
+        }
+        let view = View::of(&shape, inverse).unwrap_or(View {
+            dims,
+            strides: [0; 4],
+        });
+        (shape, view)
+    }
+
+    /// The view with its last two axes swapped.
+    pub(super) fn turned(&self) -> View {
+        let (mut dims, mut strides) = (self.dims, self.strides);
+        dims.swap(2, 3);
+        strides.swap(2, 3);
+        View { dims, strides }
+    }
+
+    /// Where the (batch, head) pair `bh` (of `dims[1]` heads) starts.
+    pub(super) fn at(&self, bh: usize) -> usize {
+        (bh / self.dims[1]) * self.strides[0] + (bh % self.dims[1]) * self.strides[1]
+    }
+
+    /// The strides of the last two axes, as SGEMM takes them (the matrix as is, or
+    /// turned).
+    pub(super) fn matrix(&self, turned: bool) -> (isize, isize) {
+        let (r, c) = (self.strides[2] as isize, self.strides[3] as isize);
+        if turned {
+            (c, r)
+        } else {
+            (r, c)
+        }
+    }
+}
+
+/// The mask's strides over `[B, H, T, S]` (0 where it is broadcast), `None` where its
+/// shape does not broadcast to `dims`.
+pub(super) fn mask_strides(shape: &[i64], dims: [usize; 4]) -> Option<[usize; 4]> {
+    if shape.len() > 4 {
+        return None;
+    }
+    let shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+    let lead = 4 - shape.len();
+    let mut strides = [0usize; 4];
+    let mut next = 1;
+    for a in (lead..4).rev() {
+        let d = shape[a - lead];
+        if d != 1 && d != dims[a] {
+            return None;
+        }
+        strides[a] = if d == 1 { 0 } else { next };
+        next *= d;
+    }
+    Some(strides)
+}
+
+/// A tensor's values as a raw pointer, shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+pub(super) struct Shared(pub(super) *mut f32);
+// SAFETY: the tasks of one call write disjoint elements (each its own (batch, head)
+// pairs) and the call waits for all of them before the tensors are read.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// The pointer (a method, so that closures take the whole `Shared`).
+    pub(super) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_view_reads_the_transposed_tensor() {
+        // `[B, T, H, D]` read as `[B, H, T, D]` (`perm [0, 2, 1, 3]`).
+        let v = View::of(&[2, 5, 3, 4], [0, 2, 1, 3]).unwrap();
+        assert_eq!(v.dims, [2, 3, 5, 4]);
+        assert_eq!(v.strides, [60, 4, 12, 1]);
+        // The second pair is batch 0, head 1.
+        assert_eq!(v.at(1), 4);
+        assert_eq!(v.at(3), 60);
+    }
+
+    #[test]
+    fn a_made_tensor_is_the_logical_one_transposed() {
+        let (shape, view) = View::made([2, 3, 5, 4], [0, 2, 1, 3]);
+        assert_eq!(shape, vec![2, 5, 3, 4]);
+        assert_eq!(view, View::of(&[2, 5, 3, 4], [0, 2, 1, 3]).unwrap());
+        let (shape, view) = View::made([2, 3, 5, 4], [0, 1, 2, 3]);
+        assert_eq!(shape, vec![2, 3, 5, 4]);
+        assert_eq!(view.strides, [60, 20, 4, 1]);
+    }
+
+    #[test]
+    fn masks_broadcast_from_the_right() {
+        assert_eq!(mask_strides(&[5, 7], [2, 3, 5, 7]), Some([0, 0, 7, 1]));
+        assert_eq!(
+            mask_strides(&[2, 1, 1, 7], [2, 3, 5, 7]),
+            Some([7, 0, 0, 1])
+        );
+        assert_eq!(mask_strides(&[], [2, 3, 5, 7]), Some([0; 4]));
+        assert_eq!(mask_strides(&[5, 6], [2, 3, 5, 7]), None);
+    }
+}
