@@ -4,10 +4,11 @@
 
 mod common;
 
-use common::fused::{assert_same, fused_nodes, gradients};
+use common::fused::{assert_same, fused_nodes, gradients, gradients_with};
 use common::gradcheck::{check, GradCheck, Rng, F32};
 use pipetrain::graph::custom_ops::{ATTENTION, ATTENTION_GRAD};
-use pipetrain::graph::{attr_i, ints_attr, make_node, untyped_value_info, TrainingGraph};
+use pipetrain::graph::{attr_i, ints_attr, make_node, untyped_value_info, value_info};
+use pipetrain::graph::{LossSpec, TrainingGraph, ValueMeta};
 use pipetrain::onnx::proto::{ModelProto, NodeProto};
 use pipetrain::tensor::{DType, Tensor};
 
@@ -261,4 +262,44 @@ fn a_mask_that_needs_a_gradient_stays_standard_ops() {
         &["loss", "Q", "K", "V", "bias"],
         1e-6,
     );
+}
+
+#[test]
+fn the_causal_kernel_gives_the_masked_kernels_bits() {
+    // The same causal mask as data (the kernel adds it) and as a constant (the kernel's
+    // own causal mask, skipping what no query sees): the same loss and gradients, bit for
+    // bit, over several row blocks, with and without a key prefix.
+    let wrt = ["Q", "K", "V"];
+    for form in ["gpt", "prefixed"] {
+        let constant = model(form);
+        let mut fed = constant.clone();
+        let g = fed.graph.as_mut().unwrap();
+        let at = g.initializer.iter().position(|t| t.name == "mask").unwrap();
+        let mask = Tensor::from_proto(&g.initializer.remove(at)).unwrap();
+        let meta = ValueMeta {
+            dtype: DType::F32,
+            shape: mask.shape.clone(),
+        };
+        g.input.push(value_info("mask", &meta));
+        let loss = || LossSpec::Output {
+            name: "total".into(),
+        };
+        let (causal_tg, causal) = gradients_with(&constant, loss(), &[], true, &wrt);
+        let (masked_tg, masked) = gradients_with(&fed, loss(), &[("mask", &mask)], true, &wrt);
+        let node = |tg: &TrainingGraph| {
+            let n = tg
+                .graph
+                .nodes
+                .iter()
+                .find(|n| n.op_type == ATTENTION)
+                .unwrap();
+            (attr_i(n, "causal"), n.input.len())
+        };
+        assert_eq!(node(&causal_tg), (Some(1), 3), "{form}");
+        assert_eq!(node(&masked_tg), (Some(0), 4), "{form}");
+        for name in ["loss", "Q", "K", "V"] {
+            let (a, b) = (causal[name].to_f64_vec(), masked[name].to_f64_vec());
+            assert!(a == b, "{form}: {name} differs");
+        }
+    }
 }

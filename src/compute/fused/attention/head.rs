@@ -42,20 +42,6 @@ fn row_blocks(t: usize, s: usize, causal: bool) -> Vec<(usize, usize, usize)> {
         .collect()
 }
 
-/// Sets the `rows x cols` matrix of pair `bh` in view `v` of `x` to zeros.
-///
-/// # Safety
-/// `x` holds the viewed tensor, and no other task writes pair `bh`'s elements.
-unsafe fn zero(x: Shared, v: &View, bh: usize) {
-    let at = v.at(bh);
-    for i in 0..v.dims[2] {
-        for j in 0..v.dims[3] {
-            // SAFETY: the caller's contract; the view is the tensor's.
-            unsafe { *x.get().add(at + i * v.strides[2] + j * v.strides[3]) = 0.0 };
-        }
-    }
-}
-
 /// An additive mask: its values and strides over `[B, H, T, S]`.
 pub(super) struct Mask<'a> {
     pub(super) strides: [usize; 4],
@@ -78,6 +64,29 @@ impl Pair<'_> {
         (x.as_ptr().wrapping_add(v.at(bh) + row * r as usize), r, c)
     }
 
+    /// Query `i`'s scores before the softmax, whole rows of `S` as the standard graph has
+    /// them: the products `computed` (the keys its row block sees) plus the mask, and
+    /// under a causal mask `-inf` for the keys the query does not see (where the
+    /// standard graph adds -1e8 or less: either way `exp` gives exactly 0, the maximum is
+    /// among the keys seen, and the softmax's sums are the same, bit for bit).
+    fn scores(&self, bh: usize, i: usize, mask: Option<&Mask>, computed: &[f32], row: &mut [f32]) {
+        let ([_, h, t, _], s) = (self.q.1.dims, self.k.1.dims[3]);
+        let seen = if self.a.causal {
+            (i + s - t + 1).min(s)
+        } else {
+            s
+        };
+        row[..seen].copy_from_slice(&computed[..seen]);
+        row[seen..].fill(f32::NEG_INFINITY);
+        if let Some(m) = mask {
+            let ms = m.strides;
+            let base = (bh / h) * ms[0] + (bh % h) * ms[1] + i * ms[2];
+            for (j, x) in row[..seen].iter_mut().enumerate() {
+                *x += m.values[base + j * ms[3]];
+            }
+        }
+    }
+
     /// The forward of pair `bh` (see the module doc); `row` is scratch of `S` values.
     pub(super) fn forward(
         &self,
@@ -88,7 +97,7 @@ impl Pair<'_> {
         row: &mut [f32],
     ) {
         let (qv, kv) = (self.q.1, self.k.1);
-        let ([_, h, t, d], s, e) = (qv.dims, kv.dims[3], self.v.1.dims[3]);
+        let ([_, _, t, d], s, e) = (qv.dims, kv.dims[3], self.v.1.dims[3]);
         let p = probs.get().wrapping_add(bh * t * s);
         let (one, st) = (1isize, s as isize);
         for (r0, r1, keys) in row_blocks(t, s, self.a.causal) {
@@ -99,24 +108,10 @@ impl Pair<'_> {
             // `O`'s elements of this pair are written by this task alone.
             unsafe { gemm((r1 - r0, d, keys), (self.a.scale, 0.0), q, k, (p0, st, one)) };
             for i in r0..r1 {
-                let seen = if self.a.causal {
-                    (i + s - t + 1).min(s)
-                } else {
-                    s
-                };
                 // SAFETY: row `i` of this pair's `P` block, this task's alone.
                 let y = unsafe { std::slice::from_raw_parts_mut(p.add(i * s), s) };
-                let x = &mut row[..seen];
-                x.copy_from_slice(&y[..seen]);
-                if let Some(m) = mask {
-                    let ms = m.strides;
-                    let base = (bh / h) * ms[0] + (bh % h) * ms[1] + i * ms[2];
-                    for (j, x) in x.iter_mut().enumerate() {
-                        *x += m.values[base + j * ms[3]];
-                    }
-                }
-                softmax_row(x, &mut y[..seen]);
-                y[seen..].fill(0.0);
+                self.scores(bh, i, mask, &y[..keys], row);
+                softmax_row(row, y);
             }
             let v = Self::at(self.v.0, &self.v.1, bh, 0, false);
             let (or, oc) = ov.matrix(false);
@@ -152,21 +147,12 @@ impl Pair<'_> {
         let (dp, ds) = scratch.split_at_mut(t * s);
         let pb = &p[bh * t * s..(bh + 1) * t * s];
         let (st, one) = (s as isize, 1isize);
-        // Blocks after the first add to the keys' gradients; under a causal mask the
-        // first does not reach every key, so they start from zeros.
-        let causal = self.a.causal;
-        if causal {
-            // SAFETY: this pair's elements of `dK` and `dV`, this task's alone.
-            unsafe { zero(dk, &kv.turned(), bh) };
-            unsafe { zero(dv, &vv, bh) };
-        }
-        let beta = if causal { 1.0 } else { 0.0 };
         let scale = self.a.scale;
         let at = |g: Shared, v: &View, row: usize, turned: bool| {
             let (r, c) = v.matrix(turned);
             (g.get().wrapping_add(v.at(bh) + row * r as usize), r, c)
         };
-        for (r0, r1, keys) in row_blocks(t, s, causal) {
+        for (r0, r1, keys) in row_blocks(t, s, self.a.causal) {
             let rows = r1 - r0;
             let d_o = Self::at(d_out, &ov, bh, r0, false);
             let v_turned = Self::at(self.v.0, &vv, bh, 0, true);
@@ -174,39 +160,46 @@ impl Pair<'_> {
             // SAFETY: the views are the tensors' own shapes and strides; the gradients'
             // elements of this pair are written by this task alone.
             unsafe { gemm((rows, e, keys), (1.0, 0.0), d_o, v_turned, (dp0, st, one)) };
+            // Whole rows, as without a causal mask: the keys not computed have `dP` 0
+            // and `P` 0, so the row sums and `dS` are bit for bit the same.
             for i in r0..r1 {
-                let at = i * s..i * s + keys;
-                softmax_grad(&dp[at.clone()], &pb[at.clone()], keys, &mut ds[at]);
+                dp[i * s + keys..(i + 1) * s].fill(0.0);
             }
-            let p_turned = (pb[r0 * s..].as_ptr(), one, st);
+            softmax_grad(
+                &dp[r0 * s..r1 * s],
+                &pb[r0 * s..r1 * s],
+                s,
+                &mut ds[r0 * s..r1 * s],
+            );
             let ds_rows = (ds[r0 * s..].as_ptr(), st, one);
-            let ds_turned = (ds[r0 * s..].as_ptr(), one, st);
             let k_rows = Self::at(self.k.0, &kv, bh, 0, true);
-            let q_rows = Self::at(self.q.0, &qv, bh, r0, false);
             // SAFETY: as above.
             unsafe {
-                gemm(
-                    (keys, rows, e),
-                    (1.0, beta),
-                    p_turned,
-                    d_o,
-                    at(dv, &vv, 0, false),
-                );
                 gemm(
                     (rows, keys, d),
                     (scale, 0.0),
                     ds_rows,
                     k_rows,
                     at(dq, &qv, r0, false),
-                );
-                gemm(
-                    (keys, rows, d),
-                    (scale, beta),
-                    ds_turned,
-                    q_rows,
-                    at(dk, &kv, 0, true),
-                );
-            }
+                )
+            };
+        }
+        // The keys' gradients sum over every query in one product each (as without a
+        // causal mask; the queries that do not see a key add exact zeros).
+        let d_o = Self::at(d_out, &ov, bh, 0, false);
+        let q_rows = Self::at(self.q.0, &qv, bh, 0, false);
+        let p_turned = (pb.as_ptr(), one, st);
+        let ds_turned = (ds.as_ptr(), one, st);
+        // SAFETY: as above.
+        unsafe {
+            gemm((s, t, e), (1.0, 0.0), p_turned, d_o, at(dv, &vv, 0, false));
+            gemm(
+                (s, t, d),
+                (scale, 0.0),
+                ds_turned,
+                q_rows,
+                at(dk, &kv, 0, true),
+            );
         }
     }
 }

@@ -42,14 +42,6 @@ impl View {
         (shape, view)
     }
 
-    /// The view with its last two axes swapped.
-    pub(super) fn turned(&self) -> View {
-        let (mut dims, mut strides) = (self.dims, self.strides);
-        dims.swap(2, 3);
-        strides.swap(2, 3);
-        View { dims, strides }
-    }
-
     /// Where the (batch, head) pair `bh` (of `dims[1]` heads) starts.
     pub(super) fn at(&self, bh: usize) -> usize {
         (bh / self.dims[1]) * self.strides[0] + (bh % self.dims[1]) * self.strides[1]
