@@ -20,6 +20,16 @@ const S: usize = 7;
 const D: usize = 4;
 const E: usize = 6;
 
+/// A causal mask of `t` queries over `s` keys: 0 up to each query's place in the longer
+/// sequence, `masked` after.
+fn causal_mask(t: usize, s: usize, masked: f32) -> Tensor {
+    let mut mask = vec![0f32; t * s];
+    for i in 0..t {
+        mask[i * s + i + s - t + 1..(i + 1) * s].fill(masked);
+    }
+    Tensor::f32(vec![t, s], mask).unwrap()
+}
+
 fn perm(p: [i64; 4]) -> Vec<pipetrain::onnx::proto::AttributeProto> {
     vec![ints_attr("perm", &p)]
 }
@@ -87,57 +97,38 @@ fn model(form: &str) -> ModelProto {
         }
     };
     nodes.push(make_node("MatMul", "qk", &[q, kt], &["scores"], vec![]));
-    let softmax_in = match form {
-        "gpt" | "prefixed" => {
-            let masked = if form == "gpt" {
-                f32::NEG_INFINITY
-            } else {
-                -1e9
-            };
-            let mut mask = vec![0f32; t * s];
-            for i in 0..t {
-                mask[i * s + i + s - t + 1..(i + 1) * s].fill(masked);
-            }
-            inits.push(("c", scalar(0.5)));
-            inits.push(("mask", Tensor::f32(vec![t, s], mask).unwrap()));
-            nodes.push(make_node(
-                "Mul",
-                "scale",
-                &["scores", "c"],
-                &["scaled"],
-                vec![],
-            ));
-            nodes.push(make_node(
-                "Add",
-                "masked",
-                &["scaled", "mask"],
-                &["x"],
-                vec![],
-            ));
-            "x"
-        }
+    // The scale's op and value, the mask, and the order of the mask's addition.
+    let masking = match form {
+        "gpt" => Some((
+            "Mul",
+            0.5,
+            causal_mask(t, s, f32::NEG_INFINITY),
+            ["scaled", "mask"],
+        )),
+        "prefixed" => Some(("Mul", 0.5, causal_mask(t, s, -1e9), ["scaled", "mask"])),
         "bert" => {
             let mut mask = vec![0f32; B * s];
             mask[s - 2..s].fill(-10000.0); // the first sequence's last two keys are padding
-            inits.push(("c", scalar(2.0)));
-            inits.push(("mask", Tensor::f32(vec![B, 1, 1, s], mask).unwrap()));
+            let mask = Tensor::f32(vec![B, 1, 1, s], mask).unwrap();
+            Some(("Div", 2.0, mask, ["mask", "scaled"]))
+        }
+        _ => None,
+    };
+    let softmax_in = match masking {
+        Some((op, c, mask, add)) => {
+            inits.push(("c", scalar(c)));
+            inits.push(("mask", mask));
             nodes.push(make_node(
-                "Div",
+                op,
                 "scale",
                 &["scores", "c"],
                 &["scaled"],
                 vec![],
             ));
-            nodes.push(make_node(
-                "Add",
-                "masked",
-                &["mask", "scaled"],
-                &["x"],
-                vec![],
-            ));
+            nodes.push(make_node("Add", "masked", &add, &["x"], vec![]));
             "x"
         }
-        _ => "scores",
+        None => "scores",
     };
     nodes.push(make_node("Softmax", "sm", &[softmax_in], &["p"], vec![]));
     let probs = if form == "bert" {
@@ -216,16 +207,12 @@ fn fused_attention_gives_the_standard_op_graphs_loss_and_gradients() {
 fn gpt_case(seed: u64) -> GradCheck {
     const N: usize = 20;
     let mut r = Rng::new(seed);
-    let mut mask = vec![0f32; N * N];
-    for i in 0..N {
-        mask[i * N + i + 1..(i + 1) * N].fill(f32::NEG_INFINITY);
-    }
     GradCheck::new(17)
         .param("Q", r.tensor(DType::F32, &[B, N, H, D], -1.0, 1.0))
         .param("K", r.tensor(DType::F32, &[B, N, H, D], -1.0, 1.0))
         .param("V", r.tensor(DType::F32, &[B, N, H, E], -1.0, 1.0))
         .constant("c", scalar(0.5))
-        .constant("mask", Tensor::f32(vec![N, N], mask).unwrap())
+        .constant("mask", causal_mask(N, N, f32::NEG_INFINITY))
         .node("Transpose", &["Q"], &["q"], perm([0, 2, 1, 3]))
         .node("Transpose", &["K"], &["kt"], perm([0, 2, 3, 1]))
         .node("Transpose", &["V"], &["v"], perm([0, 2, 1, 3]))

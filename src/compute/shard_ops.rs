@@ -149,8 +149,8 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
         .add(super::fused::SoftmaxCrossEntropyGrad)?
         .add(super::fused::DepthwiseConv)?
         .add(super::fused::DepthwiseConvGrad)?
-        .add(super::fused::Attention)?
-        .add(super::fused::AttentionGrad)
+        .add(super::fused::ATTENTION_OP)?
+        .add(super::fused::ATTENTION_GRAD_OP)
 }
 
 /// `AllReduce` (`sums`) or `ShardEntry` (the identity forward).

@@ -136,36 +136,50 @@ fn views(op: &str, a: &Attributes, shapes: [&[i64]; 3]) -> ort::Result<[View; 3]
     Ok([q, k, v])
 }
 
-/// Scaled dot-product attention (see the module doc).
-pub(crate) struct Attention;
+/// `Attention` or its backward `AttentionGrad` (see the module doc).
+#[derive(Clone, Copy)]
+pub(crate) struct AttentionOp {
+    backward: bool,
+}
 
-impl Operator for Attention {
+/// Scaled dot-product attention as one kernel.
+pub(crate) const ATTENTION_OP: AttentionOp = AttentionOp { backward: false };
+/// Its backward as one kernel.
+pub(crate) const ATTENTION_GRAD_OP: AttentionOp = AttentionOp { backward: true };
+
+impl Operator for AttentionOp {
     type Kernel<'attr> = BoxedKernel<'attr>;
 
     fn name(&self) -> &str {
-        ATTENTION
+        if self.backward {
+            ATTENTION_GRAD
+        } else {
+            ATTENTION
+        }
     }
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
         let f32 = TensorElementType::Float32;
-        [
-            OperatorInput::required(f32),
-            OperatorInput::required(f32),
-            OperatorInput::required(f32),
-            OperatorInput::optional(f32),
-        ]
+        // `Q, K, V[, mask]`; backward `dO, Q, K, V, P`.
+        let (required, optional) = if self.backward { (5, 0) } else { (3, 1) };
+        let required = (0..required).map(move |_| OperatorInput::required(f32));
+        required.chain((0..optional).map(move |_| OperatorInput::optional(f32)))
     }
 
     fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
-        (0..2).map(|_| OperatorOutput::required(TensorElementType::Float32))
+        let n = if self.backward { 3 } else { 2 };
+        (0..n).map(|_| OperatorOutput::required(TensorElementType::Float32))
     }
 
     fn create_kernel<'attr>(
         &self,
         info: &KernelContext<'attr>,
     ) -> ort::Result<Self::Kernel<'attr>> {
-        let a = Attributes::of(info, ATTENTION)?;
-        Ok(Box::new(move |ctx: &ComputeContext| forward(ctx, &a)))
+        let (op, a) = (*self, Attributes::of(info, self.name())?);
+        Ok(Box::new(move |ctx: &ComputeContext| match op.backward {
+            true => backward(ctx, &a),
+            false => forward(ctx, &a),
+        }))
     }
 }
 
@@ -210,33 +224,6 @@ fn forward(ctx: &ComputeContext, a: &Attributes) -> ort::Result<()> {
     per_pair(ctx, b * h, s, |bh, row| {
         pair.forward(bh, mask.as_ref(), (out, ov), probs, row)
     })
-}
-
-/// The backward of [`Attention`] (see the module doc).
-pub(crate) struct AttentionGrad;
-
-impl Operator for AttentionGrad {
-    type Kernel<'attr> = BoxedKernel<'attr>;
-
-    fn name(&self) -> &str {
-        ATTENTION_GRAD
-    }
-
-    fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
-        (0..5).map(|_| OperatorInput::required(TensorElementType::Float32))
-    }
-
-    fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
-        (0..3).map(|_| OperatorOutput::required(TensorElementType::Float32))
-    }
-
-    fn create_kernel<'attr>(
-        &self,
-        info: &KernelContext<'attr>,
-    ) -> ort::Result<Self::Kernel<'attr>> {
-        let a = Attributes::of(info, ATTENTION_GRAD)?;
-        Ok(Box::new(move |ctx: &ComputeContext| backward(ctx, &a)))
-    }
 }
 
 fn backward(ctx: &ComputeContext, a: &Attributes) -> ort::Result<()> {
