@@ -142,99 +142,46 @@ impl<'g> Finder<'g> {
 
     /// The pattern whose first product is node `m1`.
     fn at(&self, m1: usize) -> Option<Found> {
-        let g = self.g;
         if !self.is(m1, "MatMul") {
             return None;
         }
-        let first = &g.nodes[m1];
+        let first = &self.g.nodes[m1];
         let scores = self.rank4(&first.output[0])?;
         let mut chain = vec![m1];
-        let (mut x, mut next) = (&first.output[0], self.only(&first.output[0])?);
-        let mut scale = 1.0;
-        if self.is(next, "Mul") || self.is(next, "Div") {
-            let n = &g.nodes[next];
-            let other = usize::from(n.input[0] == *x);
-            let c = self.scalar(&n.input[other])?;
-            scale = match n.op_type.as_str() {
-                "Mul" => c,
-                _ if other == 1 => 1.0 / c,
-                _ => return None,
-            };
-            chain.push(next);
-            (x, next) = (&n.output[0], self.only(&n.output[0])?);
-        }
-        let mut mask = None;
-        if self.is(next, "Add") {
-            let n = &g.nodes[next];
-            let m = &n.input[usize::from(n.input[0] == *x)];
-            let fits = self
-                .metas
-                .get(&n.output[0])
-                .is_some_and(|o| o.shape == scores)
-                && self.broadcasts(m, scores)
-                && !self.graded.contains(m.as_str());
-            if !fits {
-                return None;
-            }
-            mask = Some(m.as_str());
-            chain.push(next);
-            (x, next) = (&n.output[0], self.only(&n.output[0])?);
-        }
-        let softmax = self.softmax(next, x)?;
+        let (scale, x) = self.scale(&first.output[0], &mut chain)?;
+        let (mask, x) = self.mask(x, scores, &mut chain)?;
+        let softmax = self.softmax(self.only(x)?, x)?;
         chain.push(softmax);
-        let probs = &g.nodes[softmax].output[0];
-        let (mut y, mut next) = (probs, self.only(probs)?);
-        while self.is(next, "Identity")
-            || (self.is(next, "Cast") && attr_i(&g.nodes[next], "to") == Some(1))
-        {
-            chain.push(next);
-            (y, next) = (
-                &g.nodes[next].output[0],
-                self.only(&g.nodes[next].output[0])?,
-            );
-        }
-        let second = &g.nodes[next];
-        if !self.is(next, "MatMul") || second.input[0] != *y || second.input[1] == *y {
-            return None;
-        }
-        chain.push(next);
-        let v = &second.input[1];
+        let probs = self.g.nodes[softmax].output[0].as_str();
+        let m2 = self.second_product(probs, &mut chain)?;
+        let v = self.g.nodes[m2].input[1].as_str();
         self.shapes_agree(&first.input[0], &first.input[1], v)?;
-        let (mut out, mut out_perm) = (&second.output[0], vec![0, 1, 2, 3]);
-        if let Some(t) = self.only(out).filter(|&t| self.is(t, "Transpose")) {
-            if let Some(perm) = self.perm(t) {
-                chain.push(t);
-                (out, out_perm) = (&g.nodes[t].output[0], perm);
-            }
-        }
+        let (out, out_perm) = self.turned_output(&self.g.nodes[m2].output[0], &mut chain);
         // A constant causal mask is the kernel's own (it then skips the masked keys).
         let causal = mask.is_some_and(|m| self.consts.get(m).is_some_and(|t| causal(t, scores)));
-        if causal {
-            mask = None;
-        }
         let mut inputs = Vec::new();
         let mut attrs = vec![
             float_attr("scale", scale as f32),
             int_attr("causal", i64::from(causal)),
         ];
         for (value, reader, name) in [
-            (&first.input[0], m1, "q_perm"),
+            (first.input[0].as_str(), m1, "q_perm"),
             (&first.input[1], m1, "k_perm"),
-            (v, next, "v_perm"),
+            (v, m2, "v_perm"),
         ] {
             let (source, perm) = match self.transposed(value, reader) {
                 Some((t, perm)) => {
                     chain.push(t);
-                    (g.nodes[t].input[0].as_str(), perm)
+                    (self.g.nodes[t].input[0].as_str(), perm)
                 }
-                None => (value.as_str(), vec![0, 1, 2, 3]),
+                None => (value, vec![0, 1, 2, 3]),
             };
             inputs.push(source);
             attrs.push(ints_attr(name, &perm));
         }
         attrs.push(ints_attr("out_perm", &out_perm));
-        inputs.extend(mask);
-        let name = format!("{}/attention", g.nodes[softmax].name);
+        inputs.extend(mask.filter(|_| !causal));
+        let name = format!("{}/attention", self.g.nodes[softmax].name);
         let node = custom(ATTENTION, &name, &inputs, &[out, probs], attrs);
         let at = *chain.iter().max()?;
         chain.retain(|&i| i != at);
@@ -244,6 +191,85 @@ impl<'g> Finder<'g> {
             drop: chain,
             causal,
         })
+    }
+
+    /// The scores `x` scaled by a one-value constant (`x * c`, `c * x`, `x / c`) where
+    /// that is their only reader: the scale (1 without) and the scaled scores.
+    fn scale(&self, x: &'g str, chain: &mut Vec<usize>) -> Option<(f64, &'g str)> {
+        let next = self.only(x)?;
+        if !self.is(next, "Mul") && !self.is(next, "Div") {
+            return Some((1.0, x));
+        }
+        let n = &self.g.nodes[next];
+        let other = usize::from(n.input[0] == x);
+        let c = self.scalar(&n.input[other])?;
+        let scale = match n.op_type.as_str() {
+            "Mul" => c,
+            _ if other == 1 => 1.0 / c,
+            _ => return None,
+        };
+        chain.push(next);
+        Some((scale, &n.output[0]))
+    }
+
+    /// The scores `x` (of shape `scores`) plus a mask where that is their only reader:
+    /// the mask (none without) and the masked scores. A mask must broadcast to the
+    /// scores, be float32, and not depend on a trained parameter.
+    fn mask(
+        &self,
+        x: &'g str,
+        scores: &[usize],
+        chain: &mut Vec<usize>,
+    ) -> Option<(Option<&'g str>, &'g str)> {
+        let next = self.only(x)?;
+        if !self.is(next, "Add") {
+            return Some((None, x));
+        }
+        let n = &self.g.nodes[next];
+        let m = n.input[usize::from(n.input[0] == x)].as_str();
+        let same_shape = self
+            .metas
+            .get(&n.output[0])
+            .is_some_and(|o| o.shape == scores);
+        let fits = m != x && same_shape && self.broadcasts(m, scores) && !self.graded.contains(m);
+        if !fits {
+            return None;
+        }
+        chain.push(next);
+        Some((Some(m), &n.output[0]))
+    }
+
+    /// The second product reading the probabilities `probs` (through identities and
+    /// float casts, each the only reader of the value before it) as its first input.
+    fn second_product(&self, probs: &'g str, chain: &mut Vec<usize>) -> Option<usize> {
+        let (mut y, mut next) = (probs, self.only(probs)?);
+        let g = self.g;
+        while self.is(next, "Identity")
+            || (self.is(next, "Cast") && attr_i(&g.nodes[next], "to") == Some(1))
+        {
+            chain.push(next);
+            y = &g.nodes[next].output[0];
+            next = self.only(y)?;
+        }
+        let second = &g.nodes[next];
+        if !self.is(next, "MatMul") || second.input[0] != y || second.input[1] == y {
+            return None;
+        }
+        chain.push(next);
+        Some(next)
+    }
+
+    /// The attention's output `out` and the permutation to it: through the `Transpose`
+    /// that is its only reader, where there is one.
+    fn turned_output(&self, out: &'g str, chain: &mut Vec<usize>) -> (&'g str, Vec<i64>) {
+        let turned = self.only(out).filter(|&t| self.is(t, "Transpose"));
+        match turned.and_then(|t| Some((t, self.perm(t)?))) {
+            Some((t, perm)) => {
+                chain.push(t);
+                (&self.g.nodes[t].output[0], perm)
+            }
+            None => (out, vec![0, 1, 2, 3]),
+        }
     }
 
     /// Node `i` where it is a float32 softmax of `x` over its last axis.
