@@ -5,8 +5,10 @@
 mod common;
 
 use common::fused::{assert_same, fused_nodes, gradients, gradients_with};
-use common::gradcheck::{check, GradCheck, Rng, F32};
-use pipetrain::graph::custom_ops::{ATTENTION, ATTENTION_GRAD};
+use common::gradcheck::{check, ints, GradCheck, Rng, F32};
+use pipetrain::graph::custom_ops::{
+    ATTENTION, ATTENTION_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD,
+};
 use pipetrain::graph::{attr_i, ints_attr, make_node, untyped_value_info, value_info};
 use pipetrain::graph::{LossSpec, TrainingGraph, ValueMeta};
 use pipetrain::onnx::proto::{ModelProto, NodeProto};
@@ -55,7 +57,7 @@ const PREFIXED: usize = 21;
 fn model(form: &str) -> ModelProto {
     let mut r = Rng::new(31);
     let (t, s) = match form {
-        "gpt" => (LONG, LONG),
+        "gpt" | "packed" => (LONG, LONG),
         "prefixed" => (PREFIXED, LONG),
         _ => (T, S),
     };
@@ -69,9 +71,24 @@ fn model(form: &str) -> ModelProto {
             ("Q", "K", "V")
         }
         _ => {
-            inits.push(("Q", r.tensor(DType::F32, &[B, t, H, D], -2.0, 2.0)));
-            inits.push(("K", r.tensor(DType::F32, &[B, s, H, D], -2.0, 2.0)));
-            inits.push(("V", r.tensor(DType::F32, &[B, s, H, E], -2.0, 2.0)));
+            if form == "packed" {
+                // One projection's output split into K, Q, V (in that order).
+                let (c, shape) = (H * D, [B, t, H, D].map(|d| d as i64));
+                inits.push(("QKV", r.tensor(DType::F32, &[B, t, 3 * c], -2.0, 2.0)));
+                inits.push(("sizes", ints(&[c as i64; 3])));
+                inits.push(("heads", ints(&shape)));
+                let parts = ["Kp", "Qp", "Vp"];
+                let axis = vec![pipetrain::graph::int_attr("axis", 2)];
+                nodes.push(make_node("Split", "split", &["QKV", "sizes"], &parts, axis));
+                for (part, x) in parts.iter().zip(["K", "Q", "V"]) {
+                    let name = format!("reshape_{x}");
+                    nodes.push(make_node("Reshape", &name, &[part, "heads"], &[x], vec![]));
+                }
+            } else {
+                inits.push(("Q", r.tensor(DType::F32, &[B, t, H, D], -2.0, 2.0)));
+                inits.push(("K", r.tensor(DType::F32, &[B, s, H, D], -2.0, 2.0)));
+                inits.push(("V", r.tensor(DType::F32, &[B, s, H, E], -2.0, 2.0)));
+            }
             nodes.push(make_node(
                 "Transpose",
                 "tq",
@@ -99,7 +116,7 @@ fn model(form: &str) -> ModelProto {
     nodes.push(make_node("MatMul", "qk", &[q, kt], &["scores"], vec![]));
     // The scale's op and value, the mask, and the order of the mask's addition.
     let masking = match form {
-        "gpt" => Some((
+        "gpt" | "packed" => Some((
             "Mul",
             0.5,
             causal_mask(t, s, f32::NEG_INFINITY),
@@ -140,6 +157,7 @@ fn model(form: &str) -> ModelProto {
     nodes.push(make_node("MatMul", "pv", &[probs, v], &["o"], vec![]));
     let (out_perm, out_shape) = match form {
         "vit" => ([2, 0, 1, 3], [t, B, H, E]),
+        "packed" => ([0, 2, 1, 3], [B, t, H, D]),
         _ => ([0, 2, 1, 3], [B, t, H, E]),
     };
     nodes.push(make_node("Transpose", "to", &["o"], &["Y"], perm(out_perm)));
@@ -163,25 +181,40 @@ fn forward_ops(tg: &TrainingGraph, op: &str) -> usize {
 
 #[test]
 fn fused_attention_gives_the_standard_op_graphs_loss_and_gradients() {
-    let wrt = ["Q", "K", "V"];
-    // The nodes of each form the fused node replaces, and whether its mask is causal
-    // (then the kernel's own, not an input).
+    // The nodes of each form the fused node replaces, whether its mask is causal (then
+    // the kernel's own, not an input), and the operator (the packed one for a `Split`
+    // projection: one input and one gradient for Q, K and V).
     let forms = [
-        ("gpt", 9, true),
-        ("prefixed", 9, true),
-        ("bert", 10, false),
-        ("vit", 4, false),
+        ("gpt", 9, true, ATTENTION),
+        ("prefixed", 9, true, ATTENTION),
+        ("bert", 10, false, ATTENTION),
+        ("vit", 4, false, ATTENTION),
+        ("packed", 13, true, PACKED_ATTENTION),
     ];
-    for (form, replaced, causal) in forms {
+    for (form, replaced, causal, op) in forms {
+        let wrt: &[&str] = if op == ATTENTION {
+            &["Q", "K", "V"]
+        } else {
+            &["QKV"]
+        };
         let model = model(form);
-        let (fused_tg, fused) = gradients(&model, true, &wrt);
-        let (plain_tg, plain) = gradients(&model, false, &wrt);
-        assert_eq!(fused_nodes(&fused_tg, ATTENTION), 1, "{form}");
-        assert_eq!(fused_nodes(&fused_tg, ATTENTION_GRAD), 1, "{form}");
-        assert_eq!(fused_nodes(&plain_tg, ATTENTION), 0, "{form}");
+        let (fused_tg, fused) = gradients(&model, true, wrt);
+        let (plain_tg, plain) = gradients(&model, false, wrt);
+        let grad_op = if op == ATTENTION {
+            ATTENTION_GRAD
+        } else {
+            PACKED_ATTENTION_GRAD
+        };
+        assert_eq!(fused_nodes(&fused_tg, op), 1, "{form}");
+        assert_eq!(fused_nodes(&fused_tg, grad_op), 1, "{form}");
+        assert_eq!(fused_nodes(&plain_tg, op), 0, "{form}");
         // Every transpose around the products is read through strides.
-        for op in ["Transpose", "MatMul", "Softmax"] {
-            assert_eq!(forward_ops(&fused_tg, op), 0, "{form}: a {op} left");
+        for standard in ["Transpose", "MatMul", "Softmax", "Split", "Reshape"] {
+            assert_eq!(
+                forward_ops(&fused_tg, standard),
+                0,
+                "{form}: a {standard} left"
+            );
         }
         assert_eq!(
             fused_tg.forward_len + replaced - 1,
@@ -192,26 +225,26 @@ fn fused_attention_gives_the_standard_op_graphs_loss_and_gradients() {
             .graph
             .nodes
             .iter()
-            .find(|n| n.op_type == ATTENTION)
+            .find(|n| n.op_type == op)
             .unwrap();
         assert_eq!(attr_i(node, "causal"), Some(i64::from(causal)), "{form}");
         let masked = form != "vit" && !causal;
-        assert_eq!(node.input.len(), 3 + usize::from(masked), "{form}");
+        let parts = if op == ATTENTION { 3 } else { 1 };
+        assert_eq!(node.input.len(), parts + usize::from(masked), "{form}");
+        let mut compared = vec!["loss"];
+        compared.extend(wrt);
         // float32 sums of up to 37 terms in another order.
-        assert_same(form, &fused, &plain, &["loss", "Q", "K", "V"], 4e-6);
+        assert_same(form, &fused, &plain, &compared, 4e-6);
     }
 }
 
-/// The `gpt` form's nodes for a finite-difference check, with its parameters: 20
-/// tokens, two row blocks of the causal kernel.
-fn gpt_case(seed: u64) -> GradCheck {
-    const N: usize = 20;
-    let mut r = Rng::new(seed);
-    GradCheck::new(17)
-        .param("Q", r.tensor(DType::F32, &[B, N, H, D], -1.0, 1.0))
-        .param("K", r.tensor(DType::F32, &[B, N, H, D], -1.0, 1.0))
-        .param("V", r.tensor(DType::F32, &[B, N, H, E], -1.0, 1.0))
-        .constant("c", scalar(0.5))
+/// Tokens of the finite-difference checks: two row blocks of the causal kernel.
+const N: usize = 20;
+
+/// The `gpt` form's nodes after `Q`, `K`, `V` (`[B, N, H, D]`, V `[B, N, H, E]`), for a
+/// finite-difference check.
+fn gpt_nodes(case: GradCheck) -> GradCheck {
+    case.constant("c", scalar(0.5))
         .constant("mask", causal_mask(N, N, f32::NEG_INFINITY))
         .node("Transpose", &["Q"], &["q"], perm([0, 2, 1, 3]))
         .node("Transpose", &["K"], &["kt"], perm([0, 2, 3, 1]))
@@ -226,7 +259,28 @@ fn gpt_case(seed: u64) -> GradCheck {
 
 #[test]
 fn fused_attention_matches_finite_differences() {
-    check("attention float32, fused", gpt_case(41), F32);
+    let mut r = Rng::new(41);
+    let case = GradCheck::new(17)
+        .param("Q", r.tensor(DType::F32, &[B, N, H, D], -1.0, 1.0))
+        .param("K", r.tensor(DType::F32, &[B, N, H, D], -1.0, 1.0))
+        .param("V", r.tensor(DType::F32, &[B, N, H, E], -1.0, 1.0));
+    check("attention float32, fused", gpt_nodes(case), F32);
+    // The packed form: one projection's output split into V, Q, K.
+    let c = H * D;
+    let case = GradCheck::new(17)
+        .param("QKV", r.tensor(DType::F32, &[B, N, 3 * c], -1.0, 1.0))
+        .constant("sizes", ints(&[c as i64; 3]))
+        .constant("heads", ints(&[B, N, H, D].map(|d| d as i64)))
+        .node(
+            "Split",
+            &["QKV", "sizes"],
+            &["vp", "qp", "kp"],
+            vec![pipetrain::graph::int_attr("axis", -1)],
+        )
+        .node("Reshape", &["qp", "heads"], &["Q"], vec![])
+        .node("Reshape", &["kp", "heads"], &["K"], vec![])
+        .node("Reshape", &["vp", "heads"], &["V"], vec![]);
+    check("packed attention float32, fused", gpt_nodes(case), F32);
 }
 
 #[test]

@@ -150,7 +150,9 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
         .add(super::fused::DepthwiseConv)?
         .add(super::fused::DepthwiseConvGrad)?
         .add(super::fused::ATTENTION_OP)?
-        .add(super::fused::ATTENTION_GRAD_OP)
+        .add(super::fused::ATTENTION_GRAD_OP)?
+        .add(super::fused::PACKED_ATTENTION_OP)?
+        .add(super::fused::PACKED_ATTENTION_GRAD_OP)
 }
 
 /// `AllReduce` (`sums`) or `ShardEntry` (the identity forward).

@@ -40,3 +40,10 @@ pub const DEPTHWISE_CONV_GRAD: &str = "DepthwiseConvGrad";
 pub const ATTENTION: &str = "Attention";
 /// Its backward: `dO, Q, K, V, P` in, `dQ, dK, dV` out (same attributes).
 pub const ATTENTION_GRAD: &str = "AttentionGrad";
+/// `Attention` on one packed `[B, T, W]` tensor whose last axis holds Q, K and V (as a
+/// fused projection's output before its `Split`): `QKV[, mask]` in, `O, P` out; also
+/// attributes `heads_dim` (`[H, D]`) and `offsets` (where Q, K, V start on the last
+/// axis, each `[B, T, H, D]` before its permutation).
+pub const PACKED_ATTENTION: &str = "PackedAttention";
+/// Its backward: `dO, QKV, P` in, `dQKV` out (same attributes).
+pub const PACKED_ATTENTION_GRAD: &str = "PackedAttentionGrad";

@@ -22,7 +22,9 @@ use ort::operator::ComputeContext;
 use ort::value::{ValueRef, ValueRefMut};
 
 pub(crate) use activation::{GELU_FROM_ERF_OP, GELU_GRAD_OP, RELU_GRAD_OP};
-pub(crate) use attention::{ATTENTION_GRAD_OP, ATTENTION_OP};
+pub(crate) use attention::{
+    ATTENTION_GRAD_OP, ATTENTION_OP, PACKED_ATTENTION_GRAD_OP, PACKED_ATTENTION_OP,
+};
 pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
 pub(crate) use depthwise::{DepthwiseConv, DepthwiseConvGrad};
 pub(crate) use layer_norm::LayerNormGrad;

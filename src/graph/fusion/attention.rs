@@ -13,13 +13,16 @@
 //! `scaled_dot_product_attention` (torchvision's ViT, whose scale is on q and k and stays
 //! outside). The mask must not depend on a trained parameter (it gets no gradient); the
 //! values inside the pattern must have no other readers and not be graph outputs. The
-//! softmax's output keeps its name as the node's second output.
+//! softmax's output keeps its name as the node's second output. Where q, k and v are
+//! the three parts of one `Split` of a `[B, T, W]` tensor along its last axis, each
+//! `Reshape`d to `[B, T, H, D]` (GPT-2's and the tiny GPT's fused projection), the node is
+//! `PackedAttention` on that tensor instead, and the `Split` and `Reshape`s go too.
 
 use std::collections::{HashMap, HashSet};
 
 use super::super::ir::{attr_i, attr_ints, float_attr, int_attr, ints_attr, Graph, Metas};
 use super::custom;
-use crate::graph::custom_ops::ATTENTION;
+use crate::graph::custom_ops::{ATTENTION, PACKED_ATTENTION};
 use crate::onnx::proto::NodeProto;
 use crate::tensor::{DType, Tensor};
 
@@ -31,6 +34,15 @@ pub(super) struct Found {
     pub drop: Vec<usize>,
     /// Whether the mask was causal (the kernel's own).
     pub causal: bool,
+}
+
+/// Q, K and V as parts of one packed tensor (see [`Finder::packed`]).
+struct Packed<'g> {
+    packed: &'g str,
+    heads_dim: Vec<i64>,
+    offsets: Vec<i64>,
+    /// The `Split` and the three `Reshape`s the node replaces too.
+    nodes: Vec<usize>,
 }
 
 /// Every attention pattern of `g` (none overlapping).
@@ -180,9 +192,17 @@ impl<'g> Finder<'g> {
             attrs.push(ints_attr(name, &perm));
         }
         attrs.push(ints_attr("out_perm", &out_perm));
+        let mut op = ATTENTION;
+        if let Some(p) = self.packed([inputs[0], inputs[1], inputs[2]], &chain) {
+            chain.extend(p.nodes);
+            inputs = vec![p.packed];
+            attrs.push(ints_attr("heads_dim", &p.heads_dim));
+            attrs.push(ints_attr("offsets", &p.offsets));
+            op = PACKED_ATTENTION;
+        }
         inputs.extend(mask.filter(|_| !causal));
         let name = format!("{}/attention", self.g.nodes[softmax].name);
-        let node = custom(ATTENTION, &name, &inputs, &[out, probs], attrs);
+        let node = custom(op, &name, &inputs, &[out, probs], attrs);
         let at = *chain.iter().max()?;
         chain.retain(|&i| i != at);
         Some(Found {
@@ -270,6 +290,62 @@ impl<'g> Finder<'g> {
             }
             None => (out, vec![0, 1, 2, 3]),
         }
+    }
+
+    /// `q, k, v` as parts of one packed tensor: each the only output of a `Reshape` to
+    /// `[B, T, H, D]` (one shape for all three) read only by a node of `chain`, of one
+    /// output of a `Split` into three along the last axis of a float32 `[B, T, W]`
+    /// tensor, each output read only by its `Reshape`.
+    fn packed(&self, qkv: [&'g str; 3], chain: &[usize]) -> Option<Packed<'g>> {
+        let g = self.g;
+        let reshapes: Vec<usize> = qkv
+            .iter()
+            .map(|&x| {
+                let r = *self.producers.get(x)?;
+                let read_inside = self.only(x).is_some_and(|n| chain.contains(&n));
+                (self.is(r, "Reshape") && read_inside).then_some(r)
+            })
+            .collect::<Option<_>>()?;
+        let split = *self.producers.get(g.nodes[reshapes[0]].input[0].as_str())?;
+        let sp = &g.nodes[split];
+        let packed = sp.input[0].as_str();
+        let x = self.metas.get(packed).filter(|m| m.dtype == DType::F32)?;
+        let axis = attr_i(sp, "axis").unwrap_or(0);
+        if !self.is(split, "Split")
+            || sp.output.len() != 3
+            || x.shape.len() != 3
+            || (axis != 2 && axis != -1)
+        {
+            return None;
+        }
+        let shape = self.rank4(qkv[0])?;
+        let mut offsets = vec![0i64; 3];
+        for (i, &r) in reshapes.iter().enumerate() {
+            let part = g.nodes[r].input[0].as_str();
+            let j = sp.output.iter().position(|o| o == part)?;
+            let before: usize = sp.output[..j]
+                .iter()
+                .map(|o| self.metas.get(o).and_then(|m| m.shape.last().copied()))
+                .sum::<Option<usize>>()?;
+            let fits = self.only(part) == Some(r)
+                && self.rank4(qkv[i]) == Some(shape)
+                && shape[..2] == x.shape[..2]
+                && self.metas.get(part).and_then(|m| m.shape.last().copied())
+                    == Some(shape[2] * shape[3]);
+            if !fits {
+                return None;
+            }
+            offsets[i] = before as i64;
+        }
+        let distinct =
+            offsets[0] != offsets[1] && offsets[1] != offsets[2] && offsets[0] != offsets[2];
+        let whole = 3 * shape[2] * shape[3] == x.shape[2];
+        (distinct && whole).then(|| Packed {
+            packed,
+            heads_dim: vec![shape[2] as i64, shape[3] as i64],
+            offsets,
+            nodes: [vec![split], reshapes].concat(),
+        })
     }
 
     /// Node `i` where it is a float32 softmax of `x` over its last axis.

@@ -18,7 +18,9 @@ use std::collections::{HashMap, HashSet};
 
 use super::autodiff::gelu;
 
-use super::custom_ops::{DEPTHWISE_CONV, DOMAIN, GELU_FROM_ERF, SOFTMAX, SOFTMAX_CROSS_ENTROPY};
+use super::custom_ops::{
+    DEPTHWISE_CONV, DOMAIN, GELU_FROM_ERF, PACKED_ATTENTION, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
+};
 use super::ir::{attr_i, attr_ints, attr_s, ints_attr, make_node, Graph, Metas};
 use crate::onnx::proto::{AttributeProto, NodeProto};
 use crate::tensor::DType;
@@ -33,6 +35,8 @@ pub struct Fused {
     pub attention: usize,
     /// Of those, with a causal mask (the kernel's own).
     pub causal_attention: usize,
+    /// Of those, reading Q, K and V as parts of one packed tensor.
+    pub packed_attention: usize,
 }
 
 impl Fused {
@@ -54,6 +58,7 @@ pub fn fuse_forward(g: &mut Graph, metas: &Metas, trainable: &HashSet<&str>) -> 
 
     for found in attention::find(g, metas, &constants, trainable) {
         fused.causal_attention += usize::from(found.causal);
+        fused.packed_attention += usize::from(found.node.op_type == PACKED_ATTENTION);
         replace.insert(found.at, found.node);
         drop.extend(found.drop);
         fused.attention += 1;

@@ -8,6 +8,8 @@
 pub(super) struct View {
     pub(super) dims: [usize; 4],
     pub(super) strides: [usize; 4],
+    /// Where the tensor starts in the values (a part of a packed tensor).
+    pub(super) offset: usize,
 }
 
 impl View {
@@ -21,10 +23,43 @@ impl View {
         for a in (0..3).rev() {
             strides[a] = strides[a + 1] * shape[a + 1];
         }
-        Some(View {
-            dims: perm.map(|a| shape[a]),
+        Some(View::turned(
+            [shape[0], shape[1], shape[2], shape[3]],
+            strides,
+            0,
+            perm,
+        ))
+    }
+
+    /// `Transpose(x, perm)` of the tensor `x` of `dims` at `strides` from `offset`.
+    fn turned(dims: [usize; 4], strides: [usize; 4], offset: usize, perm: [usize; 4]) -> View {
+        View {
+            dims: perm.map(|a| dims[a]),
             strides: perm.map(|a| strides[a]),
-        })
+            offset,
+        }
+    }
+
+    /// `Transpose(x, perm)` of the `[B, T, heads, d]` tensor `x` that is the values
+    /// `offset..offset + heads d` of the last axis of the packed `[B, T, W]` tensor of
+    /// `shape` (as `Reshape(Split(packed))` makes it); `None` where that does not fit.
+    pub(super) fn part(
+        shape: &[i64],
+        [heads, d]: [usize; 2],
+        offset: usize,
+        perm: [usize; 4],
+    ) -> Option<View> {
+        let &[b, t, w] = shape else { return None };
+        let (b, t, w) = (b.max(0) as usize, t.max(0) as usize, w.max(0) as usize);
+        if offset + heads * d > w {
+            return None;
+        }
+        Some(View::turned(
+            [b, t, heads, d],
+            [t * w, w, d, 1],
+            offset,
+            perm,
+        ))
     }
 
     /// The row-major tensor `Transpose(logical, perm)` for a logical tensor of `dims`:
@@ -38,13 +73,14 @@ impl View {
         let view = View::of(&shape, inverse).unwrap_or(View {
             dims,
             strides: [0; 4],
+            offset: 0,
         });
         (shape, view)
     }
 
-    /// Where the (batch, head) pair `bh` (of `dims[1]` heads) starts.
+    /// Where the (batch, head) pair `bh` (of `dims[1]` heads) starts in the values.
     pub(super) fn at(&self, bh: usize) -> usize {
-        (bh / self.dims[1]) * self.strides[0] + (bh % self.dims[1]) * self.strides[1]
+        self.offset + (bh / self.dims[1]) * self.strides[0] + (bh % self.dims[1]) * self.strides[1]
     }
 
     /// The strides of the last two axes, as SGEMM takes them (the matrix as is, or

@@ -17,8 +17,13 @@
 //! `causal = 1` the mask is the kernel's own: query `i` sees keys up to `i + S - T`
 //! (the others' probabilities are 0), and the products skip what no query sees.
 //!
+//! `PackedAttention(QKV[, mask])`: the same with Q, K and V the parts of one `[B, T, W]`
+//! tensor's last axis (a fused projection's output, before PyTorch's `split`), attributes
+//! `heads_dim` (`[H, D]`) and `offsets` (where each part starts), each part read as
+//! `[B, T, H, D]` before its permutation: no `Split`, `Reshape` or (backward) `Concat`.
+//!
 //! `AttentionGrad(dO, Q, K, V, P)`, same attributes: `dQ, dK, dV`, each in its input's
-//! layout. Per head: `dP = dO v^T`, `dS = P * (dP - rowsum(dP * P))`, `dv = P^T dO`,
+//! layout (`PackedAttentionGrad(dO, QKV, P)`: one `dQKV`). Per head: `dP = dO v^T`, `dS = P * (dP - rowsum(dP * P))`, `dv = P^T dO`,
 //! `dq = scale * dS k`, `dk = scale * dS^T q`.
 //!
 //! Each (batch, head) pair is computed by one task on ONNX Runtime's intra-op threads and
@@ -38,7 +43,9 @@ mod head;
 mod layout;
 
 use super::{input, output};
-use crate::graph::custom_ops::{ATTENTION, ATTENTION_GRAD};
+use crate::graph::custom_ops::{
+    ATTENTION, ATTENTION_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD,
+};
 use head::{Mask, Pair};
 use layout::{mask_strides, Shared, View};
 
@@ -54,6 +61,9 @@ struct Attributes {
     k: [usize; 4],
     v: [usize; 4],
     out: [usize; 4],
+    /// Q, K and V as parts of one packed `[B, T, W]` tensor (`PackedAttention`): heads
+    /// and head size, and where each part starts on the last axis.
+    packed: Option<([usize; 2], [usize; 3])>,
 }
 
 impl Attributes {
@@ -84,7 +94,27 @@ impl Attributes {
             k: perm("k_perm")?,
             v: perm("v_perm")?,
             out: perm("out_perm")?,
+            packed: Self::packed(info, op)?,
         })
+    }
+
+    /// The `heads_dim` and `offsets` attributes of `PackedAttention`, `None` elsewhere.
+    fn packed(info: &KernelContext<'_>, op: &str) -> ort::Result<Option<([usize; 2], [usize; 3])>> {
+        let (Some(hd), Some(offsets)) = (
+            info.get::<Vec<i64>>("heads_dim"),
+            info.get::<Vec<i64>>("offsets"),
+        ) else {
+            return Ok(None);
+        };
+        match (&hd[..], &offsets[..]) {
+            (&[h, d], &[q, k, v]) if [h, d, q, k, v].iter().all(|&x| x >= 0) => Ok(Some((
+                [h as usize, d as usize],
+                [q as usize, k as usize, v as usize],
+            ))),
+            _ => Err(ort::Error::new(format!(
+                "{op}: heads_dim {hd:?} and offsets {offsets:?} (want 2 and 3 values >= 0)"
+            ))),
+        }
     }
 }
 
@@ -119,11 +149,11 @@ fn views(op: &str, a: &Attributes, shapes: [&[i64]; 3]) -> ort::Result<[View; 3]
             shapes[0], shapes[1], shapes[2], a.q, a.k, a.v
         ))
     };
-    let (Some(q), Some(k), Some(v)) = (
-        View::of(shapes[0], a.q),
-        View::of(shapes[1], a.k),
-        View::of(shapes[2], a.v),
-    ) else {
+    let view = |i: usize, perm: [usize; 4]| match a.packed {
+        Some((hd, offsets)) => View::part(shapes[i], hd, offsets[i], perm),
+        None => View::of(shapes[i], perm),
+    };
+    let (Some(q), Some(k), Some(v)) = (view(0, a.q), view(1, a.k), view(2, a.v)) else {
         return Err(bad());
     };
     let agree = q.dims[..2] == k.dims[..2]
@@ -136,38 +166,71 @@ fn views(op: &str, a: &Attributes, shapes: [&[i64]; 3]) -> ort::Result<[View; 3]
     Ok([q, k, v])
 }
 
-/// `Attention` or its backward `AttentionGrad` (see the module doc).
+/// `Attention` or its backward `AttentionGrad`, each also on one packed `Q, K, V`
+/// tensor (`PackedAttention`, `PackedAttentionGrad`; see the module doc).
 #[derive(Clone, Copy)]
 pub(crate) struct AttentionOp {
     backward: bool,
+    packed: bool,
 }
 
 /// Scaled dot-product attention as one kernel.
-pub(crate) const ATTENTION_OP: AttentionOp = AttentionOp { backward: false };
+pub(crate) const ATTENTION_OP: AttentionOp = AttentionOp {
+    backward: false,
+    packed: false,
+};
 /// Its backward as one kernel.
-pub(crate) const ATTENTION_GRAD_OP: AttentionOp = AttentionOp { backward: true };
+pub(crate) const ATTENTION_GRAD_OP: AttentionOp = AttentionOp {
+    backward: true,
+    packed: false,
+};
+/// Attention on a packed `Q, K, V` tensor.
+pub(crate) const PACKED_ATTENTION_OP: AttentionOp = AttentionOp {
+    backward: false,
+    packed: true,
+};
+/// Its backward: one gradient, of the packed tensor.
+pub(crate) const PACKED_ATTENTION_GRAD_OP: AttentionOp = AttentionOp {
+    backward: true,
+    packed: true,
+};
+
+impl AttentionOp {
+    /// The tensors `Q, K, V` come in as (one packed tensor, or three).
+    fn parts(&self) -> usize {
+        if self.packed {
+            1
+        } else {
+            3
+        }
+    }
+}
 
 impl Operator for AttentionOp {
     type Kernel<'attr> = BoxedKernel<'attr>;
 
     fn name(&self) -> &str {
-        if self.backward {
-            ATTENTION_GRAD
-        } else {
-            ATTENTION
+        match (self.packed, self.backward) {
+            (false, false) => ATTENTION,
+            (false, true) => ATTENTION_GRAD,
+            (true, false) => PACKED_ATTENTION,
+            (true, true) => PACKED_ATTENTION_GRAD,
         }
     }
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
         let f32 = TensorElementType::Float32;
-        // `Q, K, V[, mask]`; backward `dO, Q, K, V, P`.
-        let (required, optional) = if self.backward { (5, 0) } else { (3, 1) };
+        // `Q, K, V[, mask]`; backward `dO, Q, K, V, P` (a packed `QKV` for `Q, K, V`).
+        let (required, optional) = match self.backward {
+            true => (self.parts() + 2, 0),
+            false => (self.parts(), 1),
+        };
         let required = (0..required).map(move |_| OperatorInput::required(f32));
         required.chain((0..optional).map(move |_| OperatorInput::optional(f32)))
     }
 
     fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
-        let n = if self.backward { 3 } else { 2 };
+        let n = if self.backward { self.parts() } else { 2 };
         (0..n).map(|_| OperatorOutput::required(TensorElementType::Float32))
     }
 
@@ -176,24 +239,56 @@ impl Operator for AttentionOp {
         info: &KernelContext<'attr>,
     ) -> ort::Result<Self::Kernel<'attr>> {
         let (op, a) = (*self, Attributes::of(info, self.name())?);
+        if a.packed.is_some() != op.packed {
+            return Err(ort::Error::new(format!(
+                "{}: heads_dim and offsets are the packed operator's attributes",
+                op.name()
+            )));
+        }
         Ok(Box::new(move |ctx: &ComputeContext| match op.backward {
-            true => backward(ctx, &a),
-            false => forward(ctx, &a),
+            true => backward(ctx, op, &a),
+            false => forward(ctx, op, &a),
         }))
     }
 }
 
-fn forward(ctx: &ComputeContext, a: &Attributes) -> ort::Result<()> {
-    let op = ATTENTION;
-    let (q_in, k_in, v_in) = (input(ctx, op, 0)?, input(ctx, op, 1)?, input(ctx, op, 2)?);
-    let (q_shape, q) = q_in.try_extract_tensor::<f32>()?;
-    let (k_shape, k) = k_in.try_extract_tensor::<f32>()?;
-    let (v_shape, v) = v_in.try_extract_tensor::<f32>()?;
-    let [qv, kv, vv] = views(op, a, [q_shape, k_shape, v_shape])?;
+/// The values of `Q, K, V` (from inputs `first..` of `ctx`: three, or one packed tensor
+/// for all), their views, and each one's shape.
+type Parts<'a> = ([&'a [f32]; 3], [View; 3], [&'a [i64]; 3]);
+
+fn parts<'a>(
+    op: &str,
+    a: &Attributes,
+    tensors: &[(&'a [i64], &'a [f32])],
+) -> ort::Result<Parts<'a>> {
+    let at = |i: usize| tensors[i.min(tensors.len() - 1)];
+    let [(sq, q), (sk, k), (sv, v)] = [at(0), at(1), at(2)];
+    let shapes = [sq, sk, sv];
+    Ok(([q, k, v], views(op, a, shapes)?, shapes))
+}
+
+/// The shapes and float32 values of a call's inputs `values`.
+fn tensor<'a>(values: &'a [ort::value::ValueRef<'a>]) -> ort::Result<Vec<(&'a [i64], &'a [f32])>> {
+    values
+        .iter()
+        .map(|v| {
+            let (shape, data) = v.try_extract_tensor::<f32>()?;
+            Ok((&shape[..], data))
+        })
+        .collect()
+}
+
+fn forward(ctx: &ComputeContext, op: AttentionOp, a: &Attributes) -> ort::Result<()> {
+    let name = op.name();
+    let values = (0..op.parts())
+        .map(|i| input(ctx, name, i))
+        .collect::<ort::Result<Vec<_>>>()?;
+    let tensors = tensor(&values)?;
+    let ([q, k, v], [qv, kv, vv], _) = parts(name, a, &tensors)?;
     let [b, h, t, _] = qv.dims;
     let (s, e) = (kv.dims[3], vv.dims[3]);
-    let mask_in = match ctx.num_inputs()? > 3 {
-        true => ctx.input(3)?,
+    let mask_in = match ctx.num_inputs()? > op.parts() {
+        true => ctx.input(op.parts())?,
         false => None,
     };
     let mask = match &mask_in {
@@ -201,7 +296,7 @@ fn forward(ctx: &ComputeContext, a: &Attributes) -> ort::Result<()> {
             let (shape, values) = m.try_extract_tensor::<f32>()?;
             let strides = mask_strides(shape, [b, h, t, s]).ok_or_else(|| {
                 ort::Error::new(format!(
-                    "{op}: a mask of {shape:?} for scores [{b}, {h}, {t}, {s}]"
+                    "{name}: a mask of {shape:?} for scores [{b}, {h}, {t}, {s}]"
                 ))
             })?;
             Some((strides, values))
@@ -209,9 +304,9 @@ fn forward(ctx: &ComputeContext, a: &Attributes) -> ort::Result<()> {
         None => None,
     };
     let (out_shape, ov) = View::made([b, h, t, e], a.out);
-    let mut out = output(ctx, op, 0, &out_shape)?;
+    let mut out = output(ctx, name, 0, &out_shape)?;
     let (_, out) = out.try_extract_tensor_mut::<f32>()?;
-    let mut probs = output(ctx, op, 1, &[b as i64, h as i64, t as i64, s as i64])?;
+    let mut probs = output(ctx, name, 1, &[b as i64, h as i64, t as i64, s as i64])?;
     let (_, probs) = probs.try_extract_tensor_mut::<f32>()?;
     let (out, probs) = (Shared(out.as_mut_ptr()), Shared(probs.as_mut_ptr()));
     let mask = mask.map(|(strides, values)| Mask { strides, values });
@@ -226,36 +321,36 @@ fn forward(ctx: &ComputeContext, a: &Attributes) -> ort::Result<()> {
     })
 }
 
-fn backward(ctx: &ComputeContext, a: &Attributes) -> ort::Result<()> {
-    let op = ATTENTION_GRAD;
-    let values = (0..5)
-        .map(|i| input(ctx, op, i))
+fn backward(ctx: &ComputeContext, op: AttentionOp, a: &Attributes) -> ort::Result<()> {
+    let name = op.name();
+    let n = op.parts() + 2;
+    let values = (0..n)
+        .map(|i| input(ctx, name, i))
         .collect::<ort::Result<Vec<_>>>()?;
-    let mut tensors = Vec::with_capacity(5);
-    for v in &values {
-        tensors.push(v.try_extract_tensor::<f32>()?);
-    }
-    let [(do_shape, d_out), (q_shape, q), (k_shape, k), (v_shape, v), (p_shape, p)] =
-        <[_; 5]>::try_from(tensors).map_err(|_| ort::Error::new(format!("{op}: 5 inputs")))?;
-    let [qv, kv, vv] = views(op, a, [q_shape, k_shape, v_shape])?;
+    let tensors = tensor(&values)?;
+    let ((do_shape, d_out), (p_shape, p)) = (tensors[0], tensors[n - 1]);
+    let ([q, k, v], [qv, kv, vv], shapes) = parts(name, a, &tensors[1..n - 1])?;
     let [b, h, t, _] = qv.dims;
     let (s, e) = (kv.dims[3], vv.dims[3]);
     let (want_do, ov) = View::made([b, h, t, e], a.out);
     let want_p = [b, h, t, s].map(|x| x as i64);
     if do_shape[..] != want_do[..] || p_shape[..] != want_p[..] {
         return Err(ort::Error::new(format!(
-            "{op}: dO {do_shape:?} and P {p_shape:?} (want {want_do:?} and {want_p:?})"
+            "{name}: dO {do_shape:?} and P {p_shape:?} (want {want_do:?} and {want_p:?})"
         )));
     }
+    // One gradient per input tensor: with a packed input, its three parts' views write
+    // disjoint parts of the one gradient.
     let mut grads = Vec::with_capacity(3);
-    for (i, shape) in [q_shape, k_shape, v_shape].into_iter().enumerate() {
-        grads.push(output(ctx, op, i, shape)?);
+    for (i, shape) in shapes.iter().take(op.parts()).enumerate() {
+        grads.push(output(ctx, name, i, shape)?);
     }
     let mut ptrs = Vec::with_capacity(3);
     for g in &mut grads {
         ptrs.push(Shared(g.try_extract_tensor_mut::<f32>()?.1.as_mut_ptr()));
     }
-    let grads = [ptrs[0], ptrs[1], ptrs[2]];
+    let at = |i: usize| ptrs[i.min(ptrs.len() - 1)];
+    let grads = [at(0), at(1), at(2)];
     let pair = Pair {
         a,
         q: (q, qv),

@@ -7,8 +7,8 @@ use super::Grads;
 use crate::graph::autodiff::RuleCtx;
 use crate::graph::custom_ops::{
     ATTENTION, ATTENTION_GRAD, DEPTHWISE_CONV, DEPTHWISE_CONV_GRAD, DOMAIN, GELU_FROM_ERF,
-    GELU_GRAD, LAYER_NORM_GRAD, RELU_GRAD, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
-    SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
+    GELU_GRAD, LAYER_NORM_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD, RELU_GRAD, SOFTMAX,
+    SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
 };
 use crate::tensor::DType;
 use crate::Result;
@@ -42,33 +42,10 @@ pub fn rule(op_type: &str) -> Option<super::Rule> {
             grads.truncate(c.node.input.len());
             Ok(grads)
         },
-        // One kernel for the three inputs' gradients from the kept probabilities; the
-        // mask gets none (the fusion pass leaves masks computed from parameters alone).
-        ATTENTION => |c| {
-            if c.node.input.len() > 3 && c.needs(3) {
-                return Err(crate::Error::graph(format!(
-                    "{}: the attention mask {} needs a gradient, which the fused kernel \
-                     does not give (train with runtime.fused_kernels = false)",
-                    c.node.name,
-                    c.input(3)
-                )));
-            }
-            let dy = c.dy(0)?;
-            let inputs = [dy.as_str(), c.input(0), c.input(1), c.input(2), c.output(1)];
-            let inputs: Vec<String> = inputs.iter().map(|s| s.to_string()).collect();
-            let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-            let outputs = [c.e.fresh("dQ"), c.e.fresh("dK"), c.e.fresh("dV")];
-            let out: Vec<&str> = outputs.iter().map(String::as_str).collect();
-            let attrs = c.node.attribute.clone();
-            c.e.node(ATTENTION_GRAD, DOMAIN, &inputs, &out, attrs);
-            let mut grads: Vec<Option<String>> = outputs
-                .into_iter()
-                .enumerate()
-                .map(|(i, g)| c.needs(i).then_some(g))
-                .collect();
-            grads.resize(c.node.input.len(), None);
-            Ok(grads)
-        },
+        // One kernel for the inputs' gradients from the kept probabilities; the mask
+        // gets none (the fusion pass leaves masks computed from parameters alone).
+        ATTENTION => |c| attention(c, false),
+        PACKED_ATTENTION => |c| attention(c, true),
         SOFTMAX => |c| {
             let (dy, y) = (c.dy(0)?, c.output(0).to_string());
             Ok(vec![Some(c.e.custom_op(SOFTMAX_GRAD, &[&dy, &y], vec![]))])
@@ -84,6 +61,43 @@ pub fn rule(op_type: &str) -> Option<super::Rule> {
         _ => return None,
     };
     Some(rule)
+}
+
+/// `Attention`'s (or `PackedAttention`'s) backward: the gradients of `Q, K, V` (of the
+/// packed tensor), none for the mask.
+fn attention(c: &mut RuleCtx, packed: bool) -> Result<Grads> {
+    let parts = if packed { 1 } else { 3 };
+    if c.node.input.len() > parts && c.needs(parts) {
+        return Err(crate::Error::graph(format!(
+            "{}: the attention mask {} needs a gradient, which the fused kernel does not \
+             give (train with runtime.fused_kernels = false)",
+            c.node.name,
+            c.input(parts)
+        )));
+    }
+    let mut inputs = vec![c.dy(0)?];
+    inputs.extend((0..parts).map(|i| c.input(i).to_string()));
+    inputs.push(c.output(1).to_string());
+    let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    let outputs: Vec<String> = ["dQ", "dK", "dV"][..parts]
+        .iter()
+        .map(|n| c.e.fresh(n))
+        .collect();
+    let out: Vec<&str> = outputs.iter().map(String::as_str).collect();
+    let op = if packed {
+        PACKED_ATTENTION_GRAD
+    } else {
+        ATTENTION_GRAD
+    };
+    let attrs = c.node.attribute.clone();
+    c.e.node(op, DOMAIN, &inputs, &out, attrs);
+    let mut grads: Vec<Option<String>> = outputs
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| c.needs(i).then_some(g))
+        .collect();
+    grads.resize(c.node.input.len(), None);
+    Ok(grads)
 }
 
 /// Whether `name` is a float32 value.
