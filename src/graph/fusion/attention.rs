@@ -308,14 +308,13 @@ impl<'g> Finder<'g> {
             .collect::<Option<_>>()?;
         let split = *self.producers.get(g.nodes[reshapes[0]].input[0].as_str())?;
         let sp = &g.nodes[split];
+        if !self.is(split, "Split") || sp.input.is_empty() {
+            return None;
+        }
         let packed = sp.input[0].as_str();
         let x = self.metas.get(packed).filter(|m| m.dtype == DType::F32)?;
         let axis = attr_i(sp, "axis").unwrap_or(0);
-        if !self.is(split, "Split")
-            || sp.output.len() != 3
-            || x.shape.len() != 3
-            || (axis != 2 && axis != -1)
-        {
+        if sp.output.len() != 3 || x.shape.len() != 3 || (axis != 2 && axis != -1) {
             return None;
         }
         let shape = self.rank4(qkv[0])?;
