@@ -145,7 +145,7 @@ fn views(op: &str, a: &Attributes, shapes: [&[i64]; 3]) -> ort::Result<[View; 3]
     let bad = || {
         ort::Error::new(format!(
             "{op}: Q {:?}, K {:?}, V {:?} with permutations {:?}, {:?}, {:?} are not \
-             [B, H, T, D], [B, H, D, S], [B, H, S, E]",
+             [B, H, T, D], [B, H, D, S], [B, H, S, E] (S >= T if causal)",
             shapes[0], shapes[1], shapes[2], a.q, a.k, a.v
         ))
     };
@@ -156,10 +156,12 @@ fn views(op: &str, a: &Attributes, shapes: [&[i64]; 3]) -> ort::Result<[View; 3]
     let (Some(q), Some(k), Some(v)) = (view(0, a.q), view(1, a.k), view(2, a.v)) else {
         return Err(bad());
     };
+    // A causal mask needs a key for every query (query `i` sees keys up to `i + S - T`).
     let agree = q.dims[..2] == k.dims[..2]
         && k.dims[..2] == v.dims[..2]
         && q.dims[3] == k.dims[2]
-        && k.dims[3] == v.dims[2];
+        && k.dims[3] == v.dims[2]
+        && (!a.causal || k.dims[3] >= q.dims[2]);
     if !agree {
         return Err(bad());
     }
