@@ -157,6 +157,21 @@ mod tests {
     }
 
     #[test]
+    fn a_part_of_a_packed_tensor_is_read_in_place() {
+        // The middle third of `[2, 5, 24]` as `[2, 5, 3, 4]`, read as `[2, 3, 5, 4]`.
+        let v = View::part(&[2, 5, 24], [3, 4], 8, [0, 2, 1, 3]).unwrap();
+        assert_eq!(
+            (v.dims, v.strides, v.offset),
+            ([2, 3, 5, 4], [120, 4, 24, 1], 8)
+        );
+        // Batch 0, head 1 starts 4 values into the part; batch 1, head 0 a batch later.
+        assert_eq!(v.at(1), 12);
+        assert_eq!(v.at(3), 128);
+        // A part past the end does not fit.
+        assert_eq!(View::part(&[2, 5, 24], [3, 4], 16, [0, 1, 2, 3]), None);
+    }
+
+    #[test]
     fn masks_broadcast_from_the_right() {
         assert_eq!(mask_strides(&[5, 7], [2, 3, 5, 7]), Some([0, 0, 7, 1]));
         assert_eq!(
