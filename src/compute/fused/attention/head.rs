@@ -60,8 +60,8 @@ impl Pair<'_> {
     /// `(pointer, row stride, column stride)` of pair `bh`'s matrix in `x`'s view `v`
     /// from row `row` on (turned: rows and columns swapped).
     fn at(x: &[f32], v: &View, bh: usize, row: usize, turned: bool) -> (*const f32, isize, isize) {
-        let (r, c) = v.matrix(turned);
-        (x.as_ptr().wrapping_add(v.at(bh) + row * r as usize), r, c)
+        let (at, r, c) = v.matrix(bh, row, turned);
+        (x.as_ptr().wrapping_add(at), r, c)
     }
 
     /// Query `i`'s scores before the softmax, whole rows of `S` as the standard graph has
@@ -114,18 +114,9 @@ impl Pair<'_> {
                 softmax_row(row, y);
             }
             let v = Self::at(self.v.0, &self.v.1, bh, 0, false);
-            let (or, oc) = ov.matrix(false);
-            let o = out.get().wrapping_add(ov.at(bh) + r0 * ov.strides[2]);
+            let o = out.matrix(&ov, bh, r0, false);
             // SAFETY: as above.
-            unsafe {
-                gemm(
-                    (r1 - r0, keys, e),
-                    (1.0, 0.0),
-                    (p0, st, one),
-                    v,
-                    (o, or, oc),
-                )
-            };
+            unsafe { gemm((r1 - r0, keys, e), (1.0, 0.0), (p0, st, one), v, o) };
         }
     }
 }
@@ -148,10 +139,6 @@ impl Pair<'_> {
         let pb = &p[bh * t * s..(bh + 1) * t * s];
         let (st, one) = (s as isize, 1isize);
         let scale = self.a.scale;
-        let at = |g: Shared, v: &View, row: usize, turned: bool| {
-            let (r, c) = v.matrix(turned);
-            (g.get().wrapping_add(v.at(bh) + row * r as usize), r, c)
-        };
         for (r0, r1, keys) in row_blocks(t, s, self.a.causal) {
             let rows = r1 - r0;
             let d_o = Self::at(d_out, &ov, bh, r0, false);
@@ -180,7 +167,7 @@ impl Pair<'_> {
                     (scale, 0.0),
                     ds_rows,
                     k_rows,
-                    at(dq, &qv, r0, false),
+                    dq.matrix(&qv, bh, r0, false),
                 )
             };
         }
@@ -192,13 +179,19 @@ impl Pair<'_> {
         let ds_turned = (ds.as_ptr(), one, st);
         // SAFETY: as above.
         unsafe {
-            gemm((s, t, e), (1.0, 0.0), p_turned, d_o, at(dv, &vv, 0, false));
+            gemm(
+                (s, t, e),
+                (1.0, 0.0),
+                p_turned,
+                d_o,
+                dv.matrix(&vv, bh, 0, false),
+            );
             gemm(
                 (s, t, d),
                 (scale, 0.0),
                 ds_turned,
                 q_rows,
-                at(dk, &kv, 0, true),
+                dk.matrix(&kv, bh, 0, true),
             );
         }
     }

@@ -83,15 +83,15 @@ impl View {
         self.offset + (bh / self.dims[1]) * self.strides[0] + (bh % self.dims[1]) * self.strides[1]
     }
 
-    /// The strides of the last two axes, as SGEMM takes them (the matrix as is, or
-    /// turned).
-    pub(super) fn matrix(&self, turned: bool) -> (isize, isize) {
-        let (r, c) = (self.strides[2] as isize, self.strides[3] as isize);
-        if turned {
-            (c, r)
-        } else {
-            (r, c)
-        }
+    /// Pair `bh`'s matrix (the last two axes) from row `row` on, as SGEMM takes it:
+    /// where it starts in the values, its row and column strides (turned: rows and
+    /// columns swapped, `row` then counts the turned matrix's rows).
+    pub(super) fn matrix(&self, bh: usize, row: usize, turned: bool) -> (usize, isize, isize) {
+        let (r, c) = match turned {
+            false => (self.strides[2], self.strides[3]),
+            true => (self.strides[3], self.strides[2]),
+        };
+        (self.at(bh) + row * r, r as isize, c as isize)
     }
 }
 
@@ -128,6 +128,18 @@ impl Shared {
     /// The pointer (a method, so that closures take the whole `Shared`).
     pub(super) fn get(self) -> *mut f32 {
         self.0
+    }
+
+    /// Pair `bh`'s matrix of the viewed tensor, to write (see [`View::matrix`]).
+    pub(super) fn matrix(
+        self,
+        v: &View,
+        bh: usize,
+        row: usize,
+        turned: bool,
+    ) -> (*mut f32, isize, isize) {
+        let (at, r, c) = v.matrix(bh, row, turned);
+        (self.0.wrapping_add(at), r, c)
     }
 }
 

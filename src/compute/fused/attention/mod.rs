@@ -118,23 +118,26 @@ impl Attributes {
     }
 }
 
+/// Scratch values of a kernel's tasks, one buffer per task, kept from call to call (no
+/// allocation per call once they have grown to size).
+type Scratch = Vec<Mutex<Vec<f32>>>;
+
 /// Runs `task(bh, scratch)` for each of `pairs` (batch, head) pairs, in up to [`TASKS`]
-/// runs on ONNX Runtime's intra-op threads, each with its own `scratch` values.
+/// runs on ONNX Runtime's intra-op threads, each with `len` values of its own `scratch`.
 fn per_pair(
     ctx: &ComputeContext,
+    (scratch, len): (&Scratch, usize),
     pairs: usize,
-    scratch: usize,
     task: impl Fn(usize, &mut [f32]) + Sync + Send,
 ) -> ort::Result<()> {
-    let runs = pairs.clamp(1, TASKS);
+    let runs = pairs.clamp(1, scratch.len());
     let per = pairs.div_ceil(runs);
-    let buffers: Vec<Mutex<Vec<f32>>> = (0..runs).map(|_| Mutex::new(Vec::new())).collect();
     ctx.par_for(runs, runs, |r| {
-        if let Ok(mut buffer) = buffers[r].lock() {
-            buffer.resize(scratch, 0.0);
-            for bh in r * per..((r + 1) * per).min(pairs) {
-                task(bh, &mut buffer);
-            }
+        // A buffer is only scratch: one a failed task left behind is as good as any.
+        let mut buffer = scratch[r].lock().unwrap_or_else(|e| e.into_inner());
+        buffer.resize(len, 0.0);
+        for bh in r * per..((r + 1) * per).min(pairs) {
+            task(bh, &mut buffer[..len]);
         }
     })
 }
@@ -247,9 +250,10 @@ impl Operator for AttentionOp {
                 op.name()
             )));
         }
+        let scratch: Scratch = (0..TASKS).map(|_| Mutex::new(Vec::new())).collect();
         Ok(Box::new(move |ctx: &ComputeContext| match op.backward {
-            true => backward(ctx, op, &a),
-            false => forward(ctx, op, &a),
+            true => backward(ctx, op, &a, &scratch),
+            false => forward(ctx, op, &a, &scratch),
         }))
     }
 }
@@ -270,7 +274,9 @@ fn parts<'a>(
 }
 
 /// The shapes and float32 values of a call's inputs `values`.
-fn tensor<'a>(values: &'a [ort::value::ValueRef<'a>]) -> ort::Result<Vec<(&'a [i64], &'a [f32])>> {
+fn extracted<'a>(
+    values: &'a [ort::value::ValueRef<'a>],
+) -> ort::Result<Vec<(&'a [i64], &'a [f32])>> {
     values
         .iter()
         .map(|v| {
@@ -280,12 +286,17 @@ fn tensor<'a>(values: &'a [ort::value::ValueRef<'a>]) -> ort::Result<Vec<(&'a [i
         .collect()
 }
 
-fn forward(ctx: &ComputeContext, op: AttentionOp, a: &Attributes) -> ort::Result<()> {
+fn forward(
+    ctx: &ComputeContext,
+    op: AttentionOp,
+    a: &Attributes,
+    scratch: &Scratch,
+) -> ort::Result<()> {
     let name = op.name();
     let values = (0..op.parts())
         .map(|i| input(ctx, name, i))
         .collect::<ort::Result<Vec<_>>>()?;
-    let tensors = tensor(&values)?;
+    let tensors = extracted(&values)?;
     let ([q, k, v], [qv, kv, vv], _) = parts(name, a, &tensors)?;
     let [b, h, t, _] = qv.dims;
     let (s, e) = (kv.dims[3], vv.dims[3]);
@@ -318,18 +329,23 @@ fn forward(ctx: &ComputeContext, op: AttentionOp, a: &Attributes) -> ort::Result
         k: (k, kv),
         v: (v, vv),
     };
-    per_pair(ctx, b * h, s, |bh, row| {
+    per_pair(ctx, (scratch, s), b * h, |bh, row| {
         pair.forward(bh, mask.as_ref(), (out, ov), probs, row)
     })
 }
 
-fn backward(ctx: &ComputeContext, op: AttentionOp, a: &Attributes) -> ort::Result<()> {
+fn backward(
+    ctx: &ComputeContext,
+    op: AttentionOp,
+    a: &Attributes,
+    scratch: &Scratch,
+) -> ort::Result<()> {
     let name = op.name();
     let n = op.parts() + 2;
     let values = (0..n)
         .map(|i| input(ctx, name, i))
         .collect::<ort::Result<Vec<_>>>()?;
-    let tensors = tensor(&values)?;
+    let tensors = extracted(&values)?;
     let ((do_shape, d_out), (p_shape, p)) = (tensors[0], tensors[n - 1]);
     let ([q, k, v], [qv, kv, vv], shapes) = parts(name, a, &tensors[1..n - 1])?;
     let [b, h, t, _] = qv.dims;
@@ -359,7 +375,7 @@ fn backward(ctx: &ComputeContext, op: AttentionOp, a: &Attributes) -> ort::Resul
         k: (k, kv),
         v: (v, vv),
     };
-    per_pair(ctx, b * h, 2 * t * s, |bh, scratch| {
-        pair.backward(bh, (d_out, ov), p, grads, scratch)
+    per_pair(ctx, (scratch, 2 * t * s), b * h, |bh, buffer| {
+        pair.backward(bh, (d_out, ov), p, grads, buffer)
     })
 }
