@@ -155,21 +155,30 @@ fn row(
 ) {
     let (mut s1, mut s2) = ([0f32; LANES], [0f32; LANES]);
     let whole = dy.len() / LANES * LANES;
-    let lanes = dy[..whole]
-        .chunks_exact(LANES)
-        .zip(x[..whole].chunks_exact(LANES))
-        .zip(scale[..whole].chunks_exact(LANES))
-        .zip(dscale[..whole].chunks_exact_mut(LANES))
-        .zip(dbias[..whole].chunks_exact_mut(LANES));
-    for ((((dy, x), sc), ds), db) in lanes {
+    let xh = |x: f32| (x - mu) * inv;
+    // One pass per sum, column sums apart: in one loop the compiler paired the sums'
+    // lanes the wrong way (or, with `dscale` and `dbias` written in place, not at all)
+    // and the loop ran scalar. The rows are in L1; the extra passes are cheap.
+    let lanes = || {
+        dy[..whole]
+            .chunks_exact(LANES)
+            .zip(x[..whole].chunks_exact(LANES))
+            .zip(scale[..whole].chunks_exact(LANES))
+    };
+    for ((dy, _), sc) in lanes() {
         for l in 0..LANES {
-            let xh = (x[l] - mu) * inv;
-            let g = dy[l] * sc[l];
-            s1[l] += g;
-            s2[l] += g * xh;
-            ds[l] += dy[l] * xh;
-            db[l] += dy[l];
+            s1[l] += dy[l] * sc[l];
         }
+    }
+    for ((dy, x), sc) in lanes() {
+        for l in 0..LANES {
+            s2[l] += dy[l] * sc[l] * xh(x[l]);
+        }
+    }
+    let sums = dscale[..whole].iter_mut().zip(&mut dbias[..whole]);
+    for (((ds, db), &dy), &x) in sums.zip(&dy[..whole]).zip(&x[..whole]) {
+        *ds += dy * xh(x);
+        *db += dy;
     }
     for j in whole..dy.len() {
         let xh = (x[j] - mu) * inv;
