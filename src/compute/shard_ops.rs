@@ -142,8 +142,8 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
         .add(super::fused::LayerNormGrad)?
         .add(super::fused::SOFTMAX_GRAD_OP)?
         .add(super::fused::SOFTMAX_OP)?
-        .add(super::fused::GELU_FROM_ERF_OP)?
-        .add(super::fused::GELU_GRAD_OP)?
+        .add(super::fused::Gelu { grad: false })?
+        .add(super::fused::Gelu { grad: true })?
         .add(super::fused::RELU_GRAD_OP)?
         .add(super::fused::SoftmaxCrossEntropy)?
         .add(super::fused::SoftmaxCrossEntropyGrad)?

@@ -22,10 +22,10 @@ pub const SOFTMAX: &str = "Softmax";
 pub const SOFTMAX_CROSS_ENTROPY: &str = "SoftmaxCrossEntropy";
 /// Its backward: `dloss, log_prob, labels` in, `dscores` out (same attributes).
 pub const SOFTMAX_CROSS_ENTROPY_GRAD: &str = "SoftmaxCrossEntropyGrad";
-/// The end of PyTorch's erf GELU, from its own `t = x / sqrt 2` and `e = erf(t)`: `X, T,
-/// E` in, `Y = (X * (E + 1)) * 0.5` out.
-pub const GELU_FROM_ERF: &str = "GeluFromErf";
-/// Its backward: `dY, T, E` in, `dX` out.
+/// PyTorch's erf GELU whole, float32: `X` in, `Y, E` out (`E = erf(t)`, kept for the
+/// backward); `t = X / scale` where attribute `divide` is 1, else `X * scale`.
+pub const ERF_GELU: &str = "ErfGelu";
+/// Its backward: `dY, X, E` in, `dX` out (same attributes).
 pub const GELU_GRAD: &str = "GeluGrad";
 /// ReLU's backward: `dY, X` in, `dX = X > 0 ? dY : 0` out.
 pub const RELU_GRAD: &str = "ReluGrad";

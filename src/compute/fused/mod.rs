@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use ort::operator::ComputeContext;
 use ort::value::{ValueRef, ValueRefMut};
 
-pub(crate) use activation::{GELU_FROM_ERF_OP, GELU_GRAD_OP, RELU_GRAD_OP};
+pub(crate) use activation::{Gelu, RELU_GRAD_OP};
 pub(crate) use attention::{
     ATTENTION_GRAD_OP, ATTENTION_OP, PACKED_ATTENTION_GRAD_OP, PACKED_ATTENTION_OP,
 };
@@ -69,6 +69,27 @@ fn par_blocks(
     ctx.par_for(blocks.len(), blocks.len(), |b| {
         if let Ok(mut block) = blocks[b].lock() {
             f(b * per, &mut block);
+        }
+    })
+}
+
+/// [`par_blocks`] over two outputs of one length, cut at the same places:
+/// `f(offset, a's block, b's block)`.
+fn par_block_pairs(
+    ctx: &ComputeContext,
+    (a, b): (&mut [f32], &mut [f32]),
+    f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync + Send,
+) -> ort::Result<()> {
+    let per = a.len().div_ceil(BLOCKS).max(1);
+    let blocks: Vec<Mutex<(&mut [f32], &mut [f32])>> = a
+        .chunks_mut(per)
+        .zip(b.chunks_mut(per))
+        .map(Mutex::new)
+        .collect();
+    ctx.par_for(blocks.len(), blocks.len(), |i| {
+        if let Ok(mut block) = blocks[i].lock() {
+            let (a, b) = &mut *block;
+            f(i * per, a, b);
         }
     })
 }

@@ -1,12 +1,10 @@
 //! The training graph's forward part with pipetrain's fused kernels in place of the
 //! nodes they compute (`runtime.fused_kernels`): `Softmax` over the last axis as
 //! pipetrain's `Softmax`, the `SoftmaxCrossEntropyLoss` pipetrain attaches as
-//! `SoftmaxCrossEntropy`, and the last three nodes of PyTorch's erf GELU (`+ 1`, `x *`,
-//! `* 0.5`) as `GeluFromErf` (its `x / k` and `Erf` stay ONNX Runtime's, so its values
-//! are bit for bit the exported form's), and a depthwise 2-D `Conv` (one filter per
-//! channel) as `DepthwiseConv`, and scaled dot-product attention with the transposes
-//! around it as `Attention` (see [`attention`]); each gets its fused backward from the
-//! autodiff (`autodiff::rules::fused`). Only float32 nodes whose shapes fit the kernels are
+//! `SoftmaxCrossEntropy`, PyTorch's erf GELU (`x / k`, `Erf`, `+ 1`, `x *`, `* 0.5`) as
+//! `ErfGelu`, a depthwise 2-D `Conv` (one filter per channel) as `DepthwiseConv`, and
+//! scaled dot-product attention with the transposes around it as `Attention` (see
+//! [`attention`]); each gets its fused backward from the autodiff (`autodiff::rules::fused`). Only float32 nodes whose shapes fit the kernels are
 //! replaced; the rest stay standard ONNX.
 //!
 //! Runs after the loss is attached and the values measured, before differentiation, on
@@ -19,9 +17,11 @@ use std::collections::{HashMap, HashSet};
 use super::autodiff::gelu;
 
 use super::custom_ops::{
-    DEPTHWISE_CONV, DOMAIN, GELU_FROM_ERF, PACKED_ATTENTION, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
+    DEPTHWISE_CONV, DOMAIN, ERF_GELU, PACKED_ATTENTION, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
 };
-use super::ir::{attr_i, attr_ints, attr_s, ints_attr, make_node, Graph, Metas};
+use super::ir::{
+    attr_i, attr_ints, attr_s, float_attr, int_attr, ints_attr, make_node, Graph, Metas,
+};
 use crate::onnx::proto::{AttributeProto, NodeProto};
 use crate::tensor::DType;
 
@@ -64,20 +64,25 @@ pub fn fuse_forward(g: &mut Graph, metas: &Metas, trainable: &HashSet<&str>) -> 
         fused.attention += 1;
     }
 
-    // GELU: `a = e + 1` and `m = x * a` dropped, `y = m * 0.5` made from `x, t, e`.
+    // GELU: its five nodes as one `ErfGelu`, which also gives `erf`'s value (read by the
+    // backward) under the `Erf` node's output name.
     let consumers = g.consumers();
     let producers = g.producers();
     for (&half, chain) in &gelu::find(g, &constants, &|_| false) {
+        let scale_at = producers[chain.t.as_str()];
+        let Some(attrs) = gelu_attributes(&g.nodes[scale_at], &chain.x, &constants) else {
+            continue;
+        };
         if !is_f32(&chain.x) {
             continue;
         }
-        let erf = &g.nodes[consumers[chain.t.as_str()][0]];
+        let erf_at = consumers[chain.t.as_str()][0];
         let (add, times) = (producers[chain.a.as_str()], consumers[chain.a.as_str()][0]);
-        let inputs = [chain.x.as_str(), &chain.t, &erf.output[0]];
         let name = format!("{}/fused", g.nodes[half].name);
-        let y = g.nodes[half].output[0].clone();
-        replace.insert(half, custom(GELU_FROM_ERF, &name, &inputs, &[&y], vec![]));
-        drop.extend([add, times]);
+        let (y, e) = (&g.nodes[half].output[0], &g.nodes[erf_at].output[0]);
+        let node = custom(ERF_GELU, &name, &[&chain.x], &[y, e], attrs);
+        replace.insert(half, node);
+        drop.extend([scale_at, erf_at, add, times]);
         fused.gelu += 1;
     }
 
@@ -145,6 +150,22 @@ fn custom(
     let mut n = make_node(op, name, inputs, outputs, attrs);
     n.domain = DOMAIN.into();
     n
+}
+
+/// The `ErfGelu` attributes of a GELU whose `t` node is `scale` (`x / k` or `x * c`, `k`
+/// and `c` constants of `constants`).
+fn gelu_attributes(
+    scale: &NodeProto,
+    x: &str,
+    constants: &HashMap<String, crate::tensor::Tensor>,
+) -> Option<Vec<AttributeProto>> {
+    let divide = scale.op_type == "Div";
+    let by = scale.input.iter().find(|v| v.as_str() != x)?;
+    let by = constants.get(by)?.to_f64_vec().first().copied()? as f32;
+    Some(vec![
+        float_attr("scale", by),
+        int_attr("divide", i64::from(divide)),
+    ])
 }
 
 /// Whether a `SoftmaxCrossEntropyLoss` fits the fused kernel: float32 scores with the

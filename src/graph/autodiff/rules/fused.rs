@@ -6,8 +6,8 @@ use super::elementwise::shape;
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
 use crate::graph::custom_ops::{
-    ATTENTION, ATTENTION_GRAD, DEPTHWISE_CONV, DEPTHWISE_CONV_GRAD, DOMAIN, GELU_FROM_ERF,
-    GELU_GRAD, LAYER_NORM_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD, RELU_GRAD, SOFTMAX,
+    ATTENTION, ATTENTION_GRAD, DEPTHWISE_CONV, DEPTHWISE_CONV_GRAD, DOMAIN, ERF_GELU, GELU_GRAD,
+    LAYER_NORM_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD, RELU_GRAD, SOFTMAX,
     SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
 };
 use crate::tensor::DType;
@@ -17,12 +17,11 @@ use crate::Result;
 /// fused backward.
 pub fn rule(op_type: &str) -> Option<super::Rule> {
     let rule: super::Rule = match op_type {
-        // GELU's whole derivative lands on `x`; `t` and `e` get none (they are functions
-        // of `x` the derivative already accounts for).
-        GELU_FROM_ERF => |c| {
-            let (dy, t, e) = (c.dy(0)?, c.input(1).to_string(), c.input(2).to_string());
-            let dx = c.e.custom_op(GELU_GRAD, &[&dy, &t, &e], vec![]);
-            Ok(vec![Some(dx), None, None])
+        // From `x` and the kept `erf(t)`; `t` is made again from `x` as the forward made it.
+        ERF_GELU => |c| {
+            let (dy, x, e) = (c.dy(0)?, c.input(0).to_string(), c.output(1).to_string());
+            let attrs = c.node.attribute.clone();
+            Ok(vec![Some(c.e.custom_op(GELU_GRAD, &[&dy, &x, &e], attrs))])
         },
         // One kernel for all three gradients; those not needed are left unread.
         DEPTHWISE_CONV => |c| {
