@@ -9,11 +9,21 @@ use crate::{Error, Result};
 
 impl TrainConfig {
     pub(super) fn validate(&self, path: &Path) -> Result<()> {
-        let bad = |field: &str, rule: String| Error::Config {
-            path: path.to_path_buf(),
-            field: field.into(),
-            rule,
-        };
+        self.validate_model_source(path)?;
+        self.validate_data_sources(path)?;
+        self.validate_sizes(path)?;
+        self.validate_pipeline(path)?;
+        self.validate_limits(path)?;
+        self.validate_run_state(path)?;
+        self.optimizer.validate(path)?;
+        crate::optim::validate_groups(&self.optimizer_attributes, &self.optimizer, path)?;
+        self.lr_schedule.validate(path)?;
+        Ok(())
+    }
+
+    /// Either a model file or a built-in model, and the built-in model's sizes.
+    fn validate_model_source(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, rule: String| config_error(path, field, rule);
         match (&self.model, self.model_path.as_os_str().is_empty()) {
             (Some(_), false) => {
                 return Err(bad(
@@ -32,6 +42,12 @@ impl TrainConfig {
             (Some(spec), true) => spec.validate(path)?,
             (None, false) => {}
         }
+        Ok(())
+    }
+
+    /// Each data set from one source: shards, an .npz file, or a synthetic set.
+    fn validate_data_sources(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, rule: String| config_error(path, field, rule);
         for (field, d) in [
             ("data", Some(&self.data)),
             ("eval_data", self.eval_data.as_ref()),
@@ -69,6 +85,12 @@ impl TrainConfig {
                 (None, false) => {}
             }
         }
+        Ok(())
+    }
+
+    /// Sizes and parallel degrees: positive, consistent with each other and the world.
+    fn validate_sizes(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, rule: String| config_error(path, field, rule);
         let positive = [
             ("batch_size", self.batch_size),
             ("num_train_steps", self.num_train_steps),
@@ -126,6 +148,12 @@ impl TrainConfig {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The pipeline's schedule, its micro-batches and virtual stages, its partition.
+    fn validate_pipeline(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, rule: String| config_error(path, field, rule);
         let (p, m) = (
             self.pipeline_parallel_size,
             self.gradient_accumulation_steps,
@@ -179,6 +207,12 @@ impl TrainConfig {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Watchdog, bucket size, Adasum's replica count, thread count.
+    fn validate_limits(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, rule: String| config_error(path, field, rule);
         if !(self.watchdog_seconds.is_finite() && self.watchdog_seconds > 0.0) {
             return Err(bad(
                 "watchdog_seconds",
@@ -206,10 +240,6 @@ impl TrainConfig {
         if self.runtime.intra_op_threads == Some(0) {
             return Err(bad("runtime.intra_op_threads", "must be at least 1".into()));
         }
-        self.validate_run_state(path)?;
-        self.optimizer.validate(path)?;
-        crate::optim::validate_groups(&self.optimizer_attributes, &self.optimizer, path)?;
-        self.lr_schedule.validate(path)?;
         Ok(())
     }
 }
@@ -247,5 +277,14 @@ impl TrainConfig {
         }
         c.validate(path)?;
         Ok(c)
+    }
+}
+
+/// A configuration error in `path`: `field` breaks `rule`.
+fn config_error(path: &Path, field: &str, rule: String) -> Error {
+    Error::Config {
+        path: path.to_path_buf(),
+        field: field.into(),
+        rule,
     }
 }
