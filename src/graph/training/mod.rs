@@ -19,6 +19,8 @@ use crate::onnx::proto::ModelProto;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
+mod phases;
+
 /// The input that seeds the backward pass: the gradient of the loss (1, or a scale for
 /// gradient accumulation or loss scaling).
 pub const LOSS_GRAD: &str = "loss_grad";
@@ -222,15 +224,7 @@ pub fn build_sharded_training_graph(
 ) -> Result<TrainingGraph> {
     let mut g = Graph::from_model(model)?;
     add_outputs_backward_needs(&mut g);
-    for v in &g.inputs {
-        if !example.iter().any(|(n, _)| *n == v.name) {
-            return Err(Error::MissingValue {
-                role: "model input",
-                name: v.name.clone(),
-                hint: "; the data must provide every model input".into(),
-            });
-        }
-    }
+    phases::every_input_given(&g, example)?;
     let resized = fit_inputs_to_example(&mut g, example)?;
     let buffers = declared_buffers(model);
     let trainable = trainable_names(&g, opts.trainable.as_deref(), &opts.params, &buffers)?;
@@ -269,41 +263,16 @@ pub fn build_sharded_training_graph(
         0 | 1 => None,
         n => Some(shard_graph(&mut g, &forward_metas, n, &trained)?),
     };
-    let pred_name = match &opts.loss {
-        LossSpec::SoftmaxCrossEntropy { prediction, .. } | LossSpec::Mse { prediction, .. } => {
-            prediction
-        }
-        LossSpec::Output { name } => name,
-    };
-    let pred_meta = forward_metas
-        .get(pred_name)
-        .ok_or_else(|| Error::MissingValue {
-            role: "prediction",
-            name: pred_name.clone(),
-            hint: g.value_names_hint(),
-        })?;
+    let pred_meta = phases::prediction_meta(&g, &opts.loss, &forward_metas)?;
     let label_meta = label
         .and_then(|l| example.iter().find(|(n, _)| *n == l))
-        .map(|(_, t)| ValueMeta {
-            dtype: t.dtype(),
-            shape: t.shape.clone(),
-        });
+        .map(|(_, t)| meta_of(t));
     let first_loss_node = g.nodes.len();
     attach_loss(&mut g, &opts.loss, pred_meta, label_meta.as_ref())?;
     g.outputs = vec![untyped_value_info(LOSS)];
     let data_inputs: Vec<String> = g.inputs.iter().map(|v| v.name.clone()).collect();
 
-    let trainable_set: HashSet<&str> = trainable.iter().map(String::as_str).collect();
-    let mut inits = Vec::new();
-    let mut param_values = Vec::new();
-    for t in std::mem::take(&mut g.initializers) {
-        if trainable_set.contains(t.name.as_str()) {
-            param_values.push((t.name.clone(), Tensor::from_proto(&t)?));
-        } else {
-            inits.push(t);
-        }
-    }
-    g.initializers = inits;
+    let param_values = phases::take_params(&mut g, &trained)?;
     let whole = || {
         let mut feeds = feeds_for(&g, example);
         feeds.extend(param_values.iter().map(|(n, t)| (n.as_str(), t)));
@@ -320,19 +289,7 @@ pub fn build_sharded_training_graph(
         }
         false => whole()?,
     };
-    let loss_meta = loss_metas
-        .get(LOSS)
-        .cloned()
-        .ok_or_else(|| Error::graph("the loss was not computed"))?;
-    if loss_meta.numel() != 1 {
-        return Err(Error::BadTensor {
-            name: LOSS.into(),
-            reason: format!(
-                "the loss must be a scalar, it has shape {:?}",
-                loss_meta.shape
-            ),
-        });
-    }
+    let loss_meta = phases::scalar_loss(&loss_metas)?;
 
     let identities = super::cleanup::identity_dropouts(&mut g);
     if identities > 0 {
@@ -357,44 +314,9 @@ pub fn build_sharded_training_graph(
     )?;
     let buffers = track_running_stats(&mut g, &loss_metas)?;
     let forward_len = g.nodes.len();
-    let mut full = g;
-    full.nodes.extend(backward.nodes.iter().cloned());
-    if backward.used_contrib {
-        full.import_domain("com.microsoft", 1);
-    }
-    if backward.used_custom {
-        full.import_domain(crate::graph::custom_ops::DOMAIN, 1);
-    }
-    let seed_meta = ValueMeta {
-        dtype: loss_meta.dtype,
-        shape: vec![],
-    };
-    full.inputs.push(value_info(LOSS_GRAD, &seed_meta));
-    let mut params = Vec::new();
-    for (name, init) in param_values {
-        let meta = meta_of(&init);
-        match backward.grads.iter().find(|(w, _)| *w == name) {
-            Some((_, grad)) => {
-                full.inputs.push(value_info(&name, &meta));
-                full.outputs.push(untyped_value_info(grad));
-                params.push(Param {
-                    grad: grad.clone(),
-                    name,
-                    meta,
-                    init,
-                });
-            }
-            // The loss does not depend on it: it stays a constant of the graph.
-            None => full.initializers.push(init.to_proto(&name)),
-        }
-    }
+    let (full, params) = phases::with_backward(g, &backward, param_values, &loss_meta);
     // Measure the backward values too (stage graphs declare their types).
-    let mut feeds = feeds_for(&full, example);
-    feeds.extend(params.iter().map(|p| (p.name.as_str(), &p.init)));
-    feeds.extend(buffers.iter().map(|b| (b.name.as_str(), &b.init)));
-    let seed = Tensor::zeros(loss_meta.dtype, vec![]);
-    feeds.push((LOSS_GRAD, &seed));
-    let metas = rt.probe(&full, &feeds)?;
+    let metas = phases::measure(rt, &full, example, &params, &buffers, loss_meta.dtype)?;
     Ok(TrainingGraph {
         graph: full,
         forward_len,

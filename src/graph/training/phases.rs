@@ -1,0 +1,141 @@
+//! The steps of [`super::build_sharded_training_graph`] that stand on their own: checks
+//! of what the model and data give, the parameters taken out of the initializers, and
+//! the forward joined with its backward.
+
+use std::collections::HashSet;
+
+use super::{Param, LOSS_GRAD};
+use crate::graph::autodiff::Backward;
+use crate::graph::ir::{untyped_value_info, value_info, Graph, Metas, ValueMeta};
+use crate::graph::loss::{LossSpec, LOSS};
+use crate::graph::model_inputs::{feeds_for, meta_of};
+use crate::graph::running_stats::Buffer;
+use crate::graph::shape_probe::ShapeProbe;
+use crate::tensor::{DType, Tensor};
+use crate::{Error, Result};
+
+/// An error naming the first model input `example` (the data) does not give.
+pub(super) fn every_input_given(g: &Graph, example: &[(&str, &Tensor)]) -> Result<()> {
+    match g
+        .inputs
+        .iter()
+        .find(|v| !example.iter().any(|(n, _)| *n == v.name))
+    {
+        Some(v) => Err(Error::MissingValue {
+            role: "model input",
+            name: v.name.clone(),
+            hint: "; the data must provide every model input".into(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The measured type and shape of the value `loss` reads as the prediction.
+pub(super) fn prediction_meta<'m>(
+    g: &Graph,
+    loss: &LossSpec,
+    forward_metas: &'m Metas,
+) -> Result<&'m ValueMeta> {
+    let name = match loss {
+        LossSpec::SoftmaxCrossEntropy { prediction, .. } | LossSpec::Mse { prediction, .. } => {
+            prediction
+        }
+        LossSpec::Output { name } => name,
+    };
+    forward_metas.get(name).ok_or_else(|| Error::MissingValue {
+        role: "prediction",
+        name: name.clone(),
+        hint: g.value_names_hint(),
+    })
+}
+
+/// Takes the initializers of `trained` out of `g`: the parameters, by name.
+pub(super) fn take_params(g: &mut Graph, trained: &HashSet<&str>) -> Result<Vec<(String, Tensor)>> {
+    let mut params = Vec::new();
+    let mut inits = Vec::new();
+    for t in std::mem::take(&mut g.initializers) {
+        if trained.contains(t.name.as_str()) {
+            params.push((t.name.clone(), Tensor::from_proto(&t)?));
+        } else {
+            inits.push(t);
+        }
+    }
+    g.initializers = inits;
+    Ok(params)
+}
+
+/// The loss's measured type: an error where it was not computed or is not a scalar.
+pub(super) fn scalar_loss(loss_metas: &Metas) -> Result<ValueMeta> {
+    let meta = loss_metas
+        .get(LOSS)
+        .cloned()
+        .ok_or_else(|| Error::graph("the loss was not computed"))?;
+    if meta.numel() != 1 {
+        return Err(Error::BadTensor {
+            name: LOSS.into(),
+            reason: format!("the loss must be a scalar, it has shape {:?}", meta.shape),
+        });
+    }
+    Ok(meta)
+}
+
+/// The forward `g` followed by `backward`: the loss's gradient an input, each parameter
+/// the loss depends on an input with its gradient an output (the others constants of
+/// the graph again).
+pub(super) fn with_backward(
+    g: Graph,
+    backward: &Backward,
+    param_values: Vec<(String, Tensor)>,
+    loss_meta: &ValueMeta,
+) -> (Graph, Vec<Param>) {
+    let mut full = g;
+    full.nodes.extend(backward.nodes.iter().cloned());
+    if backward.used_contrib {
+        full.import_domain("com.microsoft", 1);
+    }
+    if backward.used_custom {
+        full.import_domain(crate::graph::custom_ops::DOMAIN, 1);
+    }
+    let seed_meta = ValueMeta {
+        dtype: loss_meta.dtype,
+        shape: vec![],
+    };
+    full.inputs.push(value_info(LOSS_GRAD, &seed_meta));
+    let mut params = Vec::new();
+    for (name, init) in param_values {
+        let meta = meta_of(&init);
+        match backward.grads.iter().find(|(w, _)| *w == name) {
+            Some((_, grad)) => {
+                full.inputs.push(value_info(&name, &meta));
+                full.outputs.push(untyped_value_info(grad));
+                params.push(Param {
+                    grad: grad.clone(),
+                    name,
+                    meta,
+                    init,
+                });
+            }
+            // The loss does not depend on it: it stays a constant of the graph.
+            None => full.initializers.push(init.to_proto(&name)),
+        }
+    }
+    (full, params)
+}
+
+/// Every value of the training graph `full` measured, on `example`'s data, the
+/// parameters' and buffers' initial values and a zero loss gradient of `loss_dtype`.
+pub(super) fn measure(
+    rt: &dyn ShapeProbe,
+    full: &Graph,
+    example: &[(&str, &Tensor)],
+    params: &[Param],
+    buffers: &[Buffer],
+    loss_dtype: DType,
+) -> Result<Metas> {
+    let mut feeds = feeds_for(full, example);
+    feeds.extend(params.iter().map(|p| (p.name.as_str(), &p.init)));
+    feeds.extend(buffers.iter().map(|b| (b.name.as_str(), &b.init)));
+    let seed = Tensor::zeros(loss_dtype, vec![]);
+    feeds.push((LOSS_GRAD, &seed));
+    rt.probe(full, &feeds)
+}
