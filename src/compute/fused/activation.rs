@@ -24,6 +24,7 @@ use ort::value::TensorElementType;
 use super::pointwise::Pointwise;
 use super::{input, math, output, par_block_pairs, par_blocks};
 use crate::graph::custom_ops::{ERF_GELU, GELU_GRAD, RELU_GRAD};
+
 /// `ln(1 / sqrt pi)`: `exp(C - t^2) = exp(-t^2) / sqrt pi`.
 const C: f32 = -0.572_364_9;
 

@@ -4,7 +4,8 @@
 //! `SoftmaxCrossEntropy`, PyTorch's erf GELU (`x / k`, `Erf`, `+ 1`, `x *`, `* 0.5`) as
 //! `ErfGelu`, a depthwise 2-D `Conv` (one filter per channel) as `DepthwiseConv`, and
 //! scaled dot-product attention with the transposes around it as `Attention` (see
-//! [`attention`]); each gets its fused backward from the autodiff (`autodiff::rules::fused`). Only float32 nodes whose shapes fit the kernels are
+//! [`attention`]); each gets its fused backward from the autodiff
+//! (`autodiff::rules::fused`). Only float32 nodes whose shapes fit the kernels are
 //! replaced; the rest stay standard ONNX.
 //!
 //! Runs after the loss is attached and the values measured, before differentiation, on
