@@ -119,11 +119,17 @@ impl<'g> Cut<'g> {
             .into_iter()
             .filter(|v| fwd_made.contains(v.as_str()) || fwd_recv.contains(v))
             .collect();
-        let buffers: Vec<(String, String)> = (self.tg.buffers.iter())
+        let buffers: Vec<(String, String)> = self
+            .tg
+            .buffers
+            .iter()
             .filter(|b| fwd_made.contains(b.update.as_str()))
             .map(|b| (b.name.clone(), b.update.clone()))
             .collect();
-        let params: Vec<String> = (self.tg.params.iter())
+        let params: Vec<String> = self
+            .tg
+            .params
+            .iter()
             .filter(|p| {
                 self.users
                     .get(p.name.as_str())
@@ -149,7 +155,8 @@ impl<'g> Cut<'g> {
                 .into_iter()
                 .filter(|v| recomputed.contains(v.as_str()))
                 .collect();
-            (out.forward).retain(|v| fwd_send.contains(v) || v == LOSS || out.updates.contains(v));
+            out.forward
+                .retain(|v| fwd_send.contains(v) || v == LOSS || out.updates.contains(v));
             let read: HashSet<String> = [&bwd_nodes, &split.input_nodes, &split.weight_nodes]
                 .into_iter()
                 .flat_map(|nodes| external_inputs(&self.tg.graph, nodes))
@@ -217,13 +224,16 @@ impl<'g> Cut<'g> {
     /// The forward (or backward) values made at stages up to `s` (from `s` on) and read
     /// after it (before it): what crosses between `s` and its next (previous) stage.
     fn crossing(&self, s: usize, forward: bool) -> Vec<String> {
-        let mut out: Vec<String> = (self.producer.iter())
+        let mut out: Vec<String> = self
+            .producer
+            .iter()
             .filter(|(_, &i)| {
                 self.node_stage[i].is_some_and(|ps| if forward { ps <= s } else { ps >= s })
                     && (i < self.tg.forward_len) == forward
             })
             .filter(|(v, _)| {
-                (self.users.get(*v))
+                self.users
+                    .get(*v)
                     .is_some_and(|u| u.iter().any(|&us| if forward { us > s } else { us < s }))
             })
             .map(|(v, _)| v.to_string())
@@ -235,7 +245,8 @@ impl<'g> Cut<'g> {
     /// The values `nodes` make.
     fn made(&self, nodes: &[usize]) -> HashSet<&'g str> {
         let g = &self.tg.graph;
-        (nodes.iter())
+        nodes
+            .iter()
             .flat_map(|&i| g.nodes[i].output.iter().map(String::as_str))
             .collect()
     }
@@ -258,7 +269,8 @@ impl<'g> Cut<'g> {
         n: &Nodes,
     ) -> Result<Outputs> {
         let (fwd_made, bwd_made) = (self.made(&n.fwd), self.made(&n.bwd));
-        let mut forward: Vec<String> = (fwd_send.iter())
+        let mut forward: Vec<String> = fwd_send
+            .iter()
             .filter(|v| fwd_made.contains(v.as_str()))
             .cloned()
             .collect();
@@ -273,7 +285,10 @@ impl<'g> Cut<'g> {
         let updates: Vec<String> = buffers.iter().map(|(_, u)| u.clone()).collect();
         forward.extend(updates.iter().cloned());
         let made_here = |p: &&Param| bwd_made.contains(p.grad.as_str());
-        if let Some(p) = (self.tg.params.iter())
+        if let Some(p) = self
+            .tg
+            .params
+            .iter()
             .filter(made_here)
             .find(|p| !params.contains(&p.name))
         {
@@ -284,11 +299,15 @@ impl<'g> Cut<'g> {
                 ),
             });
         }
-        let grads: Vec<String> = (self.tg.params.iter())
+        let grads: Vec<String> = self
+            .tg
+            .params
+            .iter()
             .filter(made_here)
             .map(|p| p.grad.clone())
             .collect();
-        let mut backward: Vec<String> = (bwd_send.iter())
+        let mut backward: Vec<String> = bwd_send
+            .iter()
             .filter(|v| bwd_made.contains(v.as_str()))
             .cloned()
             .collect();
@@ -304,7 +323,8 @@ impl<'g> Cut<'g> {
     /// The backward's split (see [`Split`]).
     fn split(&self, n: &Nodes, bwd_made: &HashSet<&str>, bwd_send: &[String]) -> Split {
         let g = &self.tg.graph;
-        let targets: HashSet<&str> = (bwd_send.iter())
+        let targets: HashSet<&str> = bwd_send
+            .iter()
             .filter(|v| bwd_made.contains(v.as_str()))
             .map(String::as_str)
             .collect();
@@ -373,7 +393,8 @@ impl<'g> Cut<'g> {
 /// The evaluation forward's outputs: what it sends on, and on the loss's stage the loss
 /// (and a classification loss's counts of correct predictions).
 fn eval_outputs(fwd_send: &[String], fwd_made: &HashSet<&str>, has_loss: bool) -> Vec<String> {
-    let mut out: Vec<String> = (fwd_send.iter())
+    let mut out: Vec<String> = fwd_send
+        .iter()
         .filter(|v| fwd_made.contains(v.as_str()))
         .cloned()
         .collect();
