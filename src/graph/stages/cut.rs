@@ -24,7 +24,6 @@ pub(super) struct Cut<'g> {
     /// Which stages read each value (and each parameter).
     users: HashMap<&'g str, BTreeSet<usize>>,
     data: HashSet<&'g str>,
-    stages: usize,
 }
 
 /// A stage's nodes (indices into the training graph), without and with the constants
@@ -89,52 +88,40 @@ impl<'g> Cut<'g> {
             producer,
             users,
             data: tg.data_inputs.iter().map(String::as_str).collect(),
-            stages: a.stages,
         })
     }
 
     /// Stage `s`'s graphs and exchange contract.
     pub(super) fn stage(&self, s: usize, recompute: Recompute) -> Result<StageGraphs> {
-        let n = self.nodes(s);
-        let last = s + 1 == self.stages;
+        let (n, tg) = (self.nodes(s), self.tg);
+        // Nothing crosses before the first stage or after the last: `crossing` finds none.
         let fwd_send = self.crossing(s, true);
-        let fwd_recv = if s == 0 {
-            vec![]
-        } else {
-            self.crossing(s - 1, true)
+        let fwd_recv = match s.checked_sub(1) {
+            Some(previous) => self.crossing(previous, true),
+            None => vec![],
         };
-        let bwd_send = if s == 0 {
-            vec![]
-        } else {
-            self.crossing(s, false)
-        };
-        let bwd_recv = if last {
-            vec![]
-        } else {
-            self.crossing(s + 1, false)
-        };
+        let (bwd_send, bwd_recv) = (self.crossing(s, false), self.crossing(s + 1, false));
         let (fwd_made, bwd_made) = (self.made(&n.fwd), self.made(&n.bwd));
         let has_loss = fwd_made.contains(LOSS);
-        let mut stash: Vec<String> = external_inputs(&self.tg.graph, &n.bwd_full)
+        let mut stash: Vec<String> = external_inputs(&tg.graph, &n.bwd_full)
             .into_iter()
             .filter(|v| fwd_made.contains(v.as_str()) || fwd_recv.contains(v))
             .collect();
-        let buffers: Vec<(String, String)> = self
-            .tg
+        let buffers: Vec<(String, String)> = tg
             .buffers
             .iter()
             .filter(|b| fwd_made.contains(b.update.as_str()))
             .map(|b| (b.name.clone(), b.update.clone()))
             .collect();
-        let params: Vec<String> = self
-            .tg
+        let reads = |p: &&Param| {
+            self.users
+                .get(p.name.as_str())
+                .is_some_and(|u| u.contains(&s))
+        };
+        let params: Vec<String> = tg
             .params
             .iter()
-            .filter(|p| {
-                self.users
-                    .get(p.name.as_str())
-                    .is_some_and(|u| u.contains(&s))
-            })
+            .filter(reads)
             .map(|p| p.name.clone())
             .collect();
         let mut out = self.outputs(s, (&fwd_send, &bwd_send), &stash, &buffers, &params, &n)?;
@@ -146,50 +133,23 @@ impl<'g> Cut<'g> {
         let mut bwd_nodes = n.bwd_full.clone();
         if recompute == Recompute::Stage {
             self.no_random_ops(s, &n.fwd)?;
-            // The backward graphs start with the stage's forward; the forward keeps
-            // nothing but what it sends, and the stash only what arrived.
             bwd_nodes = with(&n.fwd_full, &bwd_nodes);
-            split.input_nodes = with(&n.fwd_full, &split.input_nodes);
-            let recomputed = self.made(&split.input_nodes);
-            split.i_to_w = external_inputs(&self.tg.graph, &split.weight_nodes)
-                .into_iter()
-                .filter(|v| recomputed.contains(v.as_str()))
-                .collect();
-            out.forward
-                .retain(|v| fwd_send.contains(v) || v == LOSS || out.updates.contains(v));
-            let read: HashSet<String> = [&bwd_nodes, &split.input_nodes, &split.weight_nodes]
-                .into_iter()
-                .flat_map(|nodes| external_inputs(&self.tg.graph, nodes))
-                .collect();
-            stash = fwd_recv
-                .iter()
-                .filter(|v| read.contains(*v))
-                .cloned()
-                .collect();
+            stash = self.recompute(&n, &bwd_nodes, (&fwd_send, &fwd_recv), &mut out, &mut split);
         }
-        let label = |part: &str| format!("stage{s}_{part}");
-        let tg = self.tg;
+        let graph = |nodes: &[usize], outputs: &[String], part: &str| {
+            subgraph(tg, nodes, outputs, &format!("stage{s}_{part}"))
+        };
         let eval_outputs = eval_outputs(&fwd_send, &fwd_made, has_loss);
-        let mut evaluate = subgraph(tg, &n.fwd_full, &eval_outputs, &label("evaluate"))?;
+        let mut evaluate = graph(&n.fwd_full, &eval_outputs, "evaluate")?;
         inference_mode(&mut evaluate, &tg.buffers);
         let input_outputs = [split.targets, split.i_to_w.clone()].concat();
         Ok(StageGraphs {
             stage: s,
-            forward: subgraph(tg, &n.fwd_full, &out.forward, &label("forward"))?,
+            forward: graph(&n.fwd_full, &out.forward, "forward")?,
             evaluate,
-            backward: subgraph(tg, &bwd_nodes, &out.backward, &label("backward"))?,
-            backward_input: subgraph(
-                tg,
-                &split.input_nodes,
-                &input_outputs,
-                &label("backward_input"),
-            )?,
-            backward_weight: subgraph(
-                tg,
-                &split.weight_nodes,
-                &out.grads,
-                &label("backward_weight"),
-            )?,
+            backward: graph(&bwd_nodes, &out.backward, "backward")?,
+            backward_input: graph(&split.input_nodes, &input_outputs, "backward_input")?,
+            backward_weight: graph(&split.weight_nodes, &out.grads, "backward_weight")?,
             fused,
             io: StageIo {
                 params,
@@ -360,6 +320,39 @@ impl<'g> Cut<'g> {
             &outputs,
             &format!("stage{s}_forward_backward"),
         )
+    }
+
+    /// Under [`Recompute::Stage`], with `bwd_nodes` the backward after the stage's forward:
+    /// the input-gradient part starts with the forward too, the forward keeps nothing but
+    /// what it sends (and the loss, the statistics' updates); the stash returned holds
+    /// only what arrived and a backward graph reads.
+    fn recompute(
+        &self,
+        n: &Nodes,
+        bwd_nodes: &[usize],
+        (fwd_send, fwd_recv): (&[String], &[String]),
+        out: &mut Outputs,
+        split: &mut Split,
+    ) -> Vec<String> {
+        let g = &self.tg.graph;
+        split.input_nodes = with(&n.fwd_full, &split.input_nodes);
+        let recomputed = self.made(&split.input_nodes);
+        split.i_to_w = external_inputs(g, &split.weight_nodes)
+            .into_iter()
+            .filter(|v| recomputed.contains(v.as_str()))
+            .collect();
+        let updates = &out.updates;
+        out.forward
+            .retain(|v| fwd_send.contains(v) || v == LOSS || updates.contains(v));
+        let read: HashSet<String> = [bwd_nodes, &split.input_nodes, &split.weight_nodes]
+            .into_iter()
+            .flat_map(|nodes| external_inputs(g, nodes))
+            .collect();
+        fwd_recv
+            .iter()
+            .filter(|v| read.contains(*v))
+            .cloned()
+            .collect()
     }
 
     /// An error where recomputing stage `s`'s forward would draw a random op again.
