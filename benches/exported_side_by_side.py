@@ -11,7 +11,8 @@ which cannot differentiate LayerNormalization as opset 17 writes it; its logits 
 reshaped to [rows, classes] there for its loss block.
 
 Each round, for a family:
-  - a PyTorch window: the family's model (float32, train mode, torch.optim.SGD, 2 threads),
+  - a PyTorch window: the family's model (float32, train mode, torch.optim.SGD, `--threads`
+    threads, default 2),
     300 steps on batches of `--batch` rows of the family's data (its 80 rows, cycled);
     steps/s over steps 21-300;
   - a pipetrain window: `pipetrain train` of the opset-17 export with the same optimizer,
@@ -21,8 +22,12 @@ Each round, for a family:
     steps/s over steps 21-300.
 
 The models are small: the ratios say how much each engine spends around the arithmetic,
-not what it reaches on large layers.
+not what it reaches on large layers. Each engine may use `--threads` threads: PyTorch and
+ONNX Runtime's training build are given that many; pipetrain chooses its own within the
+machine's cores (one on these models: their kernels are too small to share) unless fewer
+are asked for, when its `runtime.intra_op_threads` is set to that.
 """
+import os
 import argparse
 import copy
 import json
@@ -109,7 +114,8 @@ def flat_logits(path: Path, classes: int) -> Path:
     return out
 
 
-def pipetrain_config(fam, model: Path, data: Path, batch: int, scratch: Path) -> Path:
+def pipetrain_config(fam, model: Path, data: Path, batch: int, threads: int,
+                     scratch: Path) -> Path:
     feeds = ", ".join(f'{n} = "{n}"' for n in [*fam.inputs, "labels"])
     ignore = f"ignore_index = {fam.ignore_index}\n" if fam.ignore_index is not None else ""
     text = (
@@ -120,6 +126,8 @@ def pipetrain_config(fam, model: Path, data: Path, batch: int, scratch: Path) ->
         f'layout = {{ kind = "arrays", feeds = {{ {feeds} }} }}\n\n'
         f'[optimizer]\nkind = "sgd"\n\n[lr_schedule]\nkind = "constant"\nlr = {fam.lr_sgd}\n'
     )
+    if threads < (os.cpu_count() or 1):
+        text += f"\n[runtime]\nintra_op_threads = {threads}\n"
     path = scratch / f"{fam.name}.toml"
     path.write_text(text)
     return path
@@ -135,11 +143,12 @@ def pipetrain_window(config: Path, scratch: Path) -> float:
     return (STEPS - WARMUP) / (t[STEPS] - t[WARMUP])
 
 
-def ort_window(python: str, fam, model: Path, data: Path, batch: int, scratch: Path) -> float:
+def ort_window(python: str, fam, model: Path, data: Path, batch: int, threads: int,
+               scratch: Path) -> float:
     args = [python, str(ROOT / "benches" / "ort_training_window.py"), "--model", str(model),
             "--artifacts", str(scratch / f"{fam.name}_ort"), "--data", str(data),
             "--inputs", ",".join(fam.inputs), "--batch", str(batch), "--steps", str(STEPS),
-            "--warmup", str(WARMUP), "--lr", str(fam.lr_sgd)]
+            "--warmup", str(WARMUP), "--lr", str(fam.lr_sgd), "--threads", str(threads)]
     if fam.ignore_index is not None:
         args += ["--ignore-index", str(fam.ignore_index)]
     out = subprocess.run(args, capture_output=True, text=True)
@@ -157,15 +166,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--families", default="bert,distilbert,vit,convnext")
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ort-python", default=None,
                     help="a Python with onnxruntime-training (the peers'); none: no ORT column")
     a = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.threads)
     scratch = Path(tempfile.mkdtemp(prefix="exported_side_by_side_"))
     ort = a.ort_python
     print(f"\n## pipetrain train vs PyTorch eager{' and ONNX Runtime training' if ort else ''} "
           f"on exported models, {a.rounds} alternating rounds of {STEPS} steps, batch "
-          f"{a.batch}, SGD, 2 threads ({time.strftime('%Y-%m-%d')}; torch {torch.__version__}, "
+          f"{a.batch}, SGD, {a.threads} threads ({time.strftime('%Y-%m-%d')}; torch {torch.__version__}, "
           f"transformers {transformers.__version__})\n")
     print("Ratios: median [min-max] over rounds of pipetrain's steps/s over the peer's.\n")
     print("| model | vs PyTorch | vs ORT training | vs the faster | pipetrain | PyTorch | ORT "
@@ -178,7 +188,7 @@ def main() -> None:
         data = folder / "data.npz"
         np.savez(data, **fam.data)
         config = pipetrain_config(fam, export(fam, folder / "model.onnx", 17), data, a.batch,
-                                  scratch)
+                                  a.threads, scratch)
         if ort:
             classes = em.forward(fam, copy.deepcopy(fam.model), fam.batch(0)).shape[-1]
             ort_model = flat_logits(export(fam, folder / "model16.onnx", 16), classes)
@@ -187,7 +197,8 @@ def main() -> None:
             per["torch"].append(torch_window(fam, a.batch))
             per["ours"].append(pipetrain_window(config, scratch))
             if ort:
-                per["ort"].append(ort_window(ort, fam, ort_model, data, a.batch, scratch))
+                per["ort"].append(ort_window(ort, fam, ort_model, data, a.batch, a.threads,
+                                            scratch))
             print(f"{name} round {r}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in per.items()
                                                     if v) + " steps/s",
                   file=sys.stderr, flush=True)

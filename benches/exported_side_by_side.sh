@@ -3,8 +3,9 @@
 # and torchvision models (BERT, DistilBERT, ViT, ConvNeXt), in alternating windows; see
 # benches/exported_side_by_side.py for the method.
 #
-#   bash benches/exported_side_by_side.sh [rounds] [families]
-#        (default 10 rounds of bert,distilbert,vit,convnext; ~25 min after set-up)
+#   bash benches/exported_side_by_side.sh [rounds] [families] [threads]
+#        (default 10 rounds of bert,distilbert,vit,convnext, 2 threads each; ~25 min
+#        after set-up)
 #
 # ORT side: the peers' venv (benches/peers_venv.sh; needs ../shared/peers), left out with
 # a note where ../shared/peers is missing.
@@ -15,6 +16,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 rounds=${1:-10}
 families=${2:-bert,distilbert,vit,convnext}
+threads=${3:-2}
 export PEERS_SCRATCH=${PEERS_SCRATCH:-$HOME/.cache/pipetrain-peers}
 if [ -z "${TORCH_PYTHON:-}" ]; then
   venv=$PEERS_SCRATCH/torch-venv
@@ -25,7 +27,7 @@ if [ -z "${TORCH_PYTHON:-}" ]; then
     -r "$root/tools/fixtures/requirements.txt"
   TORCH_PYTHON=$venv/bin/python
 fi
-export OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
+export OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads
 bash "$root/scripts/setup.sh" > /dev/null
 cargo build --release --manifest-path "$root/Cargo.toml" -q
 ort=()
@@ -35,4 +37,4 @@ else
   echo "no ../shared/peers: ONNX Runtime's training build left out" >&2
 fi
 "$TORCH_PYTHON" "$root/benches/exported_side_by_side.py" --rounds "$rounds" \
-  --families "$families" "${ort[@]}"
+  --families "$families" --threads "$threads" "${ort[@]}"

@@ -44,13 +44,14 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--lr", type=float, required=True)
     ap.add_argument("--ignore-index", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     ort.set_default_logger_severity(3)
     if not (a.artifacts / "training_model.onnx").exists():
         make_artifacts(a.model, a.artifacts, a.ignore_index)
 
     so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
+    so.intra_op_num_threads = a.threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     state = CheckpointState.load_checkpoint(str(a.artifacts / "checkpoint"))

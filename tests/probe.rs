@@ -123,3 +123,46 @@ fn the_loss_alone_measures_what_the_whole_graph_does() {
         "{whole:?}"
     );
 }
+
+/// The step's work per node (what picks ONNX Runtime's threads): the built-in MLP's
+/// three products (forward, the inputs' gradient, the weights' gradient) of each layer
+/// over its nodes, the first layer's input gradient aside, which the backward skips and
+/// the estimate counts; elementwise nodes add about one operation per value.
+#[test]
+fn work_per_node_is_the_steps_products_over_its_nodes() {
+    use pipetrain::graph::{build_training_graph, flops_per_node, LossSpec, TrainOptions};
+    use pipetrain::models::MlpConfig;
+
+    let rt = common::runtime();
+    let cfg = MlpConfig {
+        inputs: 96,
+        hidden: vec![128, 64],
+        classes: 10,
+        ..Default::default()
+    };
+    let model = build(&ModelSpec::Mlp(cfg)).unwrap();
+    let b = 32;
+    let x = Tensor::f32(vec![b, 96], vec![0.5; b * 96]).unwrap();
+    let y = Tensor::i64(vec![b], (0..b as i64).map(|i| i % 10).collect()).unwrap();
+    let opts = TrainOptions {
+        loss: LossSpec::SoftmaxCrossEntropy {
+            prediction: "logits".into(),
+            label: "y".into(),
+            ignore_index: None,
+            class_axis: None,
+            normalize: Default::default(),
+        },
+        trainable: None,
+        contrib_ops: false,
+        fused_kernels: false,
+        params: Default::default(),
+    };
+    let tg = build_training_graph(&rt, &model, &opts, &[("x", &x), ("y", &y)]).unwrap();
+    let products = 3.0 * 2.0 * (b * (96 * 128 + 128 * 64 + 64 * 10)) as f64;
+    let nodes = tg.graph.nodes.len() as f64;
+    let work = flops_per_node(&tg) * nodes;
+    // At least the products (every node counted), at most them and a few operations per
+    // value of the step's activations, over the nodes that compute.
+    assert!(work >= products, "{work} < {products}");
+    assert!(work <= 1.2 * products, "{work} > 1.2 x {products}");
+}

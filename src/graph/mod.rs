@@ -31,7 +31,7 @@ pub use export::export_inference_model;
 pub use ir::*;
 pub use loss::{attach_loss, LossNormalize, LossSpec, ACC_CORRECT, ACC_COUNTED, LOSS};
 pub use params::ParamOptions;
-pub use partition::{assign_stages, BalanceBy, Partition, StageAssignment};
+pub use partition::{assign_stages, flops_per_node, BalanceBy, Partition, StageAssignment};
 pub use running_stats::{buffers_as_constants, Buffer};
 pub use sequences::{makes_sequence, split_sequences};
 pub use shape_probe::ShapeProbe;

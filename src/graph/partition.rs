@@ -129,6 +129,21 @@ pub fn assign_stages(tg: &TrainingGraph, p: &Partition) -> Result<StageAssignmen
     Ok(StageAssignment { stage, stages })
 }
 
+/// The training step's floating-point operations per node, about: three times the
+/// forward's (its products again for the inputs' and the weights' gradients) over the
+/// forward's computing nodes and the backward's. What one kernel call has to amortize
+/// its start (and, split across threads, the thread pool's hand-over) over.
+pub fn flops_per_node(tg: &TrainingGraph) -> f64 {
+    let is_const = constant_nodes(tg);
+    let live: Vec<usize> = (0..tg.forward_len).filter(|&i| !is_const[i]).collect();
+    let forward: f64 = live
+        .iter()
+        .map(|&i| node_cost(tg, i, BalanceBy::Flops))
+        .sum();
+    let nodes = live.len() + tg.graph.nodes.len() - tg.forward_len;
+    3.0 * forward / nodes.max(1) as f64
+}
+
 /// The cost of one forward node.
 fn node_cost(tg: &TrainingGraph, i: usize, by: BalanceBy) -> f64 {
     let n = &tg.graph.nodes[i];

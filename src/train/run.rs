@@ -10,14 +10,14 @@ use pipetrain_actors::{Collective, EngineSettings, StepResult};
 
 use super::cluster::{gather_parameters, ClusterPart};
 use super::phases::{build_graphs, make_computes, open_data, prepare, Built, OpenedData, Prepared};
-use super::settings::{session_options, stage_spin, starting_scaler};
+use super::settings::{intra_op_threads, session_options, stage_spin, starting_scaler};
 use super::{checkpointing, RunEvent, RunOptions, StashPeak, StepReport, TrainSummary};
 use crate::checkpoint::ModelInfo;
 use crate::compute::Runtime;
 use crate::config::TrainConfig;
 use crate::data::{open_step_batches, BatchSource, FedBatches, StepBatches};
 use crate::graph::tensor_parallel::ShardPlan;
-use crate::graph::{export_inference_model, LossNormalize};
+use crate::graph::{export_inference_model, flops_per_node, LossNormalize};
 use crate::onnx::save_model;
 use crate::pipeline::{OrtStage, StepData};
 use crate::tensor::Tensor;
@@ -68,7 +68,13 @@ pub(super) async fn run_training<K: Collective>(
     let local_actors = cluster
         .as_ref()
         .map_or(replicas * cfg.pipeline_parallel_size, |c| c.members.len());
-    let session_opts = session_options(cfg, local_actors);
+    let work = flops_per_node(&built.tg);
+    let threads = intra_op_threads(cfg, local_actors, work);
+    tracing::info!(
+        "ONNX Runtime intra-op threads per session: {threads} ({:.2} MFLOP per kernel of the step)",
+        work / 1e6
+    );
+    let session_opts = session_options(cfg, local_actors, threads);
     let computes = make_computes(
         rt,
         cfg,

@@ -59,15 +59,32 @@ pub(super) fn stage_spin(actors: usize) -> Duration {
     }
 }
 
-/// ONNX Runtime session settings: the machine's cores shared among this process's
-/// `actors` (stage actors).
-pub(super) fn session_options(cfg: &TrainConfig, actors: usize) -> SessionOptions {
+/// Below this many floating-point operations per node of the training step (about, see
+/// [`crate::graph::flops_per_node`]), a kernel split across ONNX Runtime's intra-op
+/// threads loses more to the hand-over than it gains. Measured on a 2-core VM with the
+/// built-in GPT-2 at widths 32-128 and batches 4-16 (one thread against two, alternating
+/// runs): one thread 1.3x faster at 0.1 MFLOP a node, even at 0.37-0.40, two threads
+/// 1.06x faster at 0.75 and 1.5x at 7.5 (the peers' tiny GPT); the exported fixtures
+/// (BERT, ViT, GPT-2, Llama, BART, ConvNeXt, 0.02-0.10) 1.2-1.7x faster with one.
+const THREADED_MIN_FLOPS_PER_NODE: f64 = 0.4e6;
+
+/// Intra-op threads of each session: `runtime.intra_op_threads` where set; else the
+/// machine's cores shared among this process's `actors`, but one where the step's kernels
+/// are too small to share (`flops_per_node`).
+pub(super) fn intra_op_threads(cfg: &TrainConfig, actors: usize, flops_per_node: f64) -> usize {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    match cfg.runtime.intra_op_threads {
+        Some(n) => n,
+        None if flops_per_node < THREADED_MIN_FLOPS_PER_NODE => 1,
+        None => (cores / actors).max(1),
+    }
+}
+
+/// ONNX Runtime session settings: `threads` intra-op threads (see [`intra_op_threads`])
+/// for each of this process's `actors` (stage actors).
+pub(super) fn session_options(cfg: &TrainConfig, actors: usize, threads: usize) -> SessionOptions {
     SessionOptions {
-        intra_threads: cfg
-            .runtime
-            .intra_op_threads
-            .unwrap_or((cores / actors).max(1)),
+        intra_threads: threads,
         inter_threads: 1,
         optimize: !cfg.runtime.disable_optimizations,
         // One actor alone runs one training session (the fused forward + backward of a
@@ -120,4 +137,33 @@ pub(super) fn warn_about_model(cfg: &TrainConfig, model: &ModelProto) -> Result<
         tracing::warn!("{}: {warning}", cfg.model_name());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(runtime: &str) -> TrainConfig {
+        let text = format!(
+            "batch_size = 4\nnum_train_steps = 1\n[model]\nkind = \"mlp\"\n\
+             [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"y\"\n\
+             [data]\nsynth = {{ kind = \"teacher\", samples = 8 }}\n\
+             layout = {{ kind = \"arrays\", feeds = {{ x = \"x\", y = \"y\" }} }}\n\
+             [optimizer]\nkind = \"sgd\"\n[lr_schedule]\nkind = \"constant\"\nlr = 0.1\n{runtime}"
+        );
+        TrainConfig::parse(&text, std::path::Path::new("t.toml")).unwrap()
+    }
+
+    #[test]
+    fn small_kernels_run_on_one_thread_large_ones_share_the_cores() {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let auto = config("");
+        assert_eq!(intra_op_threads(&auto, 1, 0.05e6), 1);
+        assert_eq!(intra_op_threads(&auto, 1, 7.5e6), cores);
+        assert_eq!(intra_op_threads(&auto, 2, 7.5e6), (cores / 2).max(1));
+        // What the configuration sets wins either way.
+        let set = config("[runtime]\nintra_op_threads = 3\n");
+        assert_eq!(intra_op_threads(&set, 1, 0.05e6), 3);
+        assert_eq!(intra_op_threads(&set, 4, 7.5e6), 3);
+    }
 }
