@@ -13,13 +13,13 @@ use super::phases::{build_graphs, make_computes, open_data, prepare, Built, Open
 use super::settings::{intra_op_threads, session_options, stage_spin, starting_scaler};
 use super::{checkpointing, RunEvent, RunOptions, StashPeak, StepReport, TrainSummary};
 use crate::checkpoint::ModelInfo;
-use crate::compute::Runtime;
+use crate::compute::{Runtime, SessionOptions};
 use crate::config::TrainConfig;
 use crate::data::{open_step_batches, BatchSource, FedBatches, StepBatches};
 use crate::graph::tensor_parallel::ShardPlan;
 use crate::graph::{export_inference_model, flops_per_node, LossNormalize};
 use crate::onnx::save_model;
-use crate::pipeline::{OrtStage, StepData};
+use crate::pipeline::{HistogramTap, OrtStage, StepData};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
@@ -48,33 +48,16 @@ pub(super) async fn run_training<K: Collective>(
         .unwrap_or(0);
     let opened = open_data(cfg, config_path, fed, &prepared, probe)?;
     let built = build_graphs(rt, cfg, config_path, &prepared, &opened)?;
-    let d = cfg.data_parallel_size;
-    let replicas = d * hp;
-    let placement = built.schedule.placement().to_vec();
-    // The (replica, stage) computes this process holds: all of them, or its members'.
-    let owned: Vec<(usize, usize)> = (0..replicas)
-        .flat_map(|r| (0..built.stages.len()).map(move |s| (r, s)))
-        .filter(|&(r, s)| cluster.as_ref().is_none_or(|c| c.owns(r, s, &placement)))
-        .collect();
+    let replicas = cfg.data_parallel_size * hp;
+    let owned = owned_computes(&built, replicas, cluster.as_ref());
     // Only the process that reports the run writes TensorBoard's log.
     let reports = cluster.as_ref().is_none_or(|c| c.node == 0);
-    let param_names: Vec<String> = built.tg.params.iter().map(|p| p.name.clone()).collect();
-    let (board, tap) = match reports {
-        true => super::board::Board::open(cfg, config_path, &param_names)?,
-        false => None,
-    }
-    .map_or((None, None), |(b, tap)| (Some(b), tap));
+    let (board, tap) = open_board(cfg, config_path, &built, reports)?;
     let scaler = starting_scaler(cfg, prepared.resume.as_ref());
     let local_actors = cluster
         .as_ref()
         .map_or(replicas * cfg.pipeline_parallel_size, |c| c.members.len());
-    let work = flops_per_node(&built.tg);
-    let threads = intra_op_threads(cfg, local_actors, work);
-    tracing::info!(
-        "ONNX Runtime intra-op threads per session: {threads} ({:.2} MFLOP per kernel of the step)",
-        work / 1e6
-    );
-    let session_opts = session_options(cfg, local_actors, threads);
+    let session_opts = stage_session_options(cfg, &built, local_actors);
     let computes = make_computes(
         rt,
         cfg,
@@ -106,45 +89,102 @@ pub(super) async fn run_training<K: Collective>(
         resume,
         ..
     } = prepared;
+    // The resumed checkpoint's tensors are in the stages now.
     drop(resume);
     let total = cfg.optimizer_steps() as u64;
     on_event(RunEvent::Started {
         first_step,
         total_steps: total,
         stages: built.assignment.stages,
-        replicas: d,
+        replicas: cfg.data_parallel_size,
     });
     let start = Instant::now();
     let on_step = step_reporter(cfg, start, board, on_event);
     let lr = cfg.lr_schedule.clone();
     let lr_at = Box::new(move |step| lr.lr_at(step, total));
     let run = (first_step..total, on_step);
-    let (results, trace, parameters, peaks) = run_engine(
-        &engine,
-        computes,
-        data,
-        lr_at,
-        run,
-        cluster,
-        (built.stages.len(), built.tg.shards.as_ref()),
-    )
-    .await?;
+    let stages = (built.stages.len(), built.tg.shards.as_ref());
+    let output = run_engine(&engine, computes, data, lr_at, run, cluster, stages).await?;
     let elapsed = start.elapsed();
-    if let (Some(path), true) = (&cfg.output_path, reports) {
-        let trained: Vec<(&str, &Tensor)> =
-            parameters.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
-        }
-        save_model(&export_inference_model(&model, &trained)?, path)?;
+    if reports {
+        save_trained(cfg, &model, &output.2)?;
     }
-    Ok(TrainSummary {
+    let ran = (first_step, elapsed, built.assignment.stages);
+    Ok(summary(cfg, ran, &built.predicted, output))
+}
+
+/// The (replica, stage) computes this process holds: all of them, or its members'.
+fn owned_computes<K: Collective>(
+    built: &Built,
+    replicas: usize,
+    cluster: Option<&ClusterPart<K>>,
+) -> Vec<(usize, usize)> {
+    let placement = built.schedule.placement();
+    (0..replicas)
+        .flat_map(|r| (0..built.stages.len()).map(move |s| (r, s)))
+        .filter(|&(r, s)| cluster.is_none_or(|c| c.owns(r, s, placement)))
+        .collect()
+}
+
+/// TensorBoard's log and its tap on the stages' parameters, where this process writes
+/// it and the configuration asks for one.
+fn open_board(
+    cfg: &TrainConfig,
+    config_path: &Path,
+    built: &Built,
+    reports: bool,
+) -> Result<(Option<super::board::Board>, Option<HistogramTap>)> {
+    if !reports {
+        return Ok((None, None));
+    }
+    let names: Vec<String> = built.tg.params.iter().map(|p| p.name.clone()).collect();
+    Ok(super::board::Board::open(cfg, config_path, &names)?
+        .map_or((None, None), |(b, tap)| (Some(b), tap)))
+}
+
+/// The stage actors' session settings, their intra-op threads chosen from the step's
+/// work per node.
+fn stage_session_options(cfg: &TrainConfig, built: &Built, actors: usize) -> SessionOptions {
+    let work = flops_per_node(&built.tg);
+    let threads = intra_op_threads(cfg, actors, work);
+    tracing::info!(
+        "ONNX Runtime intra-op threads per session: {threads} ({:.2} MFLOP per kernel of the step)",
+        work / 1e6
+    );
+    session_options(cfg, actors, threads)
+}
+
+/// The trained model, where the configuration names an `output_path`.
+fn save_trained(
+    cfg: &TrainConfig,
+    model: &crate::onnx::proto::ModelProto,
+    parameters: &[(String, Tensor)],
+) -> Result<()> {
+    let Some(path) = &cfg.output_path else {
+        return Ok(());
+    };
+    let trained: Vec<(&str, &Tensor)> = parameters.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
+    }
+    save_model(&export_inference_model(model, &trained)?, path)
+}
+
+/// The run's summary from what the engine handed back: `ran` is the first step, the time
+/// the steps took and the stage count, `predicted` each stage's predicted stash peak.
+fn summary(
+    cfg: &TrainConfig,
+    (first_step, elapsed, stages): (u64, Duration, usize),
+    predicted: &[u64],
+    (results, trace, parameters, peaks): EngineOutput,
+) -> TrainSummary {
+    TrainSummary {
         steps: results.len(),
         first_step,
         final_loss: results.last().map_or(f64::NAN, |s| s.loss),
         global_batch: cfg.global_batch(),
         elapsed,
-        stages: built.assignment.stages,
+        stages,
         parameters,
         trace,
         shard_traffic: peaks.iter().filter_map(|p| p.2).reduce(|a, b| a + b),
@@ -153,10 +193,10 @@ pub(super) async fn run_training<K: Collective>(
             .map(|(stage, measured, _)| StashPeak {
                 stage,
                 measured: measured as u64,
-                predicted: built.predicted.get(stage).copied().unwrap_or(0),
+                predicted: predicted.get(stage).copied().unwrap_or(0),
             })
             .collect(),
-    })
+    }
 }
 
 /// What a checkpoint records of the run.
