@@ -9,9 +9,11 @@
 //! later one reads becomes an output of the first and an input of the second.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 
 use crate::graph::ir::{value_info, Graph};
 use crate::graph::training::TrainingGraph;
+use crate::onnx::proto::{NodeProto, ValueInfoProto};
 use crate::{Error, Result};
 
 /// A gradient graph as pieces, and the parameter gradients each completes.
@@ -35,157 +37,227 @@ pub fn grad_chain(
     grad_bytes: &HashMap<String, usize>,
     bucket_bytes: usize,
 ) -> Result<Option<GradChain>> {
-    let outputs: HashSet<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
-    let grads_of = |i: usize| -> Vec<&str> {
-        g.nodes[i]
-            .output
-            .iter()
-            .map(String::as_str)
-            .filter(|o| outputs.contains(o) && grad_bytes.contains_key(*o))
-            .collect()
-    };
-    let total: usize = (0..g.nodes.len())
-        .flat_map(grads_of)
-        .map(|o| grad_bytes[o])
-        .sum();
-    // Piece boundaries: [starts[k], starts[k + 1]).
-    let mut starts = vec![0];
-    let (mut filled, mut done) = (0, 0);
-    for i in 0..g.nodes.len() {
-        let made: usize = grads_of(i).iter().map(|o| grad_bytes[*o]).sum();
-        filled += made;
-        done += made;
-        if bucket_bytes > 0 && filled >= bucket_bytes && done < total {
-            starts.push(i + 1);
-            filled = 0;
-        }
-    }
-    if starts.len() == 1 {
+    let reads = Reads::new(tg, g, grad_bytes);
+    let Some(starts) = reads.piece_starts(bucket_bytes) else {
         return Ok(None);
-    }
-    starts.push(g.nodes.len());
-    let piece_of: Vec<usize> = (0..g.nodes.len())
-        .map(|i| starts.partition_point(|&s| s <= i) - 1)
-        .collect();
-    // Constants are made again in each piece that reads them, not handed over.
-    let constant: HashMap<&str, usize> = g
-        .nodes
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| n.op_type == "Constant" && n.input.is_empty())
-        .flat_map(|(i, n)| n.output.iter().map(move |o| (o.as_str(), i)))
-        .collect();
-    // The last piece that reads each value.
-    let mut last_reader: HashMap<&str, usize> = HashMap::new();
-    for (i, n) in g.nodes.iter().enumerate() {
-        for v in n
-            .input
-            .iter()
-            .filter(|v| !v.is_empty() && !constant.contains_key(v.as_str()))
-        {
-            let p = last_reader.entry(v.as_str()).or_insert(0);
-            *p = (*p).max(piece_of[i]);
-        }
-    }
+    };
+    let reads = reads.with_pieces(&starts);
     // A gradient a later piece reads would be taken into its bucket before that piece
     // runs: no cut then.
-    let read_later = (0..g.nodes.len()).any(|i| {
-        grads_of(i)
-            .iter()
-            .any(|o| last_reader.get(o).is_some_and(|&p| p > piece_of[i]))
-    });
-    if read_later {
+    if reads.gradient_read_later() {
         return Ok(None);
     }
-    let inputs: HashMap<&str, _> = g.inputs.iter().map(|v| (v.name.as_str(), v)).collect();
-    let typed = |v: &str| -> Result<_> {
-        if let Some(vi) = inputs.get(v) {
-            return Ok((*vi).clone());
-        }
-        let meta = tg.metas.get(v).ok_or_else(|| {
-            Error::graph(format!(
-                "{}: `{v}` crosses between gradient buckets and has no known type",
-                g.name
-            ))
-        })?;
-        Ok(value_info(v, meta))
-    };
     let mut chain = GradChain {
         pieces: Vec::new(),
         buckets: Vec::new(),
     };
-    for k in 0..starts.len() - 1 {
-        let own = starts[k]..starts[k + 1];
+    for (k, own) in starts.windows(2).map(|w| w[0]..w[1]).enumerate() {
+        chain.pieces.push(reads.piece(k, own.clone())?);
+        chain.buckets.push(
+            own.flat_map(|i| reads.grads_of(i))
+                .map(str::to_string)
+                .collect(),
+        );
+    }
+    Ok(Some(chain))
+}
+
+/// What the cut needs to know of `g`: its gradient outputs, the constants each piece
+/// makes again for itself, and (once the pieces are known) the last piece that reads
+/// each value.
+struct Reads<'a> {
+    tg: &'a TrainingGraph,
+    g: &'a Graph,
+    grad_bytes: &'a HashMap<String, usize>,
+    outputs: HashSet<&'a str>,
+    /// `Constant` nodes without inputs, by output: made again in each piece that reads
+    /// them, not handed over.
+    constant: HashMap<&'a str, usize>,
+    /// Per node, its piece.
+    piece_of: Vec<usize>,
+    /// The last piece that reads each value.
+    last_reader: HashMap<&'a str, usize>,
+}
+
+impl<'a> Reads<'a> {
+    fn new(tg: &'a TrainingGraph, g: &'a Graph, grad_bytes: &'a HashMap<String, usize>) -> Self {
+        let constant = g
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.op_type == "Constant" && n.input.is_empty())
+            .flat_map(|(i, n)| n.output.iter().map(move |o| (o.as_str(), i)))
+            .collect();
+        Reads {
+            tg,
+            g,
+            grad_bytes,
+            outputs: g.outputs.iter().map(|o| o.name.as_str()).collect(),
+            constant,
+            piece_of: Vec::new(),
+            last_reader: HashMap::new(),
+        }
+    }
+
+    /// The gradient outputs node `i` makes.
+    fn grads_of(&self, i: usize) -> Vec<&'a str> {
+        self.g.nodes[i]
+            .output
+            .iter()
+            .map(String::as_str)
+            .filter(|o| self.outputs.contains(o) && self.grad_bytes.contains_key(*o))
+            .collect()
+    }
+
+    fn bytes_of(&self, i: usize) -> usize {
+        self.grads_of(i).iter().map(|o| self.grad_bytes[*o]).sum()
+    }
+
+    /// Piece boundaries (`[starts[k], starts[k + 1])`, the last the node count): a cut
+    /// after each node that fills a bucket while gradients remain; `None` for one piece.
+    fn piece_starts(&self, bucket_bytes: usize) -> Option<Vec<usize>> {
+        let n = self.g.nodes.len();
+        let total: usize = (0..n).map(|i| self.bytes_of(i)).sum();
+        let mut starts = vec![0];
+        let (mut filled, mut done) = (0, 0);
+        for i in 0..n {
+            let made = self.bytes_of(i);
+            filled += made;
+            done += made;
+            if bucket_bytes > 0 && filled >= bucket_bytes && done < total {
+                starts.push(i + 1);
+                filled = 0;
+            }
+        }
+        (starts.len() > 1).then(|| {
+            starts.push(n);
+            starts
+        })
+    }
+
+    /// With the pieces cut at `starts`: each node's piece and each value's last reader.
+    fn with_pieces(mut self, starts: &[usize]) -> Self {
+        let g = self.g;
+        self.piece_of = (0..g.nodes.len())
+            .map(|i| starts.partition_point(|&s| s <= i) - 1)
+            .collect();
+        for (i, n) in g.nodes.iter().enumerate() {
+            let read = n.input.iter().map(String::as_str);
+            for v in read.filter(|v| !v.is_empty() && !self.constant.contains_key(v)) {
+                let p = self.last_reader.entry(v).or_insert(0);
+                *p = (*p).max(self.piece_of[i]);
+            }
+        }
+        self
+    }
+
+    /// Whether a gradient is read by a piece after the one that makes it.
+    fn gradient_read_later(&self) -> bool {
+        (0..self.g.nodes.len()).any(|i| {
+            self.grads_of(i).iter().any(|o| {
+                self.last_reader
+                    .get(o)
+                    .is_some_and(|&p| p > self.piece_of[i])
+            })
+        })
+    }
+
+    /// `v` typed: as the graph's input, else from the measured shapes.
+    fn typed(&self, v: &str) -> Result<ValueInfoProto> {
+        if let Some(vi) = self.g.inputs.iter().find(|i| i.name == v) {
+            return Ok(vi.clone());
+        }
+        let meta = self.tg.metas.get(v).ok_or_else(|| {
+            Error::graph(format!(
+                "{}: `{v}` crosses between gradient buckets and has no known type",
+                self.g.name
+            ))
+        })?;
+        Ok(value_info(v, meta))
+    }
+
+    /// Piece `k`, the nodes `own`: the constants it reads made again first, then its own.
+    fn piece(&self, k: usize, own: Range<usize>) -> Result<Graph> {
+        let g = self.g;
         let mut copied: Vec<usize> = g.nodes[own.clone()]
             .iter()
             .flat_map(|n| n.input.iter())
-            .filter_map(|v| constant.get(v.as_str()).copied())
+            .filter_map(|v| self.constant.get(v.as_str()).copied())
             .filter(|i| !own.contains(i))
             .collect();
         copied.sort_unstable();
         copied.dedup();
-        let nodes: Vec<_> = copied
+        let nodes: Vec<NodeProto> = copied
             .iter()
             .map(|&i| g.nodes[i].clone())
             .chain(g.nodes[own.clone()].iter().cloned())
             .collect();
-        let made: HashSet<&str> = nodes
-            .iter()
-            .flat_map(|n| n.output.iter().map(String::as_str))
-            .collect();
-        let own_made: HashSet<&str> = g.nodes[own.clone()]
-            .iter()
-            .flat_map(|n| n.output.iter().map(String::as_str))
-            .collect();
-        let mut piece_outputs = Vec::new();
-        for o in &g.outputs {
-            if own_made.contains(o.name.as_str()) {
-                piece_outputs.push(o.clone());
-            }
-        }
-        for n in &g.nodes[own.clone()] {
-            for v in n.output.iter().filter(|v| !v.is_empty()) {
-                if last_reader.get(v.as_str()).is_some_and(|&p| p > k)
-                    && !outputs.contains(v.as_str())
-                {
-                    piece_outputs.push(typed(v)?);
-                }
-            }
-        }
-        let mut read = HashSet::new();
-        let mut piece_inputs = Vec::new();
-        for n in &nodes {
-            for v in n.input.iter().filter(|v| !v.is_empty()) {
-                if !made.contains(v.as_str())
-                    && g.initializer(v).is_none()
-                    && read.insert(v.as_str())
-                {
-                    piece_inputs.push(typed(v)?);
-                }
-            }
-        }
         let used: HashSet<&str> = nodes
             .iter()
-            .flat_map(|n| n.input.iter().map(String::as_str))
+            .flat_map(|n| &n.input)
+            .map(String::as_str)
             .collect();
-        chain
-            .buckets
-            .push(own.flat_map(grads_of).map(str::to_string).collect());
         let initializers = g
             .initializers
             .iter()
             .filter(|t| used.contains(t.name.as_str()))
             .cloned()
             .collect();
-        chain.pieces.push(Graph {
+        Ok(Graph {
             name: format!("{}_bucket{k}", g.name),
+            inputs: self.piece_inputs(&nodes)?,
+            outputs: self.piece_outputs(k, own)?,
             nodes,
-            inputs: piece_inputs,
-            outputs: piece_outputs,
             initializers,
             opsets: g.opsets.clone(),
             ir_version: g.ir_version,
-        });
+        })
     }
-    Ok(Some(chain))
+
+    /// What piece `k` (its own nodes `own`) hands on: the graph's outputs it makes and
+    /// the values later pieces read.
+    fn piece_outputs(&self, k: usize, own: Range<usize>) -> Result<Vec<ValueInfoProto>> {
+        let own = &self.g.nodes[own];
+        let made: HashSet<&str> = own
+            .iter()
+            .flat_map(|n| n.output.iter().map(String::as_str))
+            .collect();
+        let mut outputs: Vec<_> = self
+            .g
+            .outputs
+            .iter()
+            .filter(|o| made.contains(o.name.as_str()))
+            .cloned()
+            .collect();
+        for v in own.iter().flat_map(|n| &n.output).filter(|v| !v.is_empty()) {
+            let later = self.last_reader.get(v.as_str()).is_some_and(|&p| p > k);
+            if later && !self.outputs.contains(v.as_str()) {
+                outputs.push(self.typed(v)?);
+            }
+        }
+        Ok(outputs)
+    }
+
+    /// What a piece of `nodes` reads and does not make (initializers aside), once each.
+    fn piece_inputs(&self, nodes: &[NodeProto]) -> Result<Vec<ValueInfoProto>> {
+        let made: HashSet<&str> = nodes
+            .iter()
+            .flat_map(|n| n.output.iter().map(String::as_str))
+            .collect();
+        let mut read = HashSet::new();
+        let mut inputs = Vec::new();
+        for v in nodes
+            .iter()
+            .flat_map(|n| &n.input)
+            .filter(|v| !v.is_empty())
+        {
+            if !made.contains(v.as_str())
+                && self.g.initializer(v).is_none()
+                && read.insert(v.as_str())
+            {
+                inputs.push(self.typed(v)?);
+            }
+        }
+        Ok(inputs)
+    }
 }
