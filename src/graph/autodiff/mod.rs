@@ -156,124 +156,19 @@ pub fn differentiate(
     frozen_rows: &BTreeMap<String, Vec<i64>>,
 ) -> Result<Backward> {
     let consts = fwd.constants();
-    let is_float = |v: &str| metas.get(v).is_some_and(|m| m.dtype.is_float());
-
-    // Forward sweep: which values depend on a requested value, and through which one.
-    let mut source: HashMap<&str, &str> = wrt.iter().map(|w| (w.as_str(), w.as_str())).collect();
-    for n in &fwd.nodes {
-        if let Some(src) = n.input.iter().find_map(|i| source.get(i.as_str()).copied()) {
-            for o in n.output.iter().filter(|o| is_float(o)) {
-                source.insert(o.as_str(), src);
-            }
-        }
-    }
-    // Backward sweep: which of those the loss depends on.
-    let mut useful: HashSet<&str> = HashSet::from([loss]);
-    let mut on_path = vec![false; fwd.nodes.len()];
-    for (i, n) in fwd.nodes.iter().enumerate().rev() {
-        if n.output.iter().any(|o| useful.contains(o.as_str()))
-            && n.input.iter().any(|v| source.contains_key(v.as_str()))
-        {
-            on_path[i] = true;
-            for v in n.input.iter().filter(|v| source.contains_key(v.as_str())) {
-                useful.insert(v.as_str());
-            }
-        }
-    }
-
-    // GELUs as PyTorch exports them are differentiated whole (`gelu.rs`); their inner
-    // nodes then get no gradient and are passed over.
-    let gelus = gelu::find(fwd, &consts, &|v| source.contains_key(v));
-
-    // Every node on the path without a rule is named at once, before any is emitted.
-    let missing = fwd
-        .nodes
-        .iter()
-        .enumerate()
-        .rev()
-        .filter(|&(i, n)| on_path[i] && !rules::has_rule(&n.op_type, &n.domain))
-        .map(|(_, n)| {
-            let input = n.input.iter().find(|v| source.contains_key(v.as_str()));
-            let param = input.and_then(|v| source.get(v.as_str()));
-            (
-                node_label(n),
-                n.op_type.clone(),
-                param.map_or_else(String::new, |p| p.to_string()),
-            )
-        })
-        .collect();
-    if let Some(err) = no_gradient_error(missing) {
-        return Err(err);
-    }
-
+    let path = Path::new(fwd, metas, loss, wrt);
+    path.check_rules(fwd)?;
     let mut e = Emitter::new(ops.contrib);
     e.fused = ops.fused;
-    let mut contributions: HashMap<String, Vec<String>> = HashMap::new();
-    contributions.insert(loss.to_string(), vec![seed.to_string()]);
-    let opset = fwd.opset();
-    for (i, n) in fwd.nodes.iter().enumerate().rev() {
-        if !on_path[i] {
-            continue;
-        }
-        e.set_anchor(i, &node_label(n));
-        let dy: Vec<Option<String>> = n
-            .output
-            .iter()
-            .map(|o| contributions.remove(o).map(|c| accumulate(&mut e, c)))
-            .collect();
-        if dy.iter().all(Option::is_none) {
-            continue;
-        }
-        if let Some(g) = gelus.get(&i) {
-            if let Some(dy) = dy[0].as_deref().filter(|_| useful.contains(g.x.as_str())) {
-                let t = metas.get(g.x.as_str()).map_or(DType::F32, |m| m.dtype);
-                let dx = gelu::backward(&mut e, g, dy, t);
-                contributions.entry(g.x.clone()).or_default().push(dx);
-            }
-            continue;
-        }
-        let needs: Vec<bool> = n
-            .input
-            .iter()
-            .map(|v| useful.contains(v.as_str()) && is_float(v))
-            .collect();
-        let mut ctx = RuleCtx {
-            node: n,
-            dy,
-            needs,
-            metas,
-            consts: &consts,
-            opset,
-            frozen_rows,
-            e: &mut e,
-        };
-        let Some(dx) = rules::gradient(&mut ctx)? else {
-            return Err(ctx.unsupported("no gradient rule"));
-        };
-        for (j, g) in dx.into_iter().enumerate() {
-            if let Some(g) = g.filter(|_| ctx.needs(j)) {
-                contributions.entry(n.input[j].clone()).or_default().push(g);
-            }
-        }
-    }
-
-    let consumers = fwd.consumers();
-    let mut grads = Vec::new();
-    let mut no_grad = Vec::new();
-    for w in wrt {
-        match contributions.remove(w) {
-            Some(c) => {
-                let first_use = consumers.get(w.as_str()).and_then(|c| c.first());
-                e.set_anchor(first_use.copied().unwrap_or(0), w);
-                let name = format!("{w}_grad");
-                let refs: Vec<&str> = c.iter().map(String::as_str).collect();
-                let op = if c.len() == 1 { "Identity" } else { "Sum" };
-                e.node(op, "", &refs, &[&name], vec![]);
-                grads.push((w.clone(), name));
-            }
-            None => no_grad.push(w.clone()),
-        }
-    }
+    let walk = Walk {
+        fwd,
+        metas,
+        consts: &consts,
+        frozen_rows,
+        path: &path,
+    };
+    let mut contributions = walk.run(&mut e, loss, seed)?;
+    let (grads, no_grad) = gradient_outputs(&mut e, fwd, wrt, &mut contributions);
     let keep: Vec<&str> = grads.iter().map(|(_, g)| g.as_str()).collect();
     for t in fold::fold_transposes(&mut e.nodes, &keep).into_iter().rev() {
         e.anchors.remove(t);
@@ -289,6 +184,191 @@ pub fn differentiate(
         grads,
         no_grad,
     })
+}
+
+/// The forward nodes between the requested values and the loss.
+struct Path<'a> {
+    /// Each float value that depends on a requested value, with one it depends on.
+    source: HashMap<&'a str, &'a str>,
+    /// Those of them the loss depends on (and the loss).
+    useful: HashSet<&'a str>,
+    /// Per forward node: whether it is on a path from a requested value to the loss.
+    on_path: Vec<bool>,
+    /// Float values (by the measured types).
+    metas: &'a Metas,
+}
+
+impl<'a> Path<'a> {
+    /// A forward sweep (what depends on `wrt`) and a backward one (what `loss` depends on).
+    fn new(fwd: &'a Graph, metas: &'a Metas, loss: &'a str, wrt: &'a [String]) -> Self {
+        let is_float = |v: &str| metas.get(v).is_some_and(|m| m.dtype.is_float());
+        let mut source: HashMap<&str, &str> =
+            wrt.iter().map(|w| (w.as_str(), w.as_str())).collect();
+        for n in &fwd.nodes {
+            if let Some(src) = n.input.iter().find_map(|i| source.get(i.as_str()).copied()) {
+                for o in n.output.iter().filter(|o| is_float(o)) {
+                    source.insert(o.as_str(), src);
+                }
+            }
+        }
+        let mut useful: HashSet<&str> = HashSet::from([loss]);
+        let mut on_path = vec![false; fwd.nodes.len()];
+        for (i, n) in fwd.nodes.iter().enumerate().rev() {
+            if n.output.iter().any(|o| useful.contains(o.as_str()))
+                && n.input.iter().any(|v| source.contains_key(v.as_str()))
+            {
+                on_path[i] = true;
+                for v in n.input.iter().filter(|v| source.contains_key(v.as_str())) {
+                    useful.insert(v.as_str());
+                }
+            }
+        }
+        Path {
+            source,
+            useful,
+            on_path,
+            metas,
+        }
+    }
+
+    /// Whether `v` is a float value the loss's gradient flows to.
+    fn needs(&self, v: &str) -> bool {
+        self.useful.contains(v) && self.metas.get(v).is_some_and(|m| m.dtype.is_float())
+    }
+
+    /// Every node on the path without a rule, named at once before any is emitted.
+    fn check_rules(&self, fwd: &Graph) -> Result<()> {
+        let missing = fwd
+            .nodes
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|&(i, n)| self.on_path[i] && !rules::has_rule(&n.op_type, &n.domain))
+            .map(|(_, n)| {
+                let input = n
+                    .input
+                    .iter()
+                    .find(|v| self.source.contains_key(v.as_str()));
+                let param = input.and_then(|v| self.source.get(v.as_str()));
+                (
+                    node_label(n),
+                    n.op_type.clone(),
+                    param.map_or_else(String::new, |p| p.to_string()),
+                )
+            })
+            .collect();
+        no_gradient_error(missing).map_or(Ok(()), Err)
+    }
+}
+
+/// The backward walk over the path's nodes, nearest the loss first.
+struct Walk<'a> {
+    fwd: &'a Graph,
+    metas: &'a Metas,
+    consts: &'a HashMap<String, Tensor>,
+    frozen_rows: &'a BTreeMap<String, Vec<i64>>,
+    path: &'a Path<'a>,
+}
+
+impl Walk<'_> {
+    /// Emits every path node's gradient from its outputs' (the loss's is `seed`);
+    /// returns the contributions that reached values no node on the path makes (the
+    /// requested values among them), by value.
+    fn run(&self, e: &mut Emitter, loss: &str, seed: &str) -> Result<HashMap<String, Vec<String>>> {
+        let fwd = self.fwd;
+        // GELUs as PyTorch exports them are differentiated whole (`gelu.rs`); their
+        // inner nodes then get no gradient and are passed over.
+        let gelus = gelu::find(fwd, self.consts, &|v| self.path.source.contains_key(v));
+        let mut contributions: HashMap<String, Vec<String>> = HashMap::new();
+        contributions.insert(loss.to_string(), vec![seed.to_string()]);
+        for (i, n) in fwd.nodes.iter().enumerate().rev() {
+            if !self.path.on_path[i] {
+                continue;
+            }
+            e.set_anchor(i, &node_label(n));
+            let dy: Vec<Option<String>> = n
+                .output
+                .iter()
+                .map(|o| contributions.remove(o).map(|c| accumulate(e, c)))
+                .collect();
+            if dy.iter().all(Option::is_none) {
+                continue;
+            }
+            if let Some(g) = gelus.get(&i) {
+                if let Some(dy) = dy[0]
+                    .as_deref()
+                    .filter(|_| self.path.useful.contains(g.x.as_str()))
+                {
+                    let t = self.metas.get(g.x.as_str()).map_or(DType::F32, |m| m.dtype);
+                    let dx = gelu::backward(e, g, dy, t);
+                    contributions.entry(g.x.clone()).or_default().push(dx);
+                }
+                continue;
+            }
+            for (j, g) in self.node_gradient(e, n, dy)?.into_iter().enumerate() {
+                if let Some(g) = g {
+                    contributions.entry(n.input[j].clone()).or_default().push(g);
+                }
+            }
+        }
+        Ok(contributions)
+    }
+
+    /// Node `n`'s input gradients by its rule, from its outputs' `dy` (`None` for the
+    /// inputs the loss's gradient does not flow to).
+    fn node_gradient(
+        &self,
+        e: &mut Emitter,
+        n: &NodeProto,
+        dy: Vec<Option<String>>,
+    ) -> Result<Vec<Option<String>>> {
+        let needs: Vec<bool> = n.input.iter().map(|v| self.path.needs(v)).collect();
+        let mut ctx = RuleCtx {
+            node: n,
+            dy,
+            needs,
+            metas: self.metas,
+            consts: self.consts,
+            opset: self.fwd.opset(),
+            frozen_rows: self.frozen_rows,
+            e,
+        };
+        let Some(dx) = rules::gradient(&mut ctx)? else {
+            return Err(ctx.unsupported("no gradient rule"));
+        };
+        Ok(dx
+            .into_iter()
+            .enumerate()
+            .map(|(j, g)| g.filter(|_| ctx.needs(j)))
+            .collect())
+    }
+}
+
+/// Each requested value's gradient output (`{w}_grad`, the sum of its contributions),
+/// and the requested values no gradient reached.
+fn gradient_outputs(
+    e: &mut Emitter,
+    fwd: &Graph,
+    wrt: &[String],
+    contributions: &mut HashMap<String, Vec<String>>,
+) -> (Vec<(String, String)>, Vec<String>) {
+    let consumers = fwd.consumers();
+    let mut grads = Vec::new();
+    let mut no_grad = Vec::new();
+    for w in wrt {
+        let Some(c) = contributions.remove(w) else {
+            no_grad.push(w.clone());
+            continue;
+        };
+        let first_use = consumers.get(w.as_str()).and_then(|c| c.first());
+        e.set_anchor(first_use.copied().unwrap_or(0), w);
+        let name = format!("{w}_grad");
+        let refs: Vec<&str> = c.iter().map(String::as_str).collect();
+        let op = if c.len() == 1 { "Identity" } else { "Sum" };
+        e.node(op, "", &refs, &[&name], vec![]);
+        grads.push((w.clone(), name));
+    }
+    (grads, no_grad)
 }
 
 /// The error naming every node without a gradient rule, `(node, op type, parameter)` in
