@@ -31,122 +31,35 @@ impl Batches {
             Some(spec) => super::generate(spec)?,
             None => super::read_npz(&cfg.path)?,
         };
-        let bad = |field: &str, rule: String| Error::Config {
-            path: config_path.to_path_buf(),
-            field: field.into(),
-            rule,
-        };
-        let get = |field: &str, name: &str| -> Result<&Tensor> {
-            arrays.get(name).ok_or_else(|| {
-                let mut have: Vec<&String> = arrays.keys().collect();
-                have.sort();
-                bad(
-                    field,
-                    format!(
-                        "{} has no array `{name}` (it has {have:?})",
-                        cfg.path.display()
-                    ),
-                )
-            })
+        let file = Opened {
+            cfg,
+            config_path,
+            arrays: &arrays,
         };
         if cfg.layout.is_unset() {
-            return Err(bad(
+            return Err(file.bad(
                 "data.layout",
                 "missing: say which arrays feed which model inputs".into(),
             ));
         }
-        let used: Vec<(&str, &str)> = match &cfg.layout {
-            DataLayout::Arrays { feeds } => feeds
-                .values()
-                .map(|a| ("data.layout.feeds", a.as_str()))
-                .collect(),
-            DataLayout::NextToken { array, .. } => vec![("data.layout.array", array.as_str())],
-        };
-        let mut rows = None;
-        for (field, name) in used {
-            let t = get(field, name)?;
-            let n = *t
-                .shape
-                .first()
-                .ok_or_else(|| bad(field, format!("array `{name}` is a scalar")))?;
-            if rows.is_some_and(|r| r != n) {
-                return Err(bad(
-                    field,
-                    format!(
-                        "array `{name}` has {n} rows, other arrays {}",
-                        rows.unwrap_or(0)
-                    ),
-                ));
-            }
-            rows = Some(n);
-            if let DataLayout::NextToken { .. } = cfg.layout {
-                if t.shape.len() != 2 || t.shape[1] < 2 || t.as_i64().is_none() {
-                    return Err(bad(
-                        field,
-                        format!(
-                            "array `{name}` must be int64 [rows, T + 1], got {:?} {:?}",
-                            t.dtype(),
-                            t.shape
-                        ),
-                    ));
-                }
-            }
-        }
-        let rows = rows.unwrap_or(0);
-        let order = match &cfg.batch_order {
-            Some(name) => {
-                let t = get("data.batch_order", name)?;
-                let v = t
-                    .to_i64_vec()
-                    .filter(|_| t.shape.len() == 2)
-                    .ok_or_else(|| {
-                        bad(
-                            "data.batch_order",
-                            format!("array `{name}` must be an integer [steps, batch] array"),
-                        )
-                    })?;
-                if let Some(&r) = v.iter().find(|&&r| r < 0 || r as usize >= rows) {
-                    return Err(bad(
-                        "data.batch_order",
-                        format!("row index {r} is outside the {rows} rows of data"),
-                    ));
-                }
-                let w = t.shape[1];
-                Some(
-                    v.chunks(w.max(1))
-                        .map(|c| c.iter().map(|&r| r as usize).collect::<Vec<usize>>())
-                        .collect::<Vec<_>>(),
-                )
-            }
-            None => None,
-        };
-        if let Some(width) = order.as_ref().and_then(|o| o.first()).map(Vec::len) {
-            if width != global_batch {
-                return Err(bad(
-                    "batch_size",
-                    format!(
-                        "batch_size x gradient_accumulation_steps x data_parallel_size = {global_batch} must equal the {width} rows per step of data.batch_order"
-                    ),
-                ));
-            }
-        }
-        let batch_size = global_batch;
-        if batch_size > rows {
-            return Err(bad(
+        let rows = file.rows()?;
+        let order = file.batch_order(rows, global_batch)?;
+        if global_batch > rows {
+            return Err(file.bad(
                 "batch_size",
-                format!("batches of {batch_size} rows from {rows} rows of data"),
+                format!("batches of {global_batch} rows from {rows} rows of data"),
             ));
         }
         Ok(Batches {
-            arrays,
             layout: cfg.layout.clone(),
             order,
-            batch_size,
+            batch_size: global_batch,
             rows,
             source: match cfg.synth {
                 Some(_) => "data.synth".into(),
                 None => cfg.path.clone(),
             },
+            arrays,
         })
     }
 
@@ -265,5 +178,110 @@ impl super::StepBatches for Batches {
 
     fn check_all(&self, rules: &[FeedRule]) -> Result<bool> {
         self.check(rules).map(|()| true)
+    }
+}
+
+/// A data file's arrays as read, checked against the configuration that names them.
+struct Opened<'a> {
+    cfg: &'a DataConfig,
+    config_path: &'a Path,
+    arrays: &'a HashMap<String, Tensor>,
+}
+
+impl Opened<'_> {
+    /// The configuration error of `field`.
+    fn bad(&self, field: &str, rule: String) -> Error {
+        Error::Config {
+            path: self.config_path.to_path_buf(),
+            field: field.into(),
+            rule,
+        }
+    }
+
+    /// The array `name` that `field` names.
+    fn get(&self, field: &str, name: &str) -> Result<&Tensor> {
+        self.arrays.get(name).ok_or_else(|| {
+            let mut have: Vec<&String> = self.arrays.keys().collect();
+            have.sort();
+            let file = self.cfg.path.display();
+            self.bad(
+                field,
+                format!("{file} has no array `{name}` (it has {have:?})"),
+            )
+        })
+    }
+
+    /// The rows of the layout's arrays, which must agree (a next-token array: int64
+    /// `[rows, T + 1]`).
+    fn rows(&self) -> Result<usize> {
+        let used: Vec<(&str, &str)> = match &self.cfg.layout {
+            DataLayout::Arrays { feeds } => feeds
+                .values()
+                .map(|a| ("data.layout.feeds", a.as_str()))
+                .collect(),
+            DataLayout::NextToken { array, .. } => vec![("data.layout.array", array.as_str())],
+        };
+        let mut rows = None;
+        for (field, name) in used {
+            let t = self.get(field, name)?;
+            let n = *t
+                .shape
+                .first()
+                .ok_or_else(|| self.bad(field, format!("array `{name}` is a scalar")))?;
+            if let Some(r) = rows.filter(|&r| r != n) {
+                let rule = format!("array `{name}` has {n} rows, other arrays {r}");
+                return Err(self.bad(field, rule));
+            }
+            rows = Some(n);
+            let next_token = matches!(self.cfg.layout, DataLayout::NextToken { .. });
+            if next_token && (t.shape.len() != 2 || t.shape[1] < 2 || t.as_i64().is_none()) {
+                let rule = format!(
+                    "array `{name}` must be int64 [rows, T + 1], got {:?} {:?}",
+                    t.dtype(),
+                    t.shape
+                );
+                return Err(self.bad(field, rule));
+            }
+        }
+        Ok(rows.unwrap_or(0))
+    }
+
+    /// The rows of each step from `data.batch_order`, when named: integer `[steps,
+    /// batch]`, indices within the data's `rows`, `global_batch` of them a step.
+    fn batch_order(&self, rows: usize, global_batch: usize) -> Result<Option<Vec<Vec<usize>>>> {
+        let Some(name) = &self.cfg.batch_order else {
+            return Ok(None);
+        };
+        let field = "data.batch_order";
+        let t = self.get(field, name)?;
+        let v = t
+            .to_i64_vec()
+            .filter(|_| t.shape.len() == 2)
+            .ok_or_else(|| {
+                self.bad(
+                    field,
+                    format!("array `{name}` must be an integer [steps, batch] array"),
+                )
+            })?;
+        if let Some(&r) = v.iter().find(|&&r| r < 0 || r as usize >= rows) {
+            return Err(self.bad(
+                field,
+                format!("row index {r} is outside the {rows} rows of data"),
+            ));
+        }
+        let width = t.shape[1];
+        if width != global_batch && !v.is_empty() {
+            return Err(self.bad(
+                "batch_size",
+                format!(
+                    "batch_size x gradient_accumulation_steps x data_parallel_size = {global_batch} must equal the {width} rows per step of data.batch_order"
+                ),
+            ));
+        }
+        Ok(Some(
+            v.chunks(width.max(1))
+                .map(|c| c.iter().map(|&r| r as usize).collect())
+                .collect(),
+        ))
     }
 }

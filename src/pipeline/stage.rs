@@ -82,92 +82,42 @@ impl OrtStage {
         opts: &SessionOptions,
         settings: &StageSettings,
     ) -> Result<OrtStage> {
-        let split_backward = settings.split_backward;
-        let session = |g: &Graph| -> Result<Option<GraphSession>> {
-            (!g.nodes.is_empty())
-                .then(|| GraphSession::for_shard(rt, g, opts, &g.name, settings.shard.as_ref()))
-                .transpose()
-        };
-        let params: Vec<&crate::graph::Param> = graphs
+        let (layout, params) = initial_params(tg, graphs, settings)?;
+        let grad_slot: HashMap<String, usize> = graphs
             .io
             .params
             .iter()
             .filter_map(|n| tg.param(n))
-            .collect();
-        let layout = ParamLayout::new(
-            params
-                .iter()
-                .map(|p| (p.name.clone(), p.meta.shape.clone())),
-        );
-        let mut flat = Vec::with_capacity(layout.len());
-        for p in &params {
-            // A tensor shard other than 0 starts from its own part of a split parameter.
-            let own = match (&tg.shards, &settings.shard) {
-                (Some(plan), Some(link)) => Some(plan.initial(&p.name, link.0.rank(), &p.init)?),
-                _ => None,
-            };
-            let init = own.as_ref().unwrap_or(&p.init);
-            let v = init.as_f32().ok_or_else(|| Error::BadTensor {
-                name: p.name.clone(),
-                reason: "pipelined training keeps float32 parameters".into(),
-            })?;
-            flat.extend_from_slice(v);
-        }
-        let grad_slot = params
-            .iter()
             .enumerate()
             .map(|(i, p)| (p.grad.clone(), i))
             .collect();
-        let fused = match (&graphs.fused, split_backward) {
-            (Some(g), false) => session(g)?,
-            _ => None,
-        };
-        let separate = fused.is_none();
+        let sessions = Sessions::open(rt, graphs, opts, settings)?;
         let chain = match settings.bucket_bytes {
             0 => None,
             bytes => {
-                let g = match (&graphs.fused, fused.is_some(), split_backward) {
-                    (Some(g), true, _) => g,
-                    (_, _, true) => &graphs.backward_weight,
-                    _ => &graphs.backward,
-                };
+                let g = sessions.gradient_graph(graphs, settings.split_backward);
                 let sizes: Vec<usize> =
                     layout.shapes().iter().map(|s| s.iter().product()).collect();
-                Chain::new(
-                    rt,
-                    tg,
-                    g,
-                    (opts, settings.shard.as_ref()),
-                    &grad_slot,
-                    &sizes,
-                    bytes,
-                )?
+                let shard = settings.shard.as_ref();
+                Chain::new(rt, tg, g, (opts, shard), &grad_slot, &sizes, bytes)?
             }
         };
-        Ok(OrtStage {
-            forward: if separate {
-                session(&graphs.forward)?
-            } else {
-                None
-            },
-            backward: if separate && !split_backward {
-                session(&graphs.backward)?
-            } else {
-                None
-            },
+        let Sessions {
+            forward,
+            backward,
+            backward_input,
+            backward_weight,
             fused,
-            evaluate: session(&graphs.evaluate)?,
+            evaluate,
+        } = sessions;
+        Ok(OrtStage {
+            forward,
+            backward,
+            fused,
+            evaluate,
             fused_out: HashMap::new(),
-            backward_input: if split_backward {
-                session(&graphs.backward_input)?
-            } else {
-                None
-            },
-            backward_weight: if split_backward {
-                session(&graphs.backward_weight)?
-            } else {
-                None
-            },
+            backward_input,
+            backward_weight,
             optimizer: crate::optim::build_grouped(
                 &settings.optimizer,
                 &settings.param_groups,
@@ -180,7 +130,7 @@ impl OrtStage {
                 .and_then(|link| super::StageShard::new(tg, &layout, link.0.rank())),
             written: vec![false; layout.count()],
             pinned: crate::compute::PinnedBuffers::new(opts.device),
-            params: flat,
+            params,
             grad_slot,
             layout,
             io: graphs.io.clone(),
@@ -194,13 +144,7 @@ impl OrtStage {
             bucket_sink: None,
             contributions: 0,
             sent_buckets: 0,
-            buffers: graphs
-                .io
-                .buffers
-                .iter()
-                .filter_map(|(n, _)| tg.buffers.iter().find(|b| b.name == *n))
-                .map(|b| (b.name.clone(), Arc::new(b.init.clone())))
-                .collect(),
+            buffers: initial_buffers(tg, &graphs.io),
         })
     }
 
@@ -362,5 +306,98 @@ impl OrtStage {
     /// `Checkpoint` when a tensor is missing or of another shape; nothing changes then.
     pub fn restore_params(&mut self, ckpt: &LoadedCheckpoint) -> Result<()> {
         crate::checkpoint::restore_params(ckpt, &self.layout, &mut self.params)
+    }
+}
+
+/// The stage's parameters: their layout in the flat buffer, and their initial values
+/// (a tensor shard other than 0 starts from its own part of a split parameter).
+fn initial_params(
+    tg: &TrainingGraph,
+    graphs: &StageGraphs,
+    settings: &StageSettings,
+) -> Result<(ParamLayout, Vec<f32>)> {
+    let params: Vec<&crate::graph::Param> = graphs
+        .io
+        .params
+        .iter()
+        .filter_map(|n| tg.param(n))
+        .collect();
+    let layout = ParamLayout::new(
+        params
+            .iter()
+            .map(|p| (p.name.clone(), p.meta.shape.clone())),
+    );
+    let mut flat = Vec::with_capacity(layout.len());
+    for p in &params {
+        let own = match (&tg.shards, &settings.shard) {
+            (Some(plan), Some(link)) => Some(plan.initial(&p.name, link.0.rank(), &p.init)?),
+            _ => None,
+        };
+        let init = own.as_ref().unwrap_or(&p.init);
+        let v = init.as_f32().ok_or_else(|| Error::BadTensor {
+            name: p.name.clone(),
+            reason: "pipelined training keeps float32 parameters".into(),
+        })?;
+        flat.extend_from_slice(v);
+    }
+    Ok((layout, flat))
+}
+
+/// The running statistics the stage keeps (`io.buffers`), at their initial values.
+fn initial_buffers(tg: &TrainingGraph, io: &StageIo) -> Payload {
+    io.buffers
+        .iter()
+        .filter_map(|(n, _)| tg.buffers.iter().find(|b| b.name == *n))
+        .map(|b| (b.name.clone(), Arc::new(b.init.clone())))
+        .collect()
+}
+
+/// A stage's sessions: the last stage's fused forward and backward where it has one and
+/// the backward is not split, else a forward and a backward (or its two halves).
+struct Sessions {
+    forward: Option<GraphSession>,
+    backward: Option<GraphSession>,
+    backward_input: Option<GraphSession>,
+    backward_weight: Option<GraphSession>,
+    fused: Option<GraphSession>,
+    evaluate: Option<GraphSession>,
+}
+
+impl Sessions {
+    fn open(
+        rt: &Runtime,
+        graphs: &StageGraphs,
+        opts: &SessionOptions,
+        settings: &StageSettings,
+    ) -> Result<Sessions> {
+        let session = |g: &Graph| -> Result<Option<GraphSession>> {
+            (!g.nodes.is_empty())
+                .then(|| GraphSession::for_shard(rt, g, opts, &g.name, settings.shard.as_ref()))
+                .transpose()
+        };
+        let split = settings.split_backward;
+        let fused = match (&graphs.fused, split) {
+            (Some(g), false) => session(g)?,
+            _ => None,
+        };
+        let separate = fused.is_none();
+        let when = |yes: bool, g: &Graph| if yes { session(g) } else { Ok(None) };
+        Ok(Sessions {
+            forward: when(separate, &graphs.forward)?,
+            backward: when(separate && !split, &graphs.backward)?,
+            backward_input: when(split, &graphs.backward_input)?,
+            backward_weight: when(split, &graphs.backward_weight)?,
+            fused,
+            evaluate: session(&graphs.evaluate)?,
+        })
+    }
+
+    /// The graph whose run completes the parameter gradients (what gradient buckets cut).
+    fn gradient_graph<'a>(&self, graphs: &'a StageGraphs, split_backward: bool) -> &'a Graph {
+        match (&graphs.fused, self.fused.is_some(), split_backward) {
+            (Some(g), true, _) => g,
+            (_, _, true) => &graphs.backward_weight,
+            _ => &graphs.backward,
+        }
     }
 }
