@@ -27,10 +27,10 @@ ONNX Runtime's training build are given that many; pipetrain chooses its own wit
 machine's cores (one on these models: their kernels are too small to share) unless fewer
 are asked for, when its `runtime.intra_op_threads` is set to that.
 """
-import os
 import argparse
 import copy
 import json
+import os
 import statistics
 import subprocess
 import sys

@@ -124,10 +124,10 @@ fn the_loss_alone_measures_what_the_whole_graph_does() {
     );
 }
 
-/// The step's work per node (what picks ONNX Runtime's threads): the built-in MLP's
-/// three products (forward, the inputs' gradient, the weights' gradient) of each layer
-/// over its nodes, the first layer's input gradient aside, which the backward skips and
-/// the estimate counts; elementwise nodes add about one operation per value.
+/// The step's work per node (what picks ONNX Runtime's threads): for the built-in MLP,
+/// three products a layer (forward, the inputs' gradient, the weights' gradient; the
+/// estimate counts the first layer's input gradient too, which the backward skips) and
+/// about one operation per value of the other forward nodes, over the step's nodes.
 #[test]
 fn work_per_node_is_the_steps_products_over_its_nodes() {
     use pipetrain::graph::{build_training_graph, flops_per_node, LossSpec, TrainOptions};

@@ -130,8 +130,9 @@ pub fn assign_stages(tg: &TrainingGraph, p: &Partition) -> Result<StageAssignmen
 }
 
 /// The training step's floating-point operations per node, about: three times the
-/// forward's (its products again for the inputs' and the weights' gradients) over the
-/// forward's computing nodes and the backward's. What one kernel call has to amortize
+/// forward's (its products again for the inputs' and the weights' gradients; one
+/// operation per value made by a node that is not a product) over the forward's
+/// computing nodes and the backward's. What one kernel call has to amortize
 /// its start (and, split across threads, the thread pool's hand-over) over.
 pub fn flops_per_node(tg: &TrainingGraph) -> f64 {
     let is_const = constant_nodes(tg);

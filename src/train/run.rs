@@ -104,12 +104,14 @@ pub(super) async fn run_training<K: Collective>(
     let lr_at = Box::new(move |step| lr.lr_at(step, total));
     let run = (first_step..total, on_step);
     let stages = (built.stages.len(), built.tg.shards.as_ref());
-    let output = run_engine(&engine, computes, data, lr_at, run, cluster, stages).await?;
+    let (results, trace, parameters, peaks) =
+        run_engine(&engine, computes, data, lr_at, run, cluster, stages).await?;
     let elapsed = start.elapsed();
     if reports {
-        save_trained(cfg, &model, &output.2)?;
+        save_trained(cfg, &model, &parameters)?;
     }
     let ran = (first_step, elapsed, built.assignment.stages);
+    let output = (results, trace, parameters, peaks);
     Ok(summary(cfg, ran, &built.predicted, output))
 }
 
