@@ -18,7 +18,7 @@ pub use chain::{StageChain, StepOutput, TensorMap, TrainSession};
 pub use device::{check_device, cuda_devices, CudaDevices, Device};
 pub use direct::Target;
 pub use local_shards::LocalShards;
-pub use open::SessionOptions;
+pub use open::{intra_threads_for, SessionOptions};
 pub use pinned::PinnedBuffers;
 pub use probe::probe_values;
 pub use runtime::{find_library, Runtime, RuntimeInfo, ORT_VERSION};

@@ -6,7 +6,7 @@ use std::time::Duration;
 use pipetrain_actors::{LossScaling, ScalerState};
 
 use crate::checkpoint::{slow_write, LoadedCheckpoint};
-use crate::compute::{Runtime, SessionOptions};
+use crate::compute::{intra_threads_for, Runtime, SessionOptions};
 use crate::config::TrainConfig;
 use crate::data::StepBatches;
 use crate::graph::{build_sharded_training_graph, TrainOptions, TrainingGraph};
@@ -59,24 +59,14 @@ pub(super) fn stage_spin(actors: usize) -> Duration {
     }
 }
 
-/// Below this many floating-point operations per node of the training step (about, see
-/// [`crate::graph::flops_per_node`]), a kernel split across ONNX Runtime's intra-op
-/// threads loses more to the hand-over than it gains. Measured on a 2-core VM with the
-/// built-in GPT-2 at widths 32-128 and batches 4-16 (one thread against two, alternating
-/// runs): one thread 1.3x faster at 0.1 MFLOP a node, even at 0.37-0.40, two threads
-/// 1.06x faster at 0.75 and 1.5x at 7.5 (the peers' tiny GPT); the exported fixtures
-/// (BERT, ViT, GPT-2, Llama, BART, ConvNeXt, 0.02-0.10) 1.2-1.7x faster with one.
-const THREADED_MIN_FLOPS_PER_NODE: f64 = 0.4e6;
-
 /// Intra-op threads of each session: `runtime.intra_op_threads` where set; else the
 /// machine's cores shared among this process's `actors`, but one where the step's kernels
-/// are too small to share (`flops_per_node`).
+/// are too small to share ([`intra_threads_for`]).
 pub(super) fn intra_op_threads(cfg: &TrainConfig, actors: usize, flops_per_node: f64) -> usize {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     match cfg.runtime.intra_op_threads {
         Some(n) => n,
-        None if flops_per_node < THREADED_MIN_FLOPS_PER_NODE => 1,
-        None => (cores / actors).max(1),
+        None => intra_threads_for(flops_per_node, cores / actors),
     }
 }
 

@@ -8,10 +8,10 @@ use pipetrain_actors::{GradPolicy, StageCompute};
 
 use super::state::CheckpointState;
 use crate::checkpoint::{self, LoadedCheckpoint};
-use crate::compute::{Runtime, SessionOptions};
+use crate::compute::{intra_threads_for, Runtime, SessionOptions};
 use crate::graph::{
-    assign_stages, build_stage_graphs, build_training_graph, export_inference_model, BalanceBy,
-    LossSpec, Partition, TrainOptions, LOSS,
+    assign_stages, build_stage_graphs, build_training_graph, export_inference_model,
+    flops_per_node, BalanceBy, LossSpec, Partition, TrainOptions, LOSS,
 };
 use crate::onnx::proto::ModelProto;
 use crate::onnx::{load_model, save_model};
@@ -68,9 +68,10 @@ impl Module {
         };
         let graphs = build_stage_graphs(&tg, &assign_stages(&tg, &one)?)?;
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        // What `pipetrain train` gives one stage alone: every core, spinning threads.
+        // What `pipetrain train` gives one stage alone: every core (one where the step's
+        // kernels are too small to share), spinning threads.
         let session = SessionOptions {
-            intra_threads: cores,
+            intra_threads: intra_threads_for(flops_per_node(&tg), cores),
             inter_threads: 1,
             optimize: true,
             spin: true,
