@@ -42,9 +42,10 @@ pub struct SessionOptions {
 /// [`crate::graph::flops_per_node`]), a kernel split across ONNX Runtime's intra-op
 /// threads loses more to the hand-over than it gains. Measured on a 2-core VM with the
 /// built-in GPT-2 at widths 32-128 and batches 4-16 (one thread against two, alternating
-/// runs): one thread 1.3x faster at 0.1 MFLOP a node, even at 0.37-0.40, two threads
-/// 1.06x faster at 0.75 and 1.5x at 7.5 (the peers' tiny GPT); the exported fixtures
-/// (BERT, ViT, GPT-2, Llama, BART, ConvNeXt, 0.02-0.10) 1.2-1.7x faster with one.
+/// runs): one thread 1.3x faster at 0.1 MFLOP a node and 1.05x at 0.37, two threads
+/// 1.07x faster at 0.40, 1.06x at 0.75 and 1.5x at 7.5 (the peers' tiny GPT); the
+/// exported fixtures (BERT, ViT, GPT-2, Llama, BART, ConvNeXt, 0.02-0.10) 1.2-1.7x
+/// faster with one. The threshold sits where the two cross.
 const THREADED_MIN_FLOPS_PER_NODE: f64 = 0.4e6;
 
 /// Intra-op threads for a training session whose step does `flops_per_node`: `cores`,
