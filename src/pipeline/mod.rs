@@ -24,6 +24,7 @@ mod settings;
 mod shard;
 mod stage;
 mod stage_compute;
+mod stage_open;
 mod stage_run;
 
 pub use adasum::{adasum_pair, AdasumSlot};

@@ -1,7 +1,7 @@
 //! A training run on the actor runtime: the configuration's model, cut into stages, one
 //! [`crate::pipeline::OrtStage`] per (stage, replica), fed by
 //! [`crate::pipeline::StepData`] and driven by `pipetrain_actors::run` under the
-//! configured pipeline schedule (`run`); resumed from a checkpoint and saving
+//! configured pipeline schedule (`run`, `engine`); resumed from a checkpoint and saving
 //! checkpoints (`checkpointing`); its events ([`RunEvent`]) for the binary and embedders.
 
 use std::path::Path;
@@ -24,6 +24,7 @@ mod checkpointing;
 mod cluster;
 mod command;
 mod data_rules;
+mod engine;
 mod memory;
 mod phases;
 mod report;

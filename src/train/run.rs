@@ -1,5 +1,6 @@
 //! The body of a run: its phases before training (`phases.rs`), the engine over the
-//! stage computes, the events of the run as it goes, and the trained model at the end.
+//! stage computes (`engine.rs`), the events of the run as it goes, and the trained model
+//! at the end.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -8,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use pipetrain_actors::{Collective, EngineSettings, StepResult};
 
-use super::cluster::{gather_parameters, ClusterPart};
+use super::cluster::ClusterPart;
+use super::engine::{run_engine, EngineOutput};
 use super::phases::{build_graphs, make_computes, open_data, prepare, Built, OpenedData, Prepared};
 use super::settings::{intra_op_threads, session_options, stage_spin, starting_scaler};
 use super::{checkpointing, RunEvent, RunOptions, StashPeak, StepReport, TrainSummary};
@@ -16,7 +18,6 @@ use crate::checkpoint::ModelInfo;
 use crate::compute::{Runtime, SessionOptions};
 use crate::config::TrainConfig;
 use crate::data::{open_step_batches, BatchSource, FedBatches, StepBatches};
-use crate::graph::tensor_parallel::ShardPlan;
 use crate::graph::{export_inference_model, flops_per_node, LossNormalize};
 use crate::onnx::save_model;
 use crate::pipeline::{HistogramTap, OrtStage, StepData};
@@ -308,96 +309,5 @@ fn step_reporter<'a>(
         for e in report.events() {
             on_event(e);
         }
-    }
-}
-
-/// What the engine hands back: the steps' results, the trace, the trained parameters
-/// (replica 0's, every stage), and each stage's measured stash peak and tensor-shard
-/// traffic (replica 0's shard 0).
-type EngineOutput = (
-    Vec<StepResult>,
-    Option<pipetrain_actors::RunTrace>,
-    Vec<(String, Tensor)>,
-    Vec<(usize, usize, Option<crate::compute::ShardTraffic>)>,
-);
-
-/// Runs the engine over this process's computes, alone or as its part of a cluster.
-async fn run_engine<K: Collective>(
-    engine: &EngineSettings,
-    mut computes: HashMap<(usize, usize), OrtStage>,
-    data: Arc<StepData>,
-    lr_at: Box<dyn Fn(u64) -> f64 + Send + Sync>,
-    (steps, on_step): (std::ops::Range<u64>, impl FnMut(&StepResult) + Send),
-    cluster: Option<ClusterPart<K>>,
-    (stages, plan): (usize, Option<&ShardPlan>),
-) -> Result<EngineOutput> {
-    let failed = |e| Error::Runtime {
-        source: Box::new(e),
-    };
-    match cluster {
-        None => {
-            let by_replica = (0..engine.replicas)
-                .map(|r| {
-                    (0..stages)
-                        .map(|s| computes.remove(&(r, s)).expect("every stage was built"))
-                        .collect()
-                })
-                .collect();
-            let out = pipetrain_actors::run(engine, by_replica, data, lr_at, steps, on_step)
-                .await
-                .map_err(failed)?;
-            let first = out.computes.first().into_iter().flatten();
-            let peaks = first
-                .clone()
-                .enumerate()
-                .map(|(s, c)| (s, c.peak_stash_bytes(), c.shard_traffic()))
-                .collect();
-            // Data-parallel replica 0: its tensor shards, each stage's parts together.
-            let by_shard = out.computes[..engine.shards]
-                .iter()
-                .map(|r| r.iter().flat_map(OrtStage::parameters).collect())
-                .collect();
-            let params = whole_parameters(plan, by_shard)?;
-            Ok((out.steps, out.trace, params, peaks))
-        }
-        Some(part) => {
-            let bus = part.dist.bus.clone();
-            let out = pipetrain_actors::run_distributed(
-                engine, computes, data, lr_at, steps, on_step, part.dist,
-            )
-            .await
-            .map_err(failed)?;
-            // Data-parallel replica 0's tensor shards.
-            let mut mine: Vec<_> = out
-                .computes
-                .into_iter()
-                .filter(|((r, _), _)| *r < engine.shards)
-                .collect();
-            mine.sort_by_key(|((r, s), _)| (*s, *r));
-            let local = mine
-                .iter()
-                .flat_map(|((r, _), c)| c.parameters().into_iter().map(|(n, t)| (*r, n, t)))
-                .collect();
-            let peaks = mine
-                .iter()
-                .filter(|((r, _), _)| *r == 0)
-                .map(|((_, s), c)| (*s, c.peak_stash_bytes(), c.shard_traffic()))
-                .collect();
-            let by_shard = gather_parameters(bus.as_ref(), local).await?;
-            let params = whole_parameters(plan, by_shard)?;
-            Ok((out.steps, out.trace, params, peaks))
-        }
-    }
-}
-
-/// Whole parameters from data-parallel replica 0's tensor shards (`by_shard[k]`: shard
-/// `k`'s); shard 0's as they are when the model is not split.
-fn whole_parameters(
-    plan: Option<&ShardPlan>,
-    by_shard: Vec<Vec<(String, Tensor)>>,
-) -> Result<Vec<(String, Tensor)>> {
-    match plan {
-        Some(p) => crate::pipeline::whole_parameters(&p.specs, by_shard),
-        None => Ok(by_shard.into_iter().next().unwrap_or_default()),
     }
 }

@@ -1,0 +1,108 @@
+//! What a stage starts from: its parameters' layout and initial values, its running
+//! statistics, and its ONNX Runtime sessions.
+
+use std::sync::Arc;
+
+use super::stage::Payload;
+use crate::compute::{GraphSession, Runtime, SessionOptions};
+use crate::graph::{Graph, StageGraphs, StageIo, TrainingGraph};
+use crate::optim::ParamLayout;
+use crate::pipeline::settings::StageSettings;
+use crate::{Error, Result};
+
+/// The stage's parameters: their layout in the flat buffer, and their initial values
+/// (a tensor shard other than 0 starts from its own part of a split parameter).
+pub(super) fn initial_params(
+    tg: &TrainingGraph,
+    graphs: &StageGraphs,
+    settings: &StageSettings,
+) -> Result<(ParamLayout, Vec<f32>)> {
+    let params: Vec<&crate::graph::Param> = graphs
+        .io
+        .params
+        .iter()
+        .filter_map(|n| tg.param(n))
+        .collect();
+    let layout = ParamLayout::new(
+        params
+            .iter()
+            .map(|p| (p.name.clone(), p.meta.shape.clone())),
+    );
+    let mut flat = Vec::with_capacity(layout.len());
+    for p in &params {
+        let own = match (&tg.shards, &settings.shard) {
+            (Some(plan), Some(link)) => Some(plan.initial(&p.name, link.0.rank(), &p.init)?),
+            _ => None,
+        };
+        let init = own.as_ref().unwrap_or(&p.init);
+        let v = init.as_f32().ok_or_else(|| Error::BadTensor {
+            name: p.name.clone(),
+            reason: "pipelined training keeps float32 parameters".into(),
+        })?;
+        flat.extend_from_slice(v);
+    }
+    Ok((layout, flat))
+}
+
+/// The running statistics the stage keeps (`io.buffers`), at their initial values.
+pub(super) fn initial_buffers(tg: &TrainingGraph, io: &StageIo) -> Payload {
+    io.buffers
+        .iter()
+        .filter_map(|(n, _)| tg.buffers.iter().find(|b| b.name == *n))
+        .map(|b| (b.name.clone(), Arc::new(b.init.clone())))
+        .collect()
+}
+
+/// A stage's sessions: the last stage's fused forward and backward where it has one and
+/// the backward is not split, else a forward and a backward (or its two halves).
+pub(super) struct Sessions {
+    pub(super) forward: Option<GraphSession>,
+    pub(super) backward: Option<GraphSession>,
+    pub(super) backward_input: Option<GraphSession>,
+    pub(super) backward_weight: Option<GraphSession>,
+    pub(super) fused: Option<GraphSession>,
+    pub(super) evaluate: Option<GraphSession>,
+}
+
+impl Sessions {
+    pub(super) fn open(
+        rt: &Runtime,
+        graphs: &StageGraphs,
+        opts: &SessionOptions,
+        settings: &StageSettings,
+    ) -> Result<Sessions> {
+        let session = |g: &Graph| -> Result<Option<GraphSession>> {
+            (!g.nodes.is_empty())
+                .then(|| GraphSession::for_shard(rt, g, opts, &g.name, settings.shard.as_ref()))
+                .transpose()
+        };
+        let split = settings.split_backward;
+        let fused = match (&graphs.fused, split) {
+            (Some(g), false) => session(g)?,
+            _ => None,
+        };
+        let separate = fused.is_none();
+        let when = |yes: bool, g: &Graph| if yes { session(g) } else { Ok(None) };
+        Ok(Sessions {
+            forward: when(separate, &graphs.forward)?,
+            backward: when(separate && !split, &graphs.backward)?,
+            backward_input: when(split, &graphs.backward_input)?,
+            backward_weight: when(split, &graphs.backward_weight)?,
+            fused,
+            evaluate: session(&graphs.evaluate)?,
+        })
+    }
+
+    /// The graph whose run completes the parameter gradients (what gradient buckets cut).
+    pub(super) fn gradient_graph<'a>(
+        &self,
+        graphs: &'a StageGraphs,
+        split_backward: bool,
+    ) -> &'a Graph {
+        match (&graphs.fused, self.fused.is_some(), split_backward) {
+            (Some(g), true, _) => g,
+            (_, _, true) => &graphs.backward_weight,
+            _ => &graphs.backward,
+        }
+    }
+}
