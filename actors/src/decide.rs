@@ -116,6 +116,15 @@ impl GradPolicy {
     pub fn needs_barrier(&self) -> bool {
         self.max_norm.is_some() || matches!(self.scaling, LossScaling::Dynamic(_))
     }
+
+    /// Whether the update needs no statistics first: without clipping and with the loss
+    /// unscaled (static scale 1), every step applies its gradients as they are. (A
+    /// non-finite gradient then stops the run at the step's end, whatever the update
+    /// did with it.) A stage may then take its statistics during the update's own pass
+    /// over the gradients ([`StageCompute::update_counting`](crate::StageCompute)).
+    pub fn update_is_fixed(&self) -> bool {
+        self.max_norm.is_none() && self.scaling == LossScaling::Static(1.0)
+    }
 }
 
 /// The coordinator's decision for one step.
@@ -282,6 +291,44 @@ mod tests {
         let (d, _) = fixed.decide(fixed.scaling.initial_state(), &stats(&[f64::NAN]));
         assert!(d.apply, "static scaling leaves the stop to the coordinator");
         assert!(!d.grad_norm.is_finite());
+    }
+
+    /// The update needs no statistics first exactly when every finite step's decision
+    /// is "apply the gradients as they are".
+    #[test]
+    fn the_update_is_fixed_without_clipping_and_scaling_only() {
+        // Norm 3: clipping to 1 scales the gradients.
+        let finite = stats(&[2.0, 7.0]);
+        let policies = [
+            (GradPolicy::default(), true),
+            (
+                GradPolicy {
+                    max_norm: Some(1.0),
+                    ..GradPolicy::default()
+                },
+                false,
+            ),
+            (
+                GradPolicy {
+                    scaling: LossScaling::Static(1024.0),
+                    ..GradPolicy::default()
+                },
+                false,
+            ),
+            (
+                GradPolicy {
+                    scaling: LossScaling::Dynamic(DynamicScaling::default()),
+                    ..GradPolicy::default()
+                },
+                false,
+            ),
+        ];
+        for (p, fixed) in policies {
+            assert_eq!(p.update_is_fixed(), fixed, "{p:?}");
+            let (d, _) = p.decide(p.scaling.initial_state(), &finite);
+            let as_they_are = d.apply && d.grad_scale == 1.0 && d.next_loss_scale == 1.0;
+            assert_eq!(as_they_are, fixed, "{p:?}: {d:?}");
+        }
     }
 
     #[test]

@@ -58,6 +58,7 @@ pub use engine::{
     EvalSettings, Mailboxes, RunOutput, RunTrace,
 };
 pub use error::{ActorError, BoxError};
+pub use grad_stats::SumSq;
 pub use messages::{Flow, Transfer};
 pub use pipetrain_schedules as schedules;
 pub use requests::RunControl;

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::path::Path;
 
 use crate::checkpoint::SaveJob;
-use crate::decide::{GradStats, StepDecision};
+use crate::decide::{GradPolicy, GradStats, StepDecision};
 use crate::error::{ActorError, BoxError};
 
 /// Which part of a stage's backward to run.
@@ -105,6 +105,24 @@ pub trait StageCompute: Send + 'static {
         lr: f64,
         decision: &StepDecision,
     ) -> impl Future<Output = Result<(), BoxError>> + Send;
+
+    /// The update of a step whose decision needs no statistics
+    /// ([`GradPolicy::update_is_fixed`]): applies the gradients as they are and returns
+    /// their statistics. A compute may take them during the update's own pass over the
+    /// gradients; by default they are taken first, and the one decision made.
+    fn update_counting(
+        &mut self,
+        step: u64,
+        lr: f64,
+    ) -> impl Future<Output = Result<GradStats, BoxError>> + Send {
+        async move {
+            let stats = self.grad_stats(step);
+            let policy = GradPolicy::default();
+            let (decision, _) = policy.decide(policy.scaling.initial_state(), &[stats]);
+            self.update(step, lr, &decision).await?;
+            Ok(stats)
+        }
+    }
 
     /// Snapshots the state of `stage` (parameters, optimizer state) for a checkpoint
     /// whose files go into `dir`; the returned job writes and syncs them later, on

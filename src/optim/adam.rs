@@ -1,8 +1,10 @@
 //! Adam and AdamW, as `torch.optim.Adam` and `torch.optim.AdamW`.
 
+use pipetrain_actors::GradStats;
+
 use super::groups::Segment;
 use super::pieces::{piece_len, run_pieces};
-use super::{check_lengths, load_buffers, Optimizer};
+use super::{check_lengths, counted, load_buffers, Optimizer};
 use crate::Result;
 
 /// How weight decay enters the update: the one difference between Adam and AdamW.
@@ -68,16 +70,32 @@ impl Optimizer for Adam {
     fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<()> {
         check_lengths(self.m.len(), params, grads)?;
         self.step += 1;
-        for (r, h) in &self.segments {
-            let k = AdamCoefficients::new(self.decay, h, lr * h.lr_scale, self.step);
+        let ks = self.coefficients(lr);
+        for ((r, _), k) in self.segments.iter().zip(&ks) {
             let (m, v) = (&mut self.m[r.clone()], &mut self.v[r.clone()]);
             let (p, g) = (&mut params[r.clone()], &grads[r.clone()]);
             let n = piece_len(p.len());
             let parts =
                 (p.chunks_mut(n).zip(g.chunks(n))).zip(m.chunks_mut(n).zip(v.chunks_mut(n)));
-            run_pieces(parts, |((p, g), (m, v))| adam_update(p, g, m, v, &k));
+            run_pieces(parts, |((p, g), (m, v))| adam_update(p, g, m, v, k));
         }
         Ok(())
+    }
+
+    fn step_counting(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<GradStats> {
+        check_lengths(self.m.len(), params, grads)?;
+        if !counted::on_one_core(params.len()) {
+            let stats = GradStats::of(grads);
+            self.step(params, grads, lr)?;
+            return Ok(stats);
+        }
+        self.step += 1;
+        let ks = self.coefficients(lr);
+        let (m, v) = (&mut self.m, &mut self.v);
+        Ok(counted::windows(grads, &self.segments, |i, r| {
+            let (m, v) = (&mut m[r.clone()], &mut v[r.clone()]);
+            adam_update(&mut params[r.clone()], &grads[r], m, v, &ks[i]);
+        }))
     }
 
     fn step_count(&self) -> u64 {
@@ -95,6 +113,14 @@ impl Optimizer for Adam {
         )?;
         self.step = step;
         Ok(())
+    }
+}
+
+impl Adam {
+    /// Each segment's constants of the step counted now, at learning rate `lr`.
+    fn coefficients(&self, lr: f64) -> Vec<AdamCoefficients> {
+        let k = |h| AdamCoefficients::new(self.decay, h, lr * h.lr_scale, self.step);
+        self.segments.iter().map(|(_, h)| k(h)).collect()
     }
 }
 

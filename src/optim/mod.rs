@@ -18,16 +18,20 @@
 //! Every optimizer allocates its state once, in [`build`], and a step is a few passes of
 //! plain slice loops that the compiler vectorizes: the step runs on the hot path, hundreds
 //! of times a second over ~670k parameters. Over big buffers the element-wise loops run in
-//! pieces on several cores (`pieces.rs`), with the same result. Scalars (bias corrections, step sizes) are
-//! computed in `f64` and rounded to `f32` once per step, as `torch.optim` computes them
-//! as Python floats.
+//! pieces on several cores (`pieces.rs`), with the same result; on one core, the update
+//! can take the gradients' statistics on its way (`counted.rs`). Scalars (bias
+//! corrections, step sizes) are computed in `f64` and rounded to `f32` once per step, as
+//! `torch.optim` computes them as Python floats.
 
 use std::path::Path;
+
+use pipetrain_actors::GradStats;
 
 use crate::{Error, Result};
 
 mod adam;
 mod config;
+mod counted;
 mod groups;
 mod lamb;
 mod layout;
@@ -52,6 +56,18 @@ pub trait Optimizer: Send {
     /// `BadTensor` when `params` or `grads` do not hold exactly the layout's number of
     /// values; nothing is changed then.
     fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<()>;
+
+    /// [`step`](Optimizer::step), and the statistics of `grads` as [`GradStats::of`]
+    /// takes them (the same bits). SGD and Adam take them on the update's own pass
+    /// (`counted.rs`); by default they are taken first.
+    ///
+    /// # Errors
+    /// As [`step`](Optimizer::step).
+    fn step_counting(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<GradStats> {
+        let stats = GradStats::of(grads);
+        self.step(params, grads, lr)?;
+        Ok(stats)
+    }
 
     /// Steps taken so far (PyTorch's `state["step"]`); bias corrections use this.
     fn step_count(&self) -> u64;

@@ -1,8 +1,10 @@
 //! Stochastic gradient descent, as `torch.optim.SGD`.
 
-use super::groups::Segment;
+use pipetrain_actors::GradStats;
+
+use super::groups::{Hyper, Segment};
 use super::pieces::{piece_len, run_pieces};
-use super::{check_lengths, load_buffers, Optimizer};
+use super::{check_lengths, counted, load_buffers, Optimizer};
 use crate::Result;
 
 /// `torch.optim.SGD` (default single-tensor path, `maximize=False`), per value:
@@ -58,8 +60,8 @@ impl Optimizer for Sgd {
     fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<()> {
         check_lengths(self.len, params, grads)?;
         let k = self.coefficients();
-        for (r, h) in &self.segments {
-            let (lr, wd) = ((lr * h.lr_scale) as f32, h.weight_decay as f32);
+        let rates = self.rates(lr);
+        for ((r, _), &(lr, wd)) in self.segments.iter().zip(&rates) {
             let (p, g) = (&mut params[r.clone()], &grads[r.clone()]);
             let n = piece_len(p.len());
             match self.momentum == 0.0 {
@@ -75,6 +77,27 @@ impl Optimizer for Sgd {
         }
         self.step += 1;
         Ok(())
+    }
+
+    fn step_counting(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<GradStats> {
+        check_lengths(self.len, params, grads)?;
+        if !counted::on_one_core(self.len) {
+            let stats = GradStats::of(grads);
+            self.step(params, grads, lr)?;
+            return Ok(stats);
+        }
+        let (k, rates, plain) = (self.coefficients(), self.rates(lr), self.momentum == 0.0);
+        let buf = &mut self.buf;
+        let stats = counted::windows(grads, &self.segments, |i, r| {
+            let (lr, wd) = rates[i];
+            let (p, g) = (&mut params[r.clone()], &grads[r.clone()]);
+            match plain {
+                true => plain_step(p, g, lr, wd),
+                false => momentum_step(p, g, &mut buf[r], k, lr, wd),
+            }
+        });
+        self.step += 1;
+        Ok(stats)
     }
 
     fn step_count(&self) -> u64 {
@@ -101,6 +124,12 @@ impl Optimizer for Sgd {
 }
 
 impl Sgd {
+    /// Each segment's `(learning rate, weight decay)` at learning rate `lr`.
+    fn rates(&self, lr: f64) -> Vec<(f32, f32)> {
+        let rate = |h: &Hyper| ((lr * h.lr_scale) as f32, h.weight_decay as f32);
+        self.segments.iter().map(|(_, h)| rate(h)).collect()
+    }
+
     /// `(keep, take, gc, bc)` of [`momentum_step`] at this step.
     fn coefficients(&self) -> (f32, f32, f32, f32) {
         let m = self.momentum as f32;

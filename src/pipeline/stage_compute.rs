@@ -9,6 +9,7 @@ use pipetrain_actors::{
 
 use super::stage::{OrtStage, Payload};
 use crate::graph::{ACC_CORRECT, ACC_COUNTED, LOSS};
+use crate::optim::Optimizer;
 use crate::Result;
 
 impl OrtStage {
@@ -85,6 +86,41 @@ fn pick(names: &[String], sources: &[&Payload]) -> Payload {
                 .map(|t| (n.clone(), t.clone()))
         })
         .collect()
+}
+
+/// The optimizer step's parts, shared by [`StageCompute::update`] (after a decision) and
+/// [`StageCompute::update_counting`] (none needed).
+impl OrtStage {
+    /// The step's gradients complete, with the overflow a test asked for at `step`.
+    fn final_grads(&mut self, step: u64) {
+        self.complete_grads();
+        if self.settings.overflow_at.contains(&step) {
+            if let Some(g) = self.grads.first_mut() {
+                *g = f32::INFINITY;
+            }
+        }
+    }
+
+    /// Applies the optimizer to the gradients as they are now, by `step_with` (the
+    /// optimizer's `step` or `step_counting`), and returns what that returns.
+    fn optimize<T>(
+        &mut self,
+        step: u64,
+        lr: f64,
+        step_with: impl FnOnce(&mut dyn Optimizer, &mut [f32], &[f32], f64) -> Result<T>,
+    ) -> Result<T> {
+        self.tap("grad", step, &self.grads);
+        let out = step_with(self.optimizer.as_mut(), &mut self.params, &self.grads, lr)?;
+        self.tap("param", step, &self.params);
+        Ok(out)
+    }
+
+    /// Clears the gradients for step `step + 1`, whose loss is scaled by `loss_scale`.
+    fn end_step(&mut self, step: u64, loss_scale: f64) {
+        self.steps_done = step + 1;
+        self.reset_grads();
+        self.loss_scale = loss_scale;
+    }
 }
 
 impl StageCompute for OrtStage {
@@ -233,12 +269,7 @@ impl StageCompute for OrtStage {
     }
 
     fn grad_stats(&mut self, step: u64) -> GradStats {
-        self.complete_grads();
-        if self.settings.overflow_at.contains(&step) {
-            if let Some(g) = self.grads.first_mut() {
-                *g = f32::INFINITY;
-            }
-        }
+        self.final_grads(step);
         match &self.shard {
             Some(shard) => shard.grad_stats(&self.layout, &self.grads),
             None => GradStats::of(&self.grads),
@@ -251,7 +282,6 @@ impl StageCompute for OrtStage {
         lr: f64,
         decision: &StepDecision,
     ) -> Result<(), BoxError> {
-        self.steps_done = step + 1;
         if decision.apply {
             // Unscale and clip in one pass; skipped when it is exactly 1, so runs without
             // clipping or scaling stay bitwise what they were.
@@ -259,13 +289,24 @@ impl StageCompute for OrtStage {
                 let k = decision.grad_scale as f32;
                 self.grads.iter_mut().for_each(|g| *g *= k);
             }
-            self.tap("grad", step, &self.grads);
-            self.optimizer.step(&mut self.params, &self.grads, lr)?;
-            self.tap("param", step, &self.params);
+            self.optimize(step, lr, |o, p, g, lr| o.step(p, g, lr))?;
         }
-        self.reset_grads();
-        self.loss_scale = decision.next_loss_scale;
+        self.end_step(step, decision.next_loss_scale);
         Ok(())
+    }
+
+    async fn update_counting(&mut self, step: u64, lr: f64) -> Result<GradStats, BoxError> {
+        // A tensor-parallel shard counts only its part of the split parameters.
+        if self.shard.is_some() {
+            let stats = self.grad_stats(step);
+            self.optimize(step, lr, |o, p, g, lr| o.step(p, g, lr))?;
+            self.end_step(step, 1.0);
+            return Ok(stats);
+        }
+        self.final_grads(step);
+        let stats = self.optimize(step, lr, |o, p, g, lr| o.step_counting(p, g, lr))?;
+        self.end_step(step, 1.0);
+        Ok(stats)
     }
 
     fn save(&mut self, stage: usize, dir: &Path) -> Result<SaveJob, BoxError> {

@@ -213,6 +213,16 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             // only true data dependencies make an actor wait, as the simulator models.
             ActionKind::RecvAct | ActionKind::RecvGrad => {}
             ActionKind::AllReduce => self.all_reduce(action).await?,
+            // No decision to wait for: the stage takes its statistics on the update's
+            // own pass over the gradients.
+            ActionKind::OptimizerStep if self.policy.update_is_fixed() => {
+                let stats = self
+                    .compute(s)?
+                    .update_counting(step, lr)
+                    .await
+                    .map_err(|source| self.failed(action, source))?;
+                out.grads.push((s, stats));
+            }
             ActionKind::OptimizerStep => {
                 let d = match *decision {
                     Some(d) => d,
