@@ -80,42 +80,14 @@ lr = 1e-9
 }
 
 /// The accuracy of the evaluation rounds, against arg-max counted from the logits of the
-/// same weights in the forward model alone.
+/// same weights in the forward model alone; with `ignore_index`, over the positions
+/// with another label only.
 #[test]
 fn evaluation_reports_accuracy_of_the_arg_max() {
     if common::skip_without_peers() {
         return;
     }
     let rt = common::runtime();
-    let text = r#"
-model_path = "../../shared/peers/data/mlp.onnx"
-init_path = "../../shared/peers/data/mlp_init.safetensors"
-batch_size = 16
-gradient_accumulation_steps = 4
-num_train_steps = 4
-pipeline_parallel_size = 2
-evaluation_period = 1
-eval_micro_batches = 4
-[loss]
-kind = "softmax_cross_entropy"
-prediction = "logits"
-label = "y"
-[data]
-path = "../../shared/peers/data/mlp_data.npz"
-batch_order = "batch_idx"
-layout = { kind = "arrays", feeds = { x = "x", y = "y" } }
-[optimizer]
-kind = "sgd"
-[lr_schedule]
-kind = "constant"
-lr = 1e-9
-"#;
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/evaluation.toml");
-    let cfg = TrainConfig::parse(text, &path).unwrap();
-    let mut accuracy = None;
-    pipetrain::train::train(&rt, &cfg, &path, false, |r| accuracy = r.eval_accuracy).unwrap();
-    let accuracy = accuracy.expect("an accuracy after every step");
-
     let peer = common::PeerModel::load("mlp");
     let data = pipetrain::data::read_npz(&common::peers_dir().join("data/mlp_data.npz")).unwrap();
     let rows: Vec<usize> = (0..64).collect();
@@ -131,12 +103,56 @@ lr = 1e-9
     let logits = session.run(&[("x", &x)]).unwrap().remove(0);
     let v = logits.as_f32().unwrap();
     let classes = logits.shape[1];
-    let hits = (0..64)
-        .filter(|&r| {
-            let row = &v[r * classes..(r + 1) * classes];
-            let best = (0..classes).fold(0, |b, c| if row[c] > row[b] { c } else { b });
-            best as i64 == y[r]
-        })
-        .count();
-    assert_eq!(accuracy, hits as f64 / 64.0, "{accuracy} vs {hits}/64");
+    let hit = |r: usize| {
+        let row = &v[r * classes..(r + 1) * classes];
+        let best = (0..classes).fold(0, |b, c| if row[c] > row[b] { c } else { b });
+        best as i64 == y[r]
+    };
+    let all = (0..64).filter(|&r| hit(r)).count() as f64 / 64.0;
+    for ignore in [None, Some(y[0])] {
+        let kept: Vec<usize> = (0..64).filter(|&r| Some(y[r]) != ignore).collect();
+        let hits = kept.iter().filter(|&&r| hit(r)).count();
+        let want = hits as f64 / kept.len() as f64;
+        // Leaving the label out must change the answer, or this checks nothing.
+        assert_eq!(want == all, ignore.is_none(), "{want} vs {all}");
+        let accuracy = trained_accuracy(&rt, ignore);
+        assert_eq!(accuracy, want, "{accuracy} vs {hits}/{}", kept.len());
+    }
+}
+
+/// The evaluation accuracy of the peers' MLP after 4 steps at a learning rate of 1e-9,
+/// labels `ignore` left out.
+fn trained_accuracy(rt: &pipetrain::compute::Runtime, ignore: Option<i64>) -> f64 {
+    let ignore = ignore.map_or(String::new(), |i| format!("ignore_index = {i}"));
+    let text = format!(
+        r#"
+model_path = "../../shared/peers/data/mlp.onnx"
+init_path = "../../shared/peers/data/mlp_init.safetensors"
+batch_size = 16
+gradient_accumulation_steps = 4
+num_train_steps = 4
+pipeline_parallel_size = 2
+evaluation_period = 1
+eval_micro_batches = 4
+[loss]
+kind = "softmax_cross_entropy"
+prediction = "logits"
+label = "y"
+{ignore}
+[data]
+path = "../../shared/peers/data/mlp_data.npz"
+batch_order = "batch_idx"
+layout = {{ kind = "arrays", feeds = {{ x = "x", y = "y" }} }}
+[optimizer]
+kind = "sgd"
+[lr_schedule]
+kind = "constant"
+lr = 1e-9
+"#
+    );
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/evaluation.toml");
+    let cfg = TrainConfig::parse(&text, &path).unwrap();
+    let mut accuracy = None;
+    pipetrain::train::train(rt, &cfg, &path, false, |r| accuracy = r.eval_accuracy).unwrap();
+    accuracy.expect("an accuracy after every step")
 }

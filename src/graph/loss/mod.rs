@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use label::{classes_on_axis_1, find_class_axis, label_input, reshape_label};
 
 use crate::graph::ir::{int_attr, make_node, string_attr, tensor_attr, Graph, ValueMeta};
+use crate::onnx::proto::{AttributeProto, NodeProto};
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
@@ -203,114 +204,51 @@ fn attach_accuracy(
     label: &str,
     ignore_index: Option<i64>,
 ) -> Result<()> {
-    let f32_type = DType::F32.onnx() as i64;
+    let to = |d: DType| vec![int_attr("to", d.onnx() as i64)];
+    let keepdims_0 = || vec![int_attr("keepdims", 0)];
+    let argmax_attrs = vec![int_attr("axis", 1), int_attr("keepdims", 0)];
     g.nodes.extend([
-        make_node(
-            "ArgMax",
-            "loss/argmax",
-            &[prediction],
-            &["loss/argmax"],
-            vec![int_attr("axis", 1), int_attr("keepdims", 0)],
-        ),
-        make_node(
-            "Cast",
-            "loss/label_i64",
-            &[label],
-            &["loss/label_i64"],
-            vec![int_attr("to", DType::I64.onnx() as i64)],
-        ),
-        make_node(
+        node("ArgMax", &[prediction], "loss/argmax", argmax_attrs),
+        node("Cast", &[label], "loss/label_i64", to(DType::I64)),
+        node(
             "Equal",
-            "loss/hit",
             &["loss/argmax", "loss/label_i64"],
-            &["loss/hit"],
+            "loss/hit",
             vec![],
         ),
-        make_node(
-            "Cast",
-            "loss/hit_f",
-            &["loss/hit"],
-            &["loss/hit_f"],
-            vec![int_attr("to", f32_type)],
-        ),
+        node("Cast", &["loss/hit"], "loss/hit_f", to(DType::F32)),
     ]);
-    match ignore_index {
-        Some(ii) => {
-            g.nodes.extend([
-                constant_node("loss/ignore_index", &Tensor::i64(vec![], vec![ii])?),
-                make_node(
-                    "Equal",
-                    "loss/ignored",
-                    &["loss/label_i64", "loss/ignore_index"],
-                    &["loss/ignored"],
-                    vec![],
-                ),
-                make_node(
-                    "Not",
-                    "loss/kept",
-                    &["loss/ignored"],
-                    &["loss/kept"],
-                    vec![],
-                ),
-                make_node(
-                    "Cast",
-                    "loss/kept_f",
-                    &["loss/kept"],
-                    &["loss/kept_f"],
-                    vec![int_attr("to", f32_type)],
-                ),
-                make_node(
-                    "Mul",
-                    "loss/hit_kept",
-                    &["loss/hit_f", "loss/kept_f"],
-                    &["loss/hit_kept"],
-                    vec![],
-                ),
-                make_node(
-                    "ReduceSum",
-                    "loss/correct",
-                    &["loss/hit_kept"],
-                    &[ACC_CORRECT],
-                    vec![int_attr("keepdims", 0)],
-                ),
-                make_node(
-                    "ReduceSum",
-                    "loss/counted",
-                    &["loss/kept_f"],
-                    &[ACC_COUNTED],
-                    vec![int_attr("keepdims", 0)],
-                ),
-            ]);
-        }
-        None => {
-            g.nodes.extend([
-                make_node(
-                    "ReduceSum",
-                    "loss/correct",
-                    &["loss/hit_f"],
-                    &[ACC_CORRECT],
-                    vec![int_attr("keepdims", 0)],
-                ),
-                // Counted from the label itself (not a constant): constants are copied
-                // only into stages whose nodes read them.
-                make_node(
-                    "Size",
-                    "loss/size",
-                    &["loss/label_i64"],
-                    &["loss/size"],
-                    vec![],
-                ),
-                make_node(
-                    "Cast",
-                    "loss/counted",
-                    &["loss/size"],
-                    &[ACC_COUNTED],
-                    vec![int_attr("to", f32_type)],
-                ),
-            ]);
-        }
-    }
+    let Some(ii) = ignore_index else {
+        g.nodes.extend([
+            node("ReduceSum", &["loss/hit_f"], ACC_CORRECT, keepdims_0()),
+            // Counted from the label itself (not a constant): constants are copied
+            // only into stages whose nodes read them.
+            node("Size", &["loss/label_i64"], "loss/size", vec![]),
+            node("Cast", &["loss/size"], ACC_COUNTED, to(DType::F32)),
+        ]);
+        return Ok(());
+    };
+    let is_ignored = ["loss/label_i64", "loss/ignore_index"];
+    g.nodes.extend([
+        constant_node("loss/ignore_index", &Tensor::i64(vec![], vec![ii])?),
+        node("Equal", &is_ignored, "loss/ignored", vec![]),
+        node("Not", &["loss/ignored"], "loss/kept", vec![]),
+        node("Cast", &["loss/kept"], "loss/kept_f", to(DType::F32)),
+        node(
+            "Mul",
+            &["loss/hit_f", "loss/kept_f"],
+            "loss/hit_kept",
+            vec![],
+        ),
+        node("ReduceSum", &["loss/hit_kept"], ACC_CORRECT, keepdims_0()),
+        node("ReduceSum", &["loss/kept_f"], ACC_COUNTED, keepdims_0()),
+    ]);
     Ok(())
+}
+
+/// A node with one output, named after it.
+fn node(op: &str, inputs: &[&str], output: &str, attrs: Vec<AttributeProto>) -> NodeProto {
+    make_node(op, output, inputs, &[output], attrs)
 }
 
 /// The model's own scalar output is the loss.
@@ -337,7 +275,7 @@ fn attach_output(g: &mut Graph, name: &str, meta: &ValueMeta) -> Result<()> {
 }
 
 /// A `Constant` node whose output has the node's name.
-pub(super) fn constant_node(name: &str, t: &Tensor) -> crate::onnx::proto::NodeProto {
+pub(super) fn constant_node(name: &str, t: &Tensor) -> NodeProto {
     make_node(
         "Constant",
         name,

@@ -10,8 +10,10 @@ use std::fmt::Write as _;
 
 use pipetrain_schedules::{ActionKind, Span, Timeline};
 
-use text::{escape, num, tick_decimals, tick_step, time_decimals};
+use frame::{draw_footer, draw_grid, draw_header, Frame};
+use text::{escape, num};
 
+mod frame;
 mod text;
 
 /// Width of the time axis, px.
@@ -45,122 +47,27 @@ const IDLE_PER_LINE: usize = 8;
 /// blank. A legend of the kinds present and a footer with [`Timeline::makespan`],
 /// [`Timeline::bubble_fraction`] (3 decimals) and [`Timeline::idle`] per rank follow.
 pub fn timeline_svg(t: &Timeline, title: &str) -> String {
-    let makespan = t.makespan();
-    // A step of zero length (or a broken one) still gets an axis to draw on.
-    let axis_end = if makespan.is_finite() && makespan > 0.0 {
-        makespan
-    } else {
-        1.0
-    };
-    let scale = PLOT_WIDTH / axis_end;
-    let decimals = time_decimals(makespan);
-
     let labels: Vec<String> = t.ranks.iter().enumerate().map(rank_label).collect();
-    let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0);
-    let left = (longest as f64 * CHAR + 16.0).max(72.0).ceil();
-    let width = left + PLOT_WIDTH + RIGHT;
-
-    let idle = t.idle();
-    let idle_lines = idle.len().div_ceil(IDLE_PER_LINE);
-    let rows_bottom = TOP + t.ranks.len() as f64 * (ROW + ROW_GAP);
-    let legend_y = rows_bottom + AXIS;
-    let footer_y = legend_y + LEGEND;
-    let height = footer_y + (1 + idle_lines) as f64 * LINE + 8.0;
-
+    let f = Frame::of(t, &labels);
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#,
-        w = num(width, 0),
-        h = num(height, 0),
-    );
-    let _ = writeln!(s, "<title>{}</title>", escape(title));
-    let _ = writeln!(
-        s,
-        r#"<rect class="bg" width="100%" height="100%" fill="white"/>"#
-    );
-    let _ = writeln!(
-        s,
-        r#"<text class="title" x="{}" y="26" font-size="16" font-weight="bold">{}</text>"#,
-        num(left, 0),
-        escape(title)
-    );
-
+    draw_header(&mut s, &f, title);
     // Grid and tick labels first, so that spans are drawn over the grid lines.
-    let step = tick_step(axis_end);
-    let tick_decimals = tick_decimals(step);
-    let mut i = 0u32;
-    loop {
-        let at = f64::from(i) * step;
-        if at > axis_end * (1.0 + 1e-9) || i > 1000 {
-            break;
-        }
-        let x = left + at * scale;
-        let _ = writeln!(
-            s,
-            r##"<line class="grid" x1="{x}" y1="{y1}" x2="{x}" y2="{y2}" stroke="#e6e6e6"/>"##,
-            x = num(x, 2),
-            y1 = num(TOP - 4.0, 0),
-            y2 = num(rows_bottom, 0),
-        );
-        let _ = writeln!(
-            s,
-            r#"<text class="tick" x="{}" y="{}" text-anchor="middle">{}</text>"#,
-            num(x, 2),
-            num(rows_bottom + 16.0, 0),
-            num(at, tick_decimals)
-        );
-        i += 1;
-    }
-    let _ = writeln!(
-        s,
-        r##"<line class="axis" x1="{}" y1="{y}" x2="{}" y2="{y}" stroke="#888"/>"##,
-        num(left, 0),
-        num(left + PLOT_WIDTH, 0),
-        y = num(rows_bottom, 0),
-    );
-
+    draw_grid(&mut s, &f);
     for (rank, spans) in t.ranks.iter().enumerate() {
         let y = TOP + rank as f64 * (ROW + ROW_GAP);
         let _ = writeln!(
             s,
             r#"<text class="rank" x="{}" y="{}" text-anchor="end">{}</text>"#,
-            num(left - 8.0, 0),
+            num(f.left - 8.0, 0),
             num(y + ROW / 2.0 + 4.0, 1),
             escape(&labels[rank])
         );
         for span in spans {
-            draw_span(&mut s, span, left, y, scale, decimals);
+            draw_span(&mut s, span, f.left, y, f.scale, f.decimals);
         }
     }
-
-    draw_legend(&mut s, t, left, legend_y);
-
-    let _ = writeln!(
-        s,
-        r#"<text class="footer" x="{}" y="{}" xml:space="preserve">makespan {}   bubble fraction {}   total idle {}</text>"#,
-        num(left, 0),
-        num(footer_y + LINE - 4.0, 0),
-        num(makespan, decimals),
-        num(t.bubble_fraction(), 3),
-        num(t.total_idle(), decimals)
-    );
-    for (line, chunk) in idle.chunks(IDLE_PER_LINE).enumerate() {
-        let first = line * IDLE_PER_LINE;
-        let parts: Vec<String> = chunk
-            .iter()
-            .enumerate()
-            .map(|(i, v)| format!("rank {} {}", first + i, num(*v, decimals)))
-            .collect();
-        let lead = if line == 0 { "idle: " } else { "      " };
-        let _ = writeln!(
-            s,
-            r#"<text class="footer" x="{}" y="{}" xml:space="preserve">{lead}{}</text>"#,
-            num(left, 0),
-            num(footer_y + (line + 2) as f64 * LINE - 4.0, 0),
-            parts.join(", ")
-        );
-    }
+    draw_legend(&mut s, t, f.left, f.legend_y);
+    draw_footer(&mut s, &f, t);
     s.push_str("</svg>\n");
     s
 }
