@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use pipetrain_schedules::Trace;
+use pipetrain_schedules::{Trace, TraceEvent};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::checkpoint::CheckpointSettings;
+use crate::checkpoint::{CheckpointSettings, SaveJob};
 use crate::coordinator::{CoordinatorHandle, StepResult};
-use crate::decide::{checkpoint_due, evaluation_due};
+use crate::decide::{checkpoint_due, evaluation_due, GradStats};
 use crate::error::ActorError;
 use crate::requests::{RunControl, SaveWaiter};
 use crate::stage::{Answer, Status, StepOutcome, StepPlan, Work};
@@ -50,6 +50,22 @@ pub(crate) enum Round {
     Save(u64),
 }
 
+/// What the members answered in one round, put together.
+#[derive(Default)]
+struct Gathered {
+    /// `(replica, micro-batch, loss)`.
+    losses: Vec<(usize, usize, f64)>,
+    /// `(replica, stage, statistics)` of the gradients.
+    grads: Vec<(usize, usize, GradStats)>,
+    /// `(correct, counted)` predictions, summed.
+    accuracy: Option<(f64, f64)>,
+    saves: Vec<SaveJob>,
+    /// Each member's trace events.
+    events: Vec<Vec<TraceEvent>>,
+    /// When this process's last actor finished the round.
+    finished: Option<std::time::Instant>,
+}
+
 /// Drives the run.
 pub(crate) struct SchedulerActor<P> {
     pub members: Vec<Member<P>>,
@@ -78,18 +94,7 @@ impl<P: Send + 'static> SchedulerActor<P> {
         steps: std::ops::Range<u64>,
         mut on_step: impl FnMut(&StepResult) + Send,
     ) -> Result<Vec<Vec<Trace>>, ActorError> {
-        let mut rounds = Vec::new();
-        let eval_every = self.evaluation.as_ref().map(|e| e.every);
-        let save_every = self.checkpoint.as_ref().map(|c| c.every);
-        for step in steps {
-            rounds.push(Round::Train(step));
-            if evaluation_due(step, eval_every) {
-                rounds.push(Round::Eval(step));
-            }
-            if checkpoint_due(step, save_every, self.last_step) {
-                rounds.push(Round::Save(step));
-            }
-        }
+        let mut rounds = self.rounds(steps);
         let mut traces = Vec::new();
         // Each member can have two rounds' answers in flight (see the look-ahead below).
         let (done_tx, done_rx) = flume::bounded(2 * self.members.len());
@@ -118,45 +123,21 @@ impl<P: Send + 'static> SchedulerActor<P> {
                 }
             }
             let outcomes = self.wait_all(i as u64, &done_rx, &mut early).await?;
-            let mut losses = Vec::new();
-            let mut grads = Vec::new();
-            let mut saves = Vec::new();
-            let mut accuracy: Option<(f64, f64)> = None;
-            let mut events = Vec::with_capacity(outcomes.len());
-            let finished = outcomes.iter().filter_map(|o| o.finished).max();
-            for (m, o) in self.members.iter().zip(outcomes) {
-                if let Some((c, n)) = o.accuracy {
-                    let (sc, sn) = accuracy.unwrap_or((0.0, 0.0));
-                    accuracy = Some((sc + c, sn + n));
-                }
-                losses.extend(o.losses.into_iter().map(|(mb, l)| (m.replica, mb, l)));
-                grads.extend(o.grads.into_iter().map(|(s, g)| (m.replica, s, g)));
-                saves.extend(o.saves);
-                events.push(o.events);
-            }
+            let got = self.gather(outcomes);
             match round {
                 Round::Train(step) => {
-                    let mut per_replica = vec![
-                        Trace {
-                            ranks: vec![Vec::new(); self.ranks]
-                        };
-                        self.replicas
-                    ];
-                    for (m, ev) in self.members.iter().zip(events) {
-                        per_replica[m.replica].ranks[m.rank] = ev;
-                    }
-                    traces.push(per_replica);
+                    traces.push(self.traces(got.events));
                     if let Some(r) = pending.take() {
                         on_step(&r);
                     }
                     let mut result = self
                         .coordinator
-                        .end(step, losses, grads, stop_asked)
+                        .end(step, got.losses, got.grads, stop_asked)
                         .await?;
                     // The step ended when this process's last actor finished it, not
                     // when the scheduler got round to it (answers may wait while it
                     // works on the round before).
-                    result.ended = finished.unwrap_or(result.ended);
+                    result.ended = got.finished.unwrap_or(result.ended);
                     if result.stop && !stopping {
                         // Every process learns it at this same step: all stop after the
                         // round already handed out.
@@ -166,7 +147,10 @@ impl<P: Send + 'static> SchedulerActor<P> {
                     pending = Some(result);
                 }
                 Round::Eval(step) => {
-                    let (loss, acc) = self.coordinator.evaluated(step, losses, accuracy).await?;
+                    let (loss, acc) = self
+                        .coordinator
+                        .evaluated(step, got.losses, got.accuracy)
+                        .await?;
                     if let Some(r) = pending.as_mut() {
                         r.eval_loss = Some(loss);
                         r.eval_accuracy = acc;
@@ -177,7 +161,9 @@ impl<P: Send + 'static> SchedulerActor<P> {
                         reason: format!("no folder for the checkpoint after step {step}"),
                     })?;
                     let notify = waiters.remove(&i).flatten();
-                    self.coordinator.save(step + 1, dir, saves, notify).await?;
+                    self.coordinator
+                        .save(step + 1, dir, got.saves, notify)
+                        .await?;
                 }
             }
             i += 1;
@@ -189,6 +175,55 @@ impl<P: Send + 'static> SchedulerActor<P> {
             on_step(&r);
         }
         Ok(traces)
+    }
+
+    /// The rounds of steps `steps`: each step's training, then its evaluation and its
+    /// checkpoint where due.
+    fn rounds(&self, steps: std::ops::Range<u64>) -> Vec<Round> {
+        let mut rounds = Vec::new();
+        let eval_every = self.evaluation.as_ref().map(|e| e.every);
+        let save_every = self.checkpoint.as_ref().map(|c| c.every);
+        for step in steps {
+            rounds.push(Round::Train(step));
+            if evaluation_due(step, eval_every) {
+                rounds.push(Round::Eval(step));
+            }
+            if checkpoint_due(step, save_every, self.last_step) {
+                rounds.push(Round::Save(step));
+            }
+        }
+        rounds
+    }
+
+    /// The members' answers to one round, put together.
+    fn gather(&self, outcomes: Vec<StepOutcome>) -> Gathered {
+        let mut got = Gathered {
+            finished: outcomes.iter().filter_map(|o| o.finished).max(),
+            ..Gathered::default()
+        };
+        for (m, o) in self.members.iter().zip(outcomes) {
+            if let Some((c, n)) = o.accuracy {
+                let (sc, sn) = got.accuracy.unwrap_or((0.0, 0.0));
+                got.accuracy = Some((sc + c, sn + n));
+            }
+            got.losses
+                .extend(o.losses.into_iter().map(|(mb, l)| (m.replica, mb, l)));
+            got.grads
+                .extend(o.grads.into_iter().map(|(s, g)| (m.replica, s, g)));
+            got.saves.extend(o.saves);
+            got.events.push(o.events);
+        }
+        got
+    }
+
+    /// Each replica's trace of a step from its members' events (in member order).
+    fn traces(&self, events: Vec<Vec<TraceEvent>>) -> Vec<Trace> {
+        let ranks = vec![Vec::new(); self.ranks];
+        let mut per_replica = vec![Trace { ranks }; self.replicas];
+        for (m, ev) in self.members.iter().zip(events) {
+            per_replica[m.replica].ranks[m.rank] = ev;
+        }
+        per_replica
     }
 
     /// Sends every member its plan for `round` (the `index`-th of the run); for a

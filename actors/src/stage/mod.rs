@@ -19,6 +19,7 @@ use crate::places::Places;
 use crate::traits::{BackwardPart, Collective, StageCompute};
 
 mod exchange;
+mod update;
 use exchange::recv_spinning;
 
 /// Everything a stage actor is given at spawn.
@@ -143,23 +144,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                         self.protocol(format!("{action} has no input from stage {}", s - 1))
                     );
                 }
-                let data = if self.data.contains_key(&s) {
-                    let item = self.next_data(s, step, action).await?;
-                    if (item.step, item.mb) != (step, mb) {
-                        return Err(self.protocol(format!(
-                            "{action} of step {step} got data of step {} mb {}",
-                            item.step, item.mb
-                        )));
-                    }
-                    Some(item.payload.map_err(|source| ActorError::Data {
-                        replica: self.replica,
-                        step,
-                        micro_batch: mb,
-                        source,
-                    })?)
-                } else {
-                    None
-                };
+                let data = self.forward_data(action, step).await?;
                 start = Instant::now();
                 let result = self
                     .compute(s)?
@@ -213,66 +198,38 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             // only true data dependencies make an actor wait, as the simulator models.
             ActionKind::RecvAct | ActionKind::RecvGrad => {}
             ActionKind::AllReduce => self.all_reduce(action).await?,
-            // No decision to wait for: the stage takes its statistics on the update's
-            // own pass over the gradients.
-            ActionKind::OptimizerStep if self.policy.update_is_fixed() => {
-                let stats = self
-                    .compute(s)?
-                    .update_counting(step, lr)
-                    .await
-                    .map_err(|source| self.failed(action, source))?;
-                out.grads.push((s, stats));
-            }
             ActionKind::OptimizerStep => {
-                let d = match *decision {
-                    Some(d) => d,
-                    None => {
-                        let d = self.decide(action, step, out).await?;
-                        *decision = Some(d);
-                        d
-                    }
-                };
-                self.compute(s)?
-                    .update(step, lr, &d)
-                    .await
-                    .map_err(|source| self.failed(action, source))?;
+                self.optimizer_step(action, (step, lr), out, decision)
+                    .await?
             }
         }
         Ok(start)
     }
 
-    /// The update decision of `step`, taken at the rank's first optimizer step, when
-    /// every stage of the rank has its reduced gradients (lowering puts all of a rank's
-    /// all-reduces before its optimizer steps). It needs every stage's statistics when
-    /// clipping or dynamic loss scaling are on (the coordinator waits for all of them);
-    /// otherwise each stage's own statistics decide alone.
-    async fn decide(
+    /// The data a forward (`action`) of `step` reads, where its stage reads data.
+    async fn forward_data(
         &mut self,
         action: Action,
         step: u64,
-        out: &mut StepOutcome,
-    ) -> Result<StepDecision, ActorError> {
-        let mut stages: Vec<usize> = self.computes.keys().copied().collect();
-        stages.sort_unstable();
-        for &s in &stages {
-            let stats = self.compute(s)?.grad_stats(step);
-            out.grads.push((s, stats));
+    ) -> Result<Option<C::Payload>, ActorError> {
+        let (s, mb) = (action.stage(), action.micro_batch().unwrap_or(0));
+        if !self.data.contains_key(&s) {
+            return Ok(None);
         }
-        if !self.policy.needs_barrier() {
-            let state = self.policy.scaling.initial_state();
-            let stats: Vec<_> = out.grads.iter().map(|&(_, g)| g).collect();
-            return Ok(self.policy.decide(state, &stats).0);
+        let item = self.next_data(s, step, action).await?;
+        if (item.step, item.mb) != (step, mb) {
+            return Err(self.protocol(format!(
+                "{action} of step {step} got data of step {} mb {}",
+                item.step, item.mb
+            )));
         }
-        self.set(Status::Waiting {
-            action,
-            from: "the coordinator's decision on every stage's gradients".into(),
-        });
-        let d = self
-            .coordinator
-            .decide(step, self.replica, out.grads.clone())
-            .await?;
-        self.set(Status::Running(action));
-        Ok(d)
+        let payload = item.payload.map_err(|source| ActorError::Data {
+            replica: self.replica,
+            step,
+            micro_batch: mb,
+            source,
+        })?;
+        Ok(Some(payload))
     }
 
     /// A checkpoint round: replica 0's actors snapshot their stages (every replica holds
