@@ -53,7 +53,7 @@ pub(crate) const META_KEY: &str = "pipetrain";
 
 use crate::graph::tensor_parallel::ShardSpec;
 use crate::optim::{Optimizer, ParamLayout};
-use crate::Result;
+use crate::{Error, Result};
 
 /// What one stage saves.
 pub struct StageState<'a> {
@@ -115,104 +115,97 @@ pub fn save_job(
         stats,
         shard,
     } = state;
-    let saves = |name: &str| shard.is_none_or(|s| s.saves(name));
-    // The split parameters this shard holds parts of: `name -> [axis, sections, shards,
-    // rank]`, for the loader.
-    let split: serde_json::Map<String, serde_json::Value> = match shard {
-        Some(s) => layout
-            .names()
-            .iter()
-            .filter_map(|n| {
-                let (spec, _) = s.specs.get(n)?;
-                let v = serde_json::json!([spec.axis, spec.sections, spec.shards, s.rank]);
-                Some((n.clone(), v))
-            })
-            .collect(),
-        None => serde_json::Map::new(),
-    };
-    // One metadata key holding sorted JSON: safetensors keeps `__metadata__` in a hash
-    // map, so several keys would come out in a different order each time, and the same
-    // state would not give the same bytes.
-    let meta = |kind: &str| {
-        let mut info = serde_json::json!({
-            "kind": kind,
-            "stage": stage,
-            "step_count": optimizer.step_count(),
-        });
-        if !split.is_empty() {
-            info["split"] = serde_json::Value::Object(split.clone());
-        }
-        HashMap::from([(META_KEY.to_string(), info.to_string())])
-    };
     let names = layout.names();
-    let shapes = layout.shapes();
-    let tensors: Vec<snapshot::F32Entry<'_>> = (0..layout.count())
-        .filter(|&i| saves(&names[i]))
-        .map(|i| {
-            (
-                names[i].clone(),
-                shapes[i].as_slice(),
-                layout.slice(params, i),
-            )
-        })
+    let saved: Vec<usize> = (0..layout.count())
+        .filter(|&i| shard.is_none_or(|s| s.saves(&names[i])))
         .collect();
+    let split = split_of(layout, shard);
+    let meta = |kind: &str| metadata(kind, stage, optimizer.step_count(), &split);
     let file = |name: String| match shard {
         Some(s) => name.replacen(".", &format!(".shard-{}.", s.rank), 1),
         None => name,
     };
-    let params_name = file(params_file(stage));
-    let param_bytes = snapshot::encode(
-        &tensors,
-        meta(load::KIND_PARAMS),
-        &dir.join(&params_name),
-        buffers,
-    )?;
+    let encode = |entries: &[snapshot::F32Entry<'_>], kind: &str, name: String| {
+        let bytes = snapshot::encode(entries, meta(kind), &dir.join(&name), buffers)?;
+        Ok::<_, Error>((name, bytes))
+    };
+    let param_entries = entries(layout, &saved, params, str::to_string);
+    let params = encode(&param_entries, load::KIND_PARAMS, file(params_file(stage)))?;
     let state = optimizer.state();
-    let optim = if state.is_empty() {
-        None
-    } else {
-        let mut entries = Vec::with_capacity(state.len() * layout.count());
-        for (kind, buf) in &state {
-            for i in (0..layout.count()).filter(|&i| saves(&names[i])) {
-                entries.push((
-                    state_key(kind, &names[i]),
-                    shapes[i].as_slice(),
-                    layout.slice(buf, i),
-                ));
-            }
+    let optim = match state.is_empty() {
+        true => None,
+        false => {
+            let entries: Vec<_> = (state.iter())
+                .flat_map(|(kind, buf)| entries(layout, &saved, buf, |n| state_key(kind, n)))
+                .collect();
+            Some(encode(
+                &entries,
+                load::KIND_OPTIMIZER,
+                file(optimizer_file(stage)),
+            )?)
         }
-        let name = file(optimizer_file(stage));
-        let bytes = snapshot::encode(
-            &entries,
-            meta(load::KIND_OPTIMIZER),
-            &dir.join(&name),
-            buffers,
-        )?;
-        Some((name, bytes))
     };
     let stats = match stats.is_empty() || shard.is_some_and(|s| s.rank != 0) {
         true => None,
-        false => {
-            let name = buffers_file(stage);
-            let bytes =
-                snapshot::encode(stats, meta(load::KIND_BUFFERS), &dir.join(&name), buffers)?;
-            Some((name, bytes))
-        }
+        false => Some(encode(stats, load::KIND_BUFFERS, buffers_file(stage))?),
     };
     let dir = dir.to_path_buf();
     Ok(Box::new(move || {
-        let mut files = vec![shard::write_shard(
-            &dir,
-            &params_name,
-            stage,
-            &param_bytes,
-            slow,
-        )?];
-        for (name, bytes) in optim.into_iter().chain(stats) {
+        let mut files = Vec::new();
+        for (name, bytes) in std::iter::once(params).chain(optim).chain(stats) {
             files.push(shard::write_shard(&dir, &name, stage, &bytes, slow)?);
         }
         Ok(files)
     }))
+}
+
+/// The split parameters a shard holds parts of: `name -> [axis, sections, shards,
+/// rank]`, for the loader (empty when the stage is not split).
+fn split_of(
+    layout: &ParamLayout,
+    shard: Option<SavedShard<'_>>,
+) -> serde_json::Map<String, serde_json::Value> {
+    let Some(s) = shard else {
+        return serde_json::Map::new();
+    };
+    let part = |n: &String| {
+        let (spec, _) = s.specs.get(n)?;
+        let v = serde_json::json!([spec.axis, spec.sections, spec.shards, s.rank]);
+        Some((n.clone(), v))
+    };
+    layout.names().iter().filter_map(part).collect()
+}
+
+/// A file's metadata: one key holding sorted JSON. Safetensors keeps `__metadata__` in a
+/// hash map, so several keys would come out in a different order each time, and the
+/// same state would not give the same bytes.
+fn metadata(
+    kind: &str,
+    stage: usize,
+    step_count: u64,
+    split: &serde_json::Map<String, serde_json::Value>,
+) -> HashMap<String, String> {
+    let mut info = serde_json::json!({
+        "kind": kind,
+        "stage": stage,
+        "step_count": step_count,
+    });
+    if !split.is_empty() {
+        info["split"] = serde_json::Value::Object(split.clone());
+    }
+    HashMap::from([(META_KEY.to_string(), info.to_string())])
+}
+
+/// The tensors `saved` (indices into `layout`) of `buf`, named `key(parameter name)`.
+fn entries<'a>(
+    layout: &'a ParamLayout,
+    saved: &[usize],
+    buf: &'a [f32],
+    key: impl Fn(&str) -> String,
+) -> Vec<snapshot::F32Entry<'a>> {
+    let (names, shapes) = (layout.names(), layout.shapes());
+    let entry = |&i: &usize| (key(&names[i]), shapes[i].as_slice(), layout.slice(buf, i));
+    saved.iter().map(entry).collect()
 }
 
 /// Restores one stage's parameters and optimizer state from `ckpt`, by name.

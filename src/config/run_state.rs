@@ -79,14 +79,25 @@ pub struct FaultAt {
     pub replica: usize,
 }
 
+/// Makes the error for a field of the configuration and the rule it breaks.
+type Bad<'a> = dyn Fn(&str, String) -> Error + 'a;
+
 impl TrainConfig {
-    /// Checkpoints, clipping, loss scaling and the test aids.
+    /// Checkpoints, clipping, loss scaling, TensorBoard's names and the test aids.
     pub(super) fn validate_run_state(&self, path: &Path) -> Result<()> {
         let bad = |field: &str, rule: String| Error::Config {
             path: path.to_path_buf(),
             field: field.into(),
             rule,
         };
+        self.validate_checkpoints(&bad)?;
+        self.validate_scaling(&bad)?;
+        self.validate_logged(&bad)?;
+        self.validate_faults(&bad)
+    }
+
+    /// The checkpoints' period, count and folder.
+    fn validate_checkpoints(&self, bad: &Bad) -> Result<()> {
         if self.checkpoint_period == Some(0) {
             return Err(bad("checkpoint_period", "must be at least 1".into()));
         }
@@ -99,6 +110,11 @@ impl TrainConfig {
                 "needs `checkpoints_dir`, the folder checkpoints go to".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// Clipping, mixed precision and loss scaling.
+    fn validate_scaling(&self, bad: &Bad) -> Result<()> {
         if let Some(n) = self.max_grad_norm.filter(|n| !(n.is_finite() && *n > 0.0)) {
             return Err(bad(
                 "max_grad_norm",
@@ -138,6 +154,11 @@ impl TrainConfig {
                 format!("needs 0 < min <= initial <= max (finite) and window >= 1, got {d:?}"),
             ));
         }
+        Ok(())
+    }
+
+    /// The scalars and histograms asked of TensorBoard, and its folder.
+    fn validate_logged(&self, bad: &Bad) -> Result<()> {
         for (i, name) in self.scalar_names.iter().flatten().enumerate() {
             if !super::SCALAR_NAMES.contains(&name.as_str()) {
                 return Err(bad(
@@ -157,6 +178,11 @@ impl TrainConfig {
                 "scalar_names and histogram_names need `log_dir`, the folder of the TensorBoard files".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// The test aids' faults fall on a step and stage of the run.
+    fn validate_faults(&self, bad: &Bad) -> Result<()> {
         let mut faults: Vec<(String, FaultAt)> = (self.debug.inject_grad_overflow.iter())
             .enumerate()
             .map(|(i, f)| (format!("debug.inject_grad_overflow[{i}]"), *f))

@@ -14,6 +14,7 @@
 //! activations to each other through memory; a rank's failure is the node's anyway.
 
 mod elastic;
+mod part;
 mod supervisor;
 mod worker;
 

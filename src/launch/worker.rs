@@ -8,14 +8,14 @@ use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use pipetrain_actors::{Bus, Distribution};
+use pipetrain_actors::Bus;
 use sha2::{Digest, Sha256};
 
+use super::part::cluster_part;
 use super::{Ended, LaunchArgs, Placement};
 use crate::cluster::{process_env, ClusterManifest, Endpoint};
-use crate::comm::{link_transfers, Mesh, MeshBus, MeshCollective, MeshShardGroups, MeshTimeouts};
+use crate::comm::{Mesh, MeshBus, MeshTimeouts};
 use crate::compute::Runtime;
 use crate::train::{
     latest_checkpoint, run_cluster, ClusterPart, Reporter, RunEvent, RunOptions, StopOnSignal,
@@ -85,78 +85,13 @@ async fn work(
         reason,
     };
     let job = manifest.job();
-    let addresses = mesh_addresses(&manifest).await?;
-    let listen = listen_address(&manifest, me, addresses[me]);
-    let timeouts = MeshTimeouts {
-        connect: job.connect_timeout(),
-        heartbeat: job.heartbeat(),
-        peer_timeout: job.peer_timeout(),
-    };
-    let names = (0..manifest.nodes().len())
-        .map(|i| node_label(&manifest, i))
-        .collect();
-    let mesh = Mesh::connect(me, &mesh_job, listen, addresses, names, secret, timeouts)
-        .await
-        .map_err(|e| failed(format!("could not join the job: {e}")))?;
+    let mesh = join(&manifest, me, &mesh_job, secret, &failed).await?;
     let bus: Arc<dyn Bus> = Arc::new(MeshBus::new(mesh.clone()));
     agree(bus.as_ref(), &manifest, args, &failed).await?;
     if args.resume && cfg.checkpoint_to_load_path.is_none() {
         cfg.checkpoint_to_load_path = resume_choice(bus.as_ref(), &cfg, args, me).await?;
     }
-    // Node by [replica][rank], and by [replica][stage] under the schedule's placement.
-    // The engine's replica `r` is tensor shard `r % hp` of data-parallel replica `r / hp`.
-    let layout = manifest.layout();
-    let hp = layout.tensor_parallel;
-    let owner: Vec<Vec<usize>> = (0..layout.data_parallel * hp)
-        .map(|r| {
-            (0..layout.pipeline_parallel)
-                .map(|pp| {
-                    let rank = layout.rank(r / hp, pp, r % hp).unwrap_or(usize::MAX);
-                    manifest.node_of_rank(rank).unwrap_or(usize::MAX)
-                })
-                .collect()
-        })
-        .collect();
-    let stage_rank = cfg
-        .schedule()
-        .generate()
-        .map_err(|e| failed(e.to_string()))?
-        .placement()
-        .to_vec();
-    let by_stage: Vec<Vec<usize>> = owner
-        .iter()
-        .map(|ranks| stage_rank.iter().map(|&r| ranks[r]).collect())
-        .collect();
-    let members: Vec<(usize, usize)> = manifest
-        .ranks_of(me)
-        .iter()
-        .map(|c| (c.dp * hp + c.tp, c.pp))
-        .collect();
-    let patience = Duration::from_secs_f64(cfg.watchdog_seconds);
-    let shard_groups =
-        (hp > 1).then(|| MeshShardGroups::new(mesh.clone(), by_stage.clone(), hp, patience));
-    let collective = Arc::new(MeshCollective::new(mesh.clone(), by_stage).with_shards(hp));
-    // Where the other nodes' members run, as the watchdog's report names them.
-    let places = owner
-        .iter()
-        .enumerate()
-        .flat_map(|(dp, ranks)| ranks.iter().enumerate().map(move |(pp, &n)| ((dp, pp), n)))
-        .filter(|&(_, n)| n != me && n < manifest.nodes().len())
-        .map(|(key, n)| (key, format!("node {}", node_label(&manifest, n))))
-        .collect();
-    let (peers, deliver) = link_transfers(mesh.clone(), owner);
-    let part = ClusterPart {
-        node: me,
-        members,
-        dist: Distribution {
-            peers,
-            deliver,
-            collective,
-            bus: bus.clone(),
-            places,
-        },
-        shard_groups,
-    };
+    let part = cluster_part(&manifest, &cfg, me, &mesh, bus).map_err(failed)?;
     // A peer gone or silent fails the mesh; the stage actors waiting on its messages
     // would only notice at the watchdog, so the job stops here at once (dropping the run
     // aborts this process's actors) and the supervisors restart it.
@@ -180,6 +115,30 @@ async fn work(
         }
         (Err(e), _) => Err(e),
     }
+}
+
+/// Connects this node (`me`) to every other node of the job: the authenticated mesh.
+async fn join(
+    manifest: &ClusterManifest,
+    me: usize,
+    mesh_job: &str,
+    secret: &[u8],
+    failed: &dyn Fn(String) -> Error,
+) -> Result<Arc<Mesh>> {
+    let job = manifest.job();
+    let addresses = mesh_addresses(manifest).await?;
+    let listen = listen_address(manifest, me, addresses[me]);
+    let timeouts = MeshTimeouts {
+        connect: job.connect_timeout(),
+        heartbeat: job.heartbeat(),
+        peer_timeout: job.peer_timeout(),
+    };
+    let names = (0..manifest.nodes().len())
+        .map(|i| node_label(manifest, i))
+        .collect();
+    Mesh::connect(me, mesh_job, listen, addresses, names, secret, timeouts)
+        .await
+        .map_err(|e| failed(format!("could not join the job: {e}")))
 }
 
 /// Trains this node's part, reporting on node 0 (with `event`, an elastic regroup, in
@@ -358,7 +317,7 @@ async fn resume_choice(
 
 /// How messages name node `i`: its name and its ranks with their (dp, pp) coordinates,
 /// as `c [rank 2 = dp 1, pp 0]`.
-fn node_label(manifest: &ClusterManifest, i: usize) -> String {
+pub(super) fn node_label(manifest: &ClusterManifest, i: usize) -> String {
     let ranks: Vec<String> = manifest
         .ranks_of(i)
         .iter()

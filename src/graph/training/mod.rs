@@ -6,14 +6,11 @@ use std::collections::HashSet;
 use crate::graph::autodiff::{differentiate, Backward, OpChoice};
 use crate::graph::ir::{untyped_value_info, value_info, Graph, Metas, ValueMeta};
 use crate::graph::loss::{attach_loss, LossSpec, LOSS};
-use crate::graph::model_inputs::{
-    add_outputs_backward_needs, feeds_for, fit_inputs_to_example, meta_of,
-};
+use crate::graph::model_inputs::{add_outputs_backward_needs, fit_inputs_to_example, meta_of};
 use crate::graph::params::{declared_buffers, rows_to_freeze, trainable_names, ParamOptions};
 use crate::graph::running_stats::{track_running_stats, Buffer};
 use crate::graph::sequences::split_sequences;
 use crate::graph::shape_probe::ShapeProbe;
-use crate::graph::static_fold::fold_static_values;
 use crate::graph::tensor_parallel::{shard_graph, ShardPlan};
 use crate::onnx::proto::ModelProto;
 use crate::tensor::Tensor;
@@ -229,29 +226,7 @@ pub fn build_sharded_training_graph(
     let buffers = declared_buffers(model);
     let trainable = trainable_names(&g, opts.trainable.as_deref(), &opts.params, &buffers)?;
     let trained: HashSet<&str> = trainable.iter().map(String::as_str).collect();
-    let model_feeds = feeds_for(&g, example);
-    let folded = fold_static_values(&mut g, rt, &model_feeds, &trained)?;
-    if !folded.folded.is_empty() {
-        tracing::info!(
-            "{} values computed from shapes and constants alone are constants of the \
-             training graph ({} nodes folded)",
-            folded.folded.len(),
-            folded.removed_nodes
-        );
-    }
-    let label = opts.loss.label();
-    let forward_metas = rt
-        .probe(&g, &model_feeds)
-        .map_err(|e| match (&resized, e) {
-            (Some(what), Error::Ort { context, source }) => Error::Ort {
-                context: format!(
-                    "{context} ({what}; a model exported with a fixed batch size can only train \
-                 micro-batches of that size)"
-                ),
-                source,
-            },
-            (_, e) => e,
-        })?;
+    let forward_metas = phases::probe_forward(rt, &mut g, example, &trained, resized)?;
     // Rewrites after the probe leave values it did not measure: the graph with its loss
     // is then probed whole (see `loss_metas`).
     let rewritten = split_sequences(&mut g, &forward_metas) > 0;
@@ -264,7 +239,9 @@ pub fn build_sharded_training_graph(
         n => Some(shard_graph(&mut g, &forward_metas, n, &trained)?),
     };
     let pred_meta = phases::prediction_meta(&g, &opts.loss, &forward_metas)?;
-    let label_meta = label
+    let label_meta = opts
+        .loss
+        .label()
         .and_then(|l| example.iter().find(|(n, _)| *n == l))
         .map(|(_, t)| meta_of(t));
     let first_loss_node = g.nodes.len();
@@ -273,22 +250,8 @@ pub fn build_sharded_training_graph(
     let data_inputs: Vec<String> = g.inputs.iter().map(|v| v.name.clone()).collect();
 
     let param_values = phases::take_params(&mut g, &trained)?;
-    let whole = || {
-        let mut feeds = feeds_for(&g, example);
-        feeds.extend(param_values.iter().map(|(n, t)| (n.as_str(), t)));
-        let mut probe_graph = g.clone();
-        for (n, t) in &param_values {
-            probe_graph.inputs.push(value_info(n, &meta_of(t)));
-        }
-        rt.probe(&probe_graph, &feeds)
-    };
-    let data = feeds_for(&g, example);
-    let loss_metas = match measured {
-        true => {
-            super::loss_metas::with_loss(rt, &g, first_loss_node, &forward_metas, &data, whole)?
-        }
-        false => whole()?,
-    };
+    let probed = measured.then_some((first_loss_node, &forward_metas));
+    let loss_metas = phases::loss_metas(rt, &g, example, &param_values, probed)?;
     let loss_meta = phases::scalar_loss(&loss_metas)?;
 
     let identities = super::cleanup::identity_dropouts(&mut g);

@@ -1,6 +1,6 @@
 //! The steps of [`super::build_sharded_training_graph`] that stand on their own: checks
-//! of what the model and data give, the parameters taken out of the initializers, and
-//! the forward joined with its backward.
+//! of what the model and data give, the forward's and the loss's values measured, the
+//! parameters taken out of the initializers, and the forward joined with its backward.
 
 use std::collections::HashSet;
 
@@ -11,6 +11,7 @@ use crate::graph::loss::{LossSpec, LOSS};
 use crate::graph::model_inputs::{feeds_for, meta_of};
 use crate::graph::running_stats::Buffer;
 use crate::graph::shape_probe::ShapeProbe;
+use crate::graph::static_fold::fold_static_values;
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
@@ -27,6 +28,66 @@ pub(super) fn every_input_given(g: &Graph, example: &[(&str, &Tensor)]) -> Resul
             hint: "; the data must provide every model input".into(),
         }),
         None => Ok(()),
+    }
+}
+
+/// Folds what shapes and constants alone compute into constants, then measures every
+/// value of the forward graph on `example`. Where the inputs were `resized` to the
+/// example's (a model exported with a fixed batch), a failed run says so.
+pub(super) fn probe_forward(
+    rt: &dyn ShapeProbe,
+    g: &mut Graph,
+    example: &[(&str, &Tensor)],
+    trained: &HashSet<&str>,
+    resized: Option<String>,
+) -> Result<Metas> {
+    let model_feeds = feeds_for(g, example);
+    let folded = fold_static_values(g, rt, &model_feeds, trained)?;
+    if !folded.folded.is_empty() {
+        tracing::info!(
+            "{} values computed from shapes and constants alone are constants of the \
+             training graph ({} nodes folded)",
+            folded.folded.len(),
+            folded.removed_nodes
+        );
+    }
+    rt.probe(g, &model_feeds).map_err(|e| match (resized, e) {
+        (Some(what), Error::Ort { context, source }) => Error::Ort {
+            context: format!(
+                "{context} ({what}; a model exported with a fixed batch size can only train \
+                 micro-batches of that size)"
+            ),
+            source,
+        },
+        (_, e) => e,
+    })
+}
+
+/// Every value of `g` (the forward with its loss, parameters `params` taken out)
+/// measured on `example`: the loss's nodes alone (from node `.0` on) on top of the
+/// forward's measures `.1` where those still hold (`probed`), else the whole graph.
+pub(super) fn loss_metas(
+    rt: &dyn ShapeProbe,
+    g: &Graph,
+    example: &[(&str, &Tensor)],
+    params: &[(String, Tensor)],
+    probed: Option<(usize, &Metas)>,
+) -> Result<Metas> {
+    let whole = || {
+        let mut feeds = feeds_for(g, example);
+        feeds.extend(params.iter().map(|(n, t)| (n.as_str(), t)));
+        let mut probe_graph = g.clone();
+        for (n, t) in params {
+            probe_graph.inputs.push(value_info(n, &meta_of(t)));
+        }
+        rt.probe(&probe_graph, &feeds)
+    };
+    match probed {
+        Some((first_loss_node, forward_metas)) => {
+            let data = feeds_for(g, example);
+            super::super::loss_metas::with_loss(rt, g, first_loss_node, forward_metas, &data, whole)
+        }
+        None => whole(),
     }
 }
 
