@@ -185,18 +185,13 @@ fn adam_update(
 #[cfg(test)]
 mod tests {
     use super::super::groups::Hyper;
-    use super::super::pieces::{assert_bitwise_and_moved, MIN_PIECE};
+    use super::super::pieces::{assert_bitwise_and_moved, wave, MIN_PIECE};
     use super::*;
 
     #[test]
     fn a_step_over_a_big_buffer_in_pieces_is_bitwise_one_pass() {
         let len = 3 * MIN_PIECE + 5;
-        let wave = |k: u32| -> Vec<f32> {
-            (0..len as u32)
-                .map(|i| ((i.wrapping_mul(k) >> 9) as f32 / 4e6) - 0.5)
-                .collect()
-        };
-        let (p0, g) = (wave(2_654_435_761), wave(40_503));
+        let (p0, g) = (wave(len, 2_654_435_761), wave(len, 40_503));
         let hyper = Hyper {
             lr_scale: 1.0,
             weight_decay: 0.01,

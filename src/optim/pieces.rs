@@ -56,6 +56,14 @@ pub(crate) fn assert_bitwise_and_moved(pieces: &[f32], one: &[f32], before: &[f3
     );
 }
 
+/// Test aid: `len` values spread over [-0.5, 0.5), a different pattern for each `k`.
+#[cfg(test)]
+pub(crate) fn wave(len: usize, k: u32) -> Vec<f32> {
+    (0..len as u32)
+        .map(|i| ((i.wrapping_mul(k) >> 9) as f32 / 4e6) - 0.5)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
