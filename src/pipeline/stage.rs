@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::checkpoint::LoadedCheckpoint;
-use crate::compute::{GraphSession, Runtime, SessionOptions};
+use crate::compute::{Runtime, SessionOptions};
 use crate::graph::{LossNormalize, StageGraphs, StageIo, TrainingGraph};
 use crate::optim::{Optimizer, ParamLayout};
 use crate::pipeline::buckets::Chain;
@@ -24,15 +24,9 @@ pub type Payload = HashMap<String, Arc<Tensor>>;
 /// A stage's sessions and state.
 pub struct OrtStage {
     pub(super) io: StageIo,
-    pub(super) forward: Option<GraphSession>,
-    pub(super) backward: Option<GraphSession>,
-    pub(super) backward_input: Option<GraphSession>,
-    pub(super) backward_weight: Option<GraphSession>,
-    /// The last stage's forward and backward in one session (see `StageGraphs::fused`):
-    /// its forward then does the backward too, and the backward only hands on the result.
-    pub(super) fused: Option<GraphSession>,
-    /// Forward for evaluation (no stash, no gradients).
-    pub(super) evaluate: Option<GraphSession>,
+    /// Its ONNX Runtime sessions: forward, backward (whole or in halves), the last
+    /// stage's fused forward and backward, evaluation.
+    pub(super) sessions: Sessions,
     /// Gradients for the previous stage computed by the fused forward, per micro-batch.
     pub(super) fused_out: HashMap<usize, Payload>,
     pub(super) layout: ParamLayout,
@@ -104,22 +98,10 @@ impl OrtStage {
                 Chain::new(rt, tg, g, (opts, shard), &grad_slot, &sizes, bytes)?
             }
         };
-        let Sessions {
-            forward,
-            backward,
-            backward_input,
-            backward_weight,
-            fused,
-            evaluate,
-        } = sessions;
+
         Ok(OrtStage {
-            forward,
-            backward,
-            fused,
-            evaluate,
+            sessions,
             fused_out: HashMap::new(),
-            backward_input,
-            backward_weight,
             optimizer: crate::optim::build_grouped(
                 &settings.optimizer,
                 &settings.param_groups,

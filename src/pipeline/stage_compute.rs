@@ -16,18 +16,18 @@ impl OrtStage {
     /// Runs the forward (or, for `eval`, the evaluation) graph; its outputs, shared.
     fn forward_pass(&mut self, eval: bool, input: &Payload, data: &Payload) -> Result<Payload> {
         let mut session = if eval {
-            self.evaluate.take()
+            self.sessions.evaluate.take()
         } else {
-            self.forward.take()
+            self.sessions.forward.take()
         };
         let outputs = match session.as_mut() {
             Some(s) => self.run(s, &[input, data]),
             None => Ok(Payload::new()),
         };
         if eval {
-            self.evaluate = session;
+            self.sessions.evaluate = session;
         } else {
-            self.forward = session;
+            self.sessions.forward = session;
         }
         outputs
     }
@@ -140,9 +140,9 @@ impl StageCompute for OrtStage {
         }
         let input = input.unwrap_or_default();
         let data = data.unwrap_or_default();
-        if let Some(mut session) = self.fused.take() {
+        if let Some(mut session) = self.sessions.fused.take() {
             let outputs = self.run_grads(&mut session, &[&input, &data]);
-            self.fused = Some(session);
+            self.sessions.fused = Some(session);
             let rest = outputs?;
             self.keep_buffers(&rest);
             let raw = rest
@@ -173,7 +173,7 @@ impl StageCompute for OrtStage {
         part: BackwardPart,
         grad: Option<Payload>,
     ) -> Result<Option<Payload>, BoxError> {
-        if self.fused.is_some() {
+        if self.sessions.fused.is_some() {
             let send = self
                 .fused_out
                 .remove(&mb)
@@ -187,9 +187,9 @@ impl StageCompute for OrtStage {
         }
         .ok_or_else(|| format!("backward of micro-batch {mb} before its forward"))?;
         let slot = match part {
-            BackwardPart::Full => &mut self.backward,
-            BackwardPart::Input => &mut self.backward_input,
-            BackwardPart::Weight => &mut self.backward_weight,
+            BackwardPart::Full => &mut self.sessions.backward,
+            BackwardPart::Input => &mut self.sessions.backward_input,
+            BackwardPart::Weight => &mut self.sessions.backward_weight,
         };
         let mut session = slot.take();
         let outputs = match (session.as_mut(), part) {
@@ -198,9 +198,9 @@ impl StageCompute for OrtStage {
             (None, _) => Ok(Payload::new()),
         };
         match part {
-            BackwardPart::Full => self.backward = session,
-            BackwardPart::Input => self.backward_input = session,
-            BackwardPart::Weight => self.backward_weight = session,
+            BackwardPart::Full => self.sessions.backward = session,
+            BackwardPart::Input => self.sessions.backward_input = session,
+            BackwardPart::Weight => self.sessions.backward_weight = session,
         }
         let rest = outputs?;
         if part == BackwardPart::Input {

@@ -60,7 +60,10 @@ pub(super) struct Sessions {
     pub(super) backward: Option<GraphSession>,
     pub(super) backward_input: Option<GraphSession>,
     pub(super) backward_weight: Option<GraphSession>,
+    /// The last stage's forward and backward in one session (see `StageGraphs::fused`):
+    /// its forward then does the backward too, and the backward only hands on the result.
     pub(super) fused: Option<GraphSession>,
+    /// Forward for evaluation (no stash, no gradients).
     pub(super) evaluate: Option<GraphSession>,
 }
 
