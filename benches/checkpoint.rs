@@ -12,7 +12,7 @@
 //! `cargo bench --bench checkpoint [-- io|snapshot|period]` (writes under
 //! `target/bench-checkpoint`).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -16,11 +16,10 @@ trap 'rm -rf "$work"' EXIT
 cd "$root"
 cargo build --release -q
 bin=$root/target/release/pipetrain
-peers=$root/../shared/peers/data
+peers=$root/peers/data
 if [ -n "${2:-}" ]; then
   cfg=$(realpath "$2")
 else
-  [ -d "$peers" ] || { echo "needs ../shared/peers (or pass a config)" >&2; exit 1; }
   cfg=$work/tiny_gpt.toml
   cat > "$cfg" <<EOF
 model_path = "$peers/tiny_gpt.onnx"

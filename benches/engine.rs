@@ -8,7 +8,7 @@
 //!
 //! `cargo bench --bench engine`
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::path::Path;
@@ -39,8 +39,8 @@ layout = { kind = "arrays", feeds = { x = "x", y = "y" } }"#,
     };
     let text = format!(
         r#"
-model_path = "../../shared/peers/data/{model}.onnx"
-init_path = "../../shared/peers/data/{model}_init.safetensors"
+model_path = "../peers/data/{model}.onnx"
+init_path = "../peers/data/{model}_init.safetensors"
 batch_size = {batch}
 gradient_accumulation_steps = {accum}
 num_train_steps = {n}
@@ -50,7 +50,7 @@ kind = "softmax_cross_entropy"
 prediction = "logits"
 label = "{label}"
 [data]
-path = "../../shared/peers/data/{model}_data.npz"
+path = "../peers/data/{model}_data.npz"
 {layout}
 [optimizer]
 kind = "sgd"
@@ -255,6 +255,7 @@ fn single_stage(
     let first = batches.part(0, 0, 1).unwrap();
     let example: Vec<_> = first.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let opts = pipetrain::graph::TrainOptions {
+        inputs: Default::default(),
         loss: cfg.loss.clone(),
         trainable: None,
         contrib_ops: true,

@@ -7,8 +7,7 @@
 #        (default 10 rounds of bert,distilbert,vit,convnext, 2 threads each; ~25 min
 #        after set-up)
 #
-# ORT side: the peers' venv (benches/peers_venv.sh; needs ../shared/peers), left out with
-# a note where ../shared/peers is missing.
+# ORT side: the peers' venv (benches/peers_venv.sh).
 # PyTorch side: TORCH_PYTHON, a Python with the packages of tools/fixtures/requirements.txt;
 # by default a venv made once under $PEERS_SCRATCH (default ~/.cache/pipetrain-peers) from
 # PyPI (torch's CUDA wheels included: several GB).
@@ -30,11 +29,6 @@ fi
 export OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads
 bash "$root/scripts/setup.sh" > /dev/null
 cargo build --release --manifest-path "$root/Cargo.toml" -q
-ort=()
-if [ -d "$root/../shared/peers" ]; then
-  ort=(--ort-python "$(bash "$root/benches/peers_venv.sh")")
-else
-  echo "no ../shared/peers: ONNX Runtime's training build left out" >&2
-fi
+ort=(--ort-python "$(bash "$root/benches/peers_venv.sh")")
 "$TORCH_PYTHON" "$root/benches/exported_side_by_side.py" --rounds "$rounds" \
   --families "$families" --threads "$threads" "${ort[@]}"

@@ -7,7 +7,7 @@
 #
 #   bash benches/fused_ab.sh [rounds] [configs...]   (default 7 rounds of
 #        examples/tiny_gpt_sgd.toml and examples/tiny_gpt_adamw.toml, 200 steps each; the
-#        peers' tiny GPT needs ../shared/peers)
+#        peers' tiny GPT peers/)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 rounds=${1:-7}

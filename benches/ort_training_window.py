@@ -1,6 +1,6 @@
 """One window of ONNX Runtime's training build training an exported model, for
 benches/exported_side_by_side.py, which runs it in the peers' Python environment
-(../shared/peers: onnxruntime-training-cpu 1.19.2 with its torch).
+(tools/peers: onnxruntime-training-cpu 1.19.2 with its torch).
 
 The model is an opset-16 export (that build cannot differentiate LayerNormalization as
 opset 17 writes it) whose first output is the logits as [rows, classes]. Artifacts come

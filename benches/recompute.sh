@@ -6,12 +6,11 @@
 # windows (none, stage, none, ...) so drift lands in both; the step-time cost is the
 # median of per-round ratios.
 #
-#   bash benches/recompute.sh [rounds]   (default 5; needs ../shared/peers)
+#   bash benches/recompute.sh [rounds]   (default 5)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 rounds=${1:-5}
-peers=$root/../shared/peers/data
-[ -d "$peers" ] || { echo "needs ../shared/peers" >&2; exit 1; }
+peers=$root/peers/data
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$root"

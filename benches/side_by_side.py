@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PEERS = Path(os.environ["PEERS_SCRATCH"]) / "peers"
+PEERS = ROOT / "tools" / "peers"
 PEERS_PY = Path(os.environ["PEERS_SCRATCH"]) / "venv" / "bin" / "python"
 BIN = ROOT / "target" / "release" / "pipetrain"
 
@@ -69,8 +69,8 @@ def peer_window(peer, model, opt):
 def pipetrain_config(model, opt, scratch):
     """The example's configuration for 60 steps, data from the peers, no export."""
     text = (ROOT / "examples" / CONFIG[(model, opt)]).read_text()
-    data = str(ROOT / "../shared/peers/data")
-    text = text.replace("../../shared/peers/data", data)
+    data = str(ROOT / "peers/data")
+    text = text.replace("../peers/data", data)
     lines = []
     for line in text.splitlines():
         key = line.split("=")[0].strip()

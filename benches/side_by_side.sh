@@ -11,9 +11,9 @@
 # (benches/exported_side_by_side.sh, with its own PyTorch environment as well).
 #
 # Set-up (first run only, ~5 GB, needs PyPI): the peers' venv from
-# ../shared/peers/requirements-lock.txt and their ORT training artifacts, under
-# $PEERS_SCRATCH (default ~/.cache/pipetrain-peers). ../shared is read-only, so the peers'
-# scripts run from a copy.
+# tools/peers/requirements-lock.txt and their ORT training artifacts, under
+# $PEERS_SCRATCH (default ~/.cache/pipetrain-peers). The peers' scripts run from
+# tools/peers.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 rounds=${1:-10}
@@ -27,7 +27,7 @@ if [ -n "$exported" ]; then
 fi
 [ -n "$cases" ] || exit 0
 py=$(bash "$root/benches/peers_venv.sh")
-peers=$PEERS_SCRATCH/peers
+peers=$root/tools/peers
 export OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
 if [ ! -d "$PEERS_SCRATCH/artifacts/tiny_gpt_sgd" ]; then
   (cd "$peers" && "$py" make_artifacts.py > "$PEERS_SCRATCH/artifacts.log" 2>&1)

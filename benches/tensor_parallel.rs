@@ -12,7 +12,7 @@
 //!
 //! `cargo bench --bench tensor_parallel`.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::path::Path;
@@ -52,6 +52,7 @@ fn held(cfg: &TrainConfig, hp: usize) -> (usize, usize) {
     let tokens = Tensor::i64(vec![BATCH, SEQ], vec![1; BATCH * SEQ]).unwrap();
     let example = [("tokens", &tokens), ("targets", &tokens)];
     let opts = TrainOptions {
+        inputs: Default::default(),
         loss: cfg.loss.clone(),
         trainable: None,
         contrib_ops: true,

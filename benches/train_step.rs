@@ -1,12 +1,12 @@
-//! Training-step throughput on the peers' models (../shared/peers), as the peers measure
+//! Training-step throughput on the peers' models (peers/), as the peers measure
 //! it: 2 threads, batch 64 (mlp) / 8 x 64 (tiny_gpt), forward + loss + backward + SGD
 //! update, 10 warm-up steps then windows of 50 steps, median of the windows.
 //!
 //! `cargo bench --bench train_step` prints steps/s per model and the ratio to the best
-//! peer's figure in `../shared/peers/results/throughput.csv` (measured on another day);
+//! peer's figure in `peers/results/throughput.csv` (measured on another day);
 //! `benches/side_by_side.sh` runs the peers and this bench in one sitting for a fair ratio.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::time::Instant;

@@ -7,7 +7,7 @@
 # - `pipetrain doctor`: the library, its CUDA provider, the devices, a one-rank NCCL
 #   all-reduce; without a GPU it says so and stops (exit 0);
 # - the peers' MLP and tiny GPT (SGD, AdamW) trained on the GPU and on the CPU, the loss
-#   curves judged against PyTorch float64 (TF32 off; --peers names ../shared/peers/data);
+#   curves judged against PyTorch float64 (TF32 off; --peers names peers/data);
 # - a 2-stage pipeline on one GPU with its Chrome trace (how long both stages computed
 #   at once);
 # - checkpoint and resume on the GPU: 20 steps straight against 10 + 10 resumed, bitwise;
@@ -22,7 +22,7 @@
 # Everything lands in --out (default gpu-check/); the summary is printed at the end.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bin="" peers="$root/../shared/peers/data" out="gpu-check" checks=curves,pipeline,resume,precision,gpt2
+bin="" peers="$root/peers/data" out="gpu-check" checks=curves,pipeline,resume,precision,gpt2
 device=${PIPETRAIN_GPU_CHECK_DEVICE:-cuda}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -61,7 +61,7 @@ config() { # NAME DEVICE TAG [EXTRA...]
   local name=$1 dev=$2 tag=$3; shift 3
   local cfg="$out/cfg/$tag.toml"; mkdir -p "$out/cfg"
   { printf '%s\n' "$@"
-    sed -e "s#\.\./\.\./shared/peers/data#$peers#g" -e "s#\.\./runs/[a-z_]*/#$out/runs/$tag/#g" \
+    sed -e "s#\.\./peers/data#$peers#g" -e "s#\.\./runs/[a-z_]*/#$out/runs/$tag/#g" \
       "$root/examples/$name.toml"
     printf '\n[runtime]\ndevice = "%s"\n' "$dev"; } > "$cfg"
   echo "$cfg"

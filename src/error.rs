@@ -68,6 +68,17 @@ pub enum Error {
         /// The case that is not handled.
         reason: String,
     },
+    /// Model inputs that neither the data nor `[inputs]` gives a value (every one named).
+    #[error(
+        "the data feeds no value to model input(s) {inputs}; give each an array in the data, \
+         or a value in the configuration's [inputs] table (`\"{first}\" = 0`)"
+    )]
+    UnfedInputs {
+        /// Each input, described (type, rank, what reads it, what made it).
+        inputs: String,
+        /// The first one's name, for the example.
+        first: String,
+    },
     /// A name given by the user (prediction, label, cut edge, ...) is not in the graph.
     #[error("{role} `{name}` is not a value of the graph{hint}")]
     MissingValue {

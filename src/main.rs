@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use pipetrain::compute::Runtime;
 use pipetrain::config::TrainConfig;
 use pipetrain::telemetry::timeline_svg;
+use pipetrain::train::EarlierRun;
 use pipetrain::{Error, Result};
 use pipetrain_schedules::{lower, simulate, CostModel, LowerOptions, ScheduleSpec, StageCost};
 
@@ -43,6 +44,11 @@ enum Command {
         /// scratch when there is none); `checkpoint_to_load_path` names one explicitly.
         #[arg(long)]
         resume: bool,
+        /// Start from step 0 in a `checkpoints_dir` that holds an earlier run's
+        /// checkpoints, moving them aside first (without `--resume` or `--fresh`, such a
+        /// folder is refused).
+        #[arg(long, conflicts_with = "resume")]
+        fresh: bool,
     },
     /// Say what would keep an ONNX model from training as the user's model: initializers
     /// merged by an eval-mode export, operators without a gradient, a fixed batch; with a
@@ -102,13 +108,14 @@ struct ScheduleArgs {
     /// Stages per rank (interleaved_1f1b).
     #[arg(long, default_value_t = 2)]
     virtual_stages: usize,
-    /// Forward time per micro-batch and stage.
+    /// Forward time of one micro-batch on one rank (where a rank holds v virtual
+    /// stages, each stage's forward takes 1/v of it).
     #[arg(long, default_value_t = 1.0)]
     forward: f64,
-    /// Input-gradient time (the backward is input + weight).
+    /// Input-gradient time of a micro-batch on a rank (the backward is input + weight).
     #[arg(long, default_value_t = 1.0)]
     backward_input: f64,
-    /// Weight-gradient time.
+    /// Weight-gradient time of a micro-batch on a rank.
     #[arg(long, default_value_t = 1.0)]
     backward_weight: f64,
     /// Time of each transfer between ranks.
@@ -175,18 +182,30 @@ fn main() -> ExitCode {
             trace,
             chrome_trace,
             resume,
+            fresh,
         } => match pipetrain::train::train_command(
             &config,
             metrics.as_deref(),
             (trace.as_deref(), chrome_trace.as_deref()),
-            resume,
+            match (resume, fresh) {
+                (true, _) => EarlierRun::Resume,
+                (_, true) => EarlierRun::MoveAside,
+                _ => EarlierRun::Refuse,
+            },
         ) {
             Ok(Some(sig)) => return stopped_by(sig),
             other => other.map(|_| ()),
         },
-        Command::Check { model, config } => pipetrain::compute::Runtime::from_env()
+        Command::Check { model, config } => match pipetrain::compute::Runtime::from_env()
             .and_then(|rt| pipetrain::train::check_model(&rt, &model, config.as_deref()))
-            .map(|text| print!("{text}")),
+        {
+            Ok(report) => {
+                print!("{}", report.text);
+                // Errors fail the command (a user's CI can gate on it); warnings do not.
+                return ExitCode::from(u8::from(report.errors > 0));
+            }
+            Err(e) => Err(e),
+        },
         Command::Launch(args) => match pipetrain::launch::launch(&args) {
             Ok(end) => return ExitCode::from(end.status()),
             Err(e) => Err(e),
@@ -316,11 +335,41 @@ fn build_schedule(a: &ScheduleArgs) -> Result<pipetrain_schedules::Schedule> {
     .map_err(schedule_error)
 }
 
+/// How to read `schedule show`: an action is its stage, its kind and its micro-batch;
+/// the kinds this schedule uses, in words.
+fn legend(s: &pipetrain_schedules::Schedule) -> String {
+    let mut used: Vec<pipetrain_schedules::ActionKind> = Vec::new();
+    for a in s.ranks().iter().flatten() {
+        if !used.contains(&a.kind()) {
+            used.push(a.kind());
+        }
+    }
+    used.sort_by_key(|k| {
+        pipetrain_schedules::ActionKind::ALL
+            .iter()
+            .position(|x| x == k)
+    });
+    let mut text = String::from(
+        "# each action is STAGE KIND MICRO-BATCH: `1F3` is stage 1's forward of micro-batch 3\n",
+    );
+    for k in used {
+        text.push_str(&format!("#   {:<9} {}\n", k.token(), k.meaning()));
+    }
+    text
+}
+
+/// The simulated timeline of `a`'s schedule. The costs are a rank's: where a rank holds
+/// several (virtual) stages, each stage's forward and backward cost their share.
 fn timeline(a: &ScheduleArgs) -> Result<pipetrain_schedules::Timeline> {
     let s = build_schedule(a)?;
+    let per_rank = (s.stages() / s.ranks().len().max(1)).max(1) as f64;
     let mut costs = CostModel::uniform(
         s.stages(),
-        StageCost::split(a.forward, a.backward_input, a.backward_weight),
+        StageCost::split(
+            a.forward / per_rank,
+            a.backward_input / per_rank,
+            a.backward_weight / per_rank,
+        ),
     );
     costs.comm_latency = a.comm;
     simulate(&s, &costs).map_err(schedule_error)
@@ -330,6 +379,7 @@ fn schedule(cmd: ScheduleCommand) -> Result<()> {
     match cmd {
         ScheduleCommand::Show(a) => {
             let s = build_schedule(&a)?;
+            print!("{}", legend(&s));
             for (rank, actions) in s.ranks().iter().enumerate() {
                 let text: Vec<String> = actions.iter().map(ToString::to_string).collect();
                 println!("rank {rank}: {}", text.join(" "));

@@ -161,5 +161,11 @@ pub fn export(dir: &Path, model: Option<&Path>, output: &Path) -> Result<()> {
     if let Some(parent) = output.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
     }
-    save_model(&export_inference_model(&proto, &views)?, output)
+    let mut exported = export_inference_model(&proto, &views)?;
+    let steps = (
+        ckpt.manifest.steps_done,
+        ckpt.manifest.lr_schedule.total_steps,
+    );
+    crate::graph::mark_trained_steps(&mut exported, steps);
+    save_model(&exported, output)
 }

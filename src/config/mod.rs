@@ -88,6 +88,11 @@ pub struct TrainConfig {
     pub params: crate::graph::ParamOptions,
     /// Training data.
     pub data: DataConfig,
+    /// Values of model inputs the data does not feed, by input name (an exporter's
+    /// `onnx::Neg_1` from a `forward` argument left at its default, a flag): each
+    /// becomes a constant of the training graph.
+    #[serde(default)]
+    pub inputs: std::collections::BTreeMap<String, crate::graph::InputValue>,
     /// The optimizer.
     pub optimizer: OptimizerConfig,
     /// Combine the replicas' gradients by Adasum instead of summing them (ONNX Runtime's

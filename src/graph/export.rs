@@ -72,3 +72,31 @@ pub fn export_inference_model(
     }
     Ok(model)
 }
+
+/// The trained model's metadata key: the optimizer steps it trained.
+pub const STEPS_KEY: &str = "pipetrain.optimizer_steps";
+/// The trained model's metadata key: the run's optimizer steps in all.
+pub const TOTAL_KEY: &str = "pipetrain.num_optimizer_steps";
+/// The trained model's metadata key: `true` when it trained every step, `false` when a
+/// signal stopped the run first.
+pub const COMPLETE_KEY: &str = "pipetrain.complete";
+
+/// Records in `model`'s metadata that it trained `done` of `total` optimizer steps.
+pub fn mark_trained_steps(model: &mut crate::onnx::proto::ModelProto, (done, total): (u64, u64)) {
+    use crate::onnx::proto::StringStringEntryProto;
+    let ours = [STEPS_KEY, TOTAL_KEY, COMPLETE_KEY];
+    model
+        .metadata_props
+        .retain(|e| !ours.contains(&e.key.as_str()));
+    let values = [
+        done.to_string(),
+        total.to_string(),
+        (done >= total).to_string(),
+    ];
+    for (key, value) in ours.into_iter().zip(values) {
+        model.metadata_props.push(StringStringEntryProto {
+            key: key.into(),
+            value,
+        });
+    }
+}

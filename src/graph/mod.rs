@@ -24,10 +24,11 @@ mod subgraph;
 pub mod tensor_parallel;
 mod tied;
 mod training;
+mod unfed_inputs;
 
 pub use buckets::{grad_chain, GradChain};
 pub use deterministic::scatter_adds_as_products;
-pub use export::export_inference_model;
+pub use export::{export_inference_model, mark_trained_steps, COMPLETE_KEY, STEPS_KEY, TOTAL_KEY};
 pub use ir::*;
 pub use loss::{attach_loss, LossNormalize, LossSpec, ACC_CORRECT, ACC_COUNTED, LOSS};
 pub use params::ParamOptions;
@@ -42,3 +43,4 @@ pub use training::{
     build_sharded_training_graph, build_training_graph, Param, TrainOptions, TrainingGraph,
     LOSS_GRAD,
 };
+pub use unfed_inputs::{bind_unfed_inputs, describe_input, implied_default, Bound, InputValue};

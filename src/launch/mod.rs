@@ -38,6 +38,11 @@ pub struct LaunchArgs {
     /// a failure always resume).
     #[arg(long)]
     pub resume: bool,
+    /// Start from step 0 in a `checkpoints_dir` that holds an earlier run's checkpoints,
+    /// moving them aside first (without `--resume` or `--fresh`, such a folder is
+    /// refused).
+    #[arg(long, conflicts_with = "resume")]
+    pub fresh: bool,
     /// Write one JSON object per optimizer step to this file (node 0 only).
     #[arg(long)]
     pub metrics: Option<PathBuf>,

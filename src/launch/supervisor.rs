@@ -38,6 +38,23 @@ pub fn supervise(args: &LaunchArgs) -> Result<Ended> {
     let node = &placement.node;
     let job = placement.manifest.job();
     let exe = std::env::current_exe().map_err(Error::io(Path::new("pipetrain")))?;
+    if !args.resume {
+        let again = format!(
+            "pipetrain launch --manifest {} --resume {}",
+            args.manifest.display(),
+            args.config.display()
+        );
+        let cfg = &placement.cfg;
+        if let Some(aside) =
+            crate::train::claim_checkpoints_dir(cfg, &args.config, args.fresh, &again)?
+        {
+            eprintln!(
+                "pipetrain launch: node {}: --fresh: the earlier run's checkpoints moved to {}",
+                node.name,
+                aside.display()
+            );
+        }
+    }
     let signals = Forwarder::start()?;
     let (mut attempt, mut failures) = (0u32, 0u32);
     loop {

@@ -28,6 +28,63 @@ pub fn latest_checkpoint(
     Ok(latest_complete(dir)?.map(|(path, _)| path))
 }
 
+/// What a run started without `--resume` does with a `checkpoints_dir` that holds an
+/// earlier run's complete checkpoints: refuse it (it would write over them), or, with
+/// `fresh`, move the folder aside first. Returns where it moved it. `resume_command` is
+/// the command line that would go on from them, for the message. A run that names its
+/// checkpoint (`checkpoint_to_load_path`) resumes on purpose and is let through.
+///
+/// # Errors
+/// `Config` on `checkpoints_dir` naming the newest checkpoint and both ways on; `Io`
+/// when the folder cannot be read or moved.
+pub fn claim_checkpoints_dir(
+    cfg: &TrainConfig,
+    config_path: &std::path::Path,
+    fresh: bool,
+    resume_command: &str,
+) -> Result<Option<PathBuf>> {
+    let Some(dir) = cfg.checkpoints_dir.as_ref() else {
+        return Ok(None);
+    };
+    if cfg.checkpoint_to_load_path.is_some() {
+        return Ok(None);
+    }
+    let Some((newest, manifest)) = latest_complete(dir)? else {
+        return Ok(None);
+    };
+    if !fresh {
+        return Err(Error::Config {
+            path: config_path.to_path_buf(),
+            field: "checkpoints_dir".into(),
+            rule: format!(
+                "{} holds an earlier run's checkpoints (the newest: {}, after {} optimizer \
+                 steps), which this run would write over; go on from them with \
+                 `{resume_command}`, or start again with `--fresh`, which moves them aside",
+                dir.display(),
+                newest.display(),
+                manifest.steps_done
+            ),
+        });
+    }
+    let aside = aside_name(dir);
+    std::fs::rename(dir, &aside).map_err(Error::io(dir))?;
+    Ok(Some(aside))
+}
+
+/// A new sibling name for `dir`: `<dir>.before-<unix seconds>` (`-2`, `-3`, ... when taken).
+fn aside_name(dir: &std::path::Path) -> PathBuf {
+    // `a/b/` would name a folder inside `a/b`: the path without its trailing slash.
+    let dir = dir.components().as_path();
+    let base = format!("{}.before-{}", dir.display(), now_unix_s());
+    (1..)
+        .map(|i| match i {
+            1 => PathBuf::from(&base),
+            i => PathBuf::from(format!("{base}-{i}")),
+        })
+        .find(|p| !p.exists())
+        .expect("some name is free")
+}
+
 /// The checkpoint `cfg` resumes from (`checkpoint_to_load_path`), read and checked
 /// against the run: settings that must not change, and the model's tensors.
 ///

@@ -11,10 +11,21 @@ use crate::compute::Runtime;
 use crate::config::TrainConfig;
 use crate::Result;
 
-/// Runs `pipetrain train CONFIG`: resumes from the newest complete checkpoint with
-/// `resume`, writes one JSON object per step to `metrics`, and the run's trace (and its
-/// Chrome trace) when asked. `Some(signal)` when a SIGINT or SIGTERM stopped the run
-/// (after a checkpoint, when it saves any).
+/// What a run does with an earlier run's complete checkpoints in its `checkpoints_dir`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EarlierRun {
+    /// Refuse to start (it would write over them): the default.
+    Refuse,
+    /// Go on from the newest (`--resume`).
+    Resume,
+    /// Move them aside and start from step 0 (`--fresh`).
+    MoveAside,
+}
+
+/// Runs `pipetrain train CONFIG`: resumes from the newest complete checkpoint, refuses,
+/// or moves the checkpoints aside as `earlier` says, writes one JSON object per step to
+/// `metrics`, and the run's trace (and its Chrome trace) when asked. `Some(signal)` when
+/// a SIGINT or SIGTERM stopped the run (after a checkpoint, when it saves any).
 ///
 /// # Errors
 /// The run's errors, naming the file, field and rule.
@@ -22,9 +33,20 @@ pub fn train_command(
     config: &Path,
     metrics: Option<&Path>,
     (trace, chrome): (Option<&Path>, Option<&Path>),
-    resume: bool,
+    earlier: EarlierRun,
 ) -> Result<Option<i32>> {
     let mut cfg = TrainConfig::load(config)?;
+    let resume = earlier == EarlierRun::Resume;
+    if !resume {
+        let again = format!("pipetrain train {} --resume", config.display());
+        let fresh = earlier == EarlierRun::MoveAside;
+        if let Some(aside) = super::claim_checkpoints_dir(&cfg, config, fresh, &again)? {
+            eprintln!(
+                "pipetrain: --fresh: the earlier run's checkpoints moved to {}",
+                aside.display()
+            );
+        }
+    }
     if resume && cfg.checkpoint_to_load_path.is_none() {
         match super::latest_checkpoint(&cfg, config)? {
             Some(path) => cfg.checkpoint_to_load_path = Some(path),
@@ -81,7 +103,17 @@ pub fn train_command(
         eprintln!("chrome trace (Perfetto): {}", path.display());
     }
     if let Some(out) = &cfg.output_path {
-        eprintln!("trained model: {}", out.display());
+        let done = summary.first_step + summary.steps as u64;
+        let total = cfg.optimizer_steps() as u64;
+        match done < total {
+            true => eprintln!(
+                "partly trained model: {} (stopped after step {done} of {total}; its metadata \
+                 says so: {} = false)",
+                out.display(),
+                crate::graph::COMPLETE_KEY
+            ),
+            false => eprintln!("trained model: {}", out.display()),
+        }
     }
     Ok(stopped)
 }

@@ -91,7 +91,8 @@ fn check_types(g: &Graph, loss: &LossSpec, example: &TensorMap, from: &Path) -> 
     Ok(())
 }
 
-/// The value rules of the fed inputs: integer inputs that index tables, and the label.
+/// The value rules of the fed inputs: integer inputs that index tables, and the label, in
+/// a fixed order (the example is a hash map).
 fn feed_rules(g: &Graph, loss: &LossSpec, example: &TensorMap) -> Vec<FeedRule> {
     let mut rules: Vec<FeedRule> = example
         .keys()
@@ -104,6 +105,12 @@ fn feed_rules(g: &Graph, loss: &LossSpec, example: &TensorMap) -> Vec<FeedRule> 
             }),
         })
         .collect();
+    // The model's inputs in the graph's order, then the label and any other array: the
+    // first bad value is reported against the same array in every run.
+    rules.sort_by_cached_key(|r| {
+        let at = g.inputs.iter().position(|v| v.name == r.feed);
+        (at.unwrap_or(usize::MAX), r.feed.clone())
+    });
     if let LossSpec::SoftmaxCrossEntropy {
         prediction,
         label,

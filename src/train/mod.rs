@@ -32,10 +32,10 @@ mod run;
 mod settings;
 mod signals;
 
-pub use check::check_model;
-pub use checkpointing::latest_checkpoint;
+pub use check::{check_model, CheckReport};
+pub use checkpointing::{claim_checkpoints_dir, latest_checkpoint};
 pub use cluster::ClusterPart;
-pub use command::train_command;
+pub use command::{train_command, EarlierRun};
 pub use memory::{memory_report, memory_table, MemoryRow, StashPeak};
 pub use report::Reporter;
 pub use signals::{signal_name, StopOnSignal, REPEAT_GRACE};

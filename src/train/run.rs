@@ -109,7 +109,8 @@ pub(super) async fn run_training<K: Collective>(
         run_engine(&engine, computes, data, lr_at, run, cluster, stages).await?;
     let elapsed = start.elapsed();
     if reports {
-        save_trained(cfg, &model, &parameters)?;
+        let done = first_step + results.len() as u64;
+        save_trained(cfg, &model, &parameters, (done, total))?;
     }
     let ran = (first_step, elapsed, built.assignment.stages);
     let output = (results, trace, parameters, peaks);
@@ -157,11 +158,14 @@ fn stage_session_options(cfg: &TrainConfig, built: &Built, actors: usize) -> Ses
     session_options(cfg, actors, threads)
 }
 
-/// The trained model, where the configuration names an `output_path`.
+/// The trained model, where the configuration names an `output_path`, with how far it
+/// trained in its metadata: `(done, total)` optimizer steps (a run stopped by a signal
+/// writes `pipetrain.complete = false`).
 fn save_trained(
     cfg: &TrainConfig,
     model: &crate::onnx::proto::ModelProto,
     parameters: &[(String, Tensor)],
+    steps: (u64, u64),
 ) -> Result<()> {
     let Some(path) = &cfg.output_path else {
         return Ok(());
@@ -170,7 +174,9 @@ fn save_trained(
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
     }
-    save_model(&export_inference_model(model, &trained)?, path)
+    let mut exported = export_inference_model(model, &trained)?;
+    crate::graph::mark_trained_steps(&mut exported, steps);
+    save_model(&exported, path)
 }
 
 /// The run's summary from what the engine handed back: `ran` is the first step, the time

@@ -105,6 +105,7 @@ pub(super) fn training_graph(
     let first = batches.part(step, replica * m, cfg.data_parallel_size * m)?;
     let example: Vec<(&str, &Tensor)> = first.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let opts = TrainOptions {
+        inputs: cfg.inputs.clone(),
         loss: cfg.loss.clone(),
         trainable: None,
         contrib_ops: !cfg.runtime.standard_ops_only,

@@ -7,7 +7,7 @@
 //! The models are the exported GPT-2, ViT and BERT fixtures, with one value of their data
 //! changed.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 
@@ -98,6 +98,26 @@ fn a_token_id_outside_the_embedding_is_named() {
             "`transformer.wte.weight`",
         ],
     );
+}
+
+/// A bad token id in `input_ids` and a bad label in `labels`: the model's input is named,
+/// in every run (the arrays are checked in the graph's input order, then the label).
+#[test]
+fn the_same_array_is_named_in_every_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = changed("gpt2", dir.path(), "input_ids", |t| {
+        with_i64(t, 37 * 16 + 5, 500)
+    });
+    let mut arrays = read_npz(&ids).unwrap();
+    let labels = with_i64(&arrays["labels"], 37 * 16 + 5, 700);
+    arrays.insert("labels".into(), labels);
+    let named: Vec<(&str, &Tensor)> = arrays.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let both = dir.path().join("both.npz");
+    write_npz(&both, &named).unwrap();
+    for _ in 0..6 {
+        let err = error("gpt2", &["input_ids"], &both, "");
+        assert_names(&err, &["array `input_ids`", "500 is outside [0, 100)"]);
+    }
 }
 
 /// A label of -3 among valid ones: refused (as is 100 for 100 classes), naming the

@@ -1,11 +1,11 @@
 //! Checkpoints: exact resume, resume under another parallel layout, the files as other
 //! tools read them, and refusals of checkpoints that do not fit.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 
-use common::mlp::{Mlp, ADAMW_COSINE, SGD_MOMENTUM};
+use crate::common::mlp::{Mlp, ADAMW_COSINE, SGD_MOMENTUM};
 use pipetrain::checkpoint::{folder_name, latest_complete, LoadedCheckpoint};
 use pipetrain::compute::Runtime;
 use pipetrain::tensor::Tensor;
@@ -59,9 +59,6 @@ fn loading(path: &Path) -> String {
 /// all come back.
 #[test]
 fn resume_is_bit_exact() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let cases = [
         ("pp=2 1F1B, SGD momentum", 1, 2, "1f1b", SGD_MOMENTUM),
@@ -100,7 +97,7 @@ fn resume_is_bit_exact() {
 }
 
 /// Largest |a - b| over a tensor, relative to the tensor's largest |a| (as
-/// `tests/equivalence.rs` measures a changed reduction order).
+/// `tests/it/equivalence.rs` measures a changed reduction order).
 fn max_rel_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -120,12 +117,9 @@ fn max_rel_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
 /// A checkpoint written at (dp, pp) = (1, 2) resumes at (2, 1), (1, 4) and (1, 1) with
 /// the same global batch: the same samples in the same order (the data position), and the
 /// weights of the uninterrupted run up to the float32 rounding of another reduction order
-/// (the tolerance of `tests/equivalence.rs`); pipeline-only changes are bitwise.
+/// (the tolerance of `tests/it/equivalence.rs`); pipeline-only changes are bitwise.
 #[test]
 fn resume_under_another_layout() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let tmp = tempfile::tempdir().unwrap();
     let written = Mlp::default();
@@ -182,9 +176,6 @@ fn resume_under_another_layout() {
 /// the ONNX initializer names, with the values pipetrain trained.
 #[test]
 fn python_safetensors_reads_the_weights() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let tmp = tempfile::tempdir().unwrap();
     let mlp = Mlp {
@@ -241,9 +232,6 @@ print(json.dumps(out))
 /// step; `--resume` takes the newest complete one and skips a folder without manifest.
 #[test]
 fn retention_and_the_latest_complete_checkpoint() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let tmp = tempfile::tempdir().unwrap();
     let mlp = Mlp {
@@ -290,9 +278,6 @@ fn refusal(rt: &Runtime, mlp: &Mlp, dir: &Path, extra: &str) -> String {
 /// optimizer, a changed setting that must not change, an incomplete checkpoint.
 #[test]
 fn checkpoints_that_do_not_fit_are_refused() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let tmp = tempfile::tempdir().unwrap();
     let mlp = Mlp {
@@ -438,9 +423,6 @@ fn checkpoints_that_do_not_fit_are_refused() {
 /// file the run's own `output_path` export wrote.
 #[test]
 fn inspect_and_export_from_the_command_line() {
-    if common::skip_without_peers() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let trained = tmp.path().join("trained.onnx");
     let mlp = Mlp {
@@ -506,9 +488,6 @@ fn inspect_and_export_from_the_command_line() {
 /// nor changes the result beyond the rounding of the norm's sum over other cuts.
 #[test]
 fn clipping_with_two_stages_per_rank() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let tmp = tempfile::tempdir().unwrap();
     let plain = Mlp {

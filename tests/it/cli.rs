@@ -1,6 +1,6 @@
 //! The `pipetrain` binary, run as a user runs it.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -33,7 +33,7 @@ fn example(name: &str, edits: &[(&str, &str)]) -> PathBuf {
     ))
     .unwrap();
     let peers = common::peers_dir().join("data");
-    text = text.replace("../../shared/peers/data", peers.to_str().unwrap());
+    text = text.replace("../peers/data", peers.to_str().unwrap());
     for (old, new) in edits {
         assert!(text.contains(old), "{name}: {old}");
         text = text.replace(old, new);
@@ -55,9 +55,6 @@ fn doctor_reports_the_library_and_cpu_provider() {
 
 #[test]
 fn a_recorded_1f1b_run_and_a_zero_bubble_run_replay_in_order() {
-    if common::skip_without_peers() {
-        return;
-    }
     let model = tmp("mlp_pipeline.onnx");
     let _ = std::fs::remove_file(&model);
     for (schedule, out) in [("1f1b", Some(&model)), ("zb_h1", None)] {
@@ -140,6 +137,19 @@ fn schedule_show_and_simulate_print_the_schedule_and_its_figures() {
         "3",
     ]));
     assert!(text.contains("rank 0: 0F0 0SEND_F0 0F1 0SEND_F1"), "{text}");
+    // A legend of the kinds it uses.
+    assert!(
+        text.contains("`1F3` is stage 1's forward of micro-batch 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("SEND_F    send activations to the next stage"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("#   W "),
+        "a kind the schedule does not use: {text}"
+    );
     let text = ok(&pipetrain(&[
         "schedule",
         "simulate",
@@ -163,13 +173,28 @@ fn schedule_show_and_simulate_print_the_schedule_and_its_figures() {
         "8",
     ]));
     assert!(text.contains("bubble fraction"), "{text}");
+    // The costs are a rank's: interleaving 2 virtual stages a rank halves the bubble
+    // (F = I = W = 1 a rank: 1F1B 11 x 3 = 33, interleaved 8 x 3 + 3 x 3 / 2 = 28.5).
+    let makespan = |kind: &str| -> f64 {
+        let text = ok(&pipetrain(&[
+            "schedule",
+            "simulate",
+            "--kind",
+            kind,
+            "--stages",
+            "4",
+            "--micro-batches",
+            "8",
+        ]));
+        let line = text.lines().find(|l| l.starts_with("makespan")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    assert_eq!(makespan("1f1b"), 33.0);
+    assert_eq!(makespan("interleaved_1f1b"), 28.5);
 }
 
 #[test]
 fn a_bad_config_names_file_and_field() {
-    if common::skip_without_peers() {
-        return;
-    }
     let path = example(
         "mlp_sgd",
         &[(
@@ -263,4 +288,78 @@ fn runtime_profile_writes_each_sessions_ort_profile_in_the_working_folder() {
         text.contains("30 runs after 10 skipped") && text.contains("| of which matmuls"),
         "{text}"
     );
+}
+
+/// A second `train` into a `checkpoints_dir` that holds the first run's checkpoints,
+/// without `--resume`, refuses and names both ways on, leaving every byte there; with
+/// `--fresh` it moves them aside, says where, and trains from step 0.
+#[test]
+fn a_used_checkpoints_dir_is_refused_without_resume_or_fresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let config = dir.path().join("train.toml");
+    let text = format!(
+        "batch_size = 16\nnum_train_steps = 4\ncheckpoints_dir = {ck:?}\ncheckpoint_period = 2\n\
+         [model]\nkind = \"mlp\"\nhidden = [8]\n\
+         [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"y\"\n\
+         [data]\nsynth = {{ kind = \"teacher\", samples = 64, seed = 1 }}\n\
+         layout = {{ kind = \"arrays\", feeds = {{ x = \"x\", y = \"y\" }} }}\n\
+         [optimizer]\nkind = \"sgd\"\n[lr_schedule]\nkind = \"constant\"\nlr = 0.1\n"
+    );
+    std::fs::write(&config, text).unwrap();
+    let config = config.to_str().unwrap();
+    ok(&pipetrain(&["train", config]));
+    let files = |root: &std::path::Path| -> Vec<(PathBuf, Vec<u8>)> {
+        let mut all = Vec::new();
+        let mut dirs = vec![root.to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                match e.path().is_dir() {
+                    true => dirs.push(e.path()),
+                    false => all.push((
+                        e.path().strip_prefix(root).unwrap().to_path_buf(),
+                        std::fs::read(e.path()).unwrap(),
+                    )),
+                }
+            }
+        }
+        all.sort();
+        all
+    };
+    let first = files(&ck);
+    assert!(first.iter().any(|(p, _)| p.ends_with("manifest.json")));
+
+    let out = pipetrain(&["train", config]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{err}");
+    for said in ["checkpoints_dir", "step-00000004", "--resume", "--fresh"] {
+        assert!(err.contains(said), "no `{said}` in: {err}");
+    }
+    assert!(
+        files(&ck) == first,
+        "the refused run changed the checkpoints"
+    );
+
+    let out = pipetrain(&["train", config, "--fresh"]);
+    let text = ok(&out);
+    let aside = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("ck.before-")
+        })
+        .unwrap_or_else(|| panic!("nothing moved aside: {text}"));
+    assert!(text.contains(&aside.display().to_string()), "{text}");
+    assert!(files(&aside) == first, "the moved checkpoints differ");
+    assert!(
+        ck.join("step-00000004/manifest.json").exists(),
+        "the fresh run's checkpoint"
+    );
+    let err = String::from_utf8_lossy(&pipetrain(&["train", config, "--resume", "--fresh"]).stderr)
+        .to_string();
+    assert!(err.contains("cannot be used with"), "{err}");
 }

@@ -3,15 +3,10 @@
 //! Submodules: every rule's error (`rules`), Slurm host lists, node selection under Slurm
 //! and Kubernetes, the shared secret, and the sbatch and Kubernetes examples.
 
-#[path = "cluster/examples.rs"]
 mod examples;
-#[path = "cluster/hostlist.rs"]
 mod hostlist;
-#[path = "cluster/rules.rs"]
 mod rules;
-#[path = "cluster/schedulers.rs"]
 mod schedulers;
-#[path = "cluster/secret.rs"]
 mod secret;
 
 use std::path::{Path, PathBuf};

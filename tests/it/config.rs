@@ -1,14 +1,12 @@
 //! Every configuration rule: a bad value is refused up front with the file, the field and
 //! the rule in the message.
 
-mod common;
-
 use std::path::Path;
 
 use pipetrain::config::TrainConfig;
 
 const GOOD: &str = r#"
-model_path = "../../shared/peers/data/mlp.onnx"
+model_path = "../peers/data/mlp.onnx"
 batch_size = 16
 gradient_accumulation_steps = 4
 num_train_steps = 40
@@ -19,7 +17,7 @@ kind = "softmax_cross_entropy"
 prediction = "logits"
 label = "y"
 [data]
-path = "../../shared/peers/data/mlp_data.npz"
+path = "../peers/data/mlp_data.npz"
 batch_order = "batch_idx"
 layout = { kind = "arrays", feeds = { x = "x", y = "y" } }
 [optimizer]
@@ -219,9 +217,6 @@ fn unknown_keys_and_other_values() {
 
 #[test]
 fn a_global_batch_that_does_not_fit_the_data_is_refused_before_training() {
-    if common::skip_without_peers() {
-        return;
-    }
     // 16 x 4 x 1 = 64 rows a step fit batch_idx; 12 x 4 = 48 do not.
     let cfg = TrainConfig::parse(&with("batch_size = 16", "batch_size = 12"), &path()).unwrap();
     let rt = pipetrain::compute::Runtime::from_env().unwrap();

@@ -2,7 +2,7 @@
 //! session computes): the rewritten training graph gives the scattered graph's gradient
 //! bit for bit where the sums are exact, with every scatter of a lookup table gone.
 
-mod common;
+use crate::common;
 
 use pipetrain::compute::{SessionOptions, TensorMap, TrainSession};
 use pipetrain::graph::{
@@ -47,6 +47,7 @@ fn one_hot_products_give_the_scattered_embedding_gradient_bit_for_bit() {
     let (model, ids) = lookup_model(6);
     let feeds = [("ids", &ids)];
     let opts = TrainOptions {
+        inputs: Default::default(),
         loss: LossSpec::Output {
             name: "total".into(),
         },

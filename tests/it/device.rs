@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-mod common;
+use crate::common;
 
 fn config(dir: &std::path::Path, device: &str) -> std::path::PathBuf {
     let text = format!(

@@ -3,7 +3,7 @@
 //! accumulators): the values land at their offsets and equal a plain run's, the rest of
 //! the buffer is left alone, and a buffer that moved or a wrong shape is handled.
 
-mod common;
+use crate::common;
 
 use pipetrain::compute::{GraphSession, SessionOptions, Target};
 use pipetrain::graph::{make_node, untyped_value_info, value_info, ValueMeta};

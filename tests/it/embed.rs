@@ -3,11 +3,11 @@
 //! (`TrainingRunner`, the on-device `Module` + `Optimizer` loop) against `pipetrain
 //! train`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
-use common::mlp::Mlp;
+use crate::common::mlp::Mlp;
 use pipetrain::api::{
     CheckpointState, Module, Optimizer, RunEvent, Trainer, TrainingParameters, TrainingRunner,
 };
@@ -69,9 +69,6 @@ fn file_run(cfg: &TrainConfig, path: &Path) -> Vec<(String, Vec<u32>)> {
 /// channel; the weights are those of the same run reading the file. Events come in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_feeds_batches_through_a_channel() {
-    if common::skip_without_peers() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let (cfg, path) = single_stage(SGD_STEPS).config(tmp.path());
     let want = tokio::task::block_in_place(|| file_run(&cfg, &path));
@@ -111,9 +108,6 @@ async fn a_service_feeds_batches_through_a_channel() {
 /// Two runs in one process at once, each with its own events and result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_runs_at_once_keep_to_themselves() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (a_cfg, a_path) = single_stage(4).config(a_dir.path());
@@ -141,9 +135,6 @@ async fn two_runs_at_once_keep_to_themselves() {
 /// is saved, the summary comes back; the checkpoints are complete and resumable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoint_now_then_stop() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let tmp = tempfile::tempdir().unwrap();
     let ck = tmp.path().join("ck");
@@ -178,9 +169,6 @@ async fn checkpoint_now_then_stop() {
 /// Cancel stops at once; what is on disk is only complete checkpoints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_stops_at_once() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let tmp = tempfile::tempdir().unwrap();
     let ck = tmp.path().join("ck");
@@ -220,9 +208,6 @@ async fn cancel_stops_at_once() {
 /// computes the loss without changing anything; the state saves and loads back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn module_and_optimizer_loop_equals_pipetrain_train() {
-    if common::skip_without_peers() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let (cfg, path) = single_stage(SGD_STEPS).config(tmp.path());
     let want = tokio::task::block_in_place(|| file_run(&cfg, &path));
@@ -269,9 +254,6 @@ async fn module_and_optimizer_loop_equals_pipetrain_train() {
 /// Seed 000's runner: loaders in, the run of the same configuration out.
 #[test]
 fn training_runner_runs_on_loaders() {
-    if common::skip_without_peers() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let (cfg, path) = single_stage(SGD_STEPS).config(tmp.path());
     let mut want_cfg = cfg.clone();

@@ -8,8 +8,6 @@
 //!   adds 8 in a row: float32 rounds differently (~1e-7 relative per step), so there the
 //!   weights agree to 1e-5 of each tensor's largest magnitude after 20 steps.
 
-mod common;
-
 use std::path::Path;
 
 use pipetrain::compute::Runtime;
@@ -24,8 +22,8 @@ fn config_with(dp: usize, pp: usize, accum: usize, schedule: &str) -> TrainConfi
     let batch = 64 / (dp * accum);
     let text = format!(
         r#"
-model_path = "../../shared/peers/data/mlp.onnx"
-init_path = "../../shared/peers/data/mlp_init.safetensors"
+model_path = "../peers/data/mlp.onnx"
+init_path = "../peers/data/mlp_init.safetensors"
 batch_size = {batch}
 gradient_accumulation_steps = {accum}
 num_train_steps = {steps}
@@ -36,7 +34,7 @@ kind = "softmax_cross_entropy"
 prediction = "logits"
 label = "y"
 [data]
-path = "../../shared/peers/data/mlp_data.npz"
+path = "../peers/data/mlp_data.npz"
 batch_order = "batch_idx"
 layout = {{ kind = "arrays", feeds = {{ x = "x", y = "y" }} }}
 [optimizer]
@@ -85,9 +83,6 @@ fn max_rel_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
 
 #[test]
 fn parallel_layouts_train_the_same_weights() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = Runtime::from_env().unwrap();
     let (reference, ref_loss) = trained(&rt, 1, 1, 8);
     for (dp, pp, accum) in [(1, 2, 8), (1, 4, 8), (2, 1, 4), (2, 2, 4)] {
@@ -111,9 +106,6 @@ fn parallel_layouts_train_the_same_weights() {
 /// bit for bit, as every other dp = 1 layout.
 #[test]
 fn zb_v_trains_the_weights_of_the_single_stage() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = Runtime::from_env().unwrap();
     let (reference, ref_loss) = trained(&rt, 1, 1, 8);
     let cfg = config_with(1, 2, 8, "zb_v");

@@ -4,7 +4,7 @@
 //! share of rows whose arg-max logit is the label, counted here from the inference
 //! model's logits.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
@@ -14,14 +14,11 @@ use pipetrain::tensor::Tensor;
 
 #[test]
 fn evaluation_after_every_period_matches_the_whole_graph_loss() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     // A learning rate so small that the weights stay at their initial values to ~1e-9.
     let text = r#"
-model_path = "../../shared/peers/data/mlp.onnx"
-init_path = "../../shared/peers/data/mlp_init.safetensors"
+model_path = "../peers/data/mlp.onnx"
+init_path = "../peers/data/mlp_init.safetensors"
 batch_size = 16
 gradient_accumulation_steps = 4
 num_train_steps = 40
@@ -33,7 +30,7 @@ kind = "softmax_cross_entropy"
 prediction = "logits"
 label = "y"
 [data]
-path = "../../shared/peers/data/mlp_data.npz"
+path = "../peers/data/mlp_data.npz"
 batch_order = "batch_idx"
 layout = { kind = "arrays", feeds = { x = "x", y = "y" } }
 [optimizer]
@@ -84,9 +81,6 @@ lr = 1e-9
 /// with another label only.
 #[test]
 fn evaluation_reports_accuracy_of_the_arg_max() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let peer = common::PeerModel::load("mlp");
     let data = pipetrain::data::read_npz(&common::peers_dir().join("data/mlp_data.npz")).unwrap();
@@ -126,8 +120,8 @@ fn trained_accuracy(rt: &pipetrain::compute::Runtime, ignore: Option<i64>) -> f6
     let ignore = ignore.map_or(String::new(), |i| format!("ignore_index = {i}"));
     let text = format!(
         r#"
-model_path = "../../shared/peers/data/mlp.onnx"
-init_path = "../../shared/peers/data/mlp_init.safetensors"
+model_path = "../peers/data/mlp.onnx"
+init_path = "../peers/data/mlp_init.safetensors"
 batch_size = 16
 gradient_accumulation_steps = 4
 num_train_steps = 4
@@ -140,7 +134,7 @@ prediction = "logits"
 label = "y"
 {ignore}
 [data]
-path = "../../shared/peers/data/mlp_data.npz"
+path = "../peers/data/mlp_data.npz"
 batch_order = "batch_idx"
 layout = {{ kind = "arrays", feeds = {{ x = "x", y = "y" }} }}
 [optimizer]

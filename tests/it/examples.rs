@@ -1,13 +1,13 @@
 //! The examples work from a clone of the repository alone: every built-in-model example
-//! trains (shortened here), and the embedding example starts a run, takes a checkpoint on
-//! request and stops it.
+//! and every example on the peers' files (in `peers/`) trains (shortened here), and the
+//! embedding example starts a run, takes a checkpoint on request and stops it.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
 #[allow(dead_code, clippy::duplicated_attributes)]
-#[path = "../examples/embed.rs"]
+#[path = "../../examples/embed.rs"]
 mod embed;
 
 /// The examples that need nothing but this repository, and how long they run here.
@@ -41,6 +41,42 @@ fn built_in_examples_train_from_the_repository_alone() {
             evals, 2,
             "{name}: evaluation with accuracy after steps 2 and 4"
         );
+    }
+}
+
+/// The peers' examples, read as they are (their paths into `peers/`): the first four
+/// steps of each; those that are the peers' runs give the peers' PyTorch float64 losses.
+#[test]
+fn the_peers_examples_train_from_the_repository_alone() {
+    let rt = common::runtime();
+    let runs = [
+        ("mlp_sgd", Some(("mlp", "sgd"))),
+        ("mlp_adamw", Some(("mlp", "adamw"))),
+        ("tiny_gpt_sgd", Some(("tiny_gpt", "sgd"))),
+        ("tiny_gpt_adamw", Some(("tiny_gpt", "adamw"))),
+        ("mlp_pipeline", Some(("mlp", "sgd"))),
+        ("tiny_gpt_zero_bubble", None),
+    ];
+    for (name, peer) in runs {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("examples/{name}.toml"));
+        let mut cfg = pipetrain::config::TrainConfig::load(&path).unwrap();
+        cfg.num_train_steps = 4 * cfg.gradient_accumulation_steps;
+        cfg.output_path = None;
+        cfg.evaluation_period = None;
+        let mut losses = Vec::new();
+        pipetrain::train::train(&rt, &cfg, &path, false, |r| losses.push(r.loss))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(losses.len(), 4, "{name}");
+        assert!(losses.iter().all(|l| l.is_finite()), "{name}: {losses:?}");
+        if let Some((model, opt)) = peer {
+            let want = common::reference_curve(model, opt, "torch_f64");
+            for (step, (ours, theirs)) in losses.iter().zip(&want).enumerate() {
+                assert!(
+                    (ours - theirs).abs() < 1e-5,
+                    "{name} step {step}: {ours} against PyTorch's {theirs}"
+                );
+            }
+        }
     }
 }
 

@@ -5,12 +5,10 @@
 //!
 //! Within the float32 spread of PyTorch (see `common/exported.rs`).
 
-mod common;
-
-use common::exported::{
+use crate::common::exported::{
     assert_within_spread, fixture, layout_matches_pytorch, matches_pytorch, piped, reference,
-    train_fixture, train_model, train_run, Family, Layout, Run, BART, BERT, CONVNEXT, GPT2, LLAMA,
-    MOBILENET_V2, MOBILENET_V3, ONE, RESNET18, VIT,
+    train_fixture, train_model, train_run, Family, Layout, Run, BART, BERT, CONVNEXT, GEMMA, GPT2,
+    LLAMA, MISTRAL, MOBILENET_V2, MOBILENET_V3, ONE, PHI, QWEN2, RESNET18, VIT,
 };
 use pipetrain::checkpoint::folder_name;
 
@@ -72,6 +70,30 @@ fn llama_trains_as_pytorch_in_every_layout() {
     matches_pytorch(&LLAMA);
     for layout in [piped(2, 2, "1f1b"), Layout { dp: 2, ..ONE }] {
         layout_matches_pytorch(&LLAMA, layout);
+    }
+}
+
+/// Phi (partial rotary, parallel attention and MLP, biased projections), Qwen2 (biased
+/// q/k/v), Mistral and Gemma (scaled, tied embedding with a padding row; `1 + w` RMSNorm;
+/// tanh GELU) as the README's export call writes them with transformers 4.46: each has
+/// the input `onnx::Neg_1` (`num_logits_to_keep`, read as `hidden[:, -n:]`), which
+/// nothing feeds and nothing configures: taken as 0, every position's logits. At pp = 1
+/// and pp = 2.
+#[test]
+fn causal_lms_train_as_the_readme_exports_them() {
+    for f in [&PHI, &QWEN2, &MISTRAL, &GEMMA] {
+        let model = pipetrain::onnx::load_model(&fixture(f.name).join("model.onnx")).unwrap();
+        let inputs: Vec<&str> = model
+            .graph
+            .as_ref()
+            .unwrap()
+            .input
+            .iter()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(inputs, ["input_ids", "onnx::Neg_1"], "{}", f.name);
+        matches_pytorch(f);
+        layout_matches_pytorch(f, piped(2, 2, "1f1b"));
     }
 }
 

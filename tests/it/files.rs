@@ -1,11 +1,11 @@
 //! Model files: external data, saving, exporting the trained model, and bad input that
 //! must fail with a typed error naming the file, node or name.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 
-use common::PeerModel;
+use crate::common::PeerModel;
 use pipetrain::compute::{GraphSession, SessionOptions, TrainSession};
 use pipetrain::graph::{
     build_training_graph, export_inference_model, make_node, LossSpec, TrainOptions,
@@ -29,9 +29,6 @@ fn mlp_path() -> PathBuf {
 
 #[test]
 fn exported_model_gives_pipetrains_logits_in_onnx_runtime() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let peer = PeerModel::load("tiny_gpt");
     let tg = peer.training_graph(&rt);
@@ -83,9 +80,6 @@ fn exported_model_gives_pipetrains_logits_in_onnx_runtime() {
 
 #[test]
 fn external_data_is_read_and_bad_offsets_are_named() {
-    if common::skip_without_peers() {
-        return;
-    }
     let model = load_model(&mlp_path()).unwrap();
     // Move fc1.weight's bytes into a side file, as large models store them.
     let mut ext = model.clone();
@@ -141,9 +135,6 @@ fn external_data_is_read_and_bad_offsets_are_named() {
 
 #[test]
 fn truncated_and_foreign_files_are_not_onnx() {
-    if common::skip_without_peers() {
-        return;
-    }
     let bytes = std::fs::read(mlp_path()).unwrap();
     let cut = tmp("mlp_truncated.onnx");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
@@ -203,6 +194,7 @@ fn tiny_model(op: &str, opset: i64) -> ModelProto {
 
 fn mse(prediction: &str, label: &str) -> TrainOptions {
     TrainOptions {
+        inputs: Default::default(),
         loss: LossSpec::Mse {
             prediction: prediction.into(),
             label: label.into(),
@@ -282,7 +274,7 @@ fn bad_models_and_names_get_typed_errors() {
     )
     .unwrap_err();
     assert!(
-        matches!(&err, Error::MissingValue { role: "model input", name, .. } if name == "x"),
+        matches!(&err, Error::UnfedInputs { first, inputs } if first == "x" && inputs.starts_with("`x` (F32, rank 2")),
         "{err}"
     );
 
@@ -300,6 +292,7 @@ fn bad_models_and_names_get_typed_errors() {
     );
 
     let opts = TrainOptions {
+        inputs: Default::default(),
         trainable: Some(vec!["V".into()]),
         ..mse("y", "target")
     };
@@ -357,6 +350,7 @@ fn dropout_gradient_uses_the_forward_mask() {
         ..Default::default()
     };
     let opts = TrainOptions {
+        inputs: Default::default(),
         loss: LossSpec::Output {
             name: "total".into(),
         },

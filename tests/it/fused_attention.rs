@@ -2,10 +2,10 @@
 //! exports, against the standard-op graph it replaces and central finite differences;
 //! masks that need a gradient stay standard ops.
 
-mod common;
+use crate::common;
 
-use common::fused::{assert_same, fused_nodes, gradients, gradients_with};
-use common::gradcheck::{check, ints, GradCheck, Rng, F32};
+use crate::common::fused::{assert_same, fused_nodes, gradients, gradients_with};
+use crate::common::gradcheck::{check, ints, GradCheck, Rng, F32};
 use pipetrain::graph::custom_ops::{
     ATTENTION, ATTENTION_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD,
 };

@@ -1,12 +1,12 @@
 //! pipetrain's fused kernels (custom operators in its training graphs): each against
 //! the standard-op graph it replaces and central finite differences, and training with
 //! and without them (`runtime.fused_kernels`). The float32 LayerNormalization case of
-//! `tests/grad_ops.rs` also runs with fused kernels on.
+//! `tests/it/grad_ops.rs` also runs with fused kernels on.
 
-mod common;
+use crate::common;
 
-use common::fused::{assert_same, fused_nodes, gradients, gradients_with};
-use common::gradcheck::{check, GradCheck, Rng, F32};
+use crate::common::fused::{assert_same, fused_nodes, gradients, gradients_with};
+use crate::common::gradcheck::{check, GradCheck, Rng, F32};
 use pipetrain::graph::custom_ops::{
     DEPTHWISE_CONV, DEPTHWISE_CONV_GRAD, ERF_GELU, GELU_GRAD, LAYER_NORM_GRAD, RELU_GRAD, SOFTMAX,
     SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,

@@ -4,9 +4,7 @@
 //! against central finite differences: float64 where ONNX Runtime has double kernels,
 //! float32 (the tolerance of `common/gradcheck.rs`) where it has none.
 
-mod common;
-
-use common::gradcheck::{check, ints, GradCheck, Rng, F32, F64};
+use crate::common::gradcheck::{check, ints, GradCheck, Rng, F32, F64};
 use pipetrain::graph::{float_attr, int_attr, ints_attr, string_attr};
 use pipetrain::tensor::{DType, Tensor};
 

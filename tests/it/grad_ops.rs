@@ -2,9 +2,7 @@
 //! graphs within 1e-4 relative where ONNX Runtime has double kernels, float32 with the
 //! tolerance justified in `common/gradcheck.rs` otherwise (Erf, Gelu).
 
-mod common;
-
-use common::gradcheck::{check, ints, GradCheck, Rng, F32, F64};
+use crate::common::gradcheck::{check, ints, GradCheck, Rng, F32, F64};
 use pipetrain::graph::{float_attr, int_attr, ints_attr, string_attr};
 use pipetrain::tensor::{DType, Tensor};
 

@@ -2,11 +2,11 @@
 //! static and dynamic loss scaling with an injected overflow, the stop on a non-finite
 //! loss, and the loss normalized by tokens under accumulation.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
-use common::mlp::Mlp;
+use crate::common::mlp::Mlp;
 use pipetrain::checkpoint::{folder_name, latest_complete, LoadedCheckpoint};
 use pipetrain::compute::Runtime;
 use pipetrain::tensor::Tensor;
@@ -25,7 +25,7 @@ fn train(rt: &Runtime, mlp: &Mlp, dir: &Path) -> (Vec<StepReport>, Vec<(String, 
 }
 
 /// PyTorch float64's L2 norm of the step-0 gradients of the peers' MLP, from the norms of
-/// each tensor in `../shared/peers/results/tensor_stats.csv`.
+/// each tensor in `peers/results/tensor_stats.csv`.
 fn torch_f64_step0_norm() -> f64 {
     let text =
         std::fs::read_to_string(common::peers_dir().join("results/tensor_stats.csv")).unwrap();
@@ -45,9 +45,6 @@ fn torch_f64_step0_norm() -> f64 {
 /// rate reproduces.
 #[test]
 fn global_norm_and_clipping() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let reference = torch_f64_step0_norm();
     let tmp = tempfile::tempdir().unwrap();
@@ -105,9 +102,6 @@ fn global_norm_and_clipping() {
 /// are unscaled exactly before the optimizer.
 #[test]
 fn static_loss_scale_changes_nothing() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let tmp = tempfile::tempdir().unwrap();
     let base = Mlp {
@@ -136,9 +130,6 @@ fn static_loss_scale_changes_nothing() {
 /// unchanged, bit for bit), halves the scale, and is reported; training goes on.
 #[test]
 fn an_overflow_skips_the_step_everywhere_and_halves_the_scale() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let tmp = tempfile::tempdir().unwrap();
     let mlp = Mlp {
@@ -195,9 +186,6 @@ fn an_overflow_skips_the_step_everywhere_and_halves_the_scale() {
 /// before stay loadable.
 #[test]
 fn a_diverging_run_stops_and_keeps_its_last_checkpoint() {
-    if common::skip_without_peers() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let mlp = Mlp {
         steps: 50,
@@ -243,9 +231,6 @@ fn a_diverging_run_stops_and_keeps_its_last_checkpoint() {
 /// micro-batches' means instead.
 #[test]
 fn token_normalization_equals_one_big_batch() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("ignored.npz");

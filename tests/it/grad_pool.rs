@@ -5,9 +5,9 @@
 //! the tolerance justified in `common/gradcheck.rs` (these ops are linear, so the finite
 //! difference has no truncation error, only rounding).
 
-mod common;
+use crate::common;
 
-use common::gradcheck::{GradCheck, Rng, Tol, F32, F64};
+use crate::common::gradcheck::{GradCheck, Rng, Tol, F32, F64};
 use pipetrain::graph::{int_attr, ints_attr, string_attr};
 use pipetrain::onnx::proto::AttributeProto;
 use pipetrain::tensor::{DType, Tensor};

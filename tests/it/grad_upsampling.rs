@@ -2,9 +2,7 @@
 //! (ConvTranspose, Resize), against central finite differences in float32 (ONNX Runtime
 //! has no double kernel for either; the tolerance of `common/gradcheck.rs`).
 
-mod common;
-
-use common::gradcheck::{check, ints, GradCheck, Rng, F32};
+use crate::common::gradcheck::{check, ints, GradCheck, Rng, F32};
 use pipetrain::graph::{int_attr, ints_attr, string_attr};
 use pipetrain::tensor::{DType, Tensor};
 

@@ -5,7 +5,7 @@
 //! 1e-6 of the same graph run by pipetrain, 1e-5 of the largest gradient of a tensor
 //! with its fused kernels).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
@@ -52,6 +52,7 @@ fn stock_onnx_runtime_runs_the_training_graph_file() {
     // The same graph (standard ops), and the one pipetrain trains with (fused kernels).
     let ours = |fused_kernels: bool| {
         let opts = TrainOptions {
+            inputs: Default::default(),
             loss: cfg.loss.clone(),
             trainable: None,
             contrib_ops: true,

@@ -1,19 +1,16 @@
 //! `pipetrain launch` on one machine: four nodes on the loopback addresses
 //! 127.0.0.1-4 (data-parallel 2 x pipeline 2, one rank each), each a real process with
 //! its worker child, joined by authenticated TCP. The job (the built-in MLP, and the
-//! peers' tiny GPT where `../shared/peers` is present) trains exactly as one process
-//! does. Failures: `tests/launch_faults.rs`.
+//! peers' tiny GPT) trains exactly as one process
+//! does. Failures: `tests/it/launch_faults.rs`.
 
 #![cfg(unix)]
-
-#[path = "common/launch.rs"]
-mod launch;
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 
-use launch::*;
+use crate::common::launch::*;
 
 /// Runs the job on the four nodes (node `i` with `configs[i]`), then `single` in one
 /// process, and checks that the job's losses (`steps` of them) and trained model (node
@@ -71,10 +68,8 @@ fn four_nodes_on_loopback_train_exactly_as_one_process() {
 fn four_nodes_train_the_peers_tiny_gpt_exactly_as_one_process() {
     let dir = tempfile::tempdir().unwrap();
     let steps = 4;
-    let Some(cfg) = tiny_gpt_config(dir.path(), "cluster", steps) else {
-        return;
-    };
-    let single = tiny_gpt_config(dir.path(), "single", steps).unwrap();
+    let cfg = tiny_gpt_config(dir.path(), "cluster", steps);
+    let single = tiny_gpt_config(dir.path(), "single", steps);
     let model = dir.path().join("cluster/model.onnx");
     job_equals_one_process(dir.path(), &[cfg.as_path(); 4], &single, steps, &model);
 }

@@ -3,19 +3,16 @@
 //! three left regroup at dp 1 x pp 2 on two of them (the third leaves), resume from the
 //! newest complete checkpoint with twice the gradient accumulation, and end with the
 //! samples of the uninterrupted run (the same steps and data position)
-//! and its weights within the cross-layout tolerance of `tests/checkpoint.rs`. A node
+//! and its weights within the cross-layout tolerance of `tests/it/checkpoint.rs`. A node
 //! whose supervisor spends its restarts is left behind the same way, while the others'
 //! restarts (they only lost a peer) do not count.
 
 #![cfg(unix)]
 
-#[path = "common/launch.rs"]
-mod launch;
-
 use std::fs;
 use std::time::{Duration, Instant};
 
-use launch::*;
+use crate::common::launch::*;
 use pipetrain::checkpoint::{latest_complete, LoadedCheckpoint};
 
 /// Optimizer steps of the job (a checkpoint every 25).

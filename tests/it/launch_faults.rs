@@ -7,15 +7,12 @@
 
 #![cfg(unix)]
 
-#[path = "common/launch.rs"]
-mod launch;
-
 use std::fs;
 use std::path::PathBuf;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use launch::*;
+use crate::common::launch::*;
 
 /// A job of 300 steps with a checkpoint every 25, running on the four nodes.
 struct Started {

@@ -6,14 +6,11 @@
 
 #![cfg(unix)]
 
-#[path = "common/launch.rs"]
-mod launch;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 
-use launch::*;
+use crate::common::launch::*;
 
 /// The built-in GPT-2 (2 layers, d 32, 4 heads) at hp 2 x pp 2 under 1F1B, AdamW.
 fn gpt2_config(dir: &Path, name: &str, steps: usize) -> PathBuf {

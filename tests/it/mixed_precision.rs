@@ -5,7 +5,7 @@
 //! kernels for few products and runs the rest in float32 (the peers' tiny GPT trains
 //! bitwise as in float32 there).
 
-mod common;
+use crate::common;
 
 use pipetrain::compute::{GraphSession, SessionOptions};
 use pipetrain::graph::autocast::{autocast, products, Half};

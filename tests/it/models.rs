@@ -2,8 +2,6 @@
 //! (`pipetrain::data::synth`): ONNX Runtime runs each and the `onnx` checker accepts it,
 //! and `pipetrain::train::train` trains each, as a 2-stage pipeline too.
 
-mod common;
-#[path = "models/support.rs"]
 mod support;
 
 use std::path::Path;

@@ -2,11 +2,11 @@
 //! with the same `param_groups` (`tools/fixtures/param_groups.py`): the peers' tiny GPT,
 //! AdamW, biases and LayerNorm weights without weight decay, the embeddings at half the
 //! learning rate and beta2 0.99, the matrices at the defaults. Every step's loss within
-//! 1e-5, as the ungrouped tiny GPT run of `tests/train_curves.rs`; the groups move the
+//! 1e-5, as the ungrouped tiny GPT run of `tests/it/train_curves.rs`; the groups move the
 //! curve by up to 0.14 from the ungrouped one, so a group not applied fails. A pattern
 //! that matches no parameter is refused, naming it.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -30,7 +30,7 @@ fn config(dir: &Path, extra: &str) -> PathBuf {
     let peers = common::peers_dir().join("data");
     let text = std::fs::read_to_string(example)
         .unwrap()
-        .replace("../../shared/peers/data", peers.to_str().unwrap());
+        .replace("../peers/data", peers.to_str().unwrap());
     let path = dir.join("grouped.toml");
     let out = dir.join("model.onnx");
     let text = format!("output_path = \"{}\"\n{text}\n{extra}", out.display());
@@ -50,9 +50,6 @@ fn train(config: &Path, metrics: &Path) -> Output {
 
 #[test]
 fn param_groups_train_as_pytorch_float64_with_the_same_groups() {
-    if common::skip_without_peers() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let metrics = dir.path().join("m.jsonl");
     let out = train(&config(dir.path(), GROUPS), &metrics);
@@ -107,9 +104,6 @@ fn param_groups_train_as_pytorch_float64_with_the_same_groups() {
 
 #[test]
 fn a_pattern_that_matches_no_parameter_is_refused() {
-    if common::skip_without_peers() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let typo = GROUPS.replace("\"pos_emb\"", "\"position_emb*\"");
     let out = train(&config(dir.path(), &typo), &dir.path().join("m.jsonl"));

@@ -1,9 +1,9 @@
 //! 200 SGD steps (lr 0.05) of the peers' models from their initial weights, data and batch
 //! order: every step's loss within 1e-5 of PyTorch's float64 run (`torch_f64`).
 
-mod common;
+use crate::common;
 
-use common::{reference_curve, sgd, PeerModel};
+use crate::common::{reference_curve, sgd, PeerModel};
 use pipetrain::compute::{SessionOptions, TrainSession};
 use pipetrain::tensor::Tensor;
 
@@ -42,9 +42,6 @@ fn assert_close(name: &str, ours: &[f64], reference: &[f64], tol: f64) {
 
 #[test]
 fn mlp_sgd_matches_torch_f64() {
-    if common::skip_without_peers() {
-        return;
-    }
     let ours = sgd_curve("mlp");
     assert_close(
         "mlp",
@@ -56,9 +53,6 @@ fn mlp_sgd_matches_torch_f64() {
 
 #[test]
 fn tiny_gpt_sgd_matches_torch_f64() {
-    if common::skip_without_peers() {
-        return;
-    }
     let ours = sgd_curve("tiny_gpt");
     assert_close(
         "tiny_gpt",

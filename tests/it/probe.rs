@@ -2,7 +2,7 @@
 //! profiled run: each node output's element type and shape equals what ONNX Runtime
 //! returns when that value is made a graph output and the graph is run.
 
-mod common;
+use crate::common;
 
 use pipetrain::compute::{probe_values, GraphSession, SessionOptions};
 use pipetrain::graph::{untyped_value_info, Graph};
@@ -91,6 +91,7 @@ fn the_loss_alone_measures_what_the_whole_graph_does() {
     let targets = Tensor::i64(vec![b, t], ids(5)).unwrap();
     let example = [("tokens", &tokens), ("targets", &targets)];
     let opts = TrainOptions {
+        inputs: Default::default(),
         loss: LossSpec::SoftmaxCrossEntropy {
             prediction: "logits".into(),
             label: "targets".into(),
@@ -145,6 +146,7 @@ fn work_per_node_is_the_steps_products_over_its_nodes() {
     let x = Tensor::f32(vec![b, 96], vec![0.5; b * 96]).unwrap();
     let y = Tensor::i64(vec![b], (0..b as i64).map(|i| i % 10).collect()).unwrap();
     let opts = TrainOptions {
+        inputs: Default::default(),
         loss: LossSpec::SoftmaxCrossEntropy {
             prediction: "logits".into(),
             label: "y".into(),

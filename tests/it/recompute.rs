@@ -8,11 +8,11 @@
 //! what the schedule predicts from the stage graphs' value sizes, and recompute shrinks
 //! the first stage's.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
-use common::PeerModel;
+use crate::common::PeerModel;
 
 use pipetrain::compute::Runtime;
 use pipetrain::config::TrainConfig;
@@ -124,9 +124,6 @@ fn recompute_trains_bitwise_as_keeping_every_activation() {
 /// is the same either way.
 #[test]
 fn recomputing_stages_keep_only_what_they_received() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
     let a = assign_stages(

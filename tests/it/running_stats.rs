@@ -5,11 +5,9 @@
 //! `tools/fixtures/running_stats.py`); at pp = 2 too; they go into checkpoints (a resumed
 //! run ends with the same statistics, bitwise) and into the trained model.
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::exported::{
+use crate::common::exported::{
     fixture, piped, reference, train_summary, Family, Layout, Run, MOBILENET_V3, ONE, RESNET18,
 };
 use pipetrain::data::read_npz;

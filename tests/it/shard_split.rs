@@ -1,8 +1,7 @@
 //! Shards split among data-parallel replicas by files (`[data.shards] split = "files"`,
 //! ONNX Runtime's assignment: file `i` to replica `i % D`), and the read-ahead thread.
 
-#[path = "common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! batches across epochs and per-rank parts; `[data.shards]` in a configuration, whose
 //! batches train the built-in MLP to the same weights as the `.npz` they were packed from.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -143,13 +143,11 @@ fn the_onnx_package_agrees_on_the_layout() {
         .args(["-c", "import onnx, numpy"])
         .status()
         .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!(
-            "skipped: {} cannot import onnx and numpy (run `bash scripts/setup.sh`)",
-            python.display()
-        );
-        return;
-    }
+    assert!(
+        ok,
+        "{} cannot import onnx and numpy (run `bash scripts/setup.sh`)",
+        python.display()
+    );
     let tmp = tempfile::tempdir().unwrap();
     let (dir, _) = packed(tmp.path());
     let theirs = tmp.path().join("theirs");

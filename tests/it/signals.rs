@@ -3,6 +3,7 @@
 //! it stopped and exits with 128 + the signal; `--resume` then ends with the weights and
 //! optimizer state of a run that was never stopped, bit for bit. A second signal exits
 //! at once and leaves the checkpoint it interrupted incomplete, which `--resume` skips.
+//! The trained model a stopped run writes says in its metadata that it is partly trained.
 //!
 //! The model is the GPT-2 fixture (tied embedding) at pp = 2 with 2 micro-batches per
 //! step and AdamW, so signals land between the micro-batches of a step, and during
@@ -28,7 +29,7 @@ fn config(dir: &Path, write_delay_ms: u64) -> PathBuf {
     let text = format!(
         "model_path = {model:?}\nbatch_size = 2\ngradient_accumulation_steps = 2\n\
          pipeline_parallel_size = 2\nnum_train_steps = {passes}\ndisplay_loss_steps = 1000\n\
-         checkpoints_dir = {ck:?}\ncheckpoint_period = 100\n\n\
+         checkpoints_dir = {ck:?}\ncheckpoint_period = 100\noutput_path = {out:?}\n\n\
          [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"labels\"\n\n\
          [data]\npath = {data:?}\nlayout = {{ kind = \"arrays\", feeds = {{ input_ids = \"input_ids\", labels = \"labels\" }} }}\n\n\
          [optimizer]\nkind = \"adamw\"\n\n[lr_schedule]\nkind = \"constant\"\nlr = 0.001\n\n\
@@ -37,6 +38,7 @@ fn config(dir: &Path, write_delay_ms: u64) -> PathBuf {
         data = fixture("data.npz"),
         passes = STEPS * 2,
         ck = dir.join("ck"),
+        out = dir.join("model.onnx"),
     );
     let path = dir.join("train.toml");
     std::fs::write(&path, text).unwrap();
@@ -131,6 +133,20 @@ fn stopped_after(stderr: &str, root: &Path, sig: &str) -> u64 {
     step
 }
 
+/// The trained model's metadata: optimizer steps trained, of how many, and whether all.
+fn trained_steps(model: &Path) -> (String, String, String) {
+    let m = pipetrain::onnx::load_model(model).unwrap();
+    let get = |key: &str| {
+        m.metadata_props
+            .iter()
+            .find(|e| e.key == key)
+            .map(|e| e.value.clone())
+            .unwrap_or_else(|| panic!("no {key} in {}", model.display()))
+    };
+    use pipetrain::graph::{COMPLETE_KEY, STEPS_KEY, TOTAL_KEY};
+    (get(STEPS_KEY), get(TOTAL_KEY), get(COMPLETE_KEY))
+}
+
 /// The moments a first signal lands at: after some steps (between micro-batches, as
 /// most moments of a step are), and while a periodic checkpoint is being written.
 #[test]
@@ -166,9 +182,25 @@ fn a_signal_stops_with_a_checkpoint_and_resume_is_bitwise() {
             "{name}: stopped after step {step}"
         );
         assert!(being_written(&root).is_empty(), "a write was left behind");
+        assert_eq!(
+            trained_steps(&tmp.path().join("model.onnx")),
+            (step.to_string(), STEPS.to_string(), "false".into()),
+            "the stopped run's model says it is partly trained"
+        );
+        assert!(
+            err.contains(&format!(
+                "partly trained model: {}",
+                tmp.path().join("model.onnx").display()
+            )),
+            "{err}"
+        );
 
         let (code, err) = finish(start(&cfg, &metrics, true));
         assert_eq!(code, Some(0), "resume after {name} at step {step}: {err}");
+        assert_eq!(
+            trained_steps(&tmp.path().join("model.onnx")),
+            (STEPS.to_string(), STEPS.to_string(), "true".into())
+        );
         let got = tensor_files(&root.join(folder_name(STEPS)));
         assert!(
             got == want,

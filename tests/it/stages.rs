@@ -9,9 +9,9 @@
 //! deterministic (the peers saw ORT's own tiny_gpt run vary by 9.6e-7 between runs with 2
 //! threads), so there the check allows a relative 1e-5 per tensor.
 
-mod common;
+use crate::common;
 
-use common::PeerModel;
+use crate::common::PeerModel;
 use pipetrain::compute::{SessionOptions, StageChain, StepOutput, TrainSession};
 use pipetrain::graph::{assign_stages, build_stage_graphs, BalanceBy, Partition, TrainingGraph};
 use pipetrain::tensor::Tensor;
@@ -102,9 +102,6 @@ fn partitions() -> Vec<(&'static str, Partition, usize)> {
 
 #[test]
 fn tiny_gpt_stages_are_bit_identical_without_optimizations_on_one_thread() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let peer = PeerModel::load("tiny_gpt");
     let tg = peer.training_graph(&rt);
@@ -134,9 +131,6 @@ fn tiny_gpt_stages_are_bit_identical_without_optimizations_on_one_thread() {
 
 #[test]
 fn tiny_gpt_and_mlp_stages_match_with_graph_optimizations() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let opts = SessionOptions::default();
     for model in ["tiny_gpt", "mlp"] {
@@ -181,9 +175,6 @@ fn tiny_gpt_and_mlp_stages_match_with_graph_optimizations() {
 
 #[test]
 fn stage_contracts_chain_up() {
-    if common::skip_without_peers() {
-        return;
-    }
     let rt = common::runtime();
     let peer = PeerModel::load("tiny_gpt");
     let tg = peer.training_graph(&rt);

@@ -5,7 +5,7 @@
 //! buckets; checkpoints resume at another shard count; and what cannot be split is
 //! refused, naming the node and the rule.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
@@ -224,6 +224,7 @@ fn the_split_is_megatrons_heads_and_hidden_width_with_two_all_reduces_per_layer_
     let tokens = Tensor::i64(vec![4, 32], (0..128).map(|i| i % 64).collect()).unwrap();
     let example = [("tokens", &tokens), ("targets", &tokens)];
     let opts = pipetrain::graph::TrainOptions {
+        inputs: Default::default(),
         loss: cfg.loss.clone(),
         trainable: None,
         contrib_ops: true,
@@ -279,7 +280,9 @@ fn the_split_is_megatrons_heads_and_hidden_width_with_two_all_reduces_per_layer_
 /// `Gather`), its MLPs split.
 #[test]
 fn exported_hugging_face_models_split_and_train_as_unsplit() {
-    use common::exported::{fixture, train_run, Family, Run, BART, BERT, GPT2, LLAMA, ONE, VIT};
+    use crate::common::exported::{
+        fixture, train_run, Family, Run, BART, BERT, GPT2, LLAMA, ONE, VIT,
+    };
     use pipetrain::graph::{build_sharded_training_graph, LossSpec, TrainOptions};
     let cases: [(&Family, usize); 5] = [(&GPT2, 4), (&BERT, 4), (&LLAMA, 4), (&BART, 5), (&VIT, 2)];
     let rt = common::runtime();
@@ -292,6 +295,7 @@ fn exported_hugging_face_models_split_and_train_as_unsplit() {
         let tensors: Vec<Tensor> = names.iter().map(|n| rows(n)).collect();
         let example: Vec<(&str, &Tensor)> = names.iter().copied().zip(&tensors).collect();
         let opts = TrainOptions {
+            inputs: Default::default(),
             loss: LossSpec::SoftmaxCrossEntropy {
                 prediction: "logits".into(),
                 label: "labels".into(),

@@ -1,10 +1,10 @@
 //! `pipetrain train` on the example configurations reproduces the peers' loss curves
-//! (`../shared/peers/results`, column `torch_f64`): SGD within 1e-5 at every step; AdamW
+//! (`peers/results`, column `torch_f64`): SGD within 1e-5 at every step; AdamW
 //! within 1e-5 (tiny_gpt) and for mlp within 1e-5 over the first 150 steps, 1e-4 after,
 //! where the loss is ~0.03 and PyTorch's own float32 run drifts from float64 by 6.7e-5
 //! (see the peers' README).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 
@@ -49,17 +49,11 @@ fn check(example: &str, model: &str, opt: &str, tol: impl Fn(usize) -> f64) {
 
 #[test]
 fn mlp_sgd() {
-    if common::skip_without_peers() {
-        return;
-    }
     check("mlp_sgd", "mlp", "sgd", |_| 1e-5);
 }
 
 #[test]
 fn mlp_adamw() {
-    if common::skip_without_peers() {
-        return;
-    }
     check("mlp_adamw", "mlp", "adamw", |i| {
         if i < 150 {
             1e-5
@@ -71,16 +65,10 @@ fn mlp_adamw() {
 
 #[test]
 fn tiny_gpt_sgd() {
-    if common::skip_without_peers() {
-        return;
-    }
     check("tiny_gpt_sgd", "tiny_gpt", "sgd", |_| 1e-5);
 }
 
 #[test]
 fn tiny_gpt_adamw() {
-    if common::skip_without_peers() {
-        return;
-    }
     check("tiny_gpt_adamw", "tiny_gpt", "adamw", |_| 1e-5);
 }

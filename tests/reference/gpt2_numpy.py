@@ -1,5 +1,5 @@
 """GPT-2's forward pass in numpy (float64), written from the GPT-2 paper and Hugging
-Face's GPT2LMHeadModel, not from pipetrain's graph: the reference `tests/models.rs`
+Face's GPT2LMHeadModel, not from pipetrain's graph: the reference `tests/it/models.rs`
 compares pipetrain's ONNX GPT-2 (run by ONNX Runtime) against.
 
 usage: gpt2_numpy.py MODEL.onnx TOKENS.npz OUT.npy HEADS

@@ -88,6 +88,22 @@ impl ActionKind {
         }
     }
 
+    /// What the kind's token stands for, in words (for legends).
+    pub fn meaning(self) -> &'static str {
+        match self {
+            ActionKind::Forward => "forward",
+            ActionKind::Backward => "backward (input and weight gradients)",
+            ActionKind::BackwardInput => "backward, input gradient only",
+            ActionKind::BackwardWeight => "backward, weight gradient only",
+            ActionKind::SendAct => "send activations to the next stage",
+            ActionKind::RecvAct => "receive activations from the previous stage",
+            ActionKind::SendGrad => "send gradients to the previous stage",
+            ActionKind::RecvGrad => "receive gradients from the next stage",
+            ActionKind::AllReduce => "reduce gradients across data-parallel replicas",
+            ActionKind::OptimizerStep => "optimizer step",
+        }
+    }
+
     /// F, B, I or W: work on one micro-batch that takes compute time.
     pub fn is_compute(self) -> bool {
         matches!(

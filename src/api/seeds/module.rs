@@ -55,6 +55,7 @@ impl Module {
         }
         let feeds: Vec<(&str, &Tensor)> = example.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let opts = TrainOptions {
+            inputs: Default::default(),
             loss: loss.clone(),
             trainable: None,
             contrib_ops: true,

@@ -12,7 +12,7 @@
 //! `erf`: ONNX Runtime's own (MLAS's kernel, after N. Juffa's faithfully rounded `erff`),
 //! the same operations in the same order as its FMA kernel, so bit for bit the values of
 //! ONNX Runtime's `Erf` on machines with FMA (the fused GELU's loss is bitwise the
-//! exported form's: `tests/fused_kernels.rs`): `|x| (1 + P(x^2))` for `|x| <= 0.921875`,
+//! exported form's: `tests/it/fused_kernels.rs`): `|x| (1 + P(x^2))` for `|x| <= 0.921875`,
 //! else `1 - e^-Q(|x|)` with MLAS's own `exp` (its input at least `-127.5 ln 2`), both
 //! evaluated and one selected, all in fused multiply-adds (exactly rounded: the same bits
 //! on every machine, one instruction on those the kernels are compiled for). Within 1 ulp

@@ -1,7 +1,7 @@
 //! Building the training graph: forward model, loss, and backward, with parameters as
 //! inputs bound to pipetrain-owned buffers.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use crate::graph::autodiff::{differentiate, Backward, OpChoice};
 use crate::graph::ir::{untyped_value_info, value_info, Graph, Metas, ValueMeta};
@@ -12,6 +12,7 @@ use crate::graph::running_stats::{track_running_stats, Buffer};
 use crate::graph::sequences::split_sequences;
 use crate::graph::shape_probe::ShapeProbe;
 use crate::graph::tensor_parallel::{shard_graph, ShardPlan};
+use crate::graph::unfed_inputs::{bind_unfed_inputs, Bound, InputValue};
 use crate::onnx::proto::ModelProto;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -36,6 +37,8 @@ pub struct TrainOptions {
     /// Initializers not to train, and embedding rows whose lookups give them no
     /// gradient (padding rows).
     pub params: ParamOptions,
+    /// Values of model inputs the data does not feed (`[inputs]`).
+    pub inputs: BTreeMap<String, InputValue>,
 }
 
 /// A trainable parameter.
@@ -221,7 +224,15 @@ pub fn build_sharded_training_graph(
 ) -> Result<TrainingGraph> {
     let mut g = Graph::from_model(model)?;
     add_outputs_backward_needs(&mut g);
-    phases::every_input_given(&g, example)?;
+    let fed: Vec<&str> = example.iter().map(|(n, _)| *n).collect();
+    for (name, how) in bind_unfed_inputs(&mut g, &fed, &opts.inputs)? {
+        match how {
+            Bound::Configured => tracing::info!("model input `{name}`: the value [inputs] sets"),
+            Bound::Default(why) => tracing::warn!(
+                "model input `{name}` is not in the data: taken as {why}; [inputs] sets another value"
+            ),
+        }
+    }
     let resized = fit_inputs_to_example(&mut g, example)?;
     let buffers = declared_buffers(model);
     let trainable = trainable_names(&g, opts.trainable.as_deref(), &opts.params, &buffers)?;

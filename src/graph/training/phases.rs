@@ -15,22 +15,6 @@ use crate::graph::static_fold::fold_static_values;
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
-/// An error naming the first model input `example` (the data) does not give.
-pub(super) fn every_input_given(g: &Graph, example: &[(&str, &Tensor)]) -> Result<()> {
-    match g
-        .inputs
-        .iter()
-        .find(|v| !example.iter().any(|(n, _)| *n == v.name))
-    {
-        Some(v) => Err(Error::MissingValue {
-            role: "model input",
-            name: v.name.clone(),
-            hint: "; the data must provide every model input".into(),
-        }),
-        None => Ok(()),
-    }
-}
-
 /// Folds what shapes and constants alone compute into constants, then measures every
 /// value of the forward graph on `example`. Where the inputs were `resized` to the
 /// example's (a model exported with a fixed batch), a failed run says so.

@@ -1,4 +1,4 @@
-//! The harness of `tests/exported_models.rs`: the fixtures of
+//! The harness of `tests/it/exported_models.rs`: the fixtures of
 //! `tests/fixtures/models/` (small Hugging Face and torchvision models as
 //! `torch.onnx.export` writes them), PyTorch's curves for them, and training them
 //! through `pipetrain train` in a given layout.
@@ -259,6 +259,27 @@ pub const LLAMA: Family = Family {
     ignore_index: None,
     frozen: &[],
     steps: 20,
+};
+/// Causal LMs exported with the README's call (`tools/fixtures/export_causal_lms.py`,
+/// transformers 4.46): the exporter adds `onnx::Neg_1`, `num_logits_to_keep`.
+pub const PHI: Family = Family {
+    name: "phi",
+    inputs: &["input_ids"],
+    ignore_index: None,
+    frozen: &[],
+    steps: 20,
+};
+pub const QWEN2: Family = Family {
+    name: "qwen2",
+    ..PHI
+};
+pub const MISTRAL: Family = Family {
+    name: "mistral",
+    ..PHI
+};
+pub const GEMMA: Family = Family {
+    name: "gemma",
+    ..PHI
 };
 pub const BERT: Family = Family {
     name: "bert",

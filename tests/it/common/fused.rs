@@ -26,6 +26,7 @@ pub fn gradients_with(
 ) -> (TrainingGraph, TensorMap) {
     let rt = super::runtime();
     let opts = TrainOptions {
+        inputs: Default::default(),
         loss,
         trainable: Some(wrt.iter().map(|s| s.to_string()).collect()),
         contrib_ops: true,

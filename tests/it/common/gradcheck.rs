@@ -223,6 +223,7 @@ impl GradCheck {
     pub fn run(&self, rt: &Runtime, tol: Tol) -> Result<f64, String> {
         let (model, _) = self.model(rt);
         let opts = TrainOptions {
+            inputs: Default::default(),
             loss: LossSpec::Output {
                 name: "total".into(),
             },

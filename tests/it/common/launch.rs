@@ -1,4 +1,4 @@
-//! Helpers of the `pipetrain launch` tests (`tests/launch.rs`, `tests/launch_faults.rs`):
+//! Helpers of the `pipetrain launch` tests (`tests/it/launch.rs`, `tests/it/launch_faults.rs`):
 //! four nodes on the loopback addresses 127.0.0.1-4 (data-parallel 2 x pipeline 2, one
 //! rank each), their manifest and configurations, and reading what the jobs left.
 #![allow(dead_code)]
@@ -184,13 +184,9 @@ pub fn one_process(config: &Path, metrics: &Path) {
 
 /// The peers' tiny GPT (its model, initial weights and data, in file order) as dp 2 x
 /// pp 2 with 1F1B and AdamW, each stage's gradients reduced in buckets of 256 KiB (3 to
-/// 5 per stage); None without `../shared/peers`.
-pub fn tiny_gpt_config(dir: &Path, name: &str, steps: usize) -> Option<PathBuf> {
-    let peers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/peers/data");
-    if !peers.is_dir() {
-        eprintln!("skipped: {} is missing", peers.display());
-        return None;
-    }
+/// 5 per stage).
+pub fn tiny_gpt_config(dir: &Path, name: &str, steps: usize) -> PathBuf {
+    let peers = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/data");
     let p = |f: &str| peers.join(f).display().to_string();
     let text = format!(
         r#"
@@ -219,7 +215,7 @@ layout = {{ kind = "next_token", array = "tokens", input = "tokens", label = "ta
     );
     let path = dir.join(format!("{name}.toml"));
     fs::write(&path, text).unwrap();
-    Some(path)
+    path
 }
 
 /// The pid of `parent`'s child process (the worker of a supervisor).

@@ -1,10 +1,11 @@
 //! Shared test helpers: the ONNX Runtime, and the peers' models, weights, data and curves
-//! in `../shared/peers` (see its README).
+//! in `peers/` (see its README).
 #![allow(dead_code)]
 
 pub mod exported;
 pub mod fused;
 pub mod gradcheck;
+pub mod launch;
 pub mod mlp;
 
 use std::collections::HashMap;
@@ -71,24 +72,9 @@ pub fn metrics_losses(path: &std::path::Path) -> Vec<f64> {
         .collect()
 }
 
-/// `../shared/peers` beside the project.
+/// The peers' models, initial weights, data and reference curves (`peers/`).
 pub fn peers_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/peers")
-}
-
-/// True (after saying so) when `../shared/peers` is not beside the project: tests that
-/// need the peers' models, data or curves then return early, so that a clone of the
-/// repository alone passes `cargo test`. CI's `.ci/run` refuses to run without the peers,
-/// so there they always run.
-pub fn skip_without_peers() -> bool {
-    let missing = !peers_dir().join("data").is_dir();
-    if missing {
-        eprintln!(
-            "skipped: {} is not beside the project (the peers' models and reference curves)",
-            peers_dir().display()
-        );
-    }
-    missing
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("peers")
 }
 
 /// One of the peers' models with its initial weights, data and batch order.
@@ -151,6 +137,7 @@ impl PeerModel {
     pub fn options(&self) -> TrainOptions {
         let label = if self.name == "mlp" { "y" } else { "targets" };
         TrainOptions {
+            inputs: Default::default(),
             loss: LossSpec::SoftmaxCrossEntropy {
                 prediction: "logits".into(),
                 label: label.into(),
@@ -187,7 +174,7 @@ impl PeerModel {
     }
 }
 
-/// A column of `../shared/peers/results/loss_<model>_<opt>.csv`.
+/// A column of `peers/results/loss_<model>_<opt>.csv`.
 pub fn reference_curve(model: &str, opt: &str, column: &str) -> Vec<f64> {
     let path = peers_dir().join(format!("results/loss_{model}_{opt}.csv"));
     let text = std::fs::read_to_string(&path).unwrap();

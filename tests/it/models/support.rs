@@ -1,4 +1,4 @@
-//! Helpers of `tests/models.rs`: temporary folders, the venv's Python (the independent
+//! Helpers of `tests/it/models.rs`: temporary folders, the venv's Python (the independent
 //! reader of the files), writing models and data, forward passes and training runs.
 
 use std::path::{Path, PathBuf};
