@@ -190,8 +190,9 @@ fn no_gradient(g: &Graph) -> Vec<(String, String)> {
     let mut on_path = vec![false; g.nodes.len()];
     for (i, n) in g.nodes.iter().enumerate() {
         if !folded[i] && n.input.iter().any(|v| reached.contains(v.as_str())) && !integer_out(n) {
-            on_path[i] = true;
-            reached.extend(n.output.iter().map(String::as_str));
+            let outs = float_outputs(n, &reached);
+            on_path[i] = !outs.is_empty();
+            reached.extend(outs);
         }
     }
     let mut needed: HashSet<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
@@ -207,6 +208,29 @@ fn no_gradient(g: &Graph) -> Vec<(String, String)> {
     }
     out.reverse();
     out
+}
+
+/// The outputs of `n` (which reads a `reached` value) that can carry a gradient: not the
+/// indices of TopK and MaxPool, not a Cast to integers, a OneHot's only where its values
+/// are reached.
+fn float_outputs<'g>(
+    n: &'g crate::onnx::proto::NodeProto,
+    reached: &HashSet<&str>,
+) -> Vec<&'g str> {
+    let all = || n.output.iter().map(String::as_str).collect();
+    match n.op_type.as_str() {
+        "TopK" | "MaxPool" => n.output.iter().take(1).map(String::as_str).collect(),
+        // ONNX's integer, boolean and string element types.
+        "Cast" => match crate::graph::ir::attr_i(n, "to") {
+            Some(2..=9 | 12 | 13) => Vec::new(),
+            _ => all(),
+        },
+        "OneHot" => match n.input.get(2).is_some_and(|v| reached.contains(v.as_str())) {
+            true => all(),
+            false => Vec::new(),
+        },
+        _ => all(),
+    }
 }
 
 /// Operators whose outputs are integers or booleans: no gradient flows through them.

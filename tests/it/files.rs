@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use crate::common::PeerModel;
 use pipetrain::compute::{GraphSession, SessionOptions, TrainSession};
 use pipetrain::graph::{
-    build_training_graph, export_inference_model, make_node, LossSpec, TrainOptions,
+    build_training_graph, export_inference_model, int_attr, ints_attr, make_node, LossSpec,
+    TrainOptions,
 };
 use pipetrain::onnx::proto::{
     tensor_proto::DataLocation, GraphProto, ModelProto, OperatorSetIdProto, StringStringEntryProto,
@@ -213,23 +214,35 @@ fn bad_models_and_names_get_typed_errors() {
     let y = Tensor::f32(vec![3, 2], vec![0.5; 6]).unwrap();
     let example = [("x", &x), ("target", &y)];
 
-    // An op with no gradient rule on the path from W to the loss.
-    let err = build_training_graph(&rt, &tiny_model("Atan", 17), &mse("y", "target"), &example)
-        .unwrap_err();
+    // An op with no gradient rule on the path from W to the loss: ReduceProd along the
+    // rows, kept (pipetrain has no rule for it).
+    let prod = |name: &str, from: &str, to: &str| {
+        make_node(
+            "ReduceProd",
+            name,
+            &[from],
+            &[to],
+            vec![ints_attr("axes", &[1]), int_attr("keepdims", 1)],
+        )
+    };
+    let mut one = tiny_model("Tanh", 17);
+    one.graph.as_mut().unwrap().node[1] = prod("the_node", "h", "y");
+    let column = Tensor::f32(vec![3, 1], vec![0.5; 3]).unwrap();
+    let by_row = [("x", &x), ("target", &column)];
+    let err = build_training_graph(&rt, &one, &mse("y", "target"), &by_row).unwrap_err();
     assert!(
-        matches!(&err, Error::NoGradient { node, op_type, param, .. } if node == "the_node" && op_type == "Atan" && param == "W"),
+        matches!(&err, Error::NoGradient { node, op_type, param, .. } if node == "the_node" && op_type == "ReduceProd" && param == "W"),
         "{err}"
     );
     // Two such ops: both named in the one error, nearest the loss first.
-    let mut two = tiny_model("Atan", 17);
+    let mut two = one.clone();
     let g = two.graph.as_mut().unwrap();
     g.node[1].output[0] = "a".into();
-    g.node
-        .push(make_node("Asinh", "second_node", &["a"], &["y"], vec![]));
-    let err = build_training_graph(&rt, &two, &mse("y", "target"), &example).unwrap_err();
+    g.node.push(prod("second_node", "a", "y"));
+    let err = build_training_graph(&rt, &two, &mse("y", "target"), &by_row).unwrap_err();
     assert!(
         matches!(&err, Error::NoGradient { node, also, .. }
-            if node == "second_node" && also.contains("`the_node` (Atan)")),
+            if node == "second_node" && also.contains("`the_node` (ReduceProd)")),
         "{err}"
     );
     // The same model trains with an op that has one (and MSE works end to end).

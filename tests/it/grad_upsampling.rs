@@ -3,7 +3,7 @@
 //! has no double kernel for either; the tolerance of `common/gradcheck.rs`).
 
 use crate::common::gradcheck::{check, ints, GradCheck, Rng, F32};
-use pipetrain::graph::{int_attr, ints_attr, string_attr};
+use pipetrain::graph::{float_attr, int_attr, ints_attr, string_attr};
 use pipetrain::tensor::{DType, Tensor};
 
 /// A ConvTranspose case: name, X's shape, W's shape, attributes.
@@ -135,4 +135,63 @@ fn resize_modes() {
         let c = c.node("Resize", &inputs, &["Y"], attrs);
         check(&format!("Resize {name}"), c, F32);
     }
+}
+
+/// The Resize forms that remained: `axes` (opset 18; scales and sizes for the listed
+/// axes only) and `tf_crop_and_resize` (a region of the input, normalized, with an
+/// extrapolation value outside it), by scales and by sizes.
+#[test]
+fn resize_by_axes_and_crop_and_resize() {
+    let mut r = Rng::new(33);
+    let f32s = |v: &[f32]| Tensor::f32(vec![v.len()], v.to_vec()).unwrap();
+    let linear = |extra: Vec<pipetrain::onnx::proto::AttributeProto>| {
+        let mut a = vec![string_attr("mode", "linear")];
+        a.extend(extra);
+        a
+    };
+    let mut x = || r.tensor(DType::F32, &[2, 3, 4, 5], -1.0, 1.0);
+    let (a, b) = (x(), x());
+    let c = GradCheck::new(18)
+        .param("X", a)
+        .constant("scales", f32s(&[1.5, 2.0]))
+        .node(
+            "Resize",
+            &["X", "", "scales"],
+            &["Y"],
+            linear(vec![ints_attr("axes", &[3, 2])]),
+        );
+    check("Resize axes [3, 2] by scales", c, F32);
+    let c = GradCheck::new(18)
+        .param("X", b)
+        .constant("sizes", ints(&[7]))
+        .node(
+            "Resize",
+            &["X", "", "", "sizes"],
+            &["Y"],
+            vec![string_attr("mode", "nearest"), ints_attr("axes", &[-1])],
+        );
+    check("Resize axes [-1] by sizes, nearest", c, F32);
+    let crop = |extra: f32| {
+        linear(vec![
+            string_attr("coordinate_transformation_mode", "tf_crop_and_resize"),
+            float_attr("extrapolation_value", extra),
+        ])
+    };
+    let (a, b) = (x(), x());
+    let c = GradCheck::new(17)
+        .param("X", a)
+        .constant("roi", f32s(&[0.0, 0.0, 0.2, -0.1, 1.0, 1.0, 0.9, 1.2]))
+        .constant("sizes", ints(&[2, 3, 6, 6]))
+        .node("Resize", &["X", "roi", "", "sizes"], &["Y"], crop(0.5));
+    check("Resize tf_crop_and_resize, a region past the edge", c, F32);
+    let c = GradCheck::new(18)
+        .param("X", b)
+        .constant("roi", f32s(&[0.25, 0.1, 0.75, 0.8]))
+        .constant("scales", f32s(&[1.5, 1.2]))
+        .node("Resize", &["X", "roi", "scales"], &["Y"], {
+            let mut a = crop(0.0);
+            a.push(ints_attr("axes", &[2, 3]));
+            a
+        });
+    check("Resize tf_crop_and_resize with axes, by scales", c, F32);
 }

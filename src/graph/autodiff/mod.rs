@@ -15,7 +15,7 @@ mod walk;
 use std::collections::{BTreeMap, HashMap};
 
 pub use emit::Emitter;
-pub use rules::has_rule;
+pub use rules::{has_rule, ruled_ops};
 use walk::{Path, Walk};
 
 use crate::graph::ir::{node_label, Graph, Metas, ValueMeta};

@@ -147,7 +147,7 @@ impl GradCheck {
     }
 
     /// The model: the nodes, then `loss = sum_k ReduceSum(Y_k * R_k)`.
-    fn model(&self, rt: &Runtime) -> (ModelProto, Vec<(String, Tensor)>) {
+    fn model(&self, rt: &Runtime) -> Result<(ModelProto, Vec<(String, Tensor)>), String> {
         let outputs = if self.outputs.is_empty() {
             self.nodes
                 .last()
@@ -177,8 +177,8 @@ impl GradCheck {
             graph: Some(g),
             ..Default::default()
         };
-        let graph = pipetrain::graph::Graph::from_model(&model).unwrap();
-        let metas = pipetrain::compute::probe_values(rt, &graph, &[]).unwrap();
+        let graph = pipetrain::graph::Graph::from_model(&model).map_err(|e| e.to_string())?;
+        let metas = pipetrain::compute::probe_values(rt, &graph, &[]).map_err(|e| e.to_string())?;
         let mut rng = Rng::new(self.seed + 1000);
         let g = model.graph.as_mut().unwrap();
         let mut terms = Vec::new();
@@ -215,13 +215,13 @@ impl GradCheck {
         g.node
             .push(make_node("Identity", "total", &[&acc], &["total"], vec![]));
         g.output = vec![untyped_value_info("total")];
-        (model, weights)
+        Ok((model, weights))
     }
 
     /// Runs the check; returns the worst `|analytic - numeric| / (rtol |numeric| + atol)`
     /// (<= 1 passes) or a description of the first failure.
     pub fn run(&self, rt: &Runtime, tol: Tol) -> Result<f64, String> {
-        let (model, _) = self.model(rt);
+        let (model, _) = self.model(rt)?;
         let opts = TrainOptions {
             inputs: Default::default(),
             loss: LossSpec::Output {

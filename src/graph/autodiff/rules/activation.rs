@@ -1,6 +1,6 @@
 //! Piecewise and trigonometric activations the exporters write for CNNs and language
 //! models: Abs, Reciprocal, Sin, Cos, Softplus, Clip (PyTorch's ReLU6 and clamp),
-//! HardSigmoid, HardSwish, Min and Max, Sum, and the piecewise-constant ops
+//! HardSigmoid, HardSwish, Min and Max, Sum, Atan, and the piecewise-constant ops
 //! (Sign, Floor, Ceil, Round) whose gradient is zero almost everywhere.
 //!
 //! Where PyTorch's backward and the mathematical derivative differ at a kink, the rule
@@ -11,7 +11,7 @@
 use super::elementwise::{dtype, shape};
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
-use crate::graph::ir::attr_f;
+use crate::graph::ir::{attr_f, int_attr};
 use crate::tensor::DType;
 use crate::Result;
 
@@ -144,33 +144,50 @@ pub fn hard_swish(ctx: &mut RuleCtx) -> Result<Grads> {
 
 /// Min and Max of two inputs (or one, the identity): the gradient goes to the input
 /// that was chosen, half to each on a tie (PyTorch's `maximum`/`minimum`).
-pub fn min_max(ctx: &mut RuleCtx, max: bool) -> Result<Grads> {
+/// Min and Max of any number of inputs (broadcasting): each input gets `dY` where it is
+/// the result, shared evenly among the inputs tied there (PyTorch's `maximum` splits a
+/// two-way tie in halves).
+pub fn min_max(ctx: &mut RuleCtx, _max: bool) -> Result<Grads> {
     let dy = ctx.dy(0)?;
-    match ctx.node.input.len() {
-        1 => return Ok(vec![Some(dy)]),
-        2 => {}
-        n => return Err(ctx.unsupported(format!("{n} inputs (at most 2 are supported)"))),
+    let inputs: Vec<String> = ctx.node.input.clone();
+    if inputs.len() == 1 {
+        return Ok(vec![Some(dy)]);
     }
-    let (a, b) = (ctx.input(0).to_string(), ctx.input(1).to_string());
     let y = ctx.output(0).to_string();
     let t = dtype(ctx, &y)?;
     let from = shape(ctx, &y)?;
-    let zero = ctx.e.scalar(0.0, t);
-    let half = ctx.e.scale(&dy, 0.5, t);
-    let tie = ctx.e.op("Equal", &[&a, &b], vec![]);
-    let beats = if max { "Greater" } else { "Less" };
-    let mut g = vec![None, None];
-    for (i, (me, other)) in [(&a, &b), (&b, &a)].into_iter().enumerate() {
-        if !ctx.needs(i) {
-            continue;
+    // Which inputs hold the result, and how many at each position.
+    let hits: Vec<String> = inputs
+        .iter()
+        .map(|x| {
+            let eq = ctx.e.op("Equal", &[x, &y], vec![]);
+            ctx.e
+                .op("Cast", &[&eq], vec![int_attr("to", t.onnx() as i64)])
+        })
+        .collect();
+    let refs: Vec<&str> = hits.iter().map(String::as_str).collect();
+    let count = ctx.e.op("Sum", &refs, vec![]);
+    let share = ctx.e.op("Div", &[&dy, &count], vec![]);
+    let mut g = vec![None; inputs.len()];
+    for (i, x) in inputs.iter().enumerate() {
+        if ctx.needs(i) {
+            let d = ctx.e.mul(&hits[i], &share);
+            let to = shape(ctx, x)?;
+            g[i] = Some(ctx.e.unbroadcast(&d, &from, &to, t));
         }
-        let wins = ctx.e.op(beats, &[me.as_str(), other.as_str()], vec![]);
-        let tied = ctx.e.op("Where", &[&tie, &half, &zero], vec![]);
-        let d = ctx.e.op("Where", &[&wins, &dy, &tied], vec![]);
-        let to = shape(ctx, me)?;
-        g[i] = Some(ctx.e.unbroadcast(&d, &from, &to, t));
     }
     Ok(g)
+}
+
+/// Atan: `dY / (1 + x^2)`.
+pub fn atan(ctx: &mut RuleCtx) -> Result<Grads> {
+    let x = ctx.input(0).to_string();
+    let t = dtype(ctx, &x)?;
+    let sq = ctx.e.mul(&x, &x);
+    let one = ctx.e.scalar(1.0, t);
+    let den = ctx.e.op("Add", &[&sq, &one], vec![]);
+    let dy = ctx.dy(0)?;
+    Ok(vec![Some(ctx.e.op("Div", &[&dy, &den], vec![]))])
 }
 
 /// Sum of any number of inputs, broadcasting: each gets `dY` summed to its shape.

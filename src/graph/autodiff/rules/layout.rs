@@ -1,4 +1,5 @@
-//! Tile, Pad and CumSum: data movement whose gradient gathers `dY` back.
+//! Tile, CumSum, DepthToSpace and SpaceToDepth: data movement whose gradient gathers
+//! `dY` back (Pad: `pad.rs`).
 
 use super::elementwise::shape;
 use super::Grads;
@@ -25,47 +26,6 @@ pub fn tile(ctx: &mut RuleCtx) -> Result<Grads> {
     Ok(vec![Some(dx), None])
 }
 
-/// Pad in `constant` mode with non-negative pads: `dY` sliced back to X's window.
-pub fn pad(ctx: &mut RuleCtx) -> Result<Grads> {
-    let dy = ctx.dy(0)?;
-    let sx = shape(ctx, ctx.input(0))?;
-    let rank = sx.len();
-    let mode = attr_s(ctx.node, "mode").unwrap_or_else(|| "constant".into());
-    if mode != "constant" {
-        return Err(ctx.unsupported(format!(
-            "mode=\"{mode}\" (only \"constant\" has a gradient)"
-        )));
-    }
-    let pads = if ctx.opset >= 11 {
-        ctx.const_ints(1)?.unwrap_or_default()
-    } else {
-        crate::graph::ir::attr_ints(ctx.node, "pads").unwrap_or_default()
-    };
-    let axes: Vec<usize> = match ctx.const_ints(3)? {
-        Some(a) => a
-            .iter()
-            .map(|&x| (if x < 0 { x + rank as i64 } else { x }) as usize)
-            .collect(),
-        None => (0..rank).collect(),
-    };
-    if pads.len() != 2 * axes.len() || pads.iter().any(|&p| p < 0) {
-        return Err(ctx.unsupported(format!("pads {pads:?} (negative or not one pair per axis)")));
-    }
-    let k = axes.len();
-    let starts: Vec<i64> = pads[..k].to_vec();
-    let ends: Vec<i64> = axes
-        .iter()
-        .enumerate()
-        .map(|(i, &a)| pads[i] + sx[a] as i64)
-        .collect();
-    let axes: Vec<i64> = axes.iter().map(|&a| a as i64).collect();
-    let (s, e, a) = (ctx.e.ints(&starts), ctx.e.ints(&ends), ctx.e.ints(&axes));
-    let dx = ctx.e.op("Slice", &[&dy, &s, &e, &a], vec![]);
-    let mut g = vec![None; ctx.node.input.len()];
-    g[0] = Some(dx);
-    Ok(g)
-}
-
 /// CumSum: the cumulative sum of `dY` taken the other way along the same axis.
 pub fn cumsum(ctx: &mut RuleCtx) -> Result<Grads> {
     let dy = ctx.dy(0)?;
@@ -81,4 +41,39 @@ pub fn cumsum(ctx: &mut RuleCtx) -> Result<Grads> {
         ],
     );
     Ok(vec![Some(dx), None])
+}
+
+/// DepthToSpace and SpaceToDepth move values without changing them: the gradient is `dY`
+/// moved back, the forward's reshape, transpose and reshape undone (static shapes).
+/// DepthToSpace (`mode` DCR or CRD) splits the channels as `[b, b, C']` (DCR) or
+/// `[C', b, b]` (CRD) and interleaves them with the rows and columns; SpaceToDepth is DCR
+/// the other way.
+pub fn depth_space(ctx: &mut RuleCtx, to_space: bool) -> Result<Grads> {
+    let dy = ctx.dy(0)?;
+    let sx = shape(ctx, ctx.input(0))?;
+    let b = attr_i(ctx.node, "blocksize").unwrap_or(1).max(1) as usize;
+    if sx.len() != 4 {
+        return Err(ctx.unsupported(format!("X of shape {sx:?} (4-D only)")));
+    }
+    let [n, c, h, w] = [sx[0], sx[1], sx[2], sx[3]];
+    let crd = attr_s(ctx.node, "mode").as_deref() == Some("CRD");
+    // The forward as `reshape(view) -> transpose(perm) -> reshape(out)`; its gradient is
+    // `reshape(dY, transposed view) -> transpose(inverse) -> reshape(X)`.
+    let (view, perm): (Vec<usize>, Vec<i64>) = match (to_space, crd) {
+        (true, false) => (vec![n, b, b, c / (b * b), h, w], vec![0, 3, 4, 1, 5, 2]),
+        (true, true) => (vec![n, c / (b * b), b, b, h, w], vec![0, 1, 4, 2, 5, 3]),
+        (false, _) => (vec![n, c, h / b, b, w / b, b], vec![0, 3, 5, 1, 2, 4]),
+    };
+    let transposed: Vec<usize> = perm.iter().map(|&p| view[p as usize]).collect();
+    let mut inverse = vec![0i64; perm.len()];
+    for (i, &p) in perm.iter().enumerate() {
+        inverse[p as usize] = i as i64;
+    }
+    let r = ctx.e.reshape(&dy, &transposed);
+    let t = ctx.e.op(
+        "Transpose",
+        &[&r],
+        vec![crate::graph::ir::ints_attr("perm", &inverse)],
+    );
+    Ok(vec![Some(ctx.e.reshape(&t, &sx))])
 }

@@ -10,14 +10,17 @@ mod conv;
 mod einsum;
 mod elementwise;
 mod fused;
+mod index;
 mod layout;
 mod linalg;
 mod nn;
 mod norm;
+mod pad;
 mod pool;
 mod reduce;
 mod resize;
 mod shape;
+mod unary;
 
 use super::RuleCtx;
 use crate::Result;
@@ -28,72 +31,130 @@ pub type Grads = Vec<Option<String>>;
 /// A gradient rule.
 type Rule = fn(&mut RuleCtx) -> Result<Grads>;
 
+/// Every default-domain operator with a gradient rule, and its rule (the README's list of
+/// operators without one is checked against this table: `tests/it/readme_ops.rs`).
+const RULES: &[(&str, Rule)] = &[
+    ("Add", |c| elementwise::add_sub(c, false)),
+    ("Sub", |c| elementwise::add_sub(c, true)),
+    ("Mul", elementwise::mul),
+    ("Div", elementwise::div),
+    ("Neg", elementwise::neg),
+    ("Pow", elementwise::pow),
+    ("Sqrt", elementwise::sqrt),
+    ("Exp", elementwise::exp),
+    ("Log", elementwise::log),
+    ("Erf", elementwise::erf),
+    ("Tanh", elementwise::tanh),
+    ("Sigmoid", elementwise::sigmoid),
+    ("Relu", elementwise::relu),
+    ("LeakyRelu", elementwise::leaky_relu),
+    ("Gelu", elementwise::gelu),
+    ("Where", elementwise::where_),
+    ("Cast", elementwise::cast),
+    ("CastLike", elementwise::cast_like),
+    ("Identity", elementwise::identity),
+    ("Dropout", elementwise::dropout),
+    ("MatMul", linalg::matmul),
+    ("Einsum", einsum::einsum),
+    ("Gemm", linalg::gemm),
+    ("Softmax", |c| nn::softmax(c, false)),
+    ("LogSoftmax", |c| nn::softmax(c, true)),
+    ("SoftmaxCrossEntropyLoss", nn::softmax_cross_entropy),
+    ("LayerNormalization", nn::layer_norm),
+    ("ReduceMean", |c| reduce::reduce(c, true)),
+    ("ReduceSum", |c| reduce::reduce(c, false)),
+    ("Reshape", shape::reshape_like_input),
+    ("Flatten", shape::reshape_like_input),
+    ("Squeeze", shape::reshape_like_input),
+    ("Unsqueeze", shape::reshape_like_input),
+    ("Transpose", shape::transpose),
+    ("Concat", shape::concat),
+    ("Split", shape::split),
+    ("Slice", shape::slice),
+    ("Gather", shape::gather),
+    ("Expand", shape::expand),
+    ("Abs", activation::abs),
+    ("Reciprocal", activation::reciprocal),
+    ("Sin", activation::sin),
+    ("Cos", activation::cos),
+    ("Softplus", activation::softplus),
+    ("Clip", activation::clip),
+    ("HardSigmoid", activation::hard_sigmoid),
+    ("HardSwish", activation::hard_swish),
+    ("Min", |c| activation::min_max(c, false)),
+    ("Max", |c| activation::min_max(c, true)),
+    ("Sum", activation::sum),
+    ("ReduceMax", reduce::reduce_max),
+    ("ReduceMin", reduce::reduce_max),
+    ("ReduceL2", |c| reduce::reduce_pointwise(c, "ReduceL2")),
+    ("ReduceL1", |c| reduce::reduce_pointwise(c, "ReduceL1")),
+    ("ReduceSumSquare", |c| {
+        reduce::reduce_pointwise(c, "ReduceSumSquare")
+    }),
+    ("ReduceLogSum", |c| {
+        reduce::reduce_pointwise(c, "ReduceLogSum")
+    }),
+    ("ReduceLogSumExp", |c| {
+        reduce::reduce_pointwise(c, "ReduceLogSumExp")
+    }),
+    ("GatherElements", index::gather_elements),
+    ("GatherND", index::gather_nd),
+    ("ScatterElements", index::scatter_elements),
+    ("ScatterND", index::scatter_nd),
+    ("TopK", index::top_k),
+    ("Trilu", index::trilu),
+    ("Atan", activation::atan),
+    ("GroupNormalization", norm::group_norm),
+    ("GlobalMaxPool", pool::global_max_pool),
+    ("Asin", |c| unary::trig(c, "Asin")),
+    ("Acos", |c| unary::trig(c, "Acos")),
+    ("Atanh", |c| unary::trig(c, "Atanh")),
+    ("Asinh", |c| unary::trig(c, "Asinh")),
+    ("Acosh", |c| unary::trig(c, "Acosh")),
+    ("Sinh", |c| unary::trig(c, "Sinh")),
+    ("Cosh", |c| unary::trig(c, "Cosh")),
+    ("Tan", |c| unary::trig(c, "Tan")),
+    ("Elu", |c| unary::exponential_linear(c, "Elu")),
+    ("Celu", |c| unary::exponential_linear(c, "Celu")),
+    ("Selu", |c| unary::exponential_linear(c, "Selu")),
+    ("Mish", unary::mish),
+    ("Softsign", unary::softsign),
+    ("ThresholdedRelu", |c| unary::thresholded(c, false)),
+    ("Shrink", |c| unary::thresholded(c, true)),
+    ("PRelu", unary::prelu),
+    ("Mod", unary::modulo),
+    ("Mean", unary::mean),
+    ("Hardmax", activation::piecewise_constant),
+    ("DepthToSpace", |c| layout::depth_space(c, true)),
+    ("SpaceToDepth", |c| layout::depth_space(c, false)),
+    ("LpNormalization", norm::lp_norm),
+    ("MeanVarianceNormalization", norm::mean_variance_norm),
+    ("NegativeLogLikelihoodLoss", nn::nll_loss),
+    ("Sign", activation::piecewise_constant),
+    ("Floor", activation::piecewise_constant),
+    ("Ceil", activation::piecewise_constant),
+    ("Round", activation::piecewise_constant),
+    ("BatchNormalization", norm::batch_norm),
+    ("InstanceNormalization", norm::instance_norm),
+    ("Tile", layout::tile),
+    ("Pad", pad::pad),
+    ("CumSum", layout::cumsum),
+    ("Conv", conv::conv),
+    ("ConvTranspose", conv::conv_transpose),
+    ("Resize", resize::resize),
+    ("MaxPool", pool::max_pool),
+    ("AveragePool", pool::average_pool),
+    ("GlobalAveragePool", pool::global_average_pool),
+];
+
 /// The gradient rule of a default-domain operator, if it has one.
 fn rule(op_type: &str) -> Option<Rule> {
-    let rule: Rule = match op_type {
-        "Add" => |c| elementwise::add_sub(c, false),
-        "Sub" => |c| elementwise::add_sub(c, true),
-        "Mul" => elementwise::mul,
-        "Div" => elementwise::div,
-        "Neg" => elementwise::neg,
-        "Pow" => elementwise::pow,
-        "Sqrt" => elementwise::sqrt,
-        "Exp" => elementwise::exp,
-        "Log" => elementwise::log,
-        "Erf" => elementwise::erf,
-        "Tanh" => elementwise::tanh,
-        "Sigmoid" => elementwise::sigmoid,
-        "Relu" => elementwise::relu,
-        "LeakyRelu" => elementwise::leaky_relu,
-        "Gelu" => elementwise::gelu,
-        "Where" => elementwise::where_,
-        "Cast" => elementwise::cast,
-        "CastLike" => elementwise::cast_like,
-        "Identity" => elementwise::identity,
-        "Dropout" => elementwise::dropout,
-        "MatMul" => linalg::matmul,
-        "Einsum" => einsum::einsum,
-        "Gemm" => linalg::gemm,
-        "Softmax" => |c| nn::softmax(c, false),
-        "LogSoftmax" => |c| nn::softmax(c, true),
-        "SoftmaxCrossEntropyLoss" => nn::softmax_cross_entropy,
-        "LayerNormalization" => nn::layer_norm,
-        "ReduceMean" => |c| reduce::reduce(c, true),
-        "ReduceSum" => |c| reduce::reduce(c, false),
-        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => shape::reshape_like_input,
-        "Transpose" => shape::transpose,
-        "Concat" => shape::concat,
-        "Split" => shape::split,
-        "Slice" => shape::slice,
-        "Gather" => shape::gather,
-        "Expand" => shape::expand,
-        "Abs" => activation::abs,
-        "Reciprocal" => activation::reciprocal,
-        "Sin" => activation::sin,
-        "Cos" => activation::cos,
-        "Softplus" => activation::softplus,
-        "Clip" => activation::clip,
-        "HardSigmoid" => activation::hard_sigmoid,
-        "HardSwish" => activation::hard_swish,
-        "Min" => |c| activation::min_max(c, false),
-        "Max" => |c| activation::min_max(c, true),
-        "Sum" => activation::sum,
-        "ReduceMax" => reduce::reduce_max,
-        "Sign" | "Floor" | "Ceil" | "Round" => activation::piecewise_constant,
-        "BatchNormalization" => norm::batch_norm,
-        "InstanceNormalization" => norm::instance_norm,
-        "Tile" => layout::tile,
-        "Pad" => layout::pad,
-        "CumSum" => layout::cumsum,
-        "Conv" => conv::conv,
-        "ConvTranspose" => conv::conv_transpose,
-        "Resize" => resize::resize,
-        "MaxPool" => pool::max_pool,
-        "AveragePool" => pool::average_pool,
-        "GlobalAveragePool" => pool::global_average_pool,
-        _ => return None,
-    };
-    Some(rule)
+    RULES.iter().find(|(op, _)| *op == op_type).map(|&(_, r)| r)
+}
+
+/// The default-domain operators with a gradient rule, in the table's order.
+pub fn ruled_ops() -> impl Iterator<Item = &'static str> {
+    RULES.iter().map(|&(op, _)| op)
 }
 
 /// The gradient rule of one of pipetrain's tensor-shard collectives: Megatron-LM's

@@ -46,9 +46,10 @@ pub fn softmax(ctx: &mut RuleCtx, log: bool) -> Result<Grads> {
 
 pub fn softmax_cross_entropy(ctx: &mut RuleCtx) -> Result<Grads> {
     let dloss = ctx.dy(0)?;
-    if !ctx.input(2).is_empty() {
-        return Err(ctx.unsupported("class weights (input 2)"));
+    if ctx.needs(2) {
+        return Err(ctx.unsupported("a gradient for the class weights (input 2)"));
     }
+    let class_weights = Some(ctx.input(2).to_string()).filter(|w| !w.is_empty());
     let log_prob = ctx.output(1).to_string();
     if log_prob.is_empty() {
         return Err(
@@ -87,6 +88,25 @@ pub fn softmax_cross_entropy(ctx: &mut RuleCtx) -> Result<Grads> {
         ctx.e
             .op("Cast", &[&keep], vec![int_attr("to", t.onnx() as i64)])
     });
+    // With class weights, each position counts its label's weight (the mean divides by
+    // their sum), as ONNX defines the loss.
+    let mask = match class_weights {
+        None => mask,
+        Some(w) => {
+            let safe = match &ignored {
+                Some(eq) => {
+                    let zero = ctx.e.ints(&[0]);
+                    ctx.e.op("Where", &[eq, &zero, &lab], vec![])
+                }
+                None => lab.clone(),
+            };
+            let per_position = ctx.e.op("Gather", &[&w, &safe], vec![]);
+            Some(match mask {
+                Some(m) => ctx.e.mul(&m, &per_position),
+                None => per_position,
+            })
+        }
+    };
     let scale = match reduction.as_str() {
         "mean" => {
             let count = match &mask {
@@ -236,4 +256,93 @@ pub fn layer_norm(ctx: &mut RuleCtx) -> Result<Grads> {
         g[0] = Some(ctx.e.mul(&d2, &inv));
     }
     Ok(g)
+}
+
+/// NegativeLogLikelihoodLoss, `loss = -w[t] x[n, t]` per position (`t` its target, `w`
+/// the class weights or 1): `dX` is zero but at each position's target, where it is
+/// `-w[t]` times `dLoss` (`sum`, `none`) or `dLoss / sum of w[t]` over the positions not
+/// ignored (`mean`).
+pub fn nll_loss(ctx: &mut RuleCtx) -> Result<Grads> {
+    let dloss = ctx.dy(0)?;
+    if ctx.needs(2) {
+        return Err(ctx.unsupported("a gradient for the class weights (input 2)"));
+    }
+    let (x, target) = (ctx.input(0).to_string(), ctx.input(1).to_string());
+    let sx = shape(ctx, &x)?;
+    let t = dtype(ctx, &x)?;
+    let reduction = attr_s(ctx.node, "reduction").unwrap_or_else(|| "mean".into());
+    let one = ctx.e.ints(&[1]);
+    let tgt = match dtype(ctx, &target)? {
+        DType::I64 => target.clone(),
+        _ => ctx.e.op(
+            "Cast",
+            &[&target],
+            vec![int_attr("to", DType::I64.onnx() as i64)],
+        ),
+    };
+    let lab = ctx.e.op("Unsqueeze", &[&tgt, &one], vec![]);
+    let ignored = attr_i(ctx.node, "ignore_index").map(|ii| {
+        let iiv = ctx.e.constant(crate::tensor::Tensor {
+            shape: vec![],
+            data: crate::tensor::TensorData::I64(vec![ii]),
+        });
+        ctx.e.op("Equal", &[&lab, &iiv], vec![])
+    });
+    let safe = match &ignored {
+        Some(eq) => {
+            let zero = ctx.e.ints(&[0]);
+            ctx.e.op("Where", &[eq, &zero, &lab], vec![])
+        }
+        None => lab.clone(),
+    };
+    // Each position's weight: its class's (or 1), 0 where ignored.
+    let mut lab_shape = sx.clone();
+    lab_shape[1] = 1;
+    let ones = {
+        let dims = ctx
+            .e
+            .ints(&lab_shape.iter().map(|&d| d as i64).collect::<Vec<_>>());
+        let one = ctx.e.scalar(1.0, t);
+        ctx.e.op("Expand", &[&one, &dims], vec![])
+    };
+    let mut w = match ctx.input(2) {
+        "" => ones,
+        weights => {
+            let weights = weights.to_string();
+            ctx.e.op("Gather", &[&weights, &safe], vec![])
+        }
+    };
+    if let Some(eq) = &ignored {
+        let zero = ctx.e.scalar(0.0, t);
+        w = ctx.e.op("Where", &[eq, &zero, &w], vec![]);
+    }
+    let scaled = match reduction.as_str() {
+        "mean" => {
+            let total = ctx.e.op("ReduceSum", &[&w], vec![int_attr("keepdims", 0)]);
+            let s = ctx.e.op("Div", &[&dloss, &total], vec![]);
+            ctx.e.mul(&w, &s)
+        }
+        "sum" => ctx.e.mul(&w, &dloss),
+        "none" => {
+            let d = ctx.e.op("Unsqueeze", &[&dloss, &one], vec![]);
+            ctx.e.mul(&w, &d)
+        }
+        other => return Err(ctx.unsupported(format!("reduction=\"{other}\""))),
+    };
+    let updates = ctx.e.op("Neg", &[&scaled], vec![]);
+    let dims = ctx
+        .e
+        .ints(&sx.iter().map(|&d| d as i64).collect::<Vec<_>>());
+    let value = crate::tensor::Tensor::zeros(t, vec![1]).to_proto("value");
+    let zeros = ctx.e.op(
+        "ConstantOfShape",
+        &[&dims],
+        vec![crate::graph::ir::tensor_attr("value", value)],
+    );
+    let dx = ctx.e.op(
+        "ScatterElements",
+        &[&zeros, &safe, &updates],
+        vec![int_attr("axis", 1)],
+    );
+    Ok(vec![Some(dx), None, None])
 }

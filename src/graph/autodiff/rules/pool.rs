@@ -329,3 +329,23 @@ pub fn global_average_pool(ctx: &mut RuleCtx) -> Result<Grads> {
         .ints(&sx.iter().map(|&d| d as i64).collect::<Vec<_>>());
     Ok(vec![Some(ctx.e.op("Expand", &[&share, &dims], vec![]))])
 }
+
+/// GlobalMaxPool: `dY` shared evenly among each plane's positions equal to its maximum
+/// (as ReduceMax over the spatial axes).
+pub fn global_max_pool(ctx: &mut RuleCtx) -> Result<Grads> {
+    let dy = ctx.dy(0)?;
+    let (x, y) = (ctx.input(0).to_string(), ctx.output(0).to_string());
+    let sx = shape(ctx, &x)?;
+    let t = dtype(ctx, &x)?;
+    if sx.len() < 3 {
+        return Err(ctx.unsupported(format!("X of shape {sx:?} (no spatial axes)")));
+    }
+    let hit = ctx.e.op("Equal", &[&x, &y], vec![]);
+    let hit = ctx
+        .e
+        .op("Cast", &[&hit], vec![int_attr("to", t.onnx() as i64)]);
+    let spatial: Vec<i64> = (2..sx.len() as i64).collect();
+    let count = ctx.e.reduce_sum(&hit, &spatial, true);
+    let share = ctx.e.op("Div", &[&dy, &count], vec![]);
+    Ok(vec![Some(ctx.e.mul(&hit, &share))])
+}

@@ -1,4 +1,5 @@
-//! ReduceMean, ReduceSum and ReduceMax.
+//! The reductions: ReduceMean, ReduceSum, ReduceMax and ReduceMin, ReduceL1, ReduceL2,
+//! ReduceSumSquare, ReduceLogSum and ReduceLogSumExp.
 
 use super::elementwise::{dtype, shape};
 use super::Grads;
@@ -58,8 +59,8 @@ pub fn reduce(ctx: &mut RuleCtx, mean: bool) -> Result<Grads> {
     Ok(vec![Some(dx), None])
 }
 
-/// ReduceMax: `dY` shared evenly among the positions equal to the maximum (PyTorch's
-/// `amax`).
+/// ReduceMax (and ReduceMin): `dY` shared evenly among the positions equal to the
+/// extremum (PyTorch's `amax`).
 pub fn reduce_max(ctx: &mut RuleCtx) -> Result<Grads> {
     let dy = ctx.dy(0)?;
     let (x, y) = (ctx.input(0).to_string(), ctx.output(0).to_string());
@@ -79,4 +80,47 @@ pub fn reduce_max(ctx: &mut RuleCtx) -> Result<Grads> {
     let count = ctx.e.reduce_sum(&hit, &ax, true);
     let share = ctx.e.op("Div", &[&dy_kept, &count], vec![]);
     Ok(vec![Some(ctx.e.mul(&hit, &share)), None])
+}
+
+/// The reductions whose gradient is `dY` (kept dims, broadcast) times a local factor of
+/// `x` and `y` (kept dims):
+/// - ReduceL2, `y = sqrt(sum x^2)`: `x / y` (0 where `y` is 0, as PyTorch's `norm`);
+/// - ReduceL1, `y = sum |x|`: `sign(x)`;
+/// - ReduceSumSquare, `y = sum x^2`: `2 x`;
+/// - ReduceLogSum, `y = log(sum x)`: `1 / exp(y)`;
+/// - ReduceLogSumExp, `y = log(sum exp(x))`: `exp(x - y)`.
+pub fn reduce_pointwise(ctx: &mut RuleCtx, kind: &str) -> Result<Grads> {
+    let dy = ctx.dy(0)?;
+    let (x, y) = (ctx.input(0).to_string(), ctx.output(0).to_string());
+    let sx = shape(ctx, &x)?;
+    let t = dtype(ctx, &x)?;
+    let Some(axes) = reduced_axes(ctx, sx.len(), ctx.opset >= 18)? else {
+        return Ok(vec![Some(dy), None]);
+    };
+    let kept = kept_dims(&sx, &axes);
+    let dy_kept = ctx.e.reshape(&dy, &kept);
+    let y_kept = ctx.e.reshape(&y, &kept);
+    let factor = match kind {
+        "ReduceL2" => {
+            let ratio = ctx.e.op("Div", &[&x, &y_kept], vec![]);
+            let zero = ctx.e.scalar(0.0, t);
+            let at_zero = ctx.e.op("Equal", &[&y_kept, &zero], vec![]);
+            ctx.e.op("Where", &[&at_zero, &zero, &ratio], vec![])
+        }
+        "ReduceL1" => ctx.e.op("Sign", &[&x], vec![]),
+        "ReduceSumSquare" => ctx.e.scale(&x, 2.0, t),
+        "ReduceLogSum" => {
+            let sum = ctx.e.op("Exp", &[&y_kept], vec![]);
+            let share = ctx.e.op("Reciprocal", &[&sum], vec![]);
+            let s = ctx
+                .e
+                .ints(&sx.iter().map(|&d| d as i64).collect::<Vec<_>>());
+            ctx.e.op("Expand", &[&share, &s], vec![])
+        }
+        _ => {
+            let d = ctx.e.op("Sub", &[&x, &y_kept], vec![]);
+            ctx.e.op("Exp", &[&d], vec![])
+        }
+    };
+    Ok(vec![Some(ctx.e.mul(&factor, &dy_kept)), None])
 }

@@ -1,14 +1,17 @@
-//! The gradient of `Resize`. Resize (nearest, linear or cubic, with any coordinate
-//! transformation but `tf_crop_and_resize`) is linear in X and works axis by axis:
-//! along each resized axis `k`, `Y = A_k X` with `A_k` the `[out_k, in_k]` interpolation
-//! matrix. Its adjoint applies each `A_k^T` to dY. `A_k` comes from the same Resize run on
-//! an identity (basis vectors stacked on axis 0, resized along `k` alone), so dX follows
-//! exactly the interpolation ONNX Runtime computed, whatever its mode and rounding.
+//! The gradient of `Resize`. Resize (nearest, linear or cubic, any coordinate
+//! transformation, scales or sizes for every axis or for the `axes` listed) is affine in
+//! X and works axis by axis: along each resized axis `k`, `Y = A_k X + c_k` with `A_k`
+//! the `[out_k, in_k]` interpolation matrix (`c_k` is `tf_crop_and_resize`'s
+//! extrapolation value outside its region, 0 otherwise). Its adjoint applies each `A_k^T`
+//! to dY. `A_k` comes from the same Resize run on an identity (basis vectors stacked on
+//! axis 0, resized along `k` alone; for `tf_crop_and_resize`, less the same Resize of
+//! zeros), so dX follows exactly the interpolation ONNX Runtime computed, whatever its mode
+//! and rounding.
 
 use super::elementwise::{dtype, shape};
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
-use crate::graph::ir::{attr_s, ints_attr};
+use crate::graph::ir::{attr_ints, attr_s, ints_attr};
 use crate::tensor::{DType, Tensor};
 use crate::Result;
 
@@ -17,23 +20,40 @@ pub fn resize(ctx: &mut RuleCtx) -> Result<Grads> {
     let x = ctx.input(0).to_string();
     let (sx, sy) = (shape(ctx, &x)?, shape(ctx, ctx.output(0))?);
     let t = dtype(ctx, &x)?;
-    if attr_s(ctx.node, "coordinate_transformation_mode").as_deref() == Some("tf_crop_and_resize") {
-        return Err(ctx.unsupported("coordinate_transformation_mode=tf_crop_and_resize"));
-    }
-    if ctx.node.attribute.iter().any(|a| a.name == "axes") {
-        return Err(ctx.unsupported("the axes attribute (give scales or sizes for every axis)"));
-    }
-    let scales: Option<Vec<f64>> = match ctx.input(2) {
-        "" => None,
-        name => match ctx.consts.get(name) {
-            Some(s) if !s.is_empty() => Some(s.to_f64_vec()),
-            Some(_) => None,
-            None => return Err(ctx.unsupported(format!("scales `{name}` must be a constant"))),
-        },
-    };
+    let crop =
+        attr_s(ctx.node, "coordinate_transformation_mode").as_deref() == Some("tf_crop_and_resize");
     let rank = sx.len();
+    // The axes the scales, sizes and region list (all by default).
+    let listed: Vec<usize> = match attr_ints(ctx.node, "axes") {
+        Some(a) => a
+            .iter()
+            .map(|&v| (if v < 0 { v + rank as i64 } else { v }) as usize)
+            .collect(),
+        None => (0..rank).collect(),
+    };
+    let scales = match constant_floats(ctx, 2)? {
+        Some(s) if !s.is_empty() => Some(s),
+        _ => None,
+    };
+    let roi = match crop {
+        true => constant_floats(ctx, 1)?,
+        false => None,
+    };
+    let scale_of = |k: usize| {
+        let at = listed.iter().position(|&a| a == k)?;
+        scales.as_ref().map(|s| s[at])
+    };
+    // A region other than the whole axis crops it, whatever its size.
+    let cropped = |k: usize| {
+        let (Some(r), Some(at)) = (roi.as_ref(), listed.iter().position(|&a| a == k)) else {
+            return false;
+        };
+        let m = listed.len();
+        r.len() == 2 * m && (r[at] != 0.0 || r[m + at] != 1.0)
+    };
     let resized: Vec<usize> = (0..rank)
-        .filter(|&k| sx[k] != sy[k] || scales.as_ref().is_some_and(|s| s[k] != 1.0))
+        .filter(|&k| listed.contains(&k))
+        .filter(|&k| sx[k] != sy[k] || scale_of(k).is_some_and(|s| s != 1.0) || cropped(k))
         .collect();
     if resized.contains(&0) {
         return Err(ctx.unsupported("resizing the batch axis"));
@@ -50,25 +70,27 @@ pub fn resize(ctx: &mut RuleCtx) -> Result<Grads> {
         for i in 0..n_in {
             v[i * n_in + i] = 1.0;
         }
-        let eye = ctx.e.constant(float(t, eye_shape, v)?);
-        let along_k = match &scales {
-            Some(s) => {
-                let mut one = vec![1.0; rank];
-                one[k] = s[k];
-                let scales = ctx.e.constant(Tensor::f32(
-                    vec![rank],
-                    one.iter().map(|&x| x as f32).collect(),
-                )?);
-                ctx.e.op("Resize", &[&eye, "", &scales], attrs.clone())
-            }
-            None => {
-                let mut sizes = vec![1; rank];
-                sizes[0] = n_in as i64;
-                sizes[k] = n_out as i64;
-                let sizes = ctx.e.ints(&sizes);
-                ctx.e.op("Resize", &[&eye, "", "", &sizes], attrs.clone())
-            }
+        let eye = ctx.e.constant(float(t, eye_shape.clone(), v)?);
+        let along = Along {
+            listed: &listed,
+            k,
+            eye_shape: &eye_shape,
+            n_out,
         };
+        let inputs = along.inputs(ctx, scale_of(k), roi.as_deref())?;
+        let refs: Vec<&str> = std::iter::once(eye.as_str())
+            .chain(inputs.iter().map(String::as_str))
+            .collect();
+        let mut along_k = ctx.e.op("Resize", &refs, attrs.clone());
+        if crop {
+            // Less what the region's extrapolated part adds whatever X holds.
+            let zeros = ctx.e.constant(Tensor::zeros(t, eye_shape.clone()));
+            let refs: Vec<&str> = std::iter::once(zeros.as_str())
+                .chain(inputs.iter().map(String::as_str))
+                .collect();
+            let offset = ctx.e.op("Resize", &refs, attrs.clone());
+            along_k = ctx.e.op("Sub", &[&along_k, &offset], vec![]);
+        }
         // [in_k, out_k]: row i is what basis vector i becomes, i.e. A_k^T.
         let a_t = ctx.e.reshape(&along_k, &[n_in, n_out]);
         // Axis k last, contracted with A_k^T over out_k, and back.
@@ -89,6 +111,77 @@ pub fn resize(ctx: &mut RuleCtx) -> Result<Grads> {
     let mut grads = vec![None; ctx.node.input.len()];
     grads[0] = Some(g);
     Ok(grads)
+}
+
+/// The constant float values of input `i` (`None` where absent).
+fn constant_floats(ctx: &RuleCtx, i: usize) -> Result<Option<Vec<f64>>> {
+    match ctx.input(i) {
+        "" => Ok(None),
+        name => match ctx.consts.get(name) {
+            Some(s) => Ok(Some(s.to_f64_vec())),
+            None => Err(ctx.unsupported(format!("input `{name}` must be a constant"))),
+        },
+    }
+}
+
+/// The Resize of the identity along axis `k` alone: its region, scales and sizes, for
+/// the axes the node lists.
+struct Along<'a> {
+    listed: &'a [usize],
+    k: usize,
+    eye_shape: &'a [usize],
+    n_out: usize,
+}
+
+impl Along<'_> {
+    /// `[roi, scales, sizes]` (absent ones empty): the node's scale (or size) on axis
+    /// `k`, 1 (the identity's own size) elsewhere; the node's region on `k`, all of
+    /// every other axis.
+    fn inputs(
+        &self,
+        ctx: &mut RuleCtx,
+        scale: Option<f64>,
+        roi: Option<&[f64]>,
+    ) -> Result<Vec<String>> {
+        let m = self.listed.len();
+        let roi = match roi {
+            Some(r) if r.len() == 2 * m => {
+                let at = self.listed.iter().position(|&a| a == self.k).unwrap_or(0);
+                let mut v = vec![0.0; 2 * m];
+                v[m..].fill(1.0);
+                v[at] = r[at];
+                v[m + at] = r[m + at];
+                ctx.e.constant(Tensor::f32(
+                    vec![2 * m],
+                    v.iter().map(|&x| x as f32).collect(),
+                )?)
+            }
+            _ => String::new(),
+        };
+        Ok(match scale {
+            Some(s) => {
+                let v: Vec<f32> = self
+                    .listed
+                    .iter()
+                    .map(|&a| if a == self.k { s as f32 } else { 1.0 })
+                    .collect();
+                let scales = ctx.e.constant(Tensor::f32(vec![m], v)?);
+                vec![roi, scales]
+            }
+            None => {
+                let v: Vec<i64> = self
+                    .listed
+                    .iter()
+                    .map(|&a| match a == self.k {
+                        true => self.n_out as i64,
+                        false => self.eye_shape[a] as i64,
+                    })
+                    .collect();
+                let sizes = ctx.e.ints(&v);
+                vec![roi, String::new(), sizes]
+            }
+        })
+    }
 }
 
 fn float(t: DType, shape: Vec<usize>, v: Vec<f64>) -> Result<Tensor> {

@@ -98,8 +98,12 @@ pub fn split(ctx: &mut RuleCtx) -> Result<Grads> {
     Ok(g)
 }
 
+/// Slice: `dY` put back where the slice read, zeros elsewhere, axis by axis. A step of
+/// `s` spreads the `n` read positions `p, p + s, ...` out: `dY` with `s - 1` zeros after
+/// each element (a new axis padded, then merged), padded to the axis's length. A negative
+/// step reads backwards: `dY` reversed is the same spread from the lowest position read.
 pub fn slice(ctx: &mut RuleCtx) -> Result<Grads> {
-    let dy = ctx.dy(0)?;
+    let mut g = ctx.dy(0)?;
     let sx = shape(ctx, ctx.input(0))?;
     let rank = sx.len();
     let starts = ctx.const_ints(1)?.unwrap_or_default();
@@ -108,23 +112,113 @@ pub fn slice(ctx: &mut RuleCtx) -> Result<Grads> {
         .const_ints(3)?
         .unwrap_or_else(|| (0..starts.len() as i64).collect());
     let steps = ctx.const_ints(4)?.unwrap_or_else(|| vec![1; starts.len()]);
-    if steps.iter().any(|&s| s != 1) {
-        return Err(ctx.unsupported("steps other than 1"));
-    }
-    // Pad dY back to X's shape with zeros before and after the slice on each axis.
+    let mut now = shape(ctx, ctx.output(0))?;
     let mut pads = vec![0i64; 2 * rank];
     for (k, &ax) in axes.iter().enumerate() {
         let a = norm(ax, rank);
-        let dim = sx[a] as i64;
-        let clamp = |v: i64| if v < 0 { v + dim } else { v }.clamp(0, dim);
-        let (s, e) = (clamp(starts[k]), clamp(ends[k]).max(clamp(starts[k])));
-        pads[a] = s;
-        pads[rank + a] = dim - e;
+        let Some(read) = SliceAxis::new(starts[k], ends[k], steps[k], sx[a] as i64) else {
+            return Err(ctx.unsupported("step 0"));
+        };
+        if read.count == 0 {
+            // The slice read nothing: nothing flows back.
+            let t = dtype(ctx, ctx.input(0))?;
+            let mut grads = vec![None; ctx.node.input.len()];
+            grads[0] = Some(zeros(ctx, &sx, t));
+            return Ok(grads);
+        }
+        if read.step < 0 {
+            g = reversed(ctx, &g, a);
+        }
+        let stride = read.step.unsigned_abs() as usize;
+        if stride > 1 {
+            g = spread(ctx, &g, &mut now, a, stride);
+        }
+        // `now[a]` is count * stride, the last stride - 1 of them zeros.
+        let spread_len = (read.count - 1) * stride as i64 + 1;
+        if now[a] as i64 > spread_len {
+            g = crop(ctx, &g, a, spread_len);
+            now[a] = spread_len as usize;
+        }
+        pads[a] = read.lowest;
+        pads[rank + a] = sx[a] as i64 - read.lowest - spread_len;
     }
+    let mut grads = vec![None; ctx.node.input.len()];
+    grads[0] = Some(match pads.iter().all(|&p| p == 0) {
+        true => g,
+        false => {
+            let p = ctx.e.ints(&pads);
+            ctx.e.op("Pad", &[&g, &p], vec![])
+        }
+    });
+    Ok(grads)
+}
+
+/// The positions one axis of a Slice reads, as ONNX defines them (starts and ends
+/// counted from the end when negative, then clamped).
+struct SliceAxis {
+    /// The lowest position read.
+    lowest: i64,
+    /// How many.
+    count: i64,
+    step: i64,
+}
+
+impl SliceAxis {
+    fn new(start: i64, end: i64, step: i64, dim: i64) -> Option<SliceAxis> {
+        if step == 0 {
+            return None;
+        }
+        let from_end = |v: i64| if v < 0 { v.saturating_add(dim) } else { v };
+        let (start, end) = (from_end(start), from_end(end));
+        let (start, count) = if step > 0 {
+            let (s, e) = (start.clamp(0, dim), end.clamp(0, dim));
+            (s, ((e - s).max(0) + step - 1) / step)
+        } else {
+            let (s, e) = (start.clamp(0, dim - 1), end.clamp(-1, dim - 1));
+            (s, ((s - e).max(0) + (-step) - 1) / (-step))
+        };
+        let lowest = match step > 0 {
+            true => start,
+            false => start + (count - 1).max(0) * step,
+        };
+        Some(SliceAxis {
+            lowest,
+            count,
+            step,
+        })
+    }
+}
+
+/// `g` reversed along axis `a`.
+fn reversed(ctx: &mut RuleCtx, g: &str, a: usize) -> String {
+    let (s, e) = (ctx.e.ints(&[-1]), ctx.e.ints(&[i64::MIN]));
+    let (ax, st) = (ctx.e.ints(&[a as i64]), ctx.e.ints(&[-1]));
+    ctx.e.op("Slice", &[g, &s, &e, &ax, &st], vec![])
+}
+
+/// `g` (shape `now`) with `stride - 1` zeros after each element along axis `a`; `now[a]`
+/// grows to `now[a] * stride`.
+fn spread(ctx: &mut RuleCtx, g: &str, now: &mut [usize], a: usize, stride: usize) -> String {
+    let mut with_axis = now[..=a].to_vec();
+    with_axis.push(1);
+    with_axis.extend(&now[a + 1..]);
+    let u = ctx.e.reshape(g, &with_axis);
+    let mut pads = vec![0i64; 2 * with_axis.len()];
+    pads[with_axis.len() + a + 1] = stride as i64 - 1;
     let p = ctx.e.ints(&pads);
-    let mut g = vec![None; ctx.node.input.len()];
-    g[0] = Some(ctx.e.op("Pad", &[&dy, &p], vec![]));
-    Ok(g)
+    let padded = ctx.e.op("Pad", &[&u, &p], vec![]);
+    now[a] *= stride;
+    ctx.e.reshape(&padded, now)
+}
+
+/// The first `len` positions of `g` along axis `a`.
+fn crop(ctx: &mut RuleCtx, g: &str, a: usize, len: i64) -> String {
+    let (s, e, ax) = (
+        ctx.e.ints(&[0]),
+        ctx.e.ints(&[len]),
+        ctx.e.ints(&[a as i64]),
+    );
+    ctx.e.op("Slice", &[g, &s, &e, &ax], vec![])
 }
 
 pub fn gather(ctx: &mut RuleCtx) -> Result<Grads> {
