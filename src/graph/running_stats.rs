@@ -6,11 +6,18 @@
 //!
 //! Each training-mode `BatchNormalization` whose running mean and variance are
 //! initializers gets update nodes at the end of the forward (`ReduceMean`s of its input
-//! and the arithmetic above). The node itself reads constant statistics in training
-//! (its output does not depend on them there, and ONNX Runtime may write its running
-//! outputs over its running inputs), and the running statistics become inputs of the
-//! training graph (buffers) that the stage holding the node feeds and replaces after
-//! each forward. Evaluation graphs normalize with them (inference mode), as PyTorch's
+//! and the arithmetic above). The node itself reads constant statistics in training (its
+//! output does not depend on them there), and the running statistics become inputs of
+//! the training graph (buffers) that the stage holding the node feeds and replaces after
+//! each forward.
+//!
+//! Those constants hold values no other constant of a training graph holds
+//! ([`placeholder`]). ONNX Runtime merges initializers of equal value, and its
+//! training-mode BatchNormalization kernel writes its running outputs over its running
+//! inputs: with zeros and ones there, a MobileViT's 8-channel stem wrote its running
+//! variance over the vector of 8 ones that sums the classifier's bias gradient over a
+//! batch of 8, and the first step's gradient norm was 1.4e-5 off (19.60661 against
+//! PyTorch's 19.60689; one stage per layer, not sharing the session, was right). Evaluation graphs normalize with them (inference mode), as PyTorch's
 //! `eval()` does, and the trained model is exported with them.
 
 use std::collections::HashSet;
@@ -97,6 +104,14 @@ pub(crate) fn track_running_stats(g: &mut Graph, metas: &Metas) -> Result<Vec<Bu
     Ok(buffers)
 }
 
+/// The value the `k`-th node's constant statistic `which` (0 mean, 1 variance) is filled
+/// with: `4/3 + (2k + which) / 2^20`, positive, distinct per node and statistic, and no
+/// value a graph computes with (see the module doc). The node's output does not depend
+/// on it.
+fn placeholder(k: usize, which: usize) -> f64 {
+    4.0 / 3.0 + (2 * k + which) as f64 / f64::from(1 << 20)
+}
+
 /// What updates one node's statistics.
 struct Update {
     nodes: Vec<NodeProto>,
@@ -138,8 +153,8 @@ fn update_nodes(
         scalar(1.0 - momentum)?.to_proto(&v("rest")),
         scalar(c as f64)?.to_proto(&v("channels")),
         scalar(1.0)?.to_proto(&v("one")),
-        filled(0.0)?.to_proto(&v("zeros")),
-        filled(1.0)?.to_proto(&v("ones")),
+        filled(placeholder(k, 0))?.to_proto(&v("fixed_mean")),
+        filled(placeholder(k, 1))?.to_proto(&v("fixed_var")),
         Tensor::i64(vec![axes.len()], axes.clone())?.to_proto(&v("axes")),
     ];
     consts.truncate(if opset >= 18 { 7 } else { 6 });
@@ -193,7 +208,7 @@ fn update_nodes(
         nodes,
         consts,
         values: [v("mean"), v("var")],
-        fixed: [v("zeros"), v("ones")],
+        fixed: [v("fixed_mean"), v("fixed_var")],
     })
 }
 
@@ -212,8 +227,28 @@ pub(crate) fn inference_mode(g: &mut Graph, buffers: &[Buffer]) {
     {
         n.attribute.retain(|a| a.name != "training_mode");
         n.output.truncate(1);
+        // The statistics it normalizes with: the buffers (in training it reads constants
+        // in their place, which its output does not depend on).
+        for b in buffers.iter().filter(|b| b.reader == n.name) {
+            n.input[b.slot] = b.name.clone();
+        }
+    }
+    let held: Vec<&Buffer> = buffers.iter().filter(|b| readers_here(g, b)).collect();
+    for b in held {
+        if !g.inputs.iter().any(|v| v.name == b.name) {
+            let meta = ValueMeta {
+                dtype: b.init.dtype(),
+                shape: b.init.shape.clone(),
+            };
+            g.inputs.push(value_info(&b.name, &meta));
+        }
     }
     g.outputs.retain(|o| !o.name.starts_with(PREFIX));
+}
+
+/// Whether `g` holds the node that reads buffer `b`.
+fn readers_here(g: &Graph, b: &Buffer) -> bool {
+    g.nodes.iter().any(|n| n.name == b.reader)
 }
 
 /// `g` with the running statistics it reads as constants holding their initial values:

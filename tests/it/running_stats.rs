@@ -8,7 +8,8 @@
 use std::collections::HashMap;
 
 use crate::common::exported::{
-    fixture, piped, reference, train_summary, Family, Layout, Run, MOBILENET_V3, ONE, RESNET18,
+    fixture, piped, reference, train_reports, train_summary, Family, Layout, Run, MOBILENET_V3,
+    ONE, RESNET18,
 };
 use pipetrain::data::read_npz;
 use pipetrain::tensor::Tensor;
@@ -163,4 +164,60 @@ fn the_trained_model_and_evaluation_use_the_statistics() {
         let saved = Tensor::from_proto(t).unwrap().to_f64_vec();
         assert_eq!(saved, evaluated[&t.name], "{}", t.name);
     }
+}
+
+/// Evaluation during the run normalizes with the running statistics: its loss is the
+/// loss of the trained model (its BatchNorm nodes in inference mode, holding the
+/// statistics) on the same rows, run by ONNX Runtime as a user would.
+#[test]
+fn evaluation_normalizes_with_the_running_statistics() {
+    let f = &MOBILENET_V3;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("trained.onnx");
+    let extra = format!("output_path = {out:?}\nevaluation_period = 2\n");
+    let (_, _, lr) = reference(f, "sgd");
+    let run = Run {
+        model: "model.onnx",
+        optimizer: "sgd",
+        lr,
+        layout: ONE,
+        steps: 2,
+        extra: &extra,
+    };
+    let (reports, _) = train_reports(f, &run);
+    let evaluated = reports[1].eval_loss.expect("an evaluation after step 2");
+    // The trained model on the evaluation's rows (the data file's first batch).
+    let data = read_npz(&fixture(f.name).join("data.npz")).unwrap();
+    let rows: Vec<usize> = (0..f.batch).collect();
+    let x = data["pixel_values"].gather_rows(&rows).unwrap();
+    let labels = data["labels"]
+        .gather_rows(&rows)
+        .unwrap()
+        .to_i64_vec()
+        .unwrap();
+    let model = pipetrain::onnx::load_model(&out).unwrap();
+    let graph = pipetrain::graph::Graph::from_model(&model).unwrap();
+    let rt = crate::common::runtime();
+    let opts = pipetrain::compute::SessionOptions::default();
+    let mut session = pipetrain::compute::GraphSession::new(&rt, &graph, &opts, "trained").unwrap();
+    let logits = session
+        .run(&[("pixel_values", &x)])
+        .unwrap()
+        .remove(0)
+        .to_f64_vec();
+    let classes = logits.len() / labels.len();
+    let loss: f64 = logits
+        .chunks(classes)
+        .zip(&labels)
+        .map(|(row, &y)| {
+            let max = row.iter().cloned().fold(f64::MIN, f64::max);
+            let sum: f64 = row.iter().map(|v| (v - max).exp()).sum();
+            sum.ln() + max - row[y as usize]
+        })
+        .sum::<f64>()
+        / labels.len() as f64;
+    assert!(
+        (evaluated - loss).abs() < 1e-5 * loss.abs(),
+        "evaluation loss {evaluated}, the trained model's {loss}"
+    );
 }
