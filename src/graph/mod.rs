@@ -6,6 +6,7 @@ mod buckets;
 pub mod check;
 mod cleanup;
 pub mod custom_ops;
+pub mod declared;
 mod deterministic;
 mod export;
 mod fusion;

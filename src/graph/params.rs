@@ -5,8 +5,10 @@
 //! initializers (BART's `final_logits_bias`, for one). The dynamo exporter
 //! (`dynamo=True`) says which is which in each initializer's value info
 //! (`pkg.torch.export.graph_signature.InputSpec.kind`: `PARAMETER` or `BUFFER`), and
-//! what it calls a buffer does not train. Otherwise every floating-point initializer but
-//! BatchNorm's running statistics trains unless it is listed in `frozen`.
+//! what it calls a buffer does not train; so do the buffers and frozen parameters that
+//! `tools/export_for_training.py` records in the model's metadata (`graph::declared`,
+//! with the padding rows). Otherwise every floating-point initializer but BatchNorm's
+//! running statistics trains unless it is listed in `frozen`.
 //!
 //! `nn.Embedding(padding_idx=p)` zeroes row `p` at initialization and never gives it a
 //! gradient from the lookup; the ONNX export keeps only a `Gather`, so the row would
@@ -173,12 +175,24 @@ pub(crate) fn trainable_names(
 /// The value-info key under which the dynamo exporter records what an initializer is.
 const INPUT_KIND: &str = "pkg.torch.export.graph_signature.InputSpec.kind";
 
-/// The initializers the exporter declared to be something other than parameters
-/// (`BUFFER`, `CONSTANT_TENSOR`): empty for exporters that do not say.
+/// The initializers the exporter declared to be something other than parameters that
+/// train: the dynamo exporter's `BUFFER`s and `CONSTANT_TENSOR`s, and the buffers and
+/// frozen parameters `tools/export_for_training.py` records (`graph::declared`); empty
+/// for exporters that do not say.
 pub(crate) fn declared_buffers(model: &ModelProto) -> HashSet<String> {
+    let mut out: HashSet<String> = super::declared::Declared::of(model)
+        .not_trained()
+        .cloned()
+        .collect();
     let Some(g) = model.graph.as_ref() else {
-        return HashSet::new();
+        return out;
     };
+    out.extend(dynamo_buffers(g));
+    out
+}
+
+/// The dynamo exporter's declarations, from each initializer's value info.
+fn dynamo_buffers(g: &crate::onnx::proto::GraphProto) -> Vec<String> {
     g.value_info
         .iter()
         .chain(&g.input)

@@ -8,7 +8,11 @@ use std::path::Path;
 use crate::compute::Runtime;
 use crate::config::TrainConfig;
 use crate::data::open_step_batches;
+use std::collections::BTreeSet;
+
+use crate::graph::declared::{suspected_buffers, Declared};
 use crate::graph::{check, declared_type, describe_input, implied_default, Graph};
+use crate::tensor::DType;
 use crate::Result;
 
 /// What `check` found: its report, and how many of its lines are errors.
@@ -18,6 +22,8 @@ pub struct CheckReport {
     pub text: String,
     /// The errors among them.
     pub errors: usize,
+    /// The warnings among them.
+    pub warnings: usize,
 }
 
 impl CheckReport {
@@ -28,6 +34,11 @@ impl CheckReport {
     fn error(&mut self, line: impl std::fmt::Display) {
         self.errors += 1;
         self.line(format_args!("error: {line}"));
+    }
+
+    fn warning(&mut self, line: impl std::fmt::Display) {
+        self.warnings += 1;
+        self.line(format_args!("warning: {line}"));
     }
 }
 
@@ -45,6 +56,7 @@ pub fn check_model(rt: &Runtime, model_path: &Path, config: Option<&Path>) -> Re
     let mut r = CheckReport {
         text: String::new(),
         errors: 0,
+        warnings: 0,
     };
     r.line(format_args!(
         "{}: {} nodes, {} initializers, inputs {}",
@@ -58,7 +70,7 @@ pub fn check_model(rt: &Runtime, model_path: &Path, config: Option<&Path>) -> Re
             .join(", ")
     ));
     for w in findings.warnings() {
-        r.line(format_args!("warning: {w}"));
+        r.warning(w);
     }
     if !findings.no_gradient.is_empty() {
         let nodes: Vec<String> = findings
@@ -81,14 +93,68 @@ pub fn check_model(rt: &Runtime, model_path: &Path, config: Option<&Path>) -> Re
         }
         None => None,
     };
+    trained_initializers(&model, &g, cfg.as_ref().map(|(c, _)| c), &mut r);
     scalar_inputs(&g, cfg.as_ref().map(|(c, _)| c), &mut r);
     if let Some((cfg, path)) = &cfg {
         training_graph_line(rt, cfg, path, &mut r);
     }
-    if r.errors == 0 && findings == check::Findings::default() && cfg.is_none() {
+    if r.errors == 0 && r.warnings == 0 && findings == check::Findings::default() && cfg.is_none() {
         r.line("ok: nothing found that keeps this model from training");
     }
     Ok(r)
+}
+
+/// The float initializers that would train, what the export declared not to, and, where
+/// it declared nothing, those that look like buffers or frozen tables (a warning: a
+/// TorchScript export does not mark them, and pipetrain would train them).
+fn trained_initializers(
+    model: &crate::onnx::proto::ModelProto,
+    g: &Graph,
+    cfg: Option<&TrainConfig>,
+    r: &mut CheckReport,
+) {
+    let declared = Declared::of(model);
+    let mut not_trained: BTreeSet<String> = declared.not_trained().cloned().collect();
+    not_trained.extend(cfg.iter().flat_map(|c| c.params.frozen.iter().cloned()));
+    // BatchNorm's running statistics are state, not parameters.
+    not_trained.extend(
+        g.nodes
+            .iter()
+            .filter(|n| n.op_type == "BatchNormalization")
+            .flat_map(|n| n.input.iter().skip(3).take(2).cloned()),
+    );
+    let trained = g
+        .initializers
+        .iter()
+        .filter(|t| DType::from_onnx(t.data_type).is_some_and(DType::is_float))
+        .filter(|t| !not_trained.contains(&t.name))
+        .count();
+    r.line(format_args!(
+        "note: {trained} float initializers would train"
+    ));
+    if declared.any() {
+        let list = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(", ");
+        r.line(format_args!(
+            "note: the export declares buffers [{}], frozen parameters [{}], padding rows {:?}: \
+             none of them trains",
+            list(&declared.buffers),
+            list(&declared.frozen),
+            declared.padding_rows
+        ));
+    }
+    let suspected = suspected_buffers(g, &not_trained);
+    if !suspected.is_empty() {
+        let named: Vec<String> = suspected
+            .iter()
+            .map(|(n, why)| format!("`{n}` ({why})"))
+            .collect();
+        r.warning(format_args!(
+            "{} may be buffers or frozen parameters, which a TorchScript export does not \
+             mark, so they would train: list them in [params] frozen, or export with \
+             tools/export_for_training.py, which records them",
+            named.join(", ")
+        ));
+    }
 }
 
 /// Rank-0 model inputs: no batch of data can feed them (each array has a batch axis).

@@ -273,7 +273,7 @@ pub fn build_sharded_training_graph(
         let fused = super::fusion::fuse_forward(&mut g, &loss_metas, &trained);
         tracing::debug!("fused forward kernels: {fused:?}");
     }
-    let frozen = rows_to_freeze(&g, &param_values, &opts.params);
+    let frozen = rows_to_freeze(&g, &param_values, &with_declared_rows(model, &opts.params));
     let backward: Backward = differentiate(
         &g,
         &loss_metas,
@@ -302,4 +302,21 @@ pub fn build_sharded_training_graph(
         buffers,
         shards: shard_plan,
     })
+}
+
+/// `params` with the padding rows the export declared (`graph::declared`) added, where
+/// the configuration lists none for the table.
+fn with_declared_rows(model: &ModelProto, params: &ParamOptions) -> ParamOptions {
+    let declared = super::declared::Declared::of(model);
+    let mut out = params.clone();
+    for (table, rows) in declared.padding_rows {
+        if let std::collections::btree_map::Entry::Vacant(slot) = out.frozen_rows.entry(table) {
+            tracing::info!(
+                "embedding `{}`: rows {rows:?} are padding rows, as the export declares",
+                slot.key()
+            );
+            slot.insert(rows);
+        }
+    }
+    out
 }
