@@ -13,7 +13,8 @@
 //! A value is static when its node is deterministic and every input is static: constants,
 //! initializers that are not trained, and the output of `Shape` or `Size` of any value
 //! whose shape does not depend on the data (everything downstream of `NonZero`,
-//! `Compress`, `Unique` or a control-flow node does). The original model, which the
+//! `Compress`, `Unique` or a control-flow node does, but a scatter's output, which has its
+//! data's shape). The original model, which the
 //! exported inference model is made from, keeps its dynamic shapes.
 
 use std::collections::HashSet;
@@ -55,8 +56,15 @@ pub fn static_nodes(g: &Graph, trained: &HashSet<&str>) -> Vec<bool> {
     let mut shape_varies: HashSet<&str> = HashSet::new();
     let mut out = vec![false; g.nodes.len()];
     for (i, n) in g.nodes.iter().enumerate() {
+        // A scatter's output has its data's shape, whatever its indices and updates are
+        // (a mixture of experts scatters each expert's rows, picked by `NonZero`, back into
+        // a tensor of fixed shape).
+        let shaping: &[String] = match n.op_type.as_str() {
+            "ScatterND" | "ScatterElements" | "Scatter" => &n.input[..1.min(n.input.len())],
+            _ => &n.input,
+        };
         let varies =
-            data_shaped(&n.op_type) || n.input.iter().any(|v| shape_varies.contains(v.as_str()));
+            data_shaped(&n.op_type) || shaping.iter().any(|v| shape_varies.contains(v.as_str()));
         if varies {
             shape_varies.extend(n.output.iter().map(String::as_str));
         }
