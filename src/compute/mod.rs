@@ -1,11 +1,13 @@
 //! Running graphs on ONNX Runtime through `ort`.
 
+mod arena;
 mod chain;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod device;
 mod direct;
 mod fused;
+mod lifted;
 mod local_shards;
 mod open;
 mod pinned;

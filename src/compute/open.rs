@@ -123,6 +123,18 @@ pub(super) fn open(
             b.with_execution_providers(providers).map_err(Into::into)
         })
         .and_then(|b| b.with_optimization_level(level).map_err(Into::into))
+        // The process's shared CPU arena, which grows by what is asked for
+        // (`compute::arena`), where the session keeps an arena at all; without ONNX
+        // Runtime's memory pattern, which asks the arena for a run's whole plan as one
+        // more block after the first run has grown it tensor by tensor (GPT-2 small,
+        // 4 x 128: peak resident memory 4.08 GB with it, 3.22 GB without).
+        .and_then(|b| match extras.arena && opts.device == Device::Cpu {
+            true => b
+                .with_config_entry("session.use_env_allocators", "1")
+                .map_err(Into::into)
+                .and_then(|b| b.with_memory_pattern(false).map_err(Into::into)),
+            false => Ok(b),
+        })
         // Exact resume on a GPU asks for the same sums every run: ONNX Runtime's
         // deterministic kernels where it has them (the CPU's are already).
         .and_then(|b| {

@@ -6,9 +6,10 @@
 //! backward graphs are then built for those concrete shapes (the micro-batch shape is
 //! fixed during training).
 
+use crate::compute::lifted::Lifted;
 use crate::compute::{GraphSession, Runtime, SessionOptions};
 use crate::graph::{untyped_value_info, Graph, Metas, ShapeProbe, ValueMeta};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{DType, Tensor, TensorView};
 use crate::Result;
 
 /// Graph building measures shapes by running ONNX Runtime.
@@ -18,9 +19,10 @@ impl ShapeProbe for Runtime {
     }
 
     fn values(&self, graph: &Graph, feeds: &[(&str, &Tensor)]) -> Result<Vec<Tensor>> {
+        let lifted = Lifted::new(graph);
         let mut session =
-            GraphSession::one_off(self, graph, &ONE_OFF, "folding static values", None)?;
-        session.run(feeds)
+            GraphSession::one_off(self, &lifted.graph, &ONE_OFF, "folding static values", None)?;
+        session.run_views(&views(feeds, &lifted))
     }
 }
 
@@ -58,10 +60,19 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
         metas.insert(name.to_string(), meta_of(t));
     }
     for t in &graph.initializers {
-        if let Ok(v) = Tensor::from_proto(t) {
-            metas.insert(t.name.clone(), meta_of(&v));
-        }
+        let (Some(dtype), Ok(shape)) = (
+            DType::from_onnx(t.data_type),
+            t.dims
+                .iter()
+                .map(|&d| usize::try_from(d))
+                .collect::<std::result::Result<Vec<_>, _>>(),
+        ) else {
+            continue;
+        };
+        metas.insert(t.name.clone(), ValueMeta { dtype, shape });
     }
+    let lifted = Lifted::new(graph);
+    let (graph, feeds) = (&lifted.graph, views(feeds, &lifted));
     // ONNX Runtime turns `Constant` nodes into initializers (no kernel, no profile event).
     for n in graph.nodes.iter().filter(|n| n.op_type == "Constant") {
         let value = n.attribute.iter().find(|a| a.name == "value");
@@ -71,7 +82,7 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
             }
         }
     }
-    profiled_shapes(rt, graph, feeds, &mut metas)?;
+    profiled_shapes(rt, graph, &feeds, &mut metas)?;
     let mut names = Vec::new();
     let mut seen = std::collections::HashSet::new();
     // Sequences are not tensors: they have no shape to measure.
@@ -92,7 +103,7 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
         let mut probe = graph.clone();
         probe.outputs = chunk.iter().map(|o| untyped_value_info(o)).collect();
         let mut session = GraphSession::one_off(rt, &probe, &ONE_OFF, "the shape probe", None)?;
-        let shapes = session.run_shapes(feeds)?;
+        let shapes = session.run_shapes(&feeds)?;
         for (name, (dtype, shape)) in session.output_names().iter().zip(shapes) {
             metas.insert(name.clone(), ValueMeta { dtype, shape });
         }
@@ -105,7 +116,7 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
 fn profiled_shapes(
     rt: &Runtime,
     graph: &Graph,
-    feeds: &[(&str, &Tensor)],
+    feeds: &[(&str, TensorView<'_>)],
     metas: &mut Metas,
 ) -> Result<()> {
     let mut probe = graph.clone();
@@ -186,6 +197,18 @@ fn node_output_shapes(
             .collect::<Option<Vec<_>>>()?;
         Some((index, metas))
     })
+}
+
+/// The run's feeds and the lifted initializers, as views.
+fn views<'a>(
+    feeds: &'a [(&'a str, &'a Tensor)],
+    lifted: &'a Lifted<'a>,
+) -> Vec<(&'a str, TensorView<'a>)> {
+    feeds
+        .iter()
+        .map(|(n, t)| (*n, t.view()))
+        .chain(lifted.feeds.iter().copied())
+        .collect()
 }
 
 fn meta_of(t: &Tensor) -> ValueMeta {

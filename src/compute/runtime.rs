@@ -161,6 +161,7 @@ impl Runtime {
             .with_name("pipetrain")
             .build()
             .map_err(Error::ort("creating the environment"))?;
+        super::arena::register(&env)?;
         let info = RuntimeInfo {
             version: version(&library),
             providers: providers().unwrap_or_default(),

@@ -177,7 +177,7 @@ impl GraphSession {
     /// As [`GraphSession::run`].
     pub(crate) fn run_shapes(
         &mut self,
-        feeds: &[(&str, &Tensor)],
+        feeds: &[(&str, TensorView<'_>)],
     ) -> Result<Vec<(DType, Vec<usize>)>> {
         let label = self.label.clone();
         let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
@@ -185,7 +185,7 @@ impl GraphSession {
         for (name, t) in feeds {
             inputs.push((
                 Cow::Borrowed(*name),
-                view(&t.view()).map_err(Error::ort(format!("running {label}")))?,
+                view(t).map_err(Error::ort(format!("running {label}")))?,
             ));
         }
         let outputs = self

@@ -50,6 +50,14 @@ pub fn export_inference_model(
         }
         *slot = value.to_proto(name);
     }
+    // A run drops its copy of the values it trains (`train::run`): each must be given.
+    if let Some(t) = graph.initializer.iter().find(|t| holds_nothing(t)) {
+        return Err(Error::MissingValue {
+            role: "trained parameter",
+            name: t.name.clone(),
+            hint: "; the run did not hand back its trained value".into(),
+        });
+    }
     let given: HashSet<&str> = trained.iter().map(|(n, _)| *n).collect();
     let read: HashSet<String> = graph
         .node
@@ -71,6 +79,20 @@ pub fn export_inference_model(
         }
     }
     Ok(model)
+}
+
+/// Whether `t` has elements but no data in any field (nor external data).
+fn holds_nothing(t: &crate::onnx::proto::TensorProto) -> bool {
+    let elements: i64 = t.dims.iter().product();
+    elements > 0
+        && t.raw_data.is_empty()
+        && t.float_data.is_empty()
+        && t.double_data.is_empty()
+        && t.int32_data.is_empty()
+        && t.int64_data.is_empty()
+        && t.uint64_data.is_empty()
+        && t.string_data.is_empty()
+        && t.external_data.is_empty()
 }
 
 /// The trained model's metadata key: the optimizer steps it trained.

@@ -114,6 +114,14 @@ impl TrainingGraph {
         g.to_model()
     }
 
+    /// Frees the parameters' initial values (their types and shapes stay): what a run does
+    /// once its stages hold them. Graphs built from here on carry no initial values.
+    pub fn release_initial_values(&mut self) {
+        for p in &mut self.params {
+            p.init = Tensor::zeros(p.meta.dtype, vec![0]);
+        }
+    }
+
     /// Gives every parameter input of `g` its initial value as an initializer (an input
     /// with a default, in ONNX terms).
     fn params_as_defaults(&self, g: &mut Graph) {
