@@ -327,13 +327,13 @@ impl GraphSession {
 /// `model` as `opts` computes it, `None` where that is the model itself: with mixed
 /// precision its products in half precision ([`crate::graph::autocast`]); on a GPU
 /// in a fixed order, its embedding gradients as one-hot products
-/// ([`crate::graph::scatter_adds_as_products`]: ONNX Runtime's CUDA scatter adds with
-/// atomics; the CPU's adds in order). The products are cast first, so the embedding
+/// ([`crate::graph::scatter_adds_as_products`]: ONNX Runtime's CUDA scatters add with
+/// atomics; the CPU's `ScatterElements` adds in order). The products are cast first, so the embedding
 /// gradient's own product stays float32, as PyTorch's embedding backward does.
 fn rewritten(model: &ModelProto, opts: &SessionOptions) -> Result<Option<ModelProto>> {
     let gpu = opts.device != Device::Cpu;
     let nodes = || model.graph.iter().flat_map(|g| &g.node);
-    let scatters = gpu && opts.deterministic && nodes().any(|n| n.op_type == "ScatterND");
+    let scatters = gpu && opts.deterministic && nodes().any(|n| n.op_type == "ScatterElements");
     if !scatters && opts.mixed_precision.is_none() {
         return Ok(None);
     }

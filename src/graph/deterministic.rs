@@ -1,10 +1,11 @@
 //! Gradients that sum in the same order every run on a GPU.
 //!
 //! The gradient of a `Gather` (an embedding lookup) adds each looked-up row's gradient
-//! into the table's: pipetrain writes it as `ScatterND(zeros, indices, updates,
-//! reduction = add)`. ONNX Runtime's CPU kernel adds the rows in order; its CUDA kernel
-//! adds them with atomics, so rows looked up several times (a token that repeats in the
-//! batch) sum in whatever order the threads happen to run, and two runs of the same
+//! into the table's: pipetrain writes it as `ScatterElements(zeros[rows, row length],
+//! row indices, updates, axis = 0, reduction = add)` (`autodiff::rules::rows_add`),
+//! which ONNX Runtime's CPU kernel adds in index order on any thread count. Its CUDA
+//! kernel adds with atomics, so rows looked up several times (a token that repeats in
+//! the batch) sum in whatever order the threads happen to run, and two runs of the same
 //! steps part within a few steps. On a GPU each such scatter is written instead as a
 //! product with the one-hot matrix of the indices (`Gemm`, cuBLAS), whose sums have a
 //! fixed order: `dW[v] = sum over i of (indices[i] == v) * updates[i]`. Adding the exact
@@ -12,13 +13,13 @@
 //! index and table row (GPT-2 small, batch 4 x 1024: 4096 x 50257 float32, 823 MB), and
 //! the product costs 2 x indices x rows x row length operations.
 
-use crate::graph::ir::{attr_s, int_attr, make_node, tensor_attr, Graph};
+use crate::graph::ir::{attr_i, attr_s, int_attr, make_node, tensor_attr, Graph};
 use crate::onnx::proto::{AttributeProto, NodeProto};
 use crate::tensor::{DType, Tensor};
 
-/// Rewrites every embedding-gradient scatter of `g` (a `ScatterND` with `reduction =
-/// add` into a `ConstantOfShape` of zeros, its indices one `Unsqueeze` on the last axis)
-/// as a one-hot product; returns how many.
+/// Rewrites every embedding-gradient scatter of `g` (a `ScatterElements` on axis 0 with
+/// `reduction = add` into a `ConstantOfShape` of zeros of rank 2, its indices one
+/// column `Expand`ed to the updates' shape) as a one-hot product; returns how many.
 pub fn scatter_adds_as_products(g: &mut Graph) -> usize {
     let mut rewritten = 0;
     let mut i = 0;
@@ -38,7 +39,7 @@ pub fn scatter_adds_as_products(g: &mut Graph) -> usize {
 }
 
 /// What a rewrite of one scatter needs: the table's shape and type, and the indices
-/// before their `Unsqueeze`.
+/// before their `Expand` (one column).
 struct Plan {
     dims: Vec<i64>,
     dtype: DType,
@@ -47,7 +48,10 @@ struct Plan {
 
 fn plan(g: &Graph, i: usize) -> Option<Plan> {
     let n = &g.nodes[i];
-    if n.op_type != "ScatterND" || attr_s(n, "reduction").as_deref() != Some("add") {
+    if n.op_type != "ScatterElements"
+        || attr_s(n, "reduction").as_deref() != Some("add")
+        || attr_i(n, "axis").unwrap_or(0) != 0
+    {
         return None;
     }
     let makes = |m: &NodeProto, name: &str| m.output.first().is_some_and(|o| o == name);
@@ -75,16 +79,11 @@ fn plan(g: &Graph, i: usize) -> Option<Plan> {
     {
         return None;
     }
-    let unsqueeze = producer(&n.input[1]).filter(|m| m.op_type == "Unsqueeze")?;
-    let axes = unsqueeze
-        .input
-        .get(1)
-        .and_then(|a| consts(a))?
-        .to_i64_vec()?;
-    (axes == [-1]).then(|| Plan {
+    let expand = producer(&n.input[1]).filter(|m| m.op_type == "Expand")?;
+    (dims.len() == 2).then(|| Plan {
         dims,
         dtype,
-        indices: unsqueeze.input[0].clone(),
+        indices: expand.input[0].clone(),
     })
 }
 

@@ -1,6 +1,8 @@
-//! Embedding gradients in a fixed order (`graph::scatter_adds_as_products`, what a GPU
-//! session computes): the rewritten training graph gives the scattered graph's gradient
-//! bit for bit where the sums are exact, with every scatter of a lookup table gone.
+//! Embedding gradients in a fixed order: on the CPU, the scatter a lookup's gradient is
+//! written as adds in the same order on any thread count; on a GPU
+//! (`graph::scatter_adds_as_products`) the rewritten training graph gives the scattered
+//! graph's gradient bit for bit where the sums are exact, with every scatter of a lookup
+//! table gone.
 
 use crate::common;
 
@@ -57,8 +59,12 @@ fn one_hot_products_give_the_scattered_embedding_gradient_bit_for_bit() {
         params: Default::default(),
     };
     let tg = build_training_graph(&rt, &model, &opts, &feeds).unwrap();
-    let scatters =
-        |g: &pipetrain::graph::Graph| g.nodes.iter().filter(|n| n.op_type == "ScatterND").count();
+    let scatters = |g: &pipetrain::graph::Graph| {
+        g.nodes
+            .iter()
+            .filter(|n| n.op_type == "ScatterElements")
+            .count()
+    };
     assert_eq!(scatters(&tg.graph), 1);
     let mut fixed = tg.clone();
     assert_eq!(scatters_rewritten(&mut fixed), 1);
@@ -82,4 +88,92 @@ fn one_hot_products_give_the_scattered_embedding_gradient_bit_for_bit() {
 
 fn scatters_rewritten(tg: &mut pipetrain::graph::TrainingGraph) -> usize {
     scatter_adds_as_products(&mut tg.graph)
+}
+
+/// `total = sum(Gather(W, ids) * R)` with `W [2, 768]` and all 1,024 `ids` 0 (BERT's
+/// token-type lookup: every token reads row 0), `R` random.
+fn one_row_model() -> (ModelProto, Tensor) {
+    let mut rng = 7u64;
+    let mut next = || {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    let r: Vec<f32> = (0..1024 * 768).map(|_| next()).collect();
+    let nodes = vec![
+        make_node("Gather", "g", &["W", "ids"], &["Y"], vec![]),
+        make_node("Mul", "m", &["Y", "R"], &["YR"], vec![]),
+        make_node("ReduceSum", "s", &["YR"], &["total"], vec![]),
+    ];
+    let inits = [
+        Tensor::f32(vec![2, 768], vec![0.5; 2 * 768])
+            .unwrap()
+            .to_proto("W"),
+        Tensor::f32(vec![8, 128, 768], r).unwrap().to_proto("R"),
+    ];
+    let ids_meta = ValueMeta {
+        dtype: DType::I64,
+        shape: vec![8, 128],
+    };
+    let model = common::opset17_model(
+        "one_row",
+        nodes,
+        inits.to_vec(),
+        vec![value_info("ids", &ids_meta)],
+        vec![untyped_value_info("total")],
+    );
+    (model, Tensor::i64(vec![8, 128], vec![0; 1024]).unwrap())
+}
+
+#[test]
+fn a_row_read_by_every_token_gets_the_same_gradient_on_any_thread_count() {
+    // ONNX Runtime's CPU ScatterND adds index slices on several threads without atomics:
+    // on two threads this gradient lost additions in some runs (BERT's token types).
+    let rt = common::runtime();
+    let (model, ids) = one_row_model();
+    let opts = TrainOptions {
+        inputs: Default::default(),
+        loss: LossSpec::Output {
+            name: "total".into(),
+        },
+        trainable: Some(vec!["W".into()]),
+        contrib_ops: false,
+        fused_kernels: false,
+        params: Default::default(),
+    };
+    let tg = build_training_graph(&rt, &model, &opts, &[("ids", &ids)]).unwrap();
+    assert!(tg.graph.nodes.iter().all(|n| n.op_type != "ScatterND"));
+    let data: TensorMap = [("ids".to_string(), ids.clone())].into();
+    let params = common::initial_params(&tg);
+    let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
+    let grads = |threads: usize, runs: usize| {
+        let opts = SessionOptions {
+            intra_threads: threads,
+            ..SessionOptions::default()
+        };
+        let mut s = TrainSession::new(&rt, &tg, &opts).unwrap();
+        (0..runs)
+            .map(|_| s.step(&params, &data, &seed).unwrap().grads["W"].to_f64_vec())
+            .collect::<Vec<_>>()
+    };
+    let one = grads(1, 1).remove(0);
+    // Row 0 holds each column's sum over the 1,024 tokens (float64 for reference).
+    let r = model.graph.as_ref().unwrap().initializer[1].clone();
+    let r = Tensor::from_proto(&r).unwrap().to_f64_vec();
+    for c in [0, 383, 767] {
+        let exact: f64 = (0..1024).map(|t| r[t * 768 + c]).sum();
+        assert!(
+            (one[c] - exact).abs() < 1e-3,
+            "column {c}: {} vs {exact}",
+            one[c]
+        );
+    }
+    assert!(one[768..].iter().all(|&v| v == 0.0));
+    for (i, g) in grads(2, 16).into_iter().enumerate() {
+        assert!(
+            g == one,
+            "run {i} on two threads differs from one thread's sums"
+        );
+    }
 }

@@ -56,9 +56,9 @@ pub fn gather_elements(ctx: &mut RuleCtx) -> Result<Grads> {
     Ok(vec![Some(dx), None])
 }
 
-/// GatherND: `dData = ScatterND(0, indices, dY, add)`; with `batch_dims = b`, the
-/// leading `b` axes are flattened into one and each index gets its batch position in
-/// front (ScatterND has no batch axes).
+/// GatherND: `dData = ScatterND(0, indices, dY, add)`, written as `rows_add` writes it
+/// (the same sums every run); with `batch_dims = b`, the leading `b` axes are flattened
+/// into one and each index gets its batch position in front.
 pub fn gather_nd(ctx: &mut RuleCtx) -> Result<Grads> {
     scatter_add_opset(ctx)?;
     let dy = ctx.dy(0)?;
@@ -68,13 +68,9 @@ pub fn gather_nd(ctx: &mut RuleCtx) -> Result<Grads> {
     let b = attr_i(ctx.node, "batch_dims").unwrap_or(0) as usize;
     let k = *si.last().unwrap_or(&0);
     let idx = nonnegative(ctx, &indices, &sd[b..b + k])?;
+    let tuples: usize = si[..si.len() - 1].iter().product();
     if b == 0 {
-        let z = zeros(ctx, &sd, t);
-        let dx = ctx.e.op(
-            "ScatterND",
-            &[&z, &idx, &dy],
-            vec![string_attr("reduction", "add")],
-        );
+        let dx = super::rows_add::add_rows(ctx, &sd, k, (&idx, tuples), &dy, t)?;
         return Ok(vec![Some(dx), None]);
     }
     // Batches flattened: data [B, rest], indices [B, Q, k] with the batch's position in
@@ -96,12 +92,7 @@ pub fn gather_nd(ctx: &mut RuleCtx) -> Result<Grads> {
     let mut flat_dy = vec![batches, per_batch];
     flat_dy.extend(&sd[b + k..]);
     let updates = ctx.e.reshape(&dy, &flat_dy);
-    let z = zeros(ctx, &flat_data, t);
-    let scattered = ctx.e.op(
-        "ScatterND",
-        &[&z, &idx, &updates],
-        vec![string_attr("reduction", "add")],
-    );
+    let scattered = super::rows_add::add_rows(ctx, &flat_data, 1 + k, (&idx, tuples), &updates, t)?;
     Ok(vec![Some(ctx.e.reshape(&scattered, &sd)), None])
 }
 

@@ -19,6 +19,7 @@ mod pad;
 mod pool;
 mod reduce;
 mod resize;
+mod rows_add;
 mod shape;
 mod unary;
 

@@ -4,7 +4,7 @@
 use super::elementwise::{dtype, shape};
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
-use crate::graph::ir::{attr_i, attr_ints, int_attr, ints_attr, string_attr, tensor_attr};
+use crate::graph::ir::{attr_i, attr_ints, int_attr, ints_attr, tensor_attr};
 use crate::tensor::{DType, Tensor};
 use crate::Result;
 
@@ -223,7 +223,7 @@ fn crop(ctx: &mut RuleCtx, g: &str, a: usize, len: i64) -> String {
 
 pub fn gather(ctx: &mut RuleCtx) -> Result<Grads> {
     if ctx.opset < 16 {
-        return Err(ctx.unsupported("needs opset 16 or later (ScatterND with reduction=add)"));
+        return Err(ctx.unsupported("needs opset 16 or later (ScatterElements with reduction=add)"));
     }
     let dy = ctx.dy(0)?;
     let (data, indices) = (ctx.input(0).to_string(), ctx.input(1).to_string());
@@ -233,7 +233,7 @@ pub fn gather(ctx: &mut RuleCtx) -> Result<Grads> {
     let axis = norm(attr_i(ctx.node, "axis").unwrap_or(0), sd.len());
     let (q, r) = (si.len(), sd.len());
 
-    // Indices as int64 in [0, dim): Gather accepts negative ones, ScatterND's are checked.
+    // Indices as int64 in [0, dim): Gather accepts negative ones, scatters' are checked.
     let idx = if dtype(ctx, &indices)? == DType::I64 {
         indices
     } else {
@@ -252,9 +252,6 @@ pub fn gather(ctx: &mut RuleCtx) -> Result<Grads> {
         Some(rows) => without_rows(ctx, &dy, &idx, &rows, &si, r, t)?,
         None => dy,
     };
-    let last = ctx.e.ints(&[-1]);
-    let idx = ctx.e.op("Unsqueeze", &[&idx, &last], vec![]);
-
     // Rows are scattered along the first axis, so bring `axis` to the front.
     let moved = axis != 0;
     let (updates, target) = if moved {
@@ -273,12 +270,8 @@ pub fn gather(ctx: &mut RuleCtx) -> Result<Grads> {
     } else {
         (dy, sd.clone())
     };
-    let z = zeros(ctx, &target, t);
-    let scattered = ctx.e.op(
-        "ScatterND",
-        &[&z, &idx, &updates],
-        vec![string_attr("reduction", "add")],
-    );
+    let n: usize = si.iter().product();
+    let scattered = super::rows_add::add_rows(ctx, &target, 1, (&idx, n), &updates, t)?;
     let dx = if moved {
         // inverse of [axis, 0..axis, axis+1..]
         let perm: Vec<i64> = (1..=axis)
