@@ -190,6 +190,18 @@ pub enum Error {
         /// The rule.
         rule: String,
     },
+    /// The run is predicted to need more memory than this process may use.
+    #[error("this process is predicted to need {predicted} at its peak, over its memory cap of {cap} ({from}); {fits}")]
+    MemoryCap {
+        /// The prediction, by part.
+        predicted: String,
+        /// The cap.
+        cap: String,
+        /// Where the cap comes from.
+        from: String,
+        /// Layouts that would fit, or that none does.
+        fits: String,
+    },
     /// A pipeline partition request cannot be met.
     #[error("cannot partition into stages: {reason}")]
     Partition {

@@ -83,6 +83,11 @@ pub struct RuntimeConfig {
     /// one-hot products instead of atomic scatters (default on; the CPU always is).
     #[serde(default = "on")]
     pub deterministic: bool,
+    /// The most memory (GB, resident) each process may use, where the machine sets no
+    /// tighter cap (a cgroup's limit or `RLIMIT_AS`, which are read): a run predicted to
+    /// need more is refused before it trains, saying what would fit.
+    #[serde(default)]
+    pub memory_limit_gb: Option<f64>,
 }
 
 fn on() -> bool {
@@ -99,6 +104,7 @@ impl Default for RuntimeConfig {
             profile: false,
             fused_kernels: true,
             deterministic: true,
+            memory_limit_gb: None,
         }
     }
 }

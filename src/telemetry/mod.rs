@@ -11,18 +11,21 @@
 //!   or traced) as a standalone SVG, with its makespan, bubble fraction and idle time.
 //! - `tensorboard`: [`TensorBoardWriter`] writes scalars and histograms as a TensorBoard
 //!   event file (TFRecord-framed `Event` protobufs), for TensorBoard to follow.
+//! - `laps`: [`Laps`] times the phases of long work for one log line.
 //! - `chrome_trace`: [`chrome_trace()`] turns a recorded run
 //!   ([`pipetrain_actors::RunTrace`]) into the Chrome trace event format, which the
 //!   Perfetto UI and `chrome://tracing` open: one process per replica, one track per
 //!   pipeline rank, one event per action.
 
 mod chrome_trace;
+mod laps;
 mod metrics;
 mod progress;
 mod svg;
 mod tensorboard;
 
 pub use chrome_trace::chrome_trace;
+pub use laps::{peak_resident_bytes, Laps};
 pub use metrics::{MetricsWriter, StepMetrics};
 pub use progress::{render, Progress};
 pub use svg::timeline_svg;

@@ -15,6 +15,9 @@ use crate::graph::{
 };
 use crate::{Error, Result};
 
+use super::cap;
+use super::peak::{gb, stage_memory, ProcessMemory};
+
 /// One stage's peak stash: the most bytes it kept at once for its in-flight
 /// micro-batches (activations, data, and under a split backward the hand-off from the
 /// input-gradient half to the weight-gradient half).
@@ -188,4 +191,129 @@ fn rank_peaks(
         t.bubble_fraction(),
         t.peak_stash_bytes_per_rank(&kept, &handoff),
     ))
+}
+
+/// Predicts this process's peak (it holds the `owned` (replica, stage) pairs of `built`)
+/// and refuses the run where it exceeds the process's memory cap, naming layouts that
+/// would fit. Called once the graphs are built, before any session opens.
+///
+/// # Errors
+/// `MemoryCap` when the prediction exceeds the cap.
+pub(super) fn check_fits(
+    cfg: &TrainConfig,
+    built: &super::phases::Built,
+    owned: &[(usize, usize)],
+) -> Result<ProcessMemory> {
+    let per_stage = stage_memory(cfg, &built.tg, &built.stages, &built.predicted);
+    // The initial values the graph holds move into the stages' buffers and are freed
+    // once the sessions exist: counted in the stages' state, not twice.
+    let initial: u64 = built
+        .tg
+        .params
+        .iter()
+        .map(|p| (p.init.len() * p.meta.dtype.size()) as u64)
+        .sum();
+    let need = ProcessMemory {
+        stages: owned.iter().map(|&(_, s)| per_stage[s]).collect(),
+        fixed: cap::resident_now().saturating_sub(initial),
+        so_far: crate::telemetry::peak_resident_bytes().unwrap_or(0),
+    };
+    tracing::info!("predicted peak memory: {}", need.describe());
+    let Some(cap) = cap::memory_cap(cfg.runtime.memory_limit_gb) else {
+        return Ok(need);
+    };
+    // An address-space cap also counts what is reserved and never touched.
+    let counted = match cap.address_space {
+        true => need.total() + cap::reserved_not_resident(),
+        false => need.total(),
+    };
+    if counted <= cap.bytes {
+        return Ok(need);
+    }
+    Err(Error::MemoryCap {
+        predicted: match cap.address_space {
+            true => format!(
+                "{} resident and {} of address space reserved beside it",
+                need.describe(),
+                gb(cap::reserved_not_resident())
+            ),
+            false => need.describe(),
+        },
+        cap: gb(cap.bytes),
+        from: cap.source.clone(),
+        fits: what_fits(
+            cfg,
+            &built.tg,
+            cap.bytes.saturating_sub(counted - need.total()),
+            &need,
+        ),
+    })
+}
+
+/// Layouts of one replica per process (more pipeline stages, recompute) whose every
+/// rank is predicted to fit in `room` bytes, as a sentence. Each process builds the
+/// whole training graph, so graph building's peak (`need.so_far`) bounds every layout.
+fn what_fits(cfg: &TrainConfig, tg: &TrainingGraph, room: u64, need: &ProcessMemory) -> String {
+    if need.so_far > room {
+        return format!(
+            "no layout fits: building the training graph alone peaked at {} in this process, \
+             and every process of a pipeline builds the whole graph",
+            gb(need.so_far)
+        );
+    }
+    let mut tried = Vec::new();
+    for recompute in [Recompute::None, Recompute::Stage] {
+        for pp in [1, 2, 4, 8, 16] {
+            let same = pp == cfg.pipeline_parallel_size && recompute == cfg.recompute;
+            if pp < cfg.pipeline_parallel_size || same {
+                continue;
+            }
+            let mut c = cfg.clone();
+            c.pipeline_parallel_size = pp;
+            c.recompute = recompute;
+            c.pipeline.partition = None;
+            c.pipeline.virtual_stages = 1;
+            let Ok(ranks) = rank_totals(tg, &c) else {
+                continue;
+            };
+            let worst = (ranks.iter().max().copied().unwrap_or(0) + need.fixed).max(need.so_far);
+            let recompute_text = match recompute {
+                Recompute::None => "",
+                Recompute::Stage => ", recompute = \"stage\"",
+            };
+            let layout = format!(
+                "pipeline_parallel_size = {pp}{recompute_text} ({} per rank)",
+                gb(worst)
+            );
+            if worst <= room {
+                return format!("would fit: {layout}; optimizer state sharding is not built yet");
+            }
+            tried.push(layout);
+        }
+    }
+    format!(
+        "no layout of one replica per process is predicted to fit: {}; optimizer state \
+         sharding is not built yet",
+        tried.join(", ")
+    )
+}
+
+/// Per pipeline rank of `cfg`'s layout, the predicted bytes of its stages (one replica,
+/// nothing fixed).
+fn rank_totals(tg: &TrainingGraph, cfg: &TrainConfig) -> Result<Vec<u64>> {
+    let schedule = cfg.schedule().generate().map_err(|e| Error::Partition {
+        reason: e.to_string(),
+    })?;
+    let (tg, a) = with_tied_shared(tg, assign_stages(tg, &cfg.partition())?);
+    let stages = build_stage_graphs_with(&tg, &a, cfg.recompute)?;
+    let stash = predicted_stash(&tg, &stages, &schedule);
+    let per_stage = stage_memory(cfg, &tg, &stages, &stash);
+    let placement = schedule.placement();
+    let mut ranks = vec![0u64; cfg.pipeline_parallel_size];
+    for (s, m) in per_stage.iter().enumerate() {
+        if let Some(r) = placement.get(s) {
+            ranks[*r] += m.total();
+        }
+    }
+    Ok(ranks)
 }

@@ -19,6 +19,7 @@ use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 mod board;
+mod cap;
 mod check;
 mod checkpointing;
 mod cluster;
@@ -26,6 +27,7 @@ mod command;
 mod data_rules;
 mod engine;
 mod memory;
+mod peak;
 mod phases;
 mod report;
 mod run;
@@ -164,6 +166,9 @@ pub struct TrainSummary {
     /// What the tensor-shard all-reduces of data-parallel replica 0's shard 0 carried
     /// over the run (this process's stages; `None`: not split).
     pub shard_traffic: Option<crate::compute::ShardTraffic>,
+    /// This process's peak resident bytes: predicted before its sessions opened, and
+    /// measured at the end (Linux's `VmHWM`; `None` elsewhere).
+    pub peak_memory: (u64, Option<u64>),
 }
 
 /// Trains as `cfg` says (a tokio runtime of its own; see [`train_async`] to embed).

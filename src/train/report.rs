@@ -140,6 +140,14 @@ impl<W: Write> Reporter<W> {
             (summary.steps * summary.global_batch) as f64 / secs,
             summary.final_loss
         );
+        let line = match summary.peak_memory {
+            (predicted, Some(measured)) if predicted > 0 => format!(
+                "{line}\npeak memory of this process: {:.2} GB (predicted {:.2} GB)",
+                measured as f64 / 1e9,
+                predicted as f64 / 1e9
+            ),
+            _ => line,
+        };
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         let stash: Vec<String> = summary
             .stash

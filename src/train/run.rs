@@ -40,7 +40,9 @@ pub(super) async fn run_training<K: Collective>(
         control,
         on_event,
     } = opts;
+    let mut laps = crate::telemetry::Laps::start();
     let mut prepared = prepare(cfg, config_path, on_event)?;
+    laps.lap("loading the model");
     // The engine's replicas: every tensor shard of every data-parallel replica.
     let hp = cfg.horizontal_parallel_size;
     let probe = cluster
@@ -48,12 +50,15 @@ pub(super) async fn run_training<K: Collective>(
         .and_then(|c| c.members.iter().map(|&(r, _)| r / hp).min())
         .unwrap_or(0);
     let opened = open_data(cfg, config_path, fed, &prepared, probe)?;
+    laps.lap("opening the data");
     let mut built = build_graphs(rt, cfg, config_path, &prepared, &opened)?;
+    laps.lap("building the graphs");
     // The trained model is the original with the trained values: the original's copies of
     // them are not needed again (GPT-2 small: 0.5 GB).
     strip_trained(&mut prepared.model, &built.tg);
     let replicas = cfg.data_parallel_size * hp;
     let owned = owned_computes(&built, replicas, cluster.as_ref());
+    let predicted_peak = super::memory::check_fits(cfg, &built, &owned)?.total();
     // Only the process that reports the run writes TensorBoard's log.
     let reports = cluster.as_ref().is_none_or(|c| c.node == 0);
     let (board, tap) = open_board(cfg, config_path, &built, reports)?;
@@ -75,6 +80,8 @@ pub(super) async fn run_training<K: Collective>(
     )?;
     // The stages hold the parameters' values now.
     built.tg.release_initial_values();
+    laps.lap("opening the sessions");
+    tracing::info!("ready to train in {}", laps.summary());
     let facts = run_facts(cfg, &prepared, &built, &computes, &opened);
     let (data, evaluation) = step_data(cfg, config_path, opened.batches, &built, fed_eval)?;
     let engine = EngineSettings {
@@ -119,7 +126,9 @@ pub(super) async fn run_training<K: Collective>(
     }
     let ran = (first_step, elapsed, built.assignment.stages);
     let output = (results, trace, parameters, peaks);
-    Ok(summary(cfg, ran, &built.predicted, output))
+    let mut done = summary(cfg, ran, &built.predicted, output);
+    done.peak_memory = (predicted_peak, crate::telemetry::peak_resident_bytes());
+    Ok(done)
 }
 
 /// Drops the values of `model`'s initializers that train (their shapes and types stay):
@@ -222,6 +231,7 @@ fn summary(
         parameters,
         trace,
         shard_traffic: peaks.iter().filter_map(|p| p.2).reduce(|a, b| a + b),
+        peak_memory: (0, None),
         stash: peaks
             .into_iter()
             .map(|(stage, measured, _)| StashPeak {

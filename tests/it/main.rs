@@ -36,6 +36,7 @@ mod launch;
 mod launch_elastic;
 mod launch_faults;
 mod launch_tensor_parallel;
+mod memory_cap;
 mod mixed_precision;
 mod models;
 mod optim;

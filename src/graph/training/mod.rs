@@ -230,6 +230,7 @@ pub fn build_sharded_training_graph(
     example: &[(&str, &Tensor)],
     shards: usize,
 ) -> Result<TrainingGraph> {
+    let mut laps = crate::telemetry::Laps::start();
     let mut g = Graph::from_model(model)?;
     add_outputs_backward_needs(&mut g);
     let fed: Vec<&str> = example.iter().map(|(n, _)| *n).collect();
@@ -246,6 +247,7 @@ pub fn build_sharded_training_graph(
     let trainable = trainable_names(&g, opts.trainable.as_deref(), &opts.params, &buffers)?;
     let trained: HashSet<&str> = trainable.iter().map(String::as_str).collect();
     let forward_metas = phases::probe_forward(rt, &mut g, example, &trained, resized)?;
+    laps.lap("forward shapes");
     // Rewrites after the probe leave values it did not measure: the graph with its loss
     // is then probed whole (see `loss_metas`).
     let rewritten = split_sequences(&mut g, &forward_metas) > 0;
@@ -272,6 +274,7 @@ pub fn build_sharded_training_graph(
     let probed = measured.then_some((first_loss_node, &forward_metas));
     let loss_metas = phases::loss_metas(rt, &g, example, &param_values, probed)?;
     let loss_meta = phases::scalar_loss(&loss_metas)?;
+    laps.lap("loss shapes");
 
     let identities = super::cleanup::identity_dropouts(&mut g);
     if identities > 0 {
@@ -295,10 +298,13 @@ pub fn build_sharded_training_graph(
         &frozen,
     )?;
     let buffers = track_running_stats(&mut g, &loss_metas)?;
+    laps.lap("gradients");
     let forward_len = g.nodes.len();
     let (full, params) = phases::with_backward(g, &backward, param_values, &loss_meta);
     // Measure the backward values too (stage graphs declare their types).
     let metas = phases::measure(rt, &full, example, &params, &buffers, loss_meta.dtype)?;
+    laps.lap("backward shapes");
+    tracing::info!("training graph built in {}", laps.summary());
     Ok(TrainingGraph {
         graph: full,
         forward_len,

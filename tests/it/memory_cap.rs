@@ -1,0 +1,169 @@
+//! A process's peak memory, predicted before its sessions open (`train::peak`), against
+//! the peak it measured; and a run predicted over the process's memory cap, refused
+//! before it trains with the layouts that would fit.
+//!
+//! The model is a GPT-2 whose parameters outweigh its activations (4 layers of width
+//! 1,024, 16 tokens, AdamW with two micro-batches): at pp = 1 its state alone is 1 GB,
+//! at pp = 2 half of that per rank.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const CONFIG: &str = r#"
+batch_size = 2
+gradient_accumulation_steps = 2
+num_train_steps = 4
+output_path = "out/model.onnx"
+[model]
+kind = "gpt2"
+layers = 4
+d_model = 1024
+heads = 8
+vocab = 256
+seq = 16
+[loss]
+kind = "softmax_cross_entropy"
+prediction = "logits"
+label = "targets"
+[data]
+synth = { kind = "language", samples = 256, seq = 16, vocab = 256, seed = 7 }
+layout = { kind = "next_token", array = "tokens", input = "tokens", label = "targets" }
+[optimizer]
+kind = "adamw"
+[lr_schedule]
+kind = "constant"
+lr = 1e-3
+"#;
+
+fn config(dir: &Path, extra: &str) -> PathBuf {
+    let path = dir.join("wide_gpt.toml");
+    std::fs::write(&path, format!("{CONFIG}{extra}")).unwrap();
+    path
+}
+
+fn train(config: &Path, metrics: &Path, cgroup: Option<&Path>) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pipetrain"));
+    c.arg("train").arg(config).arg("--metrics").arg(metrics);
+    if let Some(g) = cgroup {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::process::CommandExt;
+        let procs = std::ffi::CString::new(g.join("cgroup.procs").as_os_str().as_bytes()).unwrap();
+        // SAFETY: between fork and exec the child only makes system calls (no allocation:
+        // another thread of this process may have held malloc's lock at the fork).
+        unsafe {
+            c.pre_exec(move || join_cgroup(&procs));
+        }
+    }
+    c.output().unwrap()
+}
+
+/// Writes this process's id into the cgroup's `procs` file, with system calls only.
+fn join_cgroup(procs: &std::ffi::CStr) -> std::io::Result<()> {
+    let mut digits = [0u8; 20];
+    let mut pid = std::process::id();
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (pid % 10) as u8;
+        pid /= 10;
+        if pid == 0 {
+            break;
+        }
+    }
+    // SAFETY: a NUL-terminated path; a buffer of the bytes written; the descriptor closed.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let n = digits.len() - start;
+        let written = libc::write(fd, digits[start..].as_ptr().cast(), n);
+        libc::close(fd);
+        match written == n as isize {
+            true => Ok(()),
+            false => Err(std::io::Error::last_os_error()),
+        }
+    }
+}
+
+/// `(measured, predicted)` GB from the closing line "peak memory of this process: X GB
+/// (predicted Y GB)".
+fn peaks(stderr: &str) -> (f64, f64) {
+    let line = stderr
+        .lines()
+        .find_map(|l| l.split("peak memory of this process: ").nth(1))
+        .unwrap_or_else(|| panic!("no peak memory line in:\n{stderr}"));
+    let numbers: Vec<f64> = line
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (numbers[0], numbers[1])
+}
+
+#[test]
+fn the_predicted_peak_is_within_a_quarter_of_the_measured_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let out = train(&cfg, &dir.path().join("m.jsonl"), None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let (measured, predicted) = peaks(&stderr);
+    // Parameters, gradients, two moments and a micro-batch's gradients: 1 GB.
+    assert!(measured > 1.0, "{stderr}");
+    assert!(
+        (predicted - measured).abs() <= 0.25 * measured,
+        "predicted {predicted} GB, measured {measured} GB"
+    );
+}
+
+/// A memory cgroup of `bytes` for one child, where this machine lets us make one (cgroup
+/// v1's memory controller, as root); `None` elsewhere.
+fn memory_cgroup(bytes: u64) -> Option<PathBuf> {
+    let root = Path::new("/sys/fs/cgroup/memory");
+    let g = root.join(format!("pipetrain-test-{}", std::process::id()));
+    std::fs::create_dir_all(&g).ok()?;
+    match std::fs::write(g.join("memory.limit_in_bytes"), bytes.to_string()) {
+        Ok(()) => Some(g),
+        Err(_) => {
+            let _ = std::fs::remove_dir(&g);
+            None
+        }
+    }
+}
+
+#[test]
+fn a_run_over_its_memory_cap_is_refused_before_it_trains_saying_what_would_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let cap = 1_450_000_000u64;
+    // The cap is the cgroup's where one can be made here, else the configuration's.
+    let cgroup = memory_cgroup(cap);
+    let extra = match cgroup {
+        Some(_) => String::new(),
+        None => {
+            eprintln!("no memory cgroup can be made here: the cap is [runtime] memory_limit_gb");
+            format!("[runtime]\nmemory_limit_gb = {}\n", cap as f64 / 1e9)
+        }
+    };
+    let cfg = config(dir.path(), &extra);
+    let metrics = dir.path().join("m.jsonl");
+    let out = train(&cfg, &metrics, cgroup.as_deref());
+    if let Some(g) = &cgroup {
+        let _ = std::fs::remove_dir(g);
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("is predicted to need"), "{stderr}");
+    assert!(
+        stderr.contains("over its memory cap of 1.45 GB"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("state 1.0"), "{stderr}");
+    assert!(
+        stderr.contains("would fit: pipeline_parallel_size = 2 ("),
+        "{stderr}"
+    );
+    // Refused before the first step: no step was recorded, no model written.
+    let steps = std::fs::read_to_string(&metrics).unwrap_or_default();
+    assert!(steps.trim().is_empty(), "{steps}");
+    assert!(!dir.path().join("out/model.onnx").exists());
+}
