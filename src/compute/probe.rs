@@ -20,14 +20,20 @@ impl ShapeProbe for Runtime {
 
     fn values(&self, graph: &Graph, feeds: &[(&str, &Tensor)]) -> Result<Vec<Tensor>> {
         let lifted = Lifted::new(graph);
-        let mut session =
-            GraphSession::one_off(self, &lifted.graph, &ONE_OFF, "folding static values", None)?;
+        let mut session = GraphSession::one_off(
+            self,
+            &lifted.graph,
+            &all_cores(),
+            "folding static values",
+            None,
+        )?;
         session.run_views(&views(feeds, &lifted))
     }
 }
 
-/// One-off runs (probes, folding): one thread, and unoptimized, so that no value is fused
-/// away before it is measured.
+/// One-off runs (probes, folding): unoptimized, so that no value is fused away before it
+/// is measured; one thread, but for the runs that compute a whole forward
+/// ([`all_cores`]).
 const ONE_OFF: SessionOptions = SessionOptions {
     intra_threads: 1,
     inter_threads: 1,
@@ -38,6 +44,14 @@ const ONE_OFF: SessionOptions = SessionOptions {
     deterministic: true,
     mixed_precision: None,
 };
+
+/// [`ONE_OFF`] on every core: for runs that compute a whole forward.
+fn all_cores() -> SessionOptions {
+    SessionOptions {
+        intra_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ..ONE_OFF
+    }
+}
 
 /// Values exposed per probe run where the profile gave no shape (see [`probe_values`]).
 const PROBE_OUTPUTS: usize = 48;
@@ -97,6 +111,11 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
             }
         }
     }
+    tracing::debug!(
+        "shape probe: {} of {} node outputs left to measure after the profile",
+        names.len(),
+        graph.nodes.iter().map(|n| n.output.len()).sum::<usize>()
+    );
     // A few values at a time: every exposed value is held until the run ends, and all of
     // a training graph's values at once would be the process's peak memory.
     for chunk in names.chunks(PROBE_OUTPUTS) {
@@ -131,11 +150,8 @@ fn profiled_shapes(
         std::process::id(),
         std::thread::current().id()
     ));
-    let opts = SessionOptions {
-        intra_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        ..ONE_OFF
-    };
-    let mut session = GraphSession::one_off(rt, &probe, &opts, "the shape probe", Some(&to))?;
+    let mut session =
+        GraphSession::one_off(rt, &probe, &all_cores(), "the shape probe", Some(&to))?;
     let ran = session.run_shapes(feeds);
     // The profile file goes whether the run worked or not (it is ours, in the temp folder).
     let file = session.end_profiling()?;
