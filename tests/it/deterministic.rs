@@ -14,41 +14,29 @@ use pipetrain::graph::{
 use pipetrain::onnx::proto::ModelProto;
 use pipetrain::tensor::{DType, Tensor};
 
-/// `total = sum(Gather(W, ids) * R)` with a table `W [rows, 3, 2]`, `ids [2, 5]` int64
-/// (repeats, and a negative index), `R` multiples of 1/8 so every sum is exact.
-fn lookup_model(rows: usize) -> (ModelProto, Tensor) {
-    let w: Vec<f32> = (0..rows * 6).map(|i| (i % 7) as f32 * 0.25).collect();
-    let r: Vec<f32> = (0..60).map(|i| ((i * 5) % 11) as f32 / 8.0 - 0.5).collect();
-    let ids = Tensor::i64(vec![2, 5], vec![1, 3, 1, 0, -1, 3, 3, 2, 1, 1]).unwrap();
+/// `total = sum(Gather(W, ids) * R)`, `ids` an int64 input of shape `ids_shape`.
+fn gather_model(name: &str, w: Tensor, r: Tensor, ids_shape: Vec<usize>) -> ModelProto {
     let nodes = vec![
         make_node("Gather", "g", &["W", "ids"], &["Y"], vec![]),
         make_node("Mul", "m", &["Y", "R"], &["YR"], vec![]),
         make_node("ReduceSum", "s", &["YR"], &["total"], vec![]),
     ];
-    let inits = [
-        Tensor::f32(vec![rows, 3, 2], w).unwrap().to_proto("W"),
-        Tensor::f32(vec![2, 5, 3, 2], r).unwrap().to_proto("R"),
-    ];
     let ids_meta = ValueMeta {
         dtype: DType::I64,
-        shape: vec![2, 5],
+        shape: ids_shape,
     };
-    let model = common::opset17_model(
-        "lookup",
+    common::opset17_model(
+        name,
         nodes,
-        inits.to_vec(),
+        vec![w.to_proto("W"), r.to_proto("R")],
         vec![value_info("ids", &ids_meta)],
         vec![untyped_value_info("total")],
-    );
-    (model, ids)
+    )
 }
 
-#[test]
-fn one_hot_products_give_the_scattered_embedding_gradient_bit_for_bit() {
-    let rt = common::runtime();
-    let (model, ids) = lookup_model(6);
-    let feeds = [("ids", &ids)];
-    let opts = TrainOptions {
+/// Training options that differentiate `total` with respect to `W`, standard ops only.
+fn options() -> TrainOptions {
+    TrainOptions {
         inputs: Default::default(),
         loss: LossSpec::Output {
             name: "total".into(),
@@ -57,7 +45,26 @@ fn one_hot_products_give_the_scattered_embedding_gradient_bit_for_bit() {
         contrib_ops: false,
         fused_kernels: false,
         params: Default::default(),
-    };
+    }
+}
+
+/// [`gather_model`] with a table `W [rows, 3, 2]`, `ids [2, 5]` (repeats, and a negative
+/// index), `R` multiples of 1/8 so every sum is exact.
+fn lookup_model(rows: usize) -> (ModelProto, Tensor) {
+    let w: Vec<f32> = (0..rows * 6).map(|i| (i % 7) as f32 * 0.25).collect();
+    let r: Vec<f32> = (0..60).map(|i| ((i * 5) % 11) as f32 / 8.0 - 0.5).collect();
+    let ids = Tensor::i64(vec![2, 5], vec![1, 3, 1, 0, -1, 3, 3, 2, 1, 1]).unwrap();
+    let w = Tensor::f32(vec![rows, 3, 2], w).unwrap();
+    let r = Tensor::f32(vec![2, 5, 3, 2], r).unwrap();
+    (gather_model("lookup", w, r, vec![2, 5]), ids)
+}
+
+#[test]
+fn one_hot_products_give_the_scattered_embedding_gradient_bit_for_bit() {
+    let rt = common::runtime();
+    let (model, ids) = lookup_model(6);
+    let feeds = [("ids", &ids)];
+    let opts = options();
     let tg = build_training_graph(&rt, &model, &opts, &feeds).unwrap();
     let scatters = |g: &pipetrain::graph::Graph| {
         g.nodes
@@ -90,8 +97,8 @@ fn scatters_rewritten(tg: &mut pipetrain::graph::TrainingGraph) -> usize {
     scatter_adds_as_products(&mut tg.graph)
 }
 
-/// `total = sum(Gather(W, ids) * R)` with `W [2, 768]` and all 1,024 `ids` 0 (BERT's
-/// token-type lookup: every token reads row 0), `R` random.
+/// [`gather_model`] with `W [2, 768]` and all 1,024 `ids` 0 (BERT's token-type lookup:
+/// every token reads row 0), `R` random.
 fn one_row_model() -> (ModelProto, Tensor) {
     let mut rng = 7u64;
     let mut next = || {
@@ -101,28 +108,9 @@ fn one_row_model() -> (ModelProto, Tensor) {
         (rng >> 40) as f32 / (1u64 << 24) as f32 - 0.5
     };
     let r: Vec<f32> = (0..1024 * 768).map(|_| next()).collect();
-    let nodes = vec![
-        make_node("Gather", "g", &["W", "ids"], &["Y"], vec![]),
-        make_node("Mul", "m", &["Y", "R"], &["YR"], vec![]),
-        make_node("ReduceSum", "s", &["YR"], &["total"], vec![]),
-    ];
-    let inits = [
-        Tensor::f32(vec![2, 768], vec![0.5; 2 * 768])
-            .unwrap()
-            .to_proto("W"),
-        Tensor::f32(vec![8, 128, 768], r).unwrap().to_proto("R"),
-    ];
-    let ids_meta = ValueMeta {
-        dtype: DType::I64,
-        shape: vec![8, 128],
-    };
-    let model = common::opset17_model(
-        "one_row",
-        nodes,
-        inits.to_vec(),
-        vec![value_info("ids", &ids_meta)],
-        vec![untyped_value_info("total")],
-    );
+    let w = Tensor::f32(vec![2, 768], vec![0.5; 2 * 768]).unwrap();
+    let r = Tensor::f32(vec![8, 128, 768], r).unwrap();
+    let model = gather_model("one_row", w, r, vec![8, 128]);
     (model, Tensor::i64(vec![8, 128], vec![0; 1024]).unwrap())
 }
 
@@ -132,16 +120,7 @@ fn a_row_read_by_every_token_gets_the_same_gradient_on_any_thread_count() {
     // on two threads this gradient lost additions in some runs (BERT's token types).
     let rt = common::runtime();
     let (model, ids) = one_row_model();
-    let opts = TrainOptions {
-        inputs: Default::default(),
-        loss: LossSpec::Output {
-            name: "total".into(),
-        },
-        trainable: Some(vec!["W".into()]),
-        contrib_ops: false,
-        fused_kernels: false,
-        params: Default::default(),
-    };
+    let opts = options();
     let tg = build_training_graph(&rt, &model, &opts, &[("ids", &ids)]).unwrap();
     assert!(tg.graph.nodes.iter().all(|n| n.op_type != "ScatterND"));
     let data: TensorMap = [("ids".to_string(), ids.clone())].into();
