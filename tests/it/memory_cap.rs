@@ -35,11 +35,15 @@ kind = "constant"
 lr = 1e-3
 "#;
 
-fn config(dir: &Path, extra: &str) -> PathBuf {
-    let path = dir.join("wide_gpt.toml");
-    std::fs::write(&path, format!("{CONFIG}{extra}")).unwrap();
+/// The configuration as `name.toml`, with `top` keys first and `tail` tables last.
+fn config(dir: &Path, name: &str, top: &str, tail: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, format!("{top}{CONFIG}{tail}")).unwrap();
     path
 }
+
+/// The cap under which one process is refused and two pipeline ranks train.
+const CAP: u64 = 1_200_000_000;
 
 fn train(config: &Path, metrics: &Path, cgroup: Option<&Path>) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_pipetrain"));
@@ -103,7 +107,7 @@ fn peaks(stderr: &str) -> (f64, f64) {
 #[test]
 fn the_predicted_peak_is_within_a_quarter_of_the_measured_one() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), "");
+    let cfg = config(dir.path(), "wide_gpt", "", "");
     let out = train(&cfg, &dir.path().join("m.jsonl"), None);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -118,9 +122,9 @@ fn the_predicted_peak_is_within_a_quarter_of_the_measured_one() {
 
 /// A memory cgroup of `bytes` for one child, where this machine lets us make one (cgroup
 /// v1's memory controller, as root); `None` elsewhere.
-fn memory_cgroup(bytes: u64) -> Option<PathBuf> {
+fn memory_cgroup(name: &str, bytes: u64) -> Option<PathBuf> {
     let root = Path::new("/sys/fs/cgroup/memory");
-    let g = root.join(format!("pipetrain-test-{}", std::process::id()));
+    let g = root.join(format!("pipetrain-test-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&g).ok()?;
     match std::fs::write(g.join("memory.limit_in_bytes"), bytes.to_string()) {
         Ok(()) => Some(g),
@@ -134,17 +138,8 @@ fn memory_cgroup(bytes: u64) -> Option<PathBuf> {
 #[test]
 fn a_run_over_its_memory_cap_is_refused_before_it_trains_saying_what_would_fit() {
     let dir = tempfile::tempdir().unwrap();
-    let cap = 1_450_000_000u64;
-    // The cap is the cgroup's where one can be made here, else the configuration's.
-    let cgroup = memory_cgroup(cap);
-    let extra = match cgroup {
-        Some(_) => String::new(),
-        None => {
-            eprintln!("no memory cgroup can be made here: the cap is [runtime] memory_limit_gb");
-            format!("[runtime]\nmemory_limit_gb = {}\n", cap as f64 / 1e9)
-        }
-    };
-    let cfg = config(dir.path(), &extra);
+    let cgroup = memory_cgroup("one", CAP);
+    let cfg = config(dir.path(), "wide_gpt", "", &cap_unless(cgroup.is_some()));
     let metrics = dir.path().join("m.jsonl");
     let out = train(&cfg, &metrics, cgroup.as_deref());
     if let Some(g) = &cgroup {
@@ -154,7 +149,7 @@ fn a_run_over_its_memory_cap_is_refused_before_it_trains_saying_what_would_fit()
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("is predicted to need"), "{stderr}");
     assert!(
-        stderr.contains("over its memory cap of 1.45 GB"),
+        stderr.contains("over its memory cap of 1.20 GB"),
         "{stderr}"
     );
     assert!(stderr.contains("state 1.0"), "{stderr}");
@@ -166,4 +161,108 @@ fn a_run_over_its_memory_cap_is_refused_before_it_trains_saying_what_would_fit()
     let steps = std::fs::read_to_string(&metrics).unwrap_or_default();
     assert!(steps.trim().is_empty(), "{steps}");
     assert!(!dir.path().join("out/model.onnx").exists());
+}
+
+/// `[runtime] memory_limit_gb` at [`CAP`] where no cgroup holds the process to it.
+fn cap_unless(cgroup: bool) -> String {
+    match cgroup {
+        true => String::new(),
+        false => {
+            eprintln!("no memory cgroup can be made here: the cap is [runtime] memory_limit_gb");
+            format!("[runtime]\nmemory_limit_gb = {}\n", CAP as f64 / 1e9)
+        }
+    }
+}
+
+/// A manifest of two loopback nodes, a pipeline of two ranks.
+fn two_node_manifest(dir: &Path) -> PathBuf {
+    let rdzv = crate::common::launch::free_port();
+    let port = std::iter::repeat_with(crate::common::launch::free_port)
+        .find(|&p| p.abs_diff(rdzv) > 1)
+        .unwrap();
+    let secret = dir.join("cluster.secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut text = format!(
+        "[job]\nname = \"capped\"\nrendezvous = \"127.0.0.1:{rdzv}\"\nheartbeat_ms = 100\n\
+         peer_timeout_s = 10\nconnect_timeout_s = 20\nsecret_file = \"cluster.secret\"\n\
+         [layout]\ndata_parallel = 1\npipeline_parallel = 2\n"
+    );
+    for (i, n) in ["a", "b"].iter().enumerate() {
+        text += &format!(
+            "[[nodes]]\nname = \"{n}\"\naddress = \"127.0.0.{}\"\nport = {port}\ncpu_slots = 1\n",
+            i + 1
+        );
+    }
+    let path = dir.join("manifest.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn two_pipeline_ranks_train_under_the_cap_that_refuses_one_process() {
+    use crate::common::launch::{losses, stderr};
+    let dir = tempfile::tempdir().unwrap();
+    let groups: Vec<Option<PathBuf>> = ["a", "b"].iter().map(|n| memory_cgroup(n, CAP)).collect();
+    let capped = cap_unless(groups.iter().all(Option::is_some));
+    let two = "pipeline_parallel_size = 2\n";
+    let cfg = config(dir.path(), "ranks", two, &capped);
+    let m = two_node_manifest(dir.path());
+    let metrics = dir.path().join("ranks.jsonl");
+    let children: Vec<_> = ["a", "b"]
+        .iter()
+        .zip(&groups)
+        .map(|(n, g)| {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_pipetrain"));
+            c.arg("launch")
+                .arg("--manifest")
+                .arg(&m)
+                .args(["--node", n, "--metrics"])
+                .arg(&metrics)
+                .arg(&cfg)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            if let Some(g) = g {
+                use std::os::unix::ffi::OsStrExt;
+                use std::os::unix::process::CommandExt;
+                let procs =
+                    std::ffi::CString::new(g.join("cgroup.procs").as_os_str().as_bytes()).unwrap();
+                // SAFETY: as in `train`: system calls only between fork and exec.
+                unsafe {
+                    c.pre_exec(move || join_cgroup(&procs));
+                }
+            }
+            c.spawn().unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let failcnt: Vec<String> = groups
+        .iter()
+        .flatten()
+        .map(|g| std::fs::read_to_string(g.join("memory.failcnt")).unwrap_or_default())
+        .collect();
+    for g in groups.iter().flatten() {
+        let _ = std::fs::remove_dir(g);
+    }
+    for o in &outs {
+        assert!(o.status.success(), "a rank failed:\n{}", stderr(o));
+    }
+    // Neither rank's cgroup ever stopped an allocation at its limit.
+    assert!(failcnt.iter().all(|f| f.trim() == "0"), "{failcnt:?}");
+    // The same layout in one process, uncapped: the same losses, bit for bit.
+    let one = config(dir.path(), "one", two, "");
+    let single = dir.path().join("one.jsonl");
+    let out = train(&one, &single, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (job, reference) = (losses(&metrics), losses(&single));
+    assert_eq!(job.len(), 2);
+    assert_eq!(job, reference);
 }
