@@ -88,6 +88,10 @@ pub struct RuntimeConfig {
     /// need more is refused before it trains, saying what would fit.
     #[serde(default)]
     pub memory_limit_gb: Option<f64>,
+    /// Refuse a run predicted over the memory cap (default on); off, the run warns and
+    /// goes on (the prediction is within about 20% of the measured peak, either way).
+    #[serde(default = "on")]
+    pub refuse_over_memory_cap: bool,
 }
 
 fn on() -> bool {
@@ -105,6 +109,7 @@ impl Default for RuntimeConfig {
             fused_kernels: true,
             deterministic: true,
             memory_limit_gb: None,
+            refuse_over_memory_cap: true,
         }
     }
 }

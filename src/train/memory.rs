@@ -230,7 +230,7 @@ pub(super) fn check_fits(
     if counted <= cap.bytes {
         return Ok(need);
     }
-    Err(Error::MemoryCap {
+    let over = Error::MemoryCap {
         predicted: match cap.address_space {
             true => format!(
                 "{} resident and {} of address space reserved beside it",
@@ -247,7 +247,14 @@ pub(super) fn check_fits(
             cap.bytes.saturating_sub(counted - need.total()),
             &need,
         ),
-    })
+    };
+    match cfg.runtime.refuse_over_memory_cap {
+        true => Err(over),
+        false => {
+            tracing::warn!("{over} (going on: runtime.refuse_over_memory_cap is off)");
+            Ok(need)
+        }
+    }
 }
 
 /// Layouts of one replica per process (more pipeline stages, recompute) whose every

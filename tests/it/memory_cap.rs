@@ -163,6 +163,27 @@ fn a_run_over_its_memory_cap_is_refused_before_it_trains_saying_what_would_fit()
     assert!(!dir.path().join("out/model.onnx").exists());
 }
 
+#[test]
+fn a_run_over_the_cap_warns_and_goes_on_where_refusing_is_off() {
+    // Only the configuration's cap: a cgroup would stop the run for real.
+    let dir = tempfile::tempdir().unwrap();
+    let tail = format!(
+        "[runtime]\nmemory_limit_gb = {}\nrefuse_over_memory_cap = false\n",
+        CAP as f64 / 1e9
+    );
+    let cfg = config(dir.path(), "warned", "", &tail);
+    let metrics = dir.path().join("m.jsonl");
+    let out = train(&cfg, &metrics, None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("over its memory cap of 1.20 GB"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("going on"), "{stderr}");
+    assert_eq!(crate::common::launch::losses(&metrics).len(), 2);
+}
+
 /// `[runtime] memory_limit_gb` at [`CAP`] where no cgroup holds the process to it.
 fn cap_unless(cgroup: bool) -> String {
     match cgroup {
