@@ -3,6 +3,8 @@
 //! [`crate::pipeline::StepData`] and driven by `pipetrain_actors::run` under the
 //! configured pipeline schedule (`run`, `engine`); resumed from a checkpoint and saving
 //! checkpoints (`checkpointing`); its events ([`RunEvent`]) for the binary and embedders.
+//! Before its sessions open, a run predicts its process's peak memory (`peak`, `memory`)
+//! and checks it against the process's memory cap (`cap`).
 
 use std::path::Path;
 use std::sync::Arc;
