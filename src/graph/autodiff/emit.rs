@@ -131,6 +131,18 @@ impl Emitter {
         })
     }
 
+    /// A zero tensor of a static shape, made at run time (`ConstantOfShape`: no large
+    /// constant in the graph).
+    pub fn zeros(&mut self, dims: &[usize], dtype: DType) -> String {
+        let shape = self.ints(&dims.iter().map(|&d| d as i64).collect::<Vec<_>>());
+        let value = Tensor::zeros(dtype, vec![1]).to_proto("value");
+        self.op(
+            "ConstantOfShape",
+            &[&shape],
+            vec![tensor_attr("value", value)],
+        )
+    }
+
     /// A scalar constant of a float type.
     pub fn scalar(&mut self, v: f64, dtype: DType) -> String {
         let data = match dtype {

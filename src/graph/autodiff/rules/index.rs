@@ -9,19 +9,9 @@
 use super::elementwise::{dtype, shape};
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
-use crate::graph::ir::{attr_i, attr_s, int_attr, string_attr, tensor_attr};
+use crate::graph::ir::{attr_i, attr_s, int_attr, string_attr};
 use crate::tensor::{DType, Tensor};
 use crate::Result;
-
-/// A zero tensor of a static shape, made at run time.
-fn zeros(ctx: &mut RuleCtx, dims: &[usize], t: DType) -> String {
-    let s = ctx
-        .e
-        .ints(&dims.iter().map(|&d| d as i64).collect::<Vec<_>>());
-    let value = Tensor::zeros(t, vec![1]).to_proto("value");
-    ctx.e
-        .op("ConstantOfShape", &[&s], vec![tensor_attr("value", value)])
-}
 
 /// An error unless the opset has scatters that add (16).
 fn scatter_add_opset(ctx: &RuleCtx) -> Result<()> {
@@ -45,7 +35,7 @@ pub fn gather_elements(ctx: &mut RuleCtx) -> Result<Grads> {
     scatter_add_opset(ctx)?;
     let dy = ctx.dy(0)?;
     let data = ctx.input(0).to_string();
-    let z = zeros(ctx, &shape(ctx, &data)?, dtype(ctx, &data)?);
+    let z = ctx.e.zeros(&shape(ctx, &data)?, dtype(ctx, &data)?);
     let axis = attr_i(ctx.node, "axis").unwrap_or(0);
     let indices = ctx.input(1).to_string();
     let dx = ctx.e.op(
@@ -138,7 +128,7 @@ fn scatter_rule(ctx: &mut RuleCtx, gather: &str, scatter: &str) -> Result<Grads>
         g[0] = Some(match adds {
             true => dy.clone(),
             false => {
-                let z = zeros(ctx, &shape(ctx, &updates)?, dtype(ctx, &updates)?);
+                let z = ctx.e.zeros(&shape(ctx, &updates)?, dtype(ctx, &updates)?);
                 ctx.e.op(scatter, &[&dy, &indices, &z], attrs())
             }
         });
@@ -154,7 +144,7 @@ fn scatter_rule(ctx: &mut RuleCtx, gather: &str, scatter: &str) -> Result<Grads>
 pub fn top_k(ctx: &mut RuleCtx) -> Result<Grads> {
     let dy = ctx.dy(0)?;
     let x = ctx.input(0).to_string();
-    let z = zeros(ctx, &shape(ctx, &x)?, dtype(ctx, &x)?);
+    let z = ctx.e.zeros(&shape(ctx, &x)?, dtype(ctx, &x)?);
     let axis = attr_i(ctx.node, "axis").unwrap_or(-1);
     let indices = ctx.output(1).to_string();
     let dx = ctx.e.op(

@@ -59,19 +59,54 @@ pub fn reduce(ctx: &mut RuleCtx, mean: bool) -> Result<Grads> {
     Ok(vec![Some(dx), None])
 }
 
-/// ReduceMax (and ReduceMin): `dY` shared evenly among the positions equal to the
-/// extremum (PyTorch's `amax`).
-pub fn reduce_max(ctx: &mut RuleCtx) -> Result<Grads> {
+/// What the gradients of ReduceMax and the pointwise reductions read: the input `x`
+/// (shape `sx`, type `t`), the reduced `axes`, and `y` and `dY` with those axes kept (of
+/// size 1, to broadcast against `x`).
+struct Kept {
+    x: String,
+    sx: Vec<usize>,
+    t: crate::tensor::DType,
+    axes: Vec<usize>,
+    y_kept: String,
+    dy_kept: String,
+}
+
+/// [`Kept`] for the node; `None` where it reduces nothing (its gradient is `dY`).
+fn kept(ctx: &mut RuleCtx) -> Result<Option<Kept>> {
     let dy = ctx.dy(0)?;
     let (x, y) = (ctx.input(0).to_string(), ctx.output(0).to_string());
     let sx = shape(ctx, &x)?;
     let t = dtype(ctx, &x)?;
     let Some(axes) = reduced_axes(ctx, sx.len(), ctx.opset >= 18)? else {
-        return Ok(vec![Some(dy), None]);
+        return Ok(None);
     };
-    let kept = kept_dims(&sx, &axes);
-    let y_kept = ctx.e.reshape(&y, &kept);
-    let dy_kept = ctx.e.reshape(&dy, &kept);
+    let dims = kept_dims(&sx, &axes);
+    let y_kept = ctx.e.reshape(&y, &dims);
+    let dy_kept = ctx.e.reshape(&dy, &dims);
+    Ok(Some(Kept {
+        x,
+        sx,
+        t,
+        axes,
+        y_kept,
+        dy_kept,
+    }))
+}
+
+/// ReduceMax (and ReduceMin): `dY` shared evenly among the positions equal to the
+/// extremum (PyTorch's `amax`).
+pub fn reduce_max(ctx: &mut RuleCtx) -> Result<Grads> {
+    let Some(Kept {
+        x,
+        t,
+        axes,
+        y_kept,
+        dy_kept,
+        ..
+    }) = kept(ctx)?
+    else {
+        return Ok(vec![Some(ctx.dy(0)?), None]);
+    };
     let hit = ctx.e.op("Equal", &[&x, &y_kept], vec![]);
     let hit = ctx
         .e
@@ -90,16 +125,17 @@ pub fn reduce_max(ctx: &mut RuleCtx) -> Result<Grads> {
 /// - ReduceLogSum, `y = log(sum x)`: `1 / exp(y)`;
 /// - ReduceLogSumExp, `y = log(sum exp(x))`: `exp(x - y)`.
 pub fn reduce_pointwise(ctx: &mut RuleCtx, kind: &str) -> Result<Grads> {
-    let dy = ctx.dy(0)?;
-    let (x, y) = (ctx.input(0).to_string(), ctx.output(0).to_string());
-    let sx = shape(ctx, &x)?;
-    let t = dtype(ctx, &x)?;
-    let Some(axes) = reduced_axes(ctx, sx.len(), ctx.opset >= 18)? else {
-        return Ok(vec![Some(dy), None]);
+    let Some(Kept {
+        x,
+        sx,
+        t,
+        y_kept,
+        dy_kept,
+        ..
+    }) = kept(ctx)?
+    else {
+        return Ok(vec![Some(ctx.dy(0)?), None]);
     };
-    let kept = kept_dims(&sx, &axes);
-    let dy_kept = ctx.e.reshape(&dy, &kept);
-    let y_kept = ctx.e.reshape(&y, &kept);
     let factor = match kind {
         "ReduceL2" => {
             let ratio = ctx.e.op("Div", &[&x, &y_kept], vec![]);

@@ -14,7 +14,7 @@
 //! a one-hot product there.
 
 use crate::graph::autodiff::RuleCtx;
-use crate::graph::ir::{int_attr, string_attr, tensor_attr};
+use crate::graph::ir::{int_attr, string_attr};
 use crate::tensor::{DType, Tensor};
 use crate::Result;
 
@@ -53,13 +53,7 @@ pub(super) fn add_rows(
     let wide = ctx.e.ints(&[n as i64, row_len as i64]);
     let at = ctx.e.op("Expand", &[&column, &wide], vec![]);
     let flat = ctx.e.reshape(updates, &[n, row_len]);
-    let table = ctx.e.ints(&[rows as i64, row_len as i64]);
-    let zero = Tensor::zeros(t, vec![1]).to_proto("value");
-    let z = ctx.e.op(
-        "ConstantOfShape",
-        &[&table],
-        vec![tensor_attr("value", zero)],
-    );
+    let z = ctx.e.zeros(&[rows, row_len], t);
     let added = ctx.e.op(
         "ScatterElements",
         &[&z, &at, &flat],

@@ -4,7 +4,7 @@
 use super::elementwise::{dtype, shape};
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
-use crate::graph::ir::{attr_i, attr_ints, int_attr, ints_attr, tensor_attr};
+use crate::graph::ir::{attr_i, attr_ints, int_attr, ints_attr};
 use crate::tensor::{DType, Tensor};
 use crate::Result;
 
@@ -14,16 +14,6 @@ fn norm(axis: i64, rank: usize) -> usize {
     } else {
         axis as usize
     }
-}
-
-/// A zero tensor of a static shape, made at run time (no large constant in the graph).
-fn zeros(ctx: &mut RuleCtx, dims: &[usize], t: DType) -> String {
-    let s = ctx
-        .e
-        .ints(&dims.iter().map(|&d| d as i64).collect::<Vec<_>>());
-    let value = Tensor::zeros(t, vec![1]).to_proto("value");
-    ctx.e
-        .op("ConstantOfShape", &[&s], vec![tensor_attr("value", value)])
 }
 
 /// Reshape, Flatten, Squeeze, Unsqueeze: the gradient is dY in X's shape (X's measured
@@ -85,7 +75,7 @@ pub fn split(ctx: &mut RuleCtx) -> Result<Grads> {
             Some(d) => d,
             None => {
                 let s = shape(ctx, ctx.output(i))?;
-                zeros(ctx, &s, t)
+                ctx.e.zeros(&s, t)
             }
         });
     }
@@ -123,7 +113,7 @@ pub fn slice(ctx: &mut RuleCtx) -> Result<Grads> {
             // The slice read nothing: nothing flows back.
             let t = dtype(ctx, ctx.input(0))?;
             let mut grads = vec![None; ctx.node.input.len()];
-            grads[0] = Some(zeros(ctx, &sx, t));
+            grads[0] = Some(ctx.e.zeros(&sx, t));
             return Ok(grads);
         }
         if read.step < 0 {
