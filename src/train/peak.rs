@@ -161,21 +161,18 @@ fn workspace(g: &StageGraphs, metas: &Metas) -> u64 {
 
 /// The bytes of the initializers in `g`'s graphs (each counted once).
 fn constants(g: &StageGraphs) -> u64 {
-    let mut seen = HashSet::new();
-    [
-        &g.forward,
-        &g.backward,
-        &g.fused.clone().unwrap_or_default(),
-    ]
-    .into_iter()
-    .flat_map(|p| p.initializers.iter())
-    .filter(|t| seen.insert(t.name.clone()))
-    .map(|t| {
-        let n: i64 = t.dims.iter().product();
-        let size = crate::tensor::DType::from_onnx(t.data_type).map_or(4, |d| d.size());
-        n.max(0) as u64 * size as u64
-    })
-    .sum()
+    let mut seen: HashSet<&str> = HashSet::new();
+    [&g.forward, &g.backward]
+        .into_iter()
+        .chain(g.fused.as_ref())
+        .flat_map(|p| p.initializers.iter())
+        .filter(|t| seen.insert(t.name.as_str()))
+        .map(|t| {
+            let n: i64 = t.dims.iter().product();
+            let size = crate::tensor::DType::from_onnx(t.data_type).map_or(4, |d| d.size());
+            n.max(0) as u64 * size as u64
+        })
+        .sum()
 }
 
 /// Operators whose output is their first input's buffer seen another way (ONNX Runtime
