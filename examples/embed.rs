@@ -67,7 +67,7 @@ pub async fn run(workdir: PathBuf) -> pipetrain::Result<PathBuf> {
     let feeder = tokio::spawn(async move {
         for step in 0.. {
             let batch = split_rows(&all, step % 64, 64).expect("64 equal parts");
-            if batches.send_async(batch).await.is_err() {
+            if batches.send(batch).await.is_err() {
                 break; // the run has ended
             }
         }
@@ -75,13 +75,13 @@ pub async fn run(workdir: PathBuf) -> pipetrain::Result<PathBuf> {
 
     let events = handle.events().clone();
     loop {
-        match events.recv_async().await {
-            Ok(RunEvent::Started {
+        match events.recv().await {
+            Some(RunEvent::Started {
                 stages, replicas, ..
             }) => {
                 println!("started: {stages} stages x {replicas} replicas")
             }
-            Ok(RunEvent::Step(r)) => {
+            Some(RunEvent::Step(r)) => {
                 if r.step % 10 == 0 {
                     println!(
                         "step {:>3}: loss {:.4}, lr {:.1e}, grad norm {:.3}, {:.0} samples/s",
@@ -104,10 +104,10 @@ pub async fn run(workdir: PathBuf) -> pipetrain::Result<PathBuf> {
                     break;
                 }
             }
-            Ok(RunEvent::CheckpointSaved(c)) => println!("saved {}", c.path.display()),
-            Ok(RunEvent::Warning(w)) => println!("warning: {w}"),
-            Ok(other) => println!("{other:?}"),
-            Err(_) => break,
+            Some(RunEvent::CheckpointSaved(c)) => println!("saved {}", c.path.display()),
+            Some(RunEvent::Warning(w)) => println!("warning: {w}"),
+            Some(other) => println!("{other:?}"),
+            None => break,
         }
     }
     let summary = handle.stop().await?;

@@ -1,10 +1,15 @@
-//! The crate's one error type.
+//! The crate's one error type, and its kinds ([`ErrorKind`]) for a service to act on.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Everything that can go wrong in `pipetrain`: each variant names the file, node, value or
 /// field involved and the rule that was broken.
-#[derive(Debug, thiserror::Error)]
+///
+/// Cheap to clone (the operating system's, ONNX Runtime's and the actor runtime's errors
+/// are shared), so a run's error is both its [`crate::api::RunEvent::Failed`] and what
+/// [`crate::api::RunHandle::wait`] returns.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A file could not be read or written.
@@ -13,7 +18,7 @@ pub enum Error {
         /// The file.
         path: PathBuf,
         /// What the operating system said.
-        source: std::io::Error,
+        source: Arc<std::io::Error>,
     },
     /// The bytes of a file are not a valid ONNX protobuf (truncated, or another format).
     #[error("{path}: not a valid ONNX model: {reason}")]
@@ -109,7 +114,7 @@ pub enum Error {
         /// What pipetrain was doing.
         context: String,
         /// ONNX Runtime's message.
-        source: ort::Error,
+        source: Arc<ort::Error>,
     },
     /// A session could not be placed on the device asked for (no CUDA in this build, no
     /// stream to be had).
@@ -171,7 +176,7 @@ pub enum Error {
     #[error("{source}")]
     Runtime {
         /// What the runtime reported.
-        source: Box<pipetrain_actors::ActorError>,
+        source: Arc<pipetrain_actors::ActorError>,
     },
     /// A node of a `pipetrain launch` job failed: its worker died too often, was
     /// stopped, or could not agree with the other nodes.
@@ -208,6 +213,35 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The run was cancelled (its handle's `cancel`, or the handle dropped).
+    #[error("the run was cancelled")]
+    Cancelled,
+}
+
+/// What kind of failure an [`Error`] is, for a service to act on (retry, report the
+/// input, give up) without reading messages. A run's error has the same kind every time
+/// the same input fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The configuration (a file's field, or a setting made in code) breaks a rule.
+    Config,
+    /// The training or evaluation data: a file, a shard, or a batch a service handed in.
+    Data,
+    /// The ONNX model: unreadable, unsupported, or not trainable as asked.
+    Model,
+    /// A checkpoint to resume from, or one being written.
+    Checkpoint,
+    /// Computing a step: ONNX Runtime, the device, a non-finite loss, a stalled actor.
+    Compute,
+    /// Another process of a distributed run, or the connection to it.
+    Transport,
+    /// The run would not fit this process's memory cap.
+    Resources,
+    /// A file the run reads or writes, at the operating system's level.
+    Io,
+    /// The run was cancelled.
+    Cancelled,
 }
 
 /// The crate's result type.
@@ -217,13 +251,52 @@ impl Error {
     /// Wraps an ONNX Runtime error with what pipetrain was doing at the time.
     pub(crate) fn ort(context: impl Into<String>) -> impl FnOnce(ort::Error) -> Error {
         let context = context.into();
-        move |source| Error::Ort { context, source }
+        move |source| Error::Ort {
+            context,
+            source: Arc::new(source),
+        }
     }
 
     /// Wraps an I/O error with the path it concerns.
     pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.into();
-        move |source| Error::Io { path, source }
+        move |source| Error::Io {
+            path,
+            source: Arc::new(source),
+        }
+    }
+
+    /// The actor runtime's error.
+    pub fn runtime(source: pipetrain_actors::ActorError) -> Error {
+        Error::Runtime {
+            source: Arc::new(source),
+        }
+    }
+
+    /// What kind of failure this is. An error from inside the actor runtime has the kind
+    /// of the pipetrain error that caused it, where one did.
+    pub fn kind(&self) -> ErrorKind {
+        use ErrorKind as K;
+        match self {
+            Error::Io { .. } => K::Io,
+            Error::NotOnnx { .. }
+            | Error::ExternalData { .. }
+            | Error::UnsupportedOpset { .. }
+            | Error::NoGradient { .. }
+            | Error::UnsupportedGradient { .. }
+            | Error::UnfedInputs { .. }
+            | Error::MissingValue { .. }
+            | Error::InvalidGraph { .. }
+            | Error::TensorParallel { .. } => K::Model,
+            Error::BadTensor { .. } | Error::Data { .. } | Error::BadShard { .. } => K::Data,
+            Error::Ort { .. } | Error::Device { .. } | Error::RuntimeLibrary { .. } => K::Compute,
+            Error::Config { .. } | Error::Partition { .. } => K::Config,
+            Error::Checkpoint { .. } => K::Checkpoint,
+            Error::Runtime { source } => actor_kind(source),
+            Error::Launch { .. } => K::Transport,
+            Error::MemoryCap { .. } => K::Resources,
+            Error::Cancelled => K::Cancelled,
+        }
     }
 
     /// An invalid-graph error.
@@ -231,5 +304,24 @@ impl Error {
         Error::InvalidGraph {
             reason: reason.into(),
         }
+    }
+}
+
+/// The kind of an actor runtime error: its cause's, where a pipetrain error caused it.
+fn actor_kind(e: &pipetrain_actors::ActorError) -> ErrorKind {
+    use pipetrain_actors::ActorError as A;
+    let inner =
+        |source: &pipetrain_actors::BoxError| source.downcast_ref::<Error>().map(Error::kind);
+    match e {
+        A::Data { source, .. } => inner(source)
+            .filter(|k| *k != ErrorKind::Compute)
+            .unwrap_or(ErrorKind::Data),
+        A::Compute { source, .. } => inner(source).unwrap_or(ErrorKind::Compute),
+        A::Checkpoint { source, .. } => inner(source)
+            .filter(|k| *k == ErrorKind::Io)
+            .unwrap_or(ErrorKind::Checkpoint),
+        A::Schedule(_) | A::Settings { .. } => ErrorKind::Config,
+        A::Peer { .. } => ErrorKind::Transport,
+        _ => ErrorKind::Compute,
     }
 }

@@ -47,4 +47,4 @@ pub mod telemetry;
 pub mod tensor;
 pub mod train;
 
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};

@@ -443,7 +443,7 @@ fn schedule(cmd: ScheduleCommand) -> Result<()> {
             let (_, divergence) =
                 rt.block_on(pipetrain_actors::replay(&run))
                     .map_err(|e| Error::Runtime {
-                        source: Box::new(e),
+                        source: std::sync::Arc::new(e),
                     })?;
             match divergence {
                 None => println!(

@@ -21,6 +21,28 @@ pub(crate) struct DataItem<P> {
     pub payload: Result<P, BoxError>,
 }
 
+/// One micro-batch from `source`; a source that panics gives an error with its message
+/// (the stage reports it as the run's cause).
+fn read<D: DataSource>(
+    source: &D,
+    step: u64,
+    replica: usize,
+    mb: usize,
+    stage: usize,
+) -> Result<D::Payload, BoxError> {
+    let read = || source.micro_batch(step, replica, mb, stage);
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read))
+        .unwrap_or_else(|p| Err(format!("the data source panicked: {}", panic_text(&*p)).into()))
+}
+
+/// A panic's message, where it has one.
+pub fn panic_text(p: &(dyn std::any::Any + Send)) -> &str {
+    p.downcast_ref::<&str>()
+        .copied()
+        .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
+}
+
 /// Starts the data actor of `stage` of `replica` for steps `first..first + steps`.
 pub(crate) fn spawn_data_actor<D: DataSource>(
     source: Arc<D>,
@@ -41,7 +63,7 @@ pub(crate) fn spawn_data_actor<D: DataSource>(
                     .map(|mb| DataItem {
                         step,
                         mb,
-                        payload: source.micro_batch(step, replica, mb, stage),
+                        payload: read(&*source, step, replica, mb, stage),
                     })
                     .collect::<Vec<_>>()
             })

@@ -51,7 +51,7 @@ pub use checkpoint::{
 };
 pub use collective::LocalCollective;
 pub use coordinator::StepResult;
-pub use data::PREFETCH;
+pub use data::{panic_text, PREFETCH};
 pub use decide::{DynamicScaling, GradPolicy, GradStats, LossScaling, ScalerState, StepDecision};
 pub use engine::{
     lowered, run, run_distributed, ActorThreads, DistributedOutput, Distribution, EngineSettings,

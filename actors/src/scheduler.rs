@@ -101,7 +101,8 @@ impl<P: Send + 'static> SchedulerActor<P> {
         let mut early: Vec<Answer> = Vec::new();
         let mut save_dirs = HashMap::new();
         if let Some(&first) = rounds.first() {
-            if let Some(dir) = self.hand_out(0, first, &done_tx).await? {
+            let handed = self.hand_out(0, first, &done_tx).await;
+            if let Some(dir) = handed.map_err(|e| root_cause(e, &done_rx, &mut early))? {
                 save_dirs.insert(0, dir);
             }
         }
@@ -118,7 +119,8 @@ impl<P: Send + 'static> SchedulerActor<P> {
             // coordinator. Rounds stay in order: each actor runs its plans one by one, and
             // a step's optimizer update is the last action of its list.
             if let Some(&next) = rounds.get(i + 1) {
-                if let Some(dir) = self.hand_out(i as u64 + 1, next, &done_tx).await? {
+                let handed = self.hand_out(i as u64 + 1, next, &done_tx).await;
+                if let Some(dir) = handed.map_err(|e| root_cause(e, &done_rx, &mut early))? {
                     save_dirs.insert(i + 1, dir);
                 }
             }
@@ -358,6 +360,24 @@ impl<P: Send + 'static> SchedulerActor<P> {
             actor: format!("replica {} rank {}", m.replica, m.rank),
         }
     }
+}
+
+/// The error a member reported, where `e` only says that a member is gone: a member that
+/// fails sends its answer before it ends, so the answer is already waiting, and the run
+/// reports the same cause however the scheduler's look-ahead and the failure interleave.
+fn root_cause(
+    e: ActorError,
+    done: &flume::Receiver<Answer>,
+    early: &mut Vec<Answer>,
+) -> ActorError {
+    if !matches!(e, ActorError::ActorGone { .. }) {
+        return e;
+    }
+    let waiting = std::mem::take(early).into_iter().chain(done.try_iter());
+    waiting
+        .filter_map(|(_, _, r)| r.err())
+        .find(|f| !matches!(f, ActorError::ActorGone { .. }))
+        .unwrap_or(e)
 }
 
 /// "RecvGrad mb 5", "F mb 2", "AllReduce".

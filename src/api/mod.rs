@@ -1,45 +1,58 @@
 //! Embedding pipetrain in a service.
 //!
 //! # Layout
-//! - [`Trainer`]: a run's configuration (a file, or a [`TrainConfig`] built in code),
-//!   and optionally data the service hands in ([`Trainer::with_data`],
-//!   [`Trainer::with_data_channel`]) instead of reading a file.
-//! - [`RunHandle`]: what [`Trainer::start`] returns: the run's [`RunEvent`]s,
-//!   [`RunHandle::checkpoint_now`], [`RunHandle::stop`] (finish, save, summary),
-//!   [`RunHandle::cancel`] (at once), [`RunHandle::wait`].
+//! - [`Trainer`]: a run's configuration (a file, edited in code with [`Trainer::with`],
+//!   or a [`TrainConfig`] built in code), and optionally data the service hands in
+//!   ([`Trainer::with_data`], [`Trainer::with_data_channel`]) instead of reading a file.
+//! - [`RunHandle`] (`handle`): what [`Trainer::start`] returns. It owns the run: the
+//!   run's [`Events`], [`RunHandle::checkpoint_now`], [`RunHandle::stop`] (finish, save,
+//!   summary), [`RunHandle::cancel`] (at once), [`RunHandle::wait`],
+//!   [`RunHandle::detach`]; dropping it cancels the run.
+//! - `events`: the bounded event queue that drops step events, never the end.
+//! - [`BatchSender`]: the service's end of a data channel.
 //! - `seeds`: the APIs of ONNX Runtime's training documents in Rust: `TrainingRunner`
 //!   (seed 000) and the on-device `CheckpointState` / `Module` / `Optimizer` loop (seed
 //!   002).
 //!
-//! A run started here lives on the caller's tokio runtime (multi-thread: stage actors
-//! compute on threads of their own and drive their futures with the runtime's handle).
-//! Nothing is global: two runs in one process each have their own actors, data and
-//! events.
+//! A run started here lives on threads of its own (a `pt-run` thread with a tokio
+//! runtime of its own, and a `pt-stage-*` thread per stage actor): nothing of it runs on
+//! the caller's runtime, which may be of any flavour, and every thread, session and file
+//! writer of a run ends when the run ends, however it ends. pipetrain's threads are all
+//! named `pt-*`. Nothing is global: two runs in one process each have their own actors,
+//! data and events.
+//!
+//! Errors are [`crate::Error`]s; [`crate::Error::kind`] sorts them for a service
+//! ([`crate::ErrorKind`]: configuration, data, model, checkpoint, compute, transport,
+//! resources, I/O, cancelled).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-
-use pipetrain_actors::{RunControl, SavedCheckpoint};
 
 use crate::checkpoint::Manifest;
 use crate::compute::Runtime;
 use crate::config::TrainConfig;
 use crate::data::{BatchSource, ChannelBatches};
 use crate::tensor::TensorMap;
-use crate::train::{run_with, RunOptions};
-use crate::{Error, Result};
+use crate::Result;
 
 pub use crate::train::{RunEvent, StepReport, TrainSummary};
+pub use crate::{Error, ErrorKind};
+pub use events::Events;
+pub use handle::RunHandle;
+pub use pipetrain_actors::{ActorError, BoxError, RunTrace, SavedCheckpoint};
 
+mod events;
+mod handle;
 mod seeds;
 
 pub use seeds::{
     CheckpointState, LinearLrScheduler, Module, Optimizer, TrainingParameters, TrainingRunner,
 };
 
-/// Events waiting for the embedder before newer ones are dropped: a service that never
-/// reads them must not stall training or grow without bound. The run's end is also
-/// returned by [`RunHandle::wait`] and [`RunHandle::stop`].
+/// Events waiting for the embedder before the oldest step events are dropped: a service
+/// that never reads them must not stall training or grow without bound. The run's end
+/// always arrives, and is also returned by [`RunHandle::wait`] and [`RunHandle::stop`].
 const EVENT_BACKLOG: usize = 4096;
 
 /// A run to start.
@@ -49,6 +62,7 @@ pub struct Trainer {
     data: Option<Data>,
     eval_data: Option<Arc<dyn BatchSource>>,
     record_trace: bool,
+    event_backlog: usize,
 }
 
 /// Data handed in by the embedder.
@@ -68,10 +82,12 @@ impl Trainer {
             data: None,
             eval_data: None,
             record_trace: false,
+            event_backlog: EVENT_BACKLOG,
         }
     }
 
-    /// A run of the configuration file at `path`.
+    /// A run of the configuration file at `path` (its relative paths are relative to the
+    /// file's folder, as `pipetrain train` reads it).
     ///
     /// # Errors
     /// As [`TrainConfig::load`].
@@ -82,9 +98,19 @@ impl Trainer {
         })
     }
 
+    /// Edits the configuration in code (`Trainer::from_file(p)?.with(|c| c.num_train_steps
+    /// = 10)`). Errors still name the file; paths set here are taken as given (a relative
+    /// one is relative to the working directory). The edited configuration is checked
+    /// again by [`Trainer::start`].
+    pub fn with(mut self, edit: impl FnOnce(&mut TrainConfig)) -> Trainer {
+        edit(&mut self.cfg);
+        self
+    }
+
     /// Trains on batches from `source` instead of the configuration's data file (its
     /// `data.layout` still names nothing: the source's tensors are named by model input
-    /// and label).
+    /// and label). Each step's batch is asked for once; a source that panics fails the
+    /// run with its message.
     pub fn with_data(mut self, source: impl BatchSource) -> Trainer {
         self.data = Some(Data::Source(Arc::new(source)));
         self
@@ -92,11 +118,12 @@ impl Trainer {
 
     /// Trains on batches the service sends, one global batch per optimizer step, in
     /// order from the run's first step (a resumed run's checkpoint step). At most
-    /// `capacity` batches wait in the channel.
-    pub fn with_data_channel(mut self, capacity: usize) -> (Trainer, flume::Sender<TensorMap>) {
+    /// `capacity` batches wait in the channel. Dropping every sender before the run's last
+    /// step fails the run (a data error naming the step).
+    pub fn with_data_channel(mut self, capacity: usize) -> (Trainer, BatchSender) {
         let (tx, rx) = flume::bounded(capacity.max(1));
         self.data = Some(Data::Channel(rx));
-        (self, tx)
+        (self, BatchSender(tx))
     }
 
     /// Evaluates on `source`'s step-0 batch instead of the configuration's evaluation
@@ -112,150 +139,103 @@ impl Trainer {
         self
     }
 
+    /// Events kept for a reader that falls behind (default 4096): beyond it, the oldest
+    /// step and evaluation events are dropped and counted ([`RunEvent::Dropped`]); the
+    /// run's end always arrives.
+    pub fn event_backlog(mut self, events: usize) -> Trainer {
+        self.event_backlog = events;
+        self
+    }
+
     /// The configuration.
     pub fn config(&self) -> &TrainConfig {
         &self.cfg
     }
 
-    /// Starts the run on the current tokio runtime (which must be multi-threaded).
+    /// The file the configuration came from (`<config>` when built in code).
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// Starts the run on threads of its own (see the module's documentation); callable
+    /// from async code of any runtime, or from none.
     ///
     /// # Errors
-    /// `Checkpoint` when the checkpoint to resume cannot be read (to place a data
-    /// channel's first batch); everything else arrives as [`RunEvent::Failed`] and from
-    /// [`RunHandle::wait`].
+    /// `Config` when an edit broke a rule of the configuration; `Checkpoint` when the
+    /// checkpoint to resume cannot be read (to place a data channel's first batch);
+    /// everything else arrives as [`RunEvent::Failed`] and from [`RunHandle::wait`].
     pub fn start(self, rt: &Runtime) -> Result<RunHandle> {
+        self.cfg.check(&self.config_path)?;
         let first_step = match &self.cfg.checkpoint_to_load_path {
             Some(path) => Manifest::read(path)?.steps_done,
             None => 0,
         };
+        let ended = Arc::new(AtomicBool::new(false));
         let data: Option<Arc<dyn BatchSource>> = match self.data {
             Some(Data::Source(s)) => Some(s),
-            Some(Data::Channel(rx)) => Some(Arc::new(ChannelBatches::new(rx, first_step))),
+            Some(Data::Channel(rx)) => {
+                Some(Arc::new(ChannelBatches::new(rx, first_step, ended.clone())))
+            }
             None => None,
         };
-        let (event_tx, events) = flume::bounded(EVENT_BACKLOG);
-        let (control, control_rx) = flume::unbounded();
-        let tx = event_tx.clone();
-        let rt = rt.clone();
-        let (cfg, path, eval_data, record_trace) = (
-            self.cfg,
-            self.config_path,
-            self.eval_data,
-            self.record_trace,
-        );
-        let task = tokio::spawn(async move {
-            let mut dropped = 0u64;
-            let mut on_event = |e: RunEvent| {
-                if tx.try_send(e).is_err() {
-                    dropped += 1;
-                }
-            };
-            let opts = RunOptions {
-                record_trace,
-                data,
-                eval_data,
-                control: Some(control_rx),
-                on_event: &mut on_event,
-            };
-            let result = run_with(&rt, &cfg, &path, opts).await;
-            if dropped > 0 {
-                let _ = tx.try_send(RunEvent::Warning(format!(
-                    "{dropped} events were dropped: nobody read them"
-                )));
-            }
-            let _ = tx.try_send(match &result {
-                Ok(s) => RunEvent::Finished(Box::new(s.clone())),
-                Err(e) => RunEvent::Failed(e.to_string()),
-            });
-            result
-        });
-        Ok(RunHandle {
-            events,
-            event_tx,
-            control,
-            task,
-        })
+        let backlog = self.event_backlog;
+        let launch = handle::Launch {
+            cfg: self.cfg,
+            config_path: self.config_path,
+            data,
+            eval_data: self.eval_data,
+            record_trace: self.record_trace,
+            rt: rt.clone(),
+            ended,
+        };
+        launch.start(events::queue(backlog))
     }
 }
 
-/// A running run.
-pub struct RunHandle {
-    events: flume::Receiver<RunEvent>,
-    event_tx: flume::Sender<RunEvent>,
-    control: flume::Sender<RunControl>,
-    task: tokio::task::JoinHandle<Result<TrainSummary>>,
-}
+/// The service's end of a run's data channel ([`Trainer::with_data_channel`]): one
+/// global batch per optimizer step, in order. Clones send into the same channel.
+#[derive(Clone, Debug)]
+pub struct BatchSender(flume::Sender<TensorMap>);
 
-fn run_gone() -> Error {
-    Error::Runtime {
-        source: Box::new(pipetrain_actors::ActorError::ActorGone {
-            actor: "the run (it has ended)".into(),
-        }),
+/// The run a batch was sent to has ended; the batch comes back.
+#[derive(Debug)]
+pub struct RunEnded(pub TensorMap);
+
+impl std::fmt::Display for RunEnded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the run has ended: nobody takes batches any more")
     }
 }
 
-impl RunHandle {
-    /// The run's events, in order (one consumer: events are not copied to several).
-    pub fn events(&self) -> &flume::Receiver<RunEvent> {
-        &self.events
-    }
+impl std::error::Error for RunEnded {}
 
-    /// Saves a checkpoint after the step in progress (or the next one, which may already
-    /// be under way) and returns it once it is complete on disk.
+impl BatchSender {
+    /// Sends `batch`, waiting while the channel is full.
     ///
     /// # Errors
-    /// `Runtime` when the run saves no checkpoints (no `checkpoints_dir`), has ended, or
-    /// the checkpoint could not be written.
-    ///
-    /// # Cancel safety
-    /// Dropping the future leaves the request in place: the checkpoint is still saved.
-    pub async fn checkpoint_now(&self) -> Result<SavedCheckpoint> {
-        let (reply, rx) = tokio::sync::oneshot::channel();
-        self.control
-            .send_async(RunControl::CheckpointNow(reply))
+    /// [`RunEnded`] (with the batch) when the run has ended.
+    pub async fn send(&self, batch: TensorMap) -> std::result::Result<(), RunEnded> {
+        self.0
+            .send_async(batch)
             .await
-            .map_err(|_| run_gone())?;
-        rx.await
-            .map_err(|_| run_gone())?
-            .map_err(|e| Error::Runtime {
-                source: Box::new(e),
-            })
+            .map_err(|e| RunEnded(e.into_inner()))
     }
 
-    /// Finishes the steps under way, saves a checkpoint (when the run saves any) and
-    /// returns the run's summary.
+    /// [`BatchSender::send`] for a thread that may block.
     ///
     /// # Errors
-    /// The run's error, if it failed before it could stop.
-    pub async fn stop(self) -> Result<TrainSummary> {
-        let _ = self.control.send_async(RunControl::Stop).await;
-        self.wait().await
+    /// As [`BatchSender::send`].
+    pub fn send_blocking(&self, batch: TensorMap) -> std::result::Result<(), RunEnded> {
+        self.0.send(batch).map_err(|e| RunEnded(e.into_inner()))
     }
 
-    /// Stops at once: every actor ends, nothing more is saved. A checkpoint being written
-    /// is never completed (its folder has no manifest, so no resume takes it). Returns
-    /// once the run has ended; [`RunEvent::Cancelled`] is then the last event.
-    ///
-    /// # Cancel safety
-    /// Dropping the future still ends the run; only the last event may be missing.
-    pub async fn cancel(self) {
-        self.task.abort();
-        let _ = self.task.await;
-        let _ = self.event_tx.try_send(RunEvent::Cancelled);
+    /// Batches waiting in the channel.
+    pub fn len(&self) -> usize {
+        self.0.len()
     }
 
-    /// Waits for the run to end; its summary.
-    ///
-    /// # Errors
-    /// The run's error.
-    pub async fn wait(self) -> Result<TrainSummary> {
-        match self.task.await {
-            Ok(result) => result,
-            Err(e) => Err(Error::Runtime {
-                source: Box::new(pipetrain_actors::ActorError::ActorGone {
-                    actor: format!("the run ({e})"),
-                }),
-            }),
-        }
+    /// No batch is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }

@@ -43,7 +43,8 @@ pub use settings::{check_resume, settings_of};
 pub use shard::{buffers_file, optimizer_file, params_file, state_key};
 pub use snapshot::SnapshotBuffers;
 pub use store::{
-    folder_name, latest_complete, list, slow_write, to_delete, DirCheckpointer, Listed, ManifestFn,
+    folder_name, latest_complete, list, remove_unfinished, slow_write, to_delete, DirCheckpointer,
+    Listed, ManifestFn,
 };
 
 use pipetrain_actors::SaveJob;

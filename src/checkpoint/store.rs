@@ -27,6 +27,30 @@ const TEMP: &str = ".tmp-";
 /// Prefix of folders being deleted.
 const DOOMED: &str = ".del-";
 
+/// Removes the folders a run left unfinished in `root` (checkpoints it was writing when it
+/// failed or was cancelled, and folders it was deleting); how many.
+///
+/// # Errors
+/// `Io` naming the folder that could not be read or removed.
+pub fn remove_unfinished(root: &Path) -> Result<usize> {
+    let mut removed = 0;
+    let entries = match std::fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(Error::io(root)(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(Error::io(root))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(TEMP) || name.starts_with(DOOMED) {
+            let path = entry.path();
+            std::fs::remove_dir_all(&path).map_err(Error::io(&path))?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// A checkpoint folder found in a checkpoints folder.
 #[derive(Debug)]
 pub struct Listed {
@@ -130,14 +154,12 @@ impl DirCheckpointer {
     /// `Io` when `root` cannot be made or read.
     pub fn new(root: &Path, keep: Option<usize>, manifest: ManifestFn) -> Result<DirCheckpointer> {
         std::fs::create_dir_all(root).map_err(Error::io(root))?;
-        for entry in std::fs::read_dir(root).map_err(Error::io(root))? {
-            let entry = entry.map_err(Error::io(root))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(TEMP) || name.starts_with(DOOMED) {
-                tracing::info!("removing {} (left by an interrupted run)", name);
-                let path = entry.path();
-                std::fs::remove_dir_all(&path).map_err(Error::io(&path))?;
-            }
+        let removed = remove_unfinished(root)?;
+        if removed > 0 {
+            tracing::info!(
+                "removed {removed} unfinished folder(s) in {} (left by an interrupted run)",
+                root.display()
+            );
         }
         Ok(DirCheckpointer {
             root: root.to_path_buf(),

@@ -254,6 +254,15 @@ impl TrainConfig {
         Ok(cfg)
     }
 
+    /// Checks the rules [`TrainConfig::load`] checks (for a configuration built or edited
+    /// in code); errors name `path`.
+    ///
+    /// # Errors
+    /// `Config` naming the field and the rule.
+    pub fn check(&self, path: &Path) -> Result<()> {
+        self.validate(path)
+    }
+
     /// Optimizer steps in the run.
     pub fn optimizer_steps(&self) -> usize {
         self.num_train_steps / self.gradient_accumulation_steps

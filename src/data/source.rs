@@ -3,6 +3,7 @@
 //! channel with [`ChannelBatches`]) without them ever touching a file.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pipetrain_actors::BoxError;
@@ -78,8 +79,11 @@ pub trait BatchSource: Send + Sync + 'static {
 /// last step fails the run at that step.
 pub struct ChannelBatches {
     rx: flume::Receiver<TensorMap>,
-    /// Batches already received, by step; the oldest are dropped as the run moves on.
+    /// The next step to receive, and batches already received, by step; the oldest are
+    /// dropped as the run moves on.
     received: Mutex<(u64, BTreeMap<u64, Arc<TensorMap>>)>,
+    /// Set when the run ends: a reader waiting for the service's next batch gives up.
+    stop: Arc<AtomicBool>,
 }
 
 /// Steps kept after they were first asked for: pipeline stages and replicas ask for the
@@ -87,13 +91,40 @@ pub struct ChannelBatches {
 /// steps ahead).
 const KEEP_STEPS: u64 = 8;
 
+/// How often a reader waiting on the service's channel looks at the stop flag.
+const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
 impl ChannelBatches {
     /// Batches from `rx`; the first one received is the batch of step `first` (0, or the
-    /// step a resumed run starts at).
-    pub fn new(rx: flume::Receiver<TensorMap>, first: u64) -> ChannelBatches {
+    /// step a resumed run starts at). Setting `stop` ends a wait for the next batch.
+    pub fn new(
+        rx: flume::Receiver<TensorMap>,
+        first: u64,
+        stop: Arc<AtomicBool>,
+    ) -> ChannelBatches {
         ChannelBatches {
             rx,
             received: Mutex::new((first, BTreeMap::new())),
+            stop,
+        }
+    }
+
+    /// The next batch the service sends.
+    fn receive(&self, step: u64) -> std::result::Result<TensorMap, BoxError> {
+        loop {
+            match self.rx.recv_timeout(STOP_POLL) {
+                Ok(b) => return Ok(b),
+                Err(flume::RecvTimeoutError::Timeout) if !self.stop.load(Ordering::Relaxed) => {}
+                Err(flume::RecvTimeoutError::Timeout) => {
+                    return Err(format!("the run ended before step {step}'s batch arrived").into())
+                }
+                Err(flume::RecvTimeoutError::Disconnected) => {
+                    return Err(format!(
+                        "the batch channel closed before step {step}'s batch arrived"
+                    )
+                    .into())
+                }
+            }
         }
     }
 }
@@ -109,9 +140,7 @@ impl BatchSource for ChannelBatches {
             return Err(format!("step {step}'s batch was already dropped").into());
         }
         while *next <= step {
-            let b = self.rx.recv().map_err(|_| {
-                format!("the batch channel closed before step {next}'s batch arrived")
-            })?;
+            let b = self.receive(*next)?;
             kept.insert(*next, Arc::new(b));
             *next += 1;
         }
@@ -123,16 +152,59 @@ impl BatchSource for ChannelBatches {
     }
 }
 
-/// An embedder's [`BatchSource`] as the pipeline reads it.
-pub struct FedBatches(pub Arc<dyn BatchSource>);
+/// An embedder's [`BatchSource`] as the pipeline reads it: each step's batch is asked for
+/// once, however many micro-batches, replicas and stages read it (the last few steps are
+/// kept), and a source that panics fails the run with its message instead of taking a
+/// thread down (and is not asked for that step again).
+pub struct FedBatches {
+    source: Arc<dyn BatchSource>,
+    /// Recent steps' batches, or the error each gave.
+    kept: Mutex<BTreeMap<u64, std::result::Result<Arc<TensorMap>, String>>>,
+}
+
+impl FedBatches {
+    /// Reads `source`.
+    pub fn new(source: Arc<dyn BatchSource>) -> FedBatches {
+        FedBatches {
+            source,
+            kept: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn shared(&self, step: usize) -> Result<Arc<TensorMap>> {
+        let failed = |reason: String| Error::Data {
+            path: "<embedder's data>".into(),
+            what: format!("step {step}"),
+            reason,
+        };
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let got = kept.entry(step as u64).or_insert_with(|| {
+            let read = || self.source.batch(step as u64);
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)) {
+                Ok(Ok(b)) => Ok(Arc::new(b)),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(p) => Err(format!(
+                    "the batch source panicked: {}",
+                    pipetrain_actors::panic_text(&*p)
+                )),
+            }
+        });
+        let got = got.clone().map_err(failed);
+        while kept.len() as u64 > KEEP_STEPS {
+            kept.pop_first();
+        }
+        got
+    }
+}
 
 impl StepBatches for FedBatches {
     fn batch(&self, step: usize) -> Result<TensorMap> {
-        self.0.batch(step as u64).map_err(|e| Error::Data {
-            path: "<embedder's data>".into(),
-            what: format!("step {step}"),
-            reason: e.to_string(),
-        })
+        Ok((*self.shared(step)?).clone())
+    }
+
+    fn part(&self, step: usize, part: usize, parts: usize) -> Result<TensorMap> {
+        let batch = self.shared(step)?;
+        split_rows(&batch, part, parts)
     }
 }
 
@@ -154,7 +226,7 @@ mod tests {
         for s in 0..3 {
             tx.send(batch(10 * s)).unwrap();
         }
-        let src = ChannelBatches::new(rx, 5);
+        let src = ChannelBatches::new(rx, 5, Arc::default());
         assert_eq!(src.batch(6).unwrap()["x"].as_i64().unwrap()[0], 10);
         assert_eq!(src.batch(5).unwrap()["x"].as_i64().unwrap()[0], 0);
         assert_eq!(src.batch(6).unwrap()["x"].as_i64().unwrap()[0], 10);

@@ -303,7 +303,7 @@ async fn resume_choice(
         )
         .await
         .map_err(|e| Error::Runtime {
-            source: Box::new(e),
+            source: std::sync::Arc::new(e),
         })?;
     let chosen: Option<PathBuf> = all
         .first()

@@ -149,7 +149,7 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = fs::remove_file(&tmp);
         Error::Io {
             path: path.to_path_buf(),
-            source: e,
+            source: e.into(),
         }
     })
 }

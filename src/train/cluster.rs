@@ -57,7 +57,7 @@ pub(super) async fn gather_parameters(
         .all_gather("parameters".into(), graph.encode_to_vec())
         .await
         .map_err(|e| Error::Runtime {
-            source: Box::new(e),
+            source: std::sync::Arc::new(e),
         })?;
     let mut out: Vec<Vec<(String, Tensor)>> = Vec::new();
     for (node, bytes) in all.iter().enumerate() {

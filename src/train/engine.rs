@@ -33,7 +33,7 @@ pub(super) async fn run_engine<K: Collective>(
     (stages, plan): (usize, Option<&ShardPlan>),
 ) -> Result<EngineOutput> {
     let failed = |e| Error::Runtime {
-        source: Box::new(e),
+        source: std::sync::Arc::new(e),
     };
     match cluster {
         None => {

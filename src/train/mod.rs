@@ -122,10 +122,17 @@ pub enum RunEvent {
     CheckpointSaved(SavedCheckpoint),
     /// Something the user should know that does not stop the run.
     Warning(String),
+    /// Events the embedder did not read in time were dropped (step and evaluation events,
+    /// oldest first): how many. Comes just before the run's last event.
+    Dropped {
+        /// Events dropped over the run.
+        events: u64,
+    },
     /// The run ended; its summary.
     Finished(Box<TrainSummary>),
-    /// The run failed; the error, in words.
-    Failed(String),
+    /// The run failed: the error (its [`crate::Error::kind`] says what kind of failure),
+    /// the same one [`crate::api::RunHandle::wait`] returns.
+    Failed(crate::Error),
     /// The run was cancelled.
     Cancelled,
 }

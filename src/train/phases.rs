@@ -123,7 +123,7 @@ pub(super) fn open_data(
     let (d, m) = (cfg.data_parallel_size, cfg.gradient_accumulation_steps);
     let is_fed = fed.is_some();
     let (batches, order_len, rows): (Box<dyn StepBatches>, _, _) = match fed {
-        Some(source) => (Box::new(FedBatches(source)), None, 0),
+        Some(source) => (Box::new(FedBatches::new(source)), None, 0),
         None => open_step_batches(&cfg.data, cfg.global_batch(), d, config_path)?,
     };
     // Shapes are measured on the first micro-batch of the first step the run trains (an

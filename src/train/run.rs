@@ -298,7 +298,7 @@ fn step_data(
         Some(every) => {
             let k = cfg.eval_micro_batches;
             let eval: Box<dyn StepBatches> = match fed_eval {
-                Some(source) => Box::new(FedBatches(source)),
+                Some(source) => Box::new(FedBatches::new(source)),
                 None => {
                     open_step_batches(&cfg.eval_data(), cfg.batch_size * k * d, d, config_path)?.0
                 }

@@ -78,7 +78,7 @@ async fn a_service_feeds_batches_through_a_channel() {
     let source = batches(&cfg);
     let feeder = tokio::spawn(async move {
         for s in 0..SGD_STEPS {
-            tx.send_async(source.batch(s).unwrap()).await.unwrap();
+            tx.send(source.batch(s).unwrap()).await.unwrap();
         }
     });
     let events = handle.events().clone();
@@ -123,7 +123,7 @@ async fn two_runs_at_once_keep_to_themselves() {
     let (a_sum, b_sum) = tokio::join!(a.wait(), b.wait());
     assert_eq!(bits(&a_sum.unwrap().parameters), a_want);
     assert_eq!(bits(&b_sum.unwrap().parameters), b_want);
-    let count = |rx: &flume::Receiver<RunEvent>| {
+    let count = |rx: &pipetrain::api::Events| {
         rx.drain()
             .filter(|e| matches!(e, RunEvent::Step(_)))
             .count()
@@ -146,7 +146,7 @@ async fn checkpoint_now_then_stop() {
     let handle = Trainer::new(cfg).start(&rt).unwrap();
     let events = handle.events().clone();
     // Wait for the first steps, then ask.
-    while !matches!(events.recv_async().await.unwrap(), RunEvent::Step(r) if r.step >= 2) {}
+    while !matches!(events.recv().await.unwrap(), RunEvent::Step(r) if r.step >= 2) {}
     let saved = handle.checkpoint_now().await.unwrap();
     assert!(saved.steps_done >= 3, "{saved:?}");
     let summary = handle.stop().await.unwrap();
@@ -182,19 +182,29 @@ async fn cancel_stops_at_once() {
     let (cfg, _) = mlp.config(tmp.path());
     let handle = Trainer::new(cfg).start(&rt).unwrap();
     let events = handle.events().clone();
-    while !matches!(events.recv_async().await.unwrap(), RunEvent::Step(r) if r.step >= 3) {}
+    while !matches!(events.recv().await.unwrap(), RunEvent::Step(r) if r.step >= 3) {}
     handle.cancel().await;
     // Everything left on the event stream ends with the cancellation.
     let mut last = None;
-    while let Ok(e) =
-        tokio::time::timeout(std::time::Duration::from_secs(5), events.recv_async()).await
-    {
-        match e {
-            Ok(e) => last = Some(e),
-            Err(_) => break,
-        }
+    while let Some(e) = events.try_recv() {
+        last = Some(e);
     }
     assert!(matches!(last, Some(RunEvent::Cancelled)), "{last:?}");
+    assert!(events.is_finished());
+    let unfinished = std::fs::read_dir(&ck)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".tmp-")
+        })
+        .count();
+    assert_eq!(
+        unfinished, 0,
+        "cancel removes the checkpoint it was writing"
+    );
     for l in pipetrain::checkpoint::list(&ck).unwrap() {
         if let Ok(m) = l.manifest {
             pipetrain::checkpoint::LoadedCheckpoint::open(&l.path).unwrap();

@@ -46,6 +46,7 @@ mod probe;
 mod readme_ops;
 mod recompute;
 mod running_stats;
+mod service;
 mod shard_split;
 mod shards;
 mod signals;

@@ -82,7 +82,7 @@ where
     let mut members = Vec::new();
     let mut actors = match settings.threads {
         ActorThreads::Tasks => Running::Tasks(JoinSet::new()),
-        ActorThreads::Dedicated => Running::Threads(Vec::new()),
+        ActorThreads::Dedicated => Running::Threads(start::StageThreads::new()),
     };
     for &(replica, rank) in &local {
         let inbox = inboxes
@@ -260,16 +260,13 @@ type Inboxes<P> = HashMap<(usize, usize), flume::Receiver<Transfer<P>>>;
 /// After a failed run: stops the stage actors, lets the coordinator complete the
 /// checkpoints already snapshotted, stops the helpers; returns `error`.
 async fn tear_down<C: StageCompute>(
-    mut actors: Running<C>,
+    actors: Running<C>,
     coordinator: &CoordinatorHandle,
     mut helpers: JoinSet<Result<(), ActorError>>,
     error: ActorError,
 ) -> ActorError {
-    // Threads cannot be aborted: they end when their channels close, and one stuck in a
-    // compute that never returns stays until the process exits.
-    if let Running::Tasks(set) = &mut actors {
-        set.abort_all();
-    }
+    // Every stage actor ends (and drops its computes) before the run reports its end.
+    actors.stop().await;
     // Checkpoints of steps before the failure, already snapshotted, are still completed:
     // the last complete checkpoint is the newest good one.
     let wait = tokio::time::timeout(SAVE_GRACE, coordinator.finish()).await;

@@ -24,7 +24,41 @@ use crate::traits::{Collective, DataSource, StageCompute};
 /// Stage actors started one way or the other.
 pub(super) enum Running<C> {
     Tasks(JoinSet<StageActorResult<C>>),
-    Threads(Vec<std::thread::JoinHandle<StageActorResult<C>>>),
+    Threads(StageThreads<C>),
+}
+
+/// Stage actors on threads of their own, and the signal that stops them. Threads cannot
+/// be aborted as tasks are: each drives its actor in a `select!` with the stop signal,
+/// so a stopped actor drops its future (and its computes) at its next await. Dropping
+/// this stops and joins every thread still running: a run that fails, is cancelled or
+/// whose future is dropped leaves none behind (an actor inside a compute ends when the
+/// compute returns).
+pub(super) struct StageThreads<C> {
+    threads: Vec<std::thread::JoinHandle<Option<StageActorResult<C>>>>,
+    stop: watch::Sender<bool>,
+}
+
+impl<C> StageThreads<C> {
+    pub(super) fn new() -> StageThreads<C> {
+        StageThreads {
+            threads: Vec::new(),
+            stop: watch::channel(false).0,
+        }
+    }
+
+    /// Tells every actor to stop and waits for their threads to end.
+    fn stop_and_join(&mut self) {
+        self.stop.send_replace(true);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl<C> Drop for StageThreads<C> {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
 }
 
 /// What a stage actor hands back: its index among the scheduler's members, its computes.
@@ -139,13 +173,22 @@ impl<C: StageCompute> Running<C> {
             }
             Running::Threads(threads) => {
                 let handle = tokio::runtime::Handle::current();
+                let mut stop = threads.stop.subscribe();
+                let stopped = async move {
+                    tokio::select! {
+                        biased;
+                        _ = stop.wait_for(|s| *s) => None,
+                        r = body => Some(r),
+                    }
+                };
+                // "pt-" names every thread of pipetrain's (Linux keeps 15 bytes of a name).
                 let thread = std::thread::Builder::new()
-                    .name(format!("stage-actor-r{replica}-k{rank}"))
-                    .spawn(move || handle.block_on(body))
+                    .name(format!("pt-stage-r{replica}-k{rank}"))
+                    .spawn(move || handle.block_on(stopped))
                     .map_err(|e| ActorError::Settings {
                         reason: format!("cannot start a stage actor thread: {e}"),
                     })?;
-                threads.push(thread);
+                threads.threads.push(thread);
             }
         }
         Ok(())
@@ -162,19 +205,37 @@ impl<C: StageCompute> Running<C> {
                     })??);
                 }
             }
-            Running::Threads(threads) => {
-                for t in threads {
+            Running::Threads(mut threads) => {
+                for t in std::mem::take(&mut threads.threads) {
                     let joined = tokio::task::spawn_blocking(move || t.join())
                         .await
                         .map_err(|e| ActorError::ActorGone {
                             actor: format!("a stage actor thread ({e})"),
                         })?;
-                    returned.push(joined.map_err(|_| ActorError::ActorGone {
+                    let ended = joined.map_err(|_| ActorError::ActorGone {
                         actor: "a stage actor thread (it panicked)".into(),
+                    })?;
+                    returned.push(ended.ok_or_else(|| ActorError::ActorGone {
+                        actor: "a stage actor thread (stopped)".into(),
                     })??);
                 }
             }
         }
         Ok(returned)
+    }
+
+    /// Stops every stage actor and waits until all of them have ended (their computes
+    /// dropped), without holding up the runtime's workers.
+    pub(super) async fn stop(self) {
+        match self {
+            Running::Tasks(mut set) => {
+                set.abort_all();
+                while set.join_next().await.is_some() {}
+            }
+            Running::Threads(mut threads) => {
+                threads.stop.send_replace(true);
+                let _ = tokio::task::spawn_blocking(move || threads.stop_and_join()).await;
+            }
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! [`LinearLrScheduler`].
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use pipetrain_actors::{GradPolicy, StageCompute};
 
@@ -22,8 +22,15 @@ use crate::{Error, Result};
 
 /// The model to train on this device: ORT's `Module` (one stage, fused forward and
 /// backward).
+///
+/// Each step has two forms: `async` ([`Module::train_step`], [`Module::eval_step`],
+/// [`Optimizer::step`]), which computes on tokio's blocking threads so the caller's
+/// runtime goes on meanwhile (it needs a tokio runtime, of any flavour), and
+/// `_blocking`, which computes on the calling thread.
 pub struct Module {
-    pub(super) stage: OrtStage,
+    /// Shared with a step computing on a blocking thread (one at a time: steps take
+    /// `&mut self`).
+    pub(super) stage: Arc<Mutex<OrtStage>>,
     pub(super) model: ModelProto,
     pub(super) model_path: PathBuf,
     pub(super) fingerprint: String,
@@ -88,7 +95,7 @@ impl Module {
         }
         let steps = state.loaded.as_ref().map_or(0, |c| c.manifest.steps_done);
         Ok(Module {
-            stage,
+            stage: Arc::new(Mutex::new(stage)),
             model,
             model_path: model_path.to_path_buf(),
             fingerprint,
@@ -97,11 +104,11 @@ impl Module {
             pending: state.loaded,
             steps,
         })
-        .and_then(|mut m| {
+        .and_then(|m| {
             // Parameters come from the checkpoint now; the optimizer's state when the
             // optimizer is made.
             if let Some(ckpt) = &m.pending {
-                m.stage.restore_params(ckpt)?;
+                m.stage().restore_params(ckpt)?;
             }
             Ok(m)
         })
@@ -118,51 +125,64 @@ impl Module {
         self.training = false;
     }
 
+    /// The stage, between steps.
+    pub(super) fn stage(&self) -> MutexGuard<'_, OrtStage> {
+        self.stage.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Forward and backward of `batch` (ORT's `TrainStep`): gradients accumulate until
-    /// [`Module::lazy_reset_grad`]; the loss.
+    /// [`Module::lazy_reset_grad`]; the loss. Computes on a blocking thread.
     ///
     /// # Errors
     /// `Config` in evaluation mode; ONNX Runtime's errors naming the input.
     pub async fn train_step(&mut self, batch: &TensorMap) -> Result<f64> {
-        if !self.training {
-            return Err(Error::Config {
-                path: "<module>".into(),
-                field: "mode".into(),
-                rule: "train_step needs training mode (module.train())".into(),
-            });
-        }
-        let data = payload(batch);
-        let out = self
-            .stage
-            .forward(0, None, Some(data))
-            .await
-            .map_err(boxed)?;
-        self.stage
-            .backward(0, pipetrain_actors::BackwardPart::Full, None)
-            .await
-            .map_err(boxed)?;
-        out.loss
-            .ok_or_else(|| Error::graph("the module computed no loss"))
+        self.check_training()?;
+        let (stage, data) = (self.stage.clone(), payload(batch));
+        off_runtime(move || train_on(&mut lock(&stage), data)).await
     }
 
-    /// The loss of `batch` without gradients (ORT's `EvalStep`).
+    /// [`Module::train_step`] on the calling thread.
+    ///
+    /// # Errors
+    /// As [`Module::train_step`].
+    pub fn train_step_blocking(&mut self, batch: &TensorMap) -> Result<f64> {
+        self.check_training()?;
+        train_on(&mut self.stage(), payload(batch))
+    }
+
+    /// The loss of `batch` without gradients (ORT's `EvalStep`). Computes on a blocking
+    /// thread.
     ///
     /// # Errors
     /// ONNX Runtime's errors naming the input.
     pub async fn eval_step(&mut self, batch: &TensorMap) -> Result<f64> {
-        let out = self
-            .stage
-            .evaluate(0, None, Some(payload(batch)))
-            .await
-            .map_err(boxed)?;
-        out.loss
-            .ok_or_else(|| Error::graph(format!("the module computed no `{LOSS}`")))
+        let (stage, data) = (self.stage.clone(), payload(batch));
+        off_runtime(move || eval_on(&mut lock(&stage), data)).await
+    }
+
+    /// [`Module::eval_step`] on the calling thread.
+    ///
+    /// # Errors
+    /// As [`Module::eval_step`].
+    pub fn eval_step_blocking(&mut self, batch: &TensorMap) -> Result<f64> {
+        eval_on(&mut self.stage(), payload(batch))
+    }
+
+    fn check_training(&self) -> Result<()> {
+        if self.training {
+            return Ok(());
+        }
+        Err(Error::Config {
+            path: "<module>".into(),
+            field: "mode".into(),
+            rule: "train_step needs training mode (module.train())".into(),
+        })
     }
 
     /// Starts a new accumulation with the next [`Module::train_step`] (ORT's
     /// `LazyResetGrad`: nothing is zeroed now; the next gradients overwrite).
     pub fn lazy_reset_grad(&mut self) {
-        self.stage.reset_accumulation();
+        self.stage().reset_accumulation();
     }
 
     /// Writes the inference model (the forward model with the trained weights).
@@ -170,14 +190,14 @@ impl Module {
     /// # Errors
     /// `Io` naming the file.
     pub fn export_model_for_inferencing(&self, path: &Path) -> Result<()> {
-        let trained = self.stage.parameters();
+        let trained = self.stage().parameters();
         let views: Vec<(&str, &Tensor)> = trained.iter().map(|(n, t)| (n.as_str(), t)).collect();
         save_model(&export_inference_model(&self.model, &views)?, path)
     }
 
     /// The trained parameters, by name.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        self.stage.parameters()
+        self.stage().parameters()
     }
 }
 
@@ -195,27 +215,31 @@ impl Optimizer {
     /// `Config` for a bad configuration; `Checkpoint` when the checkpoint's optimizer
     /// state does not fit.
     pub fn new(config: OptimizerConfig, lr: f64, module: &mut Module) -> Result<Optimizer> {
-        module.stage.set_optimizer(&config)?;
+        module.stage().set_optimizer(&config)?;
         if let Some(ckpt) = module.pending.take() {
-            module.stage.restore(&ckpt)?;
+            module.stage().restore(&ckpt)?;
         }
         Ok(Optimizer { config, lr })
     }
 
     /// One update of `module`'s parameters from its accumulated gradients (ORT's
-    /// `OptimizerStep`).
+    /// `OptimizerStep`). Computes on a blocking thread.
     ///
     /// # Errors
     /// The optimizer's errors.
     pub async fn step(&mut self, module: &mut Module) -> Result<()> {
-        let policy = GradPolicy::default();
-        let stats = module.stage.grad_stats(module.steps);
-        let (decision, _) = policy.decide(policy.scaling.initial_state(), &[stats]);
-        module
-            .stage
-            .update(module.steps, self.lr, &decision)
-            .await
-            .map_err(boxed)?;
+        let (stage, steps, lr) = (module.stage.clone(), module.steps, self.lr);
+        off_runtime(move || update_on(&mut lock(&stage), steps, lr)).await?;
+        module.steps += 1;
+        Ok(())
+    }
+
+    /// [`Optimizer::step`] on the calling thread.
+    ///
+    /// # Errors
+    /// As [`Optimizer::step`].
+    pub fn step_blocking(&mut self, module: &mut Module) -> Result<()> {
+        update_on(&mut module.stage(), module.steps, self.lr)?;
         module.steps += 1;
         Ok(())
     }
@@ -268,6 +292,52 @@ impl LinearLrScheduler {
     }
 }
 
+fn lock(stage: &Mutex<OrtStage>) -> MutexGuard<'_, OrtStage> {
+    stage.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `work` on tokio's blocking threads, so the caller's runtime goes on meanwhile.
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        Error::runtime(pipetrain_actors::ActorError::ActorGone {
+            actor: format!("the module's compute ({e})"),
+        })
+    })?
+}
+
+/// A training step's forward and backward; the loss. The stage computes as it is
+/// called (its futures never wait on anything), so they are driven here on this thread.
+fn train_on(stage: &mut OrtStage, data: Payload) -> Result<f64> {
+    pollster::block_on(async {
+        let out = stage.forward(0, None, Some(data)).await.map_err(boxed)?;
+        stage
+            .backward(0, pipetrain_actors::BackwardPart::Full, None)
+            .await
+            .map_err(boxed)?;
+        out.loss
+            .ok_or_else(|| Error::graph("the module computed no loss"))
+    })
+}
+
+/// An evaluation step's loss.
+fn eval_on(stage: &mut OrtStage, data: Payload) -> Result<f64> {
+    pollster::block_on(async {
+        let out = stage.evaluate(0, None, Some(data)).await.map_err(boxed)?;
+        out.loss
+            .ok_or_else(|| Error::graph(format!("the module computed no `{LOSS}`")))
+    })
+}
+
+/// The optimizer's update of step `steps` at rate `lr`.
+fn update_on(stage: &mut OrtStage, steps: u64, lr: f64) -> Result<()> {
+    let policy = GradPolicy::default();
+    let stats = stage.grad_stats(steps);
+    let (decision, _) = policy.decide(policy.scaling.initial_state(), &[stats]);
+    pollster::block_on(stage.update(steps, lr, &decision)).map_err(boxed)
+}
+
 fn payload(batch: &TensorMap) -> Payload {
     batch
         .iter()
@@ -276,12 +346,10 @@ fn payload(batch: &TensorMap) -> Payload {
 }
 
 fn boxed(e: pipetrain_actors::BoxError) -> Error {
-    Error::Runtime {
-        source: Box::new(pipetrain_actors::ActorError::Compute {
-            replica: 0,
-            stage: 0,
-            action: pipetrain_actors::schedules::Action::forward(0, 0),
-            source: e,
-        }),
-    }
+    Error::runtime(pipetrain_actors::ActorError::Compute {
+        replica: 0,
+        stage: 0,
+        action: pipetrain_actors::schedules::Action::forward(0, 0),
+        source: e,
+    })
 }

@@ -198,16 +198,31 @@ impl TrainingRunner {
         eval_loader: Option<Box<dyn BatchSource>>,
     ) -> Result<TrainSummary> {
         let cfg = self.params.config(eval_loader.is_some())?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_time()
-            .build()
-            .map_err(Error::io("<tokio runtime>"))?;
         let mut trainer = Trainer::new(cfg).with_data(train_loader);
         if let Some(eval) = eval_loader {
             trainer.eval_data = Some(Arc::from(eval));
         }
-        let rt = self.rt.clone();
-        runtime.block_on(async move { trainer.start(&rt)?.wait().await })
+        // The run has threads of its own: this works from inside a runtime too (where it
+        // blocks the calling thread until the run ends; async code awaits
+        // `TrainingRunner::run_async`).
+        trainer.start(&self.rt)?.wait_blocking()
+    }
+
+    /// [`TrainingRunner::run`] for async code: the run trains on its own threads while
+    /// the caller's runtime goes on.
+    ///
+    /// # Errors
+    /// As [`TrainingRunner::run`].
+    pub async fn run_async(
+        &mut self,
+        train_loader: impl BatchSource,
+        eval_loader: Option<Box<dyn BatchSource>>,
+    ) -> Result<TrainSummary> {
+        let cfg = self.params.config(eval_loader.is_some())?;
+        let mut trainer = Trainer::new(cfg).with_data(train_loader);
+        if let Some(eval) = eval_loader {
+            trainer.eval_data = Some(Arc::from(eval));
+        }
+        trainer.start(&self.rt)?.wait().await
     }
 }

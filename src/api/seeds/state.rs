@@ -61,24 +61,29 @@ impl CheckpointState {
         let tmp = dir.with_extension("tmp-save");
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(Error::io(&tmp))?;
-        let (layout, params, opt) = module.stage.state();
-        let job = checkpoint::save_job(
-            0,
-            &tmp,
-            checkpoint::StageState {
-                layout,
-                params,
-                optimizer: opt,
-                stats: &[],
-                shard: None,
-            },
-            None,
-            &Default::default(),
-        )?;
-        let shards = job().map_err(|e| Error::Checkpoint {
-            path: tmp.clone(),
-            reason: e.to_string(),
-        })?;
+        // The stage is locked while its state is written (and not after: the manifest
+        // reads it too).
+        let shards = {
+            let stage = module.stage();
+            let (layout, params, opt) = stage.state();
+            let job = checkpoint::save_job(
+                0,
+                &tmp,
+                checkpoint::StageState {
+                    layout,
+                    params,
+                    optimizer: opt,
+                    stats: &[],
+                    shard: None,
+                },
+                None,
+                &Default::default(),
+            )?;
+            job().map_err(|e| Error::Checkpoint {
+                path: tmp.clone(),
+                reason: e.to_string(),
+            })?
+        };
         let manifest = manifest(module, optimizer, shards);
         manifest.write_synced(&tmp)?;
         if dir.exists() {
@@ -95,7 +100,7 @@ fn manifest(
     shards: Vec<pipetrain_actors::ShardFile>,
 ) -> Manifest {
     let cfg = optimizer.config.clone();
-    let params = module.stage.parameters();
+    let params = module.stage().parameters();
     Manifest {
         format: checkpoint::FORMAT.into(),
         format_version: checkpoint::FORMAT_VERSION,
@@ -118,7 +123,7 @@ fn manifest(
         },
         optimizer: checkpoint::OptimizerInfo {
             config: cfg.clone(),
-            state: module.stage.optimizer_state_names(),
+            state: module.stage().optimizer_state_names(),
         },
         lr_schedule: checkpoint::LrInfo {
             config: LrSchedule {
