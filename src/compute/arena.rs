@@ -51,7 +51,7 @@ pub(crate) fn register(env: &ort::environment::Environment) -> Result<()> {
 }
 
 /// An error for a non-null ONNX Runtime status (which is released).
-fn check(status: ort::sys::OrtStatusPtr, what: &str) -> Result<()> {
+pub(super) fn check(status: ort::sys::OrtStatusPtr, what: &str) -> Result<()> {
     let api = ort::api();
     let Some(ptr) = std::ptr::NonNull::new(status.0) else {
         return Ok(());

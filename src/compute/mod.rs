@@ -10,6 +10,7 @@ mod fused;
 mod lifted;
 mod local_shards;
 mod open;
+mod ort_log;
 mod pinned;
 mod probe;
 mod runtime;

@@ -159,8 +159,10 @@ impl Runtime {
                 reason: format!("{}: {e}", library.display()),
             })?
             .with_name("pipetrain")
+            .with_logger(super::ort_log::logger())
             .build()
             .map_err(Error::ort("creating the environment"))?;
+        super::ort_log::set_level(&env)?;
         super::arena::register(&env)?;
         let info = RuntimeInfo {
             version: version(&library),
