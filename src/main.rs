@@ -168,9 +168,12 @@ enum ScheduleCommand {
 }
 
 fn main() -> ExitCode {
+    // ONNX Runtime's own warnings (target `onnxruntime`) are about its internals (an
+    // unused initializer it drops): shown when RUST_LOG asks for them.
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,onnxruntime=error".into()),
         )
         .with_writer(std::io::stderr)
         .init();
