@@ -14,7 +14,7 @@ rounds=${1:-5}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$root"
-cargo build --release -q
+cargo build --release --features cli -q
 bin=$root/target/release/pipetrain
 peers=$root/peers/data
 if [ -n "${2:-}" ]; then

@@ -28,7 +28,7 @@ if [ -z "${TORCH_PYTHON:-}" ]; then
 fi
 export OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads
 bash "$root/scripts/setup.sh" > /dev/null
-cargo build --release --manifest-path "$root/Cargo.toml" -q
+cargo build --release --features cli --manifest-path "$root/Cargo.toml" -q
 ort=(--ort-python "$(bash "$root/benches/peers_venv.sh")")
 "$TORCH_PYTHON" "$root/benches/exported_side_by_side.py" --rounds "$rounds" \
   --families "$families" --threads "$threads" "${ort[@]}"

@@ -14,7 +14,7 @@ rounds=${1:-7}
 shift || true
 configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=("$root/examples/tiny_gpt_sgd.toml" "$root/examples/tiny_gpt_adamw.toml")
-cargo build --release --manifest-path "$root/Cargo.toml" -q
+cargo build --release --features cli --manifest-path "$root/Cargo.toml" -q
 bin=$root/target/release/pipetrain
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

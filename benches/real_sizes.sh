@@ -37,7 +37,7 @@ bash "$root/scripts/setup.sh" > /dev/null
 if [ -n "${PIPETRAIN_BIN:-}" ]; then
   bin=$PIPETRAIN_BIN
 else
-  cargo build --release --manifest-path "$root/Cargo.toml" -q
+  cargo build --release --features cli --manifest-path "$root/Cargo.toml" -q
   bin=$root/target/release/pipetrain
 fi
 "$TORCH_PYTHON" "$root/benches/real_sizes.py" --rounds "$rounds" --models "$models" \

@@ -14,7 +14,7 @@ peers=$root/peers/data
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$root"
-cargo build --release -q
+cargo build --release --features cli -q
 bin=$root/target/release/pipetrain
 config() {
   cat <<EOF

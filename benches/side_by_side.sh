@@ -33,6 +33,6 @@ if [ ! -d "$PEERS_SCRATCH/artifacts/tiny_gpt_sgd" ]; then
   (cd "$peers" && "$py" make_artifacts.py > "$PEERS_SCRATCH/artifacts.log" 2>&1)
 fi
 bash "$root/scripts/setup.sh" > /dev/null
-cargo build --release --manifest-path "$root/Cargo.toml" -q
+cargo build --release --features cli --manifest-path "$root/Cargo.toml" -q
 python3 "$root/benches/side_by_side.py" --rounds "$rounds" --cases "$cases" \
   --json "$PEERS_SCRATCH/side_by_side.json"

@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ -z "$bin" ]; then
-  (cd "$root" && cargo build --release --features cuda) || exit 1
+  (cd "$root" && cargo build --release --features cli,cuda) || exit 1
   bin="$root/target/release"
 fi
 bin=$(cd "$bin" && pwd)

@@ -32,7 +32,7 @@ if [ "${1:-}" = "--cuda" ]; then
     echo "export LD_LIBRARY_PATH=$dirs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
   } > "$venv/pipetrain-env.sh"
   echo "setup: ONNX Runtime's CUDA build at $lib"
-  echo "setup: now 'source $venv/pipetrain-env.sh' and build with 'cargo build --release --features cuda'"
+  echo "setup: now 'source $venv/pipetrain-env.sh' and build with 'cargo build --release --features cli,cuda'"
   exit 0
 fi
 venv=.venv

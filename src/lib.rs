@@ -22,8 +22,8 @@
 //! - [`config`]: the training configuration (TOML), validated up front.
 //! - [`train`]: a training run over the stage graphs, in one process or as one
 //!   process's part of a distributed run.
-//! - [`launch`]: `pipetrain launch`, one supervised worker process per node of a cluster
-//!   manifest.
+//! - `launch` (feature `cli`): `pipetrain launch`, one supervised worker process per node
+//!   of a cluster manifest.
 //! - [`comm`]: the transport between those processes: authenticated TCP, a control bus,
 //!   ring all-reduce, activation and gradient links.
 //! - [`Error`]: the one error type.
@@ -38,6 +38,7 @@ pub mod config;
 pub mod data;
 mod error;
 pub mod graph;
+#[cfg(feature = "cli")]
 pub mod launch;
 pub mod models;
 pub mod onnx;

@@ -9,6 +9,7 @@ use crate::{Error, Result};
 mod batches;
 mod check;
 mod npy;
+#[cfg(feature = "cli")]
 mod npz_write;
 pub mod shards;
 mod source;
@@ -19,6 +20,7 @@ mod weights;
 pub use batches::Batches;
 pub use check::{first_bad_value, CheckedBatches, FeedRule, IndexRule};
 pub use npy::{parse_npy, read_npz};
+#[cfg(feature = "cli")]
 pub use npz_write::write_npz;
 pub use shards::{ShardDataset, ShardSpec, ShardSplit};
 pub use source::{split_rows, BatchSource, ChannelBatches, FedBatches, StepBatches};

@@ -26,10 +26,11 @@ pub use images::ImagesConfig;
 pub use language::LanguageConfig;
 pub use teacher::TeacherConfig;
 
+#[cfg(feature = "cli")]
 use super::write_npz;
 use crate::models::rule;
 use crate::tensor::Tensor;
-use crate::{Error, Result};
+use crate::Result;
 
 /// The most elements one generated array may hold (4 GiB of float32).
 pub const MAX_ELEMENTS: usize = 1 << 30;
@@ -178,6 +179,7 @@ pub enum SynthCommand {
 ///
 /// # Errors
 /// As [`synth_command`].
+#[cfg(feature = "cli")]
 pub fn data_command(cmd: DataCommand) -> Result<String> {
     match cmd {
         DataCommand::Synth(args) => synth_command(args),
@@ -191,6 +193,7 @@ pub fn data_command(cmd: DataCommand) -> Result<String> {
 /// # Errors
 /// `Config` naming the command-line option (`--samples`) and the rule; `Io` when the
 /// file cannot be written.
+#[cfg(feature = "cli")]
 pub fn synth_command(args: SynthArgs) -> Result<String> {
     let (spec, output) = match args.command {
         SynthCommand::Language { config, output } => (SynthSpec::Language(config), output),
@@ -199,7 +202,7 @@ pub fn synth_command(args: SynthArgs) -> Result<String> {
     };
     spec.validate(Path::new("<command line>"))
         .map_err(|e| match e {
-            Error::Config { path, field, rule } => Error::Config {
+            crate::Error::Config { path, field, rule } => crate::Error::Config {
                 path,
                 field: format!("--{}", field.trim_start_matches("synth.").replace('_', "-")),
                 rule,
@@ -211,7 +214,7 @@ pub fn synth_command(args: SynthArgs) -> Result<String> {
     names.sort_unstable();
     let refs: Vec<(&str, &Tensor)> = names.iter().map(|n| (*n, &arrays[*n])).collect();
     if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
+        std::fs::create_dir_all(dir).map_err(crate::Error::io(dir))?;
     }
     write_npz(&output, &refs)?;
     let shapes: Vec<String> = refs

@@ -20,6 +20,7 @@
 mod chrome_trace;
 mod laps;
 mod metrics;
+#[cfg(feature = "cli")]
 mod progress;
 mod svg;
 mod tensorboard;
@@ -27,6 +28,7 @@ mod tensorboard;
 pub use chrome_trace::chrome_trace;
 pub use laps::{peak_resident_bytes, Laps};
 pub use metrics::{MetricsWriter, StepMetrics};
+#[cfg(feature = "cli")]
 pub use progress::{render, Progress};
 pub use svg::timeline_svg;
 pub use tensorboard::{TensorBoardWriter, HISTOGRAM_BUCKETS};

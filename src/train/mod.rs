@@ -25,23 +25,29 @@ mod cap;
 mod check;
 mod checkpointing;
 mod cluster;
+#[cfg(feature = "cli")]
 mod command;
 mod data_rules;
 mod engine;
 mod memory;
 mod peak;
 mod phases;
+#[cfg(feature = "cli")]
 mod report;
 mod run;
 mod settings;
+#[cfg(feature = "cli")]
 mod signals;
 
 pub use check::{check_model, CheckReport};
 pub use checkpointing::{claim_checkpoints_dir, latest_checkpoint};
 pub use cluster::ClusterPart;
+#[cfg(feature = "cli")]
 pub use command::{train_command, EarlierRun};
 pub use memory::{memory_report, memory_table, MemoryRow, StashPeak};
+#[cfg(feature = "cli")]
 pub use report::Reporter;
+#[cfg(feature = "cli")]
 pub use signals::{signal_name, StopOnSignal, REPEAT_GRACE};
 
 /// What one optimizer step did.

@@ -1,6 +1,6 @@
 //! pipetrain's integration tests, one binary (the crate is linked once, not once per
 //! area): a module per area, the helpers they share in `common`. Run one area with
-//! `cargo test --release --test it -- AREA::` (`grad_ops::`, `launch::`, ...).
+//! `cargo test --release --features cli --test it -- AREA::` (`grad_ops::`, `launch::`, ...).
 
 mod common;
 

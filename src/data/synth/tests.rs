@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::*;
+use crate::Error;
 
 fn field_of(spec: &SynthSpec) -> String {
     match spec.validate(Path::new("d.toml")) {
@@ -223,6 +224,7 @@ fn bad_settings_name_their_field() {
 }
 
 #[test]
+#[cfg(feature = "cli")]
 fn the_command_writes_the_file_and_names_bad_options() {
     use clap::{CommandFactory, Parser};
 
