@@ -13,8 +13,8 @@
 //!   `Module` / `Optimizer` loop.
 //! - [`checkpoint`]: checkpoints (safetensors shards per stage keyed by parameter name, a
 //!   manifest written last), exact and layout-free resume.
-//! - [`cluster`]: the cluster manifest `pipetrain launch` reads (nodes, layout, shared
-//!   secret), rank placement, node selection under Slurm and Kubernetes.
+//! - `cluster` (feature `cluster`): the cluster manifest `pipetrain launch` reads (nodes,
+//!   layout, shared secret), rank placement, node selection under Slurm and Kubernetes.
 //! - [`compute`]: ONNX Runtime through `ort` (`load-dynamic`): finding the library,
 //!   sessions fed without copies, the shape probe, training-step runners.
 //! - [`data`]: NumPy and safetensors files, per-step batches, synthetic data sets.
@@ -24,14 +24,16 @@
 //!   process's part of a distributed run.
 //! - `launch` (feature `cli`): `pipetrain launch`, one supervised worker process per node
 //!   of a cluster manifest.
-//! - [`comm`]: the transport between those processes: authenticated TCP, a control bus,
-//!   ring all-reduce, activation and gradient links.
+//! - `comm` (feature `cluster`): the transport between those processes: authenticated
+//!   TCP, a control bus, ring all-reduce, activation and gradient links.
 //! - [`Error`]: the one error type.
 #![deny(missing_docs)]
 
 pub mod api;
 pub mod checkpoint;
+#[cfg(feature = "cluster")]
 pub mod cluster;
+#[cfg(feature = "cluster")]
 pub mod comm;
 pub mod compute;
 pub mod config;

@@ -69,6 +69,12 @@ impl MeshShardGroups {
     }
 }
 
+impl crate::compute::ShardGroups for MeshShardGroups {
+    fn link(&self, replica: usize, stage: usize) -> ShardLink {
+        MeshShardGroups::link(self, replica, stage)
+    }
+}
+
 struct MeshShard {
     mesh: Arc<Mesh>,
     /// The node of each shard of the group.

@@ -26,5 +26,6 @@ pub use pinned::PinnedBuffers;
 pub use probe::probe_values;
 pub use runtime::{find_library, Runtime, RuntimeInfo, ORT_VERSION};
 pub use session::GraphSession;
+#[cfg(feature = "cluster")]
 pub(crate) use shard_ops::TrafficMeter;
-pub use shard_ops::{ShardComm, ShardLink, ShardTraffic};
+pub use shard_ops::{ShardComm, ShardGroups, ShardLink, ShardTraffic};

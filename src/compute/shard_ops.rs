@@ -90,6 +90,14 @@ impl TrafficMeter {
     }
 }
 
+/// Hands each (engine replica, stage) its shard link, for the tensor shard groups of a
+/// run spread over several processes (the transport's, behind this so the training
+/// engine does not depend on it).
+pub trait ShardGroups: Send + Sync {
+    /// The link of `stage` of engine replica `replica`.
+    fn link(&self, replica: usize, stage: usize) -> ShardLink;
+}
+
 /// A shard's collective handle, as sessions are given it.
 #[derive(Clone)]
 pub struct ShardLink(pub Arc<dyn ShardComm>);

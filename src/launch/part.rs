@@ -40,8 +40,10 @@ pub(super) fn cluster_part(
         .map(|c| (c.dp * hp + c.tp, c.pp))
         .collect();
     let patience = Duration::from_secs_f64(cfg.watchdog_seconds);
-    let shard_groups =
-        (hp > 1).then(|| MeshShardGroups::new(mesh.clone(), by_stage.clone(), hp, patience));
+    let shard_groups = (hp > 1).then(|| {
+        let groups = MeshShardGroups::new(mesh.clone(), by_stage.clone(), hp, patience);
+        Arc::new(groups) as Arc<dyn crate::compute::ShardGroups>
+    });
     let collective = Arc::new(MeshCollective::new(mesh.clone(), by_stage).with_shards(hp));
     let places = places(manifest, &owner, me);
     let (peers, deliver) = link_transfers(mesh.clone(), owner);

@@ -19,7 +19,7 @@ pub struct ClusterPart<K> {
     /// Mailboxes of the other processes' members, the collective, and the bus.
     pub dist: Distribution<Payload, K>,
     /// The tensor shards' groups across the job's nodes (`None`: not split).
-    pub shard_groups: Option<crate::comm::MeshShardGroups>,
+    pub shard_groups: Option<std::sync::Arc<dyn crate::compute::ShardGroups>>,
 }
 
 impl<K> ClusterPart<K> {

@@ -14,7 +14,6 @@ use pipetrain_schedules::Schedule;
 use super::settings::{stage_settings, training_graph, warn_about_model};
 use super::{apply_init, checkpointing, RunEvent};
 use crate::checkpoint::{model_fingerprint, LoadedCheckpoint};
-use crate::comm::MeshShardGroups;
 use crate::compute::{check_device, LocalShards, Runtime, SessionOptions, ShardLink};
 use crate::config::TrainConfig;
 use crate::data::{open_step_batches, read_safetensors, BatchSource, FedBatches, StepBatches};
@@ -260,7 +259,7 @@ pub(super) fn make_computes(
     rt: &Runtime,
     cfg: &TrainConfig,
     built: &Built,
-    (owned, groups): (&[(usize, usize)], Option<&MeshShardGroups>),
+    (owned, groups): (&[(usize, usize)], Option<&dyn crate::compute::ShardGroups>),
     (session_opts, scale): (&SessionOptions, f64),
     (tap, resume): (Option<HistogramTap>, Option<&LoadedCheckpoint>),
 ) -> Result<HashMap<(usize, usize), OrtStage>> {

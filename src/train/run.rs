@@ -73,7 +73,7 @@ pub(super) async fn run_training<K: Collective>(
         &built,
         (
             &owned,
-            cluster.as_ref().and_then(|c| c.shard_groups.as_ref()),
+            cluster.as_ref().and_then(|c| c.shard_groups.as_deref()),
         ),
         (&session_opts, scaler.scale),
         (tap, prepared.resume.as_ref()),
