@@ -66,7 +66,16 @@ impl Launch {
         std::thread::Builder::new()
             .name("pt-run".into())
             .spawn(move || {
-                let result = self.run(&sink, control_rx, intent_rx);
+                let run = || self.run(&sink, control_rx, intent_rx);
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
+                    .unwrap_or_else(|p| {
+                        Err(Error::runtime(pipetrain_actors::ActorError::ActorGone {
+                            actor: format!(
+                                "the run (it panicked: {})",
+                                pipetrain_actors::panic_text(&*p)
+                            ),
+                        }))
+                    });
                 sink.end(match &result {
                     Ok(s) => RunEvent::Finished(Box::new(s.clone())),
                     Err(Error::Cancelled) => RunEvent::Cancelled,

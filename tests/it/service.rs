@@ -49,6 +49,20 @@ fn in_own_process(name: &str) -> String {
     text
 }
 
+/// Runs `service` on a 2-worker runtime, in the child process only (a plain `--ignored`
+/// run skips it).
+fn in_child(service: impl std::future::Future<Output = ()>) {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let tokio_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    tokio_rt.block_on(service);
+}
+
 /// A 2-stage pipeline of the peers' MLP, 2 micro-batches a step, `steps` steps.
 fn pipeline(dir: &Path, steps: usize) -> TrainConfig {
     std::fs::create_dir_all(dir).unwrap();
@@ -153,15 +167,7 @@ fn failed_cancelled_and_dropped_runs_leave_no_thread_or_memory_behind() {
 #[test]
 #[ignore = "run in a process of its own by failed_cancelled_and_dropped_runs_..."]
 fn service_loop() {
-    if std::env::var_os(CHILD).is_none() {
-        return;
-    }
-    let tokio_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    tokio_rt.block_on(async {
+    in_child(async {
         let rt = common::runtime();
         let tmp = tempfile::tempdir().unwrap();
         let cfg = pipeline(tmp.path(), 100_000);
@@ -248,15 +254,7 @@ lr = 1e-3
 #[test]
 #[ignore = "run in a process of its own by the_service_runtime_is_never_held_up_..."]
 fn heartbeat() {
-    if std::env::var_os(CHILD).is_none() {
-        return;
-    }
-    let tokio_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    tokio_rt.block_on(async {
+    in_child(async {
         let rt = common::runtime();
         let tmp = tempfile::tempdir().unwrap();
         let (done_tx, mut done_rx) = tokio::sync::watch::channel(false);

@@ -197,15 +197,12 @@ impl TrainingRunner {
         train_loader: impl BatchSource,
         eval_loader: Option<Box<dyn BatchSource>>,
     ) -> Result<TrainSummary> {
-        let cfg = self.params.config(eval_loader.is_some())?;
-        let mut trainer = Trainer::new(cfg).with_data(train_loader);
-        if let Some(eval) = eval_loader {
-            trainer.eval_data = Some(Arc::from(eval));
-        }
         // The run has threads of its own: this works from inside a runtime too (where it
         // blocks the calling thread until the run ends; async code awaits
         // `TrainingRunner::run_async`).
-        trainer.start(&self.rt)?.wait_blocking()
+        self.trainer(train_loader, eval_loader)?
+            .start(&self.rt)?
+            .wait_blocking()
     }
 
     /// [`TrainingRunner::run`] for async code: the run trains on its own threads while
@@ -218,11 +215,21 @@ impl TrainingRunner {
         train_loader: impl BatchSource,
         eval_loader: Option<Box<dyn BatchSource>>,
     ) -> Result<TrainSummary> {
+        let trainer = self.trainer(train_loader, eval_loader)?;
+        trainer.start(&self.rt)?.wait().await
+    }
+
+    /// The run of the parameters on these loaders.
+    fn trainer(
+        &self,
+        train_loader: impl BatchSource,
+        eval_loader: Option<Box<dyn BatchSource>>,
+    ) -> Result<Trainer> {
         let cfg = self.params.config(eval_loader.is_some())?;
         let mut trainer = Trainer::new(cfg).with_data(train_loader);
         if let Some(eval) = eval_loader {
             trainer.eval_data = Some(Arc::from(eval));
         }
-        trainer.start(&self.rt)?.wait().await
+        Ok(trainer)
     }
 }
