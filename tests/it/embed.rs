@@ -166,7 +166,8 @@ async fn checkpoint_now_then_stop() {
     assert!(matches!(rest.last(), Some(RunEvent::Finished(_))));
 }
 
-/// Cancel stops at once; what is on disk is only complete checkpoints.
+/// Cancel stops at once: once it returns nothing more is written, the checkpoint it was
+/// writing is gone, and what is on disk is only complete checkpoints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_stops_at_once() {
     let rt = common::runtime();
@@ -184,6 +185,15 @@ async fn cancel_stops_at_once() {
     let events = handle.events().clone();
     while !matches!(events.recv().await.unwrap(), RunEvent::Step(r) if r.step >= 3) {}
     handle.cancel().await;
+    // Nothing is written once cancel has returned.
+    let files = || {
+        let mut all: Vec<(std::path::PathBuf, u64)> = walk(&ck);
+        all.sort();
+        all
+    };
+    let at_return = files();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(files(), at_return, "files changed after cancel returned");
     // Everything left on the event stream ends with the cancellation.
     let mut last = None;
     while let Some(e) = events.try_recv() {
@@ -211,6 +221,20 @@ async fn cancel_stops_at_once() {
             assert!(m.steps_done < 100_000);
         }
     }
+}
+
+/// Every file under `dir` with its size.
+fn walk(dir: &Path) -> Vec<(std::path::PathBuf, u64)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let meta = e.metadata().unwrap();
+        if meta.is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push((e.path(), meta.len()));
+        }
+    }
+    out
 }
 
 /// Seed 002's loop (`train_step`, `Optimizer::step`, `lazy_reset_grad`) gives bitwise the
