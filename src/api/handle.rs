@@ -44,12 +44,15 @@ pub(super) struct Launch {
     pub rt: Runtime,
     /// Set when the run ends: readers of a fed channel stop waiting.
     pub ended: Arc<AtomicBool>,
+    /// Set by the handle to cancel: looked at between the phases of the run's start.
+    pub cancel: Arc<AtomicBool>,
 }
 
 /// A running run. It owns the run: dropping the handle cancels it (as
 /// [`RunHandle::cancel`], without waiting), unless [`RunHandle::detach`] let it go.
 pub struct RunHandle {
     events: Events,
+    cancel: Arc<AtomicBool>,
     control: flume::Sender<RunControl>,
     intent: watch::Sender<Intent>,
     done: flume::Receiver<Result<TrainSummary>>,
@@ -62,6 +65,7 @@ impl Launch {
         let (intent, intent_rx) = watch::channel(Intent::Run);
         let (done_tx, done) = flume::bounded(1);
         let (sink, events) = events;
+        let cancel = self.cancel.clone();
         settle_allocator();
         std::thread::Builder::new()
             .name("pt-run".into())
@@ -86,6 +90,7 @@ impl Launch {
             .map_err(Error::io("<the run's thread>"))?;
         Ok(RunHandle {
             events,
+            cancel,
             control,
             intent,
             done,
@@ -116,6 +121,7 @@ impl Launch {
                 eval_data: self.eval_data,
                 control: Some(control),
                 on_event: &mut on_event,
+                cancel: Some(self.cancel.clone()),
             };
             tokio::select! {
                 biased;
@@ -237,13 +243,13 @@ impl RunHandle {
     /// unfinished is removed; [`RunEvent::Cancelled`] is then the last event (unless the
     /// run had already ended otherwise).
     pub async fn cancel(self) {
-        self.intent.send_replace(Intent::Cancel);
+        self.cancel_now();
         let _ = self.done.recv_async().await;
     }
 
     /// [`RunHandle::cancel`] for a thread that may block.
     pub fn cancel_blocking(self) {
-        self.intent.send_replace(Intent::Cancel);
+        self.cancel_now();
         let _ = self.done.recv();
     }
 
@@ -279,15 +285,18 @@ impl RunHandle {
     }
 }
 
+impl RunHandle {
+    fn cancel_now(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+        self.intent.send_replace(Intent::Cancel);
+    }
+}
+
 impl Drop for RunHandle {
     fn drop(&mut self) {
-        self.intent.send_if_modified(|i| {
-            let run = *i == Intent::Run;
-            if run {
-                *i = Intent::Cancel;
-            }
-            run
-        });
+        if *self.intent.borrow() == Intent::Run {
+            self.cancel_now();
+        }
     }
 }
 

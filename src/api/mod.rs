@@ -187,6 +187,7 @@ impl Trainer {
             record_trace: self.record_trace,
             rt: rt.clone(),
             ended,
+            cancel: Arc::default(),
         };
         launch.start(events::queue(backlog))
     }

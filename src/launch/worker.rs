@@ -176,6 +176,7 @@ async fn train<K: pipetrain_actors::Collective>(
         _ => {}
     };
     let opts = RunOptions {
+        cancel: None,
         record_trace: false,
         data: None,
         eval_data: None,

@@ -155,6 +155,9 @@ pub struct RunOptions<'a> {
     pub control: Option<flume::Receiver<RunControl>>,
     /// Sees every event of the run, as it happens.
     pub on_event: &'a mut (dyn FnMut(RunEvent) + Send),
+    /// Set to end a run that is still starting: looked at between the phases before
+    /// training (loading, graphs, sessions), which cannot be interrupted themselves.
+    pub cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// The outcome of a run.
@@ -239,6 +242,7 @@ async fn steps_of(
         }
     };
     let opts = RunOptions {
+        cancel: None,
         record_trace,
         data: None,
         eval_data: None,

@@ -39,10 +39,16 @@ pub(super) async fn run_training<K: Collective>(
         eval_data: fed_eval,
         control,
         on_event,
+        cancel,
     } = opts;
+    let go_on = || match &cancel {
+        Some(c) if c.load(std::sync::atomic::Ordering::Relaxed) => Err(Error::Cancelled),
+        _ => Ok(()),
+    };
     let mut laps = crate::telemetry::Laps::start();
     let mut prepared = prepare(cfg, config_path, on_event)?;
     laps.lap("loading the model");
+    go_on()?;
     // The engine's replicas: every tensor shard of every data-parallel replica.
     let hp = cfg.horizontal_parallel_size;
     let probe = cluster
@@ -51,8 +57,10 @@ pub(super) async fn run_training<K: Collective>(
         .unwrap_or(0);
     let opened = open_data(cfg, config_path, fed, &prepared, probe)?;
     laps.lap("opening the data");
+    go_on()?;
     let mut built = build_graphs(rt, cfg, config_path, &prepared, &opened)?;
     laps.lap("building the graphs");
+    go_on()?;
     // The trained model is the original with the trained values: the original's copies of
     // them are not needed again (GPT-2 small: 0.5 GB).
     strip_trained(&mut prepared.model, &built.tg);
@@ -81,6 +89,7 @@ pub(super) async fn run_training<K: Collective>(
     // The stages hold the parameters' values now.
     built.tg.release_initial_values();
     laps.lap("opening the sessions");
+    go_on()?;
     tracing::info!("ready to train in {}", laps.summary());
     let facts = run_facts(cfg, &prepared, &built, &computes, &opened);
     let (data, evaluation) = step_data(cfg, config_path, opened.batches, &built, fed_eval)?;

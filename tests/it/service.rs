@@ -456,3 +456,21 @@ async fn the_seeds_work_inside_a_runtime_and_yield() {
         .unwrap();
     assert_eq!(summary.steps, 2);
 }
+
+/// A cancel while the run is starting ends it between the phases of its start: training
+/// never begins, and the end is `Cancelled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_while_starting_ends_the_run_before_training() {
+    let rt = common::runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = TrainConfig::parse(GPT2, &tmp.path().join("gpt2.toml")).unwrap();
+    let handle = Trainer::new(cfg).start(&rt).unwrap();
+    let events = handle.events().clone();
+    handle.cancel().await;
+    let seen: Vec<RunEvent> = events.drain().collect();
+    assert!(
+        !seen.iter().any(|e| matches!(e, RunEvent::Started { .. })),
+        "{seen:?}"
+    );
+    assert!(matches!(seen.last(), Some(RunEvent::Cancelled)), "{seen:?}");
+}
