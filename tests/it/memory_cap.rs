@@ -261,19 +261,30 @@ fn two_pipeline_ranks_train_under_the_cap_that_refuses_one_process() {
         .into_iter()
         .map(|c| c.wait_with_output().unwrap())
         .collect();
-    let failcnt: Vec<String> = groups
+    // memory.failcnt also counts the times the kernel reclaimed page cache at the limit
+    // (files the ranks read and write, charged to their cgroup), which a busy machine's
+    // test run does now and then: the OOM killer's count is what says a rank did not fit.
+    let oom_kills: Vec<String> = groups
         .iter()
         .flatten()
-        .map(|g| std::fs::read_to_string(g.join("memory.failcnt")).unwrap_or_default())
+        .map(|g| {
+            let control = std::fs::read_to_string(g.join("memory.oom_control")).unwrap_or_default();
+            let kills = control.lines().find_map(|l| l.strip_prefix("oom_kill "));
+            kills.unwrap_or("0").trim().to_string()
+        })
         .collect();
     for g in groups.iter().flatten() {
         let _ = std::fs::remove_dir(g);
     }
     for o in &outs {
         assert!(o.status.success(), "a rank failed:\n{}", stderr(o));
+        let said = String::from_utf8_lossy(&o.stdout).into_owned() + &stderr(o);
+        for l in said.lines().filter(|l| l.contains("peak memory")) {
+            println!("rank: {l}");
+        }
     }
-    // Neither rank's cgroup ever stopped an allocation at its limit.
-    assert!(failcnt.iter().all(|f| f.trim() == "0"), "{failcnt:?}");
+    // Neither rank's cgroup killed a process at its limit.
+    assert!(oom_kills.iter().all(|k| k == "0"), "{oom_kills:?}");
     // The same layout in one process, uncapped: the same losses, bit for bit.
     let one = config(dir.path(), "one", two, "");
     let single = dir.path().join("one.jsonl");
