@@ -131,7 +131,7 @@ impl Launch {
         });
         ended.store(true, Ordering::Relaxed);
         tokio_rt.shutdown_timeout(WRITER_GRACE);
-        release_freed_memory();
+        crate::train::release_freed_memory();
         if result.is_err() {
             if let Some(dir) = checkpoints {
                 if let Err(e) = crate::checkpoint::remove_unfinished(&dir) {
@@ -140,16 +140,6 @@ impl Launch {
             }
         }
         result
-    }
-}
-
-/// Hands the memory the run freed back to the system (the free pages of every malloc
-/// arena).
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free pages of the allocator's arenas to the system.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 

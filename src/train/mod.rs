@@ -45,6 +45,7 @@ pub use cluster::ClusterPart;
 #[cfg(feature = "cli")]
 pub use command::{train_command, EarlierRun};
 pub use memory::{memory_report, memory_table, MemoryRow, StashPeak};
+pub(crate) use phases::release_freed_memory;
 #[cfg(feature = "cli")]
 pub use report::Reporter;
 #[cfg(feature = "cli")]

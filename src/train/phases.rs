@@ -339,7 +339,7 @@ fn shard_links(
 
 /// Gives memory the allocator holds but no longer uses back to the system (glibc's
 /// `malloc_trim`; elsewhere nothing to do).
-fn release_freed_memory() {
+pub(crate) fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `malloc_trim` only returns free heap pages to the system; it touches no
     // live allocation.

@@ -233,7 +233,6 @@ impl<C: StageCompute> Running<C> {
                 while set.join_next().await.is_some() {}
             }
             Running::Threads(mut threads) => {
-                threads.stop.send_replace(true);
                 let _ = tokio::task::spawn_blocking(move || threads.stop_and_join()).await;
             }
         }

@@ -127,7 +127,7 @@ impl Module {
 
     /// The stage, between steps.
     pub(super) fn stage(&self) -> MutexGuard<'_, OrtStage> {
-        self.stage.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.stage)
     }
 
     /// Forward and backward of `batch` (ORT's `TrainStep`): gradients accumulate until
