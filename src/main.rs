@@ -443,11 +443,9 @@ fn schedule(cmd: ScheduleCommand) -> Result<()> {
                 .start_paused(true)
                 .build()
                 .map_err(Error::io(&trace))?;
-            let (_, divergence) =
-                rt.block_on(pipetrain_actors::replay(&run))
-                    .map_err(|e| Error::Runtime {
-                        source: std::sync::Arc::new(e),
-                    })?;
+            let (_, divergence) = rt
+                .block_on(pipetrain_actors::replay(&run))
+                .map_err(Error::runtime)?;
             match divergence {
                 None => println!(
                     "replayed {} step(s) x {} replica(s): every actor ran its actions in the recorded order",

@@ -303,9 +303,7 @@ async fn resume_choice(
             serde_json::to_vec(&mine).unwrap_or_default(),
         )
         .await
-        .map_err(|e| Error::Runtime {
-            source: std::sync::Arc::new(e),
-        })?;
+        .map_err(Error::runtime)?;
     let chosen: Option<PathBuf> = all
         .first()
         .and_then(|b| serde_json::from_slice(b).ok())

@@ -56,9 +56,7 @@ pub(super) async fn gather_parameters(
     let all = bus
         .all_gather("parameters".into(), graph.encode_to_vec())
         .await
-        .map_err(|e| Error::Runtime {
-            source: std::sync::Arc::new(e),
-        })?;
+        .map_err(Error::runtime)?;
     let mut out: Vec<Vec<(String, Tensor)>> = Vec::new();
     for (node, bytes) in all.iter().enumerate() {
         let bad = |reason: String| Error::Data {

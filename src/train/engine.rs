@@ -32,9 +32,7 @@ pub(super) async fn run_engine<K: Collective>(
     cluster: Option<ClusterPart<K>>,
     (stages, plan): (usize, Option<&ShardPlan>),
 ) -> Result<EngineOutput> {
-    let failed = |e| Error::Runtime {
-        source: std::sync::Arc::new(e),
-    };
+    let failed = Error::runtime;
     match cluster {
         None => {
             let by_replica = (0..engine.replicas)
