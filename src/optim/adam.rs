@@ -102,6 +102,32 @@ impl Optimizer for Adam {
         self.step
     }
 
+    fn elementwise_step(&mut self, lr: f64) -> Option<super::ElementwiseStep> {
+        self.step += 1;
+        let segments = self
+            .segments
+            .iter()
+            .zip(self.coefficients(lr))
+            .map(|((r, _), k)| {
+                let c = [
+                    k.l2,
+                    k.shrink,
+                    k.w1,
+                    k.b2,
+                    k.w2,
+                    k.eps,
+                    k.bias2_sqrt,
+                    k.step_size,
+                ];
+                (r.clone(), c)
+            })
+            .collect();
+        Some(super::ElementwiseStep {
+            rule: super::Rule::Adam,
+            segments,
+        })
+    }
+
     fn state(&self) -> Vec<(&'static str, &[f32])> {
         vec![("exp_avg", &self.m), ("exp_avg_sq", &self.v)]
     }

@@ -32,6 +32,7 @@ use crate::{Error, Result};
 mod adam;
 mod config;
 mod counted;
+mod elementwise;
 mod groups;
 mod lamb;
 mod layout;
@@ -40,6 +41,7 @@ mod schedule;
 mod sgd;
 
 pub use config::OptimizerConfig;
+pub use elementwise::{ElementwiseStep, Rule};
 pub use groups::{unmatched_patterns, validate_groups, ParamGroup};
 pub use layout::ParamLayout;
 pub use schedule::{LrDecay, LrSchedule};
@@ -83,6 +85,15 @@ pub trait Optimizer: Send {
     /// `BadTensor` when a buffer is missing, unknown, given twice or of the wrong length;
     /// nothing is changed then.
     fn load_state(&mut self, step: u64, state: &[(&str, &[f32])]) -> Result<()>;
+
+    /// Counts a step at learning rate `lr` and returns it as an element-wise program for
+    /// a device that keeps the parameters, gradients and [`state`](Optimizer::state)
+    /// itself (`elementwise.rs`); `None`, counting nothing, where the update is not
+    /// element-wise (LAMB's per-tensor trust ratio).
+    fn elementwise_step(&mut self, lr: f64) -> Option<ElementwiseStep> {
+        let _ = lr;
+        None
+    }
 }
 
 /// Builds the optimizer that `cfg` describes for a stage laid out as `layout`, with its

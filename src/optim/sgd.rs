@@ -104,6 +104,22 @@ impl Optimizer for Sgd {
         self.step
     }
 
+    fn elementwise_step(&mut self, lr: f64) -> Option<super::ElementwiseStep> {
+        let (keep, take, gc, bc) = self.coefficients();
+        let rule = match self.momentum == 0.0 {
+            true => super::Rule::Sgd,
+            false => super::Rule::SgdMomentum,
+        };
+        let segments = self
+            .segments
+            .iter()
+            .zip(self.rates(lr))
+            .map(|((r, _), (lr, wd))| (r.clone(), [lr, wd, keep, take, gc, bc, 0.0, 0.0]))
+            .collect();
+        self.step += 1;
+        Some(super::ElementwiseStep { rule, segments })
+    }
+
     fn state(&self) -> Vec<(&'static str, &[f32])> {
         if self.momentum == 0.0 {
             Vec::new()
