@@ -278,6 +278,7 @@ fn single_stage(
         device: pipetrain::compute::Device::Cpu,
         deterministic: true,
         mixed_precision: None,
+        state_on_device: true,
     };
     let settings = pipetrain::pipeline::StageSettings::new(cfg.optimizer.clone(), 1.0);
     let stage =

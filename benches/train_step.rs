@@ -41,6 +41,7 @@ fn main() {
             device: pipetrain::compute::Device::Cpu,
             deterministic: true,
             mixed_precision: None,
+            state_on_device: true,
         };
         let nospin = SessionOptions {
             spin: false,

@@ -74,6 +74,11 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                 .put_buckets(sums)
                 .map_err(|source| self.failed(action, source));
         }
+        if self.places.replicas() == 1 {
+            // A sum over one replica is its own gradients: nothing to take or put back
+            // (a stage keeping them on a device would copy them out and in for nothing).
+            return Ok(());
+        }
         let grads = self.compute(s)?.take_grads();
         let sum = self
             .collective

@@ -19,6 +19,11 @@ impl Places {
         }
     }
 
+    /// The run's data-parallel replicas, in all processes.
+    pub(crate) fn replicas(&self) -> usize {
+        self.replicas
+    }
+
     /// ` (replica 0 rank 1 on node b ...)` when another process runs member (`replica`,
     /// `rank`); nothing when this one does.
     pub(crate) fn member(&self, replica: usize, rank: usize) -> String {

@@ -49,8 +49,14 @@ pub(super) struct DirectOutputs {
 impl DirectOutputs {
     /// Whether these options were made for `buf` and `targets`.
     pub(super) fn fits(&self, buf: &[f32], targets: &[Target<'_>]) -> bool {
-        self.key.0 == buf.as_ptr() as usize
-            && self.key.1 == buf.len()
+        self.fits_at(buf.as_ptr() as usize, buf.len(), targets)
+    }
+
+    /// Whether these options were made for the buffer of `len` values at `addr` (host or
+    /// device memory) and `targets`.
+    pub(super) fn fits_at(&self, addr: usize, len: usize, targets: &[Target<'_>]) -> bool {
+        self.key.0 == addr
+            && self.key.1 == len
             && self.key.2.len() == targets.len()
             && self
                 .key
@@ -73,35 +79,52 @@ impl DirectOutputs {
         outputs: &[String],
         label: &str,
     ) -> Result<Self> {
+        let (addr, len) = (buf.as_mut_ptr() as usize, buf.len());
+        // SAFETY: the values are `buf`'s, written only while it is borrowed by a run.
+        unsafe { Self::at(addr, len, &MemoryInfo::default(), targets, outputs, label) }
+    }
+
+    /// [`DirectOutputs::new`] for the buffer of `len` float32 values at `addr` in the
+    /// memory `info` describes (a device's).
+    ///
+    /// # Safety
+    /// `addr..addr + 4 len` must stay the caller's, in `info`'s memory, for as long as
+    /// runs use these options ([`DirectOutputs::fits_at`] is asked before each).
+    pub(super) unsafe fn at(
+        addr: usize,
+        len: usize,
+        info: &MemoryInfo,
+        targets: &[Target<'_>],
+        outputs: &[String],
+        label: &str,
+    ) -> Result<Self> {
         let ctx = || format!("directing the outputs of {label}");
         let mut selector = OutputSelector::default();
-        let info = MemoryInfo::default();
         for t in targets {
             let name = outputs.get(t.output).ok_or_else(|| Error::BadTensor {
                 name: format!("output {}", t.output),
                 reason: format!("{label} has {} outputs", outputs.len()),
             })?;
-            if t.offset + t.len() > buf.len() {
+            if t.offset + t.len() > len {
                 return Err(Error::BadTensor {
                     name: name.clone(),
                     reason: format!(
-                        "values {}..{} do not fit in a buffer of {}",
+                        "values {}..{} do not fit in a buffer of {len}",
                         t.offset,
                         t.offset + t.len(),
-                        buf.len()
                     ),
                 });
             }
-            let data = buf[t.offset..t.offset + t.len()].as_mut_ptr();
-            selector = selector.preallocate(name, over(&info, data, t.shape, label)?);
+            let data = (addr + t.offset * size_of::<f32>()) as *mut f32;
+            selector = selector.preallocate(name, over(info, data, t.shape, label)?);
         }
         let options = RunOptions::new()
             .map_err(Error::ort(ctx()))?
             .with_outputs(selector);
         Ok(DirectOutputs {
             key: (
-                buf.as_ptr() as usize,
-                buf.len(),
+                addr,
+                len,
                 targets
                     .iter()
                     .map(|t| (t.output, t.offset, t.len()))
@@ -114,7 +137,12 @@ impl DirectOutputs {
 
 /// A float32 tensor value over `shape.product()` values at `data`, which ONNX Runtime
 /// neither copies nor frees.
-fn over(info: &MemoryInfo, data: *mut f32, shape: &[usize], label: &str) -> Result<DynValue> {
+pub(super) fn over(
+    info: &MemoryInfo,
+    data: *mut f32,
+    shape: &[usize],
+    label: &str,
+) -> Result<DynValue> {
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     let bytes = shape.iter().product::<usize>() * size_of::<f32>();
     let api = ort::api();

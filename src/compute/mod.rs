@@ -4,6 +4,8 @@ mod arena;
 mod chain;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod cuda_state;
 mod device;
 mod direct;
 mod fused;
@@ -13,6 +15,7 @@ mod open;
 mod ort_log;
 mod pinned;
 mod probe;
+mod resident;
 mod runtime;
 mod session;
 mod shard_ops;
@@ -24,6 +27,7 @@ pub use local_shards::LocalShards;
 pub use open::{intra_threads_for, SessionOptions};
 pub use pinned::PinnedBuffers;
 pub use probe::probe_values;
+pub use resident::{open as open_device_state, Buffer, DeviceSpan, DeviceState};
 pub use runtime::{find_library, Runtime, RuntimeInfo, ORT_VERSION};
 pub use session::GraphSession;
 #[cfg(feature = "cluster")]

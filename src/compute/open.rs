@@ -36,6 +36,9 @@ pub struct SessionOptions {
     /// Matrix products in this half type, the rest in float32 (`graph::autocast`);
     /// `None`: all float32.
     pub mixed_precision: Option<crate::graph::autocast::Half>,
+    /// On a GPU: keep a stage's parameters, gradients and optimizer state in device
+    /// memory and update there (`compute/resident.rs`), where the stage allows it.
+    pub state_on_device: bool,
 }
 
 /// Below this many floating-point operations per node of a training step (about, see
@@ -68,6 +71,7 @@ impl Default for SessionOptions {
             device: Device::Cpu,
             deterministic: true,
             mixed_precision: None,
+            state_on_device: true,
         }
     }
 }

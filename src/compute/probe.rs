@@ -43,6 +43,7 @@ const ONE_OFF: SessionOptions = SessionOptions {
     device: crate::compute::Device::Cpu,
     deterministic: true,
     mixed_precision: None,
+    state_on_device: false,
 };
 
 /// [`ONE_OFF`] on every core: for runs that compute a whole forward.

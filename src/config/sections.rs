@@ -83,6 +83,11 @@ pub struct RuntimeConfig {
     /// one-hot products instead of atomic scatters (default on; the CPU always is).
     #[serde(default = "on")]
     pub deterministic: bool,
+    /// On a GPU, keeps each stage's parameters, gradients and optimizer state in device
+    /// memory and runs the update there (default on). Stages that need them on the host
+    /// keep them there: tensor shards, gradient buckets, Adasum, histograms, LAMB.
+    #[serde(default = "on")]
+    pub state_on_device: bool,
     /// The most memory (GB, resident) each process may use, where the machine sets no
     /// tighter cap (a cgroup's limit or `RLIMIT_AS`, which are read): a run predicted to
     /// need more is refused before it trains, saying what would fit.
@@ -108,6 +113,7 @@ impl Default for RuntimeConfig {
             profile: false,
             fused_kernels: true,
             deterministic: true,
+            state_on_device: true,
             memory_limit_gb: None,
             refuse_over_memory_cap: true,
         }

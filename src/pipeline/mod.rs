@@ -10,6 +10,9 @@
 //! - `stage_compute`: [`OrtStage`] as the runtime's [`pipetrain_actors::StageCompute`]:
 //!   forward, backward, evaluation, gradient statistics, the decided update, snapshots
 //!   for checkpoints.
+//! - `stage_device`: a stage on a GPU keeping its parameters, gradients and optimizer
+//!   state in device memory (`compute::DeviceState`): feeds, accumulation, update, and
+//!   the host copy for checkpoints.
 //! - `buckets`: the gradient graph as a chain of pieces on a step's last micro-batch,
 //!   each piece's gradients sent for reduction while the next pieces run.
 //! - `shard`: [`StageShard`], a stage that is one tensor shard: its split parameters in
@@ -24,6 +27,7 @@ mod settings;
 mod shard;
 mod stage;
 mod stage_compute;
+mod stage_device;
 mod stage_open;
 mod stage_run;
 

@@ -64,6 +64,14 @@ pub struct OrtStage {
     /// Running statistics this stage keeps, by name (see `StageIo::buffers`): fed to
     /// its graphs, replaced after each training forward.
     pub(super) buffers: Payload,
+    /// The parameters, gradients and optimizer state on the stage's device, where it
+    /// keeps them there (`stage_device.rs`); then `params` and the optimizer's own state
+    /// are a host copy, older than the device's while `host_stale`.
+    pub(super) device_state: Option<Box<dyn crate::compute::DeviceState>>,
+    pub(super) host_stale: bool,
+    /// A device failure inside a method that cannot return it, returned by the next that
+    /// can.
+    pub(super) device_error: Option<Error>,
 }
 
 impl OrtStage {
@@ -88,6 +96,8 @@ impl OrtStage {
             .map(|(i, p)| (p.grad.clone(), i))
             .collect();
         let sessions = Sessions::open(rt, graphs, opts, settings)?;
+        let optimizer =
+            crate::optim::build_grouped(&settings.optimizer, &settings.param_groups, &layout)?;
         let chain = match settings.bucket_bytes {
             0 => None,
             bytes => {
@@ -99,14 +109,22 @@ impl OrtStage {
             }
         };
 
+        let device_state = match super::stage_device::keeps_state_on_device(opts, settings, &chain)
+        {
+            true => {
+                let state = optimizer.state();
+                let bufs: Vec<&[f32]> = state.iter().map(|(_, b)| *b).collect();
+                crate::compute::open_device_state(opts.device, &params, &bufs)?
+            }
+            false => None,
+        };
         Ok(OrtStage {
+            device_state,
+            host_stale: false,
+            device_error: None,
+            optimizer,
             sessions,
             fused_out: HashMap::new(),
-            optimizer: crate::optim::build_grouped(
-                &settings.optimizer,
-                &settings.param_groups,
-                &layout,
-            )?,
             grads: vec![0.0; layout.len()],
             shard: settings
                 .shard
@@ -162,6 +180,7 @@ impl OrtStage {
             self.optimizer.as_mut(),
             self.shard.as_ref().map(super::StageShard::saved),
         )?;
+        self.push_to_device(true)?;
         for (name, t) in stats {
             self.buffers.insert(name, Arc::new(t));
         }
@@ -231,7 +250,15 @@ impl OrtStage {
     /// # Errors
     /// `Config` when `cfg` breaks a rule.
     pub fn set_optimizer(&mut self, cfg: &crate::optim::OptimizerConfig) -> Result<()> {
-        self.optimizer = crate::optim::build(cfg, &self.layout)?;
+        let optimizer = crate::optim::build(cfg, &self.layout)?;
+        self.sync_host()?;
+        self.optimizer = optimizer;
+        if let Some(state) = self.device_state.take() {
+            let device = crate::compute::Device::Cuda(state.params().device);
+            let bufs = self.optimizer.state();
+            let bufs: Vec<&[f32]> = bufs.iter().map(|(_, b)| *b).collect();
+            self.device_state = crate::compute::open_device_state(device, &self.params, &bufs)?;
+        }
         self.settings.optimizer = cfg.clone();
         Ok(())
     }
@@ -252,15 +279,33 @@ impl OrtStage {
     }
 
     /// The stage's parameters by name, then its running statistics (after training, for
-    /// export).
-    pub fn parameters(&self) -> Vec<(String, Tensor)> {
+    /// export); a stage keeping its state on a device gives the device's values.
+    ///
+    /// # Errors
+    /// `Device` when the parameters cannot be copied from the stage's device.
+    pub fn parameters(&self) -> Result<Vec<(String, Tensor)>> {
+        match (&self.device_state, self.host_stale) {
+            (Some(state), true) => {
+                let mut v = vec![0f32; self.params.len()];
+                state.download(crate::compute::Buffer::Params, &mut v)?;
+                Ok(self.parameters_of(&v))
+            }
+            _ => Ok(self.host_parameters()),
+        }
+    }
+
+    /// [`OrtStage::parameters`] from the host copy (the values themselves for a stage on
+    /// the host, as the seeds' modules are).
+    pub fn host_parameters(&self) -> Vec<(String, Tensor)> {
+        self.parameters_of(&self.params)
+    }
+
+    fn parameters_of(&self, params: &[f32]) -> Vec<(String, Tensor)> {
         let mut trained: Vec<(String, Tensor)> = (0..self.layout.count())
             .map(|i| {
                 let t = Tensor {
                     shape: self.layout.shapes()[i].clone(),
-                    data: crate::tensor::TensorData::F32(
-                        self.layout.slice(&self.params, i).to_vec(),
-                    ),
+                    data: crate::tensor::TensorData::F32(self.layout.slice(params, i).to_vec()),
                 };
                 (self.layout.names()[i].clone(), t)
             })
@@ -289,6 +334,7 @@ impl OrtStage {
     /// # Errors
     /// `Checkpoint` when a tensor is missing or of another shape; nothing changes then.
     pub fn restore_params(&mut self, ckpt: &LoadedCheckpoint) -> Result<()> {
-        crate::checkpoint::restore_params(ckpt, &self.layout, &mut self.params)
+        crate::checkpoint::restore_params(ckpt, &self.layout, &mut self.params)?;
+        self.push_to_device(false)
     }
 }

@@ -95,7 +95,11 @@ impl OrtStage {
     fn final_grads(&mut self, step: u64) {
         self.complete_grads();
         if self.settings.overflow_at.contains(&step) {
-            if let Some(g) = self.grads.first_mut() {
+            if let Some(state) = self.device_state.as_mut() {
+                if let Err(e) = state.set_grad(0, f32::INFINITY) {
+                    self.device_error.get_or_insert(e);
+                }
+            } else if let Some(g) = self.grads.first_mut() {
                 *g = f32::INFINITY;
             }
         }
@@ -234,6 +238,9 @@ impl StageCompute for OrtStage {
 
     fn take_grads(&mut self) -> Vec<f32> {
         self.complete_grads();
+        if let Err(e) = self.grads_to_host() {
+            self.device_error.get_or_insert(e);
+        }
         match self.settings.adasum {
             Some(slot) => {
                 // The buffer is freed here: unlocked first.
@@ -254,6 +261,9 @@ impl StageCompute for OrtStage {
             }
             None => grads,
         };
+        if let Err(e) = self.grads_to_device() {
+            self.device_error.get_or_insert(e);
+        }
     }
 
     fn reduce_buckets_into(&mut self, sink: Option<flume::Sender<Vec<f32>>>) -> bool {
@@ -270,6 +280,9 @@ impl StageCompute for OrtStage {
 
     fn grad_stats(&mut self, step: u64) -> GradStats {
         self.final_grads(step);
+        if let Some(stats) = self.device_grad_stats() {
+            return stats;
+        }
         match &self.shard {
             Some(shard) => shard.grad_stats(&self.layout, &self.grads),
             None => GradStats::of(&self.grads),
@@ -282,6 +295,13 @@ impl StageCompute for OrtStage {
         lr: f64,
         decision: &StepDecision,
     ) -> Result<(), BoxError> {
+        if self.device_state.is_some() {
+            if decision.apply {
+                self.device_update(lr, decision.grad_scale)?;
+            }
+            self.end_step(step, decision.next_loss_scale);
+            return Ok(());
+        }
         if decision.apply {
             // Unscale and clip in one pass; skipped when it is exactly 1, so runs without
             // clipping or scaling stay bitwise what they were.
@@ -304,12 +324,18 @@ impl StageCompute for OrtStage {
             return Ok(stats);
         }
         self.final_grads(step);
+        if let Some(stats) = self.device_grad_stats() {
+            self.device_update(lr, 1.0)?;
+            self.end_step(step, 1.0);
+            return Ok(stats);
+        }
         let stats = self.optimize(step, lr, |o, p, g, lr| o.step_counting(p, g, lr))?;
         self.end_step(step, 1.0);
         Ok(stats)
     }
 
     fn save(&mut self, stage: usize, dir: &Path) -> Result<SaveJob, BoxError> {
+        self.sync_host()?;
         let stats = self.buffer_values();
         let mut entries = Vec::with_capacity(stats.len());
         for (name, t) in &stats {

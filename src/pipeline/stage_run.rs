@@ -2,11 +2,13 @@
 //! the backward seed; parameter gradients into the step's accumulators (a step's first
 //! written there by ONNX Runtime itself, later micro-batches' added).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::stage::{OrtStage, Payload};
 use crate::compute::{GraphSession, Target};
 use crate::graph::LOSS_GRAD;
+use crate::optim::ParamLayout;
 use crate::tensor::{TensorView, ViewData};
 use crate::{Error, Result};
 
@@ -20,6 +22,9 @@ impl OrtStage {
         session: &mut GraphSession,
         sources: &[&Payload],
     ) -> Result<Payload> {
+        if self.device_state.is_some() {
+            return self.run_on_device(session, sources);
+        }
         let names = session.input_names().to_vec();
         let seed = if names.iter().any(|n| n == LOSS_GRAD) {
             Some(self.seed(sources)?)
@@ -47,37 +52,13 @@ impl OrtStage {
                     data: ViewData::F32(layout.slice(params, i)),
                 }
             } else {
-                sources
-                    .iter()
-                    .find_map(|s| s.get(n))
-                    .or_else(|| buffers.get(n))
-                    .map(|t| t.view())
-                    .ok_or_else(|| Error::MissingValue {
-                        role: "stage input",
-                        name: n.clone(),
-                        hint: "; a stage graph needs it and no message, data or stash held it"
-                            .into(),
-                    })?
+                fed(n, sources, buffers)?.view()
             };
             feeds.push((n.as_str(), view));
         }
         // A step's first gradients of every parameter this graph computes are written by
         // ONNX Runtime straight into the accumulators; later micro-batches' are added.
-        let mut slots = Vec::new();
-        let targets: Vec<Target<'_>> = session
-            .output_names()
-            .iter()
-            .enumerate()
-            .filter_map(|(k, n)| {
-                let &i = grad_slot.get(n)?;
-                slots.push(i);
-                Some(Target {
-                    output: k,
-                    offset: layout.offsets()[i],
-                    shape: &layout.shapes()[i],
-                })
-            })
-            .collect();
+        let (targets, slots) = grad_targets(session.output_names(), grad_slot, layout);
         let first = !slots.is_empty() && slots.iter().all(|&i| !written[i]);
         // ONNX Runtime computes on this thread: the engine gives each stage actor a
         // thread of its own (`ActorThreads::Dedicated`), so no tokio worker is held up.
@@ -115,6 +96,12 @@ impl OrtStage {
     /// Zeroes the gradients of parameters nothing contributed to this step (their buffer
     /// still holds an older step's): the step's gradients are then complete.
     pub(super) fn complete_grads(&mut self) {
+        if self.device_state.is_some() {
+            if let Err(e) = self.complete_device_grads() {
+                self.device_error.get_or_insert(e);
+            }
+            return;
+        }
         for i in 0..self.layout.count() {
             if !self.written[i] {
                 self.layout.slice_mut(&mut self.grads, i).fill(0.0);
@@ -134,4 +121,46 @@ impl OrtStage {
     pub fn reset_accumulation(&mut self) {
         self.reset_grads();
     }
+}
+
+/// Where input `n` of a stage graph comes from: a message, the data, the stash (in
+/// `sources`), or the stage's running statistics.
+pub(super) fn fed<'a>(
+    n: &str,
+    sources: &[&'a Payload],
+    buffers: &'a Payload,
+) -> Result<&'a Arc<crate::tensor::Tensor>> {
+    sources
+        .iter()
+        .find_map(|s| s.get(n))
+        .or_else(|| buffers.get(n))
+        .ok_or_else(|| Error::MissingValue {
+            role: "stage input",
+            name: n.into(),
+            hint: "; a stage graph needs it and no message, data or stash held it".into(),
+        })
+}
+
+/// The outputs of a session that are parameter gradients, as targets at their
+/// parameters' places in the flat buffer, and those parameters' indices.
+pub(super) fn grad_targets<'a>(
+    outputs: &[String],
+    grad_slot: &HashMap<String, usize>,
+    layout: &'a ParamLayout,
+) -> (Vec<Target<'a>>, Vec<usize>) {
+    let mut slots = Vec::new();
+    let targets = outputs
+        .iter()
+        .enumerate()
+        .filter_map(|(k, n)| {
+            let &i = grad_slot.get(n)?;
+            slots.push(i);
+            Some(Target {
+                output: k,
+                offset: layout.offsets()[i],
+                shape: &layout.shapes()[i],
+            })
+        })
+        .collect();
+    (targets, slots)
 }

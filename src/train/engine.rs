@@ -52,10 +52,11 @@ pub(super) async fn run_engine<K: Collective>(
                 .map(|(s, c)| (s, c.peak_stash_bytes(), c.shard_traffic()))
                 .collect();
             // Data-parallel replica 0: its tensor shards, each stage's parts together.
-            let by_shard = out.computes[..engine.shards]
-                .iter()
-                .map(|r| r.iter().flat_map(OrtStage::parameters).collect())
-                .collect();
+            let mut by_shard = Vec::with_capacity(engine.shards);
+            for r in &out.computes[..engine.shards] {
+                let stages: Vec<_> = r.iter().map(OrtStage::parameters).collect::<Result<_>>()?;
+                by_shard.push(stages.into_iter().flatten().collect());
+            }
             drop(out.computes);
             let params = whole_parameters(plan, by_shard)?;
             Ok((out.steps, out.trace, params, peaks))
@@ -74,10 +75,10 @@ pub(super) async fn run_engine<K: Collective>(
                 .filter(|((r, _), _)| *r < engine.shards)
                 .collect();
             mine.sort_by_key(|((r, s), _)| (*s, *r));
-            let local = mine
-                .iter()
-                .flat_map(|((r, _), c)| c.parameters().into_iter().map(|(n, t)| (*r, n, t)))
-                .collect();
+            let mut local = Vec::new();
+            for ((r, _), c) in &mine {
+                local.extend(c.parameters()?.into_iter().map(|(n, t)| (*r, n, t)));
+            }
             let peaks = mine
                 .iter()
                 .filter(|((r, _), _)| *r == 0)

@@ -87,6 +87,7 @@ pub(super) fn session_options(cfg: &TrainConfig, actors: usize, threads: usize) 
         device: cfg.runtime.device,
         deterministic: cfg.runtime.deterministic,
         mixed_precision: cfg.half(),
+        state_on_device: cfg.runtime.state_on_device,
     }
 }
 

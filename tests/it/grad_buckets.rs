@@ -85,6 +85,7 @@ fn tiny_gpt_stage(
         device: pipetrain::compute::Device::Cpu,
         deterministic: true,
         mixed_precision: None,
+        state_on_device: true,
     };
     let settings = pipetrain::pipeline::StageSettings {
         bucket_bytes,

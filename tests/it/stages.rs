@@ -114,6 +114,7 @@ fn tiny_gpt_stages_are_bit_identical_without_optimizations_on_one_thread() {
         device: pipetrain::compute::Device::Cpu,
         deterministic: true,
         mixed_precision: None,
+        state_on_device: true,
     };
     let uncut = run_uncut(&rt, &tg, &peer, &opts);
     for (name, p, n) in partitions() {

@@ -87,6 +87,7 @@ impl Module {
             device: crate::compute::Device::Cpu,
             deterministic: true,
             mixed_precision: None,
+            state_on_device: false,
         };
         let settings = StageSettings::new(OptimizerConfig::default(), 1.0);
         let stage = OrtStage::new(rt, &tg, &graphs[0], &session, &settings)?;
@@ -190,14 +191,14 @@ impl Module {
     /// # Errors
     /// `Io` naming the file.
     pub fn export_model_for_inferencing(&self, path: &Path) -> Result<()> {
-        let trained = self.stage().parameters();
+        let trained = self.stage().host_parameters();
         let views: Vec<(&str, &Tensor)> = trained.iter().map(|(n, t)| (n.as_str(), t)).collect();
         save_model(&export_inference_model(&self.model, &views)?, path)
     }
 
     /// The trained parameters, by name.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        self.stage().parameters()
+        self.stage().host_parameters()
     }
 }
 

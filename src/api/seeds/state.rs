@@ -100,7 +100,7 @@ fn manifest(
     shards: Vec<pipetrain_actors::ShardFile>,
 ) -> Manifest {
     let cfg = optimizer.config.clone();
-    let params = module.stage().parameters();
+    let params = module.stage().host_parameters();
     Manifest {
         format: checkpoint::FORMAT.into(),
         format_version: checkpoint::FORMAT_VERSION,

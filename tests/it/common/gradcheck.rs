@@ -245,6 +245,7 @@ impl GradCheck {
                 device: pipetrain::compute::Device::Cpu,
                 deterministic: true,
                 mixed_precision: None,
+                state_on_device: true,
             },
         )
         .map_err(|e| e.to_string())?;

@@ -1,0 +1,531 @@
+//! [`DeviceState`] on a CUDA device: buffers allocated with cudarc on the stage's own
+//! stream, and the kernels of `kernels/update.cu`, compiled at run time by NVRTC.
+//!
+//! Kernels take raw device addresses (the buffers never move while the state lives), and
+//! every method synchronizes its stream before it returns: ONNX Runtime computes on
+//! streams of its sessions' own, and a run starts only after the previous update ended
+//! (its own end synchronizes its stream too), so host order is device order.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+
+use super::resident::{Buffer, DeviceSpan, DeviceState};
+use crate::optim::{ElementwiseStep, Rule};
+use crate::{Error, Result};
+
+/// The kernels' source.
+pub const UPDATE_SOURCE: &str = include_str!("kernels/update.cu");
+
+/// Threads per block of every kernel (the sums' trees assume it: `SUM_THREADS`).
+const THREADS: u32 = 256;
+/// Blocks of the sums of squares: fixed, so that the order of the additions is.
+const SUM_BLOCKS: u32 = 1024;
+
+/// Compiles [`UPDATE_SOURCE`] as the state runs it (no FMA contraction, IEEE division
+/// and square root).
+///
+/// # Errors
+/// NVRTC's log, in words.
+pub fn compile_update_kernels() -> std::result::Result<Ptx, String> {
+    // SAFETY: only tries to open the library (cudarc panics on first use where none is).
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err("NVRTC not found: put the folder with libnvrtc.so on LD_LIBRARY_PATH (PyPI's nvidia-cuda-nvrtc wheel)".into());
+    }
+    let opts = CompileOptions {
+        fmad: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        ftz: Some(false),
+        name: Some("update.cu".into()),
+        ..Default::default()
+    };
+    compile_ptx_with_opts(UPDATE_SOURCE, opts).map_err(|e| format!("NVRTC: {e}"))
+}
+
+struct Kernels {
+    sgd: CudaFunction,
+    sgd_momentum: CudaFunction,
+    adam: CudaFunction,
+    add_into: CudaFunction,
+    sum_sq_blocks: CudaFunction,
+    sum_blocks: CudaFunction,
+}
+
+/// A stage's buffers on CUDA device `index`.
+pub(crate) struct CudaState {
+    index: usize,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    params: CudaSlice<f32>,
+    grads: CudaSlice<f32>,
+    scratch: Option<CudaSlice<f32>>,
+    state: Vec<CudaSlice<f32>>,
+    partial: CudaSlice<f64>,
+    total: CudaSlice<f64>,
+}
+
+impl CudaState {
+    /// Buffers for `params` and the optimizer's `state` on device `index`, uploaded;
+    /// gradients zeroed.
+    pub(crate) fn new(index: usize, params: &[f32], state: &[&[f32]]) -> Result<CudaState> {
+        let fail = |what: &str| {
+            let what = what.to_string();
+            move |e: cudarc::driver::DriverError| Error::Device {
+                device: format!("cuda:{index}"),
+                reason: format!("{what}: {e}"),
+            }
+        };
+        super::device::cuda_devices().map_err(|reason| Error::Device {
+            device: format!("cuda:{index}"),
+            reason,
+        })?;
+        let ctx = CudaContext::new(index).map_err(fail("opening the device"))?;
+        let stream = ctx.new_stream().map_err(fail("creating a stream"))?;
+        let ptx = compile_update_kernels().map_err(|reason| Error::Device {
+            device: format!("cuda:{index}"),
+            reason,
+        })?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(fail("loading the update kernels"))?;
+        let f = |name: &str| module.load_function(name).map_err(fail(name));
+        let kernels = Kernels {
+            sgd: f("sgd")?,
+            sgd_momentum: f("sgd_momentum")?,
+            adam: f("adam")?,
+            add_into: f("add_into")?,
+            sum_sq_blocks: f("sum_sq_blocks")?,
+            sum_blocks: f("sum_blocks")?,
+        };
+        let alloc = |n: usize| {
+            stream
+                .alloc_zeros::<f32>(n.max(1))
+                .map_err(fail("allocating"))
+        };
+        let mut s = CudaState {
+            index,
+            params: alloc(params.len())?,
+            grads: alloc(params.len())?,
+            scratch: None,
+            state: state
+                .iter()
+                .map(|b| alloc(b.len()))
+                .collect::<Result<_>>()?,
+            partial: stream
+                .alloc_zeros::<f64>(SUM_BLOCKS as usize)
+                .map_err(fail("allocating"))?,
+            total: stream.alloc_zeros::<f64>(1).map_err(fail("allocating"))?,
+            kernels,
+            stream,
+        };
+        s.upload(Buffer::Params, params)?;
+        for (k, b) in state.iter().enumerate() {
+            s.upload(Buffer::State(k), b)?;
+        }
+        Ok(s)
+    }
+
+    fn err(&self, what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
+        let what = what.to_string();
+        move |e| Error::Device {
+            device: format!("cuda:{}", self.index),
+            reason: format!("{what}: {e}"),
+        }
+    }
+
+    fn addr(&self, buf: &CudaSlice<f32>) -> usize {
+        let (ptr, _sync) = buf.device_ptr(&self.stream);
+        ptr as usize
+    }
+
+    fn span(&self, buf: &CudaSlice<f32>) -> DeviceSpan {
+        DeviceSpan {
+            device: self.index,
+            addr: self.addr(buf),
+            len: buf.len(),
+        }
+    }
+
+    fn buffer(&mut self, which: Buffer) -> Result<&mut CudaSlice<f32>> {
+        let index = self.index;
+        match which {
+            Buffer::Params => Ok(&mut self.params),
+            Buffer::Grads => Ok(&mut self.grads),
+            Buffer::State(k) => self.state.get_mut(k).ok_or_else(|| Error::Device {
+                device: format!("cuda:{index}"),
+                reason: format!("no optimizer state buffer {k}"),
+            }),
+        }
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.stream.synchronize().map_err(self.err("synchronizing"))
+    }
+
+    /// Launches `f` over `n` values with `args` (device addresses and scalars), grid-strided.
+    fn launch(&self, f: &CudaFunction, n: usize, args: &[Arg]) -> Result<()> {
+        let blocks = n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::Ptr(p) => b.arg(p),
+                Arg::Len(n) => b.arg(n),
+                Arg::F32(x) => b.arg(x),
+            };
+        }
+        // SAFETY: the argument lists match `update.cu`'s signatures (pointers to
+        // buffers of at least `n` values, then the scalars), checked by the kernel tests.
+        unsafe { b.launch(cfg) }.map_err(self.err("launching a kernel"))?;
+        Ok(())
+    }
+}
+
+/// A kernel argument.
+enum Arg {
+    Ptr(u64),
+    Len(i64),
+    F32(f32),
+}
+
+fn ptr_at(base: usize, offset: usize) -> Arg {
+    Arg::Ptr((base + offset * size_of::<f32>()) as u64)
+}
+
+impl DeviceState for CudaState {
+    fn params(&self) -> DeviceSpan {
+        self.span(&self.params)
+    }
+
+    fn grads(&self) -> DeviceSpan {
+        self.span(&self.grads)
+    }
+
+    fn scratch(&mut self) -> Result<DeviceSpan> {
+        if self.scratch.is_none() {
+            let n = self.grads.len();
+            let buf = self
+                .stream
+                .alloc_zeros::<f32>(n)
+                .map_err(self.err("allocating"))?;
+            self.scratch = Some(buf);
+        }
+        Ok(self.span(self.scratch.as_ref().expect("made above")))
+    }
+
+    fn take_scratch(&mut self, ranges: &[(Range<usize>, bool)]) -> Result<()> {
+        let from = self.scratch()?.addr;
+        let to = self.addr(&self.grads);
+        for (r, add) in ranges {
+            let (acc, x) = (ptr_at(to, r.start), ptr_at(from, r.start));
+            match add {
+                true => self.launch(
+                    &self.kernels.add_into,
+                    r.len(),
+                    &[acc, x, Arg::Len(r.len() as i64)],
+                )?,
+                false => {
+                    let scratch = self.scratch.as_ref().expect("made above");
+                    let src = scratch.slice(r.clone());
+                    let mut dst = self.grads.slice_mut(r.clone());
+                    self.stream
+                        .memcpy_dtod(&src, &mut dst)
+                        .map_err(self.err("copying"))?;
+                }
+            }
+        }
+        self.sync()
+    }
+
+    fn zero_grads(&mut self, range: Range<usize>) -> Result<()> {
+        let mut dst = self.grads.slice_mut(range);
+        self.stream
+            .memset_zeros(&mut dst)
+            .map_err(self.err("zeroing"))?;
+        self.sync()
+    }
+
+    fn set_grad(&mut self, index: usize, value: f32) -> Result<()> {
+        let mut dst = self.grads.slice_mut(index..index + 1);
+        self.stream
+            .memcpy_htod(&[value], &mut dst)
+            .map_err(self.err("copying"))?;
+        self.sync()
+    }
+
+    fn grad_sum_sq(&mut self) -> Result<f64> {
+        let g = self.addr(&self.grads) as u64;
+        let (partial, _s) = self.partial.device_ptr(&self.stream);
+        let (total, _t) = self.total.device_ptr(&self.stream);
+        let n = self.grads.len() as i64;
+        let cfg = |blocks| LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let blocks = SUM_BLOCKS as i32;
+        let mut b = self.stream.launch_builder(&self.kernels.sum_sq_blocks);
+        b.arg(&g).arg(&n).arg(&partial);
+        // SAFETY: `sum_sq_blocks(const float*, long long, double*)`, SUM_BLOCKS partials.
+        unsafe { b.launch(cfg(SUM_BLOCKS)) }.map_err(self.err("launching a kernel"))?;
+        let mut b = self.stream.launch_builder(&self.kernels.sum_blocks);
+        b.arg(&partial).arg(&blocks).arg(&total);
+        // SAFETY: `sum_blocks(const double*, int, double*)`, one value out.
+        unsafe { b.launch(cfg(1)) }.map_err(self.err("launching a kernel"))?;
+        let mut out = [0f64];
+        self.stream
+            .memcpy_dtoh(&self.total, &mut out)
+            .map_err(self.err("copying"))?;
+        self.sync()?;
+        Ok(out[0])
+    }
+
+    fn apply(&mut self, step: &ElementwiseStep, scale: f32) -> Result<()> {
+        let want = match step.rule {
+            Rule::Sgd => 0,
+            Rule::SgdMomentum => 1,
+            Rule::Adam => 2,
+        };
+        if self.state.len() != want {
+            return Err(Error::Device {
+                device: format!("cuda:{}", self.index),
+                reason: format!(
+                    "{:?} keeps {want} state buffers, the device {}",
+                    step.rule,
+                    self.state.len()
+                ),
+            });
+        }
+        let (p, g) = (self.addr(&self.params), self.addr(&self.grads));
+        let st: Vec<usize> = self.state.iter().map(|b| self.addr(b)).collect();
+        for (r, k) in &step.segments {
+            let o = r.start;
+            let n = Arg::Len(r.len() as i64);
+            let s = Arg::F32(scale);
+            let c = |i: usize| Arg::F32(k[i]);
+            match step.rule {
+                Rule::Sgd => {
+                    let args = [ptr_at(p, o), ptr_at(g, o), n, s, c(0), c(1)];
+                    self.launch(&self.kernels.sgd, r.len(), &args)?;
+                }
+                Rule::SgdMomentum => {
+                    let args = [
+                        ptr_at(p, o),
+                        ptr_at(g, o),
+                        ptr_at(st[0], o),
+                        n,
+                        s,
+                        c(0),
+                        c(1),
+                        c(2),
+                        c(3),
+                        c(4),
+                        c(5),
+                    ];
+                    self.launch(&self.kernels.sgd_momentum, r.len(), &args)?;
+                }
+                Rule::Adam => {
+                    let (m, v) = (ptr_at(st[0], o), ptr_at(st[1], o));
+                    let args = [
+                        ptr_at(p, o),
+                        ptr_at(g, o),
+                        m,
+                        v,
+                        n,
+                        s,
+                        c(0),
+                        c(1),
+                        c(2),
+                        c(3),
+                        c(4),
+                        c(5),
+                        c(6),
+                        c(7),
+                    ];
+                    self.launch(&self.kernels.adam, r.len(), &args)?;
+                }
+            }
+        }
+        self.sync()
+    }
+
+    fn download(&self, which: Buffer, host: &mut [f32]) -> Result<()> {
+        let stream = self.stream.clone();
+        let index = self.index;
+        let buf = match which {
+            Buffer::Params => &self.params,
+            Buffer::Grads => &self.grads,
+            Buffer::State(k) => self.state.get(k).ok_or_else(|| Error::Device {
+                device: format!("cuda:{index}"),
+                reason: format!("no optimizer state buffer {k}"),
+            })?,
+        };
+        check_len(index, which, buf.len(), host.len())?;
+        if !host.is_empty() {
+            stream
+                .memcpy_dtoh(&buf.slice(..host.len()), host)
+                .map_err(|e| Error::Device {
+                    device: format!("cuda:{index}"),
+                    reason: format!("copying {which:?} to the host: {e}"),
+                })?;
+        }
+        self.sync()
+    }
+
+    fn upload(&mut self, which: Buffer, host: &[f32]) -> Result<()> {
+        let stream = self.stream.clone();
+        let index = self.index;
+        let buf = self.buffer(which)?;
+        check_len(index, which, buf.len(), host.len())?;
+        if !host.is_empty() {
+            let mut dst = buf.slice_mut(..host.len());
+            stream
+                .memcpy_htod(host, &mut dst)
+                .map_err(|e| Error::Device {
+                    device: format!("cuda:{index}"),
+                    reason: format!("copying {which:?} to the device: {e}"),
+                })?;
+        }
+        self.sync()
+    }
+
+    fn device_bytes(&self) -> usize {
+        let f = |b: &CudaSlice<f32>| b.len() * size_of::<f32>();
+        f(&self.params)
+            + f(&self.grads)
+            + self.scratch.as_ref().map_or(0, f)
+            + self.state.iter().map(f).sum::<usize>()
+    }
+}
+
+/// Refuses a host buffer of another length than the device's (which holds at least one
+/// value, even for an empty stage).
+fn check_len(index: usize, which: Buffer, device: usize, host: usize) -> Result<()> {
+    if host == device || (host == 0 && device == 1) {
+        return Ok(());
+    }
+    Err(Error::Device {
+        device: format!("cuda:{index}"),
+        reason: format!("{which:?}: {host} values on the host, {device} on the device"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel compiles with NVRTC (no GPU needed), has its entry point, and keeps
+    /// its products and sums apart (`--fmad=false`: no fused multiply-add in float32),
+    /// which is what makes the update bitwise the CPU's. Where NVRTC is missing the test
+    /// says so and passes, unless `PIPETRAIN_REQUIRE_NVRTC` is set (CI sets it, after
+    /// `scripts/setup.sh` installed NVRTC).
+    #[test]
+    fn the_update_kernels_compile_with_nvrtc_without_fused_multiply_adds() {
+        let ptx = match compile_update_kernels() {
+            Ok(ptx) => ptx.to_src(),
+            Err(e)
+                if e.contains("not found")
+                    && std::env::var_os("PIPETRAIN_REQUIRE_NVRTC").is_none() =>
+            {
+                eprintln!("skipped: {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        for name in [
+            "sgd",
+            "sgd_momentum",
+            "adam",
+            "add_into",
+            "sum_sq_blocks",
+            "sum_blocks",
+        ] {
+            assert!(
+                ptx.contains(&format!(".entry {name}(")),
+                "no entry {name} in\n{ptx}"
+            );
+        }
+        assert!(!ptx.contains("fma.rn.f32"), "a float32 FMA in\n{ptx}");
+        assert!(
+            ptx.contains("sqrt.rn.f32") && ptx.contains("div.rn.f32"),
+            "IEEE sqrt and division"
+        );
+    }
+
+    fn random(n: usize, seed: u64) -> Vec<f32> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+    }
+
+    /// On a GPU (skipped without one): two steps of SGD with momentum and of AdamW, in
+    /// two stretches of different settings, give bitwise the values of the same program
+    /// on the CPU (`ElementwiseStep::apply_on_host`, itself bitwise the optimizers'
+    /// loops); the gradients' sum of squares equals float64's to 1e-12 and repeats bit
+    /// for bit; an injected infinity makes it infinite.
+    #[test]
+    fn on_a_gpu_the_update_is_bitwise_the_cpus_and_the_norm_repeats() {
+        if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
+            eprintln!("skipped: no GPU");
+            return;
+        }
+        let n = 3_000_017;
+        let layout = crate::optim::ParamLayout::new([("w", vec![n - 17]), ("b", vec![17])]);
+        let group = |adam: bool| crate::optim::ParamGroup {
+            params: vec!["b".into()],
+            weight_decay: Some(0.0),
+            lr_scale: Some(0.5),
+            beta1: adam.then_some(0.8),
+            beta2: None,
+            eps: None,
+        };
+        for (text, adam) in [
+            ("kind = \"sgd\"\nmomentum = 0.9\nweight_decay = 0.01", false),
+            ("kind = \"adamw\"\nweight_decay = 0.1", true),
+        ] {
+            let cfg: crate::optim::OptimizerConfig = toml::from_str(text).unwrap();
+            let mut opt = crate::optim::build_grouped(&cfg, &[group(adam)], &layout).unwrap();
+            let mut p = random(n, 1);
+            let mut host_state: Vec<Vec<f32>> =
+                opt.state().iter().map(|(_, b)| b.to_vec()).collect();
+            let views: Vec<&[f32]> = host_state.iter().map(Vec::as_slice).collect();
+            let mut dev = CudaState::new(0, &p, &views).unwrap();
+            for step in 0..2u64 {
+                let g = random(n, 10 + step);
+                dev.upload(Buffer::Grads, &g).unwrap();
+                let program = opt.elementwise_step(1e-2).unwrap();
+                program.apply_on_host(&mut p, &g, &mut host_state, 0.5);
+                dev.apply(&program, 0.5).unwrap();
+            }
+            let mut back = vec![0f32; n];
+            dev.download(Buffer::Params, &mut back).unwrap();
+            let same = back
+                .iter()
+                .zip(&p)
+                .filter(|(a, b)| a.to_bits() == b.to_bits())
+                .count();
+            assert_eq!(same, n, "{text}: {} of {n} parameters differ", n - same);
+            for (k, want) in host_state.iter().enumerate() {
+                dev.download(Buffer::State(k), &mut back).unwrap();
+                assert!(back == *want, "{text}: state buffer {k} differs");
+            }
+            let g = random(n, 99);
+            dev.upload(Buffer::Grads, &g).unwrap();
+            let exact: f64 = g.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+            let (a, b) = (dev.grad_sum_sq().unwrap(), dev.grad_sum_sq().unwrap());
+            assert_eq!(a.to_bits(), b.to_bits(), "the sum repeats");
+            assert!(((a - exact) / exact).abs() < 1e-9, "{a} against {exact}");
+            dev.set_grad(5, f32::INFINITY).unwrap();
+            assert!(!dev.grad_sum_sq().unwrap().is_finite());
+        }
+    }
+}
