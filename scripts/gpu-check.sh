@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks, in one command, for a machine with an NVIDIA GPU:
 #   bash scripts/gpu-check.sh [--bin DIR] [--peers DIR] [--out DIR] [--quick]
-#                             [--checks curves,pipeline,resume,precision,gpt2]
+#                             [--checks kernels,curves,pipeline,resume,precision,gpt2]
 # - builds pipetrain with `--features cuda` (or takes the binary from --bin DIR, for a
 #   machine without cargo);
 # - `pipetrain doctor`: the library, its CUDA provider, the devices, a one-rank NCCL
 #   all-reduce; without a GPU it says so and stops (exit 0);
+# - kernels: the library's device tests (`compute::cuda_state`: the NVRTC-compiled update
+#   bitwise the CPU's, the gradient norm repeatable), from the lib test executable in --bin;
 # - the peers' MLP and tiny GPT (SGD, AdamW) trained on the GPU and on the CPU, the loss
 #   curves judged against PyTorch float64 (TF32 off; --peers names peers/data);
 # - a 2-stage pipeline on one GPU with its Chrome trace (how long both stages computed
@@ -17,12 +19,13 @@
 #   tokens/s, pipetrain and, where PyTorch and transformers are installed, PyTorch eager
 #   on the same model; also with `runtime.deterministic = false` (GPT2_UNORDERED=0: not)
 #   and ONNX Runtime's profile of four steps (GPT2_PROFILE=0: not); GPT2_HALF=bf16|f16
-#   adds a mixed-precision run against PyTorch eager under torch.autocast.
+#   adds a mixed-precision run against PyTorch eager under torch.autocast; GPT2_HOST=1
+#   adds the run with the state on the host (`runtime.state_on_device = false`).
 # ONNX Runtime's CUDA build comes from ORT_DYLIB_PATH or `scripts/setup.sh --cuda`.
 # Everything lands in --out (default gpu-check/); the summary is printed at the end.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bin="" peers="$root/peers/data" out="gpu-check" checks=curves,pipeline,resume,precision,gpt2
+bin="" peers="$root/peers/data" out="gpu-check" checks=kernels,curves,pipeline,resume,precision,gpt2
 device=${PIPETRAIN_GPU_CHECK_DEVICE:-cuda}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -71,6 +74,24 @@ train() { # TAG CONFIG [ARGS...]
   timeout -k 10 "${TRAIN_TIMEOUT:-600}" "$pt" train "$cfg" --metrics "$out/$tag.jsonl" "$@" > "$out/$tag.log" 2>&1 \
     || { fail "$tag (see $tag.log)"; tail -5 "$out/$tag.log"; return 1; }
 }
+
+# The device kernels against the CPU's formulas, from the library's test executable.
+if want kernels; then
+  lib=$(ls "$bin"/pipetrain-* 2>/dev/null | head -1)
+  if [ -z "$lib" ] && [ -z "${PIPETRAIN_GPU_CHECK_NO_BUILD:-}" ]; then
+    lib=$(cd "$root" && cargo test --release --lib --features cuda --no-run --message-format=json 2>/dev/null \
+      | python3 -c 'import json,sys
+for l in sys.stdin:
+    o = json.loads(l)
+    if o.get("reason") == "compiler-artifact" and o.get("executable"): print(o["executable"])' | tail -1)
+  fi
+  if [ -n "$lib" ] && PIPETRAIN_REQUIRE_NVRTC=1 "$lib" --test-threads 1 --nocapture cuda_state > "$out/kernels.log" 2>&1 \
+      && ! grep -q 'skipped' "$out/kernels.log"; then
+    say "kernels: $(grep -c '\.\.\. ok' "$out/kernels.log") device tests passed (update bitwise the CPU's, norm repeatable, NVRTC compile)"
+  else
+    fail "kernels (see kernels.log)"; tail -5 "$out/kernels.log"
+  fi
+fi
 
 # Loss curves on the GPU, judged against the peers' PyTorch float64 curve (the CPU run beside it
 # for comparison; TF32 off on the GPU).
@@ -185,6 +206,20 @@ EOF
     # Where a step goes: the session run (F, parameters in and gradients out included)
     # against the optimizer (STEP); then ONNX Runtime's own profile of a few steps.
     python3 "$root/benches/gpu/trace_summary.py" "$out/gpt2_small.trace.json" | sed 's/^/gpt2 trace /' >> "$summary"
+  fi
+  # Before the state moved to the device: the same run with it on the host.
+  if [ "${GPT2_HOST:-0}" = 1 ]; then
+    sed 's/^\[runtime\]/[runtime]\nstate_on_device = false/' "$out/cfg/gpt2_small.toml" > "$out/cfg/gpt2_host.toml"
+    if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_host "$out/cfg/gpt2_host.toml"; then
+      python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_host.jsonl" $((batch * seq)) "$params" \
+        | sed 's/^pipetrain/pipetrain, state on the host/' >> "$summary"
+      python3 - "$out/gpt2_small.jsonl" "$out/gpt2_host.jsonl" <<'PY' >> "$summary"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p) if l.strip()] for p in sys.argv[1:3])
+d = max((abs(x - y) for x, y in zip(a, b)), default=float("nan"))
+print(f"gpt2 losses, state on the device against the host: {'bitwise equal' if a == b else f'max |difference| {d:.3g}'} over {min(len(a), len(b))} steps")
+PY
+    fi
   fi
   # The price of runtime.deterministic (on by default): the same run with it off.
   if [ "${GPT2_UNORDERED:-1}" = 1 ]; then

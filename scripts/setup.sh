@@ -4,7 +4,9 @@
 #   pipetrain looks for it; see `pipetrain doctor`);
 # - the Python packages the tests use as independent readers of pipetrain's files:
 #   `onnx` (its model checker), `safetensors` (checkpoint weight files) and `tensorboard`
-#   (its own event-file reader, for the TensorBoard writer's tests).
+#   (its own event-file reader, for the TensorBoard writer's tests);
+# - NVRTC (PyPI nvidia-cuda-nvrtc, CUDA 13), with which the tests compile the GPU path's
+#   kernels on a machine without a GPU (`compute::cuda_state`; `.ci/run` requires it).
 #
 # `scripts/setup.sh --cuda` (a machine with an NVIDIA GPU) instead installs ONNX Runtime's
 # CUDA build (PyPI onnxruntime-gpu, for CUDA 13) with the CUDA, cuDNN and NCCL wheels it
@@ -40,7 +42,8 @@ venv=.venv
 PACKAGES="onnxruntime==1.31.1
 onnx==1.19.1
 safetensors==0.6.2
-tensorboard==2.21.0"
+tensorboard==2.21.0
+nvidia-cuda-nvrtc==13.2.86"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
