@@ -279,6 +279,7 @@ fn single_stage(
         deterministic: true,
         mixed_precision: None,
         state_on_device: true,
+        cuda_kernels: true,
     };
     let settings = pipetrain::pipeline::StageSettings::new(cfg.optimizer.clone(), 1.0);
     let stage =

@@ -42,6 +42,7 @@ fn main() {
             deterministic: true,
             mixed_precision: None,
             state_on_device: true,
+            cuda_kernels: true,
         };
         let nospin = SessionOptions {
             spin: false,

@@ -6,8 +6,9 @@
 #   machine without cargo);
 # - `pipetrain doctor`: the library, its CUDA provider, the devices, a one-rank NCCL
 #   all-reduce; without a GPU it says so and stops (exit 0);
-# - kernels: the library's device tests (`compute::cuda_state`: the NVRTC-compiled update
-#   bitwise the CPU's, the gradient norm repeatable), from the lib test executable in --bin;
+# - kernels: the library's device tests (`compute::cuda_state`, `compute::cuda_ops`: the
+#   NVRTC-compiled update bitwise the CPU's, the gradient norm repeatable, the embedding
+#   gradient bitwise its formula), from the lib test executable in --bin;
 # - the peers' MLP and tiny GPT (SGD, AdamW) trained on the GPU and on the CPU, the loss
 #   curves judged against PyTorch float64 (TF32 off; --peers names peers/data);
 # - a 2-stage pipeline on one GPU with its Chrome trace (how long both stages computed
@@ -20,7 +21,10 @@
 #   on the same model; also with `runtime.deterministic = false` (GPT2_UNORDERED=0: not)
 #   and ONNX Runtime's profile of four steps (GPT2_PROFILE=0: not); GPT2_HALF=bf16|f16
 #   adds a mixed-precision run against PyTorch eager under torch.autocast; GPT2_HOST=1
-#   adds the run with the state on the host (`runtime.state_on_device = false`).
+#   adds the run with the state on the host (`runtime.state_on_device = false`);
+#   GPT2_ONEHOT=1 the run without pipetrain's CUDA kernels (`runtime.cuda_kernels = false`:
+#   the embedding gradient as a one-hot product instead of `RowsAdd`). Every GPU run has
+#   `cuda_kernels = true` unless GPU_CHECK_CUDA_KERNELS=false.
 # ONNX Runtime's CUDA build comes from ORT_DYLIB_PATH or `scripts/setup.sh --cuda`.
 # Everything lands in --out (default gpu-check/); the summary is printed at the end.
 set -uo pipefail
@@ -66,7 +70,7 @@ config() { # NAME DEVICE TAG [EXTRA...]
   { printf '%s\n' "$@"
     sed -e "s#\.\./peers/data#$peers#g" -e "s#\.\./runs/[a-z_]*/#$out/runs/$tag/#g" \
       "$root/examples/$name.toml"
-    printf '\n[runtime]\ndevice = "%s"\n' "$dev"; } > "$cfg"
+    printf '\n[runtime]\ndevice = "%s"\ncuda_kernels = %s\n' "$dev" "${GPU_CHECK_CUDA_KERNELS:-true}"; } > "$cfg"
   echo "$cfg"
 }
 train() { # TAG CONFIG [ARGS...]
@@ -85,9 +89,9 @@ for l in sys.stdin:
     o = json.loads(l)
     if o.get("reason") == "compiler-artifact" and o.get("executable"): print(o["executable"])' | tail -1)
   fi
-  if [ -n "$lib" ] && PIPETRAIN_REQUIRE_NVRTC=1 "$lib" --test-threads 1 --nocapture cuda_state > "$out/kernels.log" 2>&1 \
+  if [ -n "$lib" ] && PIPETRAIN_REQUIRE_NVRTC=1 "$lib" --test-threads 1 --nocapture compute::cuda_ > "$out/kernels.log" 2>&1 \
       && ! grep -q 'skipped' "$out/kernels.log"; then
-    say "kernels: $(grep -c '\.\.\. ok' "$out/kernels.log") device tests passed (update bitwise the CPU's, norm repeatable, NVRTC compile)"
+    say "kernels: $(grep -c '\.\.\. ok' "$out/kernels.log") device tests passed (update bitwise the CPU's, norm repeatable, RowsAdd bitwise its formula, NVRTC compiles)"
   else
     fail "kernels (see kernels.log)"; tail -5 "$out/kernels.log"
   fi
@@ -199,6 +203,7 @@ kind = "constant"
 lr = 1e-4
 [runtime]
 device = "$device"
+cuda_kernels = ${GPU_CHECK_CUDA_KERNELS:-true}
 EOF
   if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_small "$out/cfg/gpt2_small.toml" \
       --chrome-trace "$out/gpt2_small.trace.json"; then
@@ -219,6 +224,14 @@ a, b = ([json.loads(l)["loss"] for l in open(p) if l.strip()] for p in sys.argv[
 d = max((abs(x - y) for x, y in zip(a, b)), default=float("nan"))
 print(f"gpt2 losses, state on the device against the host: {'bitwise equal' if a == b else f'max |difference| {d:.3g}'} over {min(len(a), len(b))} steps")
 PY
+    fi
+  fi
+  # pipetrain's CUDA kernels against standard ops (the one-hot embedding gradient).
+  if [ "${GPT2_ONEHOT:-0}" = 1 ]; then
+    sed 's/^cuda_kernels = .*/cuda_kernels = false/' "$out/cfg/gpt2_small.toml" > "$out/cfg/gpt2_onehot.toml"
+    if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_onehot "$out/cfg/gpt2_onehot.toml"; then
+      python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_onehot.jsonl" $((batch * seq)) "$params" \
+        | sed 's/^pipetrain/pipetrain, standard ops (one-hot embedding gradient)/' >> "$summary"
     fi
   fi
   # The price of runtime.deterministic (on by default): the same run with it off.

@@ -14,6 +14,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
+use super::cuda_launch::{blocks_for, launch, Arg, THREADS};
 use super::resident::{Buffer, DeviceSpan, DeviceState};
 use crate::optim::{ElementwiseStep, Rule};
 use crate::{Error, Result};
@@ -21,8 +22,6 @@ use crate::{Error, Result};
 /// The kernels' source.
 pub const UPDATE_SOURCE: &str = include_str!("kernels/update.cu");
 
-/// Threads per block of every kernel (the sums' trees assume it: `SUM_THREADS`).
-const THREADS: u32 = 256;
 /// Blocks of the sums of squares: fixed, so that the order of the additions is.
 const SUM_BLOCKS: u32 = 1024;
 
@@ -167,34 +166,13 @@ impl CudaState {
         self.stream.synchronize().map_err(self.err("synchronizing"))
     }
 
-    /// Launches `f` over `n` values with `args` (device addresses and scalars), grid-strided.
+    /// Launches the grid-strided `f` over `n` values with `args`.
     fn launch(&self, f: &CudaFunction, n: usize, args: &[Arg]) -> Result<()> {
-        let blocks = n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            match a {
-                Arg::Ptr(p) => b.arg(p),
-                Arg::Len(n) => b.arg(n),
-                Arg::F32(x) => b.arg(x),
-            };
-        }
         // SAFETY: the argument lists match `update.cu`'s signatures (pointers to
         // buffers of at least `n` values, then the scalars), checked by the kernel tests.
-        unsafe { b.launch(cfg) }.map_err(self.err("launching a kernel"))?;
-        Ok(())
+        unsafe { launch(&self.stream, f, (blocks_for(n), 1), args) }
+            .map_err(self.err("launching a kernel"))
     }
-}
-
-/// A kernel argument.
-enum Arg {
-    Ptr(u64),
-    Len(i64),
-    F32(f32),
 }
 
 fn ptr_at(base: usize, offset: usize) -> Arg {
@@ -231,7 +209,7 @@ impl DeviceState for CudaState {
                 true => self.launch(
                     &self.kernels.add_into,
                     r.len(),
-                    &[acc, x, Arg::Len(r.len() as i64)],
+                    &[acc, x, Arg::I64(r.len() as i64)],
                 )?,
                 false => {
                     let scratch = self.scratch.as_ref().expect("made above");
@@ -309,7 +287,7 @@ impl DeviceState for CudaState {
         let st: Vec<usize> = self.state.iter().map(|b| self.addr(b)).collect();
         for (r, k) in &step.segments {
             let o = r.start;
-            let n = Arg::Len(r.len() as i64);
+            let n = Arg::I64(r.len() as i64);
             let s = Arg::F32(scale);
             let c = |i: usize| Arg::F32(k[i]);
             match step.rule {

@@ -5,6 +5,10 @@ mod chain;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "cuda")]
+mod cuda_launch;
+#[cfg(feature = "cuda")]
+pub mod cuda_ops;
+#[cfg(feature = "cuda")]
 pub mod cuda_state;
 mod device;
 mod direct;

@@ -39,6 +39,10 @@ pub struct SessionOptions {
     /// On a GPU: keep a stage's parameters, gradients and optimizer state in device
     /// memory and update there (`compute/resident.rs`), where the stage allows it.
     pub state_on_device: bool,
+    /// On a GPU: pipetrain's CUDA kernels where ONNX Runtime's CUDA provider is slow or
+    /// sums in no fixed order (`compute/cuda_ops.rs`: the embedding gradient); off, the
+    /// graphs keep standard ops (the embedding gradient as a one-hot product).
+    pub cuda_kernels: bool,
 }
 
 /// Below this many floating-point operations per node of a training step (about, see
@@ -72,6 +76,7 @@ impl Default for SessionOptions {
             deterministic: true,
             mixed_precision: None,
             state_on_device: true,
+            cuda_kernels: true,
         }
     }
 }

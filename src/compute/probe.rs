@@ -44,6 +44,7 @@ const ONE_OFF: SessionOptions = SessionOptions {
     deterministic: true,
     mixed_precision: None,
     state_on_device: false,
+    cuda_kernels: false,
 };
 
 /// [`ONE_OFF`] on every core: for runs that compute a whole forward.

@@ -445,7 +445,10 @@ fn rewritten(model: &ModelProto, opts: &SessionOptions) -> Result<Option<ModelPr
         crate::graph::autocast::autocast(&mut graph, half, crate::graph::autocast::products(gpu));
     }
     if scatters {
-        crate::graph::scatter_adds_as_products(&mut graph);
+        match cfg!(feature = "cuda") && opts.cuda_kernels {
+            true => crate::graph::scatter_adds_as_rows_add(&mut graph),
+            false => crate::graph::scatter_adds_as_products(&mut graph),
+        };
     }
     Ok(Some(graph.to_model()))
 }

@@ -138,7 +138,7 @@ impl ShardComm for Alone {
 /// pipetrain's operator domain: both collectives bound to `link`, and the fused
 /// kernels.
 pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
-    OperatorDomain::new(DOMAIN)?
+    let domain = OperatorDomain::new(DOMAIN)?
         .add(Collective {
             link: link.clone(),
             sums: true,
@@ -160,7 +160,11 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
         .add(super::fused::ATTENTION_OP)?
         .add(super::fused::ATTENTION_GRAD_OP)?
         .add(super::fused::PACKED_ATTENTION_OP)?
-        .add(super::fused::PACKED_ATTENTION_GRAD_OP)
+        .add(super::fused::PACKED_ATTENTION_GRAD_OP)?;
+    // Kernels on ONNX Runtime's CUDA provider; a session on the CPU never picks them.
+    #[cfg(feature = "cuda")]
+    let domain = domain.add(super::cuda_ops::RowsAdd)?;
+    Ok(domain)
 }
 
 /// `AllReduce` (`sums`) or `ShardEntry` (the identity forward).

@@ -88,6 +88,11 @@ pub struct RuntimeConfig {
     /// keep them there: tensor shards, gradient buckets, Adasum, histograms, LAMB.
     #[serde(default = "on")]
     pub state_on_device: bool,
+    /// On a GPU, pipetrain's CUDA kernels where ONNX Runtime's CUDA provider is slow or
+    /// sums in no fixed order (the embedding gradient as `RowsAdd`). Off by default until
+    /// a lent GPU has checked them (`scripts/gpu-check.sh` turns them on).
+    #[serde(default)]
+    pub cuda_kernels: bool,
     /// The most memory (GB, resident) each process may use, where the machine sets no
     /// tighter cap (a cgroup's limit or `RLIMIT_AS`, which are read): a run predicted to
     /// need more is refused before it trains, saying what would fit.
@@ -114,6 +119,7 @@ impl Default for RuntimeConfig {
             fused_kernels: true,
             deterministic: true,
             state_on_device: true,
+            cuda_kernels: false,
             memory_limit_gb: None,
             refuse_over_memory_cap: true,
         }

@@ -47,3 +47,9 @@ pub const ATTENTION_GRAD: &str = "AttentionGrad";
 pub const PACKED_ATTENTION: &str = "PackedAttention";
 /// Its backward: `dO, QKV, P` in, `dQKV` out (same attributes).
 pub const PACKED_ATTENTION_GRAD: &str = "PackedAttentionGrad";
+/// An embedding (`Gather`) gradient that sums in a fixed order on a GPU: `indices`
+/// (int64, n values) and `updates` (float32, n rows) in, attribute `rows`; out the table
+/// `[rows, row length]`, row v the sum of the updates whose index is v, in index order
+/// from +0 (the bits of `ScatterElements(reduction = add)` into zeros on the CPU). A CUDA
+/// kernel (`compute/cuda_ops.rs`); `graph::scatter_adds_as_rows_add` writes it.
+pub const ROWS_ADD: &str = "RowsAdd";

@@ -12,7 +12,13 @@
 //! zeros of the other rows changes no value. The one-hot matrix holds one value per
 //! index and table row (GPT-2 small, batch 4 x 1024: 4096 x 50257 float32, 823 MB), and
 //! the product costs 2 x indices x rows x row length operations.
+//!
+//! With pipetrain's CUDA kernels (`runtime.fused_kernels` on a GPU build) each such
+//! scatter becomes one `RowsAdd` instead (`graph::custom_ops::ROWS_ADD`,
+//! `compute/cuda_ops.rs`): each row's updates summed in index order, as the CPU's
+//! scatter adds them, with no one-hot matrix.
 
+use crate::graph::custom_ops::{DOMAIN, ROWS_ADD};
 use crate::graph::ir::{attr_i, attr_s, int_attr, make_node, tensor_attr, Graph};
 use crate::onnx::proto::{AttributeProto, NodeProto};
 use crate::tensor::{DType, Tensor};
@@ -21,12 +27,59 @@ use crate::tensor::{DType, Tensor};
 /// `reduction = add` into a `ConstantOfShape` of zeros of rank 2, its indices one
 /// column `Expand`ed to the updates' shape) as a one-hot product; returns how many.
 pub fn scatter_adds_as_products(g: &mut Graph) -> usize {
+    rewrite(g, |p, scatter| Some(p.nodes(scatter)))
+}
+
+/// Rewrites every float32 embedding-gradient scatter of `g` (as
+/// [`scatter_adds_as_products`] finds them) as one `RowsAdd` of pipetrain's domain,
+/// imported when any is written; float64 tables keep their scatter. Returns how many.
+pub fn scatter_adds_as_rows_add(g: &mut Graph) -> usize {
+    let n = rewrite(g, |p, scatter| {
+        (p.dtype == DType::F32).then(|| {
+            let out = &scatter.output[0];
+            let mut node = make_node(
+                ROWS_ADD,
+                &format!("{out}_rows_add"),
+                &[&p.indices, &scatter.input[2]],
+                &[out],
+                vec![int_attr("rows", p.dims[0])],
+            );
+            node.domain = DOMAIN.into();
+            vec![node]
+        })
+    });
+    if n > 0 {
+        g.import_domain(DOMAIN, 1);
+    }
+    n
+}
+
+/// `RowsAdd` in Rust, the formula its CUDA kernel computes: the table `[rows, row
+/// length]` (`updates` holds one row per index), row v the updates whose index is v
+/// (below 0: counted from the end; out of range: left out) added in index order to +0.
+pub fn rows_add_reference(indices: &[i64], updates: &[f32], rows: usize) -> Vec<f32> {
+    let row_len = updates.len() / indices.len().max(1);
+    let mut table = vec![0f32; rows * row_len];
+    for (i, &v) in indices.iter().enumerate() {
+        let v = if v < 0 { v + rows as i64 } else { v };
+        if (0..rows as i64).contains(&v) {
+            let (v, u) = (v as usize, &updates[i * row_len..(i + 1) * row_len]);
+            for (t, &x) in table[v * row_len..(v + 1) * row_len].iter_mut().zip(u) {
+                *t += x;
+            }
+        }
+    }
+    table
+}
+
+/// Replaces each scatter that [`plan`] takes by the nodes `with` makes of it (none: the
+/// scatter stays); returns how many were replaced.
+fn rewrite(g: &mut Graph, with: impl Fn(&Plan, &NodeProto) -> Option<Vec<NodeProto>>) -> usize {
     let mut rewritten = 0;
     let mut i = 0;
     while i < g.nodes.len() {
-        match plan(g, i) {
-            Some(p) => {
-                let nodes = p.nodes(&g.nodes[i]);
+        match plan(g, i).and_then(|p| with(&p, &g.nodes[i])) {
+            Some(nodes) => {
                 let n = nodes.len();
                 g.nodes.splice(i..=i, nodes);
                 i += n;

@@ -28,7 +28,7 @@ mod training;
 mod unfed_inputs;
 
 pub use buckets::{grad_chain, GradChain};
-pub use deterministic::scatter_adds_as_products;
+pub use deterministic::{rows_add_reference, scatter_adds_as_products, scatter_adds_as_rows_add};
 pub use export::{export_inference_model, mark_trained_steps, COMPLETE_KEY, STEPS_KEY, TOTAL_KEY};
 pub use ir::*;
 pub use loss::{attach_loss, LossNormalize, LossSpec, ACC_CORRECT, ACC_COUNTED, LOSS};

@@ -88,6 +88,7 @@ pub(super) fn session_options(cfg: &TrainConfig, actors: usize, threads: usize) 
         deterministic: cfg.runtime.deterministic,
         mixed_precision: cfg.half(),
         state_on_device: cfg.runtime.state_on_device,
+        cuda_kernels: cfg.runtime.cuda_kernels && !cfg.runtime.standard_ops_only,
     }
 }
 

@@ -8,8 +8,8 @@ use crate::common;
 
 use pipetrain::compute::{SessionOptions, TensorMap, TrainSession};
 use pipetrain::graph::{
-    build_training_graph, make_node, scatter_adds_as_products, untyped_value_info, value_info,
-    LossSpec, TrainOptions, ValueMeta,
+    build_training_graph, make_node, rows_add_reference, scatter_adds_as_products,
+    scatter_adds_as_rows_add, untyped_value_info, value_info, LossSpec, TrainOptions, ValueMeta,
 };
 use pipetrain::onnx::proto::ModelProto;
 use pipetrain::tensor::{DType, Tensor};
@@ -155,4 +155,63 @@ fn a_row_read_by_every_token_gets_the_same_gradient_on_any_thread_count() {
             "run {i} on two threads differs from one thread's sums"
         );
     }
+}
+
+/// `RowsAdd` (the GPU's embedding gradient, `compute/cuda_ops.rs`) as its Rust formula
+/// gives ONNX Runtime's CPU scatter bit for bit, on random updates whose sums are not
+/// exact (so only the same order of additions gives the same bits); the rewrite leaves
+/// one `RowsAdd` of pipetrain's domain where the scatter was.
+#[test]
+fn rows_add_is_the_cpu_scatter_bit_for_bit_and_replaces_it() {
+    let rt = common::runtime();
+    let mut rng = 11u64;
+    let mut next = || {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        rng >> 33
+    };
+    let (rows, n, width) = (37usize, 600usize, 24usize);
+    let ids: Vec<i64> = (0..n)
+        .map(|_| (next() % 12) as i64 - 2) // rows -2..9: repeats, two counted from the end
+        .collect();
+    let r: Vec<f32> = (0..n * width)
+        .map(|_| (next() % 1_000_003) as f32 / 1_000_003.0 - 0.5)
+        .collect();
+    let w = Tensor::f32(vec![rows, width], vec![0.25; rows * width]).unwrap();
+    let model = gather_model(
+        "rows_add",
+        w,
+        Tensor::f32(vec![n, width], r.clone()).unwrap(),
+        vec![n],
+    );
+    let ids = Tensor::i64(vec![n], ids.clone()).unwrap();
+    let tg = build_training_graph(&rt, &model, &options(), &[("ids", &ids)]).unwrap();
+    let data: TensorMap = [("ids".to_string(), ids.clone())].into();
+    let params = common::initial_params(&tg);
+    let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
+    let mut s = TrainSession::new(&rt, &tg, &SessionOptions::default()).unwrap();
+    let scattered = s.step(&params, &data, &seed).unwrap().grads["W"].clone();
+    let reference = rows_add_reference(ids.as_i64().unwrap(), &r, rows);
+    assert!(reference.iter().any(|&v| v != 0.0) && reference[2 * width..3 * width] != [0.0; 24]);
+    assert!(
+        scattered.as_f32().unwrap() == reference.as_slice(),
+        "not bitwise the CPU scatter"
+    );
+
+    let mut rewritten = tg.graph.clone();
+    assert_eq!(scatter_adds_as_rows_add(&mut rewritten), 1);
+    let ops: Vec<_> = rewritten
+        .nodes
+        .iter()
+        .map(|n| (n.op_type.as_str(), n.domain.as_str()))
+        .collect();
+    assert!(
+        ops.contains(&("RowsAdd", "ai.pipetrain")) && !ops.iter().any(|o| o.0 == "ScatterElements")
+    );
+    assert!(rewritten
+        .to_model()
+        .opset_import
+        .iter()
+        .any(|o| o.domain == "ai.pipetrain"));
 }

@@ -86,6 +86,7 @@ fn tiny_gpt_stage(
         deterministic: true,
         mixed_precision: None,
         state_on_device: true,
+        cuda_kernels: true,
     };
     let settings = pipetrain::pipeline::StageSettings {
         bucket_bytes,

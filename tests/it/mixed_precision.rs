@@ -114,6 +114,7 @@ fn onnx_runtime_takes_the_half_graph_and_computes_within_float16_rounding() {
         let opts = SessionOptions {
             mixed_precision: half,
             state_on_device: true,
+            cuda_kernels: true,
             ..SessionOptions::default()
         };
         let mut s = GraphSession::from_model(&rt, &model, &opts, "mixed").unwrap();

@@ -88,6 +88,7 @@ impl Module {
             deterministic: true,
             mixed_precision: None,
             state_on_device: false,
+            cuda_kernels: false,
         };
         let settings = StageSettings::new(OptimizerConfig::default(), 1.0);
         let stage = OrtStage::new(rt, &tg, &graphs[0], &session, &settings)?;

@@ -246,6 +246,7 @@ impl GradCheck {
                 deterministic: true,
                 mixed_precision: None,
                 state_on_device: true,
+                cuda_kernels: true,
             },
         )
         .map_err(|e| e.to_string())?;
