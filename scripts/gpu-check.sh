@@ -212,18 +212,25 @@ EOF
     # against the optimizer (STEP); then ONNX Runtime's own profile of a few steps.
     python3 "$root/benches/gpu/trace_summary.py" "$out/gpt2_small.trace.json" | sed 's/^/gpt2 trace /' >> "$summary"
   fi
+  # PyTorch eager on the same model and batch, first (a call's time limit cuts the end).
+  if python3 -c 'import torch, transformers' 2>/dev/null; then
+    python3 "$root/benches/gpu/gpt2_eager.py" --batch "$batch" --steps "$steps" \
+      --layers "$layers" --d "$d" --heads "$heads" --seq "$seq" --vocab "$vocab" >> "$summary" 2>"$out/gpt2_eager.err" \
+      || fail "gpt2 eager (see gpt2_eager.err)"
+    [ -z "${GPT2_HALF:-}" ] || python3 "$root/benches/gpu/gpt2_eager.py" --batch "$batch" --steps "$steps" --autocast "${GPT2_HALF:-}" \
+      --layers "$layers" --d "$d" --heads "$heads" --seq "$seq" --vocab "$vocab" >> "$summary" 2>"$out/gpt2_eager.err" \
+      || fail "gpt2 eager ${GPT2_HALF:-} (see gpt2_eager.err)"
+  else
+    say "gpt2 eager: PyTorch or transformers not installed: skipped"
+  fi
   # Before the state moved to the device: the same run with it on the host.
   if [ "${GPT2_HOST:-0}" = 1 ]; then
     sed 's/^\[runtime\]/[runtime]\nstate_on_device = false/' "$out/cfg/gpt2_small.toml" > "$out/cfg/gpt2_host.toml"
     if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_host "$out/cfg/gpt2_host.toml"; then
       python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_host.jsonl" $((batch * seq)) "$params" \
         | sed 's/^pipetrain/pipetrain, state on the host/' >> "$summary"
-      python3 - "$out/gpt2_small.jsonl" "$out/gpt2_host.jsonl" <<'PY' >> "$summary"
-import json, sys
-a, b = ([json.loads(l)["loss"] for l in open(p) if l.strip()] for p in sys.argv[1:3])
-d = max((abs(x - y) for x, y in zip(a, b)), default=float("nan"))
-print(f"gpt2 losses, state on the device against the host: {'bitwise equal' if a == b else f'max |difference| {d:.3g}'} over {min(len(a), len(b))} steps")
-PY
+      python3 "$root/benches/gpu/losses_diff.py" "gpt2, state on the device against the host" \
+        "$out/gpt2_small.jsonl" "$out/gpt2_host.jsonl" >> "$summary"
     fi
   fi
   # pipetrain's CUDA kernels against standard ops (the one-hot embedding gradient).
@@ -232,6 +239,8 @@ PY
     if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_onehot "$out/cfg/gpt2_onehot.toml"; then
       python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_onehot.jsonl" $((batch * seq)) "$params" \
         | sed 's/^pipetrain/pipetrain, standard ops (one-hot embedding gradient)/' >> "$summary"
+      python3 "$root/benches/gpu/losses_diff.py" "gpt2, RowsAdd against the one-hot product" \
+        "$out/gpt2_small.jsonl" "$out/gpt2_onehot.jsonl" >> "$summary"
     fi
   fi
   # The price of runtime.deterministic (on by default): the same run with it off.
@@ -262,16 +271,6 @@ PY
       python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_$half.jsonl" $((batch * seq)) "$params" \
         | sed "s/^pipetrain/pipetrain, $half mixed precision/" >> "$summary"
     fi
-  fi
-  if python3 -c 'import torch, transformers' 2>/dev/null; then
-    python3 "$root/benches/gpu/gpt2_eager.py" --batch "$batch" --steps "$steps" \
-      --layers "$layers" --d "$d" --heads "$heads" --seq "$seq" --vocab "$vocab" >> "$summary" 2>"$out/gpt2_eager.err" \
-      || fail "gpt2 eager (see gpt2_eager.err)"
-    [ -z "$half" ] || python3 "$root/benches/gpu/gpt2_eager.py" --batch "$batch" --steps "$steps" --autocast "$half" \
-      --layers "$layers" --d "$d" --heads "$heads" --seq "$seq" --vocab "$vocab" >> "$summary" 2>"$out/gpt2_eager.err" \
-      || fail "gpt2 eager $half (see gpt2_eager.err)"
-  else
-    say "gpt2 eager: PyTorch or transformers not installed: skipped"
   fi
 fi
 
