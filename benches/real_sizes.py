@@ -60,6 +60,7 @@ T_START = time.perf_counter()  # the PyTorch window's phases count from here
 
 import numpy as np  # noqa: E402
 
+import real_sizes_products as products  # noqa: E402
 from real_sizes_models import (  # noqa: E402  (after T_START, as numpy)
     MODELS,
     ROOT,
@@ -114,9 +115,18 @@ def torch_window(a) -> None:
             out.flush()
             if step == 0:
                 phases["first_step_s"] = marks[0] - T_START
+
+    def one_step():  # after the timed steps: its products counted, nothing applied
+        b = rows_of(data, 0, batch)
+        logits = model(*(torch.from_numpy(b[k]) for k in inputs))
+        logits = logits if isinstance(logits, torch.Tensor) else logits[0]
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                        torch.from_numpy(b["labels"]).reshape(-1)).backward()
+
+    flops = products.count_flops(one_step)
     print(json.dumps(dict(phases=phases, attn=getattr(getattr(model, "config", None),
                                                       "_attn_implementation", None),
-                          threads=torch.get_num_threads())), flush=True)
+                          threads=torch.get_num_threads(), product_flops=flops)), flush=True)
 
 
 def parse_time_v(path: Path) -> dict:
@@ -263,11 +273,15 @@ def main() -> None:
     ap.add_argument("--torch-attn", default="default", choices=["default", "eager", "sdpa"],
                     help="transformers' attention for the PyTorch windows")
     ap.add_argument("--torch-window", help=argparse.SUPPRESS)
+    ap.add_argument("--gemm-window", help=argparse.SUPPRESS)
     ap.add_argument("--folder", help=argparse.SUPPRESS)
     ap.add_argument("--metrics", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.torch_window:
         torch_window(a)
+        return
+    if a.gemm_window:
+        products.gemm_window(a.gemm_window, a.threads)
         return
 
     scratch = Path(a.scratch).expanduser().resolve()
@@ -310,6 +324,23 @@ def main() -> None:
         print(f"| {m} | {e['onnx_file_bytes'] / 2**20:.0f} MiB | {e['torch_parameters']:,} | "
               f"{e['onnx_float_initializer_elements']:,} | {e['onnx_nodes']} |")
     print(flush=True)
+    # The machine's GEMM rate at each model's layer shapes, on PyTorch's threads.
+    results["gemm"] = {}
+    for m in models:
+        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--gemm-window", m,
+                              "--threads", str(a.threads)], env=env, capture_output=True,
+                             text=True, cwd=ROOT)
+        try:
+            results["gemm"][m] = json.loads(out.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            print(f"{m}: GEMM rate not measured:\n{out.stderr[-1500:]}", file=sys.stderr)
+    print("| model | GEMM rate, torch.matmul float32 on %d threads (best shape) | by shape |"
+          % a.threads)
+    print("|---|---|---|")
+    for m, g in results["gemm"].items():
+        by = ", ".join(f"{k}: {v:.0f}" for k, v in g["by_shape"].items())
+        print(f"| {m} | {g['gemm_gflops']:.1f} GFLOP/s | {by} |")
+    print(flush=True)
     work = scratch / "work"
     work.mkdir(exist_ok=True)
     for r in range(a.rounds):
@@ -332,6 +363,11 @@ def main() -> None:
                                metrics, work, env, a.timeout, ROOT)
             round_rec[m] = dict(steps=steps, torch=rec_t, pipetrain=rec_p,
                                 ratios=ratios(rec_p, rec_t))
+            flops = rec_t.get("child", {}).get("product_flops")
+            gflops = results["gemm"].get(m, {}).get("gemm_gflops")
+            for rec in (rec_t, rec_p):
+                rec["product_limit_share"] = products.share(flops, gflops,
+                                                            rec.get("steps_per_s"))
             for who, rec in (("PyTorch", rec_t), ("pipetrain", rec_p)):
                 if rec["rc"] != 0:
                     print(f"round {r + 1}: {m}: {who} failed (exit {rec['rc']}):\n"
@@ -340,8 +376,8 @@ def main() -> None:
         (scratch / f"results-{stamp}.json").write_text(json.dumps(results, indent=1))
         print(f"## Round {r + 1}\n")
         print("| model | engine | time to first step (s) | steps/s (steps) | s/step | peak RSS "
-              "(GiB) | loss at step 1 | loss at last step | status |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "(GiB) | loss at step 1 | loss at last step | product limit's share | status |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for m, x in round_rec.items():
             for who, rec in (("PyTorch", x["torch"]), ("pipetrain", x["pipetrain"])):
                 sps = rec.get("steps_per_s")
@@ -350,12 +386,13 @@ def main() -> None:
                       f"{num(1 / sps if sps else None, '.2f')} | "
                       f"{gib(rec.get('peak_rss_bytes'))} | {num(rec.get('loss_first'), '.5f')} | "
                       f"{num(rec.get('loss_last'), '.5f')} | "
+                      f"{num(rec.get('product_limit_share'), '.0%')} | "
                       f"{'ok' if rec['rc'] == 0 else 'failed (exit %s)' % rec['rc']} |")
             q = x["ratios"]
             print(f"| {m} | pipetrain / PyTorch | {num(q.get('time_to_first_step_s'), '.2f')}x | "
                   f"{num(q.get('steps_per_s'), '.2f')}x | | "
                   f"{num(q.get('peak_rss_bytes'), '.2f')}x | max \\|loss diff\\| over steps: "
-                  f"{num(q.get('max_abs_loss_diff'), '.1e')} | | |")
+                  f"{num(q.get('max_abs_loss_diff'), '.1e')} | | | |")
         print()
         print_losses(round_rec)
         print(flush=True)
@@ -363,8 +400,8 @@ def main() -> None:
           "per-round ratios\n")
     print("| model | steps/s | peak RSS | time to first step | steps/s: pipetrain, PyTorch | "
           "peak RSS GiB: pipetrain, PyTorch | time to first step s: pipetrain, PyTorch | "
-          "max \\|loss diff\\| |")
-    print("|---|---|---|---|---|---|---|---|")
+          "max \\|loss diff\\| | product limit's share: pipetrain, PyTorch |")
+    print("|---|---|---|---|---|---|---|---|---|")
     summary = {}
     for m in models:
         per = [rd[m] for rd in results["rounds"]]
@@ -388,7 +425,9 @@ def main() -> None:
               f"{gib(med('pipetrain', 'peak_rss_bytes'))}, {gib(med('torch', 'peak_rss_bytes'))} | "
               f"{num(med('pipetrain', 'time_to_first_step_s'), '.1f')}, "
               f"{num(med('torch', 'time_to_first_step_s'), '.1f')} | "
-              f"{num(summary[m].get('max_abs_loss_diff'), '.1e')} |")
+              f"{num(summary[m].get('max_abs_loss_diff'), '.1e')} | "
+              f"{num(med('pipetrain', 'product_limit_share'), '.0%')}, "
+              f"{num(med('torch', 'product_limit_share'), '.0%')} |")
     results["summary"] = summary
     out = scratch / f"results-{stamp}.json"
     out.write_text(json.dumps(results, indent=1))

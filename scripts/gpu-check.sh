@@ -223,34 +223,26 @@ EOF
   else
     say "gpt2 eager: PyTorch or transformers not installed: skipped"
   fi
+  # A variant of that run: its configuration edited by SED, its speed labelled LABEL.
+  gpt2_variant() { # TAG SED LABEL
+    sed "$2" "$out/cfg/gpt2_small.toml" > "$out/cfg/gpt2_$1.toml"
+    TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train "gpt2_$1" "$out/cfg/gpt2_$1.toml" || return 1
+    python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_$1.jsonl" $((batch * seq)) "$params" \
+      | sed "s/^pipetrain/pipetrain, $3/" >> "$summary"
+  }
   # Before the state moved to the device: the same run with it on the host.
-  if [ "${GPT2_HOST:-0}" = 1 ]; then
-    sed 's/^\[runtime\]/[runtime]\nstate_on_device = false/' "$out/cfg/gpt2_small.toml" > "$out/cfg/gpt2_host.toml"
-    if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_host "$out/cfg/gpt2_host.toml"; then
-      python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_host.jsonl" $((batch * seq)) "$params" \
-        | sed 's/^pipetrain/pipetrain, state on the host/' >> "$summary"
-      python3 "$root/benches/gpu/losses_diff.py" "gpt2, state on the device against the host" \
-        "$out/gpt2_small.jsonl" "$out/gpt2_host.jsonl" >> "$summary"
-    fi
-  fi
+  [ "${GPT2_HOST:-0}" = 1 ] \
+    && gpt2_variant host 's/^\[runtime\]/[runtime]\nstate_on_device = false/' "state on the host" \
+    && python3 "$root/benches/gpu/losses_diff.py" "gpt2, state on the device against the host" \
+      "$out/gpt2_small.jsonl" "$out/gpt2_host.jsonl" >> "$summary"
   # pipetrain's CUDA kernels against standard ops (the one-hot embedding gradient).
-  if [ "${GPT2_ONEHOT:-0}" = 1 ]; then
-    sed 's/^cuda_kernels = .*/cuda_kernels = false/' "$out/cfg/gpt2_small.toml" > "$out/cfg/gpt2_onehot.toml"
-    if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_onehot "$out/cfg/gpt2_onehot.toml"; then
-      python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_onehot.jsonl" $((batch * seq)) "$params" \
-        | sed 's/^pipetrain/pipetrain, standard ops (one-hot embedding gradient)/' >> "$summary"
-      python3 "$root/benches/gpu/losses_diff.py" "gpt2, RowsAdd against the one-hot product" \
-        "$out/gpt2_small.jsonl" "$out/gpt2_onehot.jsonl" >> "$summary"
-    fi
-  fi
+  [ "${GPT2_ONEHOT:-0}" = 1 ] \
+    && gpt2_variant onehot 's/^cuda_kernels = .*/cuda_kernels = false/' "standard ops (one-hot embedding gradient)" \
+    && python3 "$root/benches/gpu/losses_diff.py" "gpt2, RowsAdd against the one-hot product" \
+      "$out/gpt2_small.jsonl" "$out/gpt2_onehot.jsonl" >> "$summary"
   # The price of runtime.deterministic (on by default): the same run with it off.
-  if [ "${GPT2_UNORDERED:-1}" = 1 ]; then
-    sed 's/^\[runtime\]/[runtime]\ndeterministic = false/' "$out/cfg/gpt2_small.toml" > "$out/cfg/gpt2_unordered.toml"
-    if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_unordered "$out/cfg/gpt2_unordered.toml"; then
-      python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_unordered.jsonl" $((batch * seq)) "$params" \
-        | sed 's/^pipetrain/pipetrain, deterministic = false/' >> "$summary"
-    fi
-  fi
+  [ "${GPT2_UNORDERED:-1}" = 1 ] \
+    && gpt2_variant unordered 's/^\[runtime\]/[runtime]\ndeterministic = false/' "deterministic = false"
   if [ "${GPT2_PROFILE:-1}" = 1 ] && [ -f "$out/gpt2_small.jsonl" ]; then
     sed -e 's/^num_train_steps = .*/num_train_steps = 4/' -e 's/^\[runtime\]/[runtime]\nprofile = true/' \
       "$out/cfg/gpt2_small.toml" > "$out/cfg/gpt2_profiled.toml"

@@ -285,53 +285,19 @@ impl DeviceState for CudaState {
         }
         let (p, g) = (self.addr(&self.params), self.addr(&self.grads));
         let st: Vec<usize> = self.state.iter().map(|b| self.addr(b)).collect();
+        // Each rule's kernel, state buffers and constants (see `update.cu`).
+        let (kernel, constants) = match step.rule {
+            Rule::Sgd => (&self.kernels.sgd, 2),
+            Rule::SgdMomentum => (&self.kernels.sgd_momentum, 6),
+            Rule::Adam => (&self.kernels.adam, 8),
+        };
         for (r, k) in &step.segments {
             let o = r.start;
-            let n = Arg::I64(r.len() as i64);
-            let s = Arg::F32(scale);
-            let c = |i: usize| Arg::F32(k[i]);
-            match step.rule {
-                Rule::Sgd => {
-                    let args = [ptr_at(p, o), ptr_at(g, o), n, s, c(0), c(1)];
-                    self.launch(&self.kernels.sgd, r.len(), &args)?;
-                }
-                Rule::SgdMomentum => {
-                    let args = [
-                        ptr_at(p, o),
-                        ptr_at(g, o),
-                        ptr_at(st[0], o),
-                        n,
-                        s,
-                        c(0),
-                        c(1),
-                        c(2),
-                        c(3),
-                        c(4),
-                        c(5),
-                    ];
-                    self.launch(&self.kernels.sgd_momentum, r.len(), &args)?;
-                }
-                Rule::Adam => {
-                    let (m, v) = (ptr_at(st[0], o), ptr_at(st[1], o));
-                    let args = [
-                        ptr_at(p, o),
-                        ptr_at(g, o),
-                        m,
-                        v,
-                        n,
-                        s,
-                        c(0),
-                        c(1),
-                        c(2),
-                        c(3),
-                        c(4),
-                        c(5),
-                        c(6),
-                        c(7),
-                    ];
-                    self.launch(&self.kernels.adam, r.len(), &args)?;
-                }
-            }
+            let mut args = vec![ptr_at(p, o), ptr_at(g, o)];
+            args.extend(st.iter().map(|&b| ptr_at(b, o)));
+            args.extend([Arg::I64(r.len() as i64), Arg::F32(scale)]);
+            args.extend(k[..constants].iter().map(|&c| Arg::F32(c)));
+            self.launch(kernel, r.len(), &args)?;
         }
         self.sync()
     }

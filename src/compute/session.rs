@@ -306,10 +306,7 @@ impl GraphSession {
         let (buf, targets) = direct.unwrap_or((&mut [], &[]));
         let mut result = Vec::with_capacity(names.len());
         for (k, name) in names.iter().enumerate() {
-            let value = outputs.get(name).ok_or_else(|| Error::BadTensor {
-                name: name.clone(),
-                reason: format!("{label} did not produce this output"),
-            })?;
+            let value = produced(&outputs, name, label)?;
             if let Some(t) = targets.iter().find(|t| t.output == k) {
                 in_place(value, name, t, buf, label)?;
                 continue;
@@ -390,10 +387,7 @@ impl GraphSession {
         tracing::debug!(target: "pipetrain::device", session = %label, run_ms, "run, state on the device");
         let mut result = Vec::with_capacity(names.len());
         for (k, name) in names.iter().enumerate() {
-            let value = outputs.get(name).ok_or_else(|| Error::BadTensor {
-                name: name.clone(),
-                reason: format!("{label} did not produce this output"),
-            })?;
+            let value = produced(&outputs, name, label)?;
             match targets.iter().find(|t| t.output == k) {
                 Some(t) => on_device(value, name, t, &out, label)?,
                 None => result.push((name.clone(), to_host(value, name)?)),
@@ -401,6 +395,18 @@ impl GraphSession {
         }
         Ok(result)
     }
+}
+
+/// Output `name` of a run of `label`.
+fn produced<'a>(
+    outputs: &'a ort::session::SessionOutputs<'_>,
+    name: &str,
+    label: &str,
+) -> Result<&'a DynValue> {
+    outputs.get(name).ok_or_else(|| Error::BadTensor {
+        name: name.into(),
+        reason: format!("{label} did not produce this output"),
+    })
 }
 
 /// Checks that ONNX Runtime wrote a directed output where it was told, in `out`.
