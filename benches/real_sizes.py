@@ -43,6 +43,11 @@ step by step to float32 rounding (about 1e-6 at these sizes): each round prints 
 step's loss in both and their difference (Δloss), and the largest |difference| over a
 window's steps, as a check that the two train the same model.
 
+Each engine's share of the matrix-product limit (real_sizes_products.py): the step's
+product FLOPs, counted by PyTorch's FlopCounterMode over one more forward and backward at
+the end of the PyTorch window, at the GEMM rate a process of its own measures once per run
+for each model (torch.matmul at its layer shapes, PyTorch's threads), over the step time.
+
 Prints a Markdown table per round and a summary of median [min-max] of the per-round
 ratios pipetrain / PyTorch; writes everything to SCRATCH/results-<time>.json.
 """
