@@ -211,6 +211,10 @@ EOF
     # Where a step goes: the session run (F, parameters in and gradients out included)
     # against the optimizer (STEP); then ONNX Runtime's own profile of a few steps.
     python3 "$root/benches/gpu/trace_summary.py" "$out/gpt2_small.trace.json" | sed 's/^/gpt2 trace /' >> "$summary"
+    # What pipetrain handed between host and device in the last step (with
+    # RUST_LOG=pipetrain::device=debug; ONNX Runtime's own copies inside a run not seen).
+    sed 's/\x1b\[[0-9;]*m//g' "$out/gpt2_small.log" | grep 'host traffic of the step' | tail -1 \
+      | grep -o 'to_device=[0-9]* to_host=[0-9]*' | sed 's/^/gpt2 host traffic per step (bytes): /' >> "$summary"
   fi
   # PyTorch eager on the same model and batch, first (a call's time limit cuts the end).
   if python3 -c 'import torch, transformers' 2>/dev/null; then

@@ -95,6 +95,19 @@ pub struct TensorView<'a> {
     pub data: ViewData<'a>,
 }
 
+impl TensorView<'_> {
+    /// The bytes its elements take.
+    pub fn bytes(&self) -> usize {
+        match self.data {
+            ViewData::F32(v) => std::mem::size_of_val(v),
+            ViewData::F64(v) => std::mem::size_of_val(v),
+            ViewData::I64(v) => std::mem::size_of_val(v),
+            ViewData::I32(v) => std::mem::size_of_val(v),
+            ViewData::Bool(v) => std::mem::size_of_val(v),
+        }
+    }
+}
+
 /// A host tensor: row-major elements and their shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor {

@@ -14,7 +14,7 @@ export ORT_DYLIB_PATH=/tmp/ort/libonnxruntime.so.1.31.1
 export LD_LIBRARY_PATH=/tmp/ort:$NV/cu13/lib:$NV/cudnn/lib:$NV/nccl/lib
 export PIPETRAIN_GPU_CHECK_NO_BUILD=1
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,power.draw --format=csv,noheader
-RUST_LOG=${LEASE_RUST_LOG:-warn,onnxruntime=error} GPT2_PROFILE=${GPT2_PROFILE:-0} GPT2_UNORDERED=0 GPT2_HALF=${GPT2_HALF:-bf16} GPT2_HOST=${GPT2_HOST:-1} GPT2_ONEHOT=${GPT2_ONEHOT:-1} \
+RUST_LOG=${LEASE_RUST_LOG:-warn,onnxruntime=error,pipetrain::device=debug} GPT2_PROFILE=${GPT2_PROFILE:-0} GPT2_UNORDERED=0 GPT2_HALF=${GPT2_HALF:-bf16} GPT2_HOST=${GPT2_HOST:-1} GPT2_ONEHOT=${GPT2_ONEHOT:-1} \
   timeout -k 5 "${LEASE_GPT2_S:-330}" bash scripts/gpu-check.sh --bin "${LEASE_BIN:-.gpu/bin}" --out "$out/a" \
   --checks kernels,gpt2 > "$out/a.log" 2>&1
 timeout -k 5 "${LEASE_REST_S:-190}" bash scripts/gpu-check.sh --bin "${LEASE_BIN:-.gpu/bin}" --out "$out/b" \

@@ -69,6 +69,8 @@ pub struct OrtStage {
     /// are a host copy, older than the device's while `host_stale`.
     pub(super) device_state: Option<Box<dyn crate::compute::DeviceState>>,
     pub(super) host_stale: bool,
+    /// The bytes this step handed between host and device (`stage_device.rs`).
+    pub(super) host_traffic: super::stage_device::HostTraffic,
     /// A device failure inside a method that cannot return it, returned by the next that
     /// can.
     pub(super) device_error: Option<Error>,
@@ -121,6 +123,7 @@ impl OrtStage {
         Ok(OrtStage {
             device_state,
             host_stale: false,
+            host_traffic: Default::default(),
             device_error: None,
             optimizer,
             sessions,

@@ -121,6 +121,9 @@ impl OrtStage {
 
     /// Clears the gradients for step `step + 1`, whose loss is scaled by `loss_scale`.
     fn end_step(&mut self, step: u64, loss_scale: f64) {
+        if self.device_state.is_some() {
+            self.host_traffic.end_step(step);
+        }
         self.steps_done = step + 1;
         self.reset_grads();
         self.loss_scale = loss_scale;

@@ -36,6 +36,25 @@ pub(super) fn keeps_state_on_device(
         && !matches!(settings.optimizer, OptimizerConfig::Lamb { .. })
 }
 
+/// What a stage on its device handed between host and device in a step, in bytes: its
+/// host feeds (data, messages, the backward seed) and host outputs (loss, messages), the
+/// gradient statistics, and any state copied for a checkpoint or a reduction over the
+/// host. Copies ONNX Runtime makes inside a run (for a node on the CPU, say) are not
+/// seen here.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct HostTraffic {
+    pub to_device: usize,
+    pub to_host: usize,
+}
+
+impl HostTraffic {
+    /// Logs the step's traffic (target `pipetrain::device`, debug) and starts the next.
+    pub(super) fn end_step(&mut self, step: u64) {
+        let HostTraffic { to_device, to_host } = std::mem::take(self);
+        tracing::debug!(target: "pipetrain::device", step, to_device, to_host, "host traffic of the step (bytes)");
+    }
+}
+
 impl OrtStage {
     /// [`OrtStage::run`] with the parameters and gradients in device memory: the
     /// parameters fed in place, a step's first gradients written by ONNX Runtime into
@@ -57,6 +76,7 @@ impl OrtStage {
             grad_slot,
             buffers,
             device_state,
+            host_traffic,
             ..
         } = self;
         let state = device_state.as_mut().expect("a stage on its device");
@@ -83,6 +103,11 @@ impl OrtStage {
             false => state.scratch()?,
         };
         let rest = session.run_device(&host, &device, out, &targets)?;
+        host_traffic.to_device += host.iter().map(|(_, v)| v.bytes()).sum::<usize>();
+        host_traffic.to_host += rest
+            .iter()
+            .map(|(_, t)| t.len() * t.dtype().size())
+            .sum::<usize>();
         if !first {
             let ranges: Vec<_> = slots
                 .iter()
@@ -116,6 +141,7 @@ impl OrtStage {
     /// and reads as an overflow meanwhile.
     pub(super) fn device_grad_stats(&mut self) -> Option<GradStats> {
         let state = self.device_state.as_mut()?;
+        self.host_traffic.to_host += size_of::<f64>();
         Some(match state.grad_sum_sq() {
             Ok(sum_sq) => GradStats { sum_sq },
             Err(e) => {
@@ -156,10 +182,12 @@ impl OrtStage {
             return Ok(());
         }
         state.download(Buffer::Params, &mut self.params)?;
+        self.host_traffic.to_host += size_of_val(self.params.as_slice());
         let mut saved = Vec::new();
         for (k, (name, buf)) in self.optimizer.state().iter().enumerate() {
             let mut v = vec![0f32; buf.len()];
             state.download(Buffer::State(k), &mut v)?;
+            self.host_traffic.to_host += size_of_val(v.as_slice());
             saved.push((*name, v));
         }
         let views: Vec<(&str, &[f32])> = saved.iter().map(|(n, v)| (*n, v.as_slice())).collect();
@@ -187,17 +215,19 @@ impl OrtStage {
 
     /// The device's gradients copied into the host buffer (for a reduction over the host).
     pub(super) fn grads_to_host(&mut self) -> Result<()> {
-        match self.device_state.as_mut() {
-            Some(state) => state.download(Buffer::Grads, &mut self.grads),
-            None => Ok(()),
-        }
+        let Some(state) = self.device_state.as_mut() else {
+            return Ok(());
+        };
+        self.host_traffic.to_host += size_of_val(self.grads.as_slice());
+        state.download(Buffer::Grads, &mut self.grads)
     }
 
     /// The host buffer's (reduced) gradients copied back to the device.
     pub(super) fn grads_to_device(&mut self) -> Result<()> {
-        match self.device_state.as_mut() {
-            Some(state) => state.upload(Buffer::Grads, &self.grads),
-            None => Ok(()),
-        }
+        let Some(state) = self.device_state.as_mut() else {
+            return Ok(());
+        };
+        self.host_traffic.to_device += size_of_val(self.grads.as_slice());
+        state.upload(Buffer::Grads, &self.grads)
     }
 }
