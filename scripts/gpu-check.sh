@@ -111,6 +111,12 @@ done
 if want pipeline && train mlp_pipeline_gpu "$(config mlp_pipeline "$device" mlp_pipeline_gpu)" \
     --chrome-trace "$out/mlp_pipeline_gpu.trace.json"; then
   python3 "$root/benches/gpu/overlap.py" "$out/mlp_pipeline_gpu.trace.json" | sed 's/^/pp=2 /' >> "$summary"
+  # Its micro-batches' gradients added on the device against on the host: the same bits.
+  host=$(config mlp_pipeline "$device" mlp_pipeline_host)
+  sed -i 's/^\[runtime\]/[runtime]\nstate_on_device = false/' "$host"
+  train mlp_pipeline_host "$host" && python3 "$root/benches/gpu/losses_diff.py" \
+    "pp=2, 4 micro-batches, state on the device against the host" \
+    "$out/mlp_pipeline_gpu.jsonl" "$out/mlp_pipeline_host.jsonl" >> "$summary"
 fi
 
 # Checkpoint and resume on the GPU: steps 11-20 resumed equal steps 11-20 straight.

@@ -17,6 +17,6 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,power.draw --form
 RUST_LOG=${LEASE_RUST_LOG:-warn,onnxruntime=error,pipetrain::device=debug} GPT2_PROFILE=${GPT2_PROFILE:-0} GPT2_UNORDERED=0 GPT2_HALF=${GPT2_HALF:-bf16} GPT2_HOST=${GPT2_HOST:-1} GPT2_ONEHOT=${GPT2_ONEHOT:-1} \
   timeout -k 5 "${LEASE_GPT2_S:-330}" bash scripts/gpu-check.sh --bin "${LEASE_BIN:-.gpu/bin}" --out "$out/a" \
   --checks kernels,gpt2 > "$out/a.log" 2>&1
-timeout -k 5 "${LEASE_REST_S:-190}" bash scripts/gpu-check.sh --bin "${LEASE_BIN:-.gpu/bin}" --out "$out/b" \
-  --checks "${LEASE_REST:-curves,resume,precision}" > "$out/b.log" 2>&1
+timeout -k 5 "${LEASE_REST_S:-220}" bash scripts/gpu-check.sh --bin "${LEASE_BIN:-.gpu/bin}" --out "$out/b" \
+  --checks "${LEASE_REST:-pipeline,curves,resume,precision}" > "$out/b.log" 2>&1
 echo "== a"; cat "$out/a/summary.txt"; echo "== b"; cat "$out/b/summary.txt"
