@@ -49,8 +49,8 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     print("| M x K x N | PyTorch A @ B | ONNX Runtime MatMul | PyTorch A^T @ B | "
-          "ONNX Runtime FusedMatMul transA |")
-    print("|---|---|---|---|---|")
+          "ONNX Runtime FusedMatMul transA | ONNX Runtime Gemm transA |")
+    print("|---|---|---|---|---|---|")
     for m, k, n in [(1024, 768, 3072), (1024, 3072, 768), (768, 1024, 3072)]:
         x = np.random.rand(m, k).astype(np.float32)
         y = np.random.rand(k, n).astype(np.float32)
@@ -60,12 +60,15 @@ def main():
                         a.threads)
         fused = session(h.make_node("FusedMatMul", ["a", "b"], ["c"], domain="com.microsoft",
                                     transA=1), [("a", [k, m]), ("b", [k, n])], a.threads)
+        gemm = session(h.make_node("Gemm", ["a", "b"], ["c"], transA=1),
+                       [("a", [k, m]), ("b", [k, n])], a.threads)
         rate = lambda s: 2 * m * k * n / s / 1e9  # noqa: E731
         cells = [
             rate(mean_time(lambda: tx @ ty, a.repeats)),
             rate(mean_time(lambda: plain.run(None, {"a": x, "b": y}), a.repeats)),
             rate(mean_time(lambda: txt.t() @ ty, a.repeats)),
             rate(mean_time(lambda: fused.run(None, {"a": xt, "b": y}), a.repeats)),
+            rate(mean_time(lambda: gemm.run(None, {"a": xt, "b": y}), a.repeats)),
         ]
         print(f"| {m} x {k} x {n} | " + " | ".join(f"{c:.0f} GFLOP/s" for c in cells) + " |")
 
