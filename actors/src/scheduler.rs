@@ -147,6 +147,15 @@ impl<P: Send + 'static> SchedulerActor<P> {
                         stopping = true;
                     }
                     pending = Some(result);
+                    // Reported now unless its evaluation follows (its result joins the
+                    // report) or it is the last step (the run's last checkpoints do).
+                    let eval_next = matches!(rounds.get(i + 1), Some(Round::Eval(s)) if *s == step);
+                    let later = rounds[i + 1..].iter().any(|r| matches!(r, Round::Train(_)));
+                    if !eval_next && later {
+                        if let Some(r) = pending.take() {
+                            on_step(&r);
+                        }
+                    }
                 }
                 Round::Eval(step) => {
                     let (loss, acc) = self
@@ -156,6 +165,11 @@ impl<P: Send + 'static> SchedulerActor<P> {
                     if let Some(r) = pending.as_mut() {
                         r.eval_loss = Some(loss);
                         r.eval_accuracy = acc;
+                    }
+                    if rounds[i + 1..].iter().any(|r| matches!(r, Round::Train(_))) {
+                        if let Some(r) = pending.take() {
+                            on_step(&r);
+                        }
                     }
                 }
                 Round::Save(step) => {
