@@ -147,15 +147,6 @@ impl<P: Send + 'static> SchedulerActor<P> {
                         stopping = true;
                     }
                     pending = Some(result);
-                    // Reported now unless its evaluation follows (its result joins the
-                    // report) or it is the last step (the run's last checkpoints do).
-                    let eval_next = matches!(rounds.get(i + 1), Some(Round::Eval(s)) if *s == step);
-                    let later = rounds[i + 1..].iter().any(|r| matches!(r, Round::Train(_)));
-                    if !eval_next && later {
-                        if let Some(r) = pending.take() {
-                            on_step(&r);
-                        }
-                    }
                 }
                 Round::Eval(step) => {
                     let (loss, acc) = self
@@ -166,11 +157,6 @@ impl<P: Send + 'static> SchedulerActor<P> {
                         r.eval_loss = Some(loss);
                         r.eval_accuracy = acc;
                     }
-                    if rounds[i + 1..].iter().any(|r| matches!(r, Round::Train(_))) {
-                        if let Some(r) = pending.take() {
-                            on_step(&r);
-                        }
-                    }
                 }
                 Round::Save(step) => {
                     let dir = save_dirs.remove(&i).ok_or_else(|| ActorError::Settings {
@@ -180,6 +166,15 @@ impl<P: Send + 'static> SchedulerActor<P> {
                     self.coordinator
                         .save(step + 1, dir, got.saves, notify)
                         .await?;
+                }
+            }
+            // The step is reported now, unless its evaluation comes next (its result
+            // joins the report) or no step follows (the run's last checkpoints join it).
+            let eval_next = matches!(rounds.get(i + 1), Some(Round::Eval(_)));
+            let later = rounds[i + 1..].iter().any(|r| matches!(r, Round::Train(_)));
+            if !eval_next && later {
+                if let Some(r) = pending.take() {
+                    on_step(&r);
                 }
             }
             i += 1;

@@ -1,7 +1,30 @@
-//! Launching NVRTC-compiled kernels with cudarc: arguments as device addresses and
-//! scalars (the kernels' buffers never move while launched), grid-strided or on a grid.
+//! pipetrain's CUDA kernels with cudarc: compiled by NVRTC as they run (no FMA
+//! contraction, IEEE division and square root, so the CPU's formulas give the same bits),
+//! and launched with arguments as device addresses and scalars (the kernels' buffers
+//! never move while launched), grid-strided or on a grid.
 
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+
+/// Compiles `source` (named `name` in NVRTC's messages) with pipetrain's options.
+///
+/// # Errors
+/// NVRTC's log, or that NVRTC is missing (the message says "not found").
+pub(crate) fn compile(source: &str, name: &str) -> Result<Ptx, String> {
+    // SAFETY: only tries to open the library (cudarc panics on first use where none is).
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err("NVRTC not found: put the folder with libnvrtc.so on LD_LIBRARY_PATH (PyPI's nvidia-cuda-nvrtc wheel)".into());
+    }
+    let opts = CompileOptions {
+        fmad: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        ftz: Some(false),
+        name: Some(name.into()),
+        ..Default::default()
+    };
+    compile_ptx_with_opts(source, opts).map_err(|e| format!("NVRTC: {e}"))
+}
 
 /// Threads per block of pipetrain's kernels.
 pub(crate) const THREADS: u32 = 256;
@@ -51,4 +74,61 @@ pub(crate) unsafe fn launch(
 /// Blocks for a grid-strided kernel over `n` values (at least one, at most 65,535).
 pub(crate) fn blocks_for(n: usize) -> u32 {
     n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compute::cuda_ops::ROWS_ADD_SOURCE;
+    use crate::compute::cuda_state::UPDATE_SOURCE;
+
+    /// `source` compiled, as PTX text; `None` (the test passes, saying so) where NVRTC
+    /// is missing, unless `PIPETRAIN_REQUIRE_NVRTC` is set (CI sets it, after
+    /// `scripts/setup.sh` installed NVRTC).
+    fn compiled(source: &str, name: &str) -> Option<String> {
+        match compile(source, name) {
+            Ok(ptx) => Some(ptx.to_src()),
+            Err(e)
+                if e.contains("not found")
+                    && std::env::var_os("PIPETRAIN_REQUIRE_NVRTC").is_none() =>
+            {
+                eprintln!("skipped: {e}");
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Every kernel compiles with NVRTC (no GPU needed) and has its entry point; the
+    /// update keeps its products and sums apart (no float32 fused multiply-add) with
+    /// IEEE square root and division, which is what makes it bitwise the CPU's.
+    #[test]
+    fn every_kernel_compiles_with_nvrtc_without_fused_multiply_adds() {
+        let Some(update) = compiled(UPDATE_SOURCE, "update.cu") else {
+            return;
+        };
+        let entries = [
+            "sgd",
+            "sgd_momentum",
+            "adam",
+            "add_into",
+            "sum_sq_blocks",
+            "sum_blocks",
+        ];
+        for name in entries {
+            assert!(
+                update.contains(&format!(".entry {name}(")),
+                "no entry {name} in\n{update}"
+            );
+        }
+        assert!(!update.contains("fma.rn.f32"), "a float32 FMA in\n{update}");
+        assert!(
+            update.contains("sqrt.rn.f32") && update.contains("div.rn.f32"),
+            "IEEE sqrt and division"
+        );
+        let rows = compiled(ROWS_ADD_SOURCE, "rows_add.cu").expect("NVRTC was found above");
+        for name in ["rows_chain", "rows_zero", "rows_sum"] {
+            assert!(rows.contains(&format!(".entry {name}(")), "no entry {name}");
+        }
+    }
 }

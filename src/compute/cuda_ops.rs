@@ -13,34 +13,16 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, DevicePtr};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use ort::operator::{
     BoxedKernel, ComputeContext, KernelContext, Operator, OperatorInput, OperatorOutput,
 };
 use ort::value::{DynTensorValueType, TensorElementType};
 
-use super::cuda_launch::{blocks_for, launch, Arg::*, THREADS};
+use super::cuda_launch::{blocks_for, compile, launch, Arg::*, THREADS};
 use crate::graph::custom_ops::ROWS_ADD;
 
 /// The source of `RowsAdd`'s kernels.
 pub const ROWS_ADD_SOURCE: &str = include_str!("kernels/rows_add.cu");
-
-/// Compiles `RowsAdd`'s kernels (no FMA contraction: plain additions in a fixed order).
-///
-/// # Errors
-/// NVRTC's log, or that NVRTC is missing.
-pub fn compile_rows_add() -> Result<Ptx, String> {
-    // SAFETY: only tries to open the library.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err("NVRTC not found: put the folder with libnvrtc.so on LD_LIBRARY_PATH (PyPI's nvidia-cuda-nvrtc wheel)".into());
-    }
-    let opts = CompileOptions {
-        fmad: Some(false),
-        name: Some("rows_add.cu".into()),
-        ..Default::default()
-    };
-    compile_ptx_with_opts(ROWS_ADD_SOURCE, opts).map_err(|e| format!("NVRTC: {e}"))
-}
 
 /// `RowsAdd` on the CUDA provider.
 pub(crate) struct RowsAdd;
@@ -101,7 +83,8 @@ fn fail(what: &str) -> impl Fn(cudarc::driver::DriverError) -> ort::Error + '_ {
 impl Loaded {
     fn new(device: usize) -> ort::Result<Loaded> {
         let ctx = CudaContext::new(device).map_err(fail("opening the device"))?;
-        let ptx = compile_rows_add().map_err(|e| ort::Error::new(format!("RowsAdd: {e}")))?;
+        let ptx = compile(ROWS_ADD_SOURCE, "rows_add.cu")
+            .map_err(|e| ort::Error::new(format!("RowsAdd: {e}")))?;
         let module = ctx.load_module(ptx).map_err(fail("loading the kernels"))?;
         let f = |name: &str| module.load_function(name).map_err(fail("loading a kernel"));
         Ok(Loaded {
@@ -198,27 +181,6 @@ mod tests {
     };
     use crate::onnx::proto::{GraphProto, ModelProto, OperatorSetIdProto};
     use crate::tensor::{DType, Tensor};
-
-    /// `RowsAdd`'s kernels compile with NVRTC (no GPU needed; skipped where NVRTC is
-    /// missing unless `PIPETRAIN_REQUIRE_NVRTC` is set, as in CI).
-    #[test]
-    fn the_rows_add_kernels_compile_with_nvrtc() {
-        match compile_rows_add() {
-            Ok(ptx) => {
-                let src = ptx.to_src();
-                for name in ["rows_chain", "rows_zero", "rows_sum"] {
-                    assert!(src.contains(&format!(".entry {name}(")), "no entry {name}");
-                }
-            }
-            Err(e)
-                if e.contains("not found")
-                    && std::env::var_os("PIPETRAIN_REQUIRE_NVRTC").is_none() =>
-            {
-                eprintln!("skipped: {e}");
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
 
     /// A graph of one `RowsAdd`.
     fn rows_add_model(n: usize, width: usize, rows: i64) -> ModelProto {

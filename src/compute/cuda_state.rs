@@ -9,12 +9,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
-};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError};
 
-use super::cuda_launch::{blocks_for, launch, Arg, THREADS};
+use super::cuda_launch::{blocks_for, compile, launch, Arg};
 use super::resident::{Buffer, DeviceSpan, DeviceState};
 use crate::optim::{ElementwiseStep, Rule};
 use crate::{Error, Result};
@@ -25,27 +22,6 @@ pub const UPDATE_SOURCE: &str = include_str!("kernels/update.cu");
 /// Blocks of the sums of squares: fixed, so that the order of the additions is.
 const SUM_BLOCKS: u32 = 1024;
 
-/// Compiles [`UPDATE_SOURCE`] as the state runs it (no FMA contraction, IEEE division
-/// and square root).
-///
-/// # Errors
-/// NVRTC's log, in words.
-pub fn compile_update_kernels() -> std::result::Result<Ptx, String> {
-    // SAFETY: only tries to open the library (cudarc panics on first use where none is).
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err("NVRTC not found: put the folder with libnvrtc.so on LD_LIBRARY_PATH (PyPI's nvidia-cuda-nvrtc wheel)".into());
-    }
-    let opts = CompileOptions {
-        fmad: Some(false),
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        ftz: Some(false),
-        name: Some("update.cu".into()),
-        ..Default::default()
-    };
-    compile_ptx_with_opts(UPDATE_SOURCE, opts).map_err(|e| format!("NVRTC: {e}"))
-}
-
 struct Kernels {
     sgd: CudaFunction,
     sgd_momentum: CudaFunction,
@@ -53,6 +29,14 @@ struct Kernels {
     add_into: CudaFunction,
     sum_sq_blocks: CudaFunction,
     sum_blocks: CudaFunction,
+}
+
+/// A driver error while doing `what` on CUDA device `index`, as pipetrain's.
+fn device_error(index: usize, what: &str) -> impl Fn(DriverError) -> Error + '_ {
+    move |e| Error::Device {
+        device: format!("cuda:{index}"),
+        reason: format!("{what}: {e}"),
+    }
 }
 
 /// A stage's buffers on CUDA device `index`.
@@ -72,27 +56,21 @@ impl CudaState {
     /// Buffers for `params` and the optimizer's `state` on device `index`, uploaded;
     /// gradients zeroed.
     pub(crate) fn new(index: usize, params: &[f32], state: &[&[f32]]) -> Result<CudaState> {
-        let fail = |what: &str| {
-            let what = what.to_string();
-            move |e: cudarc::driver::DriverError| Error::Device {
-                device: format!("cuda:{index}"),
-                reason: format!("{what}: {e}"),
-            }
-        };
+        let fail = |what: &'static str| device_error(index, what);
         super::device::cuda_devices().map_err(|reason| Error::Device {
             device: format!("cuda:{index}"),
             reason,
         })?;
         let ctx = CudaContext::new(index).map_err(fail("opening the device"))?;
         let stream = ctx.new_stream().map_err(fail("creating a stream"))?;
-        let ptx = compile_update_kernels().map_err(|reason| Error::Device {
+        let ptx = compile(UPDATE_SOURCE, "update.cu").map_err(|reason| Error::Device {
             device: format!("cuda:{index}"),
             reason,
         })?;
         let module = ctx
             .load_module(ptx)
             .map_err(fail("loading the update kernels"))?;
-        let f = |name: &str| module.load_function(name).map_err(fail(name));
+        let f = |name: &'static str| module.load_function(name).map_err(fail(name));
         let kernels = Kernels {
             sgd: f("sgd")?,
             sgd_momentum: f("sgd_momentum")?,
@@ -129,12 +107,8 @@ impl CudaState {
         Ok(s)
     }
 
-    fn err(&self, what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
-        let what = what.to_string();
-        move |e| Error::Device {
-            device: format!("cuda:{}", self.index),
-            reason: format!("{what}: {e}"),
-        }
+    fn err<'a>(&self, what: &'a str) -> impl Fn(DriverError) -> Error + 'a {
+        device_error(self.index, what)
     }
 
     fn addr(&self, buf: &CudaSlice<f32>) -> usize {
@@ -241,24 +215,30 @@ impl DeviceState for CudaState {
     }
 
     fn grad_sum_sq(&mut self) -> Result<f64> {
-        let g = self.addr(&self.grads) as u64;
+        let g = Arg::Ptr(self.addr(&self.grads) as u64);
         let (partial, _s) = self.partial.device_ptr(&self.stream);
         let (total, _t) = self.total.device_ptr(&self.stream);
-        let n = self.grads.len() as i64;
-        let cfg = |blocks| LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let blocks = SUM_BLOCKS as i32;
-        let mut b = self.stream.launch_builder(&self.kernels.sum_sq_blocks);
-        b.arg(&g).arg(&n).arg(&partial);
-        // SAFETY: `sum_sq_blocks(const float*, long long, double*)`, SUM_BLOCKS partials.
-        unsafe { b.launch(cfg(SUM_BLOCKS)) }.map_err(self.err("launching a kernel"))?;
-        let mut b = self.stream.launch_builder(&self.kernels.sum_blocks);
-        b.arg(&partial).arg(&blocks).arg(&total);
-        // SAFETY: `sum_blocks(const double*, int, double*)`, one value out.
-        unsafe { b.launch(cfg(1)) }.map_err(self.err("launching a kernel"))?;
+        let (partial, total) = (Arg::Ptr(partial), Arg::Ptr(total));
+        let n = Arg::I64(self.grads.len() as i64);
+        // SAFETY: `sum_sq_blocks(const float*, long long, double*)` into SUM_BLOCKS
+        // partials, then `sum_blocks(const double*, int, double*)` into one value.
+        unsafe {
+            launch(
+                &self.stream,
+                &self.kernels.sum_sq_blocks,
+                (SUM_BLOCKS, 1),
+                &[g, n, partial],
+            )
+            .map_err(self.err("launching a kernel"))?;
+            let blocks = Arg::I32(SUM_BLOCKS as i32);
+            launch(
+                &self.stream,
+                &self.kernels.sum_blocks,
+                (1, 1),
+                &[partial, blocks, total],
+            )
+            .map_err(self.err("launching a kernel"))?;
+        }
         let mut out = [0f64];
         self.stream
             .memcpy_dtoh(&self.total, &mut out)
@@ -268,16 +248,17 @@ impl DeviceState for CudaState {
     }
 
     fn apply(&mut self, step: &ElementwiseStep, scale: f32) -> Result<()> {
-        let want = match step.rule {
-            Rule::Sgd => 0,
-            Rule::SgdMomentum => 1,
-            Rule::Adam => 2,
+        // Each rule's kernel, state buffers and constants (see `update.cu`).
+        let (kernel, states, constants) = match step.rule {
+            Rule::Sgd => (&self.kernels.sgd, 0, 2),
+            Rule::SgdMomentum => (&self.kernels.sgd_momentum, 1, 6),
+            Rule::Adam => (&self.kernels.adam, 2, 8),
         };
-        if self.state.len() != want {
+        if self.state.len() != states {
             return Err(Error::Device {
                 device: format!("cuda:{}", self.index),
                 reason: format!(
-                    "{:?} keeps {want} state buffers, the device {}",
+                    "{:?} keeps {states} state buffers, the device {}",
                     step.rule,
                     self.state.len()
                 ),
@@ -285,12 +266,6 @@ impl DeviceState for CudaState {
         }
         let (p, g) = (self.addr(&self.params), self.addr(&self.grads));
         let st: Vec<usize> = self.state.iter().map(|b| self.addr(b)).collect();
-        // Each rule's kernel, state buffers and constants (see `update.cu`).
-        let (kernel, constants) = match step.rule {
-            Rule::Sgd => (&self.kernels.sgd, 2),
-            Rule::SgdMomentum => (&self.kernels.sgd_momentum, 6),
-            Rule::Adam => (&self.kernels.adam, 8),
-        };
         for (r, k) in &step.segments {
             let o = r.start;
             let mut args = vec![ptr_at(p, o), ptr_at(g, o)];
@@ -341,14 +316,6 @@ impl DeviceState for CudaState {
         }
         self.sync()
     }
-
-    fn device_bytes(&self) -> usize {
-        let f = |b: &CudaSlice<f32>| b.len() * size_of::<f32>();
-        f(&self.params)
-            + f(&self.grads)
-            + self.scratch.as_ref().map_or(0, f)
-            + self.state.iter().map(f).sum::<usize>()
-    }
 }
 
 /// Refuses a host buffer of another length than the device's (which holds at least one
@@ -366,44 +333,6 @@ fn check_len(index: usize, which: Buffer, device: usize, host: usize) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Every kernel compiles with NVRTC (no GPU needed), has its entry point, and keeps
-    /// its products and sums apart (`--fmad=false`: no fused multiply-add in float32),
-    /// which is what makes the update bitwise the CPU's. Where NVRTC is missing the test
-    /// says so and passes, unless `PIPETRAIN_REQUIRE_NVRTC` is set (CI sets it, after
-    /// `scripts/setup.sh` installed NVRTC).
-    #[test]
-    fn the_update_kernels_compile_with_nvrtc_without_fused_multiply_adds() {
-        let ptx = match compile_update_kernels() {
-            Ok(ptx) => ptx.to_src(),
-            Err(e)
-                if e.contains("not found")
-                    && std::env::var_os("PIPETRAIN_REQUIRE_NVRTC").is_none() =>
-            {
-                eprintln!("skipped: {e}");
-                return;
-            }
-            Err(e) => panic!("{e}"),
-        };
-        for name in [
-            "sgd",
-            "sgd_momentum",
-            "adam",
-            "add_into",
-            "sum_sq_blocks",
-            "sum_blocks",
-        ] {
-            assert!(
-                ptx.contains(&format!(".entry {name}(")),
-                "no entry {name} in\n{ptx}"
-            );
-        }
-        assert!(!ptx.contains("fma.rn.f32"), "a float32 FMA in\n{ptx}");
-        assert!(
-            ptx.contains("sqrt.rn.f32") && ptx.contains("div.rn.f32"),
-            "IEEE sqrt and division"
-        );
-    }
 
     fn random(n: usize, seed: u64) -> Vec<f32> {
         use rand::{Rng, SeedableRng};

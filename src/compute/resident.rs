@@ -108,8 +108,6 @@ pub trait DeviceState: Send {
     /// # Errors
     /// As [`DeviceState::download`].
     fn upload(&mut self, which: Buffer, host: &[f32]) -> Result<()>;
-    /// Bytes this state holds on the device.
-    fn device_bytes(&self) -> usize;
 }
 
 /// One of a [`DeviceState`]'s buffers.

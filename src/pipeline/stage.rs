@@ -113,11 +113,7 @@ impl OrtStage {
 
         let device_state = match super::stage_device::keeps_state_on_device(opts, settings, &chain)
         {
-            true => {
-                let state = optimizer.state();
-                let bufs: Vec<&[f32]> = state.iter().map(|(_, b)| *b).collect();
-                crate::compute::open_device_state(opts.device, &params, &bufs)?
-            }
+            true => super::stage_device::open_state(opts.device, &params, optimizer.as_ref())?,
             false => None,
         };
         Ok(OrtStage {
@@ -258,9 +254,8 @@ impl OrtStage {
         self.optimizer = optimizer;
         if let Some(state) = self.device_state.take() {
             let device = crate::compute::Device::Cuda(state.params().device);
-            let bufs = self.optimizer.state();
-            let bufs: Vec<&[f32]> = bufs.iter().map(|(_, b)| *b).collect();
-            self.device_state = crate::compute::open_device_state(device, &self.params, &bufs)?;
+            let optimizer = self.optimizer.as_ref();
+            self.device_state = super::stage_device::open_state(device, &self.params, optimizer)?;
         }
         self.settings.optimizer = cfg.clone();
         Ok(())

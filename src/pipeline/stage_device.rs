@@ -36,6 +36,18 @@ pub(super) fn keeps_state_on_device(
         && !matches!(settings.optimizer, OptimizerConfig::Lamb { .. })
 }
 
+/// The device state of a stage on `device` holding `params` and `optimizer`'s state
+/// buffers, uploaded (`None` on the CPU).
+pub(super) fn open_state(
+    device: Device,
+    params: &[f32],
+    optimizer: &dyn crate::optim::Optimizer,
+) -> Result<Option<Box<dyn crate::compute::DeviceState>>> {
+    let state = optimizer.state();
+    let bufs: Vec<&[f32]> = state.iter().map(|(_, b)| *b).collect();
+    crate::compute::open_device_state(device, params, &bufs)
+}
+
 /// What a stage on its device handed between host and device in a step, in bytes: its
 /// host feeds (data, messages, the backward seed) and host outputs (loss, messages), the
 /// gradient statistics, and any state copied for a checkpoint or a reduction over the
