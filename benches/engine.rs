@@ -260,6 +260,7 @@ fn single_stage(
         trainable: None,
         contrib_ops: true,
         fused_kernels: true,
+        cuda_kernels: false,
         params: Default::default(),
     };
     let tg = pipetrain::graph::build_training_graph(rt, &model, &opts, &example).unwrap();

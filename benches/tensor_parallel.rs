@@ -57,6 +57,7 @@ fn held(cfg: &TrainConfig, hp: usize) -> (usize, usize) {
         trainable: None,
         contrib_ops: true,
         fused_kernels: true,
+        cuda_kernels: false,
         params: cfg.params.clone(),
     };
     let tg = build_sharded_training_graph(&common::runtime(), &model, &opts, &example, hp).unwrap();

@@ -23,7 +23,7 @@
 #   adds a mixed-precision run against PyTorch eager under torch.autocast; GPT2_HOST=1
 #   adds the run with the state on the host (`runtime.state_on_device = false`);
 #   GPT2_ONEHOT=1 the run without pipetrain's CUDA kernels (`runtime.cuda_kernels = false`:
-#   the embedding gradient as a one-hot product instead of `RowsAdd`). Every GPU run has
+#   standard ops instead of `RowsAdd`, `TanhGelu` and `SoftmaxGrad`). Every GPU run has
 #   `cuda_kernels = true` unless GPU_CHECK_CUDA_KERNELS=false.
 # ONNX Runtime's CUDA build comes from ORT_DYLIB_PATH or `scripts/setup.sh --cuda`.
 # Everything lands in --out (default gpu-check/); the summary is printed at the end.
@@ -247,8 +247,8 @@ EOF
       "$out/gpt2_small.jsonl" "$out/gpt2_host.jsonl" >> "$summary"
   # pipetrain's CUDA kernels against standard ops (the one-hot embedding gradient).
   [ "${GPT2_ONEHOT:-0}" = 1 ] \
-    && gpt2_variant onehot 's/^cuda_kernels = .*/cuda_kernels = false/' "standard ops (one-hot embedding gradient)" \
-    && python3 "$root/benches/gpu/losses_diff.py" "gpt2, RowsAdd against the one-hot product" \
+    && gpt2_variant onehot 's/^cuda_kernels = .*/cuda_kernels = false/' "standard ops (cuda_kernels = false: one-hot embedding gradient, GELU and softmax backward node by node)" \
+    && python3 "$root/benches/gpu/losses_diff.py" "gpt2, pipetrain's CUDA kernels (RowsAdd, TanhGelu, SoftmaxGrad) against standard ops" \
       "$out/gpt2_small.jsonl" "$out/gpt2_onehot.jsonl" >> "$summary"
   # The price of runtime.deterministic (on by default): the same run with it off.
   [ "${GPT2_UNORDERED:-1}" = 1 ] \

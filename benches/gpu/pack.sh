@@ -5,10 +5,11 @@
 # into .gpu/pNN parts small enough to travel one per call beside the checkout.
 #   bash benches/gpu/pack.sh
 # What it found on 2026-11-27: a call carries at most 64 MiB with the checkout, whose
-# tracked files alone are ~50 MB (tests/fixtures 32 MB), so the parts of
-# ../shared/tools/gpu-payload.sh (48 MiB) do not fit. Move tests/fixtures out of the
-# checkout during the calls (`mv tests/fixtures /tmp/fixtures_hold`, and back after):
-# the parts are sized for a checkout without it; .gpu/bin goes over in a call of its own.
+# tracked files alone are ~50 MB (tests/fixtures 32 MB, peers 13 MB), so the parts of
+# ../shared/tools/gpu-payload.sh (48 MiB) do not fit. The folders in PACK_HOLD (default
+# "tests/fixtures peers"; keep peers for lease.sh's curves, resume and precision checks)
+# stay out of the checkout during the calls (pack.sh prints how), and the binaries and
+# ONNX Runtime travel as one payload cut into parts sized for what is left: 4 calls.
 set -euo pipefail
 top=$(git rev-parse --show-toplevel); cd "$top"
 ex="$(git rev-parse --git-dir)/info/exclude"; mkdir -p "$(dirname "$ex")"
@@ -32,23 +33,25 @@ if [ ! -f .gpu/ort-$ver.tar.xz ]; then
   mv .gpu/ort-$ver.tar.xz.tmp .gpu/ort-$ver.tar.xz
   rm -rf .gpu/wheel .gpu/x
 fi
-tree=$(git ls-files -z | grep -zv '^tests/fixtures/' | xargs -0 du -cb | tail -1 | cut -f1)
-bin=$(du -sb .gpu/bin | cut -f1)
+hold=${PACK_HOLD:-tests/fixtures peers}
+pattern=$(printf '^%s/\\|' $hold); pattern=${pattern%\\|}
+tree=$(git ls-files -z | grep -zv "$pattern" | xargs -0 du -cb | tail -1 | cut -f1)
 room=$(( (64 << 20) - tree - (2 << 20) ))
-part=$room
-[ "$part" -gt $((8 << 20)) ] || { echo "pack: the checkout ($tree bytes) leaves no room for parts" >&2; exit 1; }
-rm -rf .gpu/p[0-9]*
-split -b "$part" -d .gpu/ort-$ver.tar.xz .gpu/ort.part.
-for p in .gpu/ort.part.*; do n=${p##*.}; mkdir -p ".gpu/p$n"; mv "$p" ".gpu/p$n/"; done
+[ "$room" -gt $((8 << 20)) ] || { echo "pack: the checkout ($tree bytes) leaves no room for parts" >&2; exit 1; }
+rm -rf .gpu/p[0-9]* .gpu/payload.tar
+tar -C .gpu -cf .gpu/payload.tar bin "ort-$ver.tar.xz"
+split -b "$room" -d .gpu/payload.tar .gpu/payload.part.
+rm .gpu/payload.tar
+for p in .gpu/payload.part.*; do n=${p##*.}; mkdir -p ".gpu/p$n"; mv "$p" ".gpu/p$n/"; done
 parts=$(ls -d .gpu/p[0-9]* | wc -l)
 last=$(ls -d .gpu/p[0-9]* | tail -1)
-echo "pack: checkout without tests/fixtures $((tree >> 20)) MiB, .gpu/bin $((bin >> 20)) MiB, $parts parts of up to $((part >> 20)) MiB"
-echo "pack: mv tests/fixtures /tmp/fixtures_hold (back after); then these calls, back to back (idle > 30 s ends the lease):"
-echo "  mkdir -p /tmp/ort /tmp/ptbin && cp .gpu/bin/* /tmp/ptbin/      carry [\".gpu/bin\"]"
+echo "pack: checkout without ($hold) $((tree >> 20)) MiB, $parts parts of up to $((room >> 20)) MiB"
+echo "pack: for f in $hold; do mkdir -p /tmp/pack_hold/\$(dirname \$f); mv \$f /tmp/pack_hold/\$f; done  (and back after);"
+echo "pack: then these calls, back to back (idle > 30 s ends the lease):"
 for p in .gpu/p[0-9]*; do
   if [ "$p" = "$last" ]; then
-    echo "  cp $p/* /tmp/ort/ && LEASE_BIN=/tmp/ptbin bash benches/gpu/lease.sh /tmp/gc; (copy what to keep to \$OUT)   carry [\"$p\"]"
+    echo "  mkdir -p /tmp/pl && cp $p/* /tmp/pl/ && bash benches/gpu/lease.sh /tmp/gc; cp /tmp/gc/*.txt /tmp/gc/*.log \$OUT/   carry [\"$p\"]"
   else
-    echo "  cp $p/* /tmp/ort/                                               carry [\"$p\"]"
+    echo "  mkdir -p /tmp/pl && cp $p/* /tmp/pl/                carry [\"$p\"]"
   fi
 done

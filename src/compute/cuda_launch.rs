@@ -79,6 +79,7 @@ pub(crate) fn blocks_for(n: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compute::cuda_fused::FUSED_SOURCE;
     use crate::compute::cuda_ops::ROWS_ADD_SOURCE;
     use crate::compute::cuda_state::UPDATE_SOURCE;
 
@@ -129,6 +130,13 @@ mod tests {
         let rows = compiled(ROWS_ADD_SOURCE, "rows_add.cu").expect("NVRTC was found above");
         for name in ["rows_chain", "rows_zero", "rows_sum"] {
             assert!(rows.contains(&format!(".entry {name}(")), "no entry {name}");
+        }
+        let fused = compiled(FUSED_SOURCE, "fused.cu").expect("NVRTC was found above");
+        for name in ["tanh_gelu", "tanh_gelu_grad", "softmax_grad"] {
+            assert!(
+                fused.contains(&format!(".entry {name}(")),
+                "no entry {name}"
+            );
         }
     }
 }

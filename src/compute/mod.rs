@@ -5,6 +5,8 @@ mod chain;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "cuda")]
+mod cuda_fused;
+#[cfg(feature = "cuda")]
 mod cuda_launch;
 #[cfg(feature = "cuda")]
 pub mod cuda_ops;

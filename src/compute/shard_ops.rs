@@ -152,6 +152,8 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
         .add(super::fused::SOFTMAX_OP)?
         .add(super::fused::Gelu { grad: false })?
         .add(super::fused::Gelu { grad: true })?
+        .add(super::fused::TanhGelu { grad: false })?
+        .add(super::fused::TanhGelu { grad: true })?
         .add(super::fused::RELU_GRAD_OP)?
         .add(super::fused::SoftmaxCrossEntropy)?
         .add(super::fused::SoftmaxCrossEntropyGrad)?
@@ -163,7 +165,13 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
         .add(super::fused::PACKED_ATTENTION_GRAD_OP)?;
     // Kernels on ONNX Runtime's CUDA provider; a session on the CPU never picks them.
     #[cfg(feature = "cuda")]
-    let domain = domain.add(super::cuda_ops::RowsAdd)?;
+    let domain = {
+        let mut domain = domain.add(super::cuda_ops::RowsAdd)?;
+        for op in super::cuda_fused::operators() {
+            domain = domain.add(op)?;
+        }
+        domain
+    };
     Ok(domain)
 }
 

@@ -89,9 +89,10 @@ pub struct RuntimeConfig {
     #[serde(default = "on")]
     pub state_on_device: bool,
     /// On a GPU, pipetrain's CUDA kernels where ONNX Runtime's CUDA provider is slow or
-    /// sums in no fixed order (the embedding gradient as `RowsAdd`). Off by default until
-    /// a lent GPU has checked them (`scripts/gpu-check.sh` turns them on).
-    #[serde(default)]
+    /// sums in no fixed order (default on): the embedding gradient as `RowsAdd`, GPT-2's
+    /// tanh GELU as `TanhGelu`/`TanhGeluGrad`, softmax's backward as `SoftmaxGrad`
+    /// (`compute/cuda_ops.rs`, `compute/cuda_fused.rs`). Off: standard ops only there.
+    #[serde(default = "on")]
     pub cuda_kernels: bool,
     /// The most memory (GB, resident) each process may use, where the machine sets no
     /// tighter cap (a cgroup's limit or `RLIMIT_AS`, which are read): a run predicted to
@@ -119,7 +120,7 @@ impl Default for RuntimeConfig {
             fused_kernels: true,
             deterministic: true,
             state_on_device: true,
-            cuda_kernels: false,
+            cuda_kernels: true,
             memory_limit_gb: None,
             refuse_over_memory_cap: true,
         }

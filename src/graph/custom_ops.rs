@@ -27,6 +27,13 @@ pub const SOFTMAX_CROSS_ENTROPY_GRAD: &str = "SoftmaxCrossEntropyGrad";
 pub const ERF_GELU: &str = "ErfGelu";
 /// Its backward: `dY, X, E` in, `dX` out (same attributes).
 pub const GELU_GRAD: &str = "GeluGrad";
+/// GPT-2's tanh GELU whole, float32: `X` in, `Y = 0.5 x (1 + tanh(scale (x + coef
+/// x^3)))` out; attributes `scale` (sqrt(2 / pi)) and `coef` (0.044715) as the graph had
+/// them (`graph::fusion::fuse_tanh_gelu`; kernels in `compute/fused` and
+/// `compute/cuda_fused.rs`).
+pub const TANH_GELU: &str = "TanhGelu";
+/// Its backward: `dY, X` in, `dX` out (same attributes).
+pub const TANH_GELU_GRAD: &str = "TanhGeluGrad";
 /// ReLU's backward: `dY, X` in, `dX = X > 0 ? dY : 0` out.
 pub const RELU_GRAD: &str = "ReluGrad";
 /// Depthwise 2-D convolution (`Conv` with `group` = channels, one filter each), NCHW,

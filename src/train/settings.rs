@@ -111,13 +111,27 @@ pub(super) fn training_graph(
         loss: cfg.loss.clone(),
         trainable: None,
         contrib_ops: !cfg.runtime.standard_ops_only,
-        // The fused kernels are CPU code: a graph on a GPU keeps the standard ops.
+        // The fused kernels are CPU code: a graph on a GPU keeps the standard ops, but
         fused_kernels: cfg.runtime.fused_kernels
             && !cfg.runtime.standard_ops_only
             && cfg.runtime.device == crate::compute::Device::Cpu,
+        // On a GPU, those of pipetrain's kernels written for it (`compute/cuda_fused.rs`).
+        cuda_kernels: cfg!(feature = "cuda")
+            && cfg.runtime.cuda_kernels
+            && !cfg.runtime.standard_ops_only
+            && cfg.runtime.device != crate::compute::Device::Cpu,
         params: cfg.params.clone(),
     };
-    build_sharded_training_graph(rt, model, &opts, &example, cfg.horizontal_parallel_size)
+    let mut tg =
+        build_sharded_training_graph(rt, model, &opts, &example, cfg.horizontal_parallel_size)?;
+    // On a GPU in a fixed order, row sums as products (ONNX Runtime's deterministic
+    // reductions are cuDNN's, slow there: `graph/row_sums.rs`).
+    let gpu = cfg.runtime.device != crate::compute::Device::Cpu;
+    if gpu && cfg.runtime.deterministic && tg.shards.is_none() {
+        let n = crate::graph::row_sums_as_products(&mut tg);
+        tracing::debug!("{n} row sums and means written as products for the GPU");
+    }
+    Ok(tg)
 }
 
 /// Logs what `pipetrain check` would say of the model before it trains: initializers an

@@ -8,8 +8,9 @@ use crate::common;
 
 use pipetrain::compute::{SessionOptions, TensorMap, TrainSession};
 use pipetrain::graph::{
-    build_training_graph, make_node, rows_add_reference, scatter_adds_as_products,
-    scatter_adds_as_rows_add, untyped_value_info, value_info, LossSpec, TrainOptions, ValueMeta,
+    assign_stages, build_stage_graphs, build_training_graph, make_node, row_sums_as_products,
+    rows_add_reference, scatter_adds_as_products, scatter_adds_as_rows_add, untyped_value_info,
+    value_info, BalanceBy, LossSpec, Partition, TrainOptions, ValueMeta,
 };
 use pipetrain::onnx::proto::ModelProto;
 use pipetrain::tensor::{DType, Tensor};
@@ -44,6 +45,7 @@ fn options() -> TrainOptions {
         trainable: Some(vec!["W".into()]),
         contrib_ops: false,
         fused_kernels: false,
+        cuda_kernels: false,
         params: Default::default(),
     }
 }
@@ -214,4 +216,64 @@ fn rows_add_is_the_cpu_scatter_bit_for_bit_and_replaces_it() {
         .opset_import
         .iter()
         .any(|o| o.domain == "ai.pipetrain"));
+}
+
+/// The GPU's row sums (`graph::row_sums_as_products`): on the peers' tiny GPT (a
+/// torch.onnx export) every float32 sum or mean over the last axis of the standard-op
+/// training graph (LayerNorm's and softmax's backward) becomes a product with a constant
+/// vector, none is left, the graph still cuts into stages, and its loss and gradients on
+/// ONNX Runtime's CPU are the reduction graph's within float32 reassociation.
+#[test]
+fn row_sums_as_products_give_the_reductions_gradients() {
+    let rt = common::runtime();
+    let peer = common::PeerModel::load("tiny_gpt");
+    let mut opts = peer.options();
+    opts.fused_kernels = false; // the standard-op graph a GPU runs
+    let batch = peer.batch(0);
+    let model = peer.model_with_init();
+    let tg = build_training_graph(&rt, &model, &opts, &common::PeerModel::example(&batch)).unwrap();
+    let reductions = |tg: &pipetrain::graph::TrainingGraph| {
+        let ops = tg.graph.nodes.iter().map(|n| n.op_type.as_str());
+        ops.filter(|o| matches!(*o, "ReduceSum" | "ReduceMean"))
+            .count()
+    };
+    let mut rows = tg.clone();
+    let n = row_sums_as_products(&mut rows);
+    assert!(n >= 6, "only {n} row sums rewritten");
+    assert_eq!(reductions(&rows) + n, reductions(&tg));
+    assert_eq!(
+        row_sums_as_products(&mut rows.clone()),
+        0,
+        "a last-axis sum is left"
+    );
+    let two = Partition::Balanced {
+        stages: 2,
+        by: BalanceBy::Params,
+    };
+    build_stage_graphs(&rows, &assign_stages(&rows, &two).unwrap()).unwrap();
+
+    let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
+    let step = |tg: &pipetrain::graph::TrainingGraph| {
+        let mut s = TrainSession::new(&rt, tg, &SessionOptions::default()).unwrap();
+        s.step(&common::initial_params(tg), &batch, &seed).unwrap()
+    };
+    let (a, b) = (step(&tg), step(&rows));
+    assert!(
+        (a.loss - b.loss).abs() <= 1e-6 * a.loss.abs(),
+        "{} {}",
+        a.loss,
+        b.loss
+    );
+    for (name, ga) in &a.grads {
+        let (ga, gb) = (ga.as_f32().unwrap(), b.grads[name].as_f32().unwrap());
+        let scale = ga.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = ga
+            .iter()
+            .zip(gb)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            scale > 0.0 && worst <= 2e-5 * scale,
+            "{name}: {worst} of {scale}"
+        );
+    }
 }

@@ -203,6 +203,7 @@ fn mse(prediction: &str, label: &str) -> TrainOptions {
         trainable: None,
         contrib_ops: true,
         fused_kernels: true,
+        cuda_kernels: false,
         params: Default::default(),
     }
 }
@@ -370,6 +371,7 @@ fn dropout_gradient_uses_the_forward_mask() {
         trainable: Some(vec!["W".into()]),
         contrib_ops: true,
         fused_kernels: true,
+        cuda_kernels: false,
         params: Default::default(),
     };
     let mut tg = build_training_graph(&rt, &model, &opts, &[]).unwrap();

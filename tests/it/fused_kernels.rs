@@ -342,3 +342,73 @@ fn depthwise_conv_kernels_give_the_standard_op_graphs_loss_gradients_and_finite_
         .node("Conv", &["X", "W", "B"], &["Y"], attrs);
     check("depthwise Conv float32, fused", case, F32);
 }
+
+/// The kernels a graph built for a GPU holds (`TrainOptions::cuda_kernels`), run here by
+/// their CPU twins: on the built-in GPT-2 every tanh GELU is one `TanhGelu` (its backward
+/// one `TanhGeluGrad`) and every attention softmax's backward one `SoftmaxGrad`, and the
+/// loss and every gradient are the standard-op graph's within float32 rounding.
+#[test]
+fn gpu_graphs_tanh_gelu_and_softmax_grad_give_the_standard_op_graphs_gradients() {
+    use pipetrain::graph::custom_ops::{TANH_GELU, TANH_GELU_GRAD};
+    use pipetrain::models::{build, Gpt2Config, ModelSpec};
+    let cfg = Gpt2Config {
+        batch: Some(2),
+        ..Gpt2Config::DEFAULT
+    };
+    let model = build(&ModelSpec::Gpt2(cfg.clone())).unwrap();
+    let mut rng = Rng::new(5);
+    let mut ids = || {
+        let v = (0..2 * cfg.seq).map(|_| (rng.next() * cfg.vocab as f64) as i64);
+        Tensor::i64(vec![2, cfg.seq], v.collect()).unwrap()
+    };
+    let (tokens, targets) = (ids(), ids());
+    let loss = LossSpec::SoftmaxCrossEntropy {
+        prediction: "logits".into(),
+        label: "targets".into(),
+        ignore_index: None,
+        class_axis: None,
+        normalize: Default::default(),
+    };
+    let graph = |cuda: bool| {
+        let rt = common::runtime();
+        let opts = pipetrain::graph::TrainOptions {
+            inputs: Default::default(),
+            loss: loss.clone(),
+            trainable: None,
+            contrib_ops: true,
+            fused_kernels: false,
+            cuda_kernels: cuda,
+            params: Default::default(),
+        };
+        let feeds = [("tokens", &tokens), ("targets", &targets)];
+        pipetrain::graph::build_training_graph(&rt, &model, &opts, &feeds).unwrap()
+    };
+    let (gpu, plain) = (graph(true), graph(false));
+    for op in [TANH_GELU, TANH_GELU_GRAD, SOFTMAX_GRAD] {
+        assert_eq!(fused_nodes(&gpu, op), cfg.layers, "{op}");
+        assert_eq!(fused_nodes(&plain, op), 0, "{op}");
+    }
+    assert!(!gpu.graph.nodes.iter().any(|n| n.op_type == "Tanh"));
+    let step = |tg: &TrainingGraph| {
+        let rt = common::runtime();
+        let opts = pipetrain::compute::SessionOptions::default();
+        let mut s = pipetrain::compute::TrainSession::new(&rt, tg, &opts).unwrap();
+        let data = [
+            ("tokens".to_string(), tokens.clone()),
+            ("targets".into(), targets.clone()),
+        ];
+        let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
+        s.step(&common::initial_params(tg), &data.into(), &seed)
+            .unwrap()
+    };
+    let (a, b) = (step(&gpu), step(&plain));
+    assert!(
+        (a.loss - b.loss).abs() < 1e-6 * b.loss.abs(),
+        "{} {}",
+        a.loss,
+        b.loss
+    );
+    let wrt: Vec<&str> = b.grads.keys().map(String::as_str).collect();
+    assert!(wrt.len() > 20);
+    assert_same("gpt2, GPU kernels", &a.grads, &b.grads, &wrt, 1e-5);
+}

@@ -57,6 +57,7 @@ fn stock_onnx_runtime_runs_the_training_graph_file() {
             trainable: None,
             contrib_ops: true,
             fused_kernels,
+            cuda_kernels: false,
             params: Default::default(),
         };
         let model = cfg.load_model().unwrap();

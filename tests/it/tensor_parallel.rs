@@ -229,6 +229,7 @@ fn the_split_is_megatrons_heads_and_hidden_width_with_two_all_reduces_per_layer_
         trainable: None,
         contrib_ops: true,
         fused_kernels: true,
+        cuda_kernels: false,
         params: cfg.params.clone(),
     };
     let rt = common::runtime();
@@ -306,6 +307,7 @@ fn exported_hugging_face_models_split_and_train_as_unsplit() {
             trainable: None,
             contrib_ops: true,
             fused_kernels: true,
+            cuda_kernels: false,
             params: Default::default(),
         };
         for file in ["model.onnx", "model.dynamo.onnx"] {

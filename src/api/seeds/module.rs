@@ -67,6 +67,7 @@ impl Module {
             trainable: None,
             contrib_ops: true,
             fused_kernels: true,
+            cuda_kernels: false,
             params: Default::default(),
         };
         let tg = build_training_graph(rt, &model, &opts, &feeds)?;

@@ -15,6 +15,7 @@ mod layer_norm;
 mod math;
 mod pointwise;
 mod softmax;
+mod tanh_gelu;
 
 use std::sync::Mutex;
 
@@ -29,6 +30,9 @@ pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
 pub(crate) use depthwise::{DepthwiseConv, DepthwiseConvGrad};
 pub(crate) use layer_norm::LayerNormGrad;
 pub(crate) use softmax::{SOFTMAX_GRAD_OP, SOFTMAX_OP};
+#[cfg(feature = "cuda")]
+pub(crate) use tanh_gelu::constants as tanh_gelu_constants;
+pub(crate) use tanh_gelu::TanhGelu;
 
 /// Blocks a kernel call is cut into for ONNX Runtime's intra-op threads: fixed, so that
 /// sums over blocks (in block order) do not depend on the threads.

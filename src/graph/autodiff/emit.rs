@@ -25,6 +25,9 @@ pub struct Emitter {
     /// Emit pipetrain's fused kernels where their pattern appears (see
     /// [`crate::graph::custom_ops`]).
     pub fused: bool,
+    /// Emit those of pipetrain's kernels that run on ONNX Runtime's CUDA provider
+    /// (softmax's backward).
+    pub cuda: bool,
     /// Whether one of pipetrain's own nodes was emitted (its domain must be imported).
     pub used_custom: bool,
     /// Each `Reshape` emitted: `(input, shape)` to its output, so that the same reshape

@@ -47,6 +47,9 @@ pub struct OpChoice {
     pub contrib: bool,
     /// pipetrain's fused kernels (`ai.pipetrain.LayerNormGrad`).
     pub fused: bool,
+    /// Those of pipetrain's kernels that run on ONNX Runtime's CUDA provider
+    /// (`ai.pipetrain.SoftmaxGrad`).
+    pub cuda: bool,
 }
 
 /// What a gradient rule sees of its node.
@@ -162,6 +165,7 @@ pub fn differentiate(
     path.check_rules(fwd)?;
     let mut e = Emitter::new(ops.contrib);
     e.fused = ops.fused;
+    e.cuda = ops.cuda;
     let walk = Walk {
         fwd,
         metas,

@@ -2,7 +2,8 @@
 //! nodes they compute (`runtime.fused_kernels`): `Softmax` over the last axis as
 //! pipetrain's `Softmax`, the `SoftmaxCrossEntropyLoss` pipetrain attaches as
 //! `SoftmaxCrossEntropy`, PyTorch's erf GELU (`x / k`, `Erf`, `+ 1`, `x *`, `* 0.5`) as
-//! `ErfGelu`, a depthwise 2-D `Conv` (one filter per channel) as `DepthwiseConv`, and
+//! `ErfGelu`, GPT-2's tanh GELU as `TanhGelu` ([`fuse_tanh_gelu`], which a graph for a
+//! GPU gets too), a depthwise 2-D `Conv` (one filter per channel) as `DepthwiseConv`, and
 //! scaled dot-product attention with the transposes around it as `Attention` (see
 //! [`attention`]); each gets its fused backward from the autodiff
 //! (`autodiff::rules::fused`). Only float32 nodes whose shapes fit the kernels are
@@ -12,6 +13,9 @@
 //! pipetrain's own graph only: graphs that leave pipetrain are built without it.
 
 mod attention;
+mod tanh_gelu;
+
+pub use tanh_gelu::{fuse_tanh_gelu, tanh_gelu, tanh_gelu_slope};
 
 use std::collections::{HashMap, HashSet};
 

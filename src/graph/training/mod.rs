@@ -34,6 +34,10 @@ pub struct TrainOptions {
     pub contrib_ops: bool,
     /// Use pipetrain's fused kernels (custom operators) in backward graphs.
     pub fused_kernels: bool,
+    /// Use the fused kernels pipetrain has for ONNX Runtime's CUDA provider (a graph
+    /// for a GPU): tanh GELU whole (as `fused_kernels` does on the CPU), and softmax's
+    /// backward (`compute/cuda_fused.rs`).
+    pub cuda_kernels: bool,
     /// Initializers not to train, and embedding rows whose lookups give them no
     /// gradient (padding rows).
     pub params: ParamOptions,
@@ -284,6 +288,10 @@ pub fn build_sharded_training_graph(
         let fused = super::fusion::fuse_forward(&mut g, &loss_metas, &trained);
         tracing::debug!("fused forward kernels: {fused:?}");
     }
+    if opts.cuda_kernels {
+        let n = super::fusion::fuse_tanh_gelu(&mut g, &loss_metas);
+        tracing::debug!("{n} tanh GELUs as one kernel each");
+    }
     let frozen = rows_to_freeze(&g, &param_values, &with_declared_rows(model, &opts.params));
     let backward: Backward = differentiate(
         &g,
@@ -294,6 +302,7 @@ pub fn build_sharded_training_graph(
         OpChoice {
             contrib: opts.contrib_ops,
             fused: opts.fused_kernels,
+            cuda: opts.cuda_kernels,
         },
         &frozen,
     )?;

@@ -31,6 +31,7 @@ pub fn gradients_with(
         trainable: Some(wrt.iter().map(|s| s.to_string()).collect()),
         contrib_ops: true,
         fused_kernels: fused,
+        cuda_kernels: false,
         params: Default::default(),
     };
     let tg = build_training_graph(&rt, model, &opts, feeds).unwrap();

@@ -230,6 +230,7 @@ impl GradCheck {
             trainable: Some(self.wrt.clone()),
             contrib_ops: self.contrib,
             fused_kernels: self.contrib,
+            cuda_kernels: false,
             params: Default::default(),
         };
         let tg = build_training_graph(rt, &model, &opts, &[]).map_err(|e| e.to_string())?;

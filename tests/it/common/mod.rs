@@ -148,6 +148,7 @@ impl PeerModel {
             trainable: None,
             contrib_ops: true,
             fused_kernels: true,
+            cuda_kernels: false,
             params: Default::default(),
         }
     }

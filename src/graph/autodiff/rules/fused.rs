@@ -8,7 +8,7 @@ use crate::graph::autodiff::RuleCtx;
 use crate::graph::custom_ops::{
     ATTENTION, ATTENTION_GRAD, DEPTHWISE_CONV, DEPTHWISE_CONV_GRAD, DOMAIN, ERF_GELU, GELU_GRAD,
     LAYER_NORM_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD, RELU_GRAD, SOFTMAX,
-    SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD,
+    SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD, TANH_GELU, TANH_GELU_GRAD,
 };
 use crate::tensor::DType;
 use crate::Result;
@@ -45,6 +45,11 @@ pub fn rule(op_type: &str) -> Option<super::Rule> {
         // gets none (the fusion pass leaves masks computed from parameters alone).
         ATTENTION => |c| attention(c, false),
         PACKED_ATTENTION => |c| attention(c, true),
+        TANH_GELU => |c| {
+            let (dy, x) = (c.dy(0)?, c.input(0).to_string());
+            let attrs = c.node.attribute.clone();
+            Ok(vec![Some(c.e.custom_op(TANH_GELU_GRAD, &[&dy, &x], attrs))])
+        },
         SOFTMAX => |c| {
             let (dy, y) = (c.dy(0)?, c.output(0).to_string());
             Ok(vec![Some(c.e.custom_op(SOFTMAX_GRAD, &[&dy, &y], vec![]))])
@@ -119,7 +124,8 @@ pub fn relu(ctx: &mut RuleCtx) -> Result<Option<String>> {
 /// float32 and the softmax runs over the last axis. `None`: emit the standard ops.
 pub fn softmax(ctx: &mut RuleCtx, axis: usize) -> Result<Option<String>> {
     let y = ctx.output(0).to_string();
-    if !ctx.e.fused || !is_f32(ctx, &y) || axis + 1 != shape(ctx, &y)?.len() {
+    let kernel = ctx.e.fused || ctx.e.cuda;
+    if !kernel || !is_f32(ctx, &y) || axis + 1 != shape(ctx, &y)?.len() {
         return Ok(None);
     }
     let dy = ctx.dy(0)?;
