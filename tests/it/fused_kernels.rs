@@ -343,8 +343,32 @@ fn depthwise_conv_kernels_give_the_standard_op_graphs_loss_gradients_and_finite_
     check("depthwise Conv float32, fused", case, F32);
 }
 
+/// GPT-2's tanh GELU, as Hugging Face's `gelu_new` exports it, against central finite
+/// differences through the fused kernels (`TanhGelu`, `TanhGeluGrad`), x across the
+/// curve and its flat tails.
+#[test]
+fn tanh_gelu_kernels_give_finite_differences() {
+    let scalar = |v: f32| Tensor::f32(vec![], vec![v]).unwrap();
+    let case = GradCheck::new(17)
+        .param("X", Rng::new(23).tensor(DType::F32, &[3, 29], -4.0, 4.0))
+        .constant("three", scalar(3.0))
+        .constant("c", scalar(0.044715))
+        .constant("k", scalar(0.797_884_6))
+        .constant("one", scalar(1.0))
+        .constant("half", scalar(0.5))
+        .node("Mul", &["X", "half"], &["hx"], vec![])
+        .node("Pow", &["X", "three"], &["cube"], vec![])
+        .node("Mul", &["cube", "c"], &["small"], vec![])
+        .node("Add", &["X", "small"], &["inner"], vec![])
+        .node("Mul", &["inner", "k"], &["arg"], vec![])
+        .node("Tanh", &["arg"], &["th"], vec![])
+        .node("Add", &["th", "one"], &["gate"], vec![])
+        .node("Mul", &["hx", "gate"], &["Y"], vec![]);
+    check("tanh GELU float32, fused", case, F32);
+}
+
 /// The kernels a graph built for a GPU holds (`TrainOptions::cuda_kernels`), run here by
-/// their CPU twins: on the built-in GPT-2 every tanh GELU is one `TanhGelu` (its backward
+/// their CPU twins (on the CPU, `fused_kernels` makes the same GELU nodes): on the built-in GPT-2 every tanh GELU is one `TanhGelu` (its backward
 /// one `TanhGeluGrad`) and every attention softmax's backward one `SoftmaxGrad`, and the
 /// loss and every gradient are the standard-op graph's within float32 rounding.
 #[test]
@@ -369,25 +393,31 @@ fn gpu_graphs_tanh_gelu_and_softmax_grad_give_the_standard_op_graphs_gradients()
         class_axis: None,
         normalize: Default::default(),
     };
-    let graph = |cuda: bool| {
+    let graph_with = |cuda: bool, fused: bool| {
         let rt = common::runtime();
         let opts = pipetrain::graph::TrainOptions {
             inputs: Default::default(),
             loss: loss.clone(),
             trainable: None,
             contrib_ops: true,
-            fused_kernels: false,
+            fused_kernels: fused,
             cuda_kernels: cuda,
             params: Default::default(),
         };
         let feeds = [("tokens", &tokens), ("targets", &targets)];
         pipetrain::graph::build_training_graph(&rt, &model, &opts, &feeds).unwrap()
     };
-    let (gpu, plain) = (graph(true), graph(false));
+    let (gpu, plain) = (graph_with(true, false), graph_with(false, false));
     for op in [TANH_GELU, TANH_GELU_GRAD, SOFTMAX_GRAD] {
         assert_eq!(fused_nodes(&gpu, op), cfg.layers, "{op}");
         assert_eq!(fused_nodes(&plain, op), 0, "{op}");
     }
+    let cpu = graph_with(false, true);
+    assert_eq!(
+        fused_nodes(&cpu, TANH_GELU),
+        cfg.layers,
+        "fused_kernels: TanhGelu"
+    );
     assert!(!gpu.graph.nodes.iter().any(|n| n.op_type == "Tanh"));
     let step = |tg: &TrainingGraph| {
         let rt = common::runtime();

@@ -288,7 +288,7 @@ pub fn build_sharded_training_graph(
         let fused = super::fusion::fuse_forward(&mut g, &loss_metas, &trained);
         tracing::debug!("fused forward kernels: {fused:?}");
     }
-    if opts.cuda_kernels {
+    if opts.fused_kernels || opts.cuda_kernels {
         let n = super::fusion::fuse_tanh_gelu(&mut g, &loss_metas);
         tracing::debug!("{n} tanh GELUs as one kernel each");
     }
