@@ -52,12 +52,14 @@ const PREFIXED: usize = 21;
 ///   longer sequence (`-1e9` elsewhere);
 /// - `bert`: cross-attention (`S` keys), `/ c`, a padding mask `[B, 1, 1, S]`, an
 ///   `Identity` (a dropout of ratio 0) after the softmax;
+/// - `gpt_where`: `gpt` masked as Hugging Face's eager GPT-2 does, a `Cast` to float32
+///   and `Where(causal, scores, finfo.min)` instead of an added mask;
 /// - `vit`: `q`, `kt`, `v` made elsewhere (no transposes to take in), no scale, no mask,
 ///   the output turned to `[T, B, H, E]`.
 fn model(form: &str) -> ModelProto {
     let mut r = Rng::new(31);
     let (t, s) = match form {
-        "gpt" | "packed" => (LONG, LONG),
+        "gpt" | "packed" | "gpt_where" => (LONG, LONG),
         "prefixed" => (PREFIXED, LONG),
         _ => (T, S),
     };
@@ -131,7 +133,37 @@ fn model(form: &str) -> ModelProto {
         }
         _ => None,
     };
+    // Hugging Face's eager GPT-2: the scaled scores cast to float32 (a copy), then
+    // `Where(causal, scores, finfo.min)`.
+    if form == "gpt_where" {
+        let open = causal_mask(t, s, -1.0)
+            .to_f64_vec()
+            .iter()
+            .map(|&m| m == 0.0)
+            .collect();
+        inits.push(("c", scalar(0.5)));
+        let open = Tensor::new(vec![1, 1, t, s], pipetrain::tensor::TensorData::Bool(open));
+        inits.push(("open", open.unwrap()));
+        inits.push(("fill", scalar(f32::MIN)));
+        let to_float = vec![pipetrain::graph::int_attr("to", 1)];
+        nodes.push(make_node(
+            "Mul",
+            "scale",
+            &["scores", "c"],
+            &["scaled"],
+            vec![],
+        ));
+        nodes.push(make_node("Cast", "cast", &["scaled"], &["cast"], to_float));
+        nodes.push(make_node(
+            "Where",
+            "where",
+            &["open", "cast", "fill"],
+            &["x"],
+            vec![],
+        ));
+    }
     let softmax_in = match masking {
+        _ if form == "gpt_where" => "x",
         Some((op, c, mask, add)) => {
             inits.push(("c", scalar(c)));
             inits.push(("mask", mask));
@@ -190,6 +222,7 @@ fn fused_attention_gives_the_standard_op_graphs_loss_and_gradients() {
         ("bert", 10, false, ATTENTION),
         ("vit", 4, false, ATTENTION),
         ("packed", 13, true, PACKED_ATTENTION),
+        ("gpt_where", 10, true, ATTENTION),
     ];
     for (form, replaced, causal, op) in forms {
         let wrt: &[&str] = if op == ATTENTION {

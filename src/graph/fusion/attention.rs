@@ -1,7 +1,8 @@
 //! Exported attention as pipetrain's `Attention` node (see `compute::fused`, attention):
 //!
 //! ```text
-//! MatMul(q, kt) [* c or / c] [+ mask] -> Softmax(last axis) [-> Identity | Cast float]*
+//! MatMul(q, kt) [* c or / c] [Cast float] [+ mask | Where(causal, ., fill)]
+//!   -> Softmax(last axis) [-> Identity | Cast float]*
 //!   -> MatMul(., v) [-> Transpose]
 //! ```
 //!
@@ -34,6 +35,16 @@ pub(super) struct Found {
     pub drop: Vec<usize>,
     /// Whether the mask was causal (the kernel's own).
     pub causal: bool,
+}
+
+/// How the scores are masked before the softmax.
+#[derive(Clone, Copy)]
+enum Mask<'g> {
+    None,
+    /// `+ mask`, the value named.
+    Added(&'g str),
+    /// A constant causal pattern given some other way (`Where`).
+    Causal,
 }
 
 /// Q, K and V as parts of one packed tensor (see [`Finder::packed`]).
@@ -162,6 +173,12 @@ impl<'g> Finder<'g> {
         let mut chain = vec![m1];
         let (scale, x) = self.scale(&first.output[0], &mut chain)?;
         let (mask, x) = self.mask(x, scores, &mut chain)?;
+        // A constant causal mask is the kernel's own (it then skips the masked keys).
+        let causal = match mask {
+            Mask::Causal => true,
+            Mask::Added(m) => self.consts.get(m).is_some_and(|t| causal(t, scores)),
+            Mask::None => false,
+        };
         let softmax = self.softmax(self.only(x)?, x)?;
         chain.push(softmax);
         let probs = self.g.nodes[softmax].output[0].as_str();
@@ -169,8 +186,6 @@ impl<'g> Finder<'g> {
         let v = self.g.nodes[m2].input[1].as_str();
         self.shapes_agree(&first.input[0], &first.input[1], v)?;
         let (out, out_perm) = self.turned_output(&self.g.nodes[m2].output[0], &mut chain);
-        // A constant causal mask is the kernel's own (it then skips the masked keys).
-        let causal = mask.is_some_and(|m| self.consts.get(m).is_some_and(|t| causal(t, scores)));
         let mut inputs = Vec::new();
         let mut attrs = vec![
             float_attr("scale", scale as f32),
@@ -200,7 +215,9 @@ impl<'g> Finder<'g> {
             attrs.push(ints_attr("offsets", &p.offsets));
             op = PACKED_ATTENTION;
         }
-        inputs.extend(mask.filter(|_| !causal));
+        if let (Mask::Added(m), false) = (mask, causal) {
+            inputs.push(m);
+        }
         let name = format!("{}/attention", self.g.nodes[softmax].name);
         let node = custom(op, &name, &inputs, &[out, probs], attrs);
         let at = *chain.iter().max()?;
@@ -232,31 +249,55 @@ impl<'g> Finder<'g> {
         Some((scale, &n.output[0]))
     }
 
-    /// The scores `x` (of shape `scores`) plus a mask where that is their only reader:
-    /// the mask (none without) and the masked scores. A mask must broadcast to the
-    /// scores, be float32, and not depend on a trained parameter.
+    /// The scores `x` (of shape `scores`) masked where that is their only reader: the
+    /// mask and the masked scores. An added mask must broadcast to the scores, be
+    /// float32, and not depend on a trained parameter. A `Where(cond, x, fill)` (Hugging
+    /// Face's eager GPT-2, through a `Cast` to float32 that copies) is taken where `cond`
+    /// is a constant causal pattern and `fill` at most [`MASKED`]: after the softmax it
+    /// is the added mask `cond ? 0 : fill` (both give exactly 0 where masked), which the
+    /// kernel has as its own.
     fn mask(
         &self,
         x: &'g str,
         scores: &[usize],
         chain: &mut Vec<usize>,
-    ) -> Option<(Option<&'g str>, &'g str)> {
-        let next = self.only(x)?;
-        if !self.is(next, "Add") {
-            return Some((None, x));
+    ) -> Option<(Mask<'g>, &'g str)> {
+        let mut next = self.only(x)?;
+        let mut x = x;
+        let n = &self.g.nodes[next];
+        if self.is(next, "Cast") && attr_i(n, "to") == Some(1) {
+            chain.push(next);
+            x = n.output[0].as_str();
+            next = self.only(x)?;
         }
         let n = &self.g.nodes[next];
-        let m = n.input[usize::from(n.input[0] == x)].as_str();
         let same_shape = self
             .metas
             .get(&n.output[0])
             .is_some_and(|o| o.shape == scores);
+        if self.is(next, "Where") {
+            let cond = self.consts.get(&n.input[0])?;
+            let fill = self.scalar(&n.input[2])?;
+            let open = |k: &f64| if *k != 0.0 { 0.0 } else { fill };
+            let added = Tensor::f64(
+                cond.shape.clone(),
+                cond.to_f64_vec().iter().map(open).collect(),
+            );
+            let fits = n.input[1] == x && fill <= MASKED && same_shape;
+            (fits && added.is_ok_and(|m| causal(&m, scores))).then_some(())?;
+            chain.push(next);
+            return Some((Mask::Causal, &n.output[0]));
+        }
+        if !self.is(next, "Add") {
+            return Some((Mask::None, x));
+        }
+        let m = n.input[usize::from(n.input[0] == x)].as_str();
         let fits = m != x && same_shape && self.broadcasts(m, scores) && !self.graded.contains(m);
         if !fits {
             return None;
         }
         chain.push(next);
-        Some((Some(m), &n.output[0]))
+        Some((Mask::Added(m), &n.output[0]))
     }
 
     /// The second product reading the probabilities `probs` (through identities and
