@@ -2,34 +2,23 @@
 (a second eager window beside gpt2_eager.py's), then torch.profiler over two steps, each
 kernel's device time grouped as ncu_kernels.py groups pipetrain's.
 
-    python3 eager_profile.py [--batch 4 --steps 10 --layers 12 --d 768 --heads 12 --seq 1024]
+    python3 eager_profile.py [--batch 4 --steps 20 --layers 12 --d 768 --heads 12 --seq 1024 --top 25]
 """
-import argparse
 import collections
 import re
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from transformers import GPT2Config, GPT2LMHeadModel
+
+from gpt2_eager import arguments, setup
 
 PRODUCT = re.compile(r"gemm|gemv|xmma|cutlass|Kernel2|cublas|sm90_|sm80_|s1688|s16816", re.I)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    for k, v in dict(batch=4, steps=10, layers=12, d=768, heads=12, seq=1024, vocab=50257, top=25).items():
-        ap.add_argument(f"--{k}", type=int, default=v)
-    a = ap.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    cfg = GPT2Config(n_layer=a.layers, n_embd=a.d, n_head=a.heads, n_positions=a.seq,
-                     vocab_size=a.vocab, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                     tie_word_embeddings=False)
-    model = GPT2LMHeadModel(cfg).cuda().train()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device="cuda")
-    x, y = tokens[:, :-1], tokens[:, 1:]
+    a = arguments([("top", 25)])
+    model, opt, x, y, _ = setup(a)
 
     def step():
         logits = model(input_ids=x).logits

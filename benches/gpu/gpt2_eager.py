@@ -14,17 +14,19 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 
-def main():
+def arguments(extra=()):
+    """The command line: the model's shape and batch (and `extra` (name, default) ints)."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--d", type=int, default=768)
-    ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--vocab", type=int, default=50257)
+    for k, v in [("batch", 4), ("steps", 20), ("layers", 12), ("d", 768), ("heads", 12),
+                 ("seq", 1024), ("vocab", 50257), *extra]:
+        ap.add_argument(f"--{k}", type=int, default=v)
     ap.add_argument("--autocast", choices=["bf16", "f16"])
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def setup(a):
+    """pipetrain's built-in `gpt2` in PyTorch (float32, TF32 off), plain SGD, and one
+    batch of random tokens: (model, optimizer, inputs, targets, device)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     cfg = GPT2Config(n_layer=a.layers, n_embd=a.d, n_head=a.heads, n_positions=a.seq,
@@ -35,7 +37,12 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     g = torch.Generator(device=dev).manual_seed(0)
     tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device=dev, generator=g)
-    x, y = tokens[:, :-1], tokens[:, 1:]
+    return model, opt, tokens[:, :-1], tokens[:, 1:], dev
+
+
+def main():
+    a = arguments()
+    model, opt, x, y, dev = setup(a)
 
     half = {"bf16": torch.bfloat16, "f16": torch.float16}.get(a.autocast)
     scaler = torch.amp.GradScaler(enabled=a.autocast == "f16")

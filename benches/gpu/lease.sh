@@ -32,7 +32,7 @@ ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 if [ "${LEASE_NCU:-1}" = 1 ] && [ -n "$ncu" ] && [ -f "$out/a/cfg/gpt2_small.toml" ]; then
   # Six steps; skip the first ~2.7 runs (start-up and ONNX Runtime's warm-up), then one run's worth.
   sed 's/^num_train_steps = .*/num_train_steps = 6/' "$out/a/cfg/gpt2_small.toml" > "$out/gpt2_ncu.toml"
-  RUST_LOG=warn timeout -k 5 "${LEASE_NCU_S:-150}" "$ncu" --clock-control none --metrics gpu__time_duration.sum \
+  RUST_LOG=warn timeout -k 5 "${LEASE_NCU_S:-200}" "$ncu" --clock-control none --metrics gpu__time_duration.sum \
     --csv --page raw --print-units base --launch-skip "${LEASE_NCU_SKIP:-4000}" --launch-count "${LEASE_NCU_COUNT:-1500}" \
     --log-file "$out/ncu.csv" "$bin/pipetrain" train "$out/gpt2_ncu.toml" > "$out/ncu.log" 2>&1
   python3 "$here/benches/gpu/ncu_kernels.py" "$out/ncu.csv" > "$out/ncu.txt" 2>&1

@@ -132,16 +132,22 @@ pub fn fuse_forward(g: &mut Graph, metas: &Metas, trainable: &HashSet<&str>) -> 
     }
 
     if fused.any() {
-        let nodes = std::mem::take(&mut g.nodes);
-        g.nodes = nodes
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| !drop.contains(i))
-            .map(|(i, n)| replace.remove(&i).unwrap_or(n))
-            .collect();
-        g.import_domain(DOMAIN, 1);
+        apply(g, replace, &drop);
     }
     fused
+}
+
+/// Puts each node of `replace` at its index, drops the nodes at `drop`, and imports
+/// pipetrain's domain.
+fn apply(g: &mut Graph, mut replace: HashMap<usize, NodeProto>, drop: &HashSet<usize>) {
+    let nodes = std::mem::take(&mut g.nodes);
+    g.nodes = nodes
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !drop.contains(i))
+        .map(|(i, n)| replace.remove(&i).unwrap_or(n))
+        .collect();
+    g.import_domain(DOMAIN, 1);
 }
 
 /// A node of pipetrain's domain.

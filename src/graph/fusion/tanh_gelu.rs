@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use super::custom;
-use crate::graph::custom_ops::{DOMAIN, TANH_GELU};
+use crate::graph::custom_ops::TANH_GELU;
 use crate::graph::ir::{float_attr, Graph, Metas};
 use crate::onnx::proto::NodeProto;
 use crate::tensor::{DType, Tensor};
@@ -43,14 +43,7 @@ pub fn fuse_tanh_gelu(g: &mut Graph, metas: &Metas) -> usize {
         );
         drop.extend(c.inner.iter().copied());
     }
-    let nodes = std::mem::take(&mut g.nodes);
-    g.nodes = nodes
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| !drop.contains(i))
-        .map(|(i, n)| replace.remove(&i).unwrap_or(n))
-        .collect();
-    g.import_domain(DOMAIN, 1);
+    super::apply(g, replace, &drop);
     chains.len()
 }
 
