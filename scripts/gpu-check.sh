@@ -91,7 +91,7 @@ for l in sys.stdin:
   fi
   if [ -n "$lib" ] && PIPETRAIN_REQUIRE_NVRTC=1 "$lib" --test-threads 1 --nocapture compute::cuda_ > "$out/kernels.log" 2>&1 \
       && ! grep -q 'skipped' "$out/kernels.log"; then
-    say "kernels: $(grep -c '\.\.\. ok' "$out/kernels.log") device tests passed (update bitwise the CPU's, norm repeatable, RowsAdd bitwise its formula, NVRTC compiles)"
+    say "kernels: $(grep -c '\.\.\. ok' "$out/kernels.log") device tests passed (update bitwise the CPU's, norm repeatable, RowsAdd bitwise its formula, TanhGelu/SoftmaxGrad their formulas, LayerNormGrad the CPU kernel's, NVRTC compiles)"
   else
     fail "kernels (see kernels.log)"; tail -5 "$out/kernels.log"
   fi

@@ -62,7 +62,8 @@ impl Kind {
 }
 
 /// The compiled module of one device, loaded on first use.
-type Shared = Arc<Mutex<Option<(usize, Arc<CudaContext>, Arc<cudarc::driver::CudaModule>)>>>;
+pub(super) type Shared =
+    Arc<Mutex<Option<(usize, Arc<CudaContext>, Arc<cudarc::driver::CudaModule>)>>>;
 
 /// An operator of this module on the CUDA provider.
 pub(crate) struct CudaFused {
@@ -70,9 +71,8 @@ pub(crate) struct CudaFused {
     module: Shared,
 }
 
-/// The operators, sharing one compiled module.
-pub(crate) fn operators() -> [CudaFused; 3] {
-    let module = Shared::default();
+/// The operators, sharing one compiled module (`module`, empty until first used).
+pub(crate) fn operators(module: &Shared) -> [CudaFused; 3] {
     [Kind::TanhGelu, Kind::TanhGeluGrad, Kind::SoftmaxGrad].map(|kind| CudaFused {
         kind,
         module: module.clone(),
@@ -113,17 +113,18 @@ impl Operator for CudaFused {
     }
 }
 
-fn fail(op: &str, what: &str, e: impl std::fmt::Display) -> ort::Error {
+pub(super) fn fail(op: &str, what: &str, e: impl std::fmt::Display) -> ort::Error {
     ort::Error::new(format!("{op}: {what}: {e}"))
 }
 
-/// The kernel of `kind` on `device`, compiling and loading the module there first.
-fn function(
+/// The kernel `entry` (for operator `op`) on `device`, compiling and loading the
+/// module there first.
+pub(super) fn function(
     module: &Shared,
     device: usize,
-    kind: Kind,
+    op: &str,
+    entry: &str,
 ) -> ort::Result<(Arc<CudaContext>, CudaFunction)> {
-    let op = kind.op();
     let mut m = module
         .lock()
         .map_err(|_| ort::Error::new(format!("{op}: a kernel call panicked before")))?;
@@ -137,7 +138,7 @@ fn function(
     }
     let (_, ctx, loaded) = m.as_ref().expect("loaded above");
     let f = loaded
-        .load_function(kind.entry())
+        .load_function(entry)
         .map_err(|e| fail(op, "loading a kernel", e))?;
     Ok((ctx.clone(), f))
 }
@@ -177,7 +178,7 @@ fn run(
     if n == 0 {
         return Ok(());
     }
-    let (cuda, f) = function(module, device, kind)?;
+    let (cuda, f) = function(module, device, op, kind.entry())?;
     let raw = ctx
         .stream()?
         .ok_or_else(|| ort::Error::new(format!("{op}: no CUDA stream")))?;

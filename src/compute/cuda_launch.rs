@@ -132,7 +132,15 @@ mod tests {
             assert!(rows.contains(&format!(".entry {name}(")), "no entry {name}");
         }
         let fused = compiled(FUSED_SOURCE, "fused.cu").expect("NVRTC was found above");
-        for name in ["tanh_gelu", "tanh_gelu_grad", "softmax_grad"] {
+        let entries = [
+            "tanh_gelu",
+            "tanh_gelu_grad",
+            "softmax_grad",
+            "ln_grad_rows",
+            "ln_grad_cols",
+            "ln_grad_finish",
+        ];
+        for name in entries {
             assert!(
                 fused.contains(&format!(".entry {name}(")),
                 "no entry {name}"

@@ -9,6 +9,8 @@ mod cuda_fused;
 #[cfg(feature = "cuda")]
 mod cuda_launch;
 #[cfg(feature = "cuda")]
+mod cuda_layer_norm;
+#[cfg(feature = "cuda")]
 pub mod cuda_ops;
 #[cfg(feature = "cuda")]
 pub mod cuda_state;

@@ -167,10 +167,11 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
     #[cfg(feature = "cuda")]
     let domain = {
         let mut domain = domain.add(super::cuda_ops::RowsAdd)?;
-        for op in super::cuda_fused::operators() {
+        let module = super::cuda_fused::Shared::default();
+        for op in super::cuda_fused::operators(&module) {
             domain = domain.add(op)?;
         }
-        domain
+        domain.add(super::cuda_layer_norm::CudaLayerNormGrad { module })?
     };
     Ok(domain)
 }

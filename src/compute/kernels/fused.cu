@@ -53,3 +53,76 @@ extern "C" __global__ void softmax_grad(const float* dy, const float* y, float* 
         for (int j = threadIdx.x; j < m; j += ROW_THREADS) out[j] = b[j] * (a[j] - total);
     }
 }
+
+// LayerNormGrad over rows of `cols` values (the forward's statistics given):
+// dx = inv (g - mean(g) - xhat mean(g xhat)), g = dy scale, xhat = (x - mean) inv,
+// the row means summed in a fixed order as softmax_grad sums; a block a row.
+extern "C" __global__ void ln_grad_rows(const float* dy, const float* x, const float* scale,
+                                        const float* mean, const float* inv, float* dx,
+                                        long long rows, int cols) {
+    __shared__ float sg[ROW_THREADS];
+    __shared__ float sgx[ROW_THREADS];
+    float inv_cols = 1.0f / cols;
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* a = dy + r * cols;
+        const float* b = x + r * cols;
+        float m = mean[r], iv = inv[r];
+        float p = 0.0f, q = 0.0f;
+        for (int j = threadIdx.x; j < cols; j += ROW_THREADS) {
+            float g = a[j] * scale[j];
+            p += g;
+            q += g * ((b[j] - m) * iv);
+        }
+        sg[threadIdx.x] = p;
+        sgx[threadIdx.x] = q;
+        __syncthreads();
+        for (int w = ROW_THREADS / 2; w > 0; w >>= 1) {
+            if (threadIdx.x < w) {
+                sg[threadIdx.x] += sg[threadIdx.x + w];
+                sgx[threadIdx.x] += sgx[threadIdx.x + w];
+            }
+            __syncthreads();
+        }
+        float m1 = sg[0] * inv_cols, m2 = sgx[0] * inv_cols;
+        __syncthreads();
+        float* out = dx + r * cols;
+        for (int j = threadIdx.x; j < cols; j += ROW_THREADS) {
+            float g = a[j] * scale[j];
+            float xh = (b[j] - m) * iv;
+            out[j] = ((g - m1) - xh * m2) * iv;
+        }
+    }
+}
+
+// Column sums over a chunk of rows, in row order: part_s[p][c] of dy xhat (dscale's),
+// part_b[p][c] of dy (dbias's); block (x, p) holds columns x * blockDim.x.. of chunk p.
+extern "C" __global__ void ln_grad_cols(const float* dy, const float* x, const float* mean,
+                                        const float* inv, float* part_s, float* part_b,
+                                        long long rows, int cols, long long chunk) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    long long p = blockIdx.y;
+    if (c >= cols) return;
+    long long lo = p * chunk, hi = min(rows, lo + chunk);
+    float s = 0.0f, t = 0.0f;
+    for (long long r = lo; r < hi; ++r) {
+        float d = dy[r * cols + c];
+        s += d * ((x[r * cols + c] - mean[r]) * inv[r]);
+        t += d;
+    }
+    part_s[p * cols + c] = s;
+    part_b[p * cols + c] = t;
+}
+
+// dscale[c] and dbias[c]: the chunks' sums added in chunk order.
+extern "C" __global__ void ln_grad_finish(const float* part_s, const float* part_b,
+                                          float* ds, float* db, int parts, int cols) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    float s = 0.0f, t = 0.0f;
+    for (int p = 0; p < parts; ++p) {
+        s += part_s[p * cols + c];
+        t += part_b[p * cols + c];
+    }
+    ds[c] = s;
+    db[c] = t;
+}
