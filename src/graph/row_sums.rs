@@ -44,26 +44,10 @@ pub fn row_sums_as_products(tg: &mut TrainingGraph) -> usize {
         let name = vectors
             .entry((n, keep, mean))
             .or_insert_with(|| {
-                let name = format!(
-                    "row_sum_vector_{n}{}{}",
-                    ["", "_mean"][mean as usize],
-                    ["", "_col"][keep as usize]
-                );
-                let shape = if keep { vec![n, 1] } else { vec![n] };
-                let value = if mean { 1.0 / n as f32 } else { 1.0 };
-                let t = Tensor {
-                    shape: shape.clone(),
-                    data: TensorData::F32(vec![value; n]),
-                };
-                let attr = tensor_attr("value", t.to_proto(&name));
-                constants.push(make_node("Constant", &name, &[], &[&name], vec![attr]));
-                tg.metas.insert(
-                    name.clone(),
-                    ValueMeta {
-                        dtype: DType::F32,
-                        shape,
-                    },
-                );
+                let (node, meta) = vector(n, keep, mean);
+                let name = node.output[0].clone();
+                constants.push(node);
+                tg.metas.insert(name.clone(), meta);
                 name
             })
             .clone();
@@ -87,6 +71,29 @@ pub fn row_sums_as_products(tg: &mut TrainingGraph) -> usize {
         }
     }
     rewritten
+}
+
+/// The `Constant` node of the vector a product with which sums (`mean`: averages) rows
+/// of `n` values, `[n, 1]` where the reduction keeps its axis (else `[n]`), and its type.
+fn vector(n: usize, keep: bool, mean: bool) -> (NodeProto, ValueMeta) {
+    let name = format!(
+        "row_sum_vector_{n}{}{}",
+        ["", "_mean"][usize::from(mean)],
+        ["", "_col"][usize::from(keep)]
+    );
+    let shape = if keep { vec![n, 1] } else { vec![n] };
+    let value = if mean { 1.0 / n as f32 } else { 1.0 };
+    let t = Tensor {
+        shape: shape.clone(),
+        data: TensorData::F32(vec![value; n]),
+    };
+    let attr = tensor_attr("value", t.to_proto(&name));
+    let node = make_node("Constant", &name, &[], &[&name], vec![attr]);
+    let meta = ValueMeta {
+        dtype: DType::F32,
+        shape,
+    };
+    (node, meta)
 }
 
 /// For a float32 `ReduceSum`/`ReduceMean` over its input's last axis alone (axes from the
