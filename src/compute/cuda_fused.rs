@@ -113,6 +113,7 @@ impl Operator for CudaFused {
     }
 }
 
+/// The error of operator `op` where `what` failed with `e`.
 pub(super) fn fail(op: &str, what: &str, e: impl std::fmt::Display) -> ort::Error {
     ort::Error::new(format!("{op}: {what}: {e}"))
 }
