@@ -204,12 +204,9 @@ fn run(
 #[cfg(test)]
 mod tests {
     use crate::compute::{Device, GraphSession, Runtime, SessionOptions};
-    use crate::graph::custom_ops::{DOMAIN, SOFTMAX_GRAD, TANH_GELU, TANH_GELU_GRAD};
-    use crate::graph::{
-        float_attr, make_node, tanh_gelu, tanh_gelu_slope, untyped_value_info, value_info,
-        ValueMeta,
-    };
-    use crate::onnx::proto::{GraphProto, ModelProto, OperatorSetIdProto};
+    use crate::graph::custom_ops::{SOFTMAX_GRAD, TANH_GELU, TANH_GELU_GRAD};
+    use crate::graph::{float_attr, make_node, tanh_gelu, tanh_gelu_slope, ValueMeta};
+    use crate::onnx::proto::ModelProto;
     use crate::tensor::{DType, Tensor};
 
     const SCALE: f32 = 0.797_884_6;
@@ -218,34 +215,17 @@ mod tests {
     /// One node of each kernel: `TanhGelu(x)`, `TanhGeluGrad(dy, x)`, `SoftmaxGrad(dy, y)`.
     fn model(rows: usize, m: usize) -> ModelProto {
         let attrs = || vec![float_attr("scale", SCALE), float_attr("coef", COEF)];
-        let mut nodes = vec![
+        let nodes = vec![
             make_node(TANH_GELU, "g", &["x"], &["g"], attrs()),
             make_node(TANH_GELU_GRAD, "dg", &["dy", "x"], &["dg"], attrs()),
             make_node(SOFTMAX_GRAD, "ds", &["dy", "y"], &["ds"], vec![]),
         ];
-        for n in &mut nodes {
-            n.domain = DOMAIN.into();
-        }
         let meta = ValueMeta {
             dtype: DType::F32,
             shape: vec![rows, m],
         };
-        let opset = |domain: &str, version| OperatorSetIdProto {
-            domain: domain.into(),
-            version,
-        };
-        ModelProto {
-            ir_version: 8,
-            opset_import: vec![opset("", 17), opset(DOMAIN, 1)],
-            graph: Some(GraphProto {
-                name: "fused".into(),
-                node: nodes,
-                input: ["x", "dy", "y"].map(|v| value_info(v, &meta)).to_vec(),
-                output: ["g", "dg", "ds"].map(untyped_value_info).to_vec(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        let inputs = ["x", "dy", "y"].map(|v| (v, meta.clone()));
+        crate::compute::test_model::model("fused", nodes, &inputs, &["g", "dg", "ds"])
     }
 
     /// Runs the three kernels on `device` over fresh random inputs (x across GELU's

@@ -164,51 +164,28 @@ fn run(
 #[cfg(test)]
 mod tests {
     use crate::compute::{Device, GraphSession, Runtime, SessionOptions};
-    use crate::graph::custom_ops::{DOMAIN, LAYER_NORM_GRAD};
-    use crate::graph::{make_node, untyped_value_info, value_info, ValueMeta};
-    use crate::onnx::proto::{GraphProto, ModelProto, OperatorSetIdProto};
+    use crate::graph::custom_ops::LAYER_NORM_GRAD;
+    use crate::graph::{make_node, ValueMeta};
+    use crate::onnx::proto::ModelProto;
     use crate::tensor::{DType, Tensor};
 
     /// One `LayerNormGrad` over `[rows, cols]`.
     fn model(rows: usize, cols: usize) -> ModelProto {
-        let mut node = make_node(
-            LAYER_NORM_GRAD,
-            "ln_grad",
-            &["dy", "x", "scale", "mean", "inv"],
-            &["dx", "ds", "db"],
-            vec![],
-        );
-        node.domain = DOMAIN.into();
+        let inputs = ["dy", "x", "scale", "mean", "inv"];
+        let outputs = ["dx", "ds", "db"];
+        let node = make_node(LAYER_NORM_GRAD, "ln_grad", &inputs, &outputs, vec![]);
         let meta = |shape| ValueMeta {
             dtype: DType::F32,
             shape,
         };
-        let opset = |domain: &str, version| OperatorSetIdProto {
-            domain: domain.into(),
-            version,
-        };
         let (full, row, col) = (vec![rows, cols], vec![rows, 1], vec![cols]);
-        let inputs = [
-            ("dy", &full),
-            ("x", &full),
-            ("scale", &col),
-            ("mean", &row),
-            ("inv", &row),
-        ];
-        ModelProto {
-            ir_version: 8,
-            opset_import: vec![opset("", 17), opset(DOMAIN, 1)],
-            graph: Some(GraphProto {
-                name: "ln_grad".into(),
-                node: vec![node],
-                input: inputs
-                    .map(|(n, s)| value_info(n, &meta(s.clone())))
-                    .to_vec(),
-                output: ["dx", "ds", "db"].map(untyped_value_info).to_vec(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        let shapes = [&full, &full, &col, &row, &row];
+        let inputs: Vec<(&str, ValueMeta)> = inputs
+            .iter()
+            .zip(shapes)
+            .map(|(n, s)| (*n, meta(s.clone())))
+            .collect();
+        crate::compute::test_model::model("ln_grad", vec![node], &inputs, &outputs)
     }
 
     /// On a GPU (skipped without one): the CUDA kernel gives the CPU kernel's `dX`,

@@ -175,43 +175,20 @@ fn rows_add(ctx: &ComputeContext, rows: i64, state: &mut Option<Loaded>) -> ort:
 mod tests {
     use super::*;
     use crate::compute::{Device, GraphSession, Runtime, SessionOptions};
-    use crate::graph::custom_ops::DOMAIN;
-    use crate::graph::{
-        int_attr, make_node, rows_add_reference, untyped_value_info, value_info, ValueMeta,
-    };
-    use crate::onnx::proto::{GraphProto, ModelProto, OperatorSetIdProto};
+    use crate::graph::{int_attr, make_node, rows_add_reference, ValueMeta};
+    use crate::onnx::proto::ModelProto;
     use crate::tensor::{DType, Tensor};
 
     /// A graph of one `RowsAdd`.
     fn rows_add_model(n: usize, width: usize, rows: i64) -> ModelProto {
-        let mut node = make_node(
-            ROWS_ADD,
-            "rows_add",
-            &["ids", "updates"],
-            &["table"],
-            vec![int_attr("rows", rows)],
-        );
-        node.domain = DOMAIN.into();
+        let attrs = vec![int_attr("rows", rows)];
+        let node = make_node(ROWS_ADD, "rows_add", &["ids", "updates"], &["table"], attrs);
         let meta = |dtype, shape| ValueMeta { dtype, shape };
-        let opset = |domain: &str, version| OperatorSetIdProto {
-            domain: domain.into(),
-            version,
-        };
-        ModelProto {
-            ir_version: 8,
-            opset_import: vec![opset("", 17), opset(DOMAIN, 1)],
-            graph: Some(GraphProto {
-                name: "rows_add".into(),
-                node: vec![node],
-                input: vec![
-                    value_info("ids", &meta(DType::I64, vec![n])),
-                    value_info("updates", &meta(DType::F32, vec![n, width])),
-                ],
-                output: vec![untyped_value_info("table")],
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        let inputs = [
+            ("ids", meta(DType::I64, vec![n])),
+            ("updates", meta(DType::F32, vec![n, width])),
+        ];
+        crate::compute::test_model::model("rows_add", vec![node], &inputs, &["table"])
     }
 
     /// On a GPU (skipped without one): `RowsAdd` on ONNX Runtime's CUDA provider gives

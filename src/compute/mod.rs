@@ -27,6 +27,8 @@ mod resident;
 mod runtime;
 mod session;
 mod shard_ops;
+#[cfg(all(test, feature = "cuda"))]
+mod test_model;
 
 pub use chain::{StageChain, StepOutput, TensorMap, TrainSession};
 pub use device::{check_device, cuda_devices, CudaDevices, Device};

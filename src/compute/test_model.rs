@@ -1,0 +1,34 @@
+//! Tests' one-node models of pipetrain's operators (the CUDA kernels' tests).
+
+use crate::graph::custom_ops::DOMAIN;
+use crate::graph::{untyped_value_info, value_info, ValueMeta};
+use crate::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
+
+/// A model of `nodes` (put in pipetrain's domain), opset 17, with typed `inputs` and
+/// untyped `outputs`.
+pub(crate) fn model(
+    name: &str,
+    mut nodes: Vec<NodeProto>,
+    inputs: &[(&str, ValueMeta)],
+    outputs: &[&str],
+) -> ModelProto {
+    for n in &mut nodes {
+        n.domain = DOMAIN.into();
+    }
+    let opset = |domain: &str, version| OperatorSetIdProto {
+        domain: domain.into(),
+        version,
+    };
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![opset("", 17), opset(DOMAIN, 1)],
+        graph: Some(GraphProto {
+            name: name.into(),
+            node: nodes,
+            input: inputs.iter().map(|(n, m)| value_info(n, m)).collect(),
+            output: outputs.iter().map(|o| untyped_value_info(o)).collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
