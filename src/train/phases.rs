@@ -172,14 +172,16 @@ pub(super) fn build_graphs(
     // process unless asked (tiny_gpt: resident memory 88 -> 45 MiB here, and the run's
     // peak from 134 to 103 MiB).
     release_freed_memory();
-    // The graphs written for users hold no fused kernels: the same graph built without
-    // them (a split graph keeps its collectives).
+    // The graphs written for users hold no fused kernels (the CPU's or the GPU's): the
+    // same graph built without them (a split graph keeps its collectives).
     let written =
         cfg.model_with_training_graph_path.is_some() || cfg.model_with_loss_func_path.is_some();
-    let standard = match (written, cfg.runtime.fused_kernels) {
+    let gpu_kernels = cfg.runtime.cuda_kernels && cfg.runtime.device != crate::compute::Device::Cpu;
+    let standard = match (written, cfg.runtime.fused_kernels || gpu_kernels) {
         (true, true) => {
             let mut plain = cfg.clone();
             plain.runtime.fused_kernels = false;
+            plain.runtime.cuda_kernels = false;
             let (step, probe) = (p.first_step as usize, data.probe);
             Some(training_graph(
                 rt,
