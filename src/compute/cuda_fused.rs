@@ -13,6 +13,7 @@
 //! One NVRTC compile serves every node of a session (the module is shared by the
 //! operators [`operators`] makes).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction};
@@ -61,9 +62,17 @@ impl Kind {
     }
 }
 
-/// The compiled module of one device, loaded on first use.
-pub(super) type Shared =
-    Arc<Mutex<Option<(usize, Arc<CudaContext>, Arc<cudarc::driver::CudaModule>)>>>;
+/// The compiled module of one device, loaded on first use, with the kernels looked up
+/// so far (a call finds its kernel here, not in the module).
+pub(super) type Shared = Arc<Mutex<Option<Loaded>>>;
+
+/// What [`Shared`] holds once loaded.
+pub(super) struct Loaded {
+    device: usize,
+    ctx: Arc<CudaContext>,
+    module: Arc<cudarc::driver::CudaModule>,
+    functions: HashMap<&'static str, CudaFunction>,
+}
 
 /// An operator of this module on the CUDA provider.
 pub(crate) struct CudaFused {
@@ -124,24 +133,38 @@ pub(super) fn function(
     module: &Shared,
     device: usize,
     op: &str,
-    entry: &str,
+    entry: &'static str,
 ) -> ort::Result<(Arc<CudaContext>, CudaFunction)> {
     let mut m = module
         .lock()
         .map_err(|_| ort::Error::new(format!("{op}: a kernel call panicked before")))?;
-    if m.as_ref().is_none_or(|(d, _, _)| *d != device) {
+    if m.as_ref().is_none_or(|l| l.device != device) {
         let ctx = CudaContext::new(device).map_err(|e| fail(op, "opening the device", e))?;
         let ptx = compile(FUSED_SOURCE, "fused.cu").map_err(|e| fail(op, "compiling", e))?;
-        let loaded = ctx
+        let module = ctx
             .load_module(ptx)
             .map_err(|e| fail(op, "loading the kernels", e))?;
-        *m = Some((device, ctx, loaded));
+        let functions = HashMap::new();
+        *m = Some(Loaded {
+            device,
+            ctx,
+            module,
+            functions,
+        });
     }
-    let (_, ctx, loaded) = m.as_ref().expect("loaded above");
-    let f = loaded
-        .load_function(entry)
-        .map_err(|e| fail(op, "loading a kernel", e))?;
-    Ok((ctx.clone(), f))
+    let l = m.as_mut().expect("loaded above");
+    let f = match l.functions.get(entry) {
+        Some(f) => f.clone(),
+        None => {
+            let f = l
+                .module
+                .load_function(entry)
+                .map_err(|e| fail(op, "loading a kernel", e))?;
+            l.functions.insert(entry, f.clone());
+            f
+        }
+    };
+    Ok((l.ctx.clone(), f))
 }
 
 /// One call on ONNX Runtime's stream: the output of the inputs' shape.

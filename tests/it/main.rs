@@ -23,6 +23,7 @@ mod exported_models;
 mod files;
 mod fused_attention;
 mod fused_kernels;
+mod fused_tanh_gelu;
 mod grad_buckets;
 mod grad_exported_ops;
 mod grad_ops;

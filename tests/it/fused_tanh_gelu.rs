@@ -1,0 +1,111 @@
+//! GPT-2's tanh GELU as one kernel each way (`TanhGelu`, `TanhGeluGrad`), and the fused
+//! kernels a graph built for a GPU holds, run here by their CPU twins: against finite
+//! differences and the standard-op graph.
+
+use crate::common;
+
+use crate::common::fused::{assert_same, fused_nodes};
+use crate::common::gradcheck::{check, GradCheck, Rng, F32};
+use pipetrain::graph::custom_ops::SOFTMAX_GRAD;
+use pipetrain::graph::{LossSpec, TrainingGraph};
+use pipetrain::tensor::{DType, Tensor};
+
+/// GPT-2's tanh GELU, as Hugging Face's `gelu_new` exports it, against central finite
+/// differences through the fused kernels (`TanhGelu`, `TanhGeluGrad`), x across the
+/// curve and its flat tails.
+#[test]
+fn tanh_gelu_kernels_give_finite_differences() {
+    let scalar = |v: f32| Tensor::f32(vec![], vec![v]).unwrap();
+    let case = GradCheck::new(17)
+        .param("X", Rng::new(23).tensor(DType::F32, &[3, 29], -4.0, 4.0))
+        .constant("three", scalar(3.0))
+        .constant("c", scalar(0.044715))
+        .constant("k", scalar(0.797_884_6))
+        .constant("one", scalar(1.0))
+        .constant("half", scalar(0.5))
+        .node("Mul", &["X", "half"], &["hx"], vec![])
+        .node("Pow", &["X", "three"], &["cube"], vec![])
+        .node("Mul", &["cube", "c"], &["small"], vec![])
+        .node("Add", &["X", "small"], &["inner"], vec![])
+        .node("Mul", &["inner", "k"], &["arg"], vec![])
+        .node("Tanh", &["arg"], &["th"], vec![])
+        .node("Add", &["th", "one"], &["gate"], vec![])
+        .node("Mul", &["hx", "gate"], &["Y"], vec![]);
+    check("tanh GELU float32, fused", case, F32);
+}
+
+/// The kernels a graph built for a GPU holds (`TrainOptions::cuda_kernels`), run here by
+/// their CPU twins (on the CPU, `fused_kernels` makes the same GELU nodes): on the built-in GPT-2 every tanh GELU is one `TanhGelu` (its backward
+/// one `TanhGeluGrad`) and every attention softmax's backward one `SoftmaxGrad`, and the
+/// loss and every gradient are the standard-op graph's within float32 rounding.
+#[test]
+fn gpu_graphs_tanh_gelu_and_softmax_grad_give_the_standard_op_graphs_gradients() {
+    use pipetrain::graph::custom_ops::{TANH_GELU, TANH_GELU_GRAD};
+    use pipetrain::models::{build, Gpt2Config, ModelSpec};
+    let cfg = Gpt2Config {
+        batch: Some(2),
+        ..Gpt2Config::DEFAULT
+    };
+    let model = build(&ModelSpec::Gpt2(cfg.clone())).unwrap();
+    let mut rng = Rng::new(5);
+    let mut ids = || {
+        let v = (0..2 * cfg.seq).map(|_| (rng.next() * cfg.vocab as f64) as i64);
+        Tensor::i64(vec![2, cfg.seq], v.collect()).unwrap()
+    };
+    let (tokens, targets) = (ids(), ids());
+    let loss = LossSpec::SoftmaxCrossEntropy {
+        prediction: "logits".into(),
+        label: "targets".into(),
+        ignore_index: None,
+        class_axis: None,
+        normalize: Default::default(),
+    };
+    let graph_with = |cuda: bool, fused: bool| {
+        let rt = common::runtime();
+        let opts = pipetrain::graph::TrainOptions {
+            inputs: Default::default(),
+            loss: loss.clone(),
+            trainable: None,
+            contrib_ops: true,
+            fused_kernels: fused,
+            cuda_kernels: cuda,
+            params: Default::default(),
+        };
+        let feeds = [("tokens", &tokens), ("targets", &targets)];
+        pipetrain::graph::build_training_graph(&rt, &model, &opts, &feeds).unwrap()
+    };
+    let (gpu, plain) = (graph_with(true, false), graph_with(false, false));
+    for op in [TANH_GELU, TANH_GELU_GRAD, SOFTMAX_GRAD] {
+        assert_eq!(fused_nodes(&gpu, op), cfg.layers, "{op}");
+        assert_eq!(fused_nodes(&plain, op), 0, "{op}");
+    }
+    let cpu = graph_with(false, true);
+    assert_eq!(
+        fused_nodes(&cpu, TANH_GELU),
+        cfg.layers,
+        "fused_kernels: TanhGelu"
+    );
+    assert!(!gpu.graph.nodes.iter().any(|n| n.op_type == "Tanh"));
+    let step = |tg: &TrainingGraph| {
+        let rt = common::runtime();
+        let opts = pipetrain::compute::SessionOptions::default();
+        let mut s = pipetrain::compute::TrainSession::new(&rt, tg, &opts).unwrap();
+        let data = [
+            ("tokens".to_string(), tokens.clone()),
+            ("targets".into(), targets.clone()),
+        ];
+        let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
+        s.step(&common::initial_params(tg), &data.into(), &seed)
+            .unwrap()
+    };
+    let (a, b) = (step(&gpu), step(&plain));
+    assert!(
+        (a.loss - b.loss).abs() < 1e-6 * b.loss.abs(),
+        "{} {}",
+        a.loss,
+        b.loss
+    );
+    let wrt: Vec<&str> = b.grads.keys().map(String::as_str).collect();
+    assert!(wrt.len() > 20);
+    assert_same("gpt2, GPU kernels", &a.grads, &b.grads, &wrt, 1e-5);
+}
