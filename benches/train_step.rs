@@ -81,7 +81,7 @@ fn main() {
             let mut params: TensorMap = tg
                 .params
                 .iter()
-                .map(|p| (p.name.clone(), p.init.clone()))
+                .map(|p| (p.name.clone(), p.init.to_tensor().unwrap()))
                 .collect();
             let rates = measure(|i| {
                 let out = runner.step(&params, &batches[i % 200], &seed);
@@ -116,7 +116,7 @@ fn where_time_goes(
     let mut params: TensorMap = tg
         .params
         .iter()
-        .map(|p| (p.name.clone(), p.init.clone()))
+        .map(|p| (p.name.clone(), p.init.to_tensor().unwrap()))
         .collect();
     for batch in &batches[..5] {
         let out = session.step(&params, batch, seed).unwrap();

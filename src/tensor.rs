@@ -96,6 +96,17 @@ pub struct TensorView<'a> {
 }
 
 impl TensorView<'_> {
+    /// Its element type.
+    pub fn dtype(&self) -> DType {
+        match self.data {
+            ViewData::F32(_) => DType::F32,
+            ViewData::F64(_) => DType::F64,
+            ViewData::I64(_) => DType::I64,
+            ViewData::I32(_) => DType::I32,
+            ViewData::Bool(_) => DType::Bool,
+        }
+    }
+
     /// The bytes its elements take.
     pub fn bytes(&self) -> usize {
         match self.data {
@@ -106,6 +117,30 @@ impl TensorView<'_> {
             ViewData::Bool(v) => std::mem::size_of_val(v),
         }
     }
+}
+
+/// `t`'s raw bytes seen as its elements without a copy, where its type allows (not
+/// `Bool`), its raw bytes are exactly its shape's and they are aligned for its type.
+pub fn proto_view(t: &TensorProto) -> Option<TensorView<'_>> {
+    let dtype = DType::from_onnx(t.data_type)?;
+    let raw: &[u8] = &t.raw_data;
+    let data = match dtype {
+        DType::F32 => ViewData::F32(bytemuck::try_cast_slice(raw).ok()?),
+        DType::F64 => ViewData::F64(bytemuck::try_cast_slice(raw).ok()?),
+        DType::I64 => ViewData::I64(bytemuck::try_cast_slice(raw).ok()?),
+        DType::I32 => ViewData::I32(bytemuck::try_cast_slice(raw).ok()?),
+        DType::Bool => return None,
+    };
+    // The view borrows its shape: the proto's own dims, non-negative i64s read as usize
+    // (the same bits on a 64-bit target).
+    if t.dims.iter().any(|&d| d < 0) {
+        return None;
+    }
+    let shape: &[usize] = bytemuck::try_cast_slice(&t.dims).ok()?;
+    if shape.iter().product::<usize>() * dtype.size() != raw.len() {
+        return None;
+    }
+    Some(TensorView { shape, data })
 }
 
 /// A host tensor: row-major elements and their shape.
@@ -310,7 +345,7 @@ impl Tensor {
             name: name.to_string(),
             dims: self.shape.iter().map(|&d| d as i64).collect(),
             data_type: self.dtype().onnx(),
-            raw_data,
+            raw_data: raw_data.into(),
             ..Default::default()
         }
     }
@@ -401,7 +436,7 @@ mod tests {
     #[test]
     fn raw_data_of_the_wrong_size_is_rejected() {
         let mut p = Tensor::f32(vec![2], vec![1.0, 2.0]).unwrap().to_proto("w");
-        p.raw_data.pop();
+        p.raw_data.truncate(p.raw_data.len() - 1);
         let err = Tensor::from_proto(&p).unwrap_err().to_string();
         assert!(err.contains("`w`") && err.contains("7 bytes"), "{err}");
     }

@@ -11,7 +11,7 @@
 
 use crate::graph::{value_info, Graph, ValueMeta};
 use crate::onnx::proto::TensorProto;
-use crate::tensor::{DType, TensorView, ViewData};
+use crate::tensor::{DType, TensorView};
 
 /// Initializers of at least this many bytes are lifted.
 const LIFT_BYTES: usize = 64 * 1024;
@@ -52,28 +52,14 @@ impl<'g> Lifted<'g> {
     }
 }
 
-/// `t`'s raw bytes seen as its elements without a copy, where its type allows and the
-/// bytes are aligned for it.
+/// `t`'s raw bytes seen as its elements without a copy ([`crate::tensor::proto_view`]),
+/// with its type and shape.
 pub(crate) fn view(t: &TensorProto) -> Option<(TensorView<'_>, ValueMeta)> {
+    let view = crate::tensor::proto_view(t)?;
     let dtype = DType::from_onnx(t.data_type)?;
-    let data = match dtype {
-        DType::F32 => ViewData::F32(bytemuck::try_cast_slice(&t.raw_data).ok()?),
-        DType::F64 => ViewData::F64(bytemuck::try_cast_slice(&t.raw_data).ok()?),
-        DType::I64 => ViewData::I64(bytemuck::try_cast_slice(&t.raw_data).ok()?),
-        DType::I32 => ViewData::I32(bytemuck::try_cast_slice(&t.raw_data).ok()?),
-        DType::Bool => return None,
+    let meta = ValueMeta {
+        dtype,
+        shape: view.shape.to_vec(),
     };
-    let shape: Vec<usize> = t
-        .dims
-        .iter()
-        .map(|&d| usize::try_from(d).ok())
-        .collect::<Option<_>>()?;
-    if shape.iter().product::<usize>() * dtype.size() != t.raw_data.len() {
-        return None;
-    }
-    // The view borrows its shape: the initializer's own dims, non-negative i64s read as
-    // usize (the same bits on a 64-bit target).
-    let dims: &[usize] = bytemuck::try_cast_slice(&t.dims).ok()?;
-    let meta = ValueMeta { dtype, shape };
-    Some((TensorView { shape: dims, data }, meta))
+    Some((view, meta))
 }

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::graph::ir::Graph;
 use crate::onnx::proto::ModelProto;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{DType, Tensor, TensorView, ViewData};
 
 /// The metadata keys of `tools/export_for_training.py`.
 pub const BUFFERS_KEY: &str = "pipetrain.buffers";
@@ -91,8 +91,11 @@ pub fn suspected_buffers(g: &Graph, known: &BTreeSet<String>) -> Vec<(String, &'
             if BUFFER_NAMES.contains(&last) {
                 return Some((t.name.clone(), "named as PyTorch names buffers"));
             }
-            let value = Tensor::from_proto(t).ok()?;
-            sinusoidal(&value).then(|| (t.name.clone(), "a sinusoidal position table"))
+            let table = match crate::tensor::proto_view(t) {
+                Some(view) => sinusoidal(view),
+                None => sinusoidal(Tensor::from_proto(t).ok()?.view()),
+            };
+            table.then(|| (t.name.clone(), "a sinusoidal position table"))
         })
         .collect()
 }
@@ -100,17 +103,25 @@ pub fn suspected_buffers(g: &Graph, known: &BTreeSet<String>) -> Vec<(String, &'
 /// Whether `t` is a `[positions, width]` table of sines and cosines: column `j` and
 /// column `j + width / 2` of every row square-sum to 1 (Transformer positions as Marian
 /// and others keep them, as parameters that do not train).
-fn sinusoidal(t: &Tensor) -> bool {
+fn sinusoidal(t: TensorView<'_>) -> bool {
     let [rows, width] = t.shape[..] else {
         return false;
     };
     if rows < 2 || width < 2 || width % 2 != 0 {
         return false;
     }
-    let v = t.to_f64_vec();
+    // Read in place, row by row: a weight matrix fails at its first row.
+    let at = |i: usize| -> f64 {
+        match t.data {
+            ViewData::F32(v) => f64::from(v[i]),
+            ViewData::F64(v) => v[i],
+            _ => f64::NAN,
+        }
+    };
     let half = width / 2;
-    v.chunks_exact(width).all(|row| {
-        (0..half).all(|j| (row[j] * row[j] + row[j + half] * row[j + half] - 1.0).abs() < 1e-4)
+    (0..rows).all(|r| {
+        let row = r * width;
+        (0..half).all(|j| (at(row + j).powi(2) + at(row + j + half).powi(2) - 1.0).abs() < 1e-4)
     })
 }
 
@@ -153,8 +164,10 @@ mod tests {
             }
         }
         let table = Tensor::f32(vec![rows, width], v.clone()).unwrap();
-        assert!(sinusoidal(&table));
+        assert!(sinusoidal(table.view()));
         v[3] += 0.1;
-        assert!(!sinusoidal(&Tensor::f32(vec![rows, width], v).unwrap()));
+        assert!(!sinusoidal(
+            Tensor::f32(vec![rows, width], v).unwrap().view()
+        ));
     }
 }

@@ -59,6 +59,9 @@ pub struct Graph {
     pub ir_version: i64,
 }
 
+/// The most elements of a float initializer [`Graph::constants`] decodes.
+pub const LARGEST_FLOAT_CONSTANT: u64 = 1 << 16;
+
 impl Graph {
     /// The graph of a model, checking that its default opset is one pipetrain handles.
     ///
@@ -165,10 +168,20 @@ impl Graph {
         self.initializers.iter().find(|t| t.name == name)
     }
 
-    /// Constant values: initializers and outputs of `Constant` nodes.
+    /// Constant values: initializers and outputs of `Constant` nodes, decoded.
+    ///
+    /// Float initializers of more than [`LARGEST_FLOAT_CONSTANT`] elements are left out:
+    /// the rewrites that read constants read shapes, axes, scalars and masks, and
+    /// decoding every weight copied the whole model at each of the seven calls that
+    /// building a training graph makes (3.8 GB each for a 1-billion-parameter model).
     pub fn constants(&self) -> HashMap<String, Tensor> {
         let mut map = HashMap::new();
-        for t in &self.initializers {
+        let is_large_float = |t: &TensorProto| {
+            let float = crate::tensor::DType::from_onnx(t.data_type).is_some_and(|d| d.is_float());
+            let len = t.dims.iter().map(|&d| d.max(0) as u64).product::<u64>();
+            float && len > LARGEST_FLOAT_CONSTANT
+        };
+        for t in self.initializers.iter().filter(|t| !is_large_float(t)) {
             if let Ok(v) = Tensor::from_proto(t) {
                 map.insert(t.name.clone(), v);
             }

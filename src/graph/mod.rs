@@ -44,7 +44,7 @@ pub use stages::{build_stage_graphs, build_stage_graphs_with, Recompute, StageGr
 pub use static_fold::{fold_static_values, static_nodes, FoldReport};
 pub use tied::{tied_params, with_tied_shared, TiedParam};
 pub use training::{
-    build_sharded_training_graph, build_training_graph, Param, TrainOptions, TrainingGraph,
-    LOSS_GRAD,
+    build_sharded_training_graph, build_training_graph, InitValue, Param, TrainOptions,
+    TrainingGraph, LOSS_GRAD,
 };
 pub use unfed_inputs::{bind_unfed_inputs, describe_input, implied_default, Bound, InputValue};

@@ -22,8 +22,9 @@ use std::collections::{BTreeMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use crate::graph::ir::{attr_i, Graph};
+use crate::graph::training::InitValue;
 use crate::onnx::proto::ModelProto;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::DType;
 use crate::{Error, Result};
 
 /// Which initializers and embedding rows are not trained (`[params]` in a
@@ -61,7 +62,7 @@ impl Default for ParamOptions {
 /// trained `params` (name, initial value) that `g` looks up along axis 0.
 pub fn rows_to_freeze(
     g: &Graph,
-    params: &[(String, Tensor)],
+    params: &[(String, InitValue)],
     opts: &ParamOptions,
 ) -> BTreeMap<String, Vec<i64>> {
     let mut out = opts.frozen_rows.clone();
@@ -88,14 +89,16 @@ pub fn rows_to_freeze(
     out
 }
 
-/// The index of the only all-zero row of a matrix with several rows.
-fn single_zero_row(t: &Tensor) -> Option<i64> {
-    if t.shape.len() != 2 || t.shape[0] < 2 || t.shape[1] == 0 {
+/// The index of the only all-zero row of a float32 matrix with several rows (read in
+/// place: an embedding table can be most of a model).
+fn single_zero_row(t: &InitValue) -> Option<i64> {
+    let shape = t.view().shape;
+    if shape.len() != 2 || shape[0] < 2 || shape[1] == 0 {
         return None;
     }
-    let values = t.to_f64_vec();
+    let values = t.as_f32()?;
     let mut zero_rows = values
-        .chunks(t.shape[1])
+        .chunks(shape[1])
         .enumerate()
         .filter(|(_, r)| r.iter().all(|&v| v == 0.0))
         .map(|(i, _)| i as i64);

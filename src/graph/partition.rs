@@ -170,7 +170,7 @@ fn node_cost(tg: &TrainingGraph, i: usize, by: BalanceBy) -> f64 {
                     .unwrap_or(1.0)
             };
             match n.op_type.as_str() {
-                "MatMul" => 2.0 * out * inner(&n.input[0], 1),
+                "MatMul" | "FusedMatMul" => 2.0 * out * inner(&n.input[0], 1),
                 "Gemm" => {
                     let ta = crate::graph::ir::attr_i(n, "transA").unwrap_or(0) != 0;
                     2.0 * out * inner(&n.input[0], if ta { 2 } else { 1 })

@@ -6,10 +6,11 @@
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod proto;
 
+use std::collections::HashMap;
 use std::fs;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+use prost::bytes::Bytes;
 use prost::Message;
 
 use crate::{Error, Result};
@@ -18,8 +19,9 @@ use proto::{tensor_proto::DataLocation, ModelProto};
 /// The highest IR version ONNX Runtime 1.31 accepts; models are written with at most this.
 pub const MAX_IR_VERSION: i64 = 13;
 
-/// Reads an ONNX model, resolving initializers stored in external data files (their data
-/// is read into the model, so it no longer refers to the files).
+/// Reads an ONNX model, resolving initializers stored in external data files (their
+/// bytes are mapped into the model, see `resolve_external_data`; the model no longer
+/// refers to the files by name).
 ///
 /// # Errors
 /// `Io` when the file cannot be read, `NotOnnx` when its bytes are not an ONNX model
@@ -60,10 +62,18 @@ pub fn decode_model(bytes: &[u8], path: &Path) -> Result<ModelProto> {
     Ok(model)
 }
 
+/// Points each initializer stored in an external data file at its bytes.
+///
+/// Each file is memory-mapped once and its tensors are slices of the map (`Bytes` shares
+/// it): the weights are read from the page cache as graph building and the stages use
+/// them, no process holds a private copy, and ranks of one machine reading the same files
+/// share their pages. A tensor at an offset not aligned for its elements is copied out
+/// instead, so that it can still be viewed as numbers.
 fn resolve_external_data(model: &mut ModelProto, dir: &Path, path: &Path) -> Result<()> {
     let Some(graph) = model.graph.as_mut() else {
         return Ok(());
     };
+    let mut maps: HashMap<PathBuf, Bytes> = HashMap::new();
     for tensor in &mut graph.initializer {
         if tensor.data_location != DataLocation::External as i32 {
             continue;
@@ -91,15 +101,22 @@ fn resolve_external_data(model: &mut ModelProto, dir: &Path, path: &Path) -> Res
         };
         let offset = parse("offset")?.unwrap_or(0);
         let length = parse("length")?;
-        let file_path: PathBuf = dir.join(&location);
         if Path::new(&location).is_absolute() || location.contains("..") {
             return Err(bad(format!(
                 "location `{location}` must be a relative path inside the model's folder"
             )));
         }
-        let mut file =
-            fs::File::open(&file_path).map_err(|e| bad(format!("{}: {e}", file_path.display())))?;
-        let size = file.metadata().map_err(Error::io(&file_path))?.len();
+        let file_path: PathBuf = dir.join(&location);
+        let map = match maps.get(&file_path) {
+            Some(m) => m.clone(),
+            None => {
+                let m = map_file(&file_path)
+                    .map_err(|e| bad(format!("{}: {e}", file_path.display())))?;
+                maps.insert(file_path.clone(), m.clone());
+                m
+            }
+        };
+        let size = map.len() as u64;
         let length = length.unwrap_or(size.saturating_sub(offset));
         if offset.checked_add(length).is_none_or(|end| end > size) {
             return Err(bad(format!(
@@ -107,15 +124,31 @@ fn resolve_external_data(model: &mut ModelProto, dir: &Path, path: &Path) -> Res
                 file_path.display()
             )));
         }
-        let mut data = vec![0u8; length as usize];
-        file.seek(SeekFrom::Start(offset))
-            .and_then(|_| file.read_exact(&mut data))
-            .map_err(Error::io(&file_path))?;
-        tensor.raw_data = data;
+        let data = map.slice(offset as usize..(offset + length) as usize);
+        // 8 bytes suit every element type pipetrain views in place.
+        tensor.raw_data = if offset % 8 == 0 {
+            data
+        } else {
+            Bytes::copy_from_slice(&data)
+        };
         tensor.external_data.clear();
         tensor.data_location = DataLocation::Default as i32;
     }
     Ok(())
+}
+
+/// The whole file, memory-mapped (an empty file: no bytes, as mapping it fails).
+fn map_file(path: &Path) -> std::io::Result<Bytes> {
+    let file = fs::File::open(path)?;
+    if file.metadata()?.len() == 0 {
+        return Ok(Bytes::new());
+    }
+    // SAFETY: the map is read-only and private to this process. Model files are not
+    // written while a run reads them (pipetrain writes models atomically, by renaming a
+    // new file into place, which leaves this mapping's file as it was); a file truncated
+    // under a running process is outside what any reader of mapped files can guard.
+    let map = unsafe { memmap2::Mmap::map(&file) }?;
+    Ok(Bytes::from_owner(map))
 }
 
 /// Writes a model atomically: to a temporary file beside `path`, then renamed over it, so

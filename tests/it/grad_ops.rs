@@ -33,6 +33,34 @@ fn matmul_all_ranks() {
     }
 }
 
+/// `nn.Linear` as `torch.onnx.export` writes it without constant folding:
+/// `MatMul(X, Transpose(W))`. With contrib ops the product becomes one `FusedMatMul`
+/// reading `W` (`graph::fusion::linear`), without them the gradient reads `W` instead of
+/// its transpose (`RuleCtx::untransposed`); both against finite differences. Float32:
+/// ONNX Runtime's `FusedMatMul` has no double kernel.
+#[test]
+fn a_linear_layer_through_a_transposed_weight() {
+    let mut r = Rng::new(21);
+    for sx in [&[3usize, 4][..], &[2, 3, 4]] {
+        for contrib in [true, false] {
+            let mut c = GradCheck::new(17)
+                .param("X", r.tensor(DType::F32, sx, -1.0, 1.0))
+                .param("W", r.tensor(DType::F32, &[5, 4], -1.0, 1.0))
+                .node(
+                    "Transpose",
+                    &["W"],
+                    &["Wt"],
+                    vec![ints_attr("perm", &[1, 0])],
+                )
+                .node("MatMul", &["X", "Wt"], &["Y"], vec![]);
+            if !contrib {
+                c = c.without_contrib();
+            }
+            check(&format!("linear {sx:?} contrib={contrib}"), c, F32);
+        }
+    }
+}
+
 #[test]
 fn gemm_transposes_alpha_beta_and_bias() {
     let mut r = Rng::new(2);

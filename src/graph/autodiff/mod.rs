@@ -64,6 +64,8 @@ pub struct RuleCtx<'a> {
     pub metas: &'a Metas,
     /// Constant values of the forward graph.
     pub consts: &'a HashMap<String, Tensor>,
+    /// The forward graph (what made an input, see [`RuleCtx::untransposed`]).
+    pub fwd: &'a Graph,
     /// The default-domain opset.
     pub opset: i64,
     /// Rows of looked-up tables that get no gradient from the lookup (padding rows).
@@ -134,6 +136,28 @@ impl RuleCtx<'_> {
             .and_then(Tensor::to_i64_vec)
             .map(Some)
             .ok_or_else(|| self.unsupported(format!("input `{name}` must be a constant")))
+    }
+
+    /// `W` where forward value `name` is `Transpose(W)` of a matrix: a rule reading
+    /// `name`'s transpose can read `W` instead, and the backward then needs no copy of
+    /// the transposed matrix. (`torch.onnx.export` without constant folding writes every
+    /// `nn.Linear` as `MatMul(x, Transpose(weight))`; read by the backward, the
+    /// transposed weights were kept from each forward to its backward: a second copy of
+    /// the model's matrices.)
+    pub fn untransposed(&self, name: &str) -> Option<String> {
+        let n = self
+            .fwd
+            .nodes
+            .iter()
+            .find(|n| n.output.first().is_some_and(|o| o == name))?;
+        let w = n.input.first()?;
+        let two_d = self
+            .metas
+            .get(w.as_str())
+            .is_some_and(|m| m.shape.len() == 2);
+        let perm = crate::graph::attr_ints(n, "perm");
+        let swaps = perm.is_none() || perm.as_deref() == Some(&[1, 0]);
+        (n.op_type == "Transpose" && n.domain.is_empty() && two_d && swaps).then(|| w.clone())
     }
 
     /// The constant float value of optional input `i`.

@@ -157,6 +157,7 @@ impl Walk<'_> {
             needs,
             metas: self.metas,
             consts: self.consts,
+            fwd: self.fwd,
             opset: self.fwd.opset(),
             frozen_rows: self.frozen_rows,
             e,

@@ -13,7 +13,10 @@
 //! pipetrain's own graph only: graphs that leave pipetrain are built without it.
 
 mod attention;
+mod linear;
 mod tanh_gelu;
+
+pub use linear::fuse_transposed_weights;
 
 pub use tanh_gelu::{fuse_tanh_gelu, tanh_gelu, tanh_gelu_slope};
 

@@ -17,7 +17,10 @@ use crate::onnx::proto::ModelProto;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
+mod init_value;
 mod phases;
+
+pub use init_value::InitValue;
 
 /// The input that seeds the backward pass: the gradient of the loss (1, or a scale for
 /// gradient accumulation or loss scaling).
@@ -54,8 +57,8 @@ pub struct Param {
     pub grad: String,
     /// Type and shape.
     pub meta: ValueMeta,
-    /// Initial value (from the model).
-    pub init: Tensor,
+    /// Initial value (the model's bytes, shared: see [`InitValue`]).
+    pub init: InitValue,
 }
 
 /// A forward model with its loss and backward graph.
@@ -122,18 +125,18 @@ impl TrainingGraph {
     /// once its stages hold them. Graphs built from here on carry no initial values.
     pub fn release_initial_values(&mut self) {
         for p in &mut self.params {
-            p.init = Tensor::zeros(p.meta.dtype, vec![0]);
+            p.init = InitValue::released(p.meta.dtype);
         }
     }
 
     /// Gives every parameter input of `g` its initial value as an initializer (an input
     /// with a default, in ONNX terms).
     fn params_as_defaults(&self, g: &mut Graph) {
-        let values = self.params.iter().map(|p| (&p.name, &p.init));
-        let buffers = self.buffers.iter().map(|b| (&b.name, &b.init));
-        for (name, init) in values.chain(buffers) {
-            if g.inputs.iter().any(|v| v.name == *name) {
-                g.initializers.push(init.to_proto(name));
+        let values = self.params.iter().map(|p| p.init.to_proto(&p.name));
+        let buffers = self.buffers.iter().map(|b| b.init.to_proto(&b.name));
+        for init in values.chain(buffers) {
+            if g.inputs.iter().any(|v| v.name == init.name) {
+                g.initializers.push(init);
             }
         }
     }
@@ -291,6 +294,10 @@ pub fn build_sharded_training_graph(
     if opts.fused_kernels || opts.cuda_kernels {
         let n = super::fusion::fuse_tanh_gelu(&mut g, &loss_metas);
         tracing::debug!("{n} tanh GELUs as one kernel each");
+    }
+    if opts.contrib_ops {
+        let n = super::fusion::fuse_transposed_weights(&mut g, &loss_metas);
+        tracing::debug!("{n} products of a transposed matrix read the matrix in place");
     }
     let frozen = rows_to_freeze(&g, &param_values, &with_declared_rows(model, &opts.params));
     let backward: Backward = differentiate(

@@ -4,15 +4,15 @@
 
 use std::collections::HashSet;
 
-use super::{Param, LOSS_GRAD};
+use super::{InitValue, Param, LOSS_GRAD};
 use crate::graph::autodiff::Backward;
 use crate::graph::ir::{untyped_value_info, value_info, Graph, Metas, ValueMeta};
 use crate::graph::loss::{LossSpec, LOSS};
-use crate::graph::model_inputs::{feeds_for, meta_of};
+use crate::graph::model_inputs::feeds_for;
 use crate::graph::running_stats::Buffer;
 use crate::graph::shape_probe::ShapeProbe;
 use crate::graph::static_fold::fold_static_values;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{DType, Tensor, TensorView};
 use crate::{Error, Result};
 
 /// Folds what shapes and constants alone compute into constants, then measures every
@@ -54,16 +54,15 @@ pub(super) fn loss_metas(
     rt: &dyn ShapeProbe,
     g: &Graph,
     example: &[(&str, &Tensor)],
-    params: &[(String, Tensor)],
+    params: &[(String, InitValue)],
     probed: Option<(usize, &Metas)>,
 ) -> Result<Metas> {
     let whole = || {
-        let mut feeds = feeds_for(g, example);
-        feeds.extend(params.iter().map(|(n, t)| (n.as_str(), t)));
+        let feeds = feeds_for(g, example);
         let mut probe_graph = g.clone();
-        for (n, t) in params {
-            probe_graph.inputs.push(value_info(n, &meta_of(t)));
-        }
+        // Initializers again, for the probe: their bytes are shared, not copied.
+        let values = params.iter().map(|(n, v)| v.to_proto(n));
+        probe_graph.initializers.extend(values);
         rt.probe(&probe_graph, &feeds)
     };
     match probed {
@@ -95,12 +94,15 @@ pub(super) fn prediction_meta<'m>(
 }
 
 /// Takes the initializers of `trained` out of `g`: the parameters, by name.
-pub(super) fn take_params(g: &mut Graph, trained: &HashSet<&str>) -> Result<Vec<(String, Tensor)>> {
+pub(super) fn take_params(
+    g: &mut Graph,
+    trained: &HashSet<&str>,
+) -> Result<Vec<(String, InitValue)>> {
     let mut params = Vec::new();
     let mut inits = Vec::new();
     for t in std::mem::take(&mut g.initializers) {
         if trained.contains(t.name.as_str()) {
-            params.push((t.name.clone(), Tensor::from_proto(&t)?));
+            params.push((t.name.clone(), InitValue::from_proto(t)?));
         } else {
             inits.push(t);
         }
@@ -130,7 +132,7 @@ pub(super) fn scalar_loss(loss_metas: &Metas) -> Result<ValueMeta> {
 pub(super) fn with_backward(
     g: Graph,
     backward: &Backward,
-    param_values: Vec<(String, Tensor)>,
+    param_values: Vec<(String, InitValue)>,
     loss_meta: &ValueMeta,
 ) -> (Graph, Vec<Param>) {
     let mut full = g;
@@ -148,7 +150,7 @@ pub(super) fn with_backward(
     full.inputs.push(value_info(LOSS_GRAD, &seed_meta));
     let mut params = Vec::new();
     for (name, init) in param_values {
-        let meta = meta_of(&init);
+        let meta = meta_of_view(&init.view());
         match backward.grads.iter().find(|(w, _)| *w == name) {
             Some((_, grad)) => {
                 full.inputs.push(value_info(&name, &meta));
@@ -178,9 +180,28 @@ pub(super) fn measure(
     loss_dtype: DType,
 ) -> Result<Metas> {
     let mut feeds = feeds_for(full, example);
-    feeds.extend(params.iter().map(|p| (p.name.as_str(), &p.init)));
     feeds.extend(buffers.iter().map(|b| (b.name.as_str(), &b.init)));
     let seed = Tensor::zeros(loss_dtype, vec![]);
     feeds.push((LOSS_GRAD, &seed));
-    rt.probe(full, &feeds)
+    // The parameters as initializers of the probed graph: their bytes are shared with
+    // the model, where feeds would be decoded copies of every one.
+    let mut probed = full.clone();
+    probed
+        .inputs
+        .retain(|v| params.iter().all(|p| p.name != v.name));
+    let values = params.iter().map(|p| p.init.to_proto(&p.name));
+    probed.initializers.extend(values);
+    let mut metas = rt.probe(&probed, &feeds)?;
+    for p in params {
+        metas.insert(p.name.clone(), p.meta.clone());
+    }
+    Ok(metas)
+}
+
+/// The type and shape of a value seen in place.
+fn meta_of_view(v: &TensorView<'_>) -> ValueMeta {
+    ValueMeta {
+        dtype: v.dtype(),
+        shape: v.shape.to_vec(),
+    }
 }

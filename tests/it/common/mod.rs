@@ -23,7 +23,7 @@ use pipetrain::tensor::Tensor;
 pub fn initial_params(tg: &TrainingGraph) -> TensorMap {
     tg.params
         .iter()
-        .map(|p| (p.name.clone(), p.init.clone()))
+        .map(|p| (p.name.clone(), p.init.to_tensor().unwrap()))
         .collect()
 }
 

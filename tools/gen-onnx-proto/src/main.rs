@@ -12,6 +12,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = protox::compile([&proto], [include])?;
     prost_build::Config::new()
         .out_dir(&out)
+        // Initializer bytes as `Bytes`: clones share them, and a memory-mapped external
+        // data file is sliced, not copied (`src/onnx/mod.rs`).
+        .bytes([".onnx.TensorProto.raw_data"])
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -46,8 +46,11 @@ pub fn matmul(ctx: &mut RuleCtx) -> Result<Grads> {
     let ry = sy.len();
     let mut g = vec![None, None];
     if ctx.needs(0) {
-        // dA = dY @ B^T, summed over broadcast batch axes
-        let full = ctx.e.matmul_t((&dy2, ry), (&b2, rb), false, true, 1.0, t);
+        // dA = dY @ B^T, summed over broadcast batch axes; dY @ W where B = W^T.
+        let full = match ctx.untransposed(&b).filter(|_| sb.len() == 2) {
+            Some(w) => ctx.e.matmul_t((&dy2, ry), (&w, 2), false, false, 1.0, t),
+            None => ctx.e.matmul_t((&dy2, ry), (&b2, rb), false, true, 1.0, t),
+        };
         let mut full_shape = batch.clone();
         full_shape.extend([m, k]);
         let d = ctx.e.unbroadcast(&full, &full_shape, &sa2, t);
@@ -75,6 +78,42 @@ pub fn matmul(ctx: &mut RuleCtx) -> Result<Grads> {
             ctx.e.reshape(&d, &sb)
         } else {
             d
+        });
+    }
+    Ok(g)
+}
+
+/// `com.microsoft.FusedMatMul(X, W)` as `graph::fusion` writes a linear layer: `W` a
+/// matrix, `transA = 0`, `alpha = 1`, `transB` either. With `transB`, `Y = X W^T`:
+/// `dX = dY W` and `dW = dY^T X` over every row of the batch.
+pub fn fused_matmul(ctx: &mut RuleCtx) -> Result<Grads> {
+    let ta = attr_i(ctx.node, "transA").unwrap_or(0) != 0;
+    let tb = attr_i(ctx.node, "transB").unwrap_or(0) != 0;
+    let alpha = attr_f(ctx.node, "alpha").unwrap_or(1.0);
+    let (x, w) = (ctx.input(0).to_string(), ctx.input(1).to_string());
+    let (sx, sw) = (shape(ctx, &x)?, shape(ctx, &w)?);
+    if ta || alpha != 1.0 || sw.len() != 2 || sx.len() < 2 {
+        return Err(ctx.unsupported("only a matrix product of X (rank 2 or more) and a matrix W, with transA = 0 and alpha = 1"));
+    }
+    let dy = ctx.dy(0)?;
+    let t = dtype(ctx, &x)?;
+    let (rx, k) = (sx.len(), sx[sx.len() - 1]);
+    let n = if tb { sw[0] } else { sw[1] };
+    let mut g = vec![None, None];
+    if ctx.needs(0) {
+        g[0] = Some(ctx.e.matmul_t((&dy, rx), (&w, 2), false, !tb, 1.0, t));
+    }
+    if ctx.needs(1) {
+        let rows: usize = sx[..rx - 1].iter().product();
+        let x_flat = ctx.e.reshape(&x, &[rows, k]);
+        let dy_flat = ctx.e.reshape(&dy, &[rows, n]);
+        g[1] = Some(match tb {
+            true => ctx
+                .e
+                .matmul_t((&dy_flat, 2), (&x_flat, 2), true, false, 1.0, t),
+            false => ctx
+                .e
+                .matmul_t((&x_flat, 2), (&dy_flat, 2), true, false, 1.0, t),
         });
     }
     Ok(g)

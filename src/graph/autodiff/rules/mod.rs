@@ -182,6 +182,7 @@ fn rule_of(op_type: &str, domain: &str) -> Option<Rule> {
     match domain {
         "" | "ai.onnx" => rule(op_type),
         crate::graph::custom_ops::DOMAIN => shard_rule(op_type).or_else(|| fused::rule(op_type)),
+        "com.microsoft" if op_type == "FusedMatMul" => Some(linalg::fused_matmul),
         _ => None,
     }
 }
