@@ -147,6 +147,7 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
             link: link.clone(),
             sums: false,
         })?
+        .add(super::fused::Accumulate)?
         .add(super::fused::LayerNormGrad)?
         .add(super::fused::SOFTMAX_GRAD_OP)?
         .add(super::fused::SOFTMAX_OP)?

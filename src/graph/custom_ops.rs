@@ -32,6 +32,9 @@ pub const GELU_GRAD: &str = "GeluGrad";
 /// them (`graph::fusion::fuse_tanh_gelu`; kernels in `compute/fused` and
 /// `compute/cuda_fused.rs`).
 pub const TANH_GELU: &str = "TanhGelu";
+/// `acc, g` in, `acc + g` out, float32, elementwise: a gradient added into its
+/// accumulator (`graph::accumulating`; kernel in `compute/fused/accumulate.rs`).
+pub const ACCUMULATE: &str = "Accumulate";
 /// Its backward: `dY, X` in, `dX` out (same attributes).
 pub const TANH_GELU_GRAD: &str = "TanhGeluGrad";
 /// ReLU's backward: `dY, X` in, `dX = X > 0 ? dY : 0` out.

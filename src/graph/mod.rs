@@ -40,7 +40,10 @@ pub use row_sums::row_sums_as_products;
 pub use running_stats::{buffers_as_constants, Buffer};
 pub use sequences::{makes_sequence, split_sequences};
 pub use shape_probe::ShapeProbe;
-pub use stages::{build_stage_graphs, build_stage_graphs_with, Recompute, StageGraphs, StageIo};
+pub use stages::{
+    accumulating, build_stage_graphs, build_stage_graphs_with, Recompute, StageGraphs, StageIo,
+    ACC_SUFFIX,
+};
 pub use static_fold::{fold_static_values, static_nodes, FoldReport};
 pub use tied::{tied_params, with_tied_shared, TiedParam};
 pub use training::{

@@ -97,7 +97,11 @@ impl OrtStage {
             .enumerate()
             .map(|(i, p)| (p.grad.clone(), i))
             .collect();
-        let sessions = Sessions::open(rt, graphs, opts, settings)?;
+        let mut sessions = Sessions::open(rt, graphs, opts, settings)?;
+        if settings.micro_batches > 1 && opts.device == crate::compute::Device::Cpu {
+            let grads = grad_slot.keys().cloned().collect();
+            sessions.open_accumulating(rt, graphs, opts, settings, &grads)?;
+        }
         let optimizer =
             crate::optim::build_grouped(&settings.optimizer, &settings.param_groups, &layout)?;
         let chain = match settings.bucket_bytes {

@@ -1,6 +1,7 @@
 //! What a stage starts from: its parameters' layout and initial values, its running
 //! statistics, and its ONNX Runtime sessions.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::stage::Payload;
@@ -30,16 +31,17 @@ pub(super) fn initial_params(
     );
     let mut flat = Vec::with_capacity(layout.len());
     for p in &params {
-        let own = match (&tg.shards, &settings.shard) {
-            (Some(plan), Some(link)) => Some(plan.initial(&p.name, link.0.rank(), &p.init)?),
-            _ => None,
-        };
-        let init = own.as_ref().unwrap_or(&p.init);
-        let v = init.as_f32().ok_or_else(|| Error::BadTensor {
+        let not_f32 = || Error::BadTensor {
             name: p.name.clone(),
             reason: "pipelined training keeps float32 parameters".into(),
-        })?;
-        flat.extend_from_slice(v);
+        };
+        match (&tg.shards, &settings.shard) {
+            (Some(plan), Some(link)) => {
+                let own = plan.initial(&p.name, link.0.rank(), &p.init.to_tensor()?)?;
+                flat.extend_from_slice(own.as_f32().ok_or_else(not_f32)?);
+            }
+            _ => flat.extend_from_slice(p.init.as_f32().ok_or_else(not_f32)?),
+        }
     }
     Ok((layout, flat))
 }
@@ -65,6 +67,9 @@ pub(super) struct Sessions {
     pub(super) fused: Option<GraphSession>,
     /// Forward for evaluation (no stash, no gradients).
     pub(super) evaluate: Option<GraphSession>,
+    /// The gradient sessions' accumulating twins (`graph::accumulating`), by the name
+    /// of the graph they add to: a later micro-batch of a step runs the twin.
+    pub(super) accumulating: HashMap<String, GraphSession>,
 }
 
 impl Sessions {
@@ -93,7 +98,40 @@ impl Sessions {
             backward_weight: when(split, &graphs.backward_weight)?,
             fused,
             evaluate: session(&graphs.evaluate)?,
+            accumulating: HashMap::new(),
         })
+    }
+
+    /// Opens the accumulating twin of each gradient session (those computing any of
+    /// `grads`), for steps of several micro-batches whose gradients stay on the host.
+    ///
+    /// # Errors
+    /// `Ort` when a session cannot be made.
+    pub(super) fn open_accumulating(
+        &mut self,
+        rt: &Runtime,
+        graphs: &StageGraphs,
+        opts: &SessionOptions,
+        settings: &StageSettings,
+        grads: &HashSet<String>,
+    ) -> Result<()> {
+        let open = [
+            (self.fused.is_some(), graphs.fused.as_ref()),
+            (self.backward.is_some(), Some(&graphs.backward)),
+            (
+                self.backward_weight.is_some(),
+                Some(&graphs.backward_weight),
+            ),
+        ];
+        for (_, g) in open.into_iter().filter(|(opened, _)| *opened) {
+            let Some(g) = g else { continue };
+            if let Some(twin) = crate::graph::accumulating(g, grads) {
+                let shard = settings.shard.as_ref();
+                let session = GraphSession::for_shard(rt, &twin, opts, &twin.name, shard)?;
+                self.accumulating.insert(g.name.clone(), session);
+            }
+        }
+        Ok(())
     }
 
     /// The graph whose run completes the parameter gradients (what gradient buckets cut).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::stage::{OrtStage, Payload};
 use crate::compute::{GraphSession, Target};
-use crate::graph::LOSS_GRAD;
+use crate::graph::{ACC_SUFFIX, LOSS_GRAD};
 use crate::optim::ParamLayout;
 use crate::tensor::{TensorView, ViewData};
 use crate::{Error, Result};
@@ -40,6 +40,7 @@ impl OrtStage {
             written,
             grad_slot,
             buffers,
+            sessions,
             ..
         } = self;
         let mut feeds: Vec<(&str, TensorView<'_>)> = Vec::with_capacity(names.len());
@@ -60,6 +61,13 @@ impl OrtStage {
         // ONNX Runtime straight into the accumulators; later micro-batches' are added.
         let (targets, slots) = grad_targets(session.output_names(), grad_slot, layout);
         let first = !slots.is_empty() && slots.iter().all(|&i| !written[i]);
+        // Later micro-batches add theirs as they are made, where the session has an
+        // accumulating twin (`graph::accumulating`).
+        let all_written = !slots.is_empty() && slots.iter().all(|&i| written[i]);
+        let twin = match all_written {
+            true => sessions.accumulating.get_mut(session.label()),
+            false => None,
+        };
         // ONNX Runtime computes on this thread: the engine gives each stage actor a
         // thread of its own (`ActorThreads::Dedicated`), so no tokio worker is held up.
         let rest = if first {
@@ -68,6 +76,14 @@ impl OrtStage {
                 written[i] = true;
             }
             rest
+        } else if let Some(twin) = twin {
+            let outputs = twin.output_names();
+            let acc_names: Vec<String> = targets
+                .iter()
+                .map(|t| format!("{}{ACC_SUFFIX}", outputs[t.output]))
+                .collect();
+            let acc: Vec<(&str, usize)> = acc_names.iter().map(String::as_str).zip(0..).collect();
+            twin.run_views_accumulating(&feeds, grads, &targets, &acc, &mut |_, _| Ok(false))?
         } else {
             let mut sink = |name: &str, g: &[f32]| -> Result<bool> {
                 let Some(&i) = grad_slot.get(name) else {

@@ -12,11 +12,13 @@
 //! - `tensorboard`: [`TensorBoardWriter`] writes scalars and histograms as a TensorBoard
 //!   event file (TFRecord-framed `Event` protobufs), for TensorBoard to follow.
 //! - `laps`: [`Laps`] times the phases of long work for one log line.
+//! - `anon_peak`: [`AnonPeak`] samples the peak of the memory the process allocated.
 //! - `chrome_trace`: [`chrome_trace()`] turns a recorded run
 //!   ([`pipetrain_actors::RunTrace`]) into the Chrome trace event format, which the
 //!   Perfetto UI and `chrome://tracing` open: one process per replica, one track per
 //!   pipeline rank, one event per action.
 
+mod anon_peak;
 mod chrome_trace;
 mod laps;
 mod metrics;
@@ -25,6 +27,7 @@ mod progress;
 mod svg;
 mod tensorboard;
 
+pub use anon_peak::{anon_resident_bytes, AnonPeak};
 pub use chrome_trace::chrome_trace;
 pub use laps::{peak_resident_bytes, Laps};
 pub use metrics::{MetricsWriter, StepMetrics};

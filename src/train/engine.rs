@@ -30,7 +30,7 @@ pub(super) async fn run_engine<K: Collective>(
     lr_at: Box<dyn Fn(u64) -> f64 + Send + Sync>,
     (steps, on_step): (std::ops::Range<u64>, impl FnMut(&StepResult) + Send),
     cluster: Option<ClusterPart<K>>,
-    (stages, plan): (usize, Option<&ShardPlan>),
+    (stages, plan, gather): (usize, Option<&ShardPlan>, bool),
 ) -> Result<EngineOutput> {
     let failed = Error::runtime;
     match cluster {
@@ -76,7 +76,7 @@ pub(super) async fn run_engine<K: Collective>(
                 .collect();
             mine.sort_by_key(|((r, s), _)| (*s, *r));
             let mut local = Vec::new();
-            for ((r, _), c) in &mine {
+            for ((r, _), c) in mine.iter().filter(|_| gather) {
                 local.extend(c.parameters()?.into_iter().map(|(n, t)| (*r, n, t)));
             }
             let peaks = mine
@@ -88,8 +88,13 @@ pub(super) async fn run_engine<K: Collective>(
             // copies arrive (a launched rank of a wide GPT with AdamW: its peak 1.31 ->
             // 0.96 GB, the steps' own).
             drop(mine);
-            let by_shard = gather_parameters(bus.as_ref(), local).await?;
-            let params = whole_parameters(plan, by_shard)?;
+            // Gathered only for the trained model's file: every rank would receive every
+            // parameter (a rank of a 1-billion-parameter model at pp = 4 was killed by its
+            // 6 GB cap there, after training).
+            let params = match gather {
+                true => whole_parameters(plan, gather_parameters(bus.as_ref(), local).await?)?,
+                false => Vec::new(),
+            };
             Ok((out.steps, out.trace, params, peaks))
         }
     }

@@ -203,6 +203,7 @@ pub(super) fn check_fits(
     cfg: &TrainConfig,
     built: &super::phases::Built,
     owned: &[(usize, usize)],
+    building_peak: Option<u64>,
 ) -> Result<ProcessMemory> {
     let per_stage = stage_memory(cfg, &built.tg, &built.stages, &built.predicted);
     // The initial values the graph holds move into the stages' buffers and are freed
@@ -216,7 +217,11 @@ pub(super) fn check_fits(
     let need = ProcessMemory {
         stages: owned.iter().map(|&(_, s)| per_stage[s]).collect(),
         fixed: cap::resident_now().saturating_sub(initial),
-        so_far: crate::telemetry::peak_resident_bytes().unwrap_or(0),
+        // What graph building allocated at its peak: the pages of memory-mapped weights
+        // are the page cache's, not this process's (see `telemetry::AnonPeak`).
+        so_far: building_peak
+            .or_else(crate::telemetry::peak_resident_bytes)
+            .unwrap_or(0),
     };
     tracing::info!("predicted peak memory: {}", need.describe());
     let Some(cap) = cap::memory_cap(cfg.runtime.memory_limit_gb) else {

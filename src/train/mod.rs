@@ -176,7 +176,9 @@ pub struct TrainSummary {
     pub elapsed: Duration,
     /// Pipeline stages.
     pub stages: usize,
-    /// The trained parameters (replica 0's; every replica holds the same).
+    /// The trained parameters (replica 0's; every replica holds the same). A launched
+    /// rank gathers them only where the configuration writes the trained model
+    /// (`output_path`): empty otherwise.
     pub parameters: Vec<(String, Tensor)>,
     /// What every actor did, when asked for.
     pub trace: Option<RunTrace>,

@@ -5,8 +5,9 @@
 //! The prediction, per stage the process holds:
 //! - **state**: parameters, their gradients and the optimizer's moments (none for plain
 //!   SGD, one for momentum, two for Adam, AdamW and LAMB), in the parameters' type, and
-//!   where a step has several micro-batches, the gradients of the one in flight (the
-//!   first is written into the accumulators, the others arrive beside them);
+//!   on a GPU, where a step has several micro-batches, the gradients of the one in
+//!   flight (the first is written into the accumulators, the others arrive beside
+//!   them; on the host each is added as it is made, `graph::accumulating`);
 //! - **stash**: the values its in-flight micro-batches keep between forward and backward
 //!   at the schedule's peak (`memory::predicted_stash`);
 //! - **workspace**: the most bytes the largest of its passes holds at once, walking the
@@ -121,8 +122,14 @@ pub(crate) fn stage_memory(
         .iter()
         .map(|p| (p.name.as_str(), bytes_of(&p.meta)))
         .collect();
-    let accumulating = u64::from(cfg.gradient_accumulation_steps > 1);
+    // On the host a later micro-batch adds its gradients as they are made (the stage's
+    // accumulating sessions); on a device they arrive in a buffer of their own first.
+    let on_device = cfg.runtime.device != crate::compute::Device::Cpu;
+    let accumulating = u64::from(cfg.gradient_accumulation_steps > 1 && on_device);
     let copies = 2 + moments(&cfg.optimizer) + accumulating;
+    // Parameters' gradients are in `state`: written into the accumulators, or (a later
+    // micro-batch's) the accumulating copy.
+    let grads: HashSet<&str> = tg.params.iter().map(|p| p.grad.as_str()).collect();
     stages
         .iter()
         .map(|g| {
@@ -134,15 +141,15 @@ pub(crate) fn stage_memory(
             StageMemory {
                 state: copies * params,
                 stash: stash.get(g.stage).copied().unwrap_or(0),
-                workspace: (workspace(g, &tg.metas) as f64 * ARENA_OVERHEAD) as u64,
+                workspace: (workspace(g, &tg.metas, &grads) as f64 * ARENA_OVERHEAD) as u64,
                 constants: 2 * constants(g),
             }
         })
         .collect()
 }
 
-/// The most bytes one of `g`'s training passes holds at once.
-fn workspace(g: &StageGraphs, metas: &Metas) -> u64 {
+/// The most bytes one of `g`'s training passes holds at once, besides `grads`.
+fn workspace(g: &StageGraphs, metas: &Metas, grads: &HashSet<&str>) -> u64 {
     let passes: Vec<&Graph> = match &g.fused {
         Some(fused) => vec![fused, &g.backward_input, &g.backward_weight],
         None => vec![
@@ -154,7 +161,7 @@ fn workspace(g: &StageGraphs, metas: &Metas) -> u64 {
     };
     passes
         .into_iter()
-        .map(|p| live_peak(p, metas))
+        .map(|p| live_peak_besides(p, metas, grads))
         .max()
         .unwrap_or(0)
 }
@@ -182,7 +189,13 @@ const ALIASES: [&str; 5] = ["Reshape", "Squeeze", "Unsqueeze", "Flatten", "Ident
 /// The most bytes of node outputs alive at once when `g`'s nodes run in order, each
 /// buffer freed after the last reader of any value that views it (the graph's outputs
 /// stay).
-pub(crate) fn live_peak(g: &Graph, metas: &Metas) -> u64 {
+#[cfg(test)]
+fn live_peak(g: &Graph, metas: &Metas) -> u64 {
+    live_peak_besides(g, metas, &HashSet::new())
+}
+
+/// [`live_peak`], counting no bytes for the values in `besides`.
+fn live_peak_besides(g: &Graph, metas: &Metas, besides: &HashSet<&str>) -> u64 {
     // Each value's buffer: its own, or the buffer of the value it aliases.
     let mut buffer: HashMap<&str, &str> = HashMap::new();
     for n in &g.nodes {
@@ -205,7 +218,12 @@ pub(crate) fn live_peak(g: &Graph, metas: &Metas) -> u64 {
             last_read.insert(root(v), i);
         }
     }
-    let size = |n: &str| metas.get(n).map_or(0, bytes_of);
+    // A gradient is often an alias (`Identity`) of the product that computes it.
+    let besides: HashSet<String> = besides.iter().map(|v| root(v)).collect();
+    let size = |n: &str| match besides.contains(n) {
+        true => 0,
+        false => metas.get(n).map_or(0, bytes_of),
+    };
     let (mut live, mut peak) = (0u64, 0u64);
     let mut held: HashMap<String, u64> = HashMap::new();
     for (i, n) in g.nodes.iter().enumerate() {

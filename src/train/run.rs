@@ -46,6 +46,7 @@ pub(super) async fn run_training<K: Collective>(
         _ => Ok(()),
     };
     let mut laps = crate::telemetry::Laps::start();
+    let building = crate::telemetry::AnonPeak::start();
     let mut prepared = prepare(cfg, config_path, on_event)?;
     laps.lap("loading the model");
     go_on()?;
@@ -66,7 +67,9 @@ pub(super) async fn run_training<K: Collective>(
     strip_trained(&mut prepared.model, &built.tg);
     let replicas = cfg.data_parallel_size * hp;
     let owned = owned_computes(&built, replicas, cluster.as_ref());
-    let predicted_peak = super::memory::check_fits(cfg, &built, &owned)?.total();
+    let so_far = building.peak();
+    drop(building);
+    let predicted_peak = super::memory::check_fits(cfg, &built, &owned, so_far)?.total();
     // Only the process that reports the run writes TensorBoard's log.
     let reports = cluster.as_ref().is_none_or(|c| c.node == 0);
     let (board, tap) = open_board(cfg, config_path, &built, reports)?;
@@ -125,7 +128,8 @@ pub(super) async fn run_training<K: Collective>(
     let lr = cfg.lr_schedule.clone();
     let lr_at = Box::new(move |step| lr.lr_at(step, total));
     let run = (first_step..total, on_step);
-    let stages = (built.stages.len(), built.tg.shards.as_ref());
+    let gather = cfg.output_path.is_some();
+    let stages = (built.stages.len(), built.tg.shards.as_ref(), gather);
     let (results, trace, parameters, peaks) =
         run_engine(&engine, computes, data, lr_at, run, cluster, stages).await?;
     let elapsed = start.elapsed();
@@ -154,7 +158,7 @@ fn strip_trained(model: &mut crate::onnx::proto::ModelProto, tg: &crate::graph::
         .flat_map(|g| g.initializer.iter_mut())
     {
         if trained.contains(&t.name) {
-            t.raw_data = Vec::new();
+            t.raw_data = Default::default();
             t.float_data = Vec::new();
         }
     }

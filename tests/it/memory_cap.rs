@@ -2,9 +2,10 @@
 //! the peak it measured; and a run predicted over the process's memory cap, refused
 //! before it trains with the layouts that would fit.
 //!
-//! The model is a GPT-2 whose parameters outweigh its activations (4 layers of width
-//! 1,024, 16 tokens, AdamW with two micro-batches): at pp = 1 its state alone is 1 GB,
-//! at pp = 2 half of that per rank.
+//! The model is a GPT-2 whose parameters outweigh its activations (6 layers of width
+//! 1,024, 16 tokens, AdamW with two micro-batches): at pp = 1 its state alone is 1.2 GB
+//! (parameters, gradients and two moments; the second micro-batch's gradients are added
+//! as they are made), at pp = 2 half of that per rank.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -16,7 +17,7 @@ num_train_steps = 4
 output_path = "out/model.onnx"
 [model]
 kind = "gpt2"
-layers = 4
+layers = 6
 d_model = 1024
 heads = 8
 vocab = 256
@@ -152,7 +153,7 @@ fn a_run_over_its_memory_cap_is_refused_before_it_trains_saying_what_would_fit()
         stderr.contains("over its memory cap of 1.20 GB"),
         "{stderr}"
     );
-    assert!(stderr.contains("state 1.0"), "{stderr}");
+    assert!(stderr.contains("state 1.2"), "{stderr}");
     assert!(
         stderr.contains("would fit: pipeline_parallel_size = 2 ("),
         "{stderr}"

@@ -7,6 +7,7 @@
 //! blocks for ONNX Runtime's intra-op threads, so that results do not depend on the
 //! thread count.
 
+mod accumulate;
 mod activation;
 mod attention;
 mod cross_entropy;
@@ -22,6 +23,7 @@ use std::sync::Mutex;
 use ort::operator::ComputeContext;
 use ort::value::{ValueRef, ValueRefMut};
 
+pub(crate) use accumulate::Accumulate;
 pub(crate) use activation::{Gelu, RELU_GRAD_OP};
 pub(crate) use attention::{
     ATTENTION_GRAD_OP, ATTENTION_OP, PACKED_ATTENTION_GRAD_OP, PACKED_ATTENTION_OP,

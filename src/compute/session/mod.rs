@@ -156,6 +156,11 @@ impl GraphSession {
         &self.inputs
     }
 
+    /// What names this session in errors (its graph's name, for a stage's sessions).
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
     /// The graph's output names, in order.
     pub fn output_names(&self) -> &[String] {
         &self.outputs
@@ -248,7 +253,7 @@ impl GraphSession {
         feeds: &[(&str, TensorView<'_>)],
         sink: &mut dyn FnMut(&str, &[f32]) -> Result<bool>,
     ) -> Result<Vec<(String, Tensor)>> {
-        self.run_with(feeds, None, sink)
+        self.run_with(feeds, None, &[], sink)
     }
 }
 
@@ -275,7 +280,32 @@ impl GraphSession {
                 &self.label,
             )?);
         }
-        self.run_with(feeds, Some((buf, targets)), sink)
+        self.run_with(feeds, Some((buf, targets)), &[], sink)
+    }
+
+    /// [`GraphSession::run_views_direct`] of a graph that adds its gradients into the
+    /// accumulators it reads (`graph::accumulating`): input `acc[j].0` is fed the range
+    /// of `buf` that `targets[acc[j].1]` names, the range the sum is written into.
+    ///
+    /// # Errors
+    /// As [`GraphSession::run_views_direct`].
+    pub fn run_views_accumulating(
+        &mut self,
+        feeds: &[(&str, TensorView<'_>)],
+        buf: &mut [f32],
+        targets: &[Target<'_>],
+        acc: &[(&str, usize)],
+        sink: &mut dyn FnMut(&str, &[f32]) -> Result<bool>,
+    ) -> Result<Vec<(String, Tensor)>> {
+        if !self.direct.as_ref().is_some_and(|d| d.fits(buf, targets)) {
+            self.direct = Some(DirectOutputs::new(
+                buf,
+                targets,
+                &self.outputs,
+                &self.label,
+            )?);
+        }
+        self.run_with(feeds, Some((buf, targets)), acc, sink)
     }
 
     /// Runs the graph, with the outputs directed into a buffer when `direct` says so
@@ -283,7 +313,8 @@ impl GraphSession {
     fn run_with(
         &mut self,
         feeds: &[(&str, TensorView<'_>)],
-        direct: Option<(&mut [f32], &[Target<'_>])>,
+        mut direct: Option<(&mut [f32], &[Target<'_>])>,
+        acc: &[(&str, usize)],
         sink: &mut dyn FnMut(&str, &[f32]) -> Result<bool>,
     ) -> Result<Vec<(String, Tensor)>> {
         let GraphSession {
@@ -298,6 +329,12 @@ impl GraphSession {
             Vec::with_capacity(feeds.len());
         for (name, t) in feeds {
             inputs.push((Cow::Borrowed(*name), view(t).map_err(Error::ort(ctx()))?));
+        }
+        if let Some((buf, targets)) = direct.as_mut() {
+            for &(name, j) in acc {
+                let value = accumulator(buf, &targets[j]).map_err(Error::ort(ctx()))?;
+                inputs.push((Cow::Borrowed(name), value));
+            }
         }
         let outputs = match (&direct, options.as_ref()) {
             (Some(_), Some(d)) => session.run_with_options(inputs, &d.options),
@@ -359,6 +396,34 @@ fn rewritten(model: &ModelProto, opts: &SessionOptions) -> Result<Option<ModelPr
         };
     }
     Ok(Some(graph.to_model()))
+}
+
+/// The range of `buf` that `t` names, lent to ONNX Runtime as an input of the run that
+/// writes output `t` into the same range.
+///
+/// Only the accumulating graphs' `Accumulate(acc, g)` reads it (`graph::accumulating`),
+/// and that output is bound to this memory: its kernel (`compute/fused/accumulate.rs`)
+/// sees the two are one buffer and adds `g` into it through the output alone. No
+/// reference to the range is held on the Rust side while ONNX Runtime runs: the value
+/// is made from a raw pointer.
+fn accumulator<'a>(buf: &mut [f32], t: &Target<'_>) -> ort::Result<SessionInputValue<'a>> {
+    let len: usize = t.shape.iter().product();
+    let range = buf.get_mut(t.offset..t.offset + len).ok_or_else(|| {
+        ort::Error::new(format!("accumulator at {} is past the buffer", t.offset))
+    })?;
+    let info = ort::memory::MemoryInfo::new(
+        ort::memory::AllocationDevice::CPU,
+        0,
+        ort::memory::AllocatorType::Device,
+        ort::memory::MemoryType::Default,
+    )?;
+    let shape: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+    // SAFETY: the pointer is `len` float32s of `buf`, which outlives the run (the caller
+    // holds it mutably until the run's outputs are read); see above for the aliasing.
+    let value = unsafe {
+        ort::value::TensorRefMut::<f32>::from_raw(info, range.as_mut_ptr().cast(), shape.into())?
+    };
+    Ok(value.into())
 }
 
 /// Lends a host tensor to ONNX Runtime.

@@ -91,14 +91,16 @@ mod tests {
 
     #[test]
     fn a_linear_layer_reads_its_weight_in_place() {
-        let mut g = Graph::default();
-        g.nodes = vec![
-            make_node("Transpose", "t1", &["w"], &["wt"], vec![]),
-            make_node("MatMul", "m1", &["x", "wt"], &["y"], vec![]),
-            // A transpose of activations (rank 3) stays.
-            make_node("Transpose", "t2", &["y"], &["yt"], vec![]),
-            make_node("MatMul", "m2", &["x", "yt"], &["z"], vec![]),
-        ];
+        let mut g = Graph {
+            nodes: vec![
+                make_node("Transpose", "t1", &["w"], &["wt"], vec![]),
+                make_node("MatMul", "m1", &["x", "wt"], &["y"], vec![]),
+                // A transpose of activations (rank 3) stays.
+                make_node("Transpose", "t2", &["y"], &["yt"], vec![]),
+                make_node("MatMul", "m2", &["x", "yt"], &["z"], vec![]),
+            ],
+            ..Default::default()
+        };
         let metas: Metas = [
             ("w", meta(&[8, 4])),
             ("wt", meta(&[4, 8])),

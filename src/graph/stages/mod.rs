@@ -7,7 +7,10 @@
 //! (`fwd_recv`), feeds its graphs what they need and passes the rest on. Gradients cross
 //! the other way (`bwd_send`, `bwd_recv`).
 
+mod accumulate;
 mod cut;
+
+pub use accumulate::{accumulating, ACC_SUFFIX};
 
 use serde::{Deserialize, Serialize};
 
