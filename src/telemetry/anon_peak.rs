@@ -64,10 +64,7 @@ impl Drop for AnonPeak {
 
 /// The process's anonymous resident memory now (Linux's `RssAnon`); `None` elsewhere.
 pub fn anon_resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    super::laps::status_bytes("RssAnon:")
 }
 
 #[cfg(test)]

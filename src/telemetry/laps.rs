@@ -72,8 +72,14 @@ impl Laps {
 
 /// The process's peak resident memory so far (Linux's `VmHWM`); `None` elsewhere.
 pub fn peak_resident_bytes() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// A memory line of `/proc/self/status` (`field` with its colon), in bytes; `None` off
+/// Linux.
+pub(super) fn status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }

@@ -134,6 +134,78 @@ fn external_data_is_read_and_bad_offsets_are_named() {
     assert!(err.to_string().contains("past its end"), "{err}");
 }
 
+/// The peers' MLP with every weight moved into one external data file: the first at an
+/// offset no element type is aligned to (read out as a copy), the others at multiples of
+/// 8 (memory-mapped and read in place), as large exports store their weights.
+fn all_external(dir: &std::path::Path) -> PathBuf {
+    let mut model = load_model(&mlp_path()).unwrap();
+    let mut file = vec![0u8; 3];
+    for t in &mut model.graph.as_mut().unwrap().initializer {
+        let bytes = std::mem::take(&mut t.raw_data);
+        if file.len() > 3 {
+            file.resize(file.len().next_multiple_of(8), 0);
+        }
+        t.data_location = DataLocation::External as i32;
+        t.external_data = [
+            ("location", "weights.bin".to_string()),
+            ("offset", file.len().to_string()),
+            ("length", bytes.len().to_string()),
+        ]
+        .into_iter()
+        .map(|(k, value)| StringStringEntryProto {
+            key: k.into(),
+            value,
+        })
+        .collect();
+        file.extend(&bytes[..]);
+    }
+    std::fs::write(dir.join("weights.bin"), &file).unwrap();
+    let path = dir.join("mlp.onnx");
+    save_model(&model, &path).unwrap();
+    path
+}
+
+/// Weights in an external data file (mapped, each stage copying out its own) train as
+/// the same weights inline, bit for bit: two stages, two micro-batches a step (the
+/// second added into the accumulators as it is made).
+#[test]
+fn a_model_with_external_weights_trains_as_the_same_model_inline() {
+    let dir = tempfile::tempdir().unwrap();
+    let external = all_external(dir.path());
+    let data = common::peers_dir().join("data/mlp_data.npz");
+    let run = |model: &std::path::Path, name: &str| {
+        let cfg = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "model_path = {model:?}\nbatch_size = 32\ngradient_accumulation_steps = 2\n\
+                 num_train_steps = 8\npipeline_parallel_size = 2\n\
+                 [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"y\"\n\
+                 [data]\npath = {data:?}\nlayout = {{ kind = \"arrays\", feeds = {{ x = \"x\", y = \"y\" }} }}\n\
+                 [optimizer]\nkind = \"adamw\"\n[lr_schedule]\nkind = \"constant\"\nlr = 0.01\n"
+            ),
+        )
+        .unwrap();
+        let metrics = dir.path().join(format!("{name}.jsonl"));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipetrain"))
+            .arg("train")
+            .arg(&cfg)
+            .arg("--metrics")
+            .arg(&metrics)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        common::metrics_losses(&metrics)
+    };
+    let inline = run(&mlp_path(), "inline");
+    assert_eq!(inline.len(), 4);
+    assert_eq!(run(&external, "external"), inline);
+}
+
 #[test]
 fn truncated_and_foreign_files_are_not_onnx() {
     let bytes = std::fs::read(mlp_path()).unwrap();

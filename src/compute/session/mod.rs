@@ -272,19 +272,11 @@ impl GraphSession {
         targets: &[Target<'_>],
         sink: &mut dyn FnMut(&str, &[f32]) -> Result<bool>,
     ) -> Result<Vec<(String, Tensor)>> {
-        if !self.direct.as_ref().is_some_and(|d| d.fits(buf, targets)) {
-            self.direct = Some(DirectOutputs::new(
-                buf,
-                targets,
-                &self.outputs,
-                &self.label,
-            )?);
-        }
-        self.run_with(feeds, Some((buf, targets)), &[], sink)
+        self.run_views_accumulating(feeds, buf, targets, &[], sink)
     }
 
-    /// [`GraphSession::run_views_direct`] of a graph that adds its gradients into the
-    /// accumulators it reads (`graph::accumulating`): input `acc[j].0` is fed the range
+    /// [`GraphSession::run_views_direct`], and for a graph that adds its gradients into
+    /// the accumulators it reads (`graph::accumulating`), input `acc[j].0` fed the range
     /// of `buf` that `targets[acc[j].1]` names, the range the sum is written into.
     ///
     /// # Errors
