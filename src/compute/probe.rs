@@ -18,6 +18,15 @@ impl ShapeProbe for Runtime {
         probe_values(self, graph, feeds)
     }
 
+    fn probe_with_values(
+        &self,
+        graph: &Graph,
+        feeds: &[(&str, &Tensor)],
+        fetch: &[String],
+    ) -> Result<(Metas, Vec<Tensor>)> {
+        measure(self, graph, feeds, fetch)
+    }
+
     fn values(&self, graph: &Graph, feeds: &[(&str, &Tensor)]) -> Result<Vec<Tensor>> {
         let lifted = Lifted::new(graph);
         let mut session = GraphSession::one_off(
@@ -71,6 +80,16 @@ const PROBE_OUTPUTS: usize = 48;
 /// # Errors
 /// `Ort` when the graph does not run on the feeds.
 pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> Result<Metas> {
+    Ok(measure(rt, graph, feeds, &[])?.0)
+}
+
+/// [`probe_values`], and the values of `fetch` from the profiled run.
+fn measure(
+    rt: &Runtime,
+    graph: &Graph,
+    feeds: &[(&str, &Tensor)],
+    fetch: &[String],
+) -> Result<(Metas, Vec<Tensor>)> {
     let mut metas = Metas::new();
     for (name, t) in feeds {
         metas.insert(name.to_string(), meta_of(t));
@@ -98,7 +117,7 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
             }
         }
     }
-    profiled_shapes(rt, graph, &feeds, &mut metas)?;
+    let fetched = profiled_shapes(rt, graph, &feeds, fetch, &mut metas)?;
     same_shape_outputs(graph, &mut metas);
     let mut names = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -131,7 +150,7 @@ pub fn probe_values(rt: &Runtime, graph: &Graph, feeds: &[(&str, &Tensor)]) -> R
             metas.insert(name.clone(), ValueMeta { dtype, shape });
         }
     }
-    Ok(metas)
+    Ok((metas, fetched))
 }
 
 /// Enters the outputs of `Cast` and `Identity` nodes the profile left out, from their
@@ -167,13 +186,17 @@ fn profiled_shapes(
     rt: &Runtime,
     graph: &Graph,
     feeds: &[(&str, TensorView<'_>)],
+    fetch: &[String],
     metas: &mut Metas,
-) -> Result<()> {
+) -> Result<Vec<Tensor>> {
     let mut probe = graph.clone();
     for (i, n) in probe.nodes.iter_mut().enumerate() {
         n.name = format!("{NODE_PREFIX}{i}");
     }
     fetch_shapes_only(&mut probe);
+    probe
+        .outputs
+        .extend(fetch.iter().map(|o| untyped_value_info(o)));
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -184,12 +207,17 @@ fn profiled_shapes(
     ));
     let mut session =
         GraphSession::one_off(rt, &probe, &all_cores(), "the shape probe", Some(&to))?;
-    let ran = session.run_shapes(feeds);
+    let ran = match fetch.is_empty() {
+        true => session.run_shapes(feeds).map(|_| Vec::new()),
+        false => session.run_views(feeds),
+    };
     // The profile file goes whether the run worked or not (it is ours, in the temp folder).
     let file = session.end_profiling()?;
     let text = std::fs::read_to_string(&file);
     let _ = std::fs::remove_file(&file);
-    ran?;
+    let values = ran?;
+    // The fetched values are the run's last outputs.
+    let fetched = values[values.len() - fetch.len()..].to_vec();
     // An unreadable profile leaves every value to the slow way.
     let events: Option<serde_json::Value> = text.ok().and_then(|t| serde_json::from_str(&t).ok());
     for (node, shapes) in events.iter().flat_map(node_output_shapes) {
@@ -203,7 +231,7 @@ fn profiled_shapes(
             }
         }
     }
-    Ok(())
+    Ok(fetched)
 }
 
 /// Makes `probe` fetch the shape of each output a node computes rather than the value.

@@ -19,6 +19,26 @@ pub trait ShapeProbe {
     /// When the graph cannot be measured (it does not run on the feeds).
     fn probe(&self, graph: &Graph, feeds: &[(&str, &Tensor)]) -> Result<Metas>;
 
+    /// [`ShapeProbe::probe`], and the values of `fetch` (values of `graph`) from the
+    /// same run where the probe can; by default, two runs.
+    ///
+    /// # Errors
+    /// As [`ShapeProbe::probe`] and [`ShapeProbe::values`].
+    fn probe_with_values(
+        &self,
+        graph: &Graph,
+        feeds: &[(&str, &Tensor)],
+        fetch: &[String],
+    ) -> Result<(Metas, Vec<Tensor>)> {
+        let metas = self.probe(graph, feeds)?;
+        let mut only = graph.clone();
+        only.outputs = fetch
+            .iter()
+            .map(|o| crate::graph::ir::untyped_value_info(o))
+            .collect();
+        Ok((metas, self.values(&only, feeds)?))
+    }
+
     /// The values of `graph`'s outputs on `feeds` (static values to fold: shapes,
     /// masks, positions). A probe that only knows shapes cannot fold them.
     ///

@@ -11,13 +11,14 @@ use crate::graph::loss::{LossSpec, LOSS};
 use crate::graph::model_inputs::feeds_for;
 use crate::graph::running_stats::Buffer;
 use crate::graph::shape_probe::ShapeProbe;
-use crate::graph::static_fold::fold_static_values;
+use crate::graph::static_fold::probe_and_fold;
 use crate::tensor::{DType, Tensor, TensorView};
 use crate::{Error, Result};
 
-/// Folds what shapes and constants alone compute into constants, then measures every
-/// value of the forward graph on `example`. Where the inputs were `resized` to the
-/// example's (a model exported with a fixed batch), a failed run says so.
+/// Measures every value of the forward graph on `example` and folds what shapes and
+/// constants alone compute into constants, from one run ([`probe_and_fold`]). Where the
+/// inputs were `resized` to the example's (a model exported with a fixed batch), a
+/// failed run says so.
 pub(super) fn probe_forward(
     rt: &dyn ShapeProbe,
     g: &mut Graph,
@@ -26,7 +27,17 @@ pub(super) fn probe_forward(
     resized: Option<String>,
 ) -> Result<Metas> {
     let model_feeds = feeds_for(g, example);
-    let folded = fold_static_values(g, rt, &model_feeds, trained)?;
+    let (metas, folded) =
+        probe_and_fold(g, rt, &model_feeds, trained).map_err(|e| match (resized, e) {
+            (Some(what), Error::Ort { context, source }) => Error::Ort {
+                context: format!(
+                    "{context} ({what}; a model exported with a fixed batch size can only \
+                     train micro-batches of that size)"
+                ),
+                source,
+            },
+            (_, e) => e,
+        })?;
     if !folded.folded.is_empty() {
         tracing::info!(
             "{} values computed from shapes and constants alone are constants of the \
@@ -35,16 +46,7 @@ pub(super) fn probe_forward(
             folded.removed_nodes
         );
     }
-    rt.probe(g, &model_feeds).map_err(|e| match (resized, e) {
-        (Some(what), Error::Ort { context, source }) => Error::Ort {
-            context: format!(
-                "{context} ({what}; a model exported with a fixed batch size can only train \
-                 micro-batches of that size)"
-            ),
-            source,
-        },
-        (_, e) => e,
-    })
+    Ok(metas)
 }
 
 /// Every value of `g` (the forward with its loss, parameters `params` taken out)
