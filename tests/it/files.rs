@@ -186,20 +186,7 @@ fn a_model_with_external_weights_trains_as_the_same_model_inline() {
             ),
         )
         .unwrap();
-        let metrics = dir.path().join(format!("{name}.jsonl"));
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipetrain"))
-            .arg("train")
-            .arg(&cfg)
-            .arg("--metrics")
-            .arg(&metrics)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        common::metrics_losses(&metrics)
+        common::train_losses(&cfg, &dir.path().join(format!("{name}.jsonl")))
     };
     let inline = run(&mlp_path(), "inline");
     assert_eq!(inline.len(), 4);

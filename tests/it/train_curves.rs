@@ -6,23 +6,12 @@
 
 use crate::common;
 
-use std::process::Command;
-
 fn losses_of_run(example: &str) -> Vec<f64> {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("curves");
     std::fs::create_dir_all(&dir).unwrap();
     let metrics = dir.join(format!("{example}.jsonl"));
     let config = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/").to_string() + example + ".toml";
-    let out = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
-        .args(["train", &config, "--metrics", metrics.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    common::metrics_losses(&metrics)
+    common::train_losses(std::path::Path::new(&config), &metrics)
 }
 
 fn check(example: &str, model: &str, opt: &str, tol: impl Fn(usize) -> f64) {

@@ -59,6 +59,24 @@ pub fn runtime() -> Runtime {
     Runtime::from_env().expect("ONNX Runtime: run `bash scripts/setup.sh` first")
 }
 
+/// Trains `config` with `pipetrain train`, the step metrics into `metrics`; the losses.
+/// Panics with the process's stderr when it fails.
+pub fn train_losses(config: &std::path::Path, metrics: &std::path::Path) -> Vec<f64> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipetrain"))
+        .arg("train")
+        .arg(config)
+        .arg("--metrics")
+        .arg(metrics)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    metrics_losses(metrics)
+}
+
 /// The `loss` of every line of a metrics file (`--metrics`), in order.
 pub fn metrics_losses(path: &std::path::Path) -> Vec<f64> {
     std::fs::read_to_string(path)
