@@ -72,6 +72,7 @@ pub(super) async fn run_training<K: Collective>(
     let predicted_peak = super::memory::check_fits(cfg, &built, &owned, so_far)?.total();
     // Only the process that reports the run writes TensorBoard's log.
     let reports = cluster.as_ref().is_none_or(|c| c.node == 0);
+    let cluster_node = cluster.as_ref().map(|c| c.node);
     let (board, tap) = open_board(cfg, config_path, &built, reports)?;
     let scaler = starting_scaler(cfg, prepared.resume.as_ref());
     let local_actors = cluster
@@ -141,6 +142,14 @@ pub(super) async fn run_training<K: Collective>(
     let output = (results, trace, parameters, peaks);
     let mut done = summary(cfg, ran, &built.predicted, output);
     done.peak_memory = (predicted_peak, crate::telemetry::peak_resident_bytes());
+    // Every process's own, where only the reporting one prints the closing line.
+    if let (Some(peak), Some(part)) = (done.peak_memory.1, cluster_node) {
+        tracing::info!(
+            "node {part}: peak memory of this process: {:.2} GB (predicted {:.2} GB)",
+            peak as f64 / 1e9,
+            predicted_peak as f64 / 1e9
+        );
+    }
     Ok(done)
 }
 
