@@ -54,20 +54,7 @@ fn tensorboard_holds_what_the_metrics_file_holds() {
     let config = tmp.path().join("run.toml");
     std::fs::write(&config, CONFIG).unwrap();
     let metrics = tmp.path().join("metrics.jsonl");
-    let out = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
-        .args([
-            "train",
-            config.to_str().unwrap(),
-            "--metrics",
-            metrics.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::common::launch::one_process(&config, &metrics);
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
     let read = Command::new(&python)
         .args(["-c", READER, tmp.path().join("tb").to_str().unwrap()])

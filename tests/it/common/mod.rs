@@ -62,18 +62,7 @@ pub fn runtime() -> Runtime {
 /// Trains `config` with `pipetrain train`, the step metrics into `metrics`; the losses.
 /// Panics with the process's stderr when it fails.
 pub fn train_losses(config: &std::path::Path, metrics: &std::path::Path) -> Vec<f64> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipetrain"))
-        .arg("train")
-        .arg(config)
-        .arg("--metrics")
-        .arg(metrics)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    launch::one_process(config, metrics);
     metrics_losses(metrics)
 }
 
