@@ -211,3 +211,34 @@ pub(super) fn in_place(
     }
     Ok(())
 }
+
+/// The range of `buf` that `t` names, lent to ONNX Runtime as an input of the run that
+/// writes output `t` into the same range.
+///
+/// Only the accumulating graphs' `Accumulate(acc, g)` reads it (`graph::accumulating`),
+/// and that output is bound to this memory: its kernel (`compute/fused/accumulate.rs`)
+/// sees the two are one buffer and adds `g` into it through the output alone. No
+/// reference to the range is held on the Rust side while ONNX Runtime runs: the value
+/// is made from a raw pointer.
+pub(super) fn accumulator<'a>(
+    buf: &mut [f32],
+    t: &Target<'_>,
+) -> ort::Result<ort::session::SessionInputValue<'a>> {
+    let len: usize = t.shape.iter().product();
+    let range = buf.get_mut(t.offset..t.offset + len).ok_or_else(|| {
+        ort::Error::new(format!("accumulator at {} is past the buffer", t.offset))
+    })?;
+    let info = ort::memory::MemoryInfo::new(
+        ort::memory::AllocationDevice::CPU,
+        0,
+        ort::memory::AllocatorType::Device,
+        ort::memory::MemoryType::Default,
+    )?;
+    let shape: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+    // SAFETY: the pointer is `len` float32s of `buf`, which outlives the run (the caller
+    // holds it mutably until the run's outputs are read); see above for the aliasing.
+    let value = unsafe {
+        ort::value::TensorRefMut::<f32>::from_raw(info, range.as_mut_ptr().cast(), shape.into())?
+    };
+    Ok(value.into())
+}

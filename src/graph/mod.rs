@@ -44,7 +44,7 @@ pub use stages::{
     accumulating, build_stage_graphs, build_stage_graphs_with, Recompute, StageGraphs, StageIo,
     ACC_SUFFIX,
 };
-pub use static_fold::{fold_static_values, probe_and_fold, static_nodes, FoldReport};
+pub use static_fold::{probe_and_fold, static_nodes, FoldReport};
 pub use tied::{tied_params, with_tied_shared, TiedParam};
 pub use training::{
     build_sharded_training_graph, build_training_graph, InitValue, Param, TrainOptions,

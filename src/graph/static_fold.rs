@@ -19,7 +19,7 @@
 
 use std::collections::HashSet;
 
-use crate::graph::ir::{untyped_value_info, Graph, Metas};
+use crate::graph::ir::{Graph, Metas};
 use crate::graph::shape_probe::ShapeProbe;
 use crate::tensor::Tensor;
 use crate::Result;
@@ -148,42 +148,11 @@ fn apply_fold(
     }
 }
 
-/// Replaces every static value that a non-static node (or the graph's output) reads by an
-/// initializer holding its value on `feeds`, and removes the static nodes.
-///
-/// # Errors
-/// When ONNX Runtime cannot compute the values on the feeds.
-///
-/// The run that computes them holds only the nodes they need (ViT-B/16: 3.3 s with the
-/// whole graph on one thread, 1.7 s pruned on two).
-pub fn fold_static_values(
-    g: &mut Graph,
-    rt: &dyn ShapeProbe,
-    feeds: &[(&str, &Tensor)],
-    trained: &HashSet<&str>,
-) -> Result<FoldReport> {
-    let is_static = static_nodes(g, trained);
-    let frontier = frontier(g, &is_static);
-    if frontier.is_empty() {
-        return Ok(FoldReport::default());
-    }
-    let mut probe = g.clone();
-    probe.outputs = frontier.iter().map(|o| untyped_value_info(o)).collect();
-    // ONNX Runtime runs every node of an unoptimized session, needed or not.
-    keep_what_outputs_need(&mut probe);
-    let fed: Vec<(&str, &Tensor)> = feeds
-        .iter()
-        .filter(|(n, _)| probe.inputs.iter().any(|i| i.name == *n))
-        .copied()
-        .collect();
-    let values = rt.values(&probe, &fed)?;
-    Ok(apply_fold(g, is_static, frontier, &values))
-}
-
-/// Every value of `g` measured on `feeds` ([`ShapeProbe::probe`]), and the static values
-/// folded as [`fold_static_values`] does, from the same run: the values measured before
+/// Every value of `g` measured on `feeds` ([`ShapeProbe::probe`]), and every static value
+/// that a non-static node (or the graph's output) reads replaced by an initializer
+/// holding its value, the static nodes removed; from one run: the values measured before
 /// folding are those of the folded graph (it computes the same values, some of them now
-/// constants). One run of the forward where there were two (ViT-B/16: the fold's 1.7 s).
+/// constants). The fold had a run of its own (ViT-B/16: 1.7 s).
 ///
 /// # Errors
 /// When ONNX Runtime cannot run `g` on the feeds.
@@ -200,29 +169,6 @@ pub fn probe_and_fold(
     }
     let (metas, values) = rt.probe_with_values(g, feeds, &frontier)?;
     Ok((metas, apply_fold(g, is_static, frontier, &values)))
-}
-
-/// Drops the nodes of `g` that its outputs do not need, and the inputs and initializers
-/// no remaining node reads.
-fn keep_what_outputs_need(g: &mut Graph) {
-    let mut needed: HashSet<String> = g.outputs.iter().map(|o| o.name.clone()).collect();
-    let mut keep = vec![false; g.nodes.len()];
-    for (i, n) in g.nodes.iter().enumerate().rev() {
-        if n.output.iter().any(|o| needed.contains(o)) {
-            keep[i] = true;
-            needed.extend(n.input.iter().filter(|v| !v.is_empty()).cloned());
-            // A subgraph's outer-scope reads are its node's inputs too.
-            for a in &n.attribute {
-                for sub in a.g.iter().chain(&a.graphs) {
-                    needed.extend(sub.node.iter().flat_map(|m| m.input.iter().cloned()));
-                }
-            }
-        }
-    }
-    let mut keep = keep.into_iter();
-    g.nodes.retain(|_| keep.next().unwrap_or(true));
-    g.inputs.retain(|v| needed.contains(&v.name));
-    g.initializers.retain(|t| needed.contains(&t.name));
 }
 
 /// Removes `Constant` nodes nothing reads any more; returns how many.

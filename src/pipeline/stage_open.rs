@@ -69,7 +69,14 @@ pub(super) struct Sessions {
     pub(super) evaluate: Option<GraphSession>,
     /// The gradient sessions' accumulating twins (`graph::accumulating`), by the name
     /// of the graph they add to: a later micro-batch of a step runs the twin.
-    pub(super) accumulating: HashMap<String, GraphSession>,
+    pub(super) accumulating: HashMap<String, Twin>,
+}
+
+/// An accumulating session, with the accumulator input of each output it sums.
+pub(super) struct Twin {
+    pub(super) session: GraphSession,
+    /// Output index -> the input that feeds its accumulator.
+    pub(super) acc: HashMap<usize, String>,
 }
 
 impl Sessions {
@@ -115,21 +122,25 @@ impl Sessions {
         settings: &StageSettings,
         grads: &HashSet<String>,
     ) -> Result<()> {
-        let open = [
-            (self.fused.is_some(), graphs.fused.as_ref()),
-            (self.backward.is_some(), Some(&graphs.backward)),
-            (
-                self.backward_weight.is_some(),
-                Some(&graphs.backward_weight),
-            ),
+        let opened = [
+            self.fused.as_ref().and(graphs.fused.as_ref()),
+            self.backward.as_ref().map(|_| &graphs.backward),
+            self.backward_weight
+                .as_ref()
+                .map(|_| &graphs.backward_weight),
         ];
-        for (_, g) in open.into_iter().filter(|(opened, _)| *opened) {
-            let Some(g) = g else { continue };
-            if let Some(twin) = crate::graph::accumulating(g, grads) {
-                let shard = settings.shard.as_ref();
-                let session = GraphSession::for_shard(rt, &twin, opts, &twin.name, shard)?;
-                self.accumulating.insert(g.name.clone(), session);
-            }
+        for g in opened.into_iter().flatten() {
+            let Some(twin) = crate::graph::accumulating(g, grads) else {
+                continue;
+            };
+            let shard = settings.shard.as_ref();
+            let session = GraphSession::for_shard(rt, &twin, opts, &twin.name, shard)?;
+            let acc = (session.output_names().iter().enumerate())
+                .filter(|(_, o)| grads.contains(*o))
+                .map(|(k, o)| (k, format!("{o}{}", crate::graph::ACC_SUFFIX)))
+                .collect();
+            self.accumulating
+                .insert(g.name.clone(), Twin { session, acc });
         }
         Ok(())
     }

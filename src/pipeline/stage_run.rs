@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::stage::{OrtStage, Payload};
 use crate::compute::{GraphSession, Target};
-use crate::graph::{ACC_SUFFIX, LOSS_GRAD};
+use crate::graph::LOSS_GRAD;
 use crate::optim::ParamLayout;
 use crate::tensor::{TensorView, ViewData};
 use crate::{Error, Result};
@@ -77,13 +77,11 @@ impl OrtStage {
             }
             rest
         } else if let Some(twin) = twin {
-            let outputs = twin.output_names();
-            let acc_names: Vec<String> = targets
-                .iter()
-                .map(|t| format!("{}{ACC_SUFFIX}", outputs[t.output]))
+            let acc: Vec<(&str, usize)> = (targets.iter().enumerate())
+                .filter_map(|(j, t)| Some((twin.acc.get(&t.output)?.as_str(), j)))
                 .collect();
-            let acc: Vec<(&str, usize)> = acc_names.iter().map(String::as_str).zip(0..).collect();
-            twin.run_views_accumulating(&feeds, grads, &targets, &acc, &mut |_, _| Ok(false))?
+            let no_sink = &mut |_: &str, _: &[f32]| Ok(false);
+            (twin.session).run_views_accumulating(&feeds, grads, &targets, &acc, no_sink)?
         } else {
             let mut sink = |name: &str, g: &[f32]| -> Result<bool> {
                 let Some(&i) = grad_slot.get(name) else {

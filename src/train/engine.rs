@@ -76,8 +76,10 @@ pub(super) async fn run_engine<K: Collective>(
                 .collect();
             mine.sort_by_key(|((r, s), _)| (*s, *r));
             let mut local = Vec::new();
-            for ((r, _), c) in mine.iter().filter(|_| gather) {
-                local.extend(c.parameters()?.into_iter().map(|(n, t)| (*r, n, t)));
+            if gather {
+                for ((r, _), c) in &mine {
+                    local.extend(c.parameters()?.into_iter().map(|(n, t)| (*r, n, t)));
+                }
             }
             let peaks = mine
                 .iter()

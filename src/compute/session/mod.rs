@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, TensorRef, ValueType};
 
-use super::direct::{in_place, DirectOutputs, Target};
+use super::direct::{accumulator, in_place, DirectOutputs, Target};
 use super::open::{open, Extras, SessionOptions};
 use super::shard_ops::ShardLink;
 use crate::compute::{Device, Runtime};
@@ -388,34 +388,6 @@ fn rewritten(model: &ModelProto, opts: &SessionOptions) -> Result<Option<ModelPr
         };
     }
     Ok(Some(graph.to_model()))
-}
-
-/// The range of `buf` that `t` names, lent to ONNX Runtime as an input of the run that
-/// writes output `t` into the same range.
-///
-/// Only the accumulating graphs' `Accumulate(acc, g)` reads it (`graph::accumulating`),
-/// and that output is bound to this memory: its kernel (`compute/fused/accumulate.rs`)
-/// sees the two are one buffer and adds `g` into it through the output alone. No
-/// reference to the range is held on the Rust side while ONNX Runtime runs: the value
-/// is made from a raw pointer.
-fn accumulator<'a>(buf: &mut [f32], t: &Target<'_>) -> ort::Result<SessionInputValue<'a>> {
-    let len: usize = t.shape.iter().product();
-    let range = buf.get_mut(t.offset..t.offset + len).ok_or_else(|| {
-        ort::Error::new(format!("accumulator at {} is past the buffer", t.offset))
-    })?;
-    let info = ort::memory::MemoryInfo::new(
-        ort::memory::AllocationDevice::CPU,
-        0,
-        ort::memory::AllocatorType::Device,
-        ort::memory::MemoryType::Default,
-    )?;
-    let shape: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
-    // SAFETY: the pointer is `len` float32s of `buf`, which outlives the run (the caller
-    // holds it mutably until the run's outputs are read); see above for the aliasing.
-    let value = unsafe {
-        ort::value::TensorRefMut::<f32>::from_raw(info, range.as_mut_ptr().cast(), shape.into())?
-    };
-    Ok(value.into())
 }
 
 /// Lends a host tensor to ONNX Runtime.
