@@ -26,8 +26,7 @@ impl InitValue {
     /// # Errors
     /// `BadTensor` when `t` is not a tensor pipetrain reads.
     pub fn from_proto(t: TensorProto) -> Result<InitValue> {
-        let held_raw = !t.raw_data.is_empty() && t.data_type != DType::Bool.onnx();
-        let proto = match held_raw && proto_view(&t).is_some() {
+        let proto = match proto_view(&t).is_some() {
             true => t,
             false => Tensor::from_proto(&t)?.to_proto(&t.name),
         };
