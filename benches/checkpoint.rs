@@ -94,6 +94,7 @@ fn write_once(
         optimizer: opt,
         stats: &[],
         shard: None,
+        zero: None,
     };
     let job = save_job(0, &dir, state, None, pool).unwrap();
     let shards = job().unwrap();
@@ -146,7 +147,7 @@ fn load_once(dir: &Path, layout: &ParamLayout, opt: &mut dyn pipetrain::optim::O
     let mut params = vec![0.0f32; layout.len()];
     let t = Instant::now();
     let ckpt = LoadedCheckpoint::open(dir).unwrap();
-    pipetrain::checkpoint::restore_stage(&ckpt, layout, &mut params, opt, None).unwrap();
+    pipetrain::checkpoint::restore_stage(&ckpt, (layout, None), &mut params, opt, None).unwrap();
     t.elapsed().as_secs_f64()
 }
 
@@ -167,6 +168,7 @@ fn snapshot_bench(scratch: &Path) {
                 optimizer: opt.as_ref(),
                 stats: &[],
                 shard: None,
+                zero: None,
             };
             let job = save_job(0, &dir, state, None, &pool).unwrap();
             t.push(s.elapsed().as_secs_f64());

@@ -141,20 +141,7 @@ impl Group {
             return Err(self.protocol(replica, stage, format!("not a replica of {d}")));
         }
         let n = buf.len();
-        {
-            let mut lent = self.lent.lock().map_err(|_| self.poisoned(stage))?;
-            if lent[replica].is_some() {
-                return Err(self.protocol(
-                    replica,
-                    stage,
-                    "contributed twice to one all-reduce".into(),
-                ));
-            }
-            lent[replica] = Some(Lent {
-                ptr: buf.as_mut_ptr(),
-                len: n,
-            });
-        }
+        self.lend(stage, replica, &mut buf)?;
         self.lent_all.wait().await;
         let all: Vec<Lent> = {
             let lent = self.lent.lock().map_err(|_| self.poisoned(stage))?;
@@ -214,6 +201,78 @@ impl Group {
         Ok(std::mem::take(&mut buf))
     }
 
+    /// One all-gather round, from member `member`: it copies part `s` of buffer `s`
+    /// into its own buffer for every `s != member`. Part `s` of buffer `s` is only read
+    /// in this round, and the other parts of a buffer only written by its owner; the
+    /// parts are disjoint (checked first). The barriers keep every buffer alive until
+    /// no one reads it.
+    async fn all_gather(
+        &self,
+        stage: usize,
+        member: usize,
+        mut buf: Vec<f32>,
+        parts: &[std::ops::Range<usize>],
+    ) -> Result<Vec<f32>, ActorError> {
+        let n = buf.len();
+        if parts.len() != self.replicas || !disjoint_within(parts, n) {
+            return Err(self.protocol(
+                member,
+                stage,
+                format!(
+                    "all-gather parts {parts:?} are not {} disjoint ranges within {n} values",
+                    self.replicas
+                ),
+            ));
+        }
+        self.lend(stage, member, &mut buf)?;
+        self.lent_all.wait().await;
+        let all: Vec<Lent> = {
+            let lent = self.lent.lock().map_err(|_| self.poisoned(stage))?;
+            lent.iter().flatten().copied().collect()
+        };
+        let uneven = all.iter().position(|b| b.len != n);
+        if uneven.is_none() {
+            for (s, b) in all.iter().enumerate().filter(|&(s, _)| s != member) {
+                let range = parts[s].clone();
+                // SAFETY: part `s` of buffer `s` is only read in this round, and part `s`
+                // of this member's own buffer only written by this member (see above).
+                unsafe {
+                    let from = std::slice::from_raw_parts(b.ptr.add(range.start), range.len());
+                    let to = std::slice::from_raw_parts_mut(
+                        all[member].ptr.add(range.start),
+                        range.len(),
+                    );
+                    to.copy_from_slice(from);
+                }
+            }
+        }
+        self.gathered_all.wait().await;
+        self.lent.lock().map_err(|_| self.poisoned(stage))?[member] = None;
+        if let Some(r) = uneven {
+            let got = all[r].len;
+            return Err(self.protocol(
+                r,
+                stage,
+                format!("parameters of {got} values, replica {member} has {n}"),
+            ));
+        }
+        // Nobody holds a pointer into `buf` any more.
+        Ok(std::mem::take(&mut buf))
+    }
+
+    /// Lends `buf` to the round in progress.
+    fn lend(&self, stage: usize, member: usize, buf: &mut [f32]) -> Result<(), ActorError> {
+        let mut lent = self.lent.lock().map_err(|_| self.poisoned(stage))?;
+        if lent[member].is_some() {
+            return Err(self.protocol(member, stage, "contributed twice to one round".into()));
+        }
+        lent[member] = Some(Lent {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+        });
+        Ok(())
+    }
+
     fn poisoned(&self, stage: usize) -> ActorError {
         ActorError::ActorGone {
             actor: format!("all-reduce group of stage {stage} (a replica panicked)"),
@@ -239,6 +298,33 @@ impl Collective for LocalCollective {
             })?;
         group.all_reduce(stage, replica / self.shards, buf).await
     }
+
+    async fn all_gather(
+        &self,
+        stage: usize,
+        replica: usize,
+        buf: Vec<f32>,
+        parts: &[std::ops::Range<usize>],
+    ) -> Result<Vec<f32>, ActorError> {
+        if self.replicas == self.shards {
+            return Ok(buf);
+        }
+        let group = self
+            .groups
+            .get(stage * self.shards + replica % self.shards)
+            .ok_or_else(|| ActorError::ActorGone {
+                actor: format!("all-gather group of stage {stage}"),
+            })?;
+        group
+            .all_gather(stage, replica / self.shards, buf, parts)
+            .await
+    }
+}
+
+/// Whether `parts` are in order, do not overlap and end within `len`.
+pub(crate) fn disjoint_within(parts: &[std::ops::Range<usize>], len: usize) -> bool {
+    let ordered = parts.windows(2).all(|w| w[0].end <= w[1].start);
+    ordered && parts.iter().all(|p| p.start <= p.end && p.end <= len)
 }
 
 #[cfg(test)]
@@ -285,5 +371,37 @@ mod tests {
                 assert_eq!(got.as_ptr() as usize, lent);
             }
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+    async fn every_replica_gets_each_owners_part_in_place() {
+        let c = LocalCollective::spawn(1, 3, &mut JoinSet::new());
+        let n = 1000;
+        let parts = vec![0..300, 300..300, 300..1000];
+        // Replica r's own part holds its values; the rest is stale.
+        let bufs: Vec<Vec<f32>> = (0..3)
+            .map(|r| (0..n).map(|i| (r * n + i) as f32 * 0.5 - 7.0).collect())
+            .collect();
+        let owner = |i: usize| parts.iter().position(|p| p.contains(&i)).unwrap();
+        let want: Vec<f32> = (0..n).map(|i| bufs[owner(i)][i]).collect();
+        for _round in 0..2 {
+            let handles: Vec<_> = (bufs.iter().cloned().enumerate())
+                .map(|(r, b)| {
+                    let (c, parts) = (c.clone(), parts.clone());
+                    let lent = b.as_ptr() as usize;
+                    tokio::spawn(async move { (lent, c.all_gather(0, r, b, &parts).await) })
+                })
+                .collect();
+            for h in handles {
+                let (lent, got) = h.await.unwrap();
+                let got = got.unwrap();
+                assert_eq!(got, want);
+                assert_eq!(got.as_ptr() as usize, lent, "gathered into the buffer lent");
+            }
+        }
+        let bad = c
+            .all_gather(0, 0, vec![0.0; 10], &[0..6, 5..10, 10..10])
+            .await;
+        assert!(bad.is_err(), "overlapping parts are refused");
     }
 }

@@ -71,6 +71,25 @@ pub trait StageCompute: Send + 'static {
     /// Takes back the (reduced) gradients.
     fn put_grads(&mut self, grads: Vec<f32>);
 
+    /// Where this replica updates only its part of the stage's parameters (its
+    /// optimizer state sharded across the data-parallel replicas, ZeRO stage 1): every
+    /// data-parallel rank's part of the flat parameters, in rank order. The stage actor
+    /// then all-gathers the parameters after each update ([`Collective::all_gather`]).
+    /// By default every replica updates all of them (`None`).
+    fn update_parts(&self) -> Option<Vec<std::ops::Range<usize>>> {
+        None
+    }
+
+    /// Hands out the flat parameters, for the all-gather after a sharded update.
+    fn take_params(&mut self) -> Vec<f32> {
+        Vec::new()
+    }
+
+    /// Takes back the gathered parameters.
+    fn put_params(&mut self, params: Vec<f32>) {
+        let _ = params;
+    }
+
     /// Offers a channel for gradient buckets (`None` takes it back). A compute that
     /// takes it sends each bucket of the step's gradients down it as soon as the step's
     /// last backward completes it, so its all-reduce starts while the backward still
@@ -178,6 +197,29 @@ pub trait Collective: Send + Sync + 'static {
         replica: usize,
         buf: Vec<f32>,
     ) -> impl Future<Output = Result<Vec<f32>, ActorError>> + Send;
+
+    /// Every data-parallel replica's part of `buf`, gathered into every replica's `buf`:
+    /// `parts[r]` (disjoint, the same on every replica) is the part replica `r` of the
+    /// data-parallel group holds; the rest is overwritten. The parts are copied, not
+    /// summed, so every replica gets the owners' bits; `buf` itself comes back.
+    ///
+    /// # Errors
+    /// By default, `Settings`: the collective gathers nothing.
+    fn all_gather(
+        &self,
+        stage: usize,
+        replica: usize,
+        buf: Vec<f32>,
+        parts: &[std::ops::Range<usize>],
+    ) -> impl Future<Output = Result<Vec<f32>, ActorError>> + Send {
+        let _ = (stage, replica, parts);
+        async move {
+            drop(buf);
+            Err(ActorError::Settings {
+                reason: "this collective has no all-gather (a sharded optimizer needs one)".into(),
+            })
+        }
+    }
 }
 
 /// What [`Bus::all_gather`] resolves to: every process's bytes, in process order.

@@ -30,6 +30,7 @@ mod snapshot;
 mod store;
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
 
@@ -68,6 +69,10 @@ pub struct StageState<'a> {
     pub stats: &'a [(String, &'a [usize], &'a [f32])],
     /// The tensor shard this is (`None`: the stage is not split).
     pub shard: Option<SavedShard<'a>>,
+    /// With the optimizer state sharded across data-parallel replicas (ZeRO stage 1):
+    /// this replica's rank and the tensors (layout indices) its optimizer holds. Rank 0
+    /// saves the parameters and its part of the state; the others only their part.
+    pub zero: Option<(usize, Range<usize>)>,
 }
 
 /// What a tensor shard of a stage saves: its part of every split parameter (and of its
@@ -115,6 +120,7 @@ pub fn save_job(
         optimizer,
         stats,
         shard,
+        zero,
     } = state;
     let names = layout.names();
     let saved: Vec<usize> = (0..layout.count())
@@ -122,22 +128,50 @@ pub fn save_job(
         .collect();
     let split = split_of(layout, shard);
     let meta = |kind: &str| metadata(kind, stage, optimizer.step_count(), &split);
-    let file = |name: String| match shard {
-        Some(s) => name.replacen(".", &format!(".shard-{}.", s.rank), 1),
-        None => name,
+    let file = |name: String| {
+        let name = match shard {
+            Some(s) => name.replacen(".", &format!(".shard-{}.", s.rank), 1),
+            None => name,
+        };
+        match zero {
+            Some((rank, _)) if rank > 0 => name.replacen(".", &format!(".zero-{rank}."), 1),
+            _ => name,
+        }
     };
     let encode = |entries: &[snapshot::F32Entry<'_>], kind: &str, name: String| {
         let bytes = snapshot::encode(entries, meta(kind), &dir.join(&name), buffers)?;
         Ok::<_, Error>((name, bytes))
     };
-    let param_entries = entries(layout, &saved, params, str::to_string);
-    let params = encode(&param_entries, load::KIND_PARAMS, file(params_file(stage)))?;
+    // Data-parallel rank 0 of a sharded optimizer, or an unsharded one, saves the
+    // parameters and running statistics.
+    let first = zero.as_ref().is_none_or(|(rank, _)| *rank == 0);
+    let params = match first {
+        true => {
+            let param_entries = entries(layout, &saved, params, str::to_string);
+            Some(encode(
+                &param_entries,
+                load::KIND_PARAMS,
+                file(params_file(stage)),
+            )?)
+        }
+        false => None,
+    };
+    let (held, state_layout) = match &zero {
+        Some((_, tensors)) => (tensors.clone(), layout.part(tensors.clone())),
+        None => (0..layout.count(), layout.clone()),
+    };
+    let state_saved: Vec<usize> = (saved.iter())
+        .filter(|i| held.contains(i))
+        .map(|i| i - held.start)
+        .collect();
     let state = optimizer.state();
     let optim = match state.is_empty() {
         true => None,
         false => {
             let entries: Vec<_> = (state.iter())
-                .flat_map(|(kind, buf)| entries(layout, &saved, buf, |n| state_key(kind, n)))
+                .flat_map(|(kind, buf)| {
+                    entries(&state_layout, &state_saved, buf, |n| state_key(kind, n))
+                })
                 .collect();
             Some(encode(
                 &entries,
@@ -146,14 +180,14 @@ pub fn save_job(
             )?)
         }
     };
-    let stats = match stats.is_empty() || shard.is_some_and(|s| s.rank != 0) {
+    let stats = match stats.is_empty() || shard.is_some_and(|s| s.rank != 0) || !first {
         true => None,
         false => Some(encode(stats, load::KIND_BUFFERS, buffers_file(stage))?),
     };
     let dir = dir.to_path_buf();
     Ok(Box::new(move || {
         let mut files = Vec::new();
-        for (name, bytes) in std::iter::once(params).chain(optim).chain(stats) {
+        for (name, bytes) in params.into_iter().chain(optim).chain(stats) {
             files.push(shard::write_shard(&dir, &name, stage, &bytes, slow)?);
         }
         Ok(files)
@@ -216,27 +250,31 @@ fn entries<'a>(
 /// optimizer refuses the state. Nothing is changed on error.
 pub fn restore_stage(
     ckpt: &LoadedCheckpoint,
-    layout: &ParamLayout,
+    (layout, held): (&ParamLayout, Option<Range<usize>>),
     params: &mut [f32],
     optimizer: &mut dyn Optimizer,
     shard: Option<SavedShard<'_>>,
 ) -> Result<()> {
     let kinds: Vec<&'static str> = optimizer.state().iter().map(|(k, _)| *k).collect();
+    // The tensors whose optimizer state this optimizer holds (ZeRO: its part).
+    let held = held.unwrap_or(0..layout.count());
     // Everything is checked before anything is copied: all or nothing.
     for i in 0..layout.count() {
         let name = &layout.names()[i];
         let shape = whole_shape(shard, name).unwrap_or(&layout.shapes()[i]);
         ckpt.check_param(name, shape)?;
-        for kind in &kinds {
+        for kind in kinds.iter().filter(|_| held.contains(&i)) {
             ckpt.check_state(kind, name, shape)?;
         }
     }
+    let values = layout.values_of(held.clone());
     let mut buffers = Vec::with_capacity(kinds.len());
     for kind in &kinds {
-        let mut buf = vec![0.0f32; layout.len()];
-        for i in 0..layout.count() {
+        let mut buf = vec![0.0f32; values.len()];
+        for i in held.clone() {
             let r = layout.range(i);
-            copy_part(ckpt, Some(kind), layout, i, &mut buf[r], shard)?;
+            let dst = &mut buf[r.start - values.start..r.end - values.start];
+            copy_part(ckpt, Some(kind), layout, i, dst, shard)?;
         }
         buffers.push(buf);
     }

@@ -73,7 +73,7 @@ impl Link<'_> {
         recv: std::ops::Range<usize>,
         fold: fn(&mut [f32], &[u8]) -> Result<(), String>,
     ) -> Result<(), String> {
-        let (outgoing, incoming): (&[f32], &mut [f32]) = if send.start < recv.start {
+        let (outgoing, incoming): (&[f32], &mut [f32]) = if send.end <= recv.start {
             let (a, b) = buf.split_at_mut(recv.start);
             (&a[send], &mut b[..recv.len()])
         } else {
@@ -146,15 +146,69 @@ impl Collective for MeshCollective {
         }
         // All-gather: position p holds the full sum of segment p + 1; pass the full
         // segments round.
-        for k in 0..n - 1 {
-            let send = segment(len, n, (at + 1 + n - k) % n);
-            let recv = segment(len, n, (at + n - k) % n);
-            link.exchange(&mut buf, send, recv, copy_into)
-                .await
-                .map_err(gone)?;
-        }
+        let parts: Vec<_> = (0..n).map(|p| segment(len, n, (p + 1) % n)).collect();
+        gather_round(&link, &mut buf, &parts, at)
+            .await
+            .map_err(gone)?;
         Ok(buf)
     }
+
+    async fn all_gather(
+        &self,
+        stage: usize,
+        replica: usize,
+        mut buf: Vec<f32>,
+        parts: &[std::ops::Range<usize>],
+    ) -> Result<Vec<f32>, ActorError> {
+        let shards = self.shards;
+        let n = self.placement.len() / shards;
+        if n <= 1 {
+            return Ok(buf);
+        }
+        let ordered = parts.windows(2).all(|w| w[0].end <= w[1].start);
+        if parts.len() != n || !ordered || parts.iter().any(|p| p.end > buf.len()) {
+            return Err(ActorError::Protocol {
+                replica,
+                rank: stage,
+                reason: format!(
+                    "all-gather parts {parts:?} are not {n} disjoint ranges within {} values",
+                    buf.len()
+                ),
+            });
+        }
+        let (shard, at) = (replica % shards, replica / shards);
+        let next = ((at + 1) % n) * shards + shard;
+        let prev = ((at + n - 1) % n) * shards + shard;
+        let link = Link {
+            mesh: &self.mesh,
+            next_node: self.placement[next][stage],
+            prev_node: self.placement[prev][stage],
+            to_next: self.channel(stage, next),
+            from_prev: self.channel(stage, replica),
+        };
+        gather_round(&link, &mut buf, parts, at)
+            .await
+            .map_err(|reason| ActorError::Peer { reason })?;
+        Ok(buf)
+    }
+}
+
+/// The ring's all-gather from position `at`, which holds `parts[at]`: at round k it
+/// passes on part (at - k) and takes part (at - k - 1) from the previous position, so
+/// after `n - 1` rounds every position holds every part, copied from its owner.
+async fn gather_round(
+    link: &Link<'_>,
+    buf: &mut [f32],
+    parts: &[std::ops::Range<usize>],
+    at: usize,
+) -> Result<(), String> {
+    let n = parts.len();
+    for k in 0..n - 1 {
+        let send = parts[(at + n - k) % n].clone();
+        let recv = parts[(at + 2 * n - k - 1) % n].clone();
+        link.exchange(buf, send, recv, copy_into).await?;
+    }
+    Ok(())
 }
 
 /// Checks that `bytes` holds `want` f32s.

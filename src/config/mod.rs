@@ -99,6 +99,13 @@ pub struct TrainConfig {
     /// `enable_adasum`); needs a power-of-two `data_parallel_size`.
     #[serde(default)]
     pub enable_adasum: bool,
+    /// Shard the optimizer state across the data-parallel replicas (ZeRO stage 1, as
+    /// ONNX Runtime's TrainingRunner's `deepspeed_zero` stage): each replica keeps and
+    /// updates the state of its part of every stage, and the updated parameters are
+    /// all-gathered; the same bits as unsharded, the optimizer's memory / replicas.
+    /// 0 (default): every replica keeps all of it. Stages 2 and 3 are not built.
+    #[serde(default)]
+    pub deepspeed_zero_stage: u8,
     /// Parameter groups with their own weight decay, learning-rate scale, betas or eps
     /// (`[[optimizer_attributes]]`, as ONNX Runtime's per-weight optimizer attributes).
     #[serde(default)]

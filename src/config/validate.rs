@@ -228,6 +228,24 @@ impl TrainConfig {
                 ),
             ));
         }
+        if self.deepspeed_zero_stage > 1 {
+            return Err(bad(
+                "deepspeed_zero_stage",
+                format!(
+                    "0 (no sharding) or 1 (optimizer state sharded across the data-parallel \
+                     replicas); stages 2 and 3 (sharded gradients, parameters) are not built, got {}",
+                    self.deepspeed_zero_stage
+                ),
+            ));
+        }
+        if self.deepspeed_zero_stage == 1 && self.horizontal_parallel_size > 1 {
+            return Err(bad(
+                "deepspeed_zero_stage",
+                "a sharded optimizer state is not built with horizontal_parallel_size > 1 \
+                 (split tensors) yet; use one or the other"
+                    .into(),
+            ));
+        }
         if self.enable_adasum && !self.data_parallel_size.is_power_of_two() {
             return Err(bad(
                 "enable_adasum",

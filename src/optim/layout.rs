@@ -108,6 +108,40 @@ impl ParamLayout {
     pub fn ranges(&self) -> impl Iterator<Item = Range<usize>> + '_ {
         self.offsets.windows(2).map(|w| w[0]..w[1])
     }
+
+    /// The layout of tensors `tensors` alone (their values start at 0).
+    ///
+    /// # Panics
+    /// When the range reaches past [`count`](ParamLayout::count), like slice indexing.
+    pub fn part(&self, tensors: Range<usize>) -> ParamLayout {
+        let names = self.names[tensors.clone()].iter().cloned();
+        ParamLayout::new(names.zip(self.shapes[tensors].iter().cloned()))
+    }
+
+    /// The values of tensors `tensors` in the flat buffer.
+    pub fn values_of(&self, tensors: Range<usize>) -> Range<usize> {
+        self.offsets[tensors.start]..self.offsets[tensors.end]
+    }
+
+    /// The tensors cut into `parts` consecutive runs of about equal values (whole
+    /// tensors: a run ends at the tensor boundary nearest its share), as tensor-index
+    /// ranges. A part may be empty where tensors are fewer than parts or one is large.
+    pub fn partition(&self, parts: usize) -> Vec<Range<usize>> {
+        let parts = parts.max(1);
+        let total = self.len() as u128;
+        let mut cuts = vec![0];
+        for k in 1..parts {
+            let target = total * k as u128 / parts as u128;
+            let from = *cuts.last().unwrap_or(&0);
+            // The boundary at or after the previous cut nearest to this share.
+            let best = (from..=self.count())
+                .min_by_key(|&i| (self.offsets[i] as u128).abs_diff(target))
+                .unwrap_or(from);
+            cuts.push(best);
+        }
+        cuts.push(self.count());
+        cuts.windows(2).map(|w| w[0]..w[1]).collect()
+    }
 }
 
 #[cfg(test)]
@@ -139,6 +173,31 @@ mod tests {
         assert_eq!(l.index_of("x"), None);
         assert_eq!(l.shapes()[0], vec![2, 3]);
         assert_eq!(l.names()[1], "s");
+    }
+
+    #[test]
+    fn a_partition_cuts_whole_tensors_near_equal_shares() {
+        let sizes = [10usize, 1, 30, 5, 40, 14];
+        let l = ParamLayout::new(
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| (format!("t{i}"), vec![n])),
+        );
+        let parts = l.partition(2);
+        assert_eq!(parts, vec![0..4, 4..6], "46 | 54 is the nearest cut to 50");
+        let p3 = l.partition(3);
+        assert_eq!(p3.len(), 3);
+        assert_eq!(p3.first().map(|r| r.start), Some(0));
+        assert_eq!(p3.last().map(|r| r.end), Some(6));
+        assert!(p3.windows(2).all(|w| w[0].end == w[1].start), "consecutive");
+        assert_eq!(l.values_of(4..6), 46..100);
+        let sub = l.part(4..6);
+        assert_eq!(sub.names(), &["t4".to_string(), "t5".to_string()]);
+        assert_eq!(sub.len(), 54);
+        // More parts than tensors: the extra parts are empty, none is lost.
+        let many = ParamLayout::new([("a", vec![3])]).partition(3);
+        assert_eq!(many.iter().map(|r| r.len()).sum::<usize>(), 1);
     }
 
     #[test]

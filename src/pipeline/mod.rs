@@ -17,6 +17,8 @@
 //!   each piece's gradients sent for reduction while the next pieces run.
 //! - `shard`: [`StageShard`], a stage that is one tensor shard: its split parameters in
 //!   gradient statistics, checkpoints and exported parameters.
+//! - `zero`: [`ZeroPart`], a stage's optimizer state sharded across its data-parallel
+//!   replicas (ZeRO stage 1): which part each replica updates.
 //! - `data`: [`StepData`], the [`pipetrain_actors::DataSource`] splitting each step's
 //!   global batch into per-replica micro-batches.
 
@@ -30,9 +32,11 @@ mod stage_compute;
 mod stage_device;
 mod stage_open;
 mod stage_run;
+mod zero;
 
 pub use adasum::{adasum_pair, AdasumSlot};
 pub use data::{StepData, LOSS_COUNT};
 pub use settings::{HistogramTap, StageSettings};
 pub use shard::{whole_parameters, StageShard};
 pub use stage::{OrtStage, Payload};
+pub use zero::{ZeroPart, ZeroSlot};

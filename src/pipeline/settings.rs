@@ -42,6 +42,9 @@ pub struct StageSettings {
     pub adasum: Option<super::AdasumSlot>,
     /// This stage's tensor shard: its collectives' group (`None`: not split).
     pub shard: Option<ShardLink>,
+    /// This replica's part of the optimizer state, sharded across the data-parallel
+    /// replicas (`deepspeed_zero_stage = 1`; `None`: each replica keeps all of it).
+    pub zero: Option<super::ZeroSlot>,
 }
 
 /// Where a stage sends copies of the parameters (and gradients) named for TensorBoard
@@ -74,6 +77,7 @@ impl StageSettings {
             micro_batches: 1,
             adasum: None,
             shard: None,
+            zero: None,
         }
     }
 }

@@ -57,6 +57,9 @@ pub struct OrtStage {
     pub(super) bucket_sink: Option<flume::Sender<Vec<f32>>>,
     /// The tensor shard this stage is (`None`: not split).
     pub(super) shard: Option<super::StageShard>,
+    /// This replica's part of the stage's optimizer state (ZeRO stage 1; `None`: it
+    /// updates every parameter).
+    pub(super) zero: Option<super::ZeroPart>,
     /// Micro-batches that contributed to this step's gradients so far.
     pub(super) contributions: usize,
     /// Buckets sent this step, awaiting their sums.
@@ -102,8 +105,16 @@ impl OrtStage {
             let grads = grad_slot.keys().cloned().collect();
             sessions.open_accumulating(rt, graphs, opts, settings, &grads)?;
         }
+        let zero = settings
+            .zero
+            .map(|slot| super::ZeroPart::new(&layout, slot));
+        // Sharded, the optimizer holds its state for this replica's part only.
+        let updated = match &zero {
+            Some(part) => layout.part(part.own_tensors()),
+            None => layout.clone(),
+        };
         let optimizer =
-            crate::optim::build_grouped(&settings.optimizer, &settings.param_groups, &layout)?;
+            crate::optim::build_grouped(&settings.optimizer, &settings.param_groups, &updated)?;
         let chain = match settings.bucket_bytes {
             0 => None,
             bytes => {
@@ -121,6 +132,7 @@ impl OrtStage {
             false => None,
         };
         Ok(OrtStage {
+            zero,
             device_state,
             host_stale: false,
             host_traffic: Default::default(),
@@ -178,7 +190,10 @@ impl OrtStage {
         }
         crate::checkpoint::restore_stage(
             ckpt,
-            &self.layout,
+            (
+                &self.layout,
+                self.zero.as_ref().map(super::ZeroPart::own_tensors),
+            ),
             &mut self.params,
             self.optimizer.as_mut(),
             self.shard.as_ref().map(super::StageShard::saved),
@@ -256,6 +271,7 @@ impl OrtStage {
         let optimizer = crate::optim::build(cfg, &self.layout)?;
         self.sync_host()?;
         self.optimizer = optimizer;
+        self.zero = None;
         if let Some(state) = self.device_state.take() {
             let device = crate::compute::Device::Cuda(state.params().device);
             let optimizer = self.optimizer.as_ref();

@@ -114,9 +114,15 @@ impl OrtStage {
         step_with: impl FnOnce(&mut dyn Optimizer, &mut [f32], &[f32], f64) -> Result<T>,
     ) -> Result<T> {
         self.tap("grad", step, &self.grads);
-        let out = step_with(self.optimizer.as_mut(), &mut self.params, &self.grads, lr)?;
-        self.tap("param", step, &self.params);
-        Ok(out)
+        let Some(part) = &self.zero else {
+            let out = step_with(self.optimizer.as_mut(), &mut self.params, &self.grads, lr)?;
+            self.tap("param", step, &self.params);
+            return Ok(out);
+        };
+        // This replica's part; the parameters are tapped once gathered.
+        let own = part.own_values();
+        let (params, grads) = (&mut self.params[own.clone()], &self.grads[own]);
+        step_with(self.optimizer.as_mut(), params, grads, lr)
     }
 
     /// Clears the gradients for step `step + 1`, whose loss is scaled by `loss_scale`.
@@ -269,6 +275,21 @@ impl StageCompute for OrtStage {
         }
     }
 
+    fn update_parts(&self) -> Option<Vec<std::ops::Range<usize>>> {
+        self.zero.as_ref().map(|z| z.values().to_vec())
+    }
+
+    fn take_params(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.params)
+    }
+
+    fn put_params(&mut self, params: Vec<f32>) {
+        self.params = params;
+        if self.zero.is_some() {
+            self.tap("param", self.steps_done.saturating_sub(1), &self.params);
+        }
+    }
+
     fn reduce_buckets_into(&mut self, sink: Option<flume::Sender<Vec<f32>>>) -> bool {
         if self.chain.is_none() {
             return false;
@@ -319,8 +340,9 @@ impl StageCompute for OrtStage {
     }
 
     async fn update_counting(&mut self, step: u64, lr: f64) -> Result<GradStats, BoxError> {
-        // A tensor-parallel shard counts only its part of the split parameters.
-        if self.shard.is_some() {
+        // A tensor-parallel shard counts only its part of the split parameters; a
+        // replica updating its part of the stage (ZeRO) counts every gradient.
+        if self.shard.is_some() || self.zero.is_some() {
             let stats = self.grad_stats(step);
             self.optimize(step, lr, |o, p, g, lr| o.step(p, g, lr))?;
             self.end_step(step, 1.0);
@@ -353,6 +375,7 @@ impl StageCompute for OrtStage {
             optimizer: self.optimizer.as_ref(),
             stats: &entries,
             shard: self.shard.as_ref().map(super::StageShard::saved),
+            zero: self.zero.as_ref().map(|z| (z.rank, z.own_tensors())),
         };
         Ok(crate::checkpoint::save_job(
             stage,

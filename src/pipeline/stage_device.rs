@@ -21,7 +21,7 @@ use crate::{Error, Result};
 
 /// Whether a stage opened with `opts` and `settings` keeps its state on its device: on a
 /// GPU, asked for, and with nothing that reads the buffers on the host every step
-/// (tensor shards, gradient buckets, Adasum, histograms) or updates per tensor (LAMB).
+/// (tensor shards, gradient buckets, Adasum, a sharded optimizer, histograms) or updates per tensor (LAMB).
 pub(super) fn keeps_state_on_device(
     opts: &SessionOptions,
     settings: &StageSettings,
@@ -32,6 +32,7 @@ pub(super) fn keeps_state_on_device(
         && settings.shard.is_none()
         && chain.is_none()
         && settings.adasum.is_none()
+        && settings.zero.is_none()
         && settings.histograms.is_none()
         && !matches!(settings.optimizer, OptimizerConfig::Lamb { .. })
 }

@@ -262,9 +262,10 @@ pub(super) fn check_fits(
     }
 }
 
-/// Layouts of one replica per process (more pipeline stages, recompute) whose every
-/// rank is predicted to fit in `room` bytes, as a sentence. Each process builds the
-/// whole training graph, so graph building's peak (`need.so_far`) bounds every layout.
+/// Layouts of one replica per process (more pipeline stages, recompute, and with
+/// data parallelism the optimizer state sharded) whose every rank is predicted to fit in
+/// `room` bytes, as a sentence. Each process builds the whole training graph, so graph
+/// building's peak (`need.so_far`) bounds every layout.
 fn what_fits(cfg: &TrainConfig, tg: &TrainingGraph, room: u64, need: &ProcessMemory) -> String {
     if need.so_far > room {
         return format!(
@@ -274,40 +275,62 @@ fn what_fits(cfg: &TrainConfig, tg: &TrainingGraph, room: u64, need: &ProcessMem
         );
     }
     let mut tried = Vec::new();
+    // Sharding the optimizer state is a choice where there are replicas to share it.
+    let zeros: &[u8] = match cfg.data_parallel_size > 1 {
+        true => &[0, 1],
+        false => &[0],
+    };
     for recompute in [Recompute::None, Recompute::Stage] {
         for pp in [1, 2, 4, 8, 16] {
-            let same = pp == cfg.pipeline_parallel_size && recompute == cfg.recompute;
-            if pp < cfg.pipeline_parallel_size || same {
-                continue;
+            for &zero in zeros.iter().filter(|&&z| z >= cfg.deepspeed_zero_stage) {
+                let same = pp == cfg.pipeline_parallel_size
+                    && recompute == cfg.recompute
+                    && zero == cfg.deepspeed_zero_stage;
+                if pp < cfg.pipeline_parallel_size || same {
+                    continue;
+                }
+                let mut c = cfg.clone();
+                c.pipeline_parallel_size = pp;
+                c.recompute = recompute;
+                c.deepspeed_zero_stage = zero;
+                c.pipeline.partition = None;
+                c.pipeline.virtual_stages = 1;
+                let Ok(ranks) = rank_totals(tg, &c) else {
+                    continue;
+                };
+                let top = ranks.iter().max().copied().unwrap_or(0);
+                let worst = (top + need.fixed).max(need.so_far);
+                let layout = format!("{} ({} per rank)", layout_text(&c), gb(worst));
+                if worst <= room {
+                    return format!("would fit: {layout}");
+                }
+                tried.push(layout);
             }
-            let mut c = cfg.clone();
-            c.pipeline_parallel_size = pp;
-            c.recompute = recompute;
-            c.pipeline.partition = None;
-            c.pipeline.virtual_stages = 1;
-            let Ok(ranks) = rank_totals(tg, &c) else {
-                continue;
-            };
-            let worst = (ranks.iter().max().copied().unwrap_or(0) + need.fixed).max(need.so_far);
-            let recompute_text = match recompute {
-                Recompute::None => "",
-                Recompute::Stage => ", recompute = \"stage\"",
-            };
-            let layout = format!(
-                "pipeline_parallel_size = {pp}{recompute_text} ({} per rank)",
-                gb(worst)
-            );
-            if worst <= room {
-                return format!("would fit: {layout}; optimizer state sharding is not built yet");
-            }
-            tried.push(layout);
         }
     }
+    let sharding = match cfg.data_parallel_size {
+        1 => {
+            "; with data_parallel_size > 1, deepspeed_zero_stage = 1 also shares the \
+              optimizer state among the replicas"
+        }
+        _ => "",
+    };
     format!(
-        "no layout of one replica per process is predicted to fit: {}; optimizer state \
-         sharding is not built yet",
+        "no layout of one replica per process is predicted to fit: {}{sharding}",
         tried.join(", ")
     )
+}
+
+/// The settings `what_fits` varies, as a configuration would write them.
+fn layout_text(c: &TrainConfig) -> String {
+    let mut out = format!("pipeline_parallel_size = {}", c.pipeline_parallel_size);
+    if c.recompute == Recompute::Stage {
+        out.push_str(", recompute = \"stage\"");
+    }
+    if c.deepspeed_zero_stage == 1 {
+        out.push_str(", deepspeed_zero_stage = 1");
+    }
+    out
 }
 
 /// Per pipeline rank of `cfg`'s layout, the predicted bytes of its stages (one replica,

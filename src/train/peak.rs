@@ -126,26 +126,45 @@ pub(crate) fn stage_memory(
     // accumulating sessions); on a device they arrive in a buffer of their own first.
     let on_device = cfg.runtime.device != crate::compute::Device::Cpu;
     let accumulating = u64::from(cfg.gradient_accumulation_steps > 1 && on_device);
-    let copies = 2 + moments(&cfg.optimizer) + accumulating;
+    let copies = 2 + accumulating;
     // Parameters' gradients are in `state`: written into the accumulators, or (a later
     // micro-batch's) the accumulating copy.
     let grads: HashSet<&str> = tg.params.iter().map(|p| p.grad.as_str()).collect();
     stages
         .iter()
         .map(|g| {
-            let params: u64 =
-                g.io.params
-                    .iter()
-                    .filter_map(|p| param_bytes.get(p.as_str()))
-                    .sum();
+            let sizes: Vec<u64> = (g.io.params.iter())
+                .filter_map(|p| param_bytes.get(p.as_str()).copied())
+                .collect();
+            let params: u64 = sizes.iter().sum();
             StageMemory {
-                state: copies * params,
+                state: copies * params + moments(&cfg.optimizer) * updated_bytes(cfg, &sizes),
                 stash: stash.get(g.stage).copied().unwrap_or(0),
                 workspace: (workspace(g, &tg.metas, &grads) as f64 * ARENA_OVERHEAD) as u64,
                 constants: 2 * constants(g),
             }
         })
         .collect()
+}
+
+/// The bytes of the parameters (of `sizes` bytes each) whose optimizer state one
+/// replica keeps: all of them, or with the state sharded across the data-parallel
+/// replicas (ZeRO stage 1), the largest replica's part.
+fn updated_bytes(cfg: &TrainConfig, sizes: &[u64]) -> u64 {
+    let dp = cfg.data_parallel_size;
+    if cfg.deepspeed_zero_stage == 0 || dp == 1 {
+        return sizes.iter().sum();
+    }
+    let layout = crate::optim::ParamLayout::new(
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| (i.to_string(), vec![b as usize])),
+    );
+    (layout.partition(dp).into_iter())
+        .map(|t| layout.values_of(t).len() as u64)
+        .max()
+        .unwrap_or(0)
 }
 
 /// The most bytes one of `g`'s training passes holds at once, besides `grads`.

@@ -24,7 +24,7 @@ use crate::graph::{
 use crate::onnx::proto::ModelProto;
 use crate::onnx::save_model;
 use crate::pipeline::OrtStage;
-use crate::pipeline::{AdasumSlot, HistogramTap};
+use crate::pipeline::{AdasumSlot, HistogramTap, ZeroSlot};
 use crate::{Error, Result};
 
 /// The model as it trains, and where it starts.
@@ -283,6 +283,11 @@ pub(super) fn make_computes(
             replica,
             replicas: cfg.data_parallel_size,
         });
+        st.zero =
+            (cfg.deepspeed_zero_stage == 1 && cfg.data_parallel_size > 1).then_some(ZeroSlot {
+                rank: replica / cfg.horizontal_parallel_size,
+                ranks: cfg.data_parallel_size,
+            });
         st.overflow_at = cfg
             .debug
             .inject_grad_overflow

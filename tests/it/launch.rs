@@ -161,3 +161,16 @@ fn four_nodes_combine_gradients_by_adasum_exactly_as_one_process() {
     assert_eq!(a[0], s[0], "the first step's loss comes before any update");
     assert_ne!(a[1..], s[1..], "Adasum changes the updates");
 }
+
+/// `deepspeed_zero_stage = 1`: each replica updates its half of each stage and the
+/// halves travel round the ring's all-gather; the job trains bitwise as one process
+/// without sharding (AdamW).
+#[test]
+fn four_nodes_shard_the_optimizer_state_exactly_as_one_unsharded_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 8;
+    let cfg = train_config(dir.path(), "cluster", steps, "deepspeed_zero_stage = 1\n");
+    let single = train_config(dir.path(), "single", steps, "");
+    let model = dir.path().join("cluster/model.onnx");
+    job_equals_one_process(dir.path(), &[cfg.as_path(); 4], &single, steps, &model);
+}

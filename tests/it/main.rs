@@ -58,3 +58,4 @@ mod tensorboard;
 mod tensorboard_run;
 mod train_curves;
 mod unfed_inputs;
+mod zero;

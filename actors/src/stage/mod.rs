@@ -233,20 +233,22 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
     }
 
     /// A checkpoint round: replica 0's actors snapshot their stages (every replica holds
-    /// the same state); the jobs go back to the coordinator, which writes them.
+    /// the same state; with a sharded optimizer, each replica its part); the jobs go
+    /// back to the coordinator, which writes them.
     fn snapshot(
         &mut self,
         steps_done: u64,
         dir: &std::path::Path,
     ) -> Result<StepOutcome, ActorError> {
         let mut out = StepOutcome::default();
-        // Data-parallel replica 0's tensor shards: each saves its part.
-        if self.replica >= self.shards {
-            return Ok(out);
-        }
         let mut stages: Vec<usize> = self.computes.keys().copied().collect();
         stages.sort_unstable();
         for s in stages {
+            // Data-parallel replica 0's tensor shards: each saves its part; every
+            // replica holding a part of a sharded optimizer state saves that part.
+            if self.replica >= self.shards && self.compute(s)?.update_parts().is_none() {
+                continue;
+            }
             let job = self
                 .compute(s)?
                 .save(s, dir)

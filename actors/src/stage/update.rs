@@ -27,7 +27,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                 .await
                 .map_err(|source| self.failed(action, source))?;
             out.grads.push((s, stats));
-            return Ok(());
+            return self.gather_params(action).await;
         }
         let d = match *decision {
             Some(d) => d,
@@ -40,7 +40,29 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
         self.compute(s)?
             .update(step, lr, &d)
             .await
-            .map_err(|source| self.failed(action, source))
+            .map_err(|source| self.failed(action, source))?;
+        self.gather_params(action).await
+    }
+
+    /// After an update of its part only (ZeRO stage 1), every replica's updated part of
+    /// the stage's parameters, gathered from its data-parallel group.
+    async fn gather_params(&mut self, action: Action) -> Result<(), ActorError> {
+        let s = action.stage();
+        let Some(parts) = self.compute(s)?.update_parts() else {
+            return Ok(());
+        };
+        self.set(Status::Waiting {
+            action,
+            from: "the other replicas' updated parameters".into(),
+        });
+        let params = self.compute(s)?.take_params();
+        let gathered = self
+            .collective
+            .all_gather(s, self.replica, params, &parts)
+            .await?;
+        self.compute(s)?.put_params(gathered);
+        self.set(Status::Running(action));
+        Ok(())
     }
 
     /// The update decision of `step`, taken at the rank's first optimizer step, when

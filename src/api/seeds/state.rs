@@ -75,6 +75,7 @@ impl CheckpointState {
                     optimizer: opt,
                     stats: &[],
                     shard: None,
+                    zero: None,
                 },
                 None,
                 &Default::default(),
