@@ -108,6 +108,16 @@ impl OrtStage {
         let zero = settings
             .zero
             .map(|slot| super::ZeroPart::new(&layout, slot));
+        if let Some(part) = &zero {
+            tracing::info!(
+                "stage {}: data-parallel rank {} keeps the optimizer state of {} of its {} \
+                 parameter values (deepspeed_zero_stage = 1)",
+                graphs.stage,
+                part.rank,
+                part.own_values().len(),
+                layout.len()
+            );
+        }
         // Sharded, the optimizer holds its state for this replica's part only.
         let updated = match &zero {
             Some(part) => layout.part(part.own_tensors()),
