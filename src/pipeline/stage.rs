@@ -322,6 +322,27 @@ impl OrtStage {
         }
     }
 
+    /// [`OrtStage::parameters`], the stage's sessions, gradients and optimizer state
+    /// freed before the copies are made, so that they never sit beside them (the end
+    /// of a run).
+    ///
+    /// # Errors
+    /// As [`OrtStage::parameters`].
+    pub fn into_parameters(self) -> Result<Vec<(String, Tensor)>> {
+        if self.device_state.is_some() && self.host_stale {
+            return self.parameters();
+        }
+        let (layout, params, stats) = {
+            let stage = self;
+            let stats = stage.buffer_values();
+            (stage.layout, stage.params, stats)
+        };
+        let mut trained = tensors_of(&layout, &params);
+        drop(params);
+        trained.extend(stats);
+        Ok(trained)
+    }
+
     /// [`OrtStage::parameters`] from the host copy (the values themselves for a stage on
     /// the host, as the seeds' modules are).
     pub fn host_parameters(&self) -> Vec<(String, Tensor)> {
@@ -329,15 +350,7 @@ impl OrtStage {
     }
 
     fn parameters_of(&self, params: &[f32]) -> Vec<(String, Tensor)> {
-        let mut trained: Vec<(String, Tensor)> = (0..self.layout.count())
-            .map(|i| {
-                let t = Tensor {
-                    shape: self.layout.shapes()[i].clone(),
-                    data: crate::tensor::TensorData::F32(self.layout.slice(params, i).to_vec()),
-                };
-                (self.layout.names()[i].clone(), t)
-            })
-            .collect();
+        let mut trained = tensors_of(&self.layout, params);
         trained.extend(self.buffer_values());
         trained
     }
@@ -365,4 +378,15 @@ impl OrtStage {
         crate::checkpoint::restore_params(ckpt, &self.layout, &mut self.params)?;
         self.push_to_device(false)
     }
+}
+
+/// `params` (laid out as `layout`) as one tensor per parameter, by name.
+fn tensors_of(layout: &ParamLayout, params: &[f32]) -> Vec<(String, Tensor)> {
+    let tensor = |i: usize| Tensor {
+        shape: layout.shapes()[i].clone(),
+        data: crate::tensor::TensorData::F32(layout.slice(params, i).to_vec()),
+    };
+    (0..layout.count())
+        .map(|i| (layout.names()[i].clone(), tensor(i)))
+        .collect()
 }

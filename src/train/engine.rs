@@ -51,13 +51,18 @@ pub(super) async fn run_engine<K: Collective>(
                 .enumerate()
                 .map(|(s, c)| (s, c.peak_stash_bytes(), c.shard_traffic()))
                 .collect();
-            // Data-parallel replica 0: its tensor shards, each stage's parts together.
+            // Data-parallel replica 0: its tensor shards, each stage's parts together;
+            // the other replicas go first, and each stage frees its sessions, gradients
+            // and optimizer state before its parameters are copied out (GPT-2 small,
+            // SGD: the run's peak was these copies beside the whole training state).
+            let mut computes = out.computes;
+            computes.truncate(engine.shards);
             let mut by_shard = Vec::with_capacity(engine.shards);
-            for r in &out.computes[..engine.shards] {
-                let stages: Vec<_> = r.iter().map(OrtStage::parameters).collect::<Result<_>>()?;
+            for r in computes {
+                let stages = r.into_iter().map(OrtStage::into_parameters);
+                let stages: Vec<_> = stages.collect::<Result<_>>()?;
                 by_shard.push(stages.into_iter().flatten().collect());
             }
-            drop(out.computes);
             let params = whole_parameters(plan, by_shard)?;
             Ok((out.steps, out.trace, params, peaks))
         }
@@ -75,12 +80,6 @@ pub(super) async fn run_engine<K: Collective>(
                 .filter(|((r, _), _)| *r < engine.shards)
                 .collect();
             mine.sort_by_key(|((r, s), _)| (*s, *r));
-            let mut local = Vec::new();
-            if gather {
-                for ((r, _), c) in &mine {
-                    local.extend(c.parameters()?.into_iter().map(|(n, t)| (*r, n, t)));
-                }
-            }
             let peaks = mine
                 .iter()
                 .filter(|((r, _), _)| *r == 0)
@@ -89,7 +88,12 @@ pub(super) async fn run_engine<K: Collective>(
             // The stages' sessions, gradients and optimizer state go before the gather's
             // copies arrive (a launched rank of a wide GPT with AdamW: its peak 1.31 ->
             // 0.96 GB, the steps' own).
-            drop(mine);
+            let mut local = Vec::new();
+            for ((r, _), c) in mine {
+                if gather {
+                    local.extend(c.into_parameters()?.into_iter().map(|(n, t)| (r, n, t)));
+                }
+            }
             // Gathered only for the trained model's file: every rank would receive every
             // parameter (a rank of a 1-billion-parameter model at pp = 4 was killed by its
             // 6 GB cap there, after training).
