@@ -80,10 +80,19 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             return Ok(());
         }
         let grads = self.compute(s)?.take_grads();
-        let sum = self
-            .collective
-            .all_reduce_sum(s, self.replica, grads)
-            .await?;
+        // A replica updating its part of the stage needs only that part summed.
+        let sum = match self.compute(s)?.update_parts() {
+            Some(parts) => {
+                (self.collective)
+                    .reduce_scatter(s, self.replica, grads, &parts)
+                    .await?
+            }
+            None => {
+                (self.collective)
+                    .all_reduce_sum(s, self.replica, grads)
+                    .await?
+            }
+        };
         self.compute(s)?.put_grads(sum);
         Ok(())
     }

@@ -149,27 +149,9 @@ impl Group {
         };
         let uneven = all.iter().position(|b| b.len != n);
         if uneven.is_none() {
-            let range = chunk(n, d, replica);
-            let own = all[replica];
             // SAFETY: chunk `replica` of every buffer is touched by this replica alone in
             // this phase (see above); every owner is blocked in this round.
-            unsafe {
-                // Block by block through a small buffer: each block of every input is read
-                // (own values included) before the sum is written over the own block.
-                let mut tmp = [0.0f32; BLOCK];
-                let mut at = range.start;
-                while at < range.end {
-                    let len = BLOCK.min(range.end - at);
-                    let t = &mut tmp[..len];
-                    t.copy_from_slice(std::slice::from_raw_parts(all[0].ptr.add(at), len));
-                    for b in &all[1..] {
-                        let x = std::slice::from_raw_parts(b.ptr.add(at), len);
-                        t.iter_mut().zip(x).for_each(|(s, v)| *s += v);
-                    }
-                    std::slice::from_raw_parts_mut(own.ptr.add(at), len).copy_from_slice(t);
-                    at += len;
-                }
-            }
+            unsafe { sum_into(&all, replica, chunk(n, d, replica)) };
         }
         self.summed_all.wait().await;
         if let Some(r) = uneven {
@@ -201,6 +183,67 @@ impl Group {
         Ok(std::mem::take(&mut buf))
     }
 
+    /// One reduce-scatter round, from member `member`: it sums part `parts[member]` of
+    /// every buffer into its own, as the first phase of [`Group::all_reduce`] does with
+    /// its chunk (the same order, so the same bits). The parts are disjoint (checked
+    /// first), so no two members touch the same values; the second barrier keeps every
+    /// buffer alive until no one reads it.
+    async fn reduce_scatter(
+        &self,
+        stage: usize,
+        member: usize,
+        mut buf: Vec<f32>,
+        parts: &[std::ops::Range<usize>],
+    ) -> Result<Vec<f32>, ActorError> {
+        let n = buf.len();
+        self.check_parts(stage, member, parts, n)?;
+        self.lend(stage, member, &mut buf)?;
+        self.lent_all.wait().await;
+        let all: Vec<Lent> = {
+            let lent = self.lent.lock().map_err(|_| self.poisoned(stage))?;
+            lent.iter().flatten().copied().collect()
+        };
+        let uneven = all.iter().position(|b| b.len != n);
+        if uneven.is_none() {
+            // SAFETY: part `member` of every buffer is touched by this member alone in
+            // this round; every owner is blocked in it.
+            unsafe { sum_into(&all, member, parts[member].clone()) };
+        }
+        self.summed_all.wait().await;
+        self.lent.lock().map_err(|_| self.poisoned(stage))?[member] = None;
+        if let Some(r) = uneven {
+            let got = all[r].len;
+            return Err(self.protocol(
+                r,
+                stage,
+                format!("gradient of {got} values, replica {member} has {n}"),
+            ));
+        }
+        // Nobody holds a pointer into `buf` any more.
+        Ok(std::mem::take(&mut buf))
+    }
+
+    /// Refuses parts that are not one disjoint range per member within `len` values.
+    fn check_parts(
+        &self,
+        stage: usize,
+        member: usize,
+        parts: &[std::ops::Range<usize>],
+        len: usize,
+    ) -> Result<(), ActorError> {
+        if parts.len() == self.replicas && disjoint_within(parts, len) {
+            return Ok(());
+        }
+        Err(self.protocol(
+            member,
+            stage,
+            format!(
+                "parts {parts:?} are not {} disjoint ranges within {len} values",
+                self.replicas
+            ),
+        ))
+    }
+
     /// One all-gather round, from member `member`: it copies part `s` of buffer `s`
     /// into its own buffer for every `s != member`. Part `s` of buffer `s` is only read
     /// in this round, and the other parts of a buffer only written by its owner; the
@@ -214,16 +257,7 @@ impl Group {
         parts: &[std::ops::Range<usize>],
     ) -> Result<Vec<f32>, ActorError> {
         let n = buf.len();
-        if parts.len() != self.replicas || !disjoint_within(parts, n) {
-            return Err(self.protocol(
-                member,
-                stage,
-                format!(
-                    "all-gather parts {parts:?} are not {} disjoint ranges within {n} values",
-                    self.replicas
-                ),
-            ));
-        }
+        self.check_parts(stage, member, parts, n)?;
         self.lend(stage, member, &mut buf)?;
         self.lent_all.wait().await;
         let all: Vec<Lent> = {
@@ -299,6 +333,27 @@ impl Collective for LocalCollective {
         group.all_reduce(stage, replica / self.shards, buf).await
     }
 
+    async fn reduce_scatter(
+        &self,
+        stage: usize,
+        replica: usize,
+        buf: Vec<f32>,
+        parts: &[std::ops::Range<usize>],
+    ) -> Result<Vec<f32>, ActorError> {
+        if self.replicas == self.shards {
+            return Ok(buf);
+        }
+        let group = self
+            .groups
+            .get(stage * self.shards + replica % self.shards)
+            .ok_or_else(|| ActorError::ActorGone {
+                actor: format!("reduce-scatter group of stage {stage}"),
+            })?;
+        group
+            .reduce_scatter(stage, replica / self.shards, buf, parts)
+            .await
+    }
+
     async fn all_gather(
         &self,
         stage: usize,
@@ -318,6 +373,33 @@ impl Collective for LocalCollective {
         group
             .all_gather(stage, replica / self.shards, buf, parts)
             .await
+    }
+}
+
+/// Sums `range` of every buffer of `all` (in their order) into `range` of buffer `own`,
+/// block by block through a small buffer: each block of every input is read (own
+/// values included) before the sum is written over the own block.
+///
+/// # Safety
+/// Every buffer of `all` is alive and at least `range.end` long, and no one else
+/// touches `range` of any of them meanwhile.
+unsafe fn sum_into(all: &[Lent], own: usize, range: std::ops::Range<usize>) {
+    let mut tmp = [0.0f32; BLOCK];
+    let mut at = range.start;
+    while at < range.end {
+        let len = BLOCK.min(range.end - at);
+        let t = &mut tmp[..len];
+        // SAFETY: within the buffers (the caller's promise), and not written by anyone
+        // else meanwhile.
+        unsafe {
+            t.copy_from_slice(std::slice::from_raw_parts(all[0].ptr.add(at), len));
+            for b in &all[1..] {
+                let x = std::slice::from_raw_parts(b.ptr.add(at), len);
+                t.iter_mut().zip(x).for_each(|(s, v)| *s += v);
+            }
+            std::slice::from_raw_parts_mut(all[own].ptr.add(at), len).copy_from_slice(t);
+        }
+        at += len;
     }
 }
 
@@ -403,5 +485,45 @@ mod tests {
             .all_gather(0, 0, vec![0.0; 10], &[0..6, 5..10, 10..10])
             .await;
         assert!(bad.is_err(), "overlapping parts are refused");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+    async fn each_replica_gets_its_parts_sum_with_the_all_reduces_bits() {
+        let c = LocalCollective::spawn(1, 3, &mut JoinSet::new());
+        let n = 1000;
+        let parts = vec![0..450, 450..450, 450..1000];
+        let bufs: Vec<Vec<f32>> = (0..3)
+            .map(|r| {
+                (0..n)
+                    .map(|i| (i as f32 * 0.3 + r as f32) * 1.37e-3)
+                    .collect()
+            })
+            .collect();
+        let handles: Vec<_> = (bufs.iter().cloned().enumerate())
+            .map(|(r, b)| {
+                let c = c.clone();
+                tokio::spawn(async move { c.all_reduce_sum(0, r, b).await.unwrap() })
+            })
+            .collect();
+        let mut summed = Vec::new();
+        for h in handles {
+            summed.push(h.await.unwrap());
+        }
+        let handles: Vec<_> = (bufs.iter().cloned().enumerate())
+            .map(|(r, b)| {
+                let (c, parts) = (c.clone(), parts.clone());
+                tokio::spawn(async move { c.reduce_scatter(0, r, b, &parts).await.unwrap() })
+            })
+            .collect();
+        for (r, h) in handles.into_iter().enumerate() {
+            let got = h.await.unwrap();
+            let own = parts[r].clone();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&got[own.clone()]),
+                bits(&summed[r][own]),
+                "replica {r}"
+            );
+        }
     }
 }

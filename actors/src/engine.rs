@@ -34,6 +34,11 @@ pub struct EngineSettings {
     /// loss once (shard 0), and reduce gradients only with the same shard of the other
     /// data-parallel replicas.
     pub shards: usize,
+    /// Each data-parallel replica's gradient statistics cover only its part of each
+    /// stage (its stages shard the optimizer state and reduce-scatter the gradients,
+    /// [`crate::StageCompute::update_parts`]): the coordinator adds every replica's
+    /// rather than counting data-parallel replica 0's.
+    pub partial_stats: bool,
     /// Fail the run when no actor makes progress for this long.
     pub watchdog: Duration,
     /// Record what every actor did (see [`RunTrace`]).
@@ -66,6 +71,7 @@ impl EngineSettings {
             schedule,
             replicas,
             shards: 1,
+            partial_stats: false,
             watchdog: Duration::from_secs(300),
             record_trace: false,
             threads: ActorThreads::Dedicated,

@@ -198,6 +198,29 @@ pub trait Collective: Send + Sync + 'static {
         buf: Vec<f32>,
     ) -> impl Future<Output = Result<Vec<f32>, ActorError>> + Send;
 
+    /// The element-wise sum over replicas of part `parts[r]` of `buf`, into replica
+    /// `r`'s `buf` (the rest of it is left partly summed): the reduce-scatter half of
+    /// [`Collective::all_reduce_sum`], with the same rules for order and bits.
+    ///
+    /// # Errors
+    /// By default, `Settings`: the collective has no reduce-scatter.
+    fn reduce_scatter(
+        &self,
+        stage: usize,
+        replica: usize,
+        buf: Vec<f32>,
+        parts: &[std::ops::Range<usize>],
+    ) -> impl Future<Output = Result<Vec<f32>, ActorError>> + Send {
+        let _ = (stage, replica, parts);
+        async move {
+            drop(buf);
+            Err(ActorError::Settings {
+                reason: "this collective has no reduce-scatter (a sharded optimizer needs one)"
+                    .into(),
+            })
+        }
+    }
+
     /// Every data-parallel replica's part of `buf`, gathered into every replica's `buf`:
     /// `parts[r]` (disjoint, the same on every replica) is the part replica `r` of the
     /// data-parallel group holds; the rest is overwritten. The parts are copied, not

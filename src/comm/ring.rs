@@ -114,42 +114,37 @@ impl Collective for MeshCollective {
         replica: usize,
         mut buf: Vec<f32>,
     ) -> Result<Vec<f32>, ActorError> {
-        let shards = self.shards;
-        let n = self.placement.len() / shards;
-        if n <= 1 {
-            return Ok(buf);
-        }
-        let gone = |reason: String| ActorError::Peer { reason };
-        // Position in this shard's ring, and the ring neighbours' engine replicas.
-        let (shard, at) = (replica % shards, replica / shards);
-        let next = ((at + 1) % n) * shards + shard;
-        let prev = ((at + n - 1) % n) * shards + shard;
-        let next_node = self.placement[next][stage];
-        let prev_node = self.placement[prev][stage];
-        let (to_next, from_prev) = (self.channel(stage, next), self.channel(stage, replica));
+        let n = self.placement.len() / self.shards;
         let len = buf.len();
-        let link = Link {
-            mesh: &self.mesh,
-            next_node,
-            prev_node,
-            to_next,
-            from_prev,
-        };
-        // Reduce-scatter: at round k, pass on segment (at - k) and add the previous
-        // member's running sum of segment (at - k - 1) into ours (`at`: ring position).
-        for k in 0..n - 1 {
-            let send = segment(len, n, (at + n - k) % n);
-            let recv = segment(len, n, (at + 2 * n - k - 1) % n);
-            link.exchange(&mut buf, send, recv, add_into)
-                .await
-                .map_err(gone)?;
-        }
-        // All-gather: position p holds the full sum of segment p + 1; pass the full
-        // segments round.
+        // Position p ends the reduce-scatter holding the full sum of segment p + 1.
         let parts: Vec<_> = (0..n).map(|p| segment(len, n, (p + 1) % n)).collect();
+        let Some((link, at)) = self.ring_link(stage, replica, &parts, len)? else {
+            return Ok(buf);
+        };
+        let gone = |reason: String| ActorError::Peer { reason };
+        scatter_round(&link, &mut buf, &parts, at)
+            .await
+            .map_err(gone)?;
+        // All-gather: pass the full segments round.
         gather_round(&link, &mut buf, &parts, at)
             .await
             .map_err(gone)?;
+        Ok(buf)
+    }
+
+    async fn reduce_scatter(
+        &self,
+        stage: usize,
+        replica: usize,
+        mut buf: Vec<f32>,
+        parts: &[std::ops::Range<usize>],
+    ) -> Result<Vec<f32>, ActorError> {
+        let Some((link, at)) = self.ring_link(stage, replica, parts, buf.len())? else {
+            return Ok(buf);
+        };
+        scatter_round(&link, &mut buf, parts, at)
+            .await
+            .map_err(|reason| ActorError::Peer { reason })?;
         Ok(buf)
     }
 
@@ -160,20 +155,39 @@ impl Collective for MeshCollective {
         mut buf: Vec<f32>,
         parts: &[std::ops::Range<usize>],
     ) -> Result<Vec<f32>, ActorError> {
+        let Some((link, at)) = self.ring_link(stage, replica, parts, buf.len())? else {
+            return Ok(buf);
+        };
+        gather_round(&link, &mut buf, parts, at)
+            .await
+            .map_err(|reason| ActorError::Peer { reason })?;
+        Ok(buf)
+    }
+}
+
+impl MeshCollective {
+    /// The ring neighbours of `replica` for `stage` and its ring position, for a round
+    /// over `parts` of a buffer of `len` values (`None`: a ring of one, nothing to do).
+    fn ring_link(
+        &self,
+        stage: usize,
+        replica: usize,
+        parts: &[std::ops::Range<usize>],
+        len: usize,
+    ) -> Result<Option<(Link<'_>, usize)>, ActorError> {
         let shards = self.shards;
         let n = self.placement.len() / shards;
         if n <= 1 {
-            return Ok(buf);
+            return Ok(None);
         }
-        let ordered = parts.windows(2).all(|w| w[0].end <= w[1].start);
-        if parts.len() != n || !ordered || parts.iter().any(|p| p.end > buf.len()) {
+        let mut sorted = parts.to_vec();
+        sorted.sort_by_key(|p| p.start);
+        let disjoint = sorted.windows(2).all(|w| w[0].end <= w[1].start);
+        if parts.len() != n || !disjoint || parts.iter().any(|p| p.start > p.end || p.end > len) {
             return Err(ActorError::Protocol {
                 replica,
                 rank: stage,
-                reason: format!(
-                    "all-gather parts {parts:?} are not {n} disjoint ranges within {} values",
-                    buf.len()
-                ),
+                reason: format!("parts {parts:?} are not {n} disjoint ranges within {len} values"),
             });
         }
         let (shard, at) = (replica % shards, replica / shards);
@@ -186,11 +200,26 @@ impl Collective for MeshCollective {
             to_next: self.channel(stage, next),
             from_prev: self.channel(stage, replica),
         };
-        gather_round(&link, &mut buf, parts, at)
-            .await
-            .map_err(|reason| ActorError::Peer { reason })?;
-        Ok(buf)
+        Ok(Some((link, at)))
     }
+}
+
+/// The ring's reduce-scatter from position `at`, which ends holding the full sum of
+/// `parts[at]`: at round k it passes on its running sum of part (at - k - 1) and adds
+/// the previous position's running sum of part (at - k - 2) into its own.
+async fn scatter_round(
+    link: &Link<'_>,
+    buf: &mut [f32],
+    parts: &[std::ops::Range<usize>],
+    at: usize,
+) -> Result<(), String> {
+    let n = parts.len();
+    for k in 0..n - 1 {
+        let send = parts[(at + 2 * n - k - 1) % n].clone();
+        let recv = parts[(at + 2 * n - k - 2) % n].clone();
+        link.exchange(buf, send, recv, add_into).await?;
+    }
+    Ok(())
 }
 
 /// The ring's all-gather from position `at`, which holds `parts[at]`: at round k it

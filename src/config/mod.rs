@@ -407,6 +407,12 @@ impl TrainConfig {
         }
     }
 
+    /// Whether each data-parallel replica keeps the optimizer state of its part of
+    /// every stage only (`deepspeed_zero_stage = 1` with replicas to share it).
+    pub fn shards_optimizer_state(&self) -> bool {
+        self.deepspeed_zero_stage == 1 && self.data_parallel_size > 1
+    }
+
     /// Whether stages run their backward as input-gradient and weight-gradient halves.
     pub fn split_backward(&self) -> bool {
         matches!(

@@ -246,6 +246,14 @@ impl TrainConfig {
                     .into(),
             ));
         }
+        if self.deepspeed_zero_stage == 1 && self.enable_adasum {
+            return Err(bad(
+                "deepspeed_zero_stage",
+                "Adasum combines every replica's whole gradients, a sharded optimizer state \
+                 reduce-scatters them; use one or the other"
+                    .into(),
+            ));
+        }
         if self.enable_adasum && !self.data_parallel_size.is_power_of_two() {
             return Err(bad(
                 "enable_adasum",

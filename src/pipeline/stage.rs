@@ -357,11 +357,22 @@ impl OrtStage {
 
     /// Sends copies of the named tensors of `buf` (parameters or gradients) to the tap.
     pub(super) fn tap(&self, kind: &str, step: u64, buf: &[f32]) {
+        self.tap_part(kind, step, buf, 0..self.layout.count());
+    }
+
+    /// [`OrtStage::tap`] of the named tensors among `tensors` (layout indices) only.
+    pub(super) fn tap_part(
+        &self,
+        kind: &str,
+        step: u64,
+        buf: &[f32],
+        tensors: std::ops::Range<usize>,
+    ) {
         let Some(tap) = &self.settings.histograms else {
             return;
         };
         for name in &tap.names {
-            if let Some(i) = self.layout.index_of(name) {
+            if let Some(i) = self.layout.index_of(name).filter(|i| tensors.contains(i)) {
                 let values = self.layout.slice(buf, i).to_vec();
                 // The receiver only goes away when the run ends.
                 let _ = tap.tx.send((format!("{kind}/{name}"), step, values));

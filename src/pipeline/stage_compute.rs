@@ -99,8 +99,12 @@ impl OrtStage {
                 if let Err(e) = state.set_grad(0, f32::INFINITY) {
                     self.device_error.get_or_insert(e);
                 }
-            } else if let Some(g) = self.grads.first_mut() {
-                *g = f32::INFINITY;
+            } else {
+                // The first value this replica holds reduced.
+                let at = self.zero.as_ref().map_or(0, |z| z.own_values().start);
+                if let Some(g) = self.grads.get_mut(at) {
+                    *g = f32::INFINITY;
+                }
             }
         }
     }
@@ -113,14 +117,16 @@ impl OrtStage {
         lr: f64,
         step_with: impl FnOnce(&mut dyn Optimizer, &mut [f32], &[f32], f64) -> Result<T>,
     ) -> Result<T> {
-        self.tap("grad", step, &self.grads);
         let Some(part) = &self.zero else {
+            self.tap("grad", step, &self.grads);
             let out = step_with(self.optimizer.as_mut(), &mut self.params, &self.grads, lr)?;
             self.tap("param", step, &self.params);
             return Ok(out);
         };
-        // This replica's part; the parameters are tapped once gathered.
+        // This replica's part (of the gradients, the only one reduced); the parameters
+        // are tapped once gathered.
         let own = part.own_values();
+        self.tap_part("grad", step, &self.grads, part.own_tensors());
         let (params, grads) = (&mut self.params[own.clone()], &self.grads[own]);
         step_with(self.optimizer.as_mut(), params, grads, lr)
     }
@@ -307,6 +313,10 @@ impl StageCompute for OrtStage {
         if let Some(stats) = self.device_grad_stats() {
             return stats;
         }
+        // A replica updating its part of the stage holds only that part reduced.
+        if let Some(part) = &self.zero {
+            return GradStats::of(&self.grads[part.own_values()]);
+        }
         match &self.shard {
             Some(shard) => shard.grad_stats(&self.layout, &self.grads),
             None => GradStats::of(&self.grads),
@@ -340,8 +350,8 @@ impl StageCompute for OrtStage {
     }
 
     async fn update_counting(&mut self, step: u64, lr: f64) -> Result<GradStats, BoxError> {
-        // A tensor-parallel shard counts only its part of the split parameters; a
-        // replica updating its part of the stage (ZeRO) counts every gradient.
+        // A tensor-parallel shard counts only its part of the split parameters, a
+        // replica updating its part of the stage (ZeRO) that part.
         if self.shard.is_some() || self.zero.is_some() {
             let stats = self.grad_stats(step);
             self.optimize(step, lr, |o, p, g, lr| o.step(p, g, lr))?;

@@ -2,14 +2,19 @@
 //! `deepspeed_zero` and Megatron-LM's distributed optimizer): a stage's optimizer state
 //! sharded across its data-parallel replicas.
 //!
-//! Every replica keeps the whole parameters and gradients, and the gradients are reduced
-//! as without sharding. Each replica's optimizer holds the state of one part of the
-//! stage only, a run of whole tensors ([`ParamLayout::partition`]), so per-tensor updates
-//! (LAMB's trust ratio) and parameter groups work as they do on the whole; it updates
-//! that part, and the parameters are then all-gathered (the stage actor's optimizer step,
-//! through [`pipetrain_actors::Collective::all_gather`]). An element's update reads only
-//! that element, its gradient and the step's scalars, so a sharded run trains the same
-//! bits as an unsharded one; the optimizer's memory falls as 1 / replicas.
+//! Every replica keeps the whole parameters and gradient buffers. Each replica's
+//! optimizer holds the state of one part of the stage only, a run of whole tensors
+//! ([`ParamLayout::partition`]), so per-tensor updates (LAMB's trust ratio) and parameter
+//! groups work as they do on the whole. After the backward the gradients are
+//! reduce-scattered ([`pipetrain_actors::Collective::reduce_scatter`]: each replica gets
+//! the sum of its part, the bits the all-reduce would give), each replica takes its
+//! part's gradient statistics (the coordinator adds them up, `partial_stats`) and updates
+//! its part, and the parameters are then all-gathered (the stage actor's optimizer step,
+//! [`pipetrain_actors::Collective::all_gather`]): the bytes of one all-reduce, as
+//! without sharding. An element's update reads only that element, its gradient and the
+//! step's scalars, so a sharded run trains the same bits as an unsharded one (with
+//! clipping, the norm adds its parts in another order); the optimizer's memory falls as
+//! 1 / replicas. Gradient buckets are off: the reduction waits for the backward.
 //!
 //! A checkpoint keeps whole tensors by name, as always: data-parallel rank 0 saves the
 //! parameters and its part of the optimizer state, every other rank its own part in its

@@ -152,7 +152,7 @@ pub(crate) fn stage_memory(
 /// replicas (ZeRO stage 1), the largest replica's part.
 fn updated_bytes(cfg: &TrainConfig, sizes: &[u64]) -> u64 {
     let dp = cfg.data_parallel_size;
-    if cfg.deepspeed_zero_stage == 0 || dp == 1 {
+    if !cfg.shards_optimizer_state() {
         return sizes.iter().sum();
     }
     let layout = crate::optim::ParamLayout::new(

@@ -283,11 +283,10 @@ pub(super) fn make_computes(
             replica,
             replicas: cfg.data_parallel_size,
         });
-        st.zero =
-            (cfg.deepspeed_zero_stage == 1 && cfg.data_parallel_size > 1).then_some(ZeroSlot {
-                rank: replica / cfg.horizontal_parallel_size,
-                ranks: cfg.data_parallel_size,
-            });
+        st.zero = cfg.shards_optimizer_state().then_some(ZeroSlot {
+            rank: replica / cfg.horizontal_parallel_size,
+            ranks: cfg.data_parallel_size,
+        });
         st.overflow_at = cfg
             .debug
             .inject_grad_overflow

@@ -107,6 +107,7 @@ pub(super) async fn run_training<K: Collective>(
         control,
         spin: stage_spin(local_actors),
         shards: hp,
+        partial_stats: cfg.shards_optimizer_state(),
         ..EngineSettings::new(built.schedule, replicas)
     };
     let Prepared {

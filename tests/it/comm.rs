@@ -233,6 +233,34 @@ async fn mesh_of(n: usize, peer_timeout: Duration) -> Vec<Arc<Mesh>> {
     out
 }
 
+/// One reduce-scatter (or all-gather, `gather`) of `bufs` over `parts`, replica `r` on
+/// worker `r`; what each replica got back.
+async fn ring_round(
+    meshes: &[Arc<Mesh>],
+    placement: &[Vec<usize>],
+    bufs: &[Vec<f32>],
+    parts: &[std::ops::Range<usize>],
+    gather: bool,
+) -> Vec<Vec<f32>> {
+    let tasks: Vec<_> = (0..bufs.len())
+        .map(|r| {
+            let c = MeshCollective::new(meshes[r].clone(), placement.to_vec());
+            let (buf, parts) = (bufs[r].clone(), parts.to_vec());
+            tokio::spawn(async move {
+                match gather {
+                    true => c.all_gather(0, r, buf, &parts).await.unwrap(),
+                    false => c.reduce_scatter(0, r, buf, &parts).await.unwrap(),
+                }
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_workers_gather_reduce_and_transfer() {
     let meshes = mesh_of(3, Duration::from_secs(5)).await;
@@ -308,6 +336,26 @@ async fn three_workers_gather_reduce_and_transfer() {
     for i in 0..len {
         let exact: f64 = inputs.iter().map(|v| v[i] as f64).sum();
         assert!((reduced[0][i] as f64 - exact).abs() <= 1e-6, "element {i}");
+    }
+    // A reduce-scatter over uneven parts (one empty) leaves each replica its part of the
+    // same sum, and the all-gather then hands every replica each owner's part.
+    let parts = vec![0..2_000_000, 2_000_000..2_000_000, 2_000_000..len];
+    let scattered = ring_round(&meshes, &placement, &inputs, &parts, false).await;
+    for (r, got) in scattered.iter().enumerate() {
+        let own = parts[r].clone();
+        for i in own.clone().step_by(997) {
+            let exact: f64 = inputs.iter().map(|v| v[i] as f64).sum();
+            assert!(
+                (got[i] as f64 - exact).abs() <= 1e-6,
+                "replica {r} element {i}"
+            );
+        }
+    }
+    let gathered = ring_round(&meshes, &placement, &scattered, &parts, true).await;
+    for got in &gathered {
+        for (r, own) in parts.iter().enumerate() {
+            assert!(got[own.clone()] == scattered[r][own.clone()], "part {r}");
+        }
     }
     // Transfers reach the mailbox of the member they are for.
     let owner = vec![vec![0, 1, 2]];

@@ -71,6 +71,8 @@ pub(crate) struct CoordinatorSettings {
     pub replicas: usize,
     /// Tensor shards per data-parallel replica (see `EngineSettings::shards`).
     pub shards: usize,
+    /// Every replica's statistics count (see `EngineSettings::partial_stats`).
+    pub partial_stats: bool,
     pub stages: usize,
     /// Statistics each step's decision waits for in this process: the stages of its
     /// members.

@@ -130,12 +130,13 @@ impl Coordinator {
         // Every data-parallel replica holds the same reduced gradients: count each stage
         // once, from replica 0's shards (whose statistics count the replicated
         // parameters once between them), in stage order; any replica's overflow counts.
+        // Where each replica holds only its part of them, every replica's count.
         let mut per_stage: BTreeMap<(usize, usize), GradStats> = BTreeMap::new();
         let mut any_bad = false;
         for (replica, list) in &ranks {
             for &(stage, s) in list {
                 any_bad |= !s.finite();
-                if *replica < self.s.shards {
+                if self.counts(*replica) {
                     per_stage.insert((stage, *replica), s);
                 }
             }
@@ -152,6 +153,11 @@ impl Coordinator {
         for reply in waiters {
             let _ = reply.send(Ok(decision));
         }
+    }
+
+    /// Whether `replica`'s gradient statistics count towards the step's norm.
+    fn counts(&self, replica: usize) -> bool {
+        replica < self.s.shards || self.s.partial_stats
     }
 
     pub(super) fn end(
@@ -192,7 +198,7 @@ impl Coordinator {
             None => {
                 let sum: f64 = ordered
                     .iter()
-                    .filter(|(r, _, _)| *r < self.s.shards)
+                    .filter(|(r, _, _)| self.counts(*r))
                     .map(|(_, _, s)| s.sum_sq)
                     .sum();
                 sum.sqrt() / used

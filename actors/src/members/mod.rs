@@ -201,6 +201,7 @@ fn spawn_coordinator<P>(
         expected_losses: settings.replicas / shards * schedule.micro_batches(),
         replicas: settings.replicas,
         shards,
+        partial_stats: settings.partial_stats,
         stages: schedule.stages(),
         local_stats,
         bus: remote.as_ref().map(|r| r.bus.clone()),
