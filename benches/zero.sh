@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The optimizer state sharded across data-parallel replicas (deepspeed_zero_stage = 1),
 # measured: GPT-2 small (124 M, 4 x 128 tokens a micro-batch, AdamW) at dp = 2 x pp = 2,
-# four `pipetrain launch` processes on loopback, unsharded then sharded. Prints each
+# four `pipetrain launch` processes on loopback: unsharded with gradient buckets (the
+# default), unsharded without them (as sharded runs reduce), then sharded. Prints each
 # rank's predicted and measured peak memory, what its optimizer keeps, and whether the
-# two runs' losses are the same bits.
+# runs' losses are the same bits.
 #
 #   bash benches/zero.sh
 #
@@ -21,7 +22,7 @@ export RUST_LOG=${RUST_LOG:-info,onnxruntime=error}
 work=$(mktemp -d)
 trap 'cp -r "$work" /tmp/zero_last 2>/dev/null; rm -rf "$work"' EXIT
 
-config() { # config ZERO_STAGE
+config() { # config ZERO_STAGE BUCKET_MB
   cat <<EOF
 model_path = "$dir/model.onnx"
 batch_size = 2
@@ -31,6 +32,7 @@ data_parallel_size = 2
 pipeline_parallel_size = 2
 display_loss_steps = 1
 deepspeed_zero_stage = $1
+gradient_bucket_mb = $2
 [loss]
 kind = "softmax_cross_entropy"
 prediction = "logits"
@@ -50,9 +52,9 @@ EOF
 
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/cluster.secret"
 chmod 600 "$work/cluster.secret"
-run() { # run ZERO_STAGE
+run() { # run NAME ZERO_STAGE BUCKET_MB
   local z=$1 port=$((20000 + RANDOM % 20000))
-  config "$z" > "$work/z$z.toml"
+  config "$2" "$3" > "$work/z$z.toml"
   cat > "$work/manifest$z.toml" <<EOF
 [job]
 name = "zero"
@@ -78,7 +80,7 @@ EOF
     pids+=($!)
   done
   for i in 0 1 2 3; do wait "${pids[$i]}" || fail=1; done
-  echo "== deepspeed_zero_stage = $z: wall $(( $(date +%s) - start )) s"
+  echo "== deepspeed_zero_stage = $2, gradient_bucket_mb = $3: wall $(( $(date +%s) - start )) s"
   for i in 0 1 2 3; do
     keeps=$(grep -ho "data-parallel rank [0-9]* keeps the optimizer state of [0-9]* of its [0-9]*" "$work/z$z-n$i.out" | head -1 || true)
     peak=$(grep -ho "peak memory of this process: .*" "$work/z$z-n$i.out" | tail -1 || true)
@@ -86,10 +88,13 @@ EOF
   done
   [ "$fail" -eq 0 ] || { for i in 0 1 2 3; do tail -3 "$work/z$z-n$i.out"; done; exit 1; }
 }
-run 0
-run 1
-python3 - "$work/z0.jsonl" "$work/z1.jsonl" <<'PY'
+run buckets 0 25
+run whole 0 0
+run sharded 1 0
+python3 - "$work"/z{buckets,whole,sharded}.jsonl <<'PY'
 import json, sys
-a, b = ([json.loads(l)["loss"] for l in open(p) if "loss" in l] for p in sys.argv[1:])
-print(f"losses unsharded {a}\nlosses sharded   {b}\nthe same bits: {a == b}")
+runs = [[json.loads(l)["loss"] for l in open(p) if "loss" in l] for p in sys.argv[1:]]
+for name, losses in zip(["buckets", "whole", "sharded"], runs):
+    print(f"losses {name:8} {losses}")
+print(f"the same bits: {all(r == runs[0] for r in runs)}")
 PY

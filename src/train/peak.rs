@@ -7,7 +7,9 @@
 //!   SGD, one for momentum, two for Adam, AdamW and LAMB), in the parameters' type, and
 //!   on a GPU, where a step has several micro-batches, the gradients of the one in
 //!   flight (the first is written into the accumulators, the others arrive beside
-//!   them; on the host each is added as it is made, `graph::accumulating`);
+//!   them; on the host each is added as it is made, `graph::accumulating`); with the
+//!   optimizer state sharded (ZeRO stage 1), the moments of the largest replica's part;
+//!   with gradient buckets, their buffers (a second copy of the gradients);
 //! - **stash**: the values its in-flight micro-batches keep between forward and backward
 //!   at the schedule's peak (`memory::predicted_stash`);
 //! - **workspace**: the most bytes the largest of its passes holds at once, walking the
@@ -127,6 +129,9 @@ pub(crate) fn stage_memory(
     let on_device = cfg.runtime.device != crate::compute::Device::Cpu;
     let accumulating = u64::from(cfg.gradient_accumulation_steps > 1 && on_device);
     let copies = 2 + accumulating;
+    // Gradient buckets keep their own buffers, a second copy of a stage's gradients
+    // where they are more than one bucket (`pipeline::buckets`).
+    let bucket_bytes = super::settings::stage_settings(cfg, 1.0).bucket_bytes as u64;
     // Parameters' gradients are in `state`: written into the accumulators, or (a later
     // micro-batch's) the accumulating copy.
     let grads: HashSet<&str> = tg.params.iter().map(|p| p.grad.as_str()).collect();
@@ -137,8 +142,14 @@ pub(crate) fn stage_memory(
                 .filter_map(|p| param_bytes.get(p.as_str()).copied())
                 .collect();
             let params: u64 = sizes.iter().sum();
+            let buckets = match bucket_bytes > 0 && params > bucket_bytes {
+                true => params,
+                false => 0,
+            };
             StageMemory {
-                state: copies * params + moments(&cfg.optimizer) * updated_bytes(cfg, &sizes),
+                state: copies * params
+                    + moments(&cfg.optimizer) * updated_bytes(cfg, &sizes)
+                    + buckets,
                 stash: stash.get(g.stage).copied().unwrap_or(0),
                 workspace: (workspace(g, &tg.metas, &grads) as f64 * ARENA_OVERHEAD) as u64,
                 constants: 2 * constants(g),
@@ -315,6 +326,24 @@ mod tests {
             ..g
         };
         assert_eq!(live_peak(&g, &metas), 444);
+    }
+
+    #[test]
+    fn a_sharded_optimizer_state_counts_the_largest_replicas_part() {
+        let text = "model_path = \"m.onnx\"\nbatch_size = 1\nnum_train_steps = 1\n\
+                    data_parallel_size = 3\ndeepspeed_zero_stage = 1\n\
+                    [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"y\"\nlabel = \"t\"\n\
+                    [data]\npath = \"d.npz\"\n[optimizer]\nkind = \"adamw\"\n\
+                    [lr_schedule]\nkind = \"constant\"\nlr = 0.1\n";
+        let mut cfg: TrainConfig = toml::from_str(text).unwrap();
+        let sizes = [400, 40, 300, 260];
+        // Whole tensors: 400 | 340 | 260 of 1000.
+        assert_eq!(updated_bytes(&cfg, &sizes), 400);
+        cfg.deepspeed_zero_stage = 0;
+        assert_eq!(updated_bytes(&cfg, &sizes), 1000);
+        cfg.deepspeed_zero_stage = 1;
+        cfg.data_parallel_size = 1;
+        assert_eq!(updated_bytes(&cfg, &sizes), 1000, "no replicas to share it");
     }
 
     #[test]
