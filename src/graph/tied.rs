@@ -3,14 +3,15 @@
 //!
 //! The first stage that reads such a parameter owns it: it alone holds, updates and
 //! checkpoints it. An `Identity` node on that stage hands its value on as a forward value,
-//! and the later stages read that value instead, so it travels with each micro-batch like
-//! an activation and every schedule, recompute mode and process layout carries it
-//! unchanged. Its gradients travel back the same way: the parameter's gradient `Sum` sits
+//! and the later stages read that value instead, so it travels like an activation and
+//! every schedule, recompute mode and process layout carries it unchanged (the same in
+//! every micro-batch of a step, it crosses with the step's first forward only:
+//! `pipeline::tied`). Its gradients travel back the same way: the parameter's gradient `Sum` sits
 //! on the owner stage (autodiff anchors it at the parameter's first reader), so the
 //! contributions of later stages cross back as gradients and are summed there before the
 //! update, as DeepSpeed's `TiedLayerSpec` sums the copies' gradients.
 //!
-//! The price is traffic: the value and a gradient of the parameter's size cross each stage
+//! The price is traffic: a gradient of the parameter's size crosses each stage
 //! boundary between its readers once per micro-batch, where a per-step reduction between
 //! the readers would send it once per step.
 

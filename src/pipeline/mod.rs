@@ -17,6 +17,7 @@
 //!   each piece's gradients sent for reduction while the next pieces run.
 //! - `shard`: [`StageShard`], a stage that is one tensor shard: its split parameters in
 //!   gradient statistics, checkpoints and exported parameters.
+//! - `tied`: a tied weight's value handed on with a step's first forward only.
 //! - `zero`: [`ZeroPart`], a stage's optimizer state sharded across its data-parallel
 //!   replicas (ZeRO stage 1): which part each replica updates.
 //! - `data`: [`StepData`], the [`pipetrain_actors::DataSource`] splitting each step's
@@ -32,6 +33,7 @@ mod stage_compute;
 mod stage_device;
 mod stage_open;
 mod stage_run;
+mod tied;
 mod zero;
 
 pub use adasum::{adasum_pair, AdasumSlot};

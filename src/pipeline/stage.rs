@@ -60,6 +60,8 @@ pub struct OrtStage {
     /// This replica's part of the stage's optimizer state (ZeRO stage 1; `None`: it
     /// updates every parameter).
     pub(super) zero: Option<super::ZeroPart>,
+    /// The tied weights' values it sent and received this step (`pipeline::tied`).
+    pub(super) tied_handoffs: super::tied::TiedHandoffs,
     /// Micro-batches that contributed to this step's gradients so far.
     pub(super) contributions: usize,
     /// Buckets sent this step, awaiting their sums.
@@ -143,6 +145,7 @@ impl OrtStage {
         };
         Ok(OrtStage {
             zero,
+            tied_handoffs: Default::default(),
             device_state,
             host_stale: false,
             host_traffic: Default::default(),

@@ -35,7 +35,7 @@ impl OrtStage {
     /// What a forward pass hands on: the next stage's activations (its own outputs and
     /// what it passes through) and the loss on the last stage.
     fn forward_out(
-        &self,
+        &mut self,
         outputs: &Payload,
         input: &Payload,
         data: &Payload,
@@ -53,7 +53,8 @@ impl OrtStage {
                 .and_then(|t| t.to_f64_vec().first().copied())
         };
         let accuracy = scalar(ACC_CORRECT).zip(scalar(ACC_COUNTED));
-        let send = pick(&self.io.fwd_send, &[outputs, input]);
+        let mut send = pick(&self.io.fwd_send, &[outputs, input]);
+        (self.tied_handoffs).outgoing(self.steps_done, &self.io.tied, &mut send);
         Ok(ForwardOut {
             output: (!self.io.fwd_send.is_empty()).then_some(send),
             loss,
@@ -63,6 +64,20 @@ impl OrtStage {
 }
 
 impl OrtStage {
+    /// A forward's input from the previous stage, with the tied values it arrived
+    /// without (`pipeline::tied`).
+    fn received(&mut self, input: Option<Payload>) -> Result<Payload> {
+        let mut input = input.unwrap_or_default();
+        if !self.io.tied.is_empty() && !self.io.fwd_recv.is_empty() {
+            let tied: Vec<String> = (self.io.tied.iter())
+                .filter(|t| self.io.fwd_recv.contains(t))
+                .cloned()
+                .collect();
+            self.tied_handoffs.incoming(&tied, &mut input)?;
+        }
+        Ok(input)
+    }
+
     /// Notes the stash's size after it grew.
     fn stash_grew(&mut self) {
         let now: usize = self
@@ -157,7 +172,7 @@ impl StageCompute for OrtStage {
                 std::thread::sleep(hold);
             }
         }
-        let input = input.unwrap_or_default();
+        let input = self.received(input)?;
         let data = data.unwrap_or_default();
         if let Some(mut session) = self.sessions.fused.take() {
             let outputs = self.run_grads(&mut session, &[&input, &data]);
@@ -245,7 +260,7 @@ impl StageCompute for OrtStage {
         input: Option<Payload>,
         data: Option<Payload>,
     ) -> Result<ForwardOut<Payload>, BoxError> {
-        let input = input.unwrap_or_default();
+        let input = self.received(input)?;
         let data = data.unwrap_or_default();
         let outputs = self.forward_pass(true, &input, &data)?;
         self.forward_out(&outputs, &input, &data)

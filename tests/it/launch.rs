@@ -22,13 +22,23 @@ fn job_equals_one_process(
     steps: usize,
     model: &Path,
 ) -> Vec<std::process::Output> {
+    job_with_env_equals_one_process(dir, configs, (single, steps, model), &[])
+}
+
+/// [`job_equals_one_process`], the nodes started with `env` set.
+fn job_with_env_equals_one_process(
+    dir: &Path,
+    configs: &[&Path],
+    (single, steps, model): (&Path, usize, &Path),
+    env: &[(&str, &str)],
+) -> Vec<std::process::Output> {
     let m = manifest(dir, "0123456789abcdef0123456789abcdef", "");
     let metrics = dir.join("cluster.jsonl");
     let metrics_arg = metrics.to_str().unwrap().to_owned();
     let children: Vec<Child> = NODES
         .iter()
         .zip(configs)
-        .map(|(n, cfg)| launch(&m, n, cfg, &["--metrics", &metrics_arg], &[]))
+        .map(|(n, cfg)| launch(&m, n, cfg, &["--metrics", &metrics_arg], env))
         .collect();
     let outs = wait_all(children);
     for (n, o) in NODES.iter().zip(&outs) {
@@ -173,4 +183,52 @@ fn four_nodes_shard_the_optimizer_state_exactly_as_one_unsharded_process() {
     let single = train_config(dir.path(), "single", steps, "");
     let model = dir.path().join("cluster/model.onnx");
     job_equals_one_process(dir.path(), &[cfg.as_path(); 4], &single, steps, &model);
+}
+
+/// GPT-2 (the exported fixture) at dp 2 x pp 2: its tied token embedding crosses from
+/// the first stage to the second with each step's first forward only
+/// (`pipeline::tied`), over the sockets as in one process, and the job trains bitwise
+/// as one process (which hands the same value to every micro-batch).
+#[test]
+fn four_nodes_hand_a_tied_embedding_on_once_a_step_exactly_as_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 4;
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/gpt2");
+    let config = |name: &str| {
+        let text = format!(
+            r#"
+model_path = "{model}"
+output_path = "{name}/model.onnx"
+batch_size = 1
+gradient_accumulation_steps = 2
+num_train_steps = {passes}
+data_parallel_size = 2
+pipeline_parallel_size = 2
+display_loss_steps = 1
+[loss]
+kind = "softmax_cross_entropy"
+prediction = "logits"
+label = "labels"
+[data]
+path = "{data}"
+layout = {{ kind = "arrays", feeds = {{ input_ids = "input_ids", labels = "labels" }} }}
+{COMMON}"#,
+            model = fixture.join("model.onnx").display(),
+            data = fixture.join("data.npz").display(),
+            passes = steps * 2
+        );
+        let path = dir.path().join(format!("{name}.toml"));
+        fs::write(&path, text).unwrap();
+        path
+    };
+    let (cfg, single) = (config("cluster"), config("single"));
+    let model = dir.path().join("cluster/model.onnx");
+    let env = [("RUST_LOG", "info,onnxruntime=error")];
+    let run = (single.as_path(), steps, model.as_path());
+    let outs = job_with_env_equals_one_process(dir.path(), &[cfg.as_path(); 4], run, &env);
+    assert!(
+        stderr(&outs[0]).contains("is read by stages {0, 1}"),
+        "the embedding is tied across the stages:\n{}",
+        stderr(&outs[0])
+    );
 }

@@ -152,6 +152,7 @@ impl<'g> Cut<'g> {
             backward_weight: graph(&split.weight_nodes, &out.grads, "backward_weight")?,
             fused,
             io: StageIo {
+                tied: self.tied_values(fwd_recv.iter().chain(&fwd_send)),
                 params,
                 data: self.used_data(&n),
                 fwd_recv,
@@ -164,6 +165,19 @@ impl<'g> Cut<'g> {
                 buffers,
             },
         })
+    }
+
+    /// Of `values`, those an `Identity` makes of a parameter: a tied weight's value.
+    fn tied_values<'v>(&self, values: impl Iterator<Item = &'v String>) -> Vec<String> {
+        let of_param = |v: &str| {
+            let node = &self.tg.graph.nodes[*self.producer.get(v)?];
+            let input = node.input.first()?;
+            (node.op_type == "Identity" && self.tg.param(input).is_some()).then_some(())
+        };
+        let mut out: Vec<String> = values.filter(|v| of_param(v).is_some()).cloned().collect();
+        out.sort();
+        out.dedup();
+        out
     }
 
     /// Stage `s`'s forward and backward nodes.

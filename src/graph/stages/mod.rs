@@ -31,6 +31,9 @@ pub struct StageIo {
     pub fwd_recv: Vec<String>,
     /// Forward values leaving for the next stage.
     pub fwd_send: Vec<String>,
+    /// Of `fwd_recv` and `fwd_send`: a parameter's value handed on unchanged (a tied
+    /// weight, `graph::tied`), the same in every micro-batch of a step.
+    pub tied: Vec<String>,
     /// Gradients arriving from the next stage.
     pub bwd_recv: Vec<String>,
     /// Gradients leaving for the previous stage.
