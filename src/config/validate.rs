@@ -238,14 +238,6 @@ impl TrainConfig {
                 ),
             ));
         }
-        if self.deepspeed_zero_stage == 1 && self.horizontal_parallel_size > 1 {
-            return Err(bad(
-                "deepspeed_zero_stage",
-                "a sharded optimizer state is not built with horizontal_parallel_size > 1 \
-                 (split tensors) yet; use one or the other"
-                    .into(),
-            ));
-        }
         if self.deepspeed_zero_stage == 1 && self.enable_adasum {
             return Err(bad(
                 "deepspeed_zero_stage",

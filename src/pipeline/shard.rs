@@ -54,12 +54,22 @@ impl StageShard {
     /// shards only their parts of the split parameters (the replicated ones are the same
     /// on every shard), so that the shards' statistics add up to the whole model's.
     pub fn grad_stats(&self, layout: &ParamLayout, grads: &[f32]) -> GradStats {
+        self.grad_stats_of(layout, grads, 0..layout.count())
+    }
+
+    /// [`StageShard::grad_stats`] of the tensors `tensors` (layout indices) only: a
+    /// replica's part of the stage when the optimizer state is sharded (ZeRO stage 1).
+    pub fn grad_stats_of(
+        &self,
+        layout: &ParamLayout,
+        grads: &[f32],
+        tensors: std::ops::Range<usize>,
+    ) -> GradStats {
         if self.rank == 0 {
-            return GradStats::of(grads);
+            return GradStats::of(&grads[layout.values_of(tensors)]);
         }
-        let sum_sq = self
-            .split
-            .iter()
+        let sum_sq = (self.split.iter())
+            .filter(|i| tensors.contains(i))
             .map(|&i| GradStats::of(layout.slice(grads, i)).sum_sq)
             .sum();
         GradStats { sum_sq }

@@ -330,7 +330,10 @@ impl StageCompute for OrtStage {
         }
         // A replica updating its part of the stage holds only that part reduced.
         if let Some(part) = &self.zero {
-            return GradStats::of(&self.grads[part.own_values()]);
+            return match &self.shard {
+                Some(shard) => shard.grad_stats_of(&self.layout, &self.grads, part.own_tensors()),
+                None => GradStats::of(&self.grads[part.own_values()]),
+            };
         }
         match &self.shard {
             Some(shard) => shard.grad_stats(&self.layout, &self.grads),
