@@ -314,6 +314,27 @@ impl Group {
     }
 }
 
+impl LocalCollective {
+    /// The group `replica` of `stage` reduces in, and its place there; `None` when each
+    /// group has one member (nothing to do).
+    fn group_of(
+        &self,
+        stage: usize,
+        replica: usize,
+    ) -> Result<Option<(&Group, usize)>, ActorError> {
+        if self.replicas == self.shards {
+            return Ok(None);
+        }
+        let group = self
+            .groups
+            .get(stage * self.shards + replica % self.shards)
+            .ok_or_else(|| ActorError::ActorGone {
+                actor: format!("collective group of stage {stage}"),
+            })?;
+        Ok(Some((group, replica / self.shards)))
+    }
+}
+
 impl Collective for LocalCollective {
     async fn all_reduce_sum(
         &self,
@@ -321,16 +342,10 @@ impl Collective for LocalCollective {
         replica: usize,
         buf: Vec<f32>,
     ) -> Result<Vec<f32>, ActorError> {
-        if self.replicas == self.shards {
-            return Ok(buf);
+        match self.group_of(stage, replica)? {
+            Some((group, member)) => group.all_reduce(stage, member, buf).await,
+            None => Ok(buf),
         }
-        let group = self
-            .groups
-            .get(stage * self.shards + replica % self.shards)
-            .ok_or_else(|| ActorError::ActorGone {
-                actor: format!("all-reduce group of stage {stage}"),
-            })?;
-        group.all_reduce(stage, replica / self.shards, buf).await
     }
 
     async fn reduce_scatter(
@@ -340,18 +355,10 @@ impl Collective for LocalCollective {
         buf: Vec<f32>,
         parts: &[std::ops::Range<usize>],
     ) -> Result<Vec<f32>, ActorError> {
-        if self.replicas == self.shards {
-            return Ok(buf);
+        match self.group_of(stage, replica)? {
+            Some((group, member)) => group.reduce_scatter(stage, member, buf, parts).await,
+            None => Ok(buf),
         }
-        let group = self
-            .groups
-            .get(stage * self.shards + replica % self.shards)
-            .ok_or_else(|| ActorError::ActorGone {
-                actor: format!("reduce-scatter group of stage {stage}"),
-            })?;
-        group
-            .reduce_scatter(stage, replica / self.shards, buf, parts)
-            .await
     }
 
     async fn all_gather(
@@ -361,18 +368,10 @@ impl Collective for LocalCollective {
         buf: Vec<f32>,
         parts: &[std::ops::Range<usize>],
     ) -> Result<Vec<f32>, ActorError> {
-        if self.replicas == self.shards {
-            return Ok(buf);
+        match self.group_of(stage, replica)? {
+            Some((group, member)) => group.all_gather(stage, member, buf, parts).await,
+            None => Ok(buf),
         }
-        let group = self
-            .groups
-            .get(stage * self.shards + replica % self.shards)
-            .ok_or_else(|| ActorError::ActorGone {
-                actor: format!("all-gather group of stage {stage}"),
-            })?;
-        group
-            .all_gather(stage, replica / self.shards, buf, parts)
-            .await
     }
 }
 

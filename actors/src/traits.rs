@@ -211,14 +211,8 @@ pub trait Collective: Send + Sync + 'static {
         buf: Vec<f32>,
         parts: &[std::ops::Range<usize>],
     ) -> impl Future<Output = Result<Vec<f32>, ActorError>> + Send {
-        let _ = (stage, replica, parts);
-        async move {
-            drop(buf);
-            Err(ActorError::Settings {
-                reason: "this collective has no reduce-scatter (a sharded optimizer needs one)"
-                    .into(),
-            })
-        }
+        let _ = (stage, replica, buf, parts);
+        unsupported("reduce-scatter")
     }
 
     /// Every data-parallel replica's part of `buf`, gathered into every replica's `buf`:
@@ -235,14 +229,16 @@ pub trait Collective: Send + Sync + 'static {
         buf: Vec<f32>,
         parts: &[std::ops::Range<usize>],
     ) -> impl Future<Output = Result<Vec<f32>, ActorError>> + Send {
-        let _ = (stage, replica, parts);
-        async move {
-            drop(buf);
-            Err(ActorError::Settings {
-                reason: "this collective has no all-gather (a sharded optimizer needs one)".into(),
-            })
-        }
+        let _ = (stage, replica, buf, parts);
+        unsupported("all-gather")
     }
+}
+
+/// The answer of a collective without `what`.
+fn unsupported(what: &str) -> std::future::Ready<Result<Vec<f32>, ActorError>> {
+    std::future::ready(Err(ActorError::Settings {
+        reason: format!("this collective has no {what} (a sharded optimizer needs one)"),
+    }))
 }
 
 /// What [`Bus::all_gather`] resolves to: every process's bytes, in process order.
