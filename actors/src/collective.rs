@@ -141,46 +141,19 @@ impl Group {
             return Err(self.protocol(replica, stage, format!("not a replica of {d}")));
         }
         let n = buf.len();
-        self.lend(stage, replica, &mut buf)?;
-        self.lent_all.wait().await;
-        let all: Vec<Lent> = {
-            let lent = self.lent.lock().map_err(|_| self.poisoned(stage))?;
-            lent.iter().flatten().copied().collect()
-        };
-        let uneven = all.iter().position(|b| b.len != n);
+        let (all, uneven) = self.lend_all(stage, replica, &mut buf).await?;
         if uneven.is_none() {
             // SAFETY: chunk `replica` of every buffer is touched by this replica alone in
             // this phase (see above); every owner is blocked in this round.
             unsafe { sum_into(&all, replica, chunk(n, d, replica)) };
         }
         self.summed_all.wait().await;
-        if let Some(r) = uneven {
-            self.gathered_all.wait().await;
-            self.lent.lock().map_err(|_| self.poisoned(stage))?[replica] = None;
-            return Err(self.protocol(
-                r,
-                stage,
-                format!(
-                    "gradient of {} values, replica {replica} has {n}",
-                    all[r].len
-                ),
-            ));
-        }
-        for (s, b) in all.iter().enumerate().filter(|&(s, _)| s != replica) {
-            let range = chunk(n, d, s);
-            // SAFETY: chunk `s` of buffer `s` is only read in this phase, and chunk `s` of
-            // this replica's own buffer only written by this replica (see above).
-            unsafe {
-                let from = std::slice::from_raw_parts(b.ptr.add(range.start), range.len());
-                let to =
-                    std::slice::from_raw_parts_mut(all[replica].ptr.add(range.start), range.len());
-                to.copy_from_slice(from);
-            }
+        if uneven.is_none() {
+            // SAFETY: as above, for the all-gather phase.
+            unsafe { copy_others(&all, replica, |s| chunk(n, d, s)) };
         }
         self.gathered_all.wait().await;
-        self.lent.lock().map_err(|_| self.poisoned(stage))?[replica] = None;
-        // Nobody holds a pointer into `buf` any more.
-        Ok(std::mem::take(&mut buf))
+        self.take_back(stage, replica, buf, (&all, uneven), "gradient")
     }
 
     /// One reduce-scatter round, from member `member`: it sums part `parts[member]` of
@@ -195,32 +168,15 @@ impl Group {
         mut buf: Vec<f32>,
         parts: &[std::ops::Range<usize>],
     ) -> Result<Vec<f32>, ActorError> {
-        let n = buf.len();
-        self.check_parts(stage, member, parts, n)?;
-        self.lend(stage, member, &mut buf)?;
-        self.lent_all.wait().await;
-        let all: Vec<Lent> = {
-            let lent = self.lent.lock().map_err(|_| self.poisoned(stage))?;
-            lent.iter().flatten().copied().collect()
-        };
-        let uneven = all.iter().position(|b| b.len != n);
+        self.check_parts(stage, member, parts, buf.len())?;
+        let (all, uneven) = self.lend_all(stage, member, &mut buf).await?;
         if uneven.is_none() {
             // SAFETY: part `member` of every buffer is touched by this member alone in
             // this round; every owner is blocked in it.
             unsafe { sum_into(&all, member, parts[member].clone()) };
         }
         self.summed_all.wait().await;
-        self.lent.lock().map_err(|_| self.poisoned(stage))?[member] = None;
-        if let Some(r) = uneven {
-            let got = all[r].len;
-            return Err(self.protocol(
-                r,
-                stage,
-                format!("gradient of {got} values, replica {member} has {n}"),
-            ));
-        }
-        // Nobody holds a pointer into `buf` any more.
-        Ok(std::mem::take(&mut buf))
+        self.take_back(stage, member, buf, (&all, uneven), "gradient")
     }
 
     /// Refuses parts that are not one disjoint range per member within `len` values.
@@ -256,38 +212,51 @@ impl Group {
         mut buf: Vec<f32>,
         parts: &[std::ops::Range<usize>],
     ) -> Result<Vec<f32>, ActorError> {
-        let n = buf.len();
-        self.check_parts(stage, member, parts, n)?;
-        self.lend(stage, member, &mut buf)?;
+        self.check_parts(stage, member, parts, buf.len())?;
+        let (all, uneven) = self.lend_all(stage, member, &mut buf).await?;
+        if uneven.is_none() {
+            // SAFETY: see above.
+            unsafe { copy_others(&all, member, |s| parts[s].clone()) };
+        }
+        self.gathered_all.wait().await;
+        self.take_back(stage, member, buf, (&all, uneven), "parameters")
+    }
+
+    /// Lends `buf` to the round, waits for every member's, and returns them all (in
+    /// member order) with the first member whose buffer is of another length.
+    async fn lend_all(
+        &self,
+        stage: usize,
+        member: usize,
+        buf: &mut [f32],
+    ) -> Result<(Vec<Lent>, Option<usize>), ActorError> {
+        self.lend(stage, member, buf)?;
         self.lent_all.wait().await;
         let all: Vec<Lent> = {
             let lent = self.lent.lock().map_err(|_| self.poisoned(stage))?;
             lent.iter().flatten().copied().collect()
         };
-        let uneven = all.iter().position(|b| b.len != n);
-        if uneven.is_none() {
-            for (s, b) in all.iter().enumerate().filter(|&(s, _)| s != member) {
-                let range = parts[s].clone();
-                // SAFETY: part `s` of buffer `s` is only read in this round, and part `s`
-                // of this member's own buffer only written by this member (see above).
-                unsafe {
-                    let from = std::slice::from_raw_parts(b.ptr.add(range.start), range.len());
-                    let to = std::slice::from_raw_parts_mut(
-                        all[member].ptr.add(range.start),
-                        range.len(),
-                    );
-                    to.copy_from_slice(from);
-                }
-            }
-        }
-        self.gathered_all.wait().await;
+        let uneven = all.iter().position(|b| b.len != buf.len());
+        Ok((all, uneven))
+    }
+
+    /// Ends `member`'s part in the round (after its last barrier): takes `buf` back, or
+    /// names the member whose `what` was of another length.
+    fn take_back(
+        &self,
+        stage: usize,
+        member: usize,
+        mut buf: Vec<f32>,
+        (all, uneven): (&[Lent], Option<usize>),
+        what: &str,
+    ) -> Result<Vec<f32>, ActorError> {
         self.lent.lock().map_err(|_| self.poisoned(stage))?[member] = None;
         if let Some(r) = uneven {
-            let got = all[r].len;
+            let (got, n) = (all[r].len, buf.len());
             return Err(self.protocol(
                 r,
                 stage,
-                format!("parameters of {got} values, replica {member} has {n}"),
+                format!("{what} of {got} values, replica {member} has {n}"),
             ));
         }
         // Nobody holds a pointer into `buf` any more.
@@ -399,6 +368,24 @@ unsafe fn sum_into(all: &[Lent], own: usize, range: std::ops::Range<usize>) {
             std::slice::from_raw_parts_mut(all[own].ptr.add(at), len).copy_from_slice(t);
         }
         at += len;
+    }
+}
+
+/// Copies `part(s)` of buffer `s` into the same range of buffer `own`, for every `s`
+/// but `own`.
+///
+/// # Safety
+/// Every buffer of `all` is alive and holds every part; `part(s)` of buffer `s` is not
+/// written meanwhile, and no one else touches buffer `own` outside `part(own)`.
+unsafe fn copy_others(all: &[Lent], own: usize, part: impl Fn(usize) -> std::ops::Range<usize>) {
+    for (s, b) in all.iter().enumerate().filter(|&(s, _)| s != own) {
+        let range = part(s);
+        // SAFETY: the caller's promise.
+        unsafe {
+            let from = std::slice::from_raw_parts(b.ptr.add(range.start), range.len());
+            let to = std::slice::from_raw_parts_mut(all[own].ptr.add(range.start), range.len());
+            to.copy_from_slice(from);
+        }
     }
 }
 
