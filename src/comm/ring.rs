@@ -136,36 +136,53 @@ impl Collective for MeshCollective {
         &self,
         stage: usize,
         replica: usize,
-        mut buf: Vec<f32>,
+        buf: Vec<f32>,
         parts: &[std::ops::Range<usize>],
     ) -> Result<Vec<f32>, ActorError> {
-        let Some((link, at)) = self.ring_link(stage, replica, parts, buf.len())? else {
-            return Ok(buf);
-        };
-        scatter_round(&link, &mut buf, parts, at)
+        self.over_parts(stage, replica, buf, parts, Round::Scatter)
             .await
-            .map_err(|reason| ActorError::Peer { reason })?;
-        Ok(buf)
     }
 
     async fn all_gather(
         &self,
         stage: usize,
         replica: usize,
+        buf: Vec<f32>,
+        parts: &[std::ops::Range<usize>],
+    ) -> Result<Vec<f32>, ActorError> {
+        self.over_parts(stage, replica, buf, parts, Round::Gather)
+            .await
+    }
+}
+
+/// Which half of a ring all-reduce runs alone over given parts.
+#[derive(Clone, Copy)]
+enum Round {
+    Scatter,
+    Gather,
+}
+
+impl MeshCollective {
+    /// `round` of the ring from `replica` over `parts` of `buf`.
+    async fn over_parts(
+        &self,
+        stage: usize,
+        replica: usize,
         mut buf: Vec<f32>,
         parts: &[std::ops::Range<usize>],
+        round: Round,
     ) -> Result<Vec<f32>, ActorError> {
         let Some((link, at)) = self.ring_link(stage, replica, parts, buf.len())? else {
             return Ok(buf);
         };
-        gather_round(&link, &mut buf, parts, at)
-            .await
-            .map_err(|reason| ActorError::Peer { reason })?;
+        let done = match round {
+            Round::Scatter => scatter_round(&link, &mut buf, parts, at).await,
+            Round::Gather => gather_round(&link, &mut buf, parts, at).await,
+        };
+        done.map_err(|reason| ActorError::Peer { reason })?;
         Ok(buf)
     }
-}
 
-impl MeshCollective {
     /// The ring neighbours of `replica` for `stage` and its ring position, for a round
     /// over `parts` of a buffer of `len` values (`None`: a ring of one, nothing to do).
     fn ring_link(

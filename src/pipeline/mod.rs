@@ -10,6 +10,7 @@
 //! - `stage_compute`: [`OrtStage`] as the runtime's [`pipetrain_actors::StageCompute`]:
 //!   forward, backward, evaluation, gradient statistics, the decided update, snapshots
 //!   for checkpoints.
+//! - `stage_values`: the trained parameters a stage hands out, and histogram copies.
 //! - `stage_device`: a stage on a GPU keeping its parameters, gradients and optimizer
 //!   state in device memory (`compute::DeviceState`): feeds, accumulation, update, and
 //!   the host copy for checkpoints.
@@ -33,6 +34,7 @@ mod stage_compute;
 mod stage_device;
 mod stage_open;
 mod stage_run;
+mod stage_values;
 mod tied;
 mod zero;
 

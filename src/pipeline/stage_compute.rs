@@ -64,20 +64,6 @@ impl OrtStage {
 }
 
 impl OrtStage {
-    /// A forward's input from the previous stage, with the tied values it arrived
-    /// without (`pipeline::tied`).
-    fn received(&mut self, input: Option<Payload>) -> Result<Payload> {
-        let mut input = input.unwrap_or_default();
-        if !self.io.tied.is_empty() && !self.io.fwd_recv.is_empty() {
-            let tied: Vec<String> = (self.io.tied.iter())
-                .filter(|t| self.io.fwd_recv.contains(t))
-                .cloned()
-                .collect();
-            self.tied_handoffs.incoming(&tied, &mut input)?;
-        }
-        Ok(input)
-    }
-
     /// Notes the stash's size after it grew.
     fn stash_grew(&mut self) {
         let now: usize = self

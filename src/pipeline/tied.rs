@@ -13,8 +13,21 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use super::stage::{OrtStage, Payload};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
+
+impl OrtStage {
+    /// A forward's input from the previous stage, with the tied values it arrived
+    /// without.
+    pub(super) fn received(&mut self, input: Option<Payload>) -> Result<Payload> {
+        let mut input = input.unwrap_or_default();
+        let io = &self.io;
+        let tied = io.tied.iter().filter(|t| io.fwd_recv.contains(t));
+        self.tied_handoffs.incoming(tied, &mut input)?;
+        Ok(input)
+    }
+}
 
 /// What a stage sent and received of the tied values.
 #[derive(Debug, Default)]
@@ -51,9 +64,9 @@ impl TiedHandoffs {
     ///
     /// # Errors
     /// `MissingValue` when a tied value arrived without ever having arrived before.
-    pub(super) fn incoming(
+    pub(super) fn incoming<'a>(
         &mut self,
-        tied: &[String],
+        tied: impl Iterator<Item = &'a String>,
         input: &mut HashMap<String, Arc<Tensor>>,
     ) -> Result<()> {
         for name in tied {
@@ -100,12 +113,12 @@ mod tests {
                     "step {step} mb {mb}"
                 );
                 assert!(send.contains_key("h"), "other values always go");
-                receiver.incoming(&tied, &mut send).unwrap();
+                receiver.incoming(tied.iter(), &mut send).unwrap();
                 assert!(Arc::ptr_eq(&send["w__shared"], &value));
             }
         }
         let mut fresh = HashMap::new();
-        let err = TiedHandoffs::default().incoming(&tied, &mut fresh);
+        let err = TiedHandoffs::default().incoming(tied.iter(), &mut fresh);
         assert!(err.is_err(), "nothing kept, nothing arrived");
     }
 }
