@@ -216,6 +216,14 @@ pub enum Error {
     /// The run was cancelled (its handle's `cancel`, or the handle dropped).
     #[error("the run was cancelled")]
     Cancelled,
+    /// `pipetrain plan` could not profile, simulate or write a plan.
+    #[error("plan: {what}: {reason}")]
+    Plan {
+        /// What it was doing (a profile run, the search, the plan file).
+        what: String,
+        /// Why it failed.
+        reason: String,
+    },
 }
 
 /// What kind of failure an [`Error`] is, for a service to act on (retry, report the
@@ -290,7 +298,7 @@ impl Error {
             | Error::TensorParallel { .. } => K::Model,
             Error::BadTensor { .. } | Error::Data { .. } | Error::BadShard { .. } => K::Data,
             Error::Ort { .. } | Error::Device { .. } | Error::RuntimeLibrary { .. } => K::Compute,
-            Error::Config { .. } | Error::Partition { .. } => K::Config,
+            Error::Config { .. } | Error::Partition { .. } | Error::Plan { .. } => K::Config,
             Error::Checkpoint { .. } => K::Checkpoint,
             Error::Runtime { source } => actor_kind(source),
             Error::Launch { .. } => K::Transport,

@@ -46,6 +46,7 @@ pub mod models;
 pub mod onnx;
 pub mod optim;
 pub mod pipeline;
+pub mod plan;
 pub mod telemetry;
 pub mod tensor;
 pub mod train;

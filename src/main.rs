@@ -87,6 +87,10 @@ enum Command {
         #[arg(long, short)]
         output: PathBuf,
     },
+    /// Choose the layout (data x pipeline), cuts, schedule, micro-batches and recompute
+    /// of a configuration from costs measured on this machine and a memory cap; print the
+    /// best and write the best as a configuration.
+    Plan(pipetrain::plan::PlanArgs),
     /// Pipeline schedules: print, simulate, draw, replay.
     Schedule {
         #[command(subcommand)]
@@ -179,6 +183,7 @@ fn main() -> ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Doctor => doctor(),
+        Command::Plan(args) => pipetrain::plan::plan_command(&args),
         Command::Train {
             config,
             metrics,

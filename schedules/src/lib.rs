@@ -18,6 +18,9 @@
 //!   micro-batch and carry the grid with `<-- ERROR HERE`.
 //! - `simulate`: [`simulate()`] under a [`CostModel`] gives a [`Timeline`] (`timeline`):
 //!   makespan, idle time per rank, bubble fraction, peak in-flight activations per stage.
+//! - `shared`: [`simulate_on`], the same on a [`Machine`] whose cores the ranks share
+//!   (processor sharing), with each hand-off ([`Hop`]) costing its own time: a planner's
+//!   prediction on fewer cores than actors.
 //! - `trace`: [`Trace`], what a real run did; [`Trace::to_timeline`] measures it like a
 //!   simulation and [`first_divergence`] compares it with its schedule for replay.
 //! - `error`: [`ScheduleError`], the crate's one error type.
@@ -42,6 +45,7 @@ mod grid;
 pub mod ir;
 mod lower;
 mod schedule;
+mod shared;
 mod simulate;
 mod timeline;
 mod trace;
@@ -53,6 +57,7 @@ pub use grid::Mark;
 pub use ir::{Action, ActionKind, Phase};
 pub use lower::{lower, LowerOptions};
 pub use schedule::{looped_placement, v_placement, Schedule};
+pub use shared::{simulate_on, Hop, Machine};
 pub use simulate::{simulate, simulate_with, CostModel, StageCost};
 pub use timeline::{Span, Timeline};
 pub use trace::{first_divergence, Divergence, ReplayScope, Trace, TraceEvent};

@@ -39,7 +39,7 @@ impl StageCost {
         }
     }
 
-    fn of(&self, kind: ActionKind) -> f64 {
+    pub(crate) fn of(&self, kind: ActionKind) -> f64 {
         match kind {
             ActionKind::Forward => self.forward,
             ActionKind::Backward => self.backward,

@@ -15,7 +15,7 @@ mod loss;
 mod loss_metas;
 mod model_inputs;
 mod params;
-mod partition;
+pub(crate) mod partition;
 mod row_sums;
 mod running_stats;
 mod sequences;

@@ -189,7 +189,7 @@ fn node_cost(tg: &TrainingGraph, i: usize, by: BalanceBy) -> f64 {
 
 /// Cuts `costs` into `parts` contiguous non-empty runs minimising the largest run's sum
 /// (linear partition by dynamic programming); returns the start index of runs 1...
-fn balanced_boundaries(costs: &[f64], parts: usize) -> Vec<usize> {
+pub(crate) fn balanced_boundaries(costs: &[f64], parts: usize) -> Vec<usize> {
     let n = costs.len();
     let mut prefix = vec![0.0; n + 1];
     for i in 0..n {

@@ -105,14 +105,7 @@ pub struct MemoryRow {
 /// # Errors
 /// The model, data or training graph cannot be built.
 pub fn memory_table(rt: &Runtime, cfg: &TrainConfig, config_path: &Path) -> Result<Vec<MemoryRow>> {
-    let model = cfg.load_model()?;
-    let (batches, _, _) = open_step_batches(
-        &cfg.data,
-        cfg.global_batch(),
-        cfg.data_parallel_size,
-        config_path,
-    )?;
-    let tg = super::settings::training_graph(rt, cfg, &model, batches.as_ref(), 0, 0)?;
+    let tg = graph_of(rt, cfg, config_path)?;
     let mut kinds = vec![
         (ScheduleKind::Gpipe, "gpipe"),
         (ScheduleKind::OneFOneB, "1f1b"),
@@ -143,6 +136,25 @@ pub fn memory_table(rt: &Runtime, cfg: &TrainConfig, config_path: &Path) -> Resu
         }
     }
     Ok(rows)
+}
+
+/// `cfg`'s training graph, its shapes measured on the first micro-batch of its data.
+///
+/// # Errors
+/// The model, data or training graph cannot be built.
+pub(crate) fn graph_of(
+    rt: &Runtime,
+    cfg: &TrainConfig,
+    config_path: &Path,
+) -> Result<TrainingGraph> {
+    let model = cfg.load_model()?;
+    let (batches, _, _) = open_step_batches(
+        &cfg.data,
+        cfg.global_batch(),
+        cfg.data_parallel_size,
+        config_path,
+    )?;
+    super::settings::training_graph(rt, cfg, &model, batches.as_ref(), 0, 0)
 }
 
 /// [`memory_table`]'s rows as text: a header, then a line per schedule and recompute.
@@ -336,6 +348,16 @@ fn layout_text(c: &TrainConfig) -> String {
 /// Per pipeline rank of `cfg`'s layout, the predicted bytes of its stages (one replica,
 /// nothing fixed).
 fn rank_totals(tg: &TrainingGraph, cfg: &TrainConfig) -> Result<Vec<u64>> {
+    rank_bytes(tg, cfg, 1.0)
+}
+
+/// [`rank_totals`] with the activations (stash and workspace) scaled by `activations`:
+/// for micro-batches of another size than the one `tg`'s shapes were measured on.
+pub(crate) fn rank_bytes(
+    tg: &TrainingGraph,
+    cfg: &TrainConfig,
+    activations: f64,
+) -> Result<Vec<u64>> {
     let schedule = cfg.schedule().generate().map_err(|e| Error::Partition {
         reason: e.to_string(),
     })?;
@@ -347,7 +369,8 @@ fn rank_totals(tg: &TrainingGraph, cfg: &TrainConfig) -> Result<Vec<u64>> {
     let mut ranks = vec![0u64; cfg.pipeline_parallel_size];
     for (s, m) in per_stage.iter().enumerate() {
         if let Some(r) = placement.get(s) {
-            ranks[*r] += m.total();
+            let scaled = ((m.stash + m.workspace) as f64 * activations) as u64;
+            ranks[*r] += m.state + m.constants + scaled;
         }
     }
     Ok(ranks)

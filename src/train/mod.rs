@@ -30,7 +30,7 @@ mod command;
 mod data_rules;
 mod engine;
 mod memory;
-mod peak;
+pub(crate) mod peak;
 mod phases;
 #[cfg(feature = "cli")]
 mod report;
@@ -44,6 +44,7 @@ pub use checkpointing::{claim_checkpoints_dir, latest_checkpoint};
 pub use cluster::ClusterPart;
 #[cfg(feature = "cli")]
 pub use command::{train_command, EarlierRun};
+pub(crate) use memory::{graph_of, rank_bytes};
 pub use memory::{memory_report, memory_table, MemoryRow, StashPeak};
 pub(crate) use phases::release_freed_memory;
 #[cfg(feature = "cli")]

@@ -96,7 +96,7 @@ pub(super) fn session_options(cfg: &TrainConfig, actors: usize, threads: usize) 
 /// The training graph of `model` as `cfg` asks, its shapes measured on the first
 /// micro-batch of `replica` in `step` (`batches` splits each step into replicas x
 /// micro-batches).
-pub(super) fn training_graph(
+pub(crate) fn training_graph(
     rt: &Runtime,
     cfg: &TrainConfig,
     model: &ModelProto,

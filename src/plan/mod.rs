@@ -1,0 +1,377 @@
+//! `pipetrain plan`: the layout, cuts, schedule, micro-batches and recompute of a
+//! training configuration, chosen from costs measured on this machine and a memory cap.
+//!
+//! # How
+//! 1. [`profile`]: each forward node's time, and its backward's split into the
+//!    input-gradient and weight-gradient parts ([`split`]), from ONNX Runtime's profiler on
+//!    a few real steps, at every micro-batch size and thread count the candidates need.
+//! 2. [`search`]: every layout of the workers (data × pipeline), schedule, micro-batch
+//!    count and recompute; each one's cuts balanced by time ([`costs`]), its step simulated
+//!    on this machine's shared cores with the optimizer step and the reduction on the
+//!    timeline, its memory per rank from the memory model.
+//! 3. Those over the cap are dropped; the rest ranked by predicted step. The best is
+//!    written as a configuration `train` accepts as it is ([`write_config`]).
+//! 4. [`verify`]: runs candidates for real and sets the measured step beside the
+//!    predicted one.
+//!
+//! Tensor parallelism is not searched yet (it needs a model it can split), nor are
+//! layouts over several processes (`--manifest`): each worker is an actor of one process.
+
+mod command;
+pub mod costs;
+mod ort_profile;
+pub mod profile;
+pub mod search;
+pub mod split;
+mod verify;
+mod write;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+pub use command::{plan_command, PlanArgs};
+pub use profile::{Profile, ProfileRun};
+pub use search::{Candidate, Machinery, Simulated};
+pub use verify::{measure_step, Measured};
+pub use write::{candidate_text, write_config};
+
+use crate::compute::{intra_threads_for, Runtime};
+use crate::config::TrainConfig;
+use crate::graph::{assign_stages, flops_per_node, BalanceBy, Partition};
+use crate::train::peak::gb;
+use crate::{Error, Result};
+
+/// What to plan for.
+pub struct PlanOptions<'a> {
+    /// The `pipetrain` executable the profile runs use.
+    pub worker: &'a Path,
+    /// Workers (stage actors of one process) to lay out.
+    pub workers: usize,
+    /// Each worker's memory cap, bytes.
+    pub memory_per_worker: Option<u64>,
+    /// The most micro-batches per step to try.
+    pub max_micro_batches: usize,
+    /// Steps each profile runs (the first two not counted).
+    pub profile_steps: usize,
+}
+
+/// One candidate's outcome.
+#[derive(Debug, Clone)]
+pub struct PlanRow {
+    /// The layout.
+    pub candidate: Candidate,
+    /// The tensors ending each stage but the last.
+    pub cuts: Vec<String>,
+    /// Its simulated step.
+    pub simulated: Simulated,
+    /// Predicted peak bytes per pipeline rank.
+    pub peak: Vec<u64>,
+}
+
+impl PlanRow {
+    /// Whether every rank fits `cap`.
+    pub fn fits(&self, cap: Option<u64>) -> bool {
+        cap.is_none_or(|c| self.peak.iter().all(|&p| p <= c))
+    }
+}
+
+/// A finished plan: every candidate that could be simulated, fastest first, and the
+/// layout a user would write by default for comparison.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Candidates, by predicted step.
+    pub rows: Vec<PlanRow>,
+    /// 1F1B, as many micro-batches as ranks, cuts by parameter count.
+    pub default: Option<PlanRow>,
+    /// The profiles, by (threads, micro-batch).
+    pub profiles: Vec<Profile>,
+    /// Micro-batch sizes whose profile run failed, and why (a model exported with a
+    /// fixed batch size trains only that size): their candidates are left out.
+    pub skipped: Vec<(usize, String)>,
+    /// Intra-op threads per session at these workers.
+    pub threads: usize,
+    /// The cap each rank must fit.
+    pub cap: Option<u64>,
+    /// Seconds spent profiling.
+    pub profile_seconds: f64,
+    /// The machine as measured.
+    pub machinery: Machinery,
+}
+
+impl Plan {
+    /// The fastest candidate that fits.
+    pub fn best(&self) -> Option<&PlanRow> {
+        self.rows.iter().find(|r| r.fits(self.cap))
+    }
+}
+
+/// Plans `cfg` (read from `config_path`).
+///
+/// # Errors
+/// The model, data or graph cannot be built; a profile run fails.
+pub fn plan(
+    rt: &Runtime,
+    cfg: &TrainConfig,
+    config_path: &Path,
+    opts: &PlanOptions<'_>,
+) -> Result<Plan> {
+    let tg = crate::train::graph_of(rt, cfg, config_path)?;
+    let live = costs::live_nodes(&tg);
+    let values = search::node_values(&tg);
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let threads = match cfg.runtime.intra_op_threads {
+        Some(t) => t,
+        None => intra_threads_for(flops_per_node(&tg), cores / opts.workers.max(1)),
+    };
+    let mut machinery = Machinery {
+        cores,
+        threads,
+        hop: verify::hop_seconds(),
+        add_per_value: verify::add_seconds_per_value(),
+        contention: 0.0,
+    };
+    let candidates = search::candidates(cfg, opts.workers, opts.max_micro_batches);
+    let started = Instant::now();
+    let run = ProfileRun {
+        worker: opts.worker,
+        config: config_path,
+        steps: opts.profile_steps.max(3),
+        warmup: 2,
+    };
+    let mut profiles: BTreeMap<usize, Profile> = BTreeMap::new();
+    let mut skipped: Vec<(usize, String)> = Vec::new();
+    let mut sizes: Vec<usize> = candidates.iter().map(|c| c.micro_batch).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    for &b in sizes.iter().rev() {
+        tracing::info!("profiling micro-batches of {b} at {threads} thread(s)");
+        match profile::measure(&run, &tg, threads, b) {
+            Ok(p) => {
+                profiles.insert(b, p);
+            }
+            // A model exported with a fixed batch trains one micro-batch size only.
+            Err(e) => skipped.push((b, e.to_string())),
+        }
+    }
+    if profiles.is_empty() {
+        let why: Vec<String> = skipped.iter().map(|(_, e)| e.clone()).collect();
+        return Err(plan_error("profiling", why.join("; ")));
+    }
+    // Two actions at once, where the machine runs two: measured at the largest
+    // micro-batch that two replicas can split the global batch into.
+    if cores / threads >= 2 && opts.workers >= 2 {
+        let global = cfg.global_batch();
+        let pair = profiles
+            .values()
+            .rev()
+            .find(|p| global % (2 * p.micro_batch) == 0);
+        if let Some(p) = pair {
+            machinery.contention = profile::contention(&run, p)?;
+        }
+    }
+    let profile_seconds = started.elapsed().as_secs_f64();
+    let scale_of = |mb: usize| mb as f64 / cfg.batch_size as f64;
+    let mut rows = Vec::new();
+    for c in candidates {
+        let Some(p) = profiles.get(&c.micro_batch) else {
+            continue;
+        };
+        let Some(sim) = search::simulate_candidate(&c, p, (&live, &values), &machinery, None)
+        else {
+            continue;
+        };
+        let cuts = search::cut_names(&tg, &live, &sim.bounds);
+        let peak = crate::train::rank_bytes(&tg, &c.apply(cfg, &cuts), scale_of(c.micro_batch))
+            .unwrap_or_default();
+        rows.push(PlanRow {
+            candidate: c,
+            cuts,
+            simulated: sim,
+            peak,
+        });
+    }
+    rows.sort_by(|a, b| a.simulated.step.total_cmp(&b.simulated.step));
+    let default = default_row(cfg, &tg, (&live, &values), &machinery, opts, &profiles);
+    Ok(Plan {
+        rows,
+        default,
+        profiles: profiles.into_values().collect(),
+        skipped,
+        threads,
+        cap: opts.memory_per_worker,
+        profile_seconds,
+        machinery,
+    })
+}
+
+/// The layout a user would write: every worker a pipeline rank, 1F1B, as many
+/// micro-batches as ranks, cuts by parameter count; simulated with the same costs.
+fn default_row(
+    cfg: &TrainConfig,
+    tg: &crate::graph::TrainingGraph,
+    (live, values): (&[usize], &[f64]),
+    machinery: &Machinery,
+    opts: &PlanOptions<'_>,
+    profiles: &BTreeMap<usize, Profile>,
+) -> Option<PlanRow> {
+    let pp = opts.workers;
+    let global = cfg.global_batch();
+    let m = (pp..=opts.max_micro_batches.max(pp)).find(|m| global % m == 0)?;
+    let c = Candidate {
+        dp: 1,
+        pp,
+        schedule: crate::config::ScheduleKind::OneFOneB,
+        virtual_stages: 1,
+        micro_batches: m,
+        micro_batch: global / m,
+        recompute: crate::graph::Recompute::None,
+    };
+    let p = profiles.get(&c.micro_batch)?;
+    let by_params = Partition::Balanced {
+        stages: pp,
+        by: BalanceBy::Params,
+    };
+    let a = assign_stages(tg, &by_params).ok()?;
+    let bounds: Vec<usize> = (1..pp)
+        .filter_map(|s| live.iter().position(|&i| a.stage[i] == Some(s)))
+        .collect();
+    let sim = search::simulate_candidate(&c, p, (live, values), machinery, Some(bounds))?;
+    let cuts = search::cut_names(tg, live, &sim.bounds);
+    let scale = c.micro_batch as f64 / cfg.batch_size as f64;
+    let peak = crate::train::rank_bytes(tg, &c.apply(cfg, &cuts), scale).unwrap_or_default();
+    Some(PlanRow {
+        candidate: c,
+        cuts,
+        simulated: sim,
+        peak,
+    })
+}
+
+/// The plan as text: the profile, the best `top` candidates that fit, the default
+/// layout, and what is short where nothing fits.
+pub fn report(plan: &Plan, top: usize) -> String {
+    let mut out = String::new();
+    for p in &plan.profiles {
+        out += &format!(
+            "profile: micro-batch {}, {} thread(s): {:.3} ms per micro-batch (forward {:.3}, \
+             backward {:.3}; as one graph {:.3}), {:.0}% of kernel time in nodes ONNX \
+             Runtime made\n",
+            p.micro_batch,
+            p.threads,
+            p.total() * 1e3,
+            p.forward.iter().sum::<f64>() * 1e3,
+            (p.input_grad.iter().sum::<f64>() + p.weight_grad.iter().sum::<f64>()) * 1e3,
+            p.fused * 1e3,
+            p.unmatched * 100.0
+        );
+    }
+    for (b, why) in &plan.skipped {
+        let first = why.lines().next().unwrap_or("");
+        out += &format!("left out: micro-batches of {b}: {first}\n");
+    }
+    let m = &plan.machinery;
+    out += &format!(
+        "machine: {} cores, {} thread(s) per session, hand-off {:.1} us, two actions at once \
+         each {:.1}% slower\n{} candidates simulated (profiling took {:.1} s)\n\n",
+        m.cores,
+        m.threads,
+        m.hop * 1e6,
+        m.contention * 100.0,
+        plan.rows.len(),
+        plan.profile_seconds
+    );
+    out += "rank  dp  pp  schedule          micro-batches  recompute  step ms  bubble  peak per rank (GB)\n";
+    let fitting = plan.rows.iter().filter(|r| r.fits(plan.cap));
+    for (i, r) in fitting.take(top).enumerate() {
+        out += &format!("{:>4}  {}\n", i + 1, row_text(r));
+    }
+    if let Some(d) = &plan.default {
+        out += &format!(
+            "\ndefault (1F1B, cuts by parameters):\n   -  {}\n",
+            row_text(d)
+        );
+        if let Some(b) = plan.best() {
+            out += &format!(
+                "predicted speed-up of the plan over the default: {:.2}x\n",
+                d.simulated.step / b.simulated.step
+            );
+        }
+    }
+    if plan.best().is_none() {
+        let least = plan
+            .rows
+            .iter()
+            .map(|r| r.peak.iter().copied().max().unwrap_or(0))
+            .min();
+        out += &match (least, plan.cap) {
+            (Some(need), Some(cap)) => format!(
+                "\nnothing fits: the smallest layout needs {} on its largest rank, {} over the cap of {}\n",
+                gb(need),
+                gb(need.saturating_sub(cap)),
+                gb(cap)
+            ),
+            _ => "\nno candidate could be simulated\n".to_string(),
+        };
+    }
+    out
+}
+
+/// `dp 1 x pp 2, zb_h1, 4 x 4, recompute none`.
+pub(crate) fn layout_text(c: &Candidate) -> String {
+    format!(
+        "dp {} x pp {}, {}, {} x {}, recompute {}",
+        c.dp,
+        c.pp,
+        schedule_text(c),
+        c.micro_batches,
+        c.micro_batch,
+        recompute_name(c.recompute)
+    )
+}
+
+fn schedule_text(c: &Candidate) -> String {
+    match c.schedule {
+        crate::config::ScheduleKind::Interleaved1f1b => {
+            format!("interleaved(v={})", c.virtual_stages)
+        }
+        k => write::schedule_name(k).to_string(),
+    }
+}
+
+fn recompute_name(r: crate::graph::Recompute) -> &'static str {
+    match r {
+        crate::graph::Recompute::None => "none",
+        crate::graph::Recompute::Stage => "stage",
+    }
+}
+
+fn row_text(r: &PlanRow) -> String {
+    let c = &r.candidate;
+    let schedule = schedule_text(c);
+    let peaks: Vec<String> = r
+        .peak
+        .iter()
+        .map(|p| format!("{:.2}", *p as f64 / 1e9))
+        .collect();
+    format!(
+        "{:>2}  {:>2}  {:<17} {:>2} x {:<8}  {:<9}  {:>7.2}  {:>6.3}  {}",
+        c.dp,
+        c.pp,
+        schedule,
+        c.micro_batches,
+        c.micro_batch,
+        recompute_name(c.recompute),
+        r.simulated.step * 1e3,
+        r.simulated.bubble,
+        peaks.join(" ")
+    )
+}
+
+/// An error of the planner's own.
+pub(crate) fn plan_error(what: &str, reason: impl Into<String>) -> Error {
+    Error::Plan {
+        what: what.into(),
+        reason: reason.into(),
+    }
+}

@@ -1,0 +1,147 @@
+//! Reading ONNX Runtime's profile files (`enable_profiling`, chrome://tracing JSON):
+//! each training graph node's share of a session's kernel time.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::graph::TrainingGraph;
+
+/// One ONNX Runtime profile event (`chrome://tracing` format).
+#[derive(Deserialize)]
+struct OrtEvent {
+    cat: String,
+    name: String,
+    ts: u64,
+    dur: u64,
+}
+
+/// Per-node costs ([`Profile::forward`], `input_grad`, `weight_grad`), the mean run
+/// overhead and the unmatched share, from the profile files in `dir`.
+pub(super) type NodeTimes = (Vec<f64>, Vec<f64>, Vec<f64>, f64, f64);
+
+/// How a profile's runs are counted: `steps` optimizer steps of `micro_batches` each,
+/// the first `warmup` steps left out.
+#[derive(Clone, Copy)]
+pub(super) struct Counting {
+    pub(super) steps: usize,
+    pub(super) micro_batches: usize,
+    pub(super) warmup: usize,
+}
+
+/// Per micro-batch: each node's kernel time (a backward split over several sessions, the
+/// first micro-batch's and the accumulating twin's, adds up), and one run's overhead.
+pub(super) fn read_profile(
+    dir: &Path,
+    tg: &TrainingGraph,
+    n: Counting,
+) -> std::result::Result<NodeTimes, String> {
+    let names = Names::of(tg);
+    let chain = super::split::input_grad_nodes(tg);
+    let f = tg.forward_len;
+    let (mut fwd, mut ig, mut wg) = (vec![0.0; f], vec![0.0; f], vec![0.0; f]);
+    let (mut overhead, mut runs_seen, mut unmatched, mut total) = (0.0, 0usize, 0.0, 0.0);
+    let counted_mbs = ((n.steps - n.warmup) * n.micro_batches) as f64;
+    for path in profile_files(dir)? {
+        let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let events: Vec<OrtEvent> =
+            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let Some((from, runs, run_time)) = counted_runs(&events, n) else {
+            continue;
+        };
+        let mut kernels = 0.0;
+        let mut attributed = vec![0.0; tg.graph.nodes.len()];
+        for e in events.iter().filter(|e| e.cat == "Node" && e.ts >= from) {
+            let Some(node) = e.name.strip_suffix("_kernel_time") else {
+                continue;
+            };
+            let secs = e.dur as f64 * 1e-6 / counted_mbs;
+            kernels += secs;
+            match names.find(node) {
+                Some(i) => attributed[i] += secs,
+                None => unmatched += secs,
+            }
+        }
+        let matched: f64 = attributed.iter().sum();
+        let scale = if matched > 0.0 {
+            kernels / matched
+        } else {
+            0.0
+        };
+        for (i, t) in attributed.into_iter().enumerate().filter(|(_, t)| *t > 0.0) {
+            let t = t * scale;
+            match i.checked_sub(f) {
+                None => fwd[i] += t,
+                Some(b) if chain[b] => ig[tg.anchors[b]] += t,
+                Some(b) => wg[tg.anchors[b]] += t,
+            }
+        }
+        total += kernels;
+        overhead += (run_time - kernels * counted_mbs).max(0.0);
+        runs_seen += runs;
+    }
+    if runs_seen == 0 {
+        return Err(format!(
+            "no ONNX Runtime profile with runs after {} warm-up step(s) was written in {}",
+            n.warmup,
+            dir.display()
+        ));
+    }
+    Ok((
+        fwd,
+        ig,
+        wg,
+        overhead / runs_seen as f64,
+        if total > 0.0 { unmatched / total } else { 0.0 },
+    ))
+}
+
+/// The profile files of the stage's training sessions (not its evaluation's).
+fn profile_files(dir: &Path) -> std::result::Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| e.to_string())? {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        let name = path.file_name().and_then(|f| f.to_str()).unwrap_or("");
+        if name.starts_with("pipetrain_stage0_") && !name.contains("_evaluate_") {
+            out.push(path);
+        }
+    }
+    Ok(out)
+}
+
+/// The training graph's nodes by name, to find a profile event's node: by its own name,
+/// or for a node ONNX Runtime made by fusing (`<node>/MatMulAddFusion`), by the node it
+/// was named after.
+struct Names<'a>(HashMap<&'a str, usize>);
+
+impl<'a> Names<'a> {
+    fn of(tg: &'a TrainingGraph) -> Self {
+        let by_name = tg.graph.nodes.iter().enumerate();
+        Names(by_name.map(|(i, n)| (n.name.as_str(), i)).collect())
+    }
+
+    fn find(&self, node: &str) -> Option<usize> {
+        let mut name = node;
+        loop {
+            if let Some(&i) = self.0.get(name) {
+                return Some(i);
+            }
+            name = &name[..name.rfind('/')?];
+        }
+    }
+}
+
+/// Where a session's counted runs start (the runs of the first `warmup` steps left out),
+/// how many there are, and their total duration in seconds.
+fn counted_runs(events: &[OrtEvent], n: Counting) -> Option<(u64, usize, f64)> {
+    let mut runs: Vec<&OrtEvent> = events
+        .iter()
+        .filter(|e| e.cat == "Session" && e.name == "model_run")
+        .collect();
+    runs.sort_by_key(|e| e.ts);
+    let skip = runs.len() / n.steps.max(1) * n.warmup;
+    let counted = runs.get(skip..).filter(|r| !r.is_empty())?;
+    let total = counted.iter().map(|e| e.dur as f64).sum::<f64>() * 1e-6;
+    Some((counted[0].ts, counted.len(), total))
+}

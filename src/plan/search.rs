@@ -1,0 +1,265 @@
+//! The layouts `pipetrain plan` weighs, and each one's predicted step and memory.
+//!
+//! A candidate is a data-parallel size and a pipeline size whose product is the
+//! workers, a schedule, a micro-batch count (the configuration's global batch kept), and
+//! recompute on or off. Its cuts are balanced by measured time and moved to shorten its
+//! simulated step ([`super::costs`]). Its step is simulated on this machine's cores
+//! shared by every worker ([`simulate_on`]), with the optimizer step and the
+//! data-parallel reduction on the timeline; its memory per rank comes from the memory
+//! model that refuses runs over a cap (`train::memory`).
+
+use pipetrain_schedules::{lower, simulate_on, LowerOptions, Machine, ScheduleSpec};
+
+use crate::config::{ScheduleKind, TrainConfig};
+use crate::graph::{Partition, Recompute, TrainingGraph};
+
+use super::costs::{action_seconds, even_bounds, refine_bounds, stage_costs};
+use super::profile::Profile;
+
+/// One layout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// Data-parallel replicas.
+    pub dp: usize,
+    /// Pipeline ranks.
+    pub pp: usize,
+    /// The schedule.
+    pub schedule: ScheduleKind,
+    /// Stages per rank (2 for the interleaved schedule, as ZB-V has).
+    pub virtual_stages: usize,
+    /// Micro-batches per step.
+    pub micro_batches: usize,
+    /// Samples per micro-batch.
+    pub micro_batch: usize,
+    /// Recompute.
+    pub recompute: Recompute,
+}
+
+impl Candidate {
+    /// Pipeline stages.
+    pub fn stages(&self) -> usize {
+        match self.schedule {
+            ScheduleKind::ZbV => 2 * self.pp,
+            ScheduleKind::Interleaved1f1b => self.pp * self.virtual_stages,
+            _ => self.pp,
+        }
+    }
+
+    /// The schedule to generate.
+    pub fn spec(&self) -> ScheduleSpec {
+        let (stages, micro_batches) = (self.pp, self.micro_batches);
+        match self.schedule {
+            ScheduleKind::Gpipe => ScheduleSpec::GPipe {
+                stages,
+                micro_batches,
+            },
+            ScheduleKind::OneFOneB => ScheduleSpec::OneFOneB {
+                stages,
+                micro_batches,
+            },
+            ScheduleKind::Interleaved1f1b => ScheduleSpec::Interleaved1F1B {
+                ranks: stages,
+                virtual_stages: self.virtual_stages,
+                micro_batches,
+            },
+            ScheduleKind::ZbH1 => ScheduleSpec::ZbH1 {
+                stages,
+                micro_batches,
+            },
+            ScheduleKind::ZbV => ScheduleSpec::ZbV {
+                ranks: stages,
+                micro_batches,
+            },
+        }
+    }
+
+    /// `cfg` with this layout (its cuts, the tensors ending each stage, given).
+    pub fn apply(&self, cfg: &TrainConfig, cuts: &[String]) -> TrainConfig {
+        let mut c = cfg.clone();
+        c.data_parallel_size = self.dp;
+        c.pipeline_parallel_size = self.pp;
+        c.batch_size = self.micro_batch;
+        c.gradient_accumulation_steps = self.micro_batches;
+        c.recompute = self.recompute;
+        c.pipeline.schedule = self.schedule;
+        c.pipeline.virtual_stages = match self.schedule {
+            ScheduleKind::Interleaved1f1b => self.virtual_stages,
+            _ => 1,
+        };
+        c.pipeline.partition = match cuts.is_empty() {
+            true => None,
+            false => Some(Partition::CutAt(cuts.to_vec())),
+        };
+        c
+    }
+}
+
+/// Every layout of `workers` workers for `cfg`'s global batch: micro-batch counts up to
+/// `max_micro_batches`, the schedules that apply, recompute off and on.
+pub fn candidates(cfg: &TrainConfig, workers: usize, max_micro_batches: usize) -> Vec<Candidate> {
+    let global = cfg.global_batch();
+    let mut out = Vec::new();
+    for dp in (1..=workers).filter(|d| workers % d == 0) {
+        let pp = workers / dp;
+        let schedules: &[(ScheduleKind, usize)] = match pp {
+            1 => &[(ScheduleKind::OneFOneB, 1)],
+            _ => &[
+                (ScheduleKind::Gpipe, 1),
+                (ScheduleKind::OneFOneB, 1),
+                (ScheduleKind::Interleaved1f1b, 2),
+                (ScheduleKind::ZbH1, 1),
+                (ScheduleKind::ZbV, 1),
+            ],
+        };
+        for m in 1..=max_micro_batches {
+            if global % (dp * m) != 0 {
+                continue;
+            }
+            for &(schedule, virtual_stages) in schedules {
+                // One stage runs forward and backward as one graph: nothing to recompute.
+                let recomputes: &[Recompute] = match pp {
+                    1 => &[Recompute::None],
+                    _ => &[Recompute::None, Recompute::Stage],
+                };
+                for &recompute in recomputes {
+                    out.push(Candidate {
+                        dp,
+                        pp,
+                        schedule,
+                        virtual_stages,
+                        micro_batches: m,
+                        micro_batch: global / (dp * m),
+                        recompute,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What the machine and the run cost beside the stages' compute.
+#[derive(Debug, Clone, Copy)]
+pub struct Machinery {
+    /// The machine's cores.
+    pub cores: usize,
+    /// Each session's intra-op threads at this many workers.
+    pub threads: usize,
+    /// A hand-off between two actors of one process, seconds.
+    pub hop: f64,
+    /// Seconds to add one float32 into another (the in-process reduction's rate).
+    pub add_per_value: f64,
+    /// How much each further action running at once slows the others.
+    pub contention: f64,
+}
+
+/// A candidate's simulated step: its seconds, idle share, and its cuts (positions in the
+/// live nodes).
+#[derive(Debug, Clone)]
+pub struct Simulated {
+    /// Seconds per optimizer step.
+    pub step: f64,
+    /// Idle share of the ranks' time.
+    pub bubble: f64,
+    /// Cut positions.
+    pub bounds: Vec<usize>,
+}
+
+/// Simulates `c` with `profile`'s costs (measured at `c`'s micro-batch and threads);
+/// `values[i]` are forward node `i`'s parameter values (for the update and reduction).
+/// Its cuts are `fixed` where given, else balanced by time. `None` where the schedule
+/// does not apply (too few micro-batches, say).
+pub fn simulate_candidate(
+    c: &Candidate,
+    profile: &Profile,
+    (live, values): (&[usize], &[f64]),
+    m: &Machinery,
+    fixed: Option<Vec<usize>>,
+) -> Option<Simulated> {
+    let stages = c.stages();
+    if stages > live.len() {
+        return None;
+    }
+    let schedule = c.spec().generate().ok()?;
+    let lowered = lower(
+        &schedule,
+        LowerOptions {
+            all_reduce: c.dp > 1,
+            optimizer_step: true,
+        },
+    )
+    .ok()?;
+    let split = matches!(c.schedule, ScheduleKind::ZbH1 | ScheduleKind::ZbV);
+    let machine = Machine {
+        slots: (m.cores as f64 / m.threads as f64).max(1.0),
+        copies: c.dp,
+        contention: m.contention,
+    };
+    let step = |bounds: &[usize]| -> Option<(f64, f64)> {
+        let costs = stage_costs(profile, live, bounds, (c.recompute, split));
+        let held = stage_values(live, bounds, values);
+        let update: Vec<f64> = held.iter().map(|v| v * profile.step_per_value).collect();
+        let reduce: Vec<f64> = held
+            .iter()
+            .map(|v| v * m.add_per_value * (c.dp - 1) as f64)
+            .collect();
+        let duration = |a| action_seconds(a, &costs, &reduce, &update);
+        let t = simulate_on(&lowered, &duration, &|_| m.hop, machine).ok()?;
+        Some((t.makespan(), t.bubble_fraction()))
+    };
+    let bounds = match fixed {
+        Some(b) => b,
+        None => {
+            let start = even_bounds(profile, live, stages);
+            refine_bounds(start, live.len(), &|b| step(b).map(|s| s.0))
+        }
+    };
+    let (time, bubble) = step(&bounds)?;
+    Some(Simulated {
+        step: time,
+        bubble,
+        bounds,
+    })
+}
+
+/// Per stage, the parameter values its nodes hold.
+fn stage_values(live: &[usize], bounds: &[usize], values: &[f64]) -> Vec<f64> {
+    let edges: Vec<usize> = std::iter::once(0)
+        .chain(bounds.iter().copied())
+        .chain(std::iter::once(live.len()))
+        .collect();
+    edges
+        .windows(2)
+        .map(|w| live[w[0]..w[1]].iter().map(|&i| values[i]).sum())
+        .collect()
+}
+
+/// Per forward node, the parameter values it reads first (each parameter counted once,
+/// at the first node that reads it: the stage that owns it).
+pub fn node_values(tg: &TrainingGraph) -> Vec<f64> {
+    let sizes: std::collections::HashMap<&str, usize> = tg
+        .params
+        .iter()
+        .map(|p| (p.name.as_str(), p.meta.numel()))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    tg.graph.nodes[..tg.forward_len]
+        .iter()
+        .map(|n| {
+            n.input
+                .iter()
+                .filter(|i| seen.insert(i.as_str()))
+                .filter_map(|i| sizes.get(i.as_str()))
+                .sum::<usize>() as f64
+        })
+        .collect()
+}
+
+/// The tensors ending each stage but the last, for `bounds` in `live`: what a
+/// configuration's `partition = { cut_at = [...] }` names.
+pub fn cut_names(tg: &TrainingGraph, live: &[usize], bounds: &[usize]) -> Vec<String> {
+    bounds
+        .iter()
+        .map(|&b| tg.graph.nodes[live[b - 1]].output[0].clone())
+        .collect()
+}
