@@ -21,25 +21,71 @@ use crate::graph::partition::{balanced_boundaries, constant_nodes};
 use crate::graph::{Recompute, TrainingGraph};
 
 use super::profile::Profile;
+use super::split::BackwardGraph;
 
-/// The forward nodes that compute (not constants), in order: the positions cuts fall
-/// between.
-pub fn live_nodes(tg: &TrainingGraph) -> Vec<usize> {
-    let constant = constant_nodes(tg);
-    (0..tg.forward_len).filter(|&i| !constant[i]).collect()
+/// What cutting needs of the training graph: the forward nodes that compute (not
+/// constants), in order, which the cuts fall between; each forward node's place among
+/// them; and the backward as a graph.
+#[derive(Debug, Clone)]
+pub struct Cuttable {
+    /// Forward nodes that compute.
+    pub live: Vec<usize>,
+    /// Each forward node's position in `live`.
+    position: Vec<Option<usize>>,
+    /// The backward.
+    backward: BackwardGraph,
 }
 
-/// Per stage (cut at `bounds`, positions in `live`), its `F`, `B`, `I` and `W`.
+impl Cuttable {
+    /// The cuttable form of `tg`.
+    pub fn of(tg: &TrainingGraph) -> Cuttable {
+        let constant = constant_nodes(tg);
+        let live: Vec<usize> = (0..tg.forward_len).filter(|&i| !constant[i]).collect();
+        let mut position = vec![None; tg.forward_len];
+        for (p, &i) in live.iter().enumerate() {
+            position[i] = Some(p);
+        }
+        Cuttable {
+            live,
+            position,
+            backward: BackwardGraph::of(tg),
+        }
+    }
+
+    /// The stage of forward node `i` under `bounds`.
+    fn stage_of(&self, bounds: &[usize], i: usize) -> Option<usize> {
+        let p = self.position.get(i).copied().flatten()?;
+        Some(bounds.iter().filter(|&&b| b <= p).count())
+    }
+
+    /// Per stage, its forward, input-gradient and weight-gradient time.
+    fn passes(&self, profile: &Profile, bounds: &[usize]) -> Vec<(f64, f64, f64)> {
+        let mut out = vec![(0.0, 0.0, 0.0); bounds.len() + 1];
+        for &i in &self.live {
+            if let Some(s) = self.stage_of(bounds, i) {
+                out[s].0 += profile.forward[i];
+            }
+        }
+        let stage_of = |i: usize| self.stage_of(bounds, i);
+        let input = self.backward.input_part(&stage_of);
+        for (b, &t) in profile.backward.iter().enumerate() {
+            let s = stage_of(self.backward.anchor(b)).unwrap_or(0);
+            match input[b] {
+                true => out[s].1 += t,
+                false => out[s].2 += t,
+            }
+        }
+        out
+    }
+}
+
+/// Per stage (cut at `bounds`, positions in `cut.live`), its `F`, `B`, `I` and `W`.
 pub fn stage_costs(
     profile: &Profile,
-    live: &[usize],
+    cut: &Cuttable,
     bounds: &[usize],
     (recompute, split): (Recompute, bool),
 ) -> Vec<StageCost> {
-    let edges: Vec<usize> = std::iter::once(0)
-        .chain(bounds.iter().copied())
-        .chain(std::iter::once(live.len()))
-        .collect();
     let gap = profile.action_gap;
     if bounds.is_empty() {
         return vec![StageCost::split(profile.fused + gap, gap, 0.0)];
@@ -51,17 +97,15 @@ pub fn stage_costs(
     } else {
         1.0
     };
-    let last = edges.len() - 2;
-    edges
-        .windows(2)
+    let last = bounds.len();
+    cut.passes(profile, bounds)
+        .into_iter()
         .enumerate()
-        .map(|(s, w)| {
-            let sum = |v: &[f64]| live[w[0]..w[1]].iter().map(|&i| v[i]).sum::<f64>();
-            let (f, ig, wg) = (
-                sum(&profile.forward),
-                sum(&profile.input_grad),
-                sum(&profile.weight_grad),
-            );
+        .map(|(s, (f, ig, wg))| {
+            if s == last && !split {
+                // The last stage of an unsplit schedule: forward and backward as one graph.
+                return StageCost::split((f + ig + wg) * one_graph + gap, gap, 0.0);
+            }
             let again = match recompute {
                 Recompute::Stage => f,
                 Recompute::None => 0.0,
@@ -70,10 +114,6 @@ pub fn stage_costs(
                 0 => (0.0, again + ig + wg),
                 _ => (again + ig, wg),
             };
-            if s == last && !split {
-                // The last stage of an unsplit schedule: forward and backward as one graph.
-                return StageCost::split((f + ig + wg) * one_graph + gap, gap, 0.0);
-            }
             StageCost {
                 forward: f + gap,
                 backward: i + w + gap,
@@ -84,13 +124,16 @@ pub fn stage_costs(
         .collect()
 }
 
-/// The cut positions (in `live`) of `stages` stages whose whole-step costs are as even
-/// as they can be.
-pub fn even_bounds(profile: &Profile, live: &[usize], stages: usize) -> Vec<usize> {
-    let costs: Vec<f64> = live
-        .iter()
-        .map(|&i| profile.forward[i] + profile.input_grad[i] + profile.weight_grad[i])
-        .collect();
+/// The cut positions (in `cut.live`) of `stages` stages whose whole-step costs are as
+/// even as they can be.
+pub fn even_bounds(profile: &Profile, cut: &Cuttable, stages: usize) -> Vec<usize> {
+    let mut costs: Vec<f64> = cut.live.iter().map(|&i| profile.forward[i]).collect();
+    for (b, &t) in profile.backward.iter().enumerate() {
+        let anchor = cut.backward.anchor(b);
+        if let Some(p) = cut.position.get(anchor).copied().flatten() {
+            costs[p] += t;
+        }
+    }
     balanced_boundaries(&costs, stages)
 }
 
@@ -151,33 +194,6 @@ pub fn action_seconds(a: Action, costs: &[StageCost], all_reduce: &[f64], step: 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn profile(forward: Vec<f64>) -> Profile {
-        Profile {
-            threads: 1,
-            micro_batch: 1,
-            input_grad: forward.clone(),
-            weight_grad: forward.clone(),
-            forward,
-            fused: 0.0,
-            action_gap: 0.0,
-            step_per_value: 0.0,
-            unmatched: 0.0,
-        }
-    }
-
-    #[test]
-    fn the_first_stage_does_its_whole_backward_in_w_and_recompute_adds_the_forward() {
-        let p = profile(vec![1.0, 2.0, 3.0, 4.0]);
-        let live = [0, 1, 2, 3];
-        let c = stage_costs(&p, &live, &[2], (Recompute::None, true));
-        assert_eq!(c[0].forward, 3.0);
-        assert_eq!((c[0].backward_input, c[0].backward_weight), (0.0, 6.0));
-        assert_eq!((c[1].backward_input, c[1].backward_weight), (7.0, 7.0));
-        let r = stage_costs(&p, &live, &[2], (Recompute::Stage, true));
-        assert_eq!(r[1].backward_input, 14.0);
-        assert_eq!(r[1].backward, 21.0);
-    }
 
     #[test]
     fn refining_moves_a_cut_to_where_the_simulated_step_is_shortest() {

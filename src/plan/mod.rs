@@ -117,7 +117,7 @@ pub fn plan(
     opts: &PlanOptions<'_>,
 ) -> Result<Plan> {
     let tg = crate::train::graph_of(rt, cfg, config_path)?;
-    let live = costs::live_nodes(&tg);
+    let cut = costs::Cuttable::of(&tg);
     let values = search::node_values(&tg);
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let threads = match cfg.runtime.intra_op_threads {
@@ -177,11 +177,10 @@ pub fn plan(
         let Some(p) = profiles.get(&c.micro_batch) else {
             continue;
         };
-        let Some(sim) = search::simulate_candidate(&c, p, (&live, &values), &machinery, None)
-        else {
+        let Some(sim) = search::simulate_candidate(&c, p, (&cut, &values), &machinery, None) else {
             continue;
         };
-        let cuts = search::cut_names(&tg, &live, &sim.bounds);
+        let cuts = search::cut_names(&tg, &cut.live, &sim.bounds);
         let peak = crate::train::rank_bytes(&tg, &c.apply(cfg, &cuts), scale_of(c.micro_batch))
             .unwrap_or_default();
         rows.push(PlanRow {
@@ -192,7 +191,7 @@ pub fn plan(
         });
     }
     rows.sort_by(|a, b| a.simulated.step.total_cmp(&b.simulated.step));
-    let default = default_row(cfg, &tg, (&live, &values), &machinery, opts, &profiles);
+    let default = default_row(cfg, &tg, (&cut, &values), &machinery, opts, &profiles);
     Ok(Plan {
         rows,
         default,
@@ -210,7 +209,7 @@ pub fn plan(
 fn default_row(
     cfg: &TrainConfig,
     tg: &crate::graph::TrainingGraph,
-    (live, values): (&[usize], &[f64]),
+    (cut, values): (&costs::Cuttable, &[f64]),
     machinery: &Machinery,
     opts: &PlanOptions<'_>,
     profiles: &BTreeMap<usize, Profile>,
@@ -234,10 +233,10 @@ fn default_row(
     };
     let a = assign_stages(tg, &by_params).ok()?;
     let bounds: Vec<usize> = (1..pp)
-        .filter_map(|s| live.iter().position(|&i| a.stage[i] == Some(s)))
+        .filter_map(|s| cut.live.iter().position(|&i| a.stage[i] == Some(s)))
         .collect();
-    let sim = search::simulate_candidate(&c, p, (live, values), machinery, Some(bounds))?;
-    let cuts = search::cut_names(tg, live, &sim.bounds);
+    let sim = search::simulate_candidate(&c, p, (cut, values), machinery, Some(bounds))?;
+    let cuts = search::cut_names(tg, &cut.live, &sim.bounds);
     let scale = c.micro_batch as f64 / cfg.batch_size as f64;
     let peak = crate::train::rank_bytes(tg, &c.apply(cfg, &cuts), scale).unwrap_or_default();
     Some(PlanRow {
@@ -261,7 +260,7 @@ pub fn report(plan: &Plan, top: usize) -> String {
             p.threads,
             p.total() * 1e3,
             p.forward.iter().sum::<f64>() * 1e3,
-            (p.input_grad.iter().sum::<f64>() + p.weight_grad.iter().sum::<f64>()) * 1e3,
+            p.backward.iter().sum::<f64>() * 1e3,
             p.fused * 1e3,
             p.unmatched * 100.0
         );

@@ -17,9 +17,8 @@ struct OrtEvent {
     dur: u64,
 }
 
-/// Per-node costs ([`Profile::forward`], `input_grad`, `weight_grad`), the mean run
-/// overhead and the unmatched share, from the profile files in `dir`.
-pub(super) type NodeTimes = (Vec<f64>, Vec<f64>, Vec<f64>, f64, f64);
+/// Per-node costs (each forward node's, each backward node's) and the unmatched share.
+pub(super) type NodeTimes = (Vec<f64>, Vec<f64>, f64);
 
 /// How a profile's runs are counted: `steps` optimizer steps of `micro_batches` each,
 /// the first `warmup` steps left out.
@@ -31,23 +30,22 @@ pub(super) struct Counting {
 }
 
 /// Per micro-batch: each node's kernel time (a backward split over several sessions, the
-/// first micro-batch's and the accumulating twin's, adds up), and one run's overhead.
+/// first micro-batch's and the accumulating twin's, adds up).
 pub(super) fn read_profile(
     dir: &Path,
     tg: &TrainingGraph,
     n: Counting,
 ) -> std::result::Result<NodeTimes, String> {
     let names = Names::of(tg);
-    let chain = super::split::input_grad_nodes(tg);
     let f = tg.forward_len;
-    let (mut fwd, mut ig, mut wg) = (vec![0.0; f], vec![0.0; f], vec![0.0; f]);
-    let (mut overhead, mut runs_seen, mut unmatched, mut total) = (0.0, 0usize, 0.0, 0.0);
+    let mut node = vec![0.0; tg.graph.nodes.len()];
+    let (mut runs_seen, mut unmatched, mut total) = (0usize, 0.0, 0.0);
     let counted_mbs = ((n.steps - n.warmup) * n.micro_batches) as f64;
     for path in profile_files(dir)? {
         let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let events: Vec<OrtEvent> =
             serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        let Some((from, runs, run_time)) = counted_runs(&events, n) else {
+        let Some((from, runs)) = counted_runs(&events, n) else {
             continue;
         };
         let mut kernels = 0.0;
@@ -69,16 +67,10 @@ pub(super) fn read_profile(
         } else {
             0.0
         };
-        for (i, t) in attributed.into_iter().enumerate().filter(|(_, t)| *t > 0.0) {
-            let t = t * scale;
-            match i.checked_sub(f) {
-                None => fwd[i] += t,
-                Some(b) if chain[b] => ig[tg.anchors[b]] += t,
-                Some(b) => wg[tg.anchors[b]] += t,
-            }
+        for (i, t) in attributed.into_iter().enumerate() {
+            node[i] += t * scale;
         }
         total += kernels;
-        overhead += (run_time - kernels * counted_mbs).max(0.0);
         runs_seen += runs;
     }
     if runs_seen == 0 {
@@ -88,11 +80,10 @@ pub(super) fn read_profile(
             dir.display()
         ));
     }
+    let backward = node.split_off(f);
     Ok((
-        fwd,
-        ig,
-        wg,
-        overhead / runs_seen as f64,
+        node,
+        backward,
         if total > 0.0 { unmatched / total } else { 0.0 },
     ))
 }
@@ -133,8 +124,8 @@ impl<'a> Names<'a> {
 }
 
 /// Where a session's counted runs start (the runs of the first `warmup` steps left out),
-/// how many there are, and their total duration in seconds.
-fn counted_runs(events: &[OrtEvent], n: Counting) -> Option<(u64, usize, f64)> {
+/// and how many there are.
+fn counted_runs(events: &[OrtEvent], n: Counting) -> Option<(u64, usize)> {
     let mut runs: Vec<&OrtEvent> = events
         .iter()
         .filter(|e| e.cat == "Session" && e.name == "model_run")
@@ -142,6 +133,5 @@ fn counted_runs(events: &[OrtEvent], n: Counting) -> Option<(u64, usize, f64)> {
     runs.sort_by_key(|e| e.ts);
     let skip = runs.len() / n.steps.max(1) * n.warmup;
     let counted = runs.get(skip..).filter(|r| !r.is_empty())?;
-    let total = counted.iter().map(|e| e.dur as f64).sum::<f64>() * 1e-6;
-    Some((counted[0].ts, counted.len(), total))
+    Some((counted[0].ts, counted.len()))
 }

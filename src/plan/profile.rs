@@ -4,9 +4,8 @@
 //! stage, in a `pipetrain train` process of its own (so the profile's memory and threads
 //! are not the planner's, and its files land in a folder of their own).
 //!
-//! A node's kernel events are found by name: the forward session runs the training
-//! graph's forward nodes under their own names, and the backward's nodes are named
-//! `grad/<forward node>/...` with their forward node in [`TrainingGraph::anchors`]. Kernel
+//! A node's kernel events are found by name: the sessions run the training graph's nodes
+//! under their own names (the backward's are `grad/<forward node>/...`). Kernel
 //! time ONNX Runtime spends in nodes it made itself (its fusions) is spread over the
 //! session's named nodes in proportion; [`Profile::unmatched`] says how much that was.
 //!
@@ -32,12 +31,10 @@ pub struct Profile {
     pub threads: usize,
     /// Samples per micro-batch.
     pub micro_batch: usize,
-    /// The node's forward kernels.
+    /// Each forward node's kernels.
     pub forward: Vec<f64>,
-    /// Its backward kernels on the input-gradient path (what a stage's `I` runs).
-    pub input_grad: Vec<f64>,
-    /// Its backward kernels that only make parameter gradients (what `W` runs).
-    pub weight_grad: Vec<f64>,
+    /// Each backward node's (`tg.graph.nodes[tg.forward_len..]`) kernels.
+    pub backward: Vec<f64>,
     /// A micro-batch's forward and backward as one graph (one stage, unsplit schedule).
     pub fused: f64,
     /// The optimizer step's seconds per parameter value.
@@ -53,11 +50,7 @@ pub struct Profile {
 impl Profile {
     /// Sum of every node's forward and backward: one micro-batch's compute.
     pub fn total(&self) -> f64 {
-        self.forward
-            .iter()
-            .chain(&self.input_grad)
-            .chain(&self.weight_grad)
-            .sum()
+        self.forward.iter().chain(&self.backward).sum()
     }
 }
 
@@ -110,7 +103,7 @@ pub fn measure(
         micro_batches: global_batch(run.config)? / micro_batch,
         warmup: run.warmup,
     };
-    let (forward, input_grad, weight_grad, _, unmatched) =
+    let (forward, backward, unmatched) =
         in_folder(run, (threads, micro_batch), RunKind::Profiled, |dir| {
             read_profile(dir, tg, counting)
         })
@@ -128,14 +121,13 @@ pub fn measure(
         v.into_iter().map(|x| x * k).collect()
     };
     let profiled_fwd: f64 = forward.iter().sum();
-    let profiled_bwd: f64 = input_grad.iter().chain(&weight_grad).sum();
+    let profiled_bwd: f64 = backward.iter().sum();
     let values: usize = tg.params.iter().map(|p| p.meta.numel()).sum();
     Ok(Profile {
         threads,
         micro_batch,
         forward: rescale(forward, timed.forward, profiled_fwd),
-        input_grad: rescale(input_grad, timed.backward, profiled_bwd),
-        weight_grad: rescale(weight_grad, timed.backward, profiled_bwd),
+        backward: rescale(backward, timed.backward, profiled_bwd),
         fused: fused.forward + fused.backward,
         step_per_value: timed.step / values.max(1) as f64,
         action_gap: fused.gap,

@@ -13,7 +13,7 @@ use pipetrain_schedules::{lower, simulate_on, LowerOptions, Machine, ScheduleSpe
 use crate::config::{ScheduleKind, TrainConfig};
 use crate::graph::{Partition, Recompute, TrainingGraph};
 
-use super::costs::{action_seconds, even_bounds, refine_bounds, stage_costs};
+use super::costs::{action_seconds, even_bounds, refine_bounds, stage_costs, Cuttable};
 use super::profile::Profile;
 
 /// One layout.
@@ -172,11 +172,12 @@ pub struct Simulated {
 pub fn simulate_candidate(
     c: &Candidate,
     profile: &Profile,
-    (live, values): (&[usize], &[f64]),
+    (cut, values): (&Cuttable, &[f64]),
     m: &Machinery,
     fixed: Option<Vec<usize>>,
 ) -> Option<Simulated> {
     let stages = c.stages();
+    let live = &cut.live;
     if stages > live.len() {
         return None;
     }
@@ -196,7 +197,7 @@ pub fn simulate_candidate(
         contention: m.contention,
     };
     let step = |bounds: &[usize]| -> Option<(f64, f64)> {
-        let costs = stage_costs(profile, live, bounds, (c.recompute, split));
+        let costs = stage_costs(profile, cut, bounds, (c.recompute, split));
         let held = stage_values(live, bounds, values);
         let update: Vec<f64> = held.iter().map(|v| v * profile.step_per_value).collect();
         let reduce: Vec<f64> = held
@@ -210,7 +211,7 @@ pub fn simulate_candidate(
     let bounds = match fixed {
         Some(b) => b,
         None => {
-            let start = even_bounds(profile, live, stages);
+            let start = even_bounds(profile, cut, stages);
             refine_bounds(start, live.len(), &|b| step(b).map(|s| s.0))
         }
     };
@@ -262,4 +263,48 @@ pub fn cut_names(tg: &TrainingGraph, live: &[usize], bounds: &[usize]) -> Vec<St
         .iter()
         .map(|&b| tg.graph.nodes[live[b - 1]].output[0].clone())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(global: usize) -> TrainConfig {
+        let text = format!(
+            "batch_size = {global}\nnum_train_steps = 4\n[model]\nkind = \"mlp\"\n\
+             [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"y\"\n\
+             [data]\nsynth = {{ kind = \"teacher\", samples = 64, seed = 5 }}\n\
+             layout = {{ kind = \"arrays\", feeds = {{ x = \"x\", y = \"y\" }} }}\n\
+             [optimizer]\nkind = \"sgd\"\n[lr_schedule]\nkind = \"constant\"\nlr = 0.1\n"
+        );
+        TrainConfig::parse(&text, std::path::Path::new("t.toml")).unwrap()
+    }
+
+    #[test]
+    fn every_candidate_uses_the_workers_and_keeps_the_global_batch() {
+        let cfg = config(12);
+        let all = candidates(&cfg, 4, 8);
+        assert!(!all.is_empty());
+        for c in &all {
+            assert_eq!(c.dp * c.pp, 4, "{c:?}");
+            assert_eq!(c.dp * c.micro_batches * c.micro_batch, 12, "{c:?}");
+            assert!(c.micro_batches <= 8);
+            // One stage runs one graph: nothing to recompute, no schedule to choose.
+            if c.pp == 1 {
+                assert_eq!(c.recompute, Recompute::None);
+                assert_eq!(c.schedule, ScheduleKind::OneFOneB);
+            }
+        }
+        let layouts: std::collections::HashSet<(usize, usize)> =
+            all.iter().map(|c| (c.dp, c.pp)).collect();
+        assert_eq!(layouts.len(), 3, "dp x pp = 1 x 4, 2 x 2, 4 x 1");
+        // Applied, a candidate is the configuration it describes.
+        let c = all
+            .iter()
+            .find(|c| c.schedule == ScheduleKind::ZbV)
+            .unwrap();
+        let applied = c.apply(&cfg, &["h".into()]);
+        assert_eq!(applied.global_batch(), 12);
+        assert_eq!(applied.stages(), 2 * c.pp);
+    }
 }

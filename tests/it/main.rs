@@ -43,6 +43,7 @@ mod models;
 mod optim;
 mod param_groups;
 mod peer_curves;
+mod plan;
 mod probe;
 mod readme_ops;
 mod recompute;

@@ -1,0 +1,172 @@
+//! `pipetrain plan`: the backward's split into input- and weight-gradient work agrees
+//! with what the stage builder puts in each stage's `I` graph, and a plan's written
+//! configuration is one `train` runs as it is, with the layout the plan ranked first.
+
+use std::collections::HashSet;
+use std::process::Command;
+
+use crate::common::{self, PeerModel};
+use pipetrain::config::TrainConfig;
+use pipetrain::graph::{assign_stages, build_stage_graphs, Partition};
+use pipetrain::plan::split::BackwardGraph;
+
+#[test]
+fn each_stage_s_input_gradient_part_is_what_the_stage_builder_puts_in_its_i_graph() {
+    let rt = common::runtime();
+    let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
+    let graph = BackwardGraph::of(&tg);
+    let live = pipetrain::plan::costs::Cuttable::of(&tg).live;
+    let backward = &tg.graph.nodes[tg.forward_len..];
+    // Cuts after each of many nodes, some between a product and its bias (where the
+    // bias's reshaped gradient crosses): every later stage's `I` graph runs exactly the
+    // backward nodes found for it.
+    let mut checked = 0;
+    for at in 1..live.len() {
+        let cut = tg.graph.nodes[live[at - 1]].output[0].clone();
+        let a = assign_stages(&tg, &Partition::CutAt(vec![cut.clone()])).unwrap();
+        let stages = build_stage_graphs(&tg, &a).unwrap();
+        let input = graph.input_part(&|i| a.stage[i]);
+        let in_i: HashSet<&str> = stages[1]
+            .backward_input
+            .nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect();
+        for (b, n) in backward.iter().enumerate() {
+            // Constants cost nothing and may become initializers of the stage graphs.
+            if a.stage[tg.anchors[b]] != Some(1) || n.op_type == "Constant" {
+                continue;
+            }
+            checked += 1;
+            assert_eq!(
+                input[b],
+                in_i.contains(n.name.as_str()),
+                "cut at `{cut}`: backward node `{}` ({})",
+                n.name,
+                n.op_type,
+            );
+        }
+        // The first stage hands nothing back.
+        assert!(backward
+            .iter()
+            .enumerate()
+            .all(|(b, _)| a.stage[tg.anchors[b]] != Some(0) || !input[b]));
+    }
+    assert!(checked > 1000, "{checked} backward nodes compared");
+}
+
+/// A small built-in GPT with a vocabulary head larger than its blocks.
+const CONFIG: &str = r#"
+batch_size = 8
+num_train_steps = 4
+display_loss_steps = 4
+[model]
+kind = "gpt2"
+layers = 2
+d_model = 32
+heads = 2
+vocab = 512
+seq = 16
+[loss]
+kind = "softmax_cross_entropy"
+prediction = "logits"
+label = "targets"
+[data]
+synth = { kind = "language", samples = 256, seq = 16, vocab = 512, seed = 3 }
+layout = { kind = "next_token", array = "tokens", input = "tokens", label = "targets" }
+[optimizer]
+kind = "sgd"
+[lr_schedule]
+kind = "constant"
+lr = 1e-2
+"#;
+
+#[test]
+fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
+    let dir = tempfile_dir("plan-writes");
+    let config = dir.join("gpt.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let best = dir.join("out").join("best.toml");
+    std::fs::create_dir_all(best.parent().unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
+        .args([
+            "plan",
+            "--devices",
+            "2",
+            "--max-micro-batches",
+            "2",
+            "--profile-steps",
+            "3",
+        ])
+        .arg(&config)
+        .arg("--out")
+        .arg(&best)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The table's first row is the layout written.
+    let first = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("rank"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no table:\n{stdout}"));
+    let cols: Vec<&str> = first.split_whitespace().collect();
+    let cfg = TrainConfig::load(&best).unwrap();
+    assert_eq!(
+        cols[1].parse::<usize>().unwrap(),
+        cfg.data_parallel_size,
+        "{first}"
+    );
+    assert_eq!(
+        cols[2].parse::<usize>().unwrap(),
+        cfg.pipeline_parallel_size,
+        "{first}"
+    );
+    assert_eq!(cfg.data_parallel_size * cfg.pipeline_parallel_size, 2);
+    assert_eq!(cfg.global_batch(), 8, "the global batch is kept");
+    assert_eq!(
+        cfg.num_train_steps / cfg.gradient_accumulation_steps,
+        4,
+        "the optimizer steps are kept"
+    );
+    if cfg.pipeline_parallel_size > 1 {
+        let Some(Partition::CutAt(cuts)) = &cfg.pipeline.partition else {
+            panic!(
+                "a pipeline plan names its cuts: {:?}",
+                cfg.pipeline.partition
+            );
+        };
+        assert_eq!(cuts.len(), cfg.stages() - 1);
+    }
+    // Read from another folder than the user's, it trains.
+    let run = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
+        .arg("train")
+        .arg(&best)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // Nothing of the planner's is left beside the user's file.
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with(".pipetrain-plan"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+fn tempfile_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("pipetrain-it-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
