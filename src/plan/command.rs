@@ -78,6 +78,16 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         if let Some(d) = &p.default {
             runs.push(("default".into(), d));
         }
+        if let Some(time) = p
+            .cut_rivals
+            .first()
+            .and_then(|(_, r)| p.rows.iter().find(|t| t.candidate == r.candidate))
+        {
+            runs.push(("by time".into(), time));
+            for (by, r) in &p.cut_rivals {
+                runs.push((format!("by {by}"), r));
+            }
+        }
         println!(
             "\nmeasured ({} steps each, 2 not counted):",
             args.measure_steps

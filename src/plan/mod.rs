@@ -21,6 +21,7 @@ mod command;
 pub mod costs;
 mod ort_profile;
 pub mod profile;
+mod rivals;
 pub mod search;
 pub mod split;
 mod verify;
@@ -38,7 +39,7 @@ pub use write::{candidate_text, write_config};
 
 use crate::compute::{intra_threads_for, Runtime};
 use crate::config::TrainConfig;
-use crate::graph::{assign_stages, flops_per_node, BalanceBy, Partition};
+use crate::graph::flops_per_node;
 use crate::train::peak::gb;
 use crate::{Error, Result};
 
@@ -84,6 +85,9 @@ pub struct Plan {
     pub rows: Vec<PlanRow>,
     /// 1F1B, as many micro-batches as ranks, cuts by parameter count.
     pub default: Option<PlanRow>,
+    /// The fastest pipeline layout's cuts balanced by parameters and by FLOPs instead of
+    /// time (`"params"`, `"flops"`), for comparison.
+    pub cut_rivals: Vec<(&'static str, PlanRow)>,
     /// The profiles, by (threads, micro-batch).
     pub profiles: Vec<Profile>,
     /// Micro-batch sizes whose profile run failed, and why (a model exported with a
@@ -191,59 +195,29 @@ pub fn plan(
         });
     }
     rows.sort_by(|a, b| a.simulated.step.total_cmp(&b.simulated.step));
-    let default = default_row(cfg, &tg, (&cut, &values), &machinery, opts, &profiles);
+    let fixed = rivals::Fixed {
+        cfg,
+        tg: &tg,
+        cut: &cut,
+        values: &values,
+        machinery: &machinery,
+        profiles: &profiles,
+    };
+    let default = fixed.default_row(opts);
+    let best_pipeline = rows
+        .iter()
+        .find(|r| r.candidate.pp > 1 && r.fits(opts.memory_per_worker));
+    let cut_rivals = best_pipeline.map_or_else(Vec::new, |r| fixed.cut_rivals(&r.candidate));
     Ok(Plan {
         rows,
         default,
+        cut_rivals,
         profiles: profiles.into_values().collect(),
         skipped,
         threads,
         cap: opts.memory_per_worker,
         profile_seconds,
         machinery,
-    })
-}
-
-/// The layout a user would write: every worker a pipeline rank, 1F1B, as many
-/// micro-batches as ranks, cuts by parameter count; simulated with the same costs.
-fn default_row(
-    cfg: &TrainConfig,
-    tg: &crate::graph::TrainingGraph,
-    (cut, values): (&costs::Cuttable, &[f64]),
-    machinery: &Machinery,
-    opts: &PlanOptions<'_>,
-    profiles: &BTreeMap<usize, Profile>,
-) -> Option<PlanRow> {
-    let pp = opts.workers;
-    let global = cfg.global_batch();
-    let m = (pp..=opts.max_micro_batches.max(pp)).find(|m| global % m == 0)?;
-    let c = Candidate {
-        dp: 1,
-        pp,
-        schedule: crate::config::ScheduleKind::OneFOneB,
-        virtual_stages: 1,
-        micro_batches: m,
-        micro_batch: global / m,
-        recompute: crate::graph::Recompute::None,
-    };
-    let p = profiles.get(&c.micro_batch)?;
-    let by_params = Partition::Balanced {
-        stages: pp,
-        by: BalanceBy::Params,
-    };
-    let a = assign_stages(tg, &by_params).ok()?;
-    let bounds: Vec<usize> = (1..pp)
-        .filter_map(|s| cut.live.iter().position(|&i| a.stage[i] == Some(s)))
-        .collect();
-    let sim = search::simulate_candidate(&c, p, (cut, values), machinery, Some(bounds))?;
-    let cuts = search::cut_names(tg, &cut.live, &sim.bounds);
-    let scale = c.micro_batch as f64 / cfg.batch_size as f64;
-    let peak = crate::train::rank_bytes(tg, &c.apply(cfg, &cuts), scale).unwrap_or_default();
-    Some(PlanRow {
-        candidate: c,
-        cuts,
-        simulated: sim,
-        peak,
     })
 }
 
@@ -296,6 +270,22 @@ pub fn report(plan: &Plan, top: usize) -> String {
                 d.simulated.step / b.simulated.step
             );
         }
+    }
+    if let Some((_, first)) = plan.cut_rivals.first() {
+        let time = plan
+            .rows
+            .iter()
+            .find(|r| r.candidate == first.candidate)
+            .map_or(f64::NAN, |r| r.simulated.step);
+        out += &format!(
+            "cuts of the fastest pipeline layout ({}): by time {:.2} ms",
+            layout_text(&first.candidate),
+            time * 1e3
+        );
+        for (by, r) in &plan.cut_rivals {
+            out += &format!(", by {by} {:.2} ms", r.simulated.step * 1e3);
+        }
+        out += "\n";
     }
     if plan.best().is_none() {
         let least = plan
