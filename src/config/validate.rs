@@ -8,7 +8,7 @@ use crate::graph::Partition;
 use crate::{Error, Result};
 
 impl TrainConfig {
-    pub(super) fn validate(&self, path: &Path) -> Result<()> {
+    pub(crate) fn validate(&self, path: &Path) -> Result<()> {
         self.validate_model_source(path)?;
         self.validate_data_sources(path)?;
         self.validate_sizes(path)?;

@@ -92,22 +92,75 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
             "\nmeasured ({} steps each, 2 not counted):",
             args.measure_steps
         );
-        println!("rank     predicted ms  measured ms  error   layout");
-        let mut errors = Vec::new();
+        println!("rank      predicted ms  measured ms  error   layout");
+        let mut measured = Vec::new();
         for (name, row) in runs {
-            let m = super::measure_step(&worker, &args.config, row, (args.measure_steps, 2))?;
+            let m = match super::measure_step(&worker, &args.config, row, (args.measure_steps, 2)) {
+                Ok(m) => m,
+                Err(e) => {
+                    println!("{name:<9} failed: {e}");
+                    continue;
+                }
+            };
             let err = row.simulated.step / m.step - 1.0;
-            errors.push(err.abs());
             println!(
-                "{name:<8} {:>12.2}  {:>11.2}  {:>+5.1}%  {}",
+                "{name:<9} {:>12.2}  {:>11.2}  {:>+5.1}%  {}",
                 row.simulated.step * 1e3,
                 m.step * 1e3,
                 err * 100.0,
                 super::layout_text(&row.candidate)
             );
+            measured.push((name, row.simulated.step, m.step));
         }
-        let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
-        println!("mean absolute error: {:.1}%", mean * 100.0);
+        print!("{}", accuracy(&measured));
     }
     Ok(())
+}
+
+/// How the predictions of the measured runs `(name, predicted, measured)` held: the
+/// mean and largest error, whether the measured order of the plan's top three is the
+/// predicted one, and how far the plan's pick is from the fastest measured candidate.
+fn accuracy(runs: &[(String, f64, f64)]) -> String {
+    let errors: Vec<f64> = runs.iter().map(|(_, p, m)| (p / m - 1.0).abs()).collect();
+    let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
+    let worst = errors.iter().copied().fold(0.0, f64::max);
+    let mut out = format!(
+        "mean absolute error {:.1}%, largest {:.1}% ({} runs)\n",
+        mean * 100.0,
+        worst * 100.0,
+        runs.len()
+    );
+    let ranked: Vec<&(String, f64, f64)> = runs
+        .iter()
+        .filter(|(n, _, _)| n.parse::<usize>().is_ok())
+        .collect();
+    if ranked.len() >= 3 {
+        let mut by_measured: Vec<&str> = ranked[..3].iter().map(|r| r.0.as_str()).collect();
+        by_measured.sort_by(|a, b| {
+            let t = |n: &str| ranked.iter().find(|r| r.0 == n).map_or(0.0, |r| r.2);
+            t(a).total_cmp(&t(b))
+        });
+        out += &format!(
+            "top 3 in measured order: {} (predicted 1 2 3)\n",
+            by_measured.join(" ")
+        );
+    }
+    if let Some(pick) = ranked.first() {
+        let fastest = runs.iter().map(|r| r.2).fold(f64::INFINITY, f64::min);
+        out += &format!(
+            "the plan's pick measured {:.2} ms; the fastest measured {:.2} ms ({:+.1}%)\n",
+            pick.2 * 1e3,
+            fastest * 1e3,
+            (pick.2 / fastest - 1.0) * 100.0
+        );
+    }
+    if let Some(d) = runs.iter().find(|r| r.0 == "default") {
+        if let Some(pick) = ranked.first() {
+            out += &format!(
+                "measured speed-up of the plan over the default: {:.2}x\n",
+                d.2 / pick.2
+            );
+        }
+    }
+    out
 }

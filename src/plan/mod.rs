@@ -19,9 +19,11 @@
 
 mod command;
 pub mod costs;
+mod machine;
 mod ort_profile;
 pub mod profile;
 mod rivals;
+mod runs;
 pub mod search;
 pub mod split;
 mod verify;
@@ -128,13 +130,6 @@ pub fn plan(
         Some(t) => t,
         None => intra_threads_for(flops_per_node(&tg), cores / opts.workers.max(1)),
     };
-    let mut machinery = Machinery {
-        cores,
-        threads,
-        hop: verify::hop_seconds(),
-        add_per_value: verify::add_seconds_per_value(),
-        contention: 0.0,
-    };
     let candidates = search::candidates(cfg, opts.workers, opts.max_micro_batches);
     let started = Instant::now();
     let run = ProfileRun {
@@ -162,18 +157,26 @@ pub fn plan(
         let why: Vec<String> = skipped.iter().map(|(_, e)| e.clone()).collect();
         return Err(plan_error("profiling", why.join("; ")));
     }
-    // Two actions at once, where the machine runs two: measured at the largest
-    // micro-batch that two replicas can split the global batch into.
-    if cores / threads >= 2 && opts.workers >= 2 {
-        let global = cfg.global_batch();
-        let pair = profiles
-            .values()
-            .rev()
-            .find(|p| global % (2 * p.micro_batch) == 0);
-        if let Some(p) = pair {
-            machinery.contention = profile::contention(&run, p)?;
-        }
+    let (step_overhead, action_gap) =
+        profile::fit_overheads(&profiles.values().collect::<Vec<_>>());
+    for p in profiles.values_mut() {
+        p.action_gap = action_gap;
     }
+    let sizes: Vec<&Profile> = profiles.values().collect();
+    let predict = |b: usize, m: &Machinery| {
+        let c = search::Candidate {
+            dp: 2,
+            pp: 1,
+            schedule: crate::config::ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            micro_batches: cfg.global_batch() / (2 * b),
+            micro_batch: b,
+            recompute: crate::graph::Recompute::None,
+        };
+        search::simulate_candidate(&c, profiles.get(&b)?, (&cut, &values), m, None).map(|s| s.step)
+    };
+    let shape = (cores, threads, opts.workers, cfg.global_batch());
+    let machinery = machine::measure(&run, &sizes, shape, step_overhead, &predict)?;
     let profile_seconds = started.elapsed().as_secs_f64();
     let scale_of = |mb: usize| mb as f64 / cfg.batch_size as f64;
     let mut rows = Vec::new();
@@ -185,6 +188,10 @@ pub fn plan(
             continue;
         };
         let cuts = search::cut_names(&tg, &cut.live, &sim.bounds);
+        // What `train` would refuse (1F1B with fewer micro-batches than stages, say).
+        if c.apply(cfg, &cuts).validate(config_path).is_err() {
+            continue;
+        }
         let peak = crate::train::rank_bytes(&tg, &c.apply(cfg, &cuts), scale_of(c.micro_batch))
             .unwrap_or_default();
         rows.push(PlanRow {
@@ -246,11 +253,13 @@ pub fn report(plan: &Plan, top: usize) -> String {
     let m = &plan.machinery;
     out += &format!(
         "machine: {} cores, {} thread(s) per session, hand-off {:.1} us, two actions at once \
-         each {:.1}% slower\n{} candidates simulated (profiling took {:.1} s)\n\n",
+         each {:.1}% slower, replicas kept in step {:.1} us a step\n{} candidates simulated \
+         (profiling took {:.1} s)\n\n",
         m.cores,
         m.threads,
         m.hop * 1e6,
         m.contention * 100.0,
+        m.replica_sync * 1e6,
         plan.rows.len(),
         plan.profile_seconds
     );

@@ -79,6 +79,11 @@ impl Candidate {
         c.data_parallel_size = self.dp;
         c.pipeline_parallel_size = self.pp;
         c.batch_size = self.micro_batch;
+        // Step counts are in micro-batches: the same optimizer steps.
+        let optimizer_steps = cfg.num_train_steps / cfg.gradient_accumulation_steps.max(1);
+        c.num_train_steps = optimizer_steps.max(1) * self.micro_batches;
+        c.display_loss_steps = self.micro_batches
+            * (cfg.display_loss_steps / cfg.gradient_accumulation_steps.max(1)).max(1);
         c.gradient_accumulation_steps = self.micro_batches;
         c.recompute = self.recompute;
         c.pipeline.schedule = self.schedule;
@@ -151,6 +156,10 @@ pub struct Machinery {
     pub add_per_value: f64,
     /// How much each further action running at once slows the others.
     pub contention: f64,
+    /// What keeping data-parallel replicas in step adds to a step.
+    pub replica_sync: f64,
+    /// What a step costs beside its actions (the coordinator, the data).
+    pub step_overhead: f64,
 }
 
 /// A candidate's simulated step: its seconds, idle share, and its cuts (positions in the
@@ -200,13 +209,16 @@ pub fn simulate_candidate(
         let costs = stage_costs(profile, cut, bounds, (c.recompute, split));
         let held = stage_values(live, bounds, values);
         let update: Vec<f64> = held.iter().map(|v| v * profile.step_per_value).collect();
-        let reduce: Vec<f64> = held
-            .iter()
-            .map(|v| v * m.add_per_value * (c.dp - 1) as f64)
-            .collect();
+        let reduce: Vec<f64> = match c.dp {
+            1 => vec![0.0; held.len()],
+            d => held
+                .iter()
+                .map(|v| v * m.add_per_value * (d - 1) as f64 + m.replica_sync)
+                .collect(),
+        };
         let duration = |a| action_seconds(a, &costs, &reduce, &update);
         let t = simulate_on(&lowered, &duration, &|_| m.hop, machine).ok()?;
-        Some((t.makespan(), t.bubble_fraction()))
+        Some((t.makespan() + m.step_overhead, t.bubble_fraction()))
     };
     let bounds = match fixed {
         Some(b) => b,

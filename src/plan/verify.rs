@@ -1,59 +1,12 @@
-//! The planner's measurements of this machine (a hand-off between actors, the
-//! reduction's adding rate) and of real runs of its candidates: the step a
-//! `pipetrain train` process takes with a candidate's configuration, from its trace.
+//! Real runs of the planner's candidates: the step a `pipetrain train` process takes
+//! with a candidate's configuration, from its trace.
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
 
 use crate::{Error, Result};
 
 use super::{plan_error, PlanRow};
-
-/// Seconds for one message between two threads over a flume channel, the stage actors'
-/// mailbox: half the best of a few thousand round trips' mean.
-pub fn hop_seconds() -> f64 {
-    let (to, from_main) = flume::bounded::<u64>(1);
-    let (back, from_echo) = flume::bounded::<u64>(1);
-    let echo = std::thread::spawn(move || {
-        while let Ok(v) = from_main.recv() {
-            if back.send(v).is_err() {
-                break;
-            }
-        }
-    });
-    let trips = 2000;
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let t = Instant::now();
-        for i in 0..trips {
-            let _ = to.send(i);
-            let _ = from_echo.recv();
-        }
-        best = best.min(t.elapsed().as_secs_f64() / trips as f64 / 2.0);
-    }
-    drop(to);
-    let _ = echo.join();
-    best
-}
-
-/// Seconds to add one float32 into another over buffers larger than the caches: the
-/// in-process reduction's cost per value and replica.
-pub fn add_seconds_per_value() -> f64 {
-    let n = 8 << 20;
-    let mut a = vec![1.0f32; n];
-    let b = vec![0.5f32; n];
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let t = Instant::now();
-        for (x, y) in a.iter_mut().zip(&b) {
-            *x += *y;
-        }
-        std::hint::black_box(&a);
-        best = best.min(t.elapsed().as_secs_f64() / n as f64);
-    }
-    best
-}
 
 /// A candidate's real run.
 #[derive(Debug, Clone, Copy)]

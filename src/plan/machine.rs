@@ -1,0 +1,229 @@
+//! This machine as the planner simulates it, measured: the in-process reduction's adding
+//! rate, what a hand-off between two stage actors takes (from a two-stage run's trace),
+//! how much two actions running at once slow each other, and what keeping two replicas
+//! in step costs (from a two-replica run's trace).
+
+use std::path::Path;
+use std::time::Instant;
+
+use pipetrain_actors::RunTrace;
+use pipetrain_schedules::ActionKind as K;
+
+use crate::{Error, Result};
+
+use super::profile::{Profile, ProfileRun};
+use super::runs::{in_folder, RunKind};
+use super::search::Machinery;
+
+/// A one-stage run in two replicas at once, at `alone`'s micro-batch.
+fn pair_passes(run: &ProfileRun<'_>, alone: &Profile) -> Result<Passes> {
+    let key = (alone.threads, alone.micro_batch);
+    in_folder(run, key, RunKind::FusedPair, |dir| {
+        pass_seconds(&dir.join("trace.json"), run.warmup)
+    })
+    .map_err(|reason| Error::Plan {
+        what: "measuring two replicas at once".into(),
+        reason,
+    })
+}
+
+/// A one-stage run's mean seconds per micro-batch for its forward and its backward
+/// (`B`, or `I` and `W` together), and per step for its update.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Passes {
+    pub forward: f64,
+    pub backward: f64,
+    pub step: f64,
+    /// Seconds per step that no action accounts for.
+    pub idle: f64,
+    /// Mean seconds from one step's start to the next's.
+    pub period: f64,
+}
+
+/// [`Passes`] from a run's trace, the first `warmup` steps left out.
+pub(super) fn pass_seconds(trace: &Path, warmup: usize) -> std::result::Result<Passes, String> {
+    let run = read_trace(trace)?;
+    let counted = run.steps.len().saturating_sub(warmup);
+    if counted == 0 {
+        return Err(format!(
+            "{}: no step recorded after warm-up",
+            trace.display()
+        ));
+    }
+    let mut p = Passes::default();
+    let mut micro_batches = 0usize;
+    let events = run.steps[warmup..]
+        .iter()
+        .filter_map(|replicas| replicas.first())
+        .flat_map(|t| t.ranks.iter().flatten());
+    for e in events {
+        let secs = (e.end_ns - e.start_ns) as f64 * 1e-9;
+        match e.action.kind() {
+            K::Forward => {
+                p.forward += secs;
+                micro_batches += 1;
+            }
+            K::Backward | K::BackwardInput | K::BackwardWeight => p.backward += secs,
+            K::OptimizerStep => p.step += secs,
+            _ => {}
+        }
+    }
+    let mbs = micro_batches.max(1) as f64;
+    let starts: Vec<u64> = run.steps[warmup..]
+        .iter()
+        .filter_map(|replicas| replicas.first())
+        .filter_map(|t| t.ranks.iter().flatten().map(|e| e.start_ns).min())
+        .collect();
+    let period = match starts.len() {
+        0 | 1 => 0.0,
+        n => (starts[n - 1] - starts[0]) as f64 * 1e-9 / (n - 1) as f64,
+    };
+    let busy = (p.forward + p.backward + p.step) / counted as f64;
+    let idle = (period - busy).max(0.0);
+    Ok(Passes {
+        forward: p.forward / mbs,
+        backward: p.backward / mbs,
+        step: p.step / counted as f64,
+        idle,
+        period,
+    })
+}
+
+fn read_trace(trace: &Path) -> std::result::Result<RunTrace, String> {
+    let text = std::fs::read(trace).map_err(|e| format!("{}: {e}", trace.display()))?;
+    serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", trace.display()))
+}
+
+/// Seconds to add one float32 into another over buffers larger than the caches: the
+/// in-process reduction's cost per value and replica.
+pub(super) fn add_seconds_per_value() -> f64 {
+    let n = 8 << 20;
+    let mut a = vec![1.0f32; n];
+    let b = vec![0.5f32; n];
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = Instant::now();
+        for (x, y) in a.iter_mut().zip(&b) {
+            *x += *y;
+        }
+        std::hint::black_box(&a);
+        best = best.min(t.elapsed().as_secs_f64() / n as f64);
+    }
+    best
+}
+
+/// What a hand-off between two stage actors takes, from a two-stage GPipe run of the
+/// model at `alone`'s micro-batch: the median wait of an action for a value from the
+/// other stage, where its own stage was idle when the value was made.
+///
+/// # Errors
+/// `Plan` when the run fails or shows no hand-off.
+fn hop_seconds(run: &ProfileRun<'_>, alone: &Profile) -> Result<f64> {
+    let key = (alone.threads, alone.micro_batch);
+    in_folder(run, key, RunKind::Pipeline, |dir| {
+        let trace = read_trace(&dir.join("trace.json"))?;
+        let mut waits: Vec<f64> = trace
+            .steps
+            .iter()
+            .skip(run.warmup)
+            .filter_map(|replicas| replicas.first())
+            .flat_map(hand_off_waits)
+            .collect();
+        waits.sort_by(f64::total_cmp);
+        waits
+            .get(waits.len() / 2)
+            .copied()
+            .ok_or_else(|| "the two-stage run shows no hand-off".to_string())
+    })
+    .map_err(|reason| Error::Plan {
+        what: "measuring a hand-off between stages".into(),
+        reason,
+    })
+}
+
+/// In one step of a two-stage run: for each forward of stage 1 and backward of stage 0
+/// that started after its rank's previous action, the time from the value's making on
+/// the other rank to its start.
+fn hand_off_waits(t: &pipetrain_schedules::Trace) -> Vec<f64> {
+    let end_of = |kinds: &[K], stage: usize, mb: usize| {
+        t.ranks
+            .iter()
+            .flatten()
+            .find(|e| {
+                kinds.contains(&e.action.kind())
+                    && e.action.stage() == stage
+                    && e.action.micro_batch() == Some(mb)
+            })
+            .map(|e| e.end_ns)
+    };
+    let mut out = Vec::new();
+    for rank in &t.ranks {
+        let computes: Vec<_> = rank
+            .iter()
+            .filter(|e| !e.action.kind().is_transfer())
+            .collect();
+        for (k, e) in computes.iter().enumerate() {
+            let Some(mb) = e.action.micro_batch() else {
+                continue;
+            };
+            let made = match (e.action.kind(), e.action.stage()) {
+                (K::Forward, 1) => end_of(&[K::Forward], 0, mb),
+                (K::Backward, 0) => end_of(&[K::Backward, K::BackwardInput], 1, mb),
+                _ => None,
+            };
+            let idle_since = k.checked_sub(1).map_or(0, |p| computes[p].end_ns);
+            if let Some(made) = made.filter(|&m| m >= idle_since && e.start_ns >= m) {
+                out.push((e.start_ns - made) as f64 * 1e-9);
+            }
+        }
+    }
+    out
+}
+
+/// This machine at `threads` threads per session on `cores` cores, for `workers`
+/// workers: the hand-off from a two-stage run at the largest profiled micro-batch; how
+/// much two actions at once slow each other (their forward and backward over one
+/// alone's), and what keeping two replicas in step costs a step (the two-replica run's
+/// step less its prediction without it, `predict(micro_batch, machinery)`), from a
+/// two-replica run at the largest micro-batch two replicas can split the global batch
+/// into.
+///
+/// # Errors
+/// `Plan` when a run fails.
+pub(super) fn measure(
+    run: &ProfileRun<'_>,
+    profiles: &[&Profile],
+    (cores, threads, workers, global): (usize, usize, usize, usize),
+    step_overhead: f64,
+    predict: &dyn Fn(usize, &Machinery) -> Option<f64>,
+) -> Result<Machinery> {
+    let mut m = Machinery {
+        cores,
+        threads,
+        hop: 0.0,
+        add_per_value: add_seconds_per_value(),
+        contention: 0.0,
+        replica_sync: 0.0,
+        step_overhead,
+    };
+    if workers < 2 {
+        return Ok(m);
+    }
+    if let Some(largest) = profiles.last() {
+        m.hop = hop_seconds(run, largest)?;
+    }
+    let pair = profiles
+        .iter()
+        .rev()
+        .find(|p| global % (2 * p.micro_batch) == 0);
+    if let Some(p) = pair {
+        let passes = pair_passes(run, p)?;
+        if cores / threads >= 2 {
+            m.contention = ((passes.forward + passes.backward) / p.fused - 1.0).max(0.0);
+        }
+        if let Some(t) = predict(p.micro_batch, &m) {
+            m.replica_sync = (passes.period - t).max(0.0);
+        }
+    }
+    Ok(m)
+}

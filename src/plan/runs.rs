@@ -1,0 +1,171 @@
+//! The profile's runs: the user's configuration made into a one-stage (or two-stage,
+//! or two-replica) run that writes nothing of the user's, run by `pipetrain train` in a
+//! folder of its own, and read back.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{Error, Result};
+
+use super::profile::ProfileRun;
+
+/// The runs of a profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RunKind {
+    /// Split backward, ONNX Runtime's profiler on: how the time divides among nodes.
+    Profiled,
+    /// Split backward, no profiler: the passes' true times (the profiler's own cost
+    /// left out).
+    Timed,
+    /// One graph for forward and backward (what one stage of an unsplit schedule runs).
+    Fused,
+    /// [`RunKind::Fused`] in two replicas at once: how much two actions slow each other.
+    FusedPair,
+    /// Two pipeline stages (GPipe): what a hand-off between stage actors takes.
+    Pipeline,
+}
+
+/// Runs the profile config of `kind` in a folder of its own and reads it with `read`.
+pub(super) fn in_folder<T>(
+    run: &ProfileRun<'_>,
+    (threads, micro_batch): (usize, usize),
+    kind: RunKind,
+    read: impl FnOnce(&Path) -> std::result::Result<T, String>,
+) -> std::result::Result<T, String> {
+    let dir = std::env::temp_dir().join(format!(
+        "pipetrain-plan-{}-{threads}-{micro_batch}-{kind:?}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let outcome = profile_config(run, (threads, micro_batch), kind)
+        .map_err(|e| e.to_string())
+        .and_then(|config| {
+            let ran = run_worker(run.worker, &config, &dir);
+            let _ = std::fs::remove_file(&config);
+            ran
+        })
+        .and_then(|()| read(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}
+
+/// The user's configuration with one stage, one replica, `micro_batch` samples per
+/// micro-batch (the global batch kept), the split backward (so forward and backward run
+/// in sessions of their own), ONNX Runtime's profiler on, and nothing written but the
+/// profile: next to the user's file, so its relative paths hold.
+fn profile_config(
+    run: &ProfileRun<'_>,
+    (threads, micro_batch): (usize, usize),
+    kind: RunKind,
+) -> Result<PathBuf> {
+    let text = std::fs::read_to_string(run.config).map_err(Error::io(run.config))?;
+    let cfg = crate::config::TrainConfig::parse(&text, run.config)?;
+    let global = cfg.global_batch();
+    if micro_batch == 0 || global % micro_batch != 0 {
+        return Err(Error::Plan {
+            what: "profile".into(),
+            reason: format!(
+                "micro-batches of {micro_batch} do not divide the global batch {global}"
+            ),
+        });
+    }
+    let mut t: toml::Table = toml::from_str(&text).map_err(|e| Error::Config {
+        path: run.config.to_path_buf(),
+        field: String::new(),
+        rule: e.to_string(),
+    })?;
+    for key in [
+        "output_path",
+        "model_with_loss_func_path",
+        "model_with_training_graph_path",
+        "checkpoints_dir",
+        "checkpoint_period",
+        "checkpoint_to_load_path",
+        "log_dir",
+        "evaluation_period",
+        "eval_data",
+        "world_size",
+        "enable_adasum",
+        "deepspeed_zero_stage",
+        "recompute",
+        "histogram_names",
+        "debug",
+    ] {
+        t.remove(key);
+    }
+    let int = |v: usize| toml::Value::Integer(v as i64);
+    t.insert("batch_size".into(), int(micro_batch));
+    let replicas = if kind == RunKind::FusedPair { 2 } else { 1 };
+    let stages = if kind == RunKind::Pipeline { 2 } else { 1 };
+    if global % (micro_batch * replicas) != 0 {
+        return Err(Error::Plan {
+            what: "profile".into(),
+            reason: format!("{replicas} replicas of micro-batches of {micro_batch} do not divide the global batch {global}"),
+        });
+    }
+    let micro_batches = global / (micro_batch * replicas);
+    t.insert("gradient_accumulation_steps".into(), int(micro_batches));
+    // Counted in micro-batches, as ONNX Runtime's TrainingRunner counts them.
+    let micro_steps = run.steps * micro_batches;
+    t.insert("num_train_steps".into(), int(micro_steps));
+    t.insert("display_loss_steps".into(), int(micro_steps));
+    t.insert("data_parallel_size".into(), int(replicas));
+    t.insert("pipeline_parallel_size".into(), int(stages));
+    t.insert("horizontal_parallel_size".into(), int(1));
+    let mut pipeline = toml::Table::new();
+    let schedule = match kind {
+        RunKind::Fused | RunKind::FusedPair => "1f1b",
+        RunKind::Profiled | RunKind::Timed => "zb_h1",
+        RunKind::Pipeline => "gpipe",
+    };
+    pipeline.insert("schedule".into(), schedule.into());
+    t.insert("pipeline".into(), pipeline.into());
+    let runtime = t
+        .entry("runtime")
+        .or_insert_with(|| toml::Table::new().into());
+    if let Some(r) = runtime.as_table_mut() {
+        r.insert("profile".into(), (kind == RunKind::Profiled).into());
+        r.insert("intra_op_threads".into(), int(threads));
+    }
+    let name = format!(
+        ".pipetrain-plan-{}-{threads}-{micro_batch}-{kind:?}.toml",
+        std::process::id()
+    );
+    let path = run.config.parent().unwrap_or(Path::new(".")).join(name);
+    let text = toml::to_string(&t).map_err(|e| Error::Plan {
+        what: "profile".into(),
+        reason: e.to_string(),
+    })?;
+    std::fs::write(&path, text).map_err(Error::io(&path))?;
+    Ok(path)
+}
+
+/// The configuration's global batch.
+pub(super) fn global_batch(config: &Path) -> Result<usize> {
+    Ok(crate::config::TrainConfig::load(config)?.global_batch())
+}
+
+/// Runs `pipetrain train CONFIG --trace trace.json` in `dir`.
+fn run_worker(worker: &Path, config: &Path, dir: &Path) -> std::result::Result<(), String> {
+    let config = std::path::absolute(config).map_err(|e| e.to_string())?;
+    let out = Command::new(worker)
+        .arg("train")
+        .arg(&config)
+        .arg("--trace")
+        .arg("trace.json")
+        .current_dir(dir)
+        .output()
+        .map_err(|e| format!("{}: {e}", worker.display()))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    // Its error, not the log lines before it.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let error = stderr
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| stderr.trim());
+    Err(format!("the profile run failed ({}): {error}", out.status))
+}
