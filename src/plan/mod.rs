@@ -137,6 +137,7 @@ pub fn plan(
         config: config_path,
         steps: opts.profile_steps.max(3),
         warmup: 2,
+        pipelines: opts.workers >= 2,
     };
     let mut profiles: BTreeMap<usize, Profile> = BTreeMap::new();
     let mut skipped: Vec<(usize, String)> = Vec::new();
@@ -235,14 +236,15 @@ pub fn report(plan: &Plan, top: usize) -> String {
     for p in &plan.profiles {
         out += &format!(
             "profile: micro-batch {}, {} thread(s): {:.3} ms per micro-batch (forward {:.3}, \
-             backward {:.3}; as one graph {:.3}), {:.0}% of kernel time in nodes ONNX \
-             Runtime made\n",
+             backward {:.3}; as one graph {:.3}; cut in two x{:.2}), {:.0}% of kernel time \
+             in nodes ONNX Runtime made\n",
             p.micro_batch,
             p.threads,
             p.total() * 1e3,
             p.forward.iter().sum::<f64>() * 1e3,
             p.backward.iter().sum::<f64>() * 1e3,
             p.fused * 1e3,
+            p.split_factor,
             p.unmatched * 100.0
         );
     }

@@ -23,6 +23,9 @@ pub(super) enum RunKind {
     FusedPair,
     /// Two pipeline stages (GPipe): what a hand-off between stage actors takes.
     Pipeline,
+    /// Two pipeline stages with the backward split (ZB-H1): what cutting the model in
+    /// two costs its passes.
+    SplitPipeline,
 }
 
 /// Runs the profile config of `kind` in a folder of its own and reads it with `read`.
@@ -97,7 +100,10 @@ fn profile_config(
     let int = |v: usize| toml::Value::Integer(v as i64);
     t.insert("batch_size".into(), int(micro_batch));
     let replicas = if kind == RunKind::FusedPair { 2 } else { 1 };
-    let stages = if kind == RunKind::Pipeline { 2 } else { 1 };
+    let stages = match kind {
+        RunKind::Pipeline | RunKind::SplitPipeline => 2,
+        _ => 1,
+    };
     if global % (micro_batch * replicas) != 0 {
         return Err(Error::Plan {
             what: "profile".into(),
@@ -116,7 +122,7 @@ fn profile_config(
     let mut pipeline = toml::Table::new();
     let schedule = match kind {
         RunKind::Fused | RunKind::FusedPair => "1f1b",
-        RunKind::Profiled | RunKind::Timed => "zb_h1",
+        RunKind::Profiled | RunKind::Timed | RunKind::SplitPipeline => "zb_h1",
         RunKind::Pipeline => "gpipe",
     };
     pipeline.insert("schedule".into(), schedule.into());
