@@ -5,8 +5,8 @@
 //! `B` both. The first stage hands no gradient back, so its `I` has nothing to do and its
 //! `W` does all of its backward, as the runtime's first stage does. The last stage of a
 //! schedule that does not split the backward runs both passes as one graph, at the
-//! one-graph speed measured on the whole model. Cut, every stage's passes take the
-//! measured [`Profile::split_factor`] of their nodes' time. A pipeline of one
+//! one-graph speed measured on the whole model. Cut, each action also pays the measured
+//! [`Profile::stage_run`]. A pipeline of one
 //! stage runs forward and backward as one graph: its measured [`Profile::fused`]. Each
 //! action also costs the measured [`Profile::action_gap`].
 //!
@@ -99,12 +99,11 @@ pub fn stage_costs(
         1.0
     };
     let last = bounds.len();
-    let k = profile.split_factor;
+    let gap = gap + profile.stage_run;
     cut.passes(profile, bounds)
         .into_iter()
         .enumerate()
         .map(|(s, (f, ig, wg))| {
-            let (f, ig, wg) = (f * k, ig * k, wg * k);
             if s == last && !split {
                 // The last stage of an unsplit schedule: forward and backward as one graph.
                 return StageCost::split((f + ig + wg) * one_graph + gap, gap, 0.0);

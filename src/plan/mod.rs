@@ -236,7 +236,7 @@ pub fn report(plan: &Plan, top: usize) -> String {
     for p in &plan.profiles {
         out += &format!(
             "profile: micro-batch {}, {} thread(s): {:.3} ms per micro-batch (forward {:.3}, \
-             backward {:.3}; as one graph {:.3}; cut in two x{:.2}), {:.0}% of kernel time \
+             backward {:.3}; as one graph {:.3}; a stage's action +{:.0} us), {:.0}% of kernel time \
              in nodes ONNX Runtime made\n",
             p.micro_batch,
             p.threads,
@@ -244,7 +244,7 @@ pub fn report(plan: &Plan, top: usize) -> String {
             p.forward.iter().sum::<f64>() * 1e3,
             p.backward.iter().sum::<f64>() * 1e3,
             p.fused * 1e3,
-            p.split_factor,
+            p.stage_run * 1e6,
             p.unmatched * 100.0
         );
     }

@@ -47,9 +47,10 @@ pub struct Profile {
     pub idle: f64,
     /// Its actions per step (a forward and a backward per micro-batch).
     pub actions: f64,
-    /// The passes' time cut in two stages over their time in one (1 where not measured):
-    /// what each stage of a pipeline pays beside its nodes.
-    pub split_factor: f64,
+    /// What each action of a pipeline's stage pays beside its nodes (its own session
+    /// run, the values it receives and keeps): a two-stage run's passes less one stage's,
+    /// over the three actions a micro-batch gains (0 where not measured).
+    pub stage_run: f64,
     /// Share of kernel time in nodes ONNX Runtime made itself, spread by proportion.
     pub unmatched: f64,
 }
@@ -113,13 +114,16 @@ pub fn measure(
     .map_err(&fail)?;
     // The same passes cut in two stages: the cut's own cost (two sessions' overheads
     // and hand-offs where one ran), where there are micro-batches enough for ZB-H1.
-    let split_factor = match run.pipelines && counting.micro_batches >= 2 {
+    let stage_run = match run.pipelines && counting.micro_batches >= 2 {
         true => in_folder(run, (threads, micro_batch), RunKind::SplitPipeline, |dir| {
             pass_seconds(&dir.join("trace.json"), run.warmup)
         })
-        .map(|two| 2.0 * (two.forward + two.backward) / (timed.forward + timed.backward))
-        .unwrap_or(1.0),
-        false => 1.0,
+        .map(|two| {
+            let extra = 2.0 * (two.forward + two.backward) - (timed.forward + timed.backward);
+            (extra / 3.0).max(0.0)
+        })
+        .unwrap_or(0.0),
+        false => 0.0,
     };
     let rescale = |v: Vec<f64>, to: f64, of: f64| -> Vec<f64> {
         let k = if of > 0.0 { to / of } else { 0.0 };
@@ -138,7 +142,7 @@ pub fn measure(
         action_gap: 0.0,
         idle: fused.idle,
         actions: 2.0 * counting.micro_batches as f64,
-        split_factor,
+        stage_run,
         unmatched,
     })
 }
