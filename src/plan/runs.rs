@@ -73,29 +73,16 @@ fn profile_config(
             ),
         });
     }
-    let mut t: toml::Table = toml::from_str(&text).map_err(|e| Error::Config {
-        path: run.config.to_path_buf(),
-        field: String::new(),
-        rule: e.to_string(),
-    })?;
-    for key in [
-        "output_path",
-        "model_with_loss_func_path",
-        "model_with_training_graph_path",
-        "checkpoints_dir",
-        "checkpoint_period",
-        "checkpoint_to_load_path",
-        "log_dir",
-        "evaluation_period",
-        "eval_data",
+    let mut t = super::write::table(&text, run.config)?;
+    for key in super::write::SIDE_EFFECTS.iter().chain(&[
         "world_size",
         "enable_adasum",
         "deepspeed_zero_stage",
         "recompute",
         "histogram_names",
         "debug",
-    ] {
-        t.remove(key);
+    ]) {
+        t.remove(*key);
     }
     let int = |v: usize| toml::Value::Integer(v as i64);
     t.insert("batch_size".into(), int(micro_batch));

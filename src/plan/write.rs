@@ -9,6 +9,32 @@ use crate::{Error, Result};
 
 use super::{plan_error, PlanRow};
 
+/// The keys that make a run write files of the user's (the model, checkpoints, logs) or
+/// evaluate: left out of the planner's own runs.
+pub(super) const SIDE_EFFECTS: &[&str] = &[
+    "output_path",
+    "model_with_loss_func_path",
+    "model_with_training_graph_path",
+    "checkpoints_dir",
+    "checkpoint_period",
+    "checkpoint_to_load_path",
+    "log_dir",
+    "evaluation_period",
+    "eval_data",
+];
+
+/// A configuration's text as a TOML table.
+///
+/// # Errors
+/// `Config` when `text` (read from `path`) is not TOML.
+pub(super) fn table(text: &str, path: &Path) -> Result<toml::Table> {
+    toml::from_str(text).map_err(|e| Error::Config {
+        path: path.to_path_buf(),
+        field: String::new(),
+        rule: e.to_string(),
+    })
+}
+
 /// The schedule's name in a configuration.
 pub fn schedule_name(k: ScheduleKind) -> &'static str {
     match k {
@@ -32,26 +58,12 @@ pub fn candidate_text(
     row: &PlanRow,
     steps: Option<usize>,
 ) -> Result<String> {
-    let mut t: toml::Table = toml::from_str(text).map_err(|e| Error::Config {
-        path: from.to_path_buf(),
-        field: String::new(),
-        rule: e.to_string(),
-    })?;
+    let mut t = table(text, from)?;
     let c = &row.candidate;
     if steps.is_some() {
         // A measured run writes nothing of the user's: no model, checkpoints or logs.
-        for key in [
-            "output_path",
-            "model_with_loss_func_path",
-            "model_with_training_graph_path",
-            "checkpoints_dir",
-            "checkpoint_period",
-            "checkpoint_to_load_path",
-            "log_dir",
-            "evaluation_period",
-            "eval_data",
-        ] {
-            t.remove(key);
+        for key in SIDE_EFFECTS {
+            t.remove(*key);
         }
     }
     let int = |v: usize| toml::Value::Integer(v as i64);
