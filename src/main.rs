@@ -100,7 +100,7 @@ enum Command {
 
 #[derive(clap::Args, Clone)]
 struct ScheduleArgs {
-    /// gpipe, 1f1b, interleaved_1f1b, zb_h1 or zb_v.
+    /// gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v or dualpipe_v.
     #[arg(long, default_value = "1f1b")]
     kind: String,
     /// Pipeline ranks.
@@ -326,9 +326,13 @@ fn build_schedule(a: &ScheduleArgs) -> Result<pipetrain_schedules::Schedule> {
             ranks: p,
             micro_batches: m,
         },
+        "dualpipe_v" => ScheduleSpec::DualPipeV {
+            ranks: p,
+            micro_batches: m,
+        },
         other => {
             return Err(schedule_error(format!(
-                "unknown kind `{other}` (gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v)"
+                "unknown kind `{other}` (gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v, dualpipe_v)"
             )))
         }
     };

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pipetrain_actors::schedules::{
-    interleaved_1f1b, one_f_one_b, simulate, zb_h1, ActionKind, CostModel, Schedule, StageCost,
+    dualpipe_v, interleaved_1f1b, one_f_one_b, simulate, zb_h1, ActionKind, CostModel, Schedule,
+    StageCost,
 };
 use pipetrain_actors::sim::{CostFn, SimData, SimStage};
 use pipetrain_actors::{lowered, replay, run, ActorError, ActorThreads, EngineSettings, RunOutput};
@@ -165,7 +166,12 @@ async fn a_stage_that_never_sends_fails_the_run_with_who_waits_on_whom() {
 
 #[tokio::test(start_paused = true)]
 async fn recorded_runs_replay_in_the_same_order() {
-    for schedule in [one_f_one_b(4, 8).unwrap(), zb_h1(4, 8).unwrap()] {
+    let schedules = [
+        one_f_one_b(4, 8).unwrap(),
+        zb_h1(4, 8).unwrap(),
+        dualpipe_v(2, 6).unwrap(),
+    ];
+    for schedule in schedules {
         let out = go(schedule, 2, 2, true).await.unwrap();
         let trace = out.trace.unwrap();
         // Through the file format.

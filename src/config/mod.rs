@@ -283,7 +283,7 @@ impl TrainConfig {
     /// Pipeline stages (ranks x virtual stages).
     pub fn stages(&self) -> usize {
         match self.pipeline.schedule {
-            ScheduleKind::ZbV => 2 * self.pipeline_parallel_size,
+            ScheduleKind::ZbV | ScheduleKind::DualPipeV => 2 * self.pipeline_parallel_size,
             _ => self.pipeline_parallel_size * self.pipeline.virtual_stages,
         }
     }
@@ -292,6 +292,7 @@ impl TrainConfig {
     fn stages_rule(&self) -> &'static str {
         match self.pipeline.schedule {
             ScheduleKind::ZbV => "2 x pipeline_parallel_size (zb_v)",
+            ScheduleKind::DualPipeV => "2 x pipeline_parallel_size (dualpipe_v)",
             _ => "pipeline_parallel_size x virtual_stages",
         }
     }
@@ -332,6 +333,10 @@ impl TrainConfig {
                 micro_batches: m,
             },
             ScheduleKind::ZbV => ScheduleSpec::ZbV {
+                ranks: p,
+                micro_batches: m,
+            },
+            ScheduleKind::DualPipeV => ScheduleSpec::DualPipeV {
                 ranks: p,
                 micro_batches: m,
             },
@@ -417,7 +422,7 @@ impl TrainConfig {
     pub fn split_backward(&self) -> bool {
         matches!(
             self.pipeline.schedule,
-            ScheduleKind::ZbH1 | ScheduleKind::ZbV
+            ScheduleKind::ZbH1 | ScheduleKind::ZbV | ScheduleKind::DualPipeV
         )
     }
 }

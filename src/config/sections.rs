@@ -25,6 +25,10 @@ pub enum ScheduleKind {
     /// Zero-bubble ZB-V: two stages per rank folded into a V (rank `r` holds stages `r`
     /// and `2p - 1 - r`), backward split as ZB-H1's.
     ZbV,
+    /// DeepSeek's DualPipeV: ZB-V's placement, each rank pairing a forward of one of its
+    /// stages with a backward of the other in the steady state.
+    #[serde(rename = "dualpipe_v")]
+    DualPipeV,
 }
 
 /// Pipeline schedule and partition.

@@ -39,7 +39,7 @@ impl Candidate {
     /// Pipeline stages.
     pub fn stages(&self) -> usize {
         match self.schedule {
-            ScheduleKind::ZbV => 2 * self.pp,
+            ScheduleKind::ZbV | ScheduleKind::DualPipeV => 2 * self.pp,
             ScheduleKind::Interleaved1f1b => self.pp * self.virtual_stages,
             _ => self.pp,
         }
@@ -67,6 +67,10 @@ impl Candidate {
                 micro_batches,
             },
             ScheduleKind::ZbV => ScheduleSpec::ZbV {
+                ranks: stages,
+                micro_batches,
+            },
+            ScheduleKind::DualPipeV => ScheduleSpec::DualPipeV {
                 ranks: stages,
                 micro_batches,
             },
@@ -114,6 +118,7 @@ pub fn candidates(cfg: &TrainConfig, workers: usize, max_micro_batches: usize) -
                 (ScheduleKind::Interleaved1f1b, 2),
                 (ScheduleKind::ZbH1, 1),
                 (ScheduleKind::ZbV, 1),
+                (ScheduleKind::DualPipeV, 1),
             ],
         };
         for m in 1..=max_micro_batches {
@@ -199,7 +204,10 @@ pub fn simulate_candidate(
         },
     )
     .ok()?;
-    let split = matches!(c.schedule, ScheduleKind::ZbH1 | ScheduleKind::ZbV);
+    let split = matches!(
+        c.schedule,
+        ScheduleKind::ZbH1 | ScheduleKind::ZbV | ScheduleKind::DualPipeV
+    );
     let machine = Machine {
         slots: (m.cores as f64 / m.threads as f64).max(1.0),
         copies: c.dp,

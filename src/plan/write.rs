@@ -43,6 +43,7 @@ pub fn schedule_name(k: ScheduleKind) -> &'static str {
         ScheduleKind::Interleaved1f1b => "interleaved_1f1b",
         ScheduleKind::ZbH1 => "zb_h1",
         ScheduleKind::ZbV => "zb_v",
+        ScheduleKind::DualPipeV => "dualpipe_v",
     }
 }
 

@@ -111,6 +111,7 @@ pub fn memory_table(rt: &Runtime, cfg: &TrainConfig, config_path: &Path) -> Resu
         (ScheduleKind::OneFOneB, "1f1b"),
         (ScheduleKind::ZbH1, "zb_h1"),
         (ScheduleKind::ZbV, "zb_v"),
+        (ScheduleKind::DualPipeV, "dualpipe_v"),
     ];
     if cfg.pipeline.virtual_stages > 1 {
         kinds.insert(2, (ScheduleKind::Interleaved1f1b, "interleaved_1f1b"));

@@ -117,3 +117,19 @@ fn zb_v_trains_the_weights_of_the_single_stage() {
     assert_eq!(max_rel_diff(&reference, &p), 0.0);
     assert_eq!(s.final_loss, ref_loss);
 }
+
+/// DualPipeV (DeepSeek) on ZB-V's placement: at pp = 2 (four stages, eight micro-batches)
+/// the same weights and loss as the single stage, bit for bit.
+#[test]
+fn dualpipe_v_trains_the_weights_of_the_single_stage() {
+    let rt = Runtime::from_env().unwrap();
+    let (reference, ref_loss) = trained(&rt, 1, 1, 8);
+    let cfg = config_with(1, 2, 8, "dualpipe_v");
+    let s =
+        pipetrain::train::train(&rt, &cfg, Path::new("equivalence.toml"), false, |_| {}).unwrap();
+    assert_eq!((s.steps, s.stages), (20, 4));
+    let mut p = s.parameters;
+    p.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(max_rel_diff(&reference, &p), 0.0);
+    assert_eq!(s.final_loss, ref_loss);
+}

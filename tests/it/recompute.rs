@@ -89,7 +89,12 @@ fn recompute_trains_bitwise_as_keeping_every_activation() {
     let cases = [1, 2, 4]
         .into_iter()
         .flat_map(|pp| [(pp, "1f1b"), (pp, "zb_h1")])
-        .chain([(2, "gpipe"), (2, "interleaved_1f1b"), (2, "zb_v")]);
+        .chain([
+            (2, "gpipe"),
+            (2, "interleaved_1f1b"),
+            (2, "zb_v"),
+            (2, "dualpipe_v"),
+        ]);
     for (pp, schedule) in cases {
         let kept = run(&rt, pp, schedule, "none");
         let recomputed = run(&rt, pp, schedule, "stage");

@@ -8,7 +8,9 @@
 //! | [`interleaved_1f1b`]    | `s % ranks`      | `B`      | PyTorch `ScheduleInterleaved1F1B`          |
 //! | [`zb_h1`]               | stage `s` on `s` | `I`+`W`  | Qi et al. 2023, ZB-H1                      |
 //! | [`zb_v`]                | V-shaped         | `I`+`W`  | Qi et al. 2023, ZB-V; PyTorch `ScheduleZBVZeroBubble` |
+//! | [`dualpipe_v`]          | V-shaped         | `I`+`W`  | DeepSeek DualPipeV (`dualpipev.py`)        |
 
+mod dualpipe_v;
 mod gpipe;
 mod interleaved;
 mod looped;
@@ -18,6 +20,7 @@ mod zero_bubble_v;
 
 use serde::{Deserialize, Serialize};
 
+pub use dualpipe_v::dualpipe_v;
 pub use gpipe::gpipe;
 pub use interleaved::interleaved_1f1b;
 pub use one_f_one_b::one_f_one_b;
@@ -74,6 +77,14 @@ pub enum ScheduleSpec {
         /// Micro-batches per step.
         micro_batches: usize,
     },
+    /// [`dualpipe_v`].
+    #[serde(rename = "dualpipe_v")]
+    DualPipeV {
+        /// Pipeline ranks (two stages each).
+        ranks: usize,
+        /// Micro-batches per step.
+        micro_batches: usize,
+    },
 }
 
 impl ScheduleSpec {
@@ -104,6 +115,10 @@ impl ScheduleSpec {
                 ranks,
                 micro_batches,
             } => zb_v(ranks, micro_batches),
+            ScheduleSpec::DualPipeV {
+                ranks,
+                micro_batches,
+            } => dualpipe_v(ranks, micro_batches),
         }
     }
 }

@@ -2,7 +2,7 @@
 #![allow(dead_code)] // each test binary uses part of this module
 
 use pipetrain_schedules::{
-    gpipe, interleaved_1f1b, one_f_one_b, zb_h1, zb_v, Schedule, ScheduleError,
+    dualpipe_v, gpipe, interleaved_1f1b, one_f_one_b, zb_h1, zb_v, Schedule, ScheduleError,
 };
 
 /// Largest pipeline the grids cover.
@@ -44,6 +44,7 @@ pub fn all_cases() -> Vec<Case> {
             push("1f1b", 1, one_f_one_b(p, m));
             push("zb_h1", 1, zb_h1(p, m));
             push("zb_v", 2, zb_v(p, m));
+            push("dualpipe_v", 2, dualpipe_v(p, m));
             for v in 1..=MAX_VIRTUAL {
                 push("interleaved_1f1b", v, interleaved_1f1b(p, v, m));
             }
