@@ -257,6 +257,8 @@ impl TrainConfig {
         cfg.checkpoints_dir.as_mut().map(resolve);
         cfg.log_dir.as_mut().map(resolve);
         cfg.checkpoint_to_load_path.as_mut().map(resolve);
+        cfg.pipeline.profile.as_mut().map(resolve);
+        cfg.read_node_times(path)?;
         cfg.validate(path)?;
         Ok(cfg)
     }
@@ -295,6 +297,51 @@ impl TrainConfig {
             ScheduleKind::DualPipeV => "2 x pipeline_parallel_size (dualpipe_v)",
             _ => "pipeline_parallel_size x virtual_stages",
         }
+    }
+
+    /// `partition = { balanced = { by = "time" } }` made a [`Partition::Weighted`] with the
+    /// times `pipeline.profile` holds.
+    fn read_node_times(&mut self, path: &Path) -> Result<()> {
+        let Some(Partition::Balanced {
+            stages,
+            by: BalanceBy::Time,
+        }) = self.pipeline.partition
+        else {
+            return Ok(());
+        };
+        let bad = |field: &str, rule: String| Error::Config {
+            path: path.to_path_buf(),
+            field: field.into(),
+            rule,
+        };
+        let Some(file) = &self.pipeline.profile else {
+            return Err(bad(
+                "pipeline.profile",
+                "balancing by time reads the nodes' times from a profile: write one with \
+                 `pipetrain plan CONFIG --save-profile FILE` and name it here"
+                    .into(),
+            ));
+        };
+        let text = std::fs::read(file).map_err(Error::io(file))?;
+        let read: crate::graph::NodeTimes = serde_json::from_slice(&text).map_err(|e| {
+            bad(
+                "pipeline.profile",
+                format!("{}: not a profile: {e}", file.display()),
+            )
+        })?;
+        if read.micro_batch != self.batch_size {
+            tracing::warn!(
+                "{}: times measured at micro-batches of {}, this run's are {}",
+                file.display(),
+                read.micro_batch,
+                self.batch_size
+            );
+        }
+        self.pipeline.partition = Some(Partition::Weighted {
+            stages,
+            times: read.times,
+        });
+        Ok(())
     }
 
     /// The partition into [`TrainConfig::stages`] stages.

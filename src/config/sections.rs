@@ -44,6 +44,10 @@ pub struct PipelineConfig {
     /// How to cut the model; default: balanced by FLOPs.
     #[serde(default)]
     pub partition: Option<Partition>,
+    /// The nodes' measured times that `partition = { balanced = { by = "time" } }`
+    /// balances (written by `pipetrain plan --save-profile`).
+    #[serde(default)]
+    pub profile: Option<std::path::PathBuf>,
 }
 
 impl Default for PipelineConfig {
@@ -52,6 +56,7 @@ impl Default for PipelineConfig {
             schedule: ScheduleKind::default(),
             virtual_stages: 1,
             partition: None,
+            profile: None,
         }
     }
 }

@@ -195,7 +195,9 @@ impl TrainConfig {
                 ));
             }
         }
-        if let Some(Partition::Balanced { stages, .. }) = &self.pipeline.partition {
+        if let Some(Partition::Balanced { stages, .. } | Partition::Weighted { stages, .. }) =
+            &self.pipeline.partition
+        {
             if *stages != self.stages() {
                 return Err(bad(
                     "pipeline.partition.balanced.stages",

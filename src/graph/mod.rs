@@ -35,7 +35,9 @@ pub use fusion::{tanh_gelu, tanh_gelu_slope};
 pub use ir::*;
 pub use loss::{attach_loss, LossNormalize, LossSpec, ACC_CORRECT, ACC_COUNTED, LOSS};
 pub use params::ParamOptions;
-pub use partition::{assign_stages, flops_per_node, BalanceBy, Partition, StageAssignment};
+pub use partition::{
+    assign_stages, flops_per_node, BalanceBy, NodeTimes, Partition, StageAssignment,
+};
 pub use row_sums::row_sums_as_products;
 pub use running_stats::{buffers_as_constants, Buffer};
 pub use sequences::{makes_sequence, split_sequences};

@@ -1,7 +1,7 @@
 //! Assigning forward nodes to pipeline stages: at given cut edges, or balanced by
-//! parameter count or FLOPs.
+//! parameter count, FLOPs or measured time.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +21,15 @@ pub enum Partition {
         /// What to balance.
         by: BalanceBy,
     },
+    /// `stages` contiguous stages with about equal sums of each forward node's `times`
+    /// (by node name; a node not named costs nothing): what `by = "time"` becomes once
+    /// `pipeline.profile` is read.
+    Weighted {
+        /// Number of stages.
+        stages: usize,
+        /// Seconds per forward node (its forward and its backward), by name.
+        times: BTreeMap<String, f64>,
+    },
 }
 
 /// The cost balanced across stages.
@@ -31,6 +40,22 @@ pub enum BalanceBy {
     Params,
     /// Forward floating-point operations (matrix products and convolutions dominate).
     Flops,
+    /// Each node's measured time, forward and backward (`pipeline.profile`, written by
+    /// `pipetrain plan --save-profile`).
+    Time,
+}
+
+/// Each forward node's measured time (its forward and its backward, seconds per
+/// micro-batch) by name, as `pipetrain plan --save-profile` writes it for `pipeline.profile`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeTimes {
+    /// Samples per micro-batch the times were measured at.
+    pub micro_batch: usize,
+    /// Intra-op threads they were measured with.
+    pub threads: usize,
+    /// Seconds by forward node name.
+    pub times: BTreeMap<String, f64>,
 }
 
 /// The stage of each forward node (`None` for constant nodes, which every stage that
@@ -101,17 +126,27 @@ pub fn assign_stages(tg: &TrainingGraph, p: &Partition) -> Result<StageAssignmen
             }
             out
         }
+        Partition::Balanced {
+            by: BalanceBy::Time,
+            ..
+        } => {
+            return Err(Error::Partition {
+                reason: "balancing by time needs the nodes' times: set pipeline.profile to a \
+                         file `pipetrain plan --save-profile` wrote"
+                    .into(),
+            })
+        }
         Partition::Balanced { stages, by } => {
-            if *stages == 0 || *stages > live.len() {
-                return Err(Error::Partition {
-                    reason: format!(
-                        "{stages} stages requested for {} computing nodes",
-                        live.len()
-                    ),
-                });
-            }
             let costs: Vec<f64> = live.iter().map(|&i| node_cost(tg, i, *by)).collect();
-            balanced_boundaries(&costs, *stages)
+            balanced(&costs, *stages)?
+        }
+        Partition::Weighted { stages, times } => {
+            let fwd = &tg.graph.nodes;
+            let costs: Vec<f64> = live
+                .iter()
+                .map(|&i| times.get(&fwd[i].name).copied().unwrap_or(0.0))
+                .collect();
+            balanced(&costs, *stages)?
         }
     };
     let mut stage = vec![None; fwd.len()];
@@ -145,11 +180,26 @@ pub fn flops_per_node(tg: &TrainingGraph) -> f64 {
     3.0 * forward / nodes.max(1) as f64
 }
 
+/// [`balanced_boundaries`] of `costs` (one per computing node) into `stages` stages.
+fn balanced(costs: &[f64], stages: usize) -> Result<Vec<usize>> {
+    if stages == 0 || stages > costs.len() {
+        return Err(Error::Partition {
+            reason: format!(
+                "{stages} stages requested for {} computing nodes",
+                costs.len()
+            ),
+        });
+    }
+    Ok(balanced_boundaries(costs, stages))
+}
+
 /// The cost of one forward node.
 fn node_cost(tg: &TrainingGraph, i: usize, by: BalanceBy) -> f64 {
     let n = &tg.graph.nodes[i];
     let numel = |v: &str| tg.metas.get(v).map_or(0.0, |m| m.numel() as f64);
     match by {
+        // Measured times come with a profile (`Partition::Weighted`).
+        BalanceBy::Time => 0.0,
         BalanceBy::Params => n
             .input
             .iter()

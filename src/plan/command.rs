@@ -39,6 +39,10 @@ pub struct PlanArgs {
     /// Steps of each profile run (the first two not counted).
     #[arg(long, default_value_t = 8)]
     pub profile_steps: usize,
+    /// Write each forward node's measured time here (JSON), for a configuration's
+    /// `partition = { balanced = { stages = N, by = "time" } }` with `pipeline.profile`.
+    #[arg(long)]
+    pub save_profile: Option<PathBuf>,
 }
 
 /// Runs `pipetrain plan`.
@@ -62,6 +66,12 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
     };
     let p = plan(&rt, &cfg, &args.config, &opts)?;
     print!("{}", report(&p, args.top));
+    if let (Some(out), Some(times)) = (&args.save_profile, &p.node_times) {
+        let text = serde_json::to_vec_pretty(times)
+            .map_err(|e| super::plan_error("the profile file", e.to_string()))?;
+        crate::onnx::save_bytes(out, &text)?;
+        println!("wrote {}", out.display());
+    }
     if let (Some(out), Some(best)) = (&args.out, p.best()) {
         write_config(&args.config, best, out)?;
         println!("wrote {}", out.display());

@@ -139,6 +139,26 @@ pub fn even_bounds(profile: &Profile, cut: &Cuttable, stages: usize) -> Vec<usiz
     balanced_boundaries(&costs, stages)
 }
 
+/// Each forward node's time in `profile` (its forward and every backward node anchored
+/// to it) by name, as `pipeline.profile` holds it.
+pub fn node_times(profile: &Profile, tg: &TrainingGraph) -> crate::graph::NodeTimes {
+    let mut times: Vec<f64> = profile.forward.clone();
+    for (b, &t) in profile.backward.iter().enumerate() {
+        if let Some(slot) = times.get_mut(tg.anchors[b]) {
+            *slot += t;
+        }
+    }
+    crate::graph::NodeTimes {
+        micro_batch: profile.micro_batch,
+        threads: profile.threads,
+        times: tg.graph.nodes[..tg.forward_len]
+            .iter()
+            .zip(times)
+            .map(|(n, t)| (n.name.clone(), t))
+            .collect(),
+    }
+}
+
 /// Moves each cut in `bounds` while `step` (a simulated step time for given cuts) falls:
 /// steps of a sixteenth of the mean stage's nodes, halved down to one node.
 pub fn refine_bounds(

@@ -103,6 +103,9 @@ pub struct Plan {
     pub profile_seconds: f64,
     /// The machine as measured.
     pub machinery: Machinery,
+    /// Each forward node's time at the configuration's micro-batch (or the nearest
+    /// profiled), for `partition = { balanced = { by = "time" } }`.
+    pub node_times: Option<crate::graph::NodeTimes>,
 }
 
 impl Plan {
@@ -179,6 +182,10 @@ pub fn plan(
     let shape = (cores, threads, opts.workers, cfg.global_batch());
     let machinery = machine::measure(&run, &sizes, shape, step_overhead, &predict)?;
     let profile_seconds = started.elapsed().as_secs_f64();
+    let nearest = profiles
+        .values()
+        .min_by_key(|p| p.micro_batch.abs_diff(cfg.batch_size));
+    let node_times = nearest.map(|p| costs::node_times(p, &tg));
     let scale_of = |mb: usize| mb as f64 / cfg.batch_size as f64;
     let mut rows = Vec::new();
     for c in candidates {
@@ -226,6 +233,7 @@ pub fn plan(
         cap: opts.memory_per_worker,
         profile_seconds,
         machinery,
+        node_times,
     })
 }
 

@@ -120,9 +120,15 @@ pub fn memory_table(rt: &Runtime, cfg: &TrainConfig, config_path: &Path) -> Resu
     for (kind, name) in kinds {
         let mut c = cfg.clone();
         c.pipeline.schedule = kind;
-        if matches!(c.pipeline.partition, Some(Partition::Balanced { .. })) {
-            c.pipeline.partition = None;
-        }
+        // Balanced partitions follow each schedule's stage count.
+        c.pipeline.partition = match c.pipeline.partition.take() {
+            Some(Partition::Balanced { .. }) => None,
+            Some(Partition::Weighted { times, .. }) => Some(Partition::Weighted {
+                stages: c.stages(),
+                times,
+            }),
+            other => other,
+        };
         for recompute in [Recompute::None, Recompute::Stage] {
             let (bubble, per_rank) = match rank_peaks(&tg, &c, recompute) {
                 Ok((b, p)) => (b, Ok(p)),

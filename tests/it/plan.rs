@@ -7,7 +7,7 @@ use std::process::Command;
 
 use crate::common::{self, PeerModel};
 use pipetrain::config::TrainConfig;
-use pipetrain::graph::{assign_stages, build_stage_graphs, Partition};
+use pipetrain::graph::{assign_stages, build_stage_graphs, NodeTimes, Partition};
 use pipetrain::plan::split::BackwardGraph;
 
 #[test]
@@ -101,6 +101,8 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
         .arg(&config)
         .arg("--out")
         .arg(&best)
+        .arg("--save-profile")
+        .arg(dir.join("times.json"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -154,6 +156,7 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
+    balanced_by_time_cuts_where_the_saved_times_say(&dir, &config);
     // Nothing of the planner's is left beside the user's file.
     let left: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
@@ -162,6 +165,56 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
         .filter(|n| n.starts_with(".pipetrain-plan"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// `partition = { balanced = { by = "time" } }` with the times the plan saved: the
+/// configuration balances exactly those times (by node name), and the run trains;
+/// without a profile, an error names the field and how to write one.
+fn balanced_by_time_cuts_where_the_saved_times_say(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+) {
+    let times: NodeTimes =
+        serde_json::from_slice(&std::fs::read(dir.join("times.json")).unwrap()).unwrap();
+    assert_eq!(times.micro_batch, 8);
+    assert!(times.times.values().all(|t| t.is_finite() && *t >= 0.0));
+    assert!(times.times.values().sum::<f64>() > 0.0);
+    let text = std::fs::read_to_string(config).unwrap();
+    let by_time = format!(
+        "pipeline_parallel_size = 2\ngradient_accumulation_steps = 2\nbatch_size = 4\n\
+         num_train_steps = 4\n{}\n[pipeline]\nprofile = \"times.json\"\n\
+         partition = {{ balanced = {{ stages = 2, by = \"time\" }} }}\n",
+        text.replace("batch_size = 8\n", "")
+            .replace("num_train_steps = 4\n", "")
+    );
+    let path = dir.join("by_time.toml");
+    std::fs::write(&path, &by_time).unwrap();
+    let cfg = TrainConfig::load(&path).unwrap();
+    let Some(Partition::Weighted {
+        stages: 2,
+        times: read,
+    }) = &cfg.pipeline.partition
+    else {
+        panic!("{:?}", cfg.pipeline.partition);
+    };
+    assert_eq!(read, &times.times);
+    let run = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
+        .arg("train")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let missing = dir.join("no_profile.toml");
+    std::fs::write(&missing, by_time.replace("profile = \"times.json\"\n", "")).unwrap();
+    let err = TrainConfig::load(&missing).unwrap_err().to_string();
+    assert!(
+        err.contains("pipeline.profile") && err.contains("--save-profile"),
+        "{err}"
+    );
 }
 
 fn tempfile_dir(name: &str) -> std::path::PathBuf {
