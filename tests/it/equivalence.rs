@@ -106,30 +106,27 @@ fn parallel_layouts_train_the_same_weights() {
 /// bit for bit, as every other dp = 1 layout.
 #[test]
 fn zb_v_trains_the_weights_of_the_single_stage() {
-    let rt = Runtime::from_env().unwrap();
-    let (reference, ref_loss) = trained(&rt, 1, 1, 8);
-    let cfg = config_with(1, 2, 8, "zb_v");
-    let s =
-        pipetrain::train::train(&rt, &cfg, Path::new("equivalence.toml"), false, |_| {}).unwrap();
-    assert_eq!((s.steps, s.stages), (20, 4));
-    let mut p = s.parameters;
-    p.sort_by(|a, b| a.0.cmp(&b.0));
-    assert_eq!(max_rel_diff(&reference, &p), 0.0);
-    assert_eq!(s.final_loss, ref_loss);
+    trains_the_weights_of_the_single_stage_on_four_stages("zb_v");
 }
 
 /// DualPipeV (DeepSeek) on ZB-V's placement: at pp = 2 (four stages, eight micro-batches)
 /// the same weights and loss as the single stage, bit for bit.
 #[test]
 fn dualpipe_v_trains_the_weights_of_the_single_stage() {
+    trains_the_weights_of_the_single_stage_on_four_stages("dualpipe_v");
+}
+
+/// `schedule` on the V placement at pp = 2 (four stages), dp 1, 8 micro-batches: the
+/// single stage's weights and loss, bit for bit.
+fn trains_the_weights_of_the_single_stage_on_four_stages(schedule: &str) {
     let rt = Runtime::from_env().unwrap();
     let (reference, ref_loss) = trained(&rt, 1, 1, 8);
-    let cfg = config_with(1, 2, 8, "dualpipe_v");
+    let cfg = config_with(1, 2, 8, schedule);
     let s =
         pipetrain::train::train(&rt, &cfg, Path::new("equivalence.toml"), false, |_| {}).unwrap();
-    assert_eq!((s.steps, s.stages), (20, 4));
+    assert_eq!((s.steps, s.stages), (20, 4), "{schedule}");
     let mut p = s.parameters;
     p.sort_by(|a, b| a.0.cmp(&b.0));
-    assert_eq!(max_rel_diff(&reference, &p), 0.0);
-    assert_eq!(s.final_loss, ref_loss);
+    assert_eq!(max_rel_diff(&reference, &p), 0.0, "{schedule}");
+    assert_eq!(s.final_loss, ref_loss, "{schedule}");
 }

@@ -146,16 +146,7 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
         assert_eq!(cuts.len(), cfg.stages() - 1);
     }
     // Read from another folder than the user's, it trains.
-    let run = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
-        .arg("train")
-        .arg(&best)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    trains(&best);
     balanced_by_time_cuts_where_the_saved_times_say(&dir, &config);
     // Nothing of the planner's is left beside the user's file.
     let left: Vec<_> = std::fs::read_dir(&dir)
@@ -198,16 +189,7 @@ fn balanced_by_time_cuts_where_the_saved_times_say(
         panic!("{:?}", cfg.pipeline.partition);
     };
     assert_eq!(read, &times.times);
-    let run = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
-        .arg("train")
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    trains(&path);
     let missing = dir.join("no_profile.toml");
     std::fs::write(&missing, by_time.replace("profile = \"times.json\"\n", "")).unwrap();
     let err = TrainConfig::load(&missing).unwrap_err().to_string();
@@ -215,6 +197,17 @@ fn balanced_by_time_cuts_where_the_saved_times_say(
         err.contains("pipeline.profile") && err.contains("--save-profile"),
         "{err}"
     );
+}
+
+/// `pipetrain train CONFIG` succeeds.
+fn trains(config: &std::path::Path) {
+    let run = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
+        .arg("train")
+        .arg(config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{}: {stderr}", config.display());
 }
 
 fn tempfile_dir(name: &str) -> std::path::PathBuf {
