@@ -172,8 +172,10 @@ fn hand_off_waits(t: &pipetrain_schedules::Trace) -> Vec<f64> {
                 _ => None,
             };
             let idle_since = k.checked_sub(1).map_or(0, |p| computes[p].end_ns);
-            if let Some(made) = made.filter(|&m| m >= idle_since && e.start_ns >= m) {
-                out.push((e.start_ns - made) as f64 * 1e-9);
+            // Each actor stamps its own clock readings: a receiver may record its start a
+            // hair before the sender recorded its end.
+            if let Some(made) = made.filter(|&m| m >= idle_since) {
+                out.push(e.start_ns.saturating_sub(made) as f64 * 1e-9);
             }
         }
     }
@@ -189,7 +191,8 @@ fn hand_off_waits(t: &pipetrain_schedules::Trace) -> Vec<f64> {
 /// into.
 ///
 /// # Errors
-/// `Plan` when a run fails.
+/// None yet: a machine run that fails leaves its cost out of the simulation, with a
+/// warning in the log.
 pub(super) fn measure(
     run: &ProfileRun<'_>,
     profiles: &[&Profile],
@@ -210,14 +213,24 @@ pub(super) fn measure(
         return Ok(m);
     }
     if let Some(largest) = profiles.last() {
-        m.hop = hop_seconds(run, largest)?;
+        // A machine measurement that fails leaves its cost out of the simulation, said.
+        m.hop = hop_seconds(run, largest).unwrap_or_else(|e| {
+            tracing::warn!("{e}; hand-offs simulated as free");
+            0.0
+        });
     }
     let pair = profiles
         .iter()
         .rev()
         .find(|p| global % (2 * p.micro_batch) == 0);
     if let Some(p) = pair {
-        let passes = pair_passes(run, p)?;
+        let passes = match pair_passes(run, p) {
+            Ok(passes) => passes,
+            Err(e) => {
+                tracing::warn!("{e}; replicas simulated without interference");
+                return Ok(m);
+            }
+        };
         if cores / threads >= 2 {
             m.contention = ((passes.forward + passes.backward) / p.fused - 1.0).max(0.0);
         }
