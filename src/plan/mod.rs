@@ -140,6 +140,7 @@ pub fn plan(
         config: config_path,
         steps: opts.profile_steps.max(3),
         warmup: 2,
+        global_batch: cfg.global_batch(),
         pipelines: opts.workers >= 2,
     };
     let mut profiles: BTreeMap<usize, Profile> = BTreeMap::new();

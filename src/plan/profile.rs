@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::machine::pass_seconds;
 use super::ort_profile::{read_profile, Counting};
-use super::runs::{global_batch, in_folder, RunKind};
+use super::runs::{in_folder, RunKind};
 
 use crate::graph::TrainingGraph;
 use crate::{Error, Result};
@@ -73,6 +73,8 @@ pub struct ProfileRun<'a> {
     pub steps: usize,
     /// Steps not counted.
     pub warmup: usize,
+    /// The configuration's global batch (kept by every run).
+    pub global_batch: usize,
     /// Whether pipeline layouts are planned (and cutting the model needs measuring).
     pub pipelines: bool,
 }
@@ -96,7 +98,7 @@ pub fn measure(
     };
     let counting = Counting {
         steps: run.steps,
-        micro_batches: global_batch(run.config)? / micro_batch,
+        micro_batches: run.global_batch / micro_batch,
         warmup: run.warmup,
     };
     let (forward, backward, unmatched) =

@@ -35,20 +35,26 @@ pub(super) fn in_folder<T>(
     kind: RunKind,
     read: impl FnOnce(&Path) -> std::result::Result<T, String>,
 ) -> std::result::Result<T, String> {
-    let dir = std::env::temp_dir().join(format!(
-        "pipetrain-plan-{}-{threads}-{micro_batch}-{kind:?}",
-        std::process::id()
-    ));
+    let config = profile_config(run, (threads, micro_batch), kind).map_err(|e| e.to_string())?;
+    let tag = format!("{threads}-{micro_batch}-{kind:?}");
+    run_and_read(run.worker, &config, &tag, read)
+}
+
+/// Runs the configuration written at `config` (removed after) by `pipetrain train` in a
+/// temporary folder named by `tag`, reads the folder with `read`, then removes it.
+pub(super) fn run_and_read<T>(
+    worker: &Path,
+    config: &Path,
+    tag: &str,
+    read: impl FnOnce(&Path) -> std::result::Result<T, String>,
+) -> std::result::Result<T, String> {
+    let dir = std::env::temp_dir().join(format!("pipetrain-plan-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let outcome = profile_config(run, (threads, micro_batch), kind)
-        .map_err(|e| e.to_string())
-        .and_then(|config| {
-            let ran = run_worker(run.worker, &config, &dir);
-            let _ = std::fs::remove_file(&config);
-            ran
-        })
+    let outcome = std::fs::create_dir_all(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))
+        .and_then(|()| run_worker(worker, config, &dir))
         .and_then(|()| read(&dir));
+    let _ = std::fs::remove_file(config);
     let _ = std::fs::remove_dir_all(&dir);
     outcome
 }
@@ -63,8 +69,7 @@ fn profile_config(
     kind: RunKind,
 ) -> Result<PathBuf> {
     let text = std::fs::read_to_string(run.config).map_err(Error::io(run.config))?;
-    let cfg = crate::config::TrainConfig::parse(&text, run.config)?;
-    let global = cfg.global_batch();
+    let global = run.global_batch;
     if micro_batch == 0 || global % micro_batch != 0 {
         return Err(Error::Plan {
             what: "profile".into(),
@@ -134,11 +139,6 @@ fn profile_config(
     Ok(path)
 }
 
-/// The configuration's global batch.
-pub(super) fn global_batch(config: &Path) -> Result<usize> {
-    Ok(crate::config::TrainConfig::load(config)?.global_batch())
-}
-
 /// Runs `pipetrain train CONFIG --trace trace.json` in `dir`.
 fn run_worker(worker: &Path, config: &Path, dir: &Path) -> std::result::Result<(), String> {
     let config = std::path::absolute(config).map_err(|e| e.to_string())?;
@@ -160,5 +160,5 @@ fn run_worker(worker: &Path, config: &Path, dir: &Path) -> std::result::Result<(
         .rev()
         .find(|l| l.starts_with("error:"))
         .unwrap_or_else(|| stderr.trim());
-    Err(format!("the profile run failed ({}): {error}", out.status))
+    Err(format!("the run failed ({}): {error}", out.status))
 }

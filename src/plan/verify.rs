@@ -2,10 +2,11 @@
 //! with a candidate's configuration, from its trace.
 
 use std::path::Path;
-use std::process::Command;
 
 use crate::{Error, Result};
 
+use super::machine::pass_seconds;
+use super::runs::run_and_read;
 use super::{plan_error, PlanRow};
 
 /// A candidate's real run.
@@ -31,64 +32,15 @@ pub fn measure_step(
     let path = config.parent().unwrap_or(Path::new(".")).join(name);
     let body = super::candidate_text(&text, (config, &path), row, Some(steps))?;
     std::fs::write(&path, body).map_err(Error::io(&path))?;
-    let dir = std::env::temp_dir().join(format!("pipetrain-plan-{}-measure", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
-    let out = std::path::absolute(&path)
-        .map_err(Error::io(&path))
-        .and_then(|p| {
-            Command::new(worker)
-                .arg("train")
-                .arg(p)
-                .arg("--trace")
-                .arg("trace.json")
-                .current_dir(&dir)
-                .output()
-                .map_err(Error::io(worker))
-        });
-    let _ = std::fs::remove_file(&path);
-    let out = out?;
-    if !out.status.success() {
-        let _ = std::fs::remove_dir_all(&dir);
-        return Err(plan_error(
+    let period = run_and_read(worker, &path, "measure", |dir| {
+        pass_seconds(&dir.join("trace.json"), warmup).map(|p| p.period)
+    })
+    .map_err(|reason| plan_error("measuring a candidate", reason))?;
+    match period > 0.0 {
+        true => Ok(Measured { step: period }),
+        false => Err(plan_error(
             "measuring a candidate",
-            format!(
-                "the run failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        ));
+            format!("{steps} steps, {warmup} not counted: 2 or more must be counted"),
+        )),
     }
-    let step = step_period(&dir.join("trace.json"), warmup);
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(Measured { step: step? })
-}
-
-/// Mean seconds between consecutive steps' starts after `warmup` steps, from a trace.
-fn step_period(trace: &Path, warmup: usize) -> Result<f64> {
-    let text = std::fs::read(trace).map_err(Error::io(trace))?;
-    let run: pipetrain_actors::RunTrace = serde_json::from_slice(&text)
-        .map_err(|e| plan_error("reading a measured run's trace", e.to_string()))?;
-    let bounds: Vec<(u64, u64)> = run
-        .steps
-        .iter()
-        .map(|replicas| {
-            let events = replicas.iter().flat_map(|t| t.ranks.iter().flatten());
-            let start = events.clone().map(|e| e.start_ns).min().unwrap_or(0);
-            let end = events.map(|e| e.end_ns).max().unwrap_or(0);
-            (start, end)
-        })
-        .collect();
-    let counted = bounds.get(warmup..).unwrap_or(&[]);
-    if counted.len() < 2 {
-        return Err(plan_error(
-            "measuring a candidate",
-            format!(
-                "{} step(s) after warm-up; 2 or more are needed",
-                counted.len()
-            ),
-        ));
-    }
-    let first = counted[0].0;
-    let last = counted[counted.len() - 1].0;
-    Ok((last - first) as f64 * 1e-9 / (counted.len() - 1) as f64)
 }
