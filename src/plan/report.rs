@@ -1,0 +1,145 @@
+//! A plan as text: the profile and the machine as measured, the best layouts that fit,
+//! the default layout and the cuts beside them, and what is short where nothing fits.
+
+use crate::train::peak::gb;
+
+use super::{write, Candidate, Plan, PlanRow};
+
+/// The plan as text: the profile, the best `top` candidates that fit, the default
+/// layout, and what is short where nothing fits.
+pub fn report(plan: &Plan, top: usize) -> String {
+    let mut out = String::new();
+    for p in &plan.profiles {
+        out += &format!(
+            "profile: micro-batch {}, {} thread(s): {:.3} ms per micro-batch (forward {:.3}, \
+             backward {:.3}; as one graph {:.3}; a stage's action +{:.0} us), {:.0}% of kernel time \
+             in nodes ONNX Runtime made\n",
+            p.micro_batch,
+            p.threads,
+            p.total() * 1e3,
+            p.forward.iter().sum::<f64>() * 1e3,
+            p.backward.iter().sum::<f64>() * 1e3,
+            p.fused * 1e3,
+            p.stage_run * 1e6,
+            p.unmatched * 100.0
+        );
+    }
+    for (b, why) in &plan.skipped {
+        let first = why.lines().next().unwrap_or("");
+        out += &format!("left out: micro-batches of {b}: {first}\n");
+    }
+    let m = &plan.machinery;
+    out += &format!(
+        "machine: {} cores, {} thread(s) per session, hand-off {:.1} us, two actions at once \
+         each {:.1}% slower, replicas kept in step {:.1} us a step\n{} candidates simulated \
+         (profiling took {:.1} s)\n\n",
+        m.cores,
+        m.threads,
+        m.hop * 1e6,
+        m.contention * 100.0,
+        m.replica_sync * 1e6,
+        plan.rows.len(),
+        plan.profile_seconds
+    );
+    out += "rank  dp  pp  schedule          micro-batches  recompute  step ms  bubble  peak per rank (GB)\n";
+    let fitting = plan.rows.iter().filter(|r| r.fits(plan.cap));
+    for (i, r) in fitting.take(top).enumerate() {
+        out += &format!("{:>4}  {}\n", i + 1, row_text(r));
+    }
+    if let Some(d) = &plan.default {
+        out += &format!(
+            "\ndefault (1F1B, cuts by parameters):\n   -  {}\n",
+            row_text(d)
+        );
+        if let Some(b) = plan.best() {
+            out += &format!(
+                "predicted speed-up of the plan over the default: {:.2}x\n",
+                d.simulated.step / b.simulated.step
+            );
+        }
+    }
+    if let Some((_, first)) = plan.cut_rivals.first() {
+        let time = plan
+            .rows
+            .iter()
+            .find(|r| r.candidate == first.candidate)
+            .map_or(f64::NAN, |r| r.simulated.step);
+        out += &format!(
+            "cuts of the fastest pipeline layout ({}): by time {:.2} ms",
+            layout_text(&first.candidate),
+            time * 1e3
+        );
+        for (by, r) in &plan.cut_rivals {
+            out += &format!(", by {by} {:.2} ms", r.simulated.step * 1e3);
+        }
+        out += "\n";
+    }
+    if plan.best().is_none() {
+        let least = plan
+            .rows
+            .iter()
+            .map(|r| r.peak.iter().copied().max().unwrap_or(0))
+            .min();
+        out += &match (least, plan.cap) {
+            (Some(need), Some(cap)) => format!(
+                "\nnothing fits: the smallest layout needs {} on its largest rank, {} over the cap of {}\n",
+                gb(need),
+                gb(need.saturating_sub(cap)),
+                gb(cap)
+            ),
+            _ => "\nno candidate could be simulated\n".to_string(),
+        };
+    }
+    out
+}
+
+/// `dp 1 x pp 2, zb_h1, 4 x 4, recompute none`.
+pub(crate) fn layout_text(c: &Candidate) -> String {
+    format!(
+        "dp {} x pp {}, {}, {} x {}, recompute {}",
+        c.dp,
+        c.pp,
+        schedule_text(c),
+        c.micro_batches,
+        c.micro_batch,
+        recompute_name(c.recompute)
+    )
+}
+
+fn schedule_text(c: &Candidate) -> String {
+    match c.schedule {
+        crate::config::ScheduleKind::Interleaved1f1b => {
+            format!("interleaved(v={})", c.virtual_stages)
+        }
+        k => write::schedule_name(k).to_string(),
+    }
+}
+
+fn recompute_name(r: crate::graph::Recompute) -> &'static str {
+    match r {
+        crate::graph::Recompute::None => "none",
+        crate::graph::Recompute::Stage => "stage",
+    }
+}
+
+fn row_text(r: &PlanRow) -> String {
+    let c = &r.candidate;
+    let schedule = schedule_text(c);
+    let peaks: Vec<String> = r
+        .peak
+        .iter()
+        .map(|p| format!("{:.2}", *p as f64 / 1e9))
+        .collect();
+    format!(
+        "{:>2}  {:>2}  {:<17} {:>2} x {:<8}  {:<9}  {:>7.2}  {:>6.3}  {}",
+        c.dp,
+        c.pp,
+        schedule,
+        c.micro_batches,
+        c.micro_batch,
+        recompute_name(c.recompute),
+        r.simulated.step * 1e3,
+        r.simulated.bubble,
+        peaks.join(" ")
+    )
+}
