@@ -5,11 +5,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use pipetrain::compute::Runtime;
-use pipetrain::config::TrainConfig;
+use pipetrain::config::{ScheduleKind, TrainConfig};
 use pipetrain::telemetry::timeline_svg;
 use pipetrain::train::EarlierRun;
 use pipetrain::{Error, Result};
-use pipetrain_schedules::{lower, simulate, CostModel, LowerOptions, ScheduleSpec, StageCost};
+use pipetrain_schedules::{lower, simulate, CostModel, LowerOptions, StageCost};
 
 #[derive(Parser)]
 #[command(
@@ -100,7 +100,7 @@ enum Command {
 
 #[derive(clap::Args, Clone)]
 struct ScheduleArgs {
-    /// gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v or dualpipe_v.
+    /// gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v, dualpipe_v, v_half or v_min.
     #[arg(long, default_value = "1f1b")]
     kind: String,
     /// Pipeline ranks.
@@ -304,38 +304,11 @@ fn schedule_error(e: impl std::fmt::Display) -> Error {
 
 fn build_schedule(a: &ScheduleArgs) -> Result<pipetrain_schedules::Schedule> {
     let (p, m) = (a.stages, a.micro_batches);
-    let spec = match a.kind.as_str() {
-        "gpipe" => ScheduleSpec::GPipe {
-            stages: p,
-            micro_batches: m,
-        },
-        "1f1b" => ScheduleSpec::OneFOneB {
-            stages: p,
-            micro_batches: m,
-        },
-        "interleaved_1f1b" => ScheduleSpec::Interleaved1F1B {
-            ranks: p,
-            virtual_stages: a.virtual_stages,
-            micro_batches: m,
-        },
-        "zb_h1" => ScheduleSpec::ZbH1 {
-            stages: p,
-            micro_batches: m,
-        },
-        "zb_v" => ScheduleSpec::ZbV {
-            ranks: p,
-            micro_batches: m,
-        },
-        "dualpipe_v" => ScheduleSpec::DualPipeV {
-            ranks: p,
-            micro_batches: m,
-        },
-        other => {
-            return Err(schedule_error(format!(
-                "unknown kind `{other}` (gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v, dualpipe_v)"
-            )))
-        }
-    };
+    let kind = ScheduleKind::from_name(&a.kind).ok_or_else(|| {
+        let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
+        schedule_error(format!("unknown kind `{}` ({})", a.kind, names.join(", ")))
+    })?;
+    let spec = kind.spec(p, a.virtual_stages, m);
     let compute = spec.generate().map_err(schedule_error)?;
     lower(
         &compute,

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pipetrain_actors::schedules::{
-    dualpipe_v, interleaved_1f1b, one_f_one_b, simulate, zb_h1, ActionKind, CostModel, Schedule,
-    StageCost,
+    dualpipe_v, interleaved_1f1b, one_f_one_b, simulate, v_half, v_min, zb_h1, zb_v, ActionKind,
+    CostModel, Schedule, StageCost,
 };
 use pipetrain_actors::sim::{CostFn, SimData, SimStage};
 use pipetrain_actors::{lowered, replay, run, ActorError, ActorThreads, EngineSettings, RunOutput};
@@ -96,6 +96,45 @@ async fn one_f_one_b_runs_as_simulated() {
     }
 }
 
+/// The V-placement schedules (two stages per rank) on a virtual clock: each rank idles
+/// exactly what the simulator predicts, so the bubble the planner weighs is the runtime's.
+#[tokio::test(start_paused = true)]
+async fn v_schedules_idle_as_simulated() {
+    type Make = fn(usize, usize) -> Result<Schedule, pipetrain_schedules::ScheduleError>;
+    let makes: [(&str, Make); 4] = [
+        ("zb_v", zb_v),
+        ("dualpipe_v", dualpipe_v),
+        ("v_half", v_half),
+        ("v_min", v_min),
+    ];
+    for (name, make) in makes {
+        for (p, m) in [(2, 4), (3, 6), (4, 8)] {
+            let schedule = make(p, m).unwrap();
+            let out = go(schedule.clone(), 1, 1, true).await.unwrap();
+            let measured = out.trace.unwrap().steps[0][0].to_timeline(p).unwrap();
+            let unit = StageCost::split(1.0 * MS, 1.0 * MS, 1.0 * MS);
+            let predicted = simulate(
+                &lowered(&schedule).unwrap(),
+                &CostModel::uniform(2 * p, unit),
+            )
+            .unwrap();
+            assert_eq!((measured.idle().len(), predicted.idle().len()), (p, p));
+            for (a, b) in measured.idle().iter().zip(predicted.idle()) {
+                assert!(
+                    (a - b).abs() < 1e-9,
+                    "{name} p={p} m={m}: {:?} vs {:?}",
+                    measured.idle(),
+                    predicted.idle()
+                );
+            }
+            assert!(
+                (measured.makespan() - predicted.makespan()).abs() < 1e-9,
+                "{name} p={p} m={m}"
+            );
+        }
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn data_parallel_replicas_reduce_and_interleaved_ranks_hold_two_stages() {
     let out = go(one_f_one_b(2, 4).unwrap(), 3, 2, false).await.unwrap();
@@ -170,6 +209,8 @@ async fn recorded_runs_replay_in_the_same_order() {
         one_f_one_b(4, 8).unwrap(),
         zb_h1(4, 8).unwrap(),
         dualpipe_v(2, 6).unwrap(),
+        v_half(2, 6).unwrap(),
+        v_min(3, 4).unwrap(),
     ];
     for schedule in schedules {
         let out = go(schedule, 2, 2, true).await.unwrap();

@@ -9,7 +9,7 @@
 //!   ([`looped_placement`], [`v_placement`]), checked on construction and on
 //!   deserialisation; `grid` formats it as ranks x steps with marked cells ([`Mark`]).
 //! - [`gen`]: the generators, one file each: [`gpipe`], [`one_f_one_b`],
-//!   [`interleaved_1f1b`], [`zb_h1`], [`zb_v`], [`dualpipe_v`], and [`ScheduleSpec`] to pick one from a
+//!   [`interleaved_1f1b`], [`zb_h1`], [`zb_v`], [`dualpipe_v`], [`v_half`], [`v_min`], and [`ScheduleSpec`] to pick one from a
 //!   config. They return compute-only schedules (F, B, I, W).
 //! - `lower`: [`lower()`] inserts paired sends and receives (PyTorch's `_add_send_recv`),
 //!   then optional `ALLREDUCE`/`STEP` ([`LowerOptions`]).
@@ -52,7 +52,9 @@ mod trace;
 mod validate;
 
 pub use error::ScheduleError;
-pub use gen::{dualpipe_v, gpipe, interleaved_1f1b, one_f_one_b, zb_h1, zb_v, ScheduleSpec};
+pub use gen::{
+    dualpipe_v, gpipe, interleaved_1f1b, one_f_one_b, v_half, v_min, zb_h1, zb_v, ScheduleSpec,
+};
 pub use grid::Mark;
 pub use ir::{Action, ActionKind, Phase};
 pub use lower::{lower, LowerOptions};

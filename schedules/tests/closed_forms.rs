@@ -6,8 +6,8 @@ mod common;
 
 use common::{close, MAX_MICRO_BATCHES, MAX_STAGES, MAX_VIRTUAL};
 use pipetrain_schedules::{
-    dualpipe_v, gpipe, interleaved_1f1b, lower, one_f_one_b, simulate, zb_h1, zb_v, CostModel,
-    LowerOptions, Schedule, StageCost, Timeline,
+    dualpipe_v, gpipe, interleaved_1f1b, lower, one_f_one_b, simulate, v_half, v_min, zb_h1, zb_v,
+    CostModel, LowerOptions, Schedule, StageCost, Timeline,
 };
 
 fn run(schedule: &Schedule, cost: StageCost) -> Timeline {
@@ -224,5 +224,50 @@ fn dualpipe_v_bubble_and_memory() {
         assert!(close(t.total_idle(), (p * (p - 1)) as f64), "p={p} m={m}");
         let expected: Vec<usize> = (0..2 * p).map(|s| (2 * p - s).min(m)).collect();
         assert_eq!(t.peak_in_flight(), expected, "p={p} m={m}");
+    }
+}
+
+/// V-Half and V-Min (Qi et al. 2024) with per-chunk F = I = W = 1. Memory, as a rank's
+/// peak of stage-micro-batches held (two make one micro-batch of the rank's whole share,
+/// the unit of 1F1B's `p`): V-Half holds 2 * ceil((p + 1) / 2), about half of ZB-V's
+/// 2p, and V-Min 2 * (floor((p + 1) / 3) + 1), about a third, once m >= p. What they pay
+/// in time (makespan beyond the 6m of work, m >= 2p): ZB-V's p - 1 <= V-Half's
+/// <= 3(p - 1) <= V-Min's <= 4(p - 1), all below 1F1B's 6(p - 1) for the same model.
+#[test]
+fn v_half_and_v_min_trade_bubble_for_memory() {
+    let unit = StageCost::default();
+    for (p, m) in grid() {
+        let held = |s: &Schedule| {
+            let t = run(s, unit);
+            let per_rank = t.peak_stash_bytes_per_rank(&vec![1; 2 * p], &vec![0; 2 * p]);
+            (
+                t.makespan() - (6 * m) as f64,
+                per_rank.into_iter().max().unwrap(),
+            )
+        };
+        let (half_extra, half_held) = held(&v_half(p, m).unwrap());
+        let (min_extra, min_held) = held(&v_min(p, m).unwrap());
+        if m >= p {
+            assert_eq!(
+                half_held,
+                2 * (p as u64 + 1).div_ceil(2),
+                "v_half p={p} m={m}"
+            );
+            assert_eq!(min_held, 2 * ((p as u64 + 1) / 3 + 1), "v_min p={p} m={m}");
+        }
+        if m >= 2 * p {
+            let (zb_extra, zb_held) = held(&zb_v(p, m).unwrap());
+            assert_eq!(zb_held, 2 * p as u64);
+            let q = (p - 1) as f64;
+            assert!(
+                zb_extra <= half_extra && half_extra <= 3.0 * q,
+                "p={p} m={m}"
+            );
+            assert!(
+                half_extra <= min_extra && min_extra <= 4.0 * q,
+                "p={p} m={m}"
+            );
+            assert!(p == 1 || min_extra < 6.0 * q, "p={p} m={m}");
+        }
     }
 }

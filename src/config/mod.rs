@@ -284,18 +284,16 @@ impl TrainConfig {
 
     /// Pipeline stages (ranks x virtual stages).
     pub fn stages(&self) -> usize {
-        match self.pipeline.schedule {
-            ScheduleKind::ZbV | ScheduleKind::DualPipeV => 2 * self.pipeline_parallel_size,
-            _ => self.pipeline_parallel_size * self.pipeline.virtual_stages,
-        }
+        self.pipeline
+            .schedule
+            .stages(self.pipeline_parallel_size, self.pipeline.virtual_stages)
     }
 
     /// How [`TrainConfig::stages`] follows from the settings, for error messages.
     fn stages_rule(&self) -> &'static str {
-        match self.pipeline.schedule {
-            ScheduleKind::ZbV => "2 x pipeline_parallel_size (zb_v)",
-            ScheduleKind::DualPipeV => "2 x pipeline_parallel_size (dualpipe_v)",
-            _ => "pipeline_parallel_size x virtual_stages",
+        match self.pipeline.schedule.v_shaped() {
+            true => "2 x pipeline_parallel_size (a V-shaped schedule)",
+            false => "pipeline_parallel_size x virtual_stages",
         }
     }
 
@@ -357,37 +355,11 @@ impl TrainConfig {
 
     /// The schedule's specification.
     pub fn schedule(&self) -> ScheduleSpec {
-        let (p, m) = (
+        self.pipeline.schedule.spec(
             self.pipeline_parallel_size,
+            self.pipeline.virtual_stages,
             self.gradient_accumulation_steps,
-        );
-        match self.pipeline.schedule {
-            ScheduleKind::Gpipe => ScheduleSpec::GPipe {
-                stages: p,
-                micro_batches: m,
-            },
-            ScheduleKind::OneFOneB => ScheduleSpec::OneFOneB {
-                stages: p,
-                micro_batches: m,
-            },
-            ScheduleKind::Interleaved1f1b => ScheduleSpec::Interleaved1F1B {
-                ranks: p,
-                virtual_stages: self.pipeline.virtual_stages,
-                micro_batches: m,
-            },
-            ScheduleKind::ZbH1 => ScheduleSpec::ZbH1 {
-                stages: p,
-                micro_batches: m,
-            },
-            ScheduleKind::ZbV => ScheduleSpec::ZbV {
-                ranks: p,
-                micro_batches: m,
-            },
-            ScheduleKind::DualPipeV => ScheduleSpec::DualPipeV {
-                ranks: p,
-                micro_batches: m,
-            },
-        }
+        )
     }
 
     /// The forward model: the file at `model_path`, or the built-in `[model]` generated.
@@ -467,9 +439,6 @@ impl TrainConfig {
 
     /// Whether stages run their backward as input-gradient and weight-gradient halves.
     pub fn split_backward(&self) -> bool {
-        matches!(
-            self.pipeline.schedule,
-            ScheduleKind::ZbH1 | ScheduleKind::ZbV | ScheduleKind::DualPipeV
-        )
+        self.pipeline.schedule.splits_backward()
     }
 }

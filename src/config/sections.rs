@@ -1,6 +1,7 @@
 //! The sections of a training configuration: pipeline, runtime (and data, defined in
 //! [`crate::data`]).
 
+use pipetrain_schedules::ScheduleSpec;
 use serde::{Deserialize, Serialize};
 
 use super::one;
@@ -29,6 +30,110 @@ pub enum ScheduleKind {
     /// stages with a backward of the other in the steady state.
     #[serde(rename = "dualpipe_v")]
     DualPipeV,
+    /// Qi et al.'s V-Half: ZB-V's placement with about half of 1F1B's activation memory,
+    /// for a somewhat longer bubble.
+    #[serde(rename = "v_half")]
+    VHalf,
+    /// Qi et al.'s V-Min: ZB-V's placement with about a third of 1F1B's activation memory,
+    /// for a longer bubble still.
+    #[serde(rename = "v_min")]
+    VMin,
+}
+
+impl ScheduleKind {
+    /// Every kind, in the order tables list them.
+    pub const ALL: [ScheduleKind; 8] = [
+        ScheduleKind::Gpipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Interleaved1f1b,
+        ScheduleKind::ZbH1,
+        ScheduleKind::ZbV,
+        ScheduleKind::DualPipeV,
+        ScheduleKind::VHalf,
+        ScheduleKind::VMin,
+    ];
+
+    /// The kind's name in a configuration (`pipeline.schedule`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ScheduleKind::Gpipe => "gpipe",
+            ScheduleKind::OneFOneB => "1f1b",
+            ScheduleKind::Interleaved1f1b => "interleaved_1f1b",
+            ScheduleKind::ZbH1 => "zb_h1",
+            ScheduleKind::ZbV => "zb_v",
+            ScheduleKind::DualPipeV => "dualpipe_v",
+            ScheduleKind::VHalf => "v_half",
+            ScheduleKind::VMin => "v_min",
+        }
+    }
+
+    /// The kind a configuration names `name`.
+    pub fn from_name(name: &str) -> Option<ScheduleKind> {
+        ScheduleKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Whether the kind folds two stages onto each rank in a V (rank `r` holds stages
+    /// `r` and `2p - 1 - r`).
+    pub fn v_shaped(self) -> bool {
+        matches!(
+            self,
+            ScheduleKind::ZbV | ScheduleKind::DualPipeV | ScheduleKind::VHalf | ScheduleKind::VMin
+        )
+    }
+
+    /// Whether stages run their backward as input-gradient and weight-gradient halves.
+    pub fn splits_backward(self) -> bool {
+        self == ScheduleKind::ZbH1 || self.v_shaped()
+    }
+
+    /// Pipeline stages for `ranks` ranks (`virtual_stages` each where the kind takes it).
+    pub fn stages(self, ranks: usize, virtual_stages: usize) -> usize {
+        match self {
+            k if k.v_shaped() => 2 * ranks,
+            ScheduleKind::Interleaved1f1b => ranks * virtual_stages,
+            _ => ranks,
+        }
+    }
+
+    /// The schedule to generate for `ranks` ranks and `micro_batches` micro-batches.
+    pub fn spec(self, ranks: usize, virtual_stages: usize, micro_batches: usize) -> ScheduleSpec {
+        let (stages, m) = (ranks, micro_batches);
+        match self {
+            ScheduleKind::Gpipe => ScheduleSpec::GPipe {
+                stages,
+                micro_batches: m,
+            },
+            ScheduleKind::OneFOneB => ScheduleSpec::OneFOneB {
+                stages,
+                micro_batches: m,
+            },
+            ScheduleKind::Interleaved1f1b => ScheduleSpec::Interleaved1F1B {
+                ranks,
+                virtual_stages,
+                micro_batches: m,
+            },
+            ScheduleKind::ZbH1 => ScheduleSpec::ZbH1 {
+                stages,
+                micro_batches: m,
+            },
+            ScheduleKind::ZbV => ScheduleSpec::ZbV {
+                ranks,
+                micro_batches: m,
+            },
+            ScheduleKind::DualPipeV => ScheduleSpec::DualPipeV {
+                ranks,
+                micro_batches: m,
+            },
+            ScheduleKind::VHalf => ScheduleSpec::VHalf {
+                ranks,
+                micro_batches: m,
+            },
+            ScheduleKind::VMin => ScheduleSpec::VMin {
+                ranks,
+                micro_batches: m,
+            },
+        }
+    }
 }
 
 /// Pipeline schedule and partition.

@@ -3,7 +3,7 @@
 
 use crate::train::peak::gb;
 
-use super::{write, Candidate, Plan, PlanRow};
+use super::{Candidate, Plan, PlanRow};
 
 /// The plan as text: the profile, the best `top` candidates that fit, the default
 /// layout, and what is short where nothing fits.
@@ -111,7 +111,7 @@ fn schedule_text(c: &Candidate) -> String {
         crate::config::ScheduleKind::Interleaved1f1b => {
             format!("interleaved(v={})", c.virtual_stages)
         }
-        k => write::schedule_name(k).to_string(),
+        k => k.name().to_string(),
     }
 }
 

@@ -38,43 +38,13 @@ pub struct Candidate {
 impl Candidate {
     /// Pipeline stages.
     pub fn stages(&self) -> usize {
-        match self.schedule {
-            ScheduleKind::ZbV | ScheduleKind::DualPipeV => 2 * self.pp,
-            ScheduleKind::Interleaved1f1b => self.pp * self.virtual_stages,
-            _ => self.pp,
-        }
+        self.schedule.stages(self.pp, self.virtual_stages)
     }
 
     /// The schedule to generate.
     pub fn spec(&self) -> ScheduleSpec {
-        let (stages, micro_batches) = (self.pp, self.micro_batches);
-        match self.schedule {
-            ScheduleKind::Gpipe => ScheduleSpec::GPipe {
-                stages,
-                micro_batches,
-            },
-            ScheduleKind::OneFOneB => ScheduleSpec::OneFOneB {
-                stages,
-                micro_batches,
-            },
-            ScheduleKind::Interleaved1f1b => ScheduleSpec::Interleaved1F1B {
-                ranks: stages,
-                virtual_stages: self.virtual_stages,
-                micro_batches,
-            },
-            ScheduleKind::ZbH1 => ScheduleSpec::ZbH1 {
-                stages,
-                micro_batches,
-            },
-            ScheduleKind::ZbV => ScheduleSpec::ZbV {
-                ranks: stages,
-                micro_batches,
-            },
-            ScheduleKind::DualPipeV => ScheduleSpec::DualPipeV {
-                ranks: stages,
-                micro_batches,
-            },
-        }
+        self.schedule
+            .spec(self.pp, self.virtual_stages, self.micro_batches)
     }
 
     /// `cfg` with this layout (its cuts, the tensors ending each stage, given).
@@ -119,6 +89,8 @@ pub fn candidates(cfg: &TrainConfig, workers: usize, max_micro_batches: usize) -
                 (ScheduleKind::ZbH1, 1),
                 (ScheduleKind::ZbV, 1),
                 (ScheduleKind::DualPipeV, 1),
+                (ScheduleKind::VHalf, 1),
+                (ScheduleKind::VMin, 1),
             ],
         };
         for m in 1..=max_micro_batches {
@@ -204,10 +176,7 @@ pub fn simulate_candidate(
         },
     )
     .ok()?;
-    let split = matches!(
-        c.schedule,
-        ScheduleKind::ZbH1 | ScheduleKind::ZbV | ScheduleKind::DualPipeV
-    );
+    let split = c.schedule.splits_backward();
     let machine = Machine {
         slots: (m.cores as f64 / m.threads as f64).max(1.0),
         copies: c.dp,

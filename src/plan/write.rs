@@ -35,18 +35,6 @@ pub(super) fn table(text: &str, path: &Path) -> Result<toml::Table> {
     })
 }
 
-/// The schedule's name in a configuration.
-pub fn schedule_name(k: ScheduleKind) -> &'static str {
-    match k {
-        ScheduleKind::Gpipe => "gpipe",
-        ScheduleKind::OneFOneB => "1f1b",
-        ScheduleKind::Interleaved1f1b => "interleaved_1f1b",
-        ScheduleKind::ZbH1 => "zb_h1",
-        ScheduleKind::ZbV => "zb_v",
-        ScheduleKind::DualPipeV => "dualpipe_v",
-    }
-}
-
 /// `text` (a configuration read from `from`) with `row`'s layout, its relative paths
 /// made absolute when it will be read from another folder (`to`'s). Where `steps` is
 /// given (a measured run), it runs that many optimizer steps and writes nothing.
@@ -95,7 +83,7 @@ pub fn candidate_text(
     };
     t.insert("recompute".into(), recompute.into());
     let mut pipeline = toml::Table::new();
-    pipeline.insert("schedule".into(), schedule_name(c.schedule).into());
+    pipeline.insert("schedule".into(), c.schedule.name().into());
     if c.schedule == ScheduleKind::Interleaved1f1b {
         pipeline.insert("virtual_stages".into(), int(c.virtual_stages));
     }

@@ -106,18 +106,12 @@ pub struct MemoryRow {
 /// The model, data or training graph cannot be built.
 pub fn memory_table(rt: &Runtime, cfg: &TrainConfig, config_path: &Path) -> Result<Vec<MemoryRow>> {
     let tg = graph_of(rt, cfg, config_path)?;
-    let mut kinds = vec![
-        (ScheduleKind::Gpipe, "gpipe"),
-        (ScheduleKind::OneFOneB, "1f1b"),
-        (ScheduleKind::ZbH1, "zb_h1"),
-        (ScheduleKind::ZbV, "zb_v"),
-        (ScheduleKind::DualPipeV, "dualpipe_v"),
-    ];
-    if cfg.pipeline.virtual_stages > 1 {
-        kinds.insert(2, (ScheduleKind::Interleaved1f1b, "interleaved_1f1b"));
-    }
+    let kinds = ScheduleKind::ALL
+        .into_iter()
+        .filter(|&k| k != ScheduleKind::Interleaved1f1b || cfg.pipeline.virtual_stages > 1);
     let mut rows = Vec::new();
-    for (kind, name) in kinds {
+    for kind in kinds {
+        let name = kind.name();
         let mut c = cfg.clone();
         c.pipeline.schedule = kind;
         // Balanced partitions follow each schedule's stage count.

@@ -116,6 +116,15 @@ fn dualpipe_v_trains_the_weights_of_the_single_stage() {
     trains_the_weights_of_the_single_stage_on_four_stages("dualpipe_v");
 }
 
+/// V-Half and V-Min (Qi et al. 2024, controllable memory) on ZB-V's placement: at pp = 2
+/// (four stages, eight micro-batches) the same weights and loss as the single stage, bit
+/// for bit.
+#[test]
+fn v_half_and_v_min_train_the_weights_of_the_single_stage() {
+    trains_the_weights_of_the_single_stage_on_four_stages("v_half");
+    trains_the_weights_of_the_single_stage_on_four_stages("v_min");
+}
+
 /// `schedule` on the V placement at pp = 2 (four stages), dp 1, 8 micro-batches: the
 /// single stage's weights and loss, bit for bit.
 fn trains_the_weights_of_the_single_stage_on_four_stages(schedule: &str) {

@@ -3,10 +3,10 @@
 //! thread, no graph optimizations) that changes nothing but memory: the built-in GPT-2
 //! trains to bitwise the same losses and weights as without recompute, at pp = 1, 2 and
 //! 4, under 1F1B and under ZB-H1's split backward (where the input-gradient part
-//! recomputes once and hands the weight-gradient part what it reads), and at pp = 2
-//! under GPipe, interleaved 1F1B and ZB-V. The peak stash each stage measures equals
+//! recomputes once and hands the weight-gradient part what it reads), at pp = 2 under
+//! GPipe, interleaved 1F1B, ZB-V, DualPipeV, V-Half and V-Min, and at pp = 4 under V-Half. The peak stash each stage measures equals
 //! what the schedule predicts from the stage graphs' value sizes, and recompute shrinks
-//! the first stage's.
+//! the stages' total.
 
 use crate::common;
 
@@ -94,6 +94,9 @@ fn recompute_trains_bitwise_as_keeping_every_activation() {
             (2, "interleaved_1f1b"),
             (2, "zb_v"),
             (2, "dualpipe_v"),
+            (2, "v_half"),
+            (4, "v_half"),
+            (2, "v_min"),
         ]);
     for (pp, schedule) in cases {
         let kept = run(&rt, pp, schedule, "none");
@@ -113,11 +116,16 @@ fn recompute_trains_bitwise_as_keeping_every_activation() {
                 "pp={pp} {schedule}: {k:?} vs {r:?}"
             );
         }
+        // Some stage holds less. (Not always the first: where weight gradients wait long,
+        // as V-Half's first stage's, the peak falls between I and W, where the stage
+        // keeps what W reads either way.)
         if pp > 1 {
-            let (k, r) = (&kept.2[0], &recomputed.2[0]);
+            let total = |run: &[StashPeak]| run.iter().map(|p| p.measured).sum::<u64>();
             assert!(
-                r.measured < k.measured,
-                "pp={pp} {schedule}: {k:?} vs {r:?}"
+                total(&recomputed.2) < total(&kept.2),
+                "pp={pp} {schedule}: {:?} vs {:?}",
+                kept.2,
+                recomputed.2
             );
         }
     }

@@ -9,7 +9,9 @@
 //! | [`zb_h1`]               | stage `s` on `s` | `I`+`W`  | Qi et al. 2023, ZB-H1                      |
 //! | [`zb_v`]                | V-shaped         | `I`+`W`  | Qi et al. 2023, ZB-V; PyTorch `ScheduleZBVZeroBubble` |
 //! | [`dualpipe_v`]          | V-shaped         | `I`+`W`  | DeepSeek DualPipeV (`dualpipev.py`)        |
+//! | [`v_half`], [`v_min`]   | V-shaped         | `I`+`W`  | Qi et al. 2024, controllable memory        |
 
+mod controllable;
 mod dualpipe_v;
 mod gpipe;
 mod interleaved;
@@ -20,6 +22,7 @@ mod zero_bubble_v;
 
 use serde::{Deserialize, Serialize};
 
+pub use controllable::{v_half, v_min};
 pub use dualpipe_v::dualpipe_v;
 pub use gpipe::gpipe;
 pub use interleaved::interleaved_1f1b;
@@ -85,6 +88,22 @@ pub enum ScheduleSpec {
         /// Micro-batches per step.
         micro_batches: usize,
     },
+    /// [`v_half`].
+    #[serde(rename = "v_half")]
+    VHalf {
+        /// Pipeline ranks (two stages each).
+        ranks: usize,
+        /// Micro-batches per step.
+        micro_batches: usize,
+    },
+    /// [`v_min`].
+    #[serde(rename = "v_min")]
+    VMin {
+        /// Pipeline ranks (two stages each).
+        ranks: usize,
+        /// Micro-batches per step.
+        micro_batches: usize,
+    },
 }
 
 impl ScheduleSpec {
@@ -119,6 +138,14 @@ impl ScheduleSpec {
                 ranks,
                 micro_batches,
             } => dualpipe_v(ranks, micro_batches),
+            ScheduleSpec::VHalf {
+                ranks,
+                micro_batches,
+            } => v_half(ranks, micro_batches),
+            ScheduleSpec::VMin {
+                ranks,
+                micro_batches,
+            } => v_min(ranks, micro_batches),
         }
     }
 }

@@ -2,7 +2,8 @@
 #![allow(dead_code)] // each test binary uses part of this module
 
 use pipetrain_schedules::{
-    dualpipe_v, gpipe, interleaved_1f1b, one_f_one_b, zb_h1, zb_v, Schedule, ScheduleError,
+    dualpipe_v, gpipe, interleaved_1f1b, one_f_one_b, v_half, v_min, zb_h1, zb_v, Schedule,
+    ScheduleError,
 };
 
 /// Largest pipeline the grids cover.
@@ -45,6 +46,8 @@ pub fn all_cases() -> Vec<Case> {
             push("zb_h1", 1, zb_h1(p, m));
             push("zb_v", 2, zb_v(p, m));
             push("dualpipe_v", 2, dualpipe_v(p, m));
+            push("v_half", 2, v_half(p, m));
+            push("v_min", 2, v_min(p, m));
             for v in 1..=MAX_VIRTUAL {
                 push("interleaved_1f1b", v, interleaved_1f1b(p, v, m));
             }
