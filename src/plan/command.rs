@@ -30,7 +30,8 @@ pub struct PlanArgs {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Also run this many of the best layouts, and the default one, for real and print
-    /// each one's measured step beside its prediction.
+    /// each one's measured step beside its prediction; then the fastest of each
+    /// (dp, tp, pp) layout not among them.
     #[arg(long, default_value_t = 0)]
     pub measure: usize,
     /// Steps of each measured run (the first two not counted).
@@ -96,6 +97,18 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
             runs.push(("by time".into(), time));
             for (by, r) in &p.cut_rivals {
                 runs.push((format!("by {by}"), r));
+            }
+        }
+        // And the fastest of each (dp, tp, pp) layout not measured yet.
+        for r in p.rows.iter().filter(|r| r.fits(p.cap)) {
+            let c = &r.candidate;
+            let layout = (c.dp, c.tp, c.pp);
+            let seen = |t: &(String, &PlanRow)| {
+                let o = &t.1.candidate;
+                (o.dp, o.tp, o.pp) == layout
+            };
+            if !runs.iter().any(seen) {
+                runs.push((format!("{}x{}x{}", c.dp, c.tp, c.pp), r));
             }
         }
         println!(

@@ -5,7 +5,7 @@
 //! 1. [`profile`]: each forward node's time, and its backward's split into the
 //!    input-gradient and weight-gradient parts ([`split`]), from ONNX Runtime's profiler on
 //!    a few real steps, at every micro-batch size and thread count the candidates need.
-//! 2. [`search`]: every layout of the workers (data × pipeline), schedule, micro-batch
+//! 2. [`search`]: every layout of the workers (data × tensor × pipeline), schedule, micro-batch
 //!    count and recompute; each one's cuts balanced by time ([`costs`]), its step simulated
 //!    on this machine's shared cores with the optimizer step and the reduction on the
 //!    timeline, its memory per rank from the memory model.
@@ -14,8 +14,9 @@
 //! 4. [`verify`]: runs candidates for real and sets the measured step beside the
 //!    predicted one.
 //!
-//! Tensor parallelism is not searched yet (it needs a model it can split), nor are
-//! layouts over several processes (`--manifest`): each worker is an actor of one process.
+//! Tensor parallelism is searched where the model splits (each shard count's profile
+//! runs shard 0's graph in a real split run). Layouts over several processes
+//! (`--manifest`) are not: each worker is an actor of one process.
 
 mod command;
 pub mod costs;
@@ -92,11 +93,13 @@ pub struct Plan {
     /// The fastest pipeline layout's cuts balanced by parameters and by FLOPs instead of
     /// time (`"params"`, `"flops"`), for comparison.
     pub cut_rivals: Vec<(&'static str, PlanRow)>,
-    /// The profiles, by (threads, micro-batch).
+    /// The profiles, by (tensor shards, micro-batch).
     pub profiles: Vec<Profile>,
     /// Micro-batch sizes whose profile run failed, and why (a model exported with a
     /// fixed batch size trains only that size): their candidates are left out.
     pub skipped: Vec<(usize, String)>,
+    /// Tensor-shard counts the model cannot be split into, and why.
+    pub tp_skipped: Vec<(usize, String)>,
     /// Intra-op threads per session at these workers.
     pub threads: usize,
     /// The cap each rank must fit.
@@ -127,15 +130,15 @@ pub fn plan(
     config_path: &Path,
     opts: &PlanOptions<'_>,
 ) -> Result<Plan> {
-    let tg = crate::train::graph_of(rt, cfg, config_path)?;
-    let cut = costs::Cuttable::of(&tg);
-    let values = search::node_values(&tg);
+    let whole = Sharded::of(rt, cfg, config_path, 1)?;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let threads = match cfg.runtime.intra_op_threads {
         Some(t) => t,
-        None => intra_threads_for(flops_per_node(&tg), cores / opts.workers.max(1)),
+        None => intra_threads_for(flops_per_node(&whole.tg), cores / opts.workers.max(1)),
     };
-    let candidates = search::candidates(cfg, opts.workers, opts.max_micro_batches);
+    let (models, tp_skipped) = Sharded::all(rt, cfg, config_path, whole, opts.workers);
+    let tps: Vec<usize> = models.iter().map(|m| m.tp).collect();
+    let candidates = search::candidates(cfg, opts.workers, &tps, opts.max_micro_batches);
     let started = Instant::now();
     let run = ProfileRun {
         worker: opts.worker,
@@ -144,35 +147,24 @@ pub fn plan(
         warmup: 2,
         global_batch: cfg.global_batch(),
         pipelines: opts.workers >= 2,
+        shards: 1,
     };
-    let mut profiles: BTreeMap<usize, Profile> = BTreeMap::new();
-    let mut skipped: Vec<(usize, String)> = Vec::new();
-    let mut sizes: Vec<usize> = candidates.iter().map(|c| c.micro_batch).collect();
-    sizes.sort_unstable();
-    sizes.dedup();
-    for &b in sizes.iter().rev() {
-        tracing::info!("profiling micro-batches of {b} at {threads} thread(s)");
-        match profile::measure(&run, &tg, threads, b) {
-            Ok(p) => {
-                profiles.insert(b, p);
-            }
-            // A model exported with a fixed batch trains one micro-batch size only.
-            Err(e) => skipped.push((b, e.to_string())),
-        }
-    }
+    let (mut profiles, skipped) = profile_all(&run, &models, &candidates, threads);
     if profiles.is_empty() {
         let why: Vec<String> = skipped.iter().map(|(_, e)| e.clone()).collect();
         return Err(plan_error("profiling", why.join("; ")));
     }
-    let (step_overhead, action_gap) =
-        profile::fit_overheads(&profiles.values().collect::<Vec<_>>());
+    let unsplit: Vec<&Profile> = profiles.values().filter(|p| p.shards == 1).collect();
+    let (step_overhead, action_gap) = profile::fit_overheads(&unsplit);
     for p in profiles.values_mut() {
         p.action_gap = action_gap;
     }
-    let sizes: Vec<&Profile> = profiles.values().collect();
+    let whole = &models[0];
+    let sizes: Vec<&Profile> = profiles.values().filter(|p| p.shards == 1).collect();
     let predict = |b: usize, m: &Machinery| {
         let c = search::Candidate {
             dp: 2,
+            tp: 1,
             pp: 1,
             schedule: crate::config::ScheduleKind::OneFOneB,
             virtual_stages: 1,
@@ -180,30 +172,35 @@ pub fn plan(
             micro_batch: b,
             recompute: crate::graph::Recompute::None,
         };
-        search::simulate_candidate(&c, profiles.get(&b)?, (&cut, &values), m, None).map(|s| s.step)
+        let p = profiles.get(&(1, b))?;
+        search::simulate_candidate(&c, p, (&whole.cut, &whole.values), m, None).map(|s| s.step)
     };
     let shape = (cores, threads, opts.workers, cfg.global_batch());
     let machinery = machine::measure(&run, &sizes, shape, step_overhead, &predict)?;
     let profile_seconds = started.elapsed().as_secs_f64();
-    let nearest = profiles
-        .values()
+    let nearest = sizes
+        .iter()
         .min_by_key(|p| p.micro_batch.abs_diff(cfg.batch_size));
-    let node_times = nearest.map(|p| costs::node_times(p, &tg));
+    let node_times = nearest.map(|p| costs::node_times(p, &whole.tg));
     let scale_of = |mb: usize| mb as f64 / cfg.batch_size as f64;
     let mut rows = Vec::new();
     for c in candidates {
-        let Some(p) = profiles.get(&c.micro_batch) else {
+        let (Some(model), Some(p)) = (
+            models.iter().find(|m| m.tp == c.tp),
+            profiles.get(&(c.tp, c.micro_batch)),
+        ) else {
             continue;
         };
-        let Some(sim) = search::simulate_candidate(&c, p, (&cut, &values), &machinery, None) else {
+        let Some(sim) = search::simulate_candidate(&c, p, model.costs(), &machinery, None) else {
             continue;
         };
-        let cuts = search::cut_names(&tg, &cut.live, &sim.bounds);
+        let cuts = search::cut_names(&model.tg, &model.cut.live, &sim.bounds);
         // What `train` would refuse (1F1B with fewer micro-batches than stages, say).
         if c.apply(cfg, &cuts).validate(config_path).is_err() {
             continue;
         }
-        let peak = crate::train::rank_bytes(&tg, &c.apply(cfg, &cuts), scale_of(c.micro_batch))
+        let applied = c.apply(cfg, &cuts);
+        let peak = crate::train::rank_bytes(&model.tg, &applied, scale_of(c.micro_batch))
             .unwrap_or_default();
         rows.push(PlanRow {
             candidate: c,
@@ -215,9 +212,7 @@ pub fn plan(
     rows.sort_by(|a, b| a.simulated.step.total_cmp(&b.simulated.step));
     let fixed = rivals::Fixed {
         cfg,
-        tg: &tg,
-        cut: &cut,
-        values: &values,
+        models: &models,
         machinery: &machinery,
         profiles: &profiles,
     };
@@ -232,12 +227,115 @@ pub fn plan(
         cut_rivals,
         profiles: profiles.into_values().collect(),
         skipped,
+        tp_skipped,
         threads,
         cap: opts.memory_per_worker,
         profile_seconds,
         machinery,
         node_times,
     })
+}
+
+/// The model as a layout of `tp` tensor shards sees it: shard 0's training graph, where
+/// it can be cut, and each forward node's parameter values (a shard's part of a split
+/// parameter).
+pub(crate) struct Sharded {
+    /// Tensor shards.
+    pub tp: usize,
+    /// Shard 0's training graph.
+    pub tg: crate::graph::TrainingGraph,
+    /// Where it can be cut.
+    pub cut: costs::Cuttable,
+    /// Each forward node's parameter values.
+    pub values: Vec<f64>,
+}
+
+impl Sharded {
+    fn of(rt: &Runtime, cfg: &TrainConfig, config_path: &Path, tp: usize) -> Result<Sharded> {
+        let mut c = cfg.clone();
+        c.horizontal_parallel_size = tp;
+        let tg = crate::train::graph_of(rt, &c, config_path)?;
+        Ok(Sharded {
+            tp,
+            cut: costs::Cuttable::of(&tg),
+            values: search::node_values(&tg),
+            tg,
+        })
+    }
+
+    /// `whole` and the model split at every shard count above 1 that divides `workers`
+    /// and the model allows; the counts it does not, with why.
+    fn all(
+        rt: &Runtime,
+        cfg: &TrainConfig,
+        config_path: &Path,
+        whole: Sharded,
+        workers: usize,
+    ) -> (Vec<Sharded>, Vec<(usize, String)>) {
+        let (mut models, mut refused) = (vec![whole], Vec::new());
+        for tp in (2..=workers).filter(|t| workers % t == 0) {
+            match Sharded::of(rt, cfg, config_path, tp) {
+                Ok(m) => models.push(m),
+                Err(e) => refused.push((tp, e.to_string())),
+            }
+        }
+        (models, refused)
+    }
+
+    /// What simulating a candidate needs of the model.
+    pub fn costs(&self) -> (&costs::Cuttable, &[f64]) {
+        (&self.cut, &self.values)
+    }
+}
+
+/// Profiles by (tensor shards, micro-batch).
+pub(crate) type Profiles = BTreeMap<(usize, usize), Profile>;
+
+/// Profiles every (tensor shards, micro-batch) the candidates need, largest micro-batch
+/// first; a size whose run fails (a model exported with a fixed batch) is left out with
+/// why. A split model's profile takes the unsplit one's per-action stage cost.
+fn profile_all(
+    run: &ProfileRun<'_>,
+    models: &[Sharded],
+    candidates: &[search::Candidate],
+    threads: usize,
+) -> (Profiles, Vec<(usize, String)>) {
+    let mut profiles = BTreeMap::new();
+    let mut skipped = Vec::new();
+    let mut needed: Vec<(usize, usize)> =
+        candidates.iter().map(|c| (c.tp, c.micro_batch)).collect();
+    needed.sort_unstable();
+    needed.dedup();
+    for &(tp, b) in needed.iter().rev() {
+        let Some(model) = models.iter().find(|m| m.tp == tp) else {
+            continue;
+        };
+        if skipped.iter().any(|(s, _)| *s == b) {
+            continue;
+        }
+        tracing::info!("profiling micro-batches of {b} at {threads} thread(s), {tp} shard(s)");
+        let sharded = ProfileRun {
+            shards: tp,
+            pipelines: run.pipelines && tp == 1,
+            ..*run
+        };
+        match profile::measure(&sharded, &model.tg, threads, b) {
+            Ok(p) => {
+                profiles.insert((tp, b), p);
+            }
+            Err(e) if tp == 1 => skipped.push((b, e.to_string())),
+            Err(e) => tracing::warn!("{e}: layouts of {tp} shards left out"),
+        }
+    }
+    let unsplit: BTreeMap<usize, f64> = profiles
+        .iter()
+        .filter(|((tp, _), _)| *tp == 1)
+        .map(|(&(_, b), p)| (b, p.stage_run))
+        .collect();
+    for (&(_, b), p) in profiles.iter_mut().filter(|((tp, _), _)| *tp > 1) {
+        p.stage_run = unsplit.get(&b).copied().unwrap_or(0.0);
+    }
+    (profiles, skipped)
 }
 
 /// An error of the planner's own.

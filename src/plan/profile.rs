@@ -28,6 +28,9 @@ use crate::{Error, Result};
 /// threads, micro-batches of `micro_batch` samples.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Profile {
+    /// Tensor shards the model ran in (each shard's nodes timed).
+    #[serde(default = "one")]
+    pub shards: usize,
     /// Intra-op threads the sessions ran.
     pub threads: usize,
     /// Samples per micro-batch.
@@ -55,6 +58,10 @@ pub struct Profile {
     pub unmatched: f64,
 }
 
+fn one() -> usize {
+    1
+}
+
 impl Profile {
     /// Sum of every node's forward and backward: one micro-batch's compute.
     pub fn total(&self) -> f64 {
@@ -77,6 +84,8 @@ pub struct ProfileRun<'a> {
     pub global_batch: usize,
     /// Whether pipeline layouts are planned (and cutting the model needs measuring).
     pub pipelines: bool,
+    /// Tensor shards the runs split the model into.
+    pub shards: usize,
 }
 
 /// Profiles `tg`'s model at `threads` threads and `micro_batch` samples per micro-batch:
@@ -91,7 +100,10 @@ pub fn measure(
     threads: usize,
     micro_batch: usize,
 ) -> Result<Profile> {
-    let what = format!("profiling at {threads} thread(s), micro-batches of {micro_batch}");
+    let what = format!(
+        "profiling at {threads} thread(s), micro-batches of {micro_batch}, {} shard(s)",
+        run.shards
+    );
     let fail = |reason: String| Error::Plan {
         what: what.clone(),
         reason,
@@ -135,6 +147,7 @@ pub fn measure(
     let profiled_bwd: f64 = backward.iter().sum();
     let values: usize = tg.params.iter().map(|p| p.meta.numel()).sum();
     Ok(Profile {
+        shards: run.shards,
         threads,
         micro_batch,
         forward: rescale(forward, timed.forward, profiled_fwd),

@@ -11,11 +11,15 @@ pub fn report(plan: &Plan, top: usize) -> String {
     let mut out = String::new();
     for p in &plan.profiles {
         out += &format!(
-            "profile: micro-batch {}, {} thread(s): {:.3} ms per micro-batch (forward {:.3}, \
+            "profile: micro-batch {}, {} thread(s){}: {:.3} ms per micro-batch (forward {:.3}, \
              backward {:.3}; as one graph {:.3}; a stage's action +{:.0} us), {:.0}% of kernel time \
              in nodes ONNX Runtime made\n",
             p.micro_batch,
             p.threads,
+            match p.shards {
+                1 => String::new(),
+                n => format!(", {n} tensor shards (each shard's)"),
+            },
             p.total() * 1e3,
             p.forward.iter().sum::<f64>() * 1e3,
             p.backward.iter().sum::<f64>() * 1e3,
@@ -27,6 +31,10 @@ pub fn report(plan: &Plan, top: usize) -> String {
     for (b, why) in &plan.skipped {
         let first = why.lines().next().unwrap_or("");
         out += &format!("left out: micro-batches of {b}: {first}\n");
+    }
+    for (tp, why) in &plan.tp_skipped {
+        let first = why.lines().next().unwrap_or("");
+        out += &format!("not split: {tp} tensor shards: {first}\n");
     }
     let m = &plan.machinery;
     out += &format!(
@@ -41,7 +49,7 @@ pub fn report(plan: &Plan, top: usize) -> String {
         plan.rows.len(),
         plan.profile_seconds
     );
-    out += "rank  dp  pp  schedule          micro-batches  recompute  step ms  bubble  peak per rank (GB)\n";
+    out += "rank  dp  tp  pp  schedule          micro-batches  recompute  step ms  bubble  peak per rank (GB)\n";
     let fitting = plan.rows.iter().filter(|r| r.fits(plan.cap));
     for (i, r) in fitting.take(top).enumerate() {
         out += &format!("{:>4}  {}\n", i + 1, row_text(r));
@@ -96,8 +104,9 @@ pub fn report(plan: &Plan, top: usize) -> String {
 /// `dp 1 x pp 2, zb_h1, 4 x 4, recompute none`.
 pub(crate) fn layout_text(c: &Candidate) -> String {
     format!(
-        "dp {} x pp {}, {}, {} x {}, recompute {}",
+        "dp {} x tp {} x pp {}, {}, {} x {}, recompute {}",
         c.dp,
+        c.tp,
         c.pp,
         schedule_text(c),
         c.micro_batches,
@@ -131,8 +140,9 @@ fn row_text(r: &PlanRow) -> String {
         .map(|p| format!("{:.2}", *p as f64 / 1e9))
         .collect();
     format!(
-        "{:>2}  {:>2}  {:<17} {:>2} x {:<8}  {:<9}  {:>7.2}  {:>6.3}  {}",
+        "{:>2}  {:>2}  {:>2}  {:<17} {:>2} x {:<8}  {:<9}  {:>7.2}  {:>6.3}  {}",
         c.dp,
+        c.tp,
         c.pp,
         schedule,
         c.micro_batches,

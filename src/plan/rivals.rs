@@ -1,23 +1,20 @@
 //! Layouts with cuts not chosen by time, simulated with the same costs: the one a user
 //! would write by default, and the fastest pipeline layout cut by parameters or FLOPs.
 
-use std::collections::BTreeMap;
-
 use crate::config::{ScheduleKind, TrainConfig};
-use crate::graph::{assign_stages, BalanceBy, Partition, Recompute, TrainingGraph};
+use crate::graph::{assign_stages, BalanceBy, Partition, Recompute};
 
-use super::costs::Cuttable;
 use super::search::{cut_names, simulate_candidate, Candidate, Machinery};
-use super::{PlanOptions, PlanRow, Profile};
+use super::{PlanOptions, PlanRow, Profiles, Sharded};
 
 /// What simulating a layout with given cuts needs.
 pub(super) struct Fixed<'a> {
     pub cfg: &'a TrainConfig,
-    pub tg: &'a TrainingGraph,
-    pub cut: &'a Cuttable,
-    pub values: &'a [f64],
+    /// The model at each tensor-shard count.
+    pub models: &'a [Sharded],
     pub machinery: &'a Machinery,
-    pub profiles: &'a BTreeMap<usize, Profile>,
+    /// By (tensor shards, micro-batch).
+    pub profiles: &'a Profiles,
 }
 
 impl Fixed<'_> {
@@ -29,6 +26,7 @@ impl Fixed<'_> {
         let m = (pp..=opts.max_micro_batches.max(pp)).find(|m| global % m == 0)?;
         let c = Candidate {
             dp: 1,
+            tp: 1,
             pp,
             schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,
@@ -49,18 +47,19 @@ impl Fixed<'_> {
 
     /// `c` cut by `by`, simulated.
     fn row(&self, c: &Candidate, by: BalanceBy) -> Option<PlanRow> {
-        let p = self.profiles.get(&c.micro_batch)?;
+        let p = self.profiles.get(&(c.tp, c.micro_batch))?;
+        let model = self.models.iter().find(|m| m.tp == c.tp)?;
         let stages = c.stages();
-        let a = assign_stages(self.tg, &Partition::Balanced { stages, by }).ok()?;
-        let live = &self.cut.live;
+        let a = assign_stages(&model.tg, &Partition::Balanced { stages, by }).ok()?;
+        let live = &model.cut.live;
         let bounds: Vec<usize> = (1..stages)
             .filter_map(|s| live.iter().position(|&i| a.stage[i] == Some(s)))
             .collect();
-        let sim = simulate_candidate(c, p, (self.cut, self.values), self.machinery, Some(bounds))?;
-        let cuts = cut_names(self.tg, live, &sim.bounds);
+        let sim = simulate_candidate(c, p, model.costs(), self.machinery, Some(bounds))?;
+        let cuts = cut_names(&model.tg, live, &sim.bounds);
         let scale = c.micro_batch as f64 / self.cfg.batch_size as f64;
-        let peak =
-            crate::train::rank_bytes(self.tg, &c.apply(self.cfg, &cuts), scale).unwrap_or_default();
+        let applied = c.apply(self.cfg, &cuts);
+        let peak = crate::train::rank_bytes(&model.tg, &applied, scale).unwrap_or_default();
         Some(PlanRow {
             candidate: c.clone(),
             cuts,

@@ -36,7 +36,7 @@ pub(super) fn in_folder<T>(
     read: impl FnOnce(&Path) -> std::result::Result<T, String>,
 ) -> std::result::Result<T, String> {
     let config = profile_config(run, (threads, micro_batch), kind).map_err(|e| e.to_string())?;
-    let tag = format!("{threads}-{micro_batch}-{kind:?}");
+    let tag = format!("{threads}-{micro_batch}-{kind:?}-tp{}", run.shards);
     run_and_read(run.worker, &config, &tag, read)
 }
 
@@ -110,7 +110,7 @@ fn profile_config(
     t.insert("display_loss_steps".into(), int(micro_steps));
     t.insert("data_parallel_size".into(), int(replicas));
     t.insert("pipeline_parallel_size".into(), int(stages));
-    t.insert("horizontal_parallel_size".into(), int(1));
+    t.insert("horizontal_parallel_size".into(), int(run.shards));
     let mut pipeline = toml::Table::new();
     let schedule = match kind {
         RunKind::Fused | RunKind::FusedPair => "1f1b",
@@ -127,8 +127,9 @@ fn profile_config(
         r.insert("intra_op_threads".into(), int(threads));
     }
     let name = format!(
-        ".pipetrain-plan-{}-{threads}-{micro_batch}-{kind:?}.toml",
-        std::process::id()
+        ".pipetrain-plan-{}-{threads}-{micro_batch}-{kind:?}-tp{}.toml",
+        std::process::id(),
+        run.shards
     );
     let path = run.config.parent().unwrap_or(Path::new(".")).join(name);
     let text = toml::to_string(&t).map_err(|e| Error::Plan {

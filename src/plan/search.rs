@@ -1,14 +1,14 @@
 //! The layouts `pipetrain plan` weighs, and each one's predicted step and memory.
 //!
-//! A candidate is a data-parallel size and a pipeline size whose product is the
-//! workers, a schedule, a micro-batch count (the configuration's global batch kept), and
+//! A candidate is a data-parallel, a tensor-parallel and a pipeline size whose product is
+//! the workers (tensor parallelism where the model splits), a schedule, a micro-batch count (the configuration's global batch kept), and
 //! recompute on or off. Its cuts are balanced by measured time and moved to shorten its
 //! simulated step ([`super::costs`]). Its step is simulated on this machine's cores
 //! shared by every worker ([`simulate_on`]), with the optimizer step and the
 //! data-parallel reduction on the timeline; its memory per rank comes from the memory
 //! model that refuses runs over a cap (`train::memory`).
 
-use pipetrain_schedules::{lower, simulate_on, LowerOptions, Machine, ScheduleSpec};
+use pipetrain_schedules::{lower, simulate_on, LowerOptions, Machine, ScheduleSpec, StageCost};
 
 use crate::config::{ScheduleKind, TrainConfig};
 use crate::graph::{Partition, Recompute, TrainingGraph};
@@ -21,6 +21,8 @@ use super::profile::Profile;
 pub struct Candidate {
     /// Data-parallel replicas.
     pub dp: usize,
+    /// Tensor shards of each stage (`horizontal_parallel_size`).
+    pub tp: usize,
     /// Pipeline ranks.
     pub pp: usize,
     /// The schedule.
@@ -51,7 +53,11 @@ impl Candidate {
     pub fn apply(&self, cfg: &TrainConfig, cuts: &[String]) -> TrainConfig {
         let mut c = cfg.clone();
         c.data_parallel_size = self.dp;
+        c.horizontal_parallel_size = self.tp;
         c.pipeline_parallel_size = self.pp;
+        if let Some(w) = c.world_size.as_mut() {
+            *w = self.dp * self.tp * self.pp;
+        }
         c.batch_size = self.micro_batch;
         // Step counts are in micro-batches: the same optimizer steps.
         let optimizer_steps = cfg.num_train_steps / cfg.gradient_accumulation_steps.max(1);
@@ -73,13 +79,24 @@ impl Candidate {
     }
 }
 
-/// Every layout of `workers` workers for `cfg`'s global batch: micro-batch counts up to
-/// `max_micro_batches`, the schedules that apply, recompute off and on.
-pub fn candidates(cfg: &TrainConfig, workers: usize, max_micro_batches: usize) -> Vec<Candidate> {
+/// Every layout of `workers` workers for `cfg`'s global batch: tensor shards of `tps`
+/// (1 and those the model splits into), micro-batch counts up to `max_micro_batches`, the
+/// schedules that apply, recompute off and on.
+pub fn candidates(
+    cfg: &TrainConfig,
+    workers: usize,
+    tps: &[usize],
+    max_micro_batches: usize,
+) -> Vec<Candidate> {
     let global = cfg.global_batch();
     let mut out = Vec::new();
-    for dp in (1..=workers).filter(|d| workers % d == 0) {
-        let pp = workers / dp;
+    let divides = |n: usize| move |d: &usize| n % d == 0;
+    let layouts = (1..=workers).filter(divides(workers)).flat_map(|dp| {
+        let rest = workers / dp;
+        let tps = tps.iter().copied().filter(divides(rest));
+        tps.map(move |tp| (dp, tp, rest / tp)).collect::<Vec<_>>()
+    });
+    for (dp, tp, pp) in layouts {
         let schedules: &[(ScheduleKind, usize)] = match pp {
             1 => &[(ScheduleKind::OneFOneB, 1)],
             _ => &[
@@ -106,6 +123,7 @@ pub fn candidates(cfg: &TrainConfig, workers: usize, max_micro_batches: usize) -
                 for &recompute in recomputes {
                     out.push(Candidate {
                         dp,
+                        tp,
                         pp,
                         schedule,
                         virtual_stages,
@@ -179,11 +197,18 @@ pub fn simulate_candidate(
     let split = c.schedule.splits_backward();
     let machine = Machine {
         slots: (m.cores as f64 / m.threads as f64).max(1.0),
-        copies: c.dp,
+        // Every shard of every replica runs each action at once.
+        copies: c.dp * c.tp,
         contention: m.contention,
     };
+    // A split model's profile ran its shards at once: its times are each shard's slowed
+    // by the others, which the simulator adds again for the shards it runs at once.
+    let alone = sharing(machine, profile.shards);
     let step = |bounds: &[usize]| -> Option<(f64, f64)> {
-        let costs = stage_costs(profile, cut, bounds, (c.recompute, split));
+        let costs: Vec<StageCost> = stage_costs(profile, cut, bounds, (c.recompute, split))
+            .into_iter()
+            .map(|k| scaled(k, alone))
+            .collect();
         let held = stage_values(live, bounds, values);
         let update: Vec<f64> = held.iter().map(|v| v * profile.step_per_value).collect();
         let reduce: Vec<f64> = match c.dp {
@@ -210,6 +235,23 @@ pub fn simulate_candidate(
         bubble,
         bounds,
     })
+}
+
+/// The speed at which each of `n` actions runs at once on `machine`, as
+/// [`simulate_on`] shares it (the cores among them, and their interference).
+fn sharing(machine: Machine, n: usize) -> f64 {
+    let at_once = n.max(1) as f64;
+    let interference = 1.0 + machine.contention * (at_once.min(machine.slots) - 1.0).max(0.0);
+    (machine.slots / at_once).min(1.0) / interference
+}
+
+fn scaled(k: StageCost, by: f64) -> StageCost {
+    StageCost {
+        forward: k.forward * by,
+        backward: k.backward * by,
+        backward_input: k.backward_input * by,
+        backward_weight: k.backward_weight * by,
+    }
 }
 
 /// Per stage, the parameter values its nodes hold.
@@ -272,10 +314,10 @@ mod tests {
     #[test]
     fn every_candidate_uses_the_workers_and_keeps_the_global_batch() {
         let cfg = config(12);
-        let all = candidates(&cfg, 4, 8);
+        let all = candidates(&cfg, 4, &[1, 2], 8);
         assert!(!all.is_empty());
         for c in &all {
-            assert_eq!(c.dp * c.pp, 4, "{c:?}");
+            assert_eq!(c.dp * c.tp * c.pp, 4, "{c:?}");
             assert_eq!(c.dp * c.micro_batches * c.micro_batch, 12, "{c:?}");
             assert!(c.micro_batches <= 8);
             // One stage runs one graph: nothing to recompute, no schedule to choose.
@@ -284,9 +326,10 @@ mod tests {
                 assert_eq!(c.schedule, ScheduleKind::OneFOneB);
             }
         }
-        let layouts: std::collections::HashSet<(usize, usize)> =
-            all.iter().map(|c| (c.dp, c.pp)).collect();
-        assert_eq!(layouts.len(), 3, "dp x pp = 1 x 4, 2 x 2, 4 x 1");
+        let layouts: std::collections::HashSet<(usize, usize, usize)> =
+            all.iter().map(|c| (c.dp, c.tp, c.pp)).collect();
+        // dp x tp x pp = 1x1x4, 2x1x2, 4x1x1, 1x2x2, 2x2x1.
+        assert_eq!(layouts.len(), 5, "{layouts:?}");
         // Applied, a candidate is the configuration it describes.
         let c = all
             .iter()
@@ -294,6 +337,7 @@ mod tests {
             .unwrap();
         let applied = c.apply(&cfg, &["h".into()]);
         assert_eq!(applied.global_batch(), 12);
+        assert_eq!(applied.horizontal_parallel_size, c.tp);
         assert_eq!(applied.stages(), 2 * c.pp);
     }
 }

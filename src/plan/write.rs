@@ -57,7 +57,11 @@ pub fn candidate_text(
     }
     let int = |v: usize| toml::Value::Integer(v as i64);
     t.insert("data_parallel_size".into(), int(c.dp));
+    t.insert("horizontal_parallel_size".into(), int(c.tp));
     t.insert("pipeline_parallel_size".into(), int(c.pp));
+    if t.contains_key("world_size") {
+        t.insert("world_size".into(), int(c.dp * c.tp * c.pp));
+    }
     t.insert("batch_size".into(), int(c.micro_batch));
     // Step counts are in micro-batches (ONNX Runtime's TrainingRunner's): kept at the
     // same optimizer steps.

@@ -97,6 +97,12 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
             "2",
             "--profile-steps",
             "3",
+            "--measure",
+            "1",
+            "--measure-steps",
+            "4",
+            "--top",
+            "100",
         ])
         .arg(&config)
         .arg("--out")
@@ -119,17 +125,29 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
         .unwrap_or_else(|| panic!("no table:\n{stdout}"));
     let cols: Vec<&str> = first.split_whitespace().collect();
     let cfg = TrainConfig::load(&best).unwrap();
+    let layout =
+        |cols: &[&str]| -> Vec<usize> { cols[1..4].iter().map(|c| c.parse().unwrap()).collect() };
+    let hp = cfg.horizontal_parallel_size;
     assert_eq!(
-        cols[1].parse::<usize>().unwrap(),
-        cfg.data_parallel_size,
+        layout(&cols),
+        [cfg.data_parallel_size, hp, cfg.pipeline_parallel_size],
         "{first}"
     );
-    assert_eq!(
-        cols[2].parse::<usize>().unwrap(),
-        cfg.pipeline_parallel_size,
-        "{first}"
-    );
-    assert_eq!(cfg.data_parallel_size * cfg.pipeline_parallel_size, 2);
+    assert_eq!(cfg.data_parallel_size * hp * cfg.pipeline_parallel_size, 2);
+    // The GPT splits across two tensor shards: those layouts are searched, and the
+    // fastest of them, written and run for real, trains.
+    let table = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("rank"))
+        .skip(1);
+    let rows: Vec<Vec<&str>> = table
+        .take_while(|l| !l.trim().is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert!(rows.iter().any(|r| layout(r) == [1, 2, 1]), "{stdout}");
+    let measured = stdout.lines().find(|l| l.starts_with("1x2x1"));
+    assert!(measured.is_some_and(|l| !l.contains("failed")), "{stdout}");
+    assert!(!stdout.contains("failed"), "{stdout}");
     assert_eq!(cfg.global_batch(), 8, "the global batch is kept");
     assert_eq!(
         cfg.num_train_steps / cfg.gradient_accumulation_steps,
