@@ -87,7 +87,7 @@ enum Command {
         #[arg(long, short)]
         output: PathBuf,
     },
-    /// Choose the layout (data x pipeline), cuts, schedule, micro-batches and recompute
+    /// Choose the layout (data x tensor x pipeline), cuts, schedule, micro-batches and recompute
     /// of a configuration from costs measured on this machine and a memory cap; print the
     /// best and write the best as a configuration.
     Plan(pipetrain::plan::PlanArgs),

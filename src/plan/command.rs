@@ -34,10 +34,12 @@ pub struct PlanArgs {
     /// (dp, tp, pp) layout not among them.
     #[arg(long, default_value_t = 0)]
     pub measure: usize,
-    /// Steps of each measured run (the first two not counted).
+    /// Steps of each measured run, at least (the first two not counted); more where
+    /// these take under a second.
     #[arg(long, default_value_t = 12)]
     pub measure_steps: usize,
-    /// Steps of each profile run (the first two not counted).
+    /// Steps of each profile run, at least (the first two not counted); its timed runs
+    /// take more where these take under a second.
     #[arg(long, default_value_t = 8)]
     pub profile_steps: usize,
     /// Write each forward node's measured time here (JSON), for a configuration's
@@ -112,13 +114,20 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
             }
         }
         println!(
-            "\nmeasured ({} steps each, 2 not counted):",
-            args.measure_steps
+            "\nmeasured (at least {} steps each and {} s of steps, 2 not counted):",
+            args.measure_steps,
+            super::profile::TIMED_SECONDS
         );
         println!("rank      predicted ms  measured ms  error   layout");
         let mut measured = Vec::new();
         for (name, row) in runs {
-            let m = match super::measure_step(&worker, &args.config, row, (args.measure_steps, 2)) {
+            // Long enough for the clock to see the steps.
+            let steps = super::profile::steps_lasting(
+                super::profile::TIMED_SECONDS,
+                row.simulated.step,
+                args.measure_steps,
+            );
+            let m = match super::measure_step(&worker, &args.config, row, (steps, 2)) {
                 Ok(m) => m,
                 Err(e) => {
                     println!("{name:<9} failed: {e}");

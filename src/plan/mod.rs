@@ -18,6 +18,7 @@
 //! runs shard 0's graph in a real split run). Layouts over several processes
 //! (`--manifest`) are not: each worker is an actor of one process.
 
+mod calibrate;
 mod command;
 pub mod costs;
 mod machine;
@@ -177,9 +178,11 @@ pub fn plan(
     };
     let shape = (cores, threads, opts.workers, cfg.global_batch());
     let machinery = machine::measure(&run, &sizes, shape, step_overhead, &predict)?;
+    calibrate_stage_runs(&mut profiles, whole, &machinery, cfg);
     let profile_seconds = started.elapsed().as_secs_f64();
-    let nearest = sizes
-        .iter()
+    let nearest = profiles
+        .values()
+        .filter(|p| p.shards == 1)
         .min_by_key(|p| p.micro_batch.abs_diff(cfg.batch_size));
     let node_times = nearest.map(|p| costs::node_times(p, &whole.tg));
     let scale_of = |mb: usize| mb as f64 / cfg.batch_size as f64;
@@ -293,7 +296,7 @@ pub(crate) type Profiles = BTreeMap<(usize, usize), Profile>;
 
 /// Profiles every (tensor shards, micro-batch) the candidates need, largest micro-batch
 /// first; a size whose run fails (a model exported with a fixed batch) is left out with
-/// why. A split model's profile takes the unsplit one's per-action stage cost.
+/// why.
 fn profile_all(
     run: &ProfileRun<'_>,
     models: &[Sharded],
@@ -327,15 +330,30 @@ fn profile_all(
             Err(e) => tracing::warn!("{e}: layouts of {tp} shards left out"),
         }
     }
-    let unsplit: BTreeMap<usize, f64> = profiles
+    (profiles, skipped)
+}
+
+/// Each unsplit profile's per-action stage cost calibrated against its two-stage run (a
+/// size too large for one, the nearest calibrated size's: the cost is the action's, not
+/// its values'); a split model's profile takes the unsplit one's at its micro-batch.
+fn calibrate_stage_runs(
+    profiles: &mut Profiles,
+    whole: &Sharded,
+    machinery: &Machinery,
+    cfg: &TrainConfig,
+) {
+    let calibrated: BTreeMap<usize, f64> = profiles
         .iter()
         .filter(|((tp, _), _)| *tp == 1)
-        .map(|(&(_, b), p)| (b, p.stage_run))
+        .filter_map(|(&(_, b), p)| Some((b, calibrate::stage_run(p, whole, machinery, cfg)?)))
         .collect();
-    for (&(_, b), p) in profiles.iter_mut().filter(|((tp, _), _)| *tp > 1) {
-        p.stage_run = unsplit.get(&b).copied().unwrap_or(0.0);
+    let nearest = |b: usize| {
+        let by_distance = calibrated.iter().min_by_key(|(&c, _)| c.abs_diff(b));
+        by_distance.map_or(0.0, |(_, &cost)| cost)
+    };
+    for (&(_, b), p) in profiles.iter_mut() {
+        p.stage_run = nearest(b);
     }
-    (profiles, skipped)
 }
 
 /// An error of the planner's own.

@@ -10,8 +10,9 @@
 //! session's named nodes in proportion; [`Profile::unmatched`] says how much that was.
 //!
 //! The profiler's own bookkeeping slows the run it records, so its times give only each
-//! node's share: a second run without it (our trace) gives the passes' true times, and
-//! a third the one-graph forward and backward that a single stage runs.
+//! node's share: a second run without it (our trace) gives the passes' true times, a
+//! third the one-graph forward and backward that a single stage runs, and a fourth, in two
+//! stages, the step a stage's own costs are calibrated against.
 
 use std::path::Path;
 
@@ -31,6 +32,9 @@ pub struct Profile {
     /// Tensor shards the model ran in (each shard's nodes timed).
     #[serde(default = "one")]
     pub shards: usize,
+    /// Steps its timed runs took ([`ProfileRun::lengthened`]).
+    #[serde(default)]
+    pub steps: usize,
     /// Intra-op threads the sessions ran.
     pub threads: usize,
     /// Samples per micro-batch.
@@ -51,9 +55,12 @@ pub struct Profile {
     /// Its actions per step (a forward and a backward per micro-batch).
     pub actions: f64,
     /// What each action of a pipeline's stage pays beside its nodes (its own session
-    /// run, the values it receives and keeps): a two-stage run's passes less one stage's,
-    /// over the three actions a micro-batch gains (0 where not measured).
+    /// run, the values it receives and keeps): calibrated so that the two-stage run
+    /// simulates to its measured step (`calibrate`; 0 where not measured).
     pub stage_run: f64,
+    /// The two-stage ZB-H1 run's measured step (0 where not run).
+    #[serde(default)]
+    pub pipeline_period: f64,
     /// Share of kernel time in nodes ONNX Runtime made itself, spread by proportion.
     pub unmatched: f64,
 }
@@ -88,6 +95,30 @@ pub struct ProfileRun<'a> {
     pub shards: usize,
 }
 
+/// Seconds of steps a timed run lasts at least.
+pub const TIMED_SECONDS: f64 = 1.0;
+
+/// The most steps a lengthened run takes.
+const MOST_STEPS: usize = 5000;
+
+/// Steps that make a run of `period`-second steps last `seconds` (at least `steps`).
+pub fn steps_lasting(seconds: f64, period: f64, steps: usize) -> usize {
+    match period > 0.0 {
+        true => ((seconds / period).ceil() as usize).clamp(steps, MOST_STEPS.max(steps)),
+        false => steps,
+    }
+}
+
+impl ProfileRun<'_> {
+    /// This run with steps enough to last [`TIMED_SECONDS`] at `period` seconds a step.
+    pub fn lengthened(&self, period: f64) -> Self {
+        ProfileRun {
+            steps: steps_lasting(TIMED_SECONDS, period, self.steps),
+            ..*self
+        }
+    }
+}
+
 /// Profiles `tg`'s model at `threads` threads and `micro_batch` samples per micro-batch:
 /// the nodes' shares from ONNX Runtime's profile, scaled to the passes' times measured
 /// without the profiler.
@@ -118,24 +149,31 @@ pub fn measure(
             read_profile(dir, tg, counting)
         })
         .map_err(&fail)?;
-    let timed = in_folder(run, (threads, micro_batch), RunKind::Timed, |dir| {
-        pass_seconds(&dir.join("trace.json"), run.warmup)
-    })
-    .map_err(&fail)?;
+    let timed_in = |run: &ProfileRun<'_>| {
+        in_folder(run, (threads, micro_batch), RunKind::Timed, |dir| {
+            pass_seconds(&dir.join("trace.json"), run.warmup)
+        })
+    };
+    let timed = timed_in(run).map_err(&fail)?;
+    // The timed runs last long enough for the clock to see their steps (a sub-millisecond
+    // step over a few steps is mostly noise): the first run tells how many that takes.
+    let long = run.lengthened(timed.period);
+    let run = &long;
+    let timed = match long.steps > counting.steps {
+        true => timed_in(run).map_err(&fail)?,
+        false => timed,
+    };
     let fused = in_folder(run, (threads, micro_batch), RunKind::Fused, |dir| {
         pass_seconds(&dir.join("trace.json"), run.warmup)
     })
     .map_err(&fail)?;
-    // The same passes cut in two stages: the cut's own cost (two sessions' overheads
-    // and hand-offs where one ran), where there are micro-batches enough for ZB-H1.
-    let stage_run = match run.pipelines && counting.micro_batches >= 2 {
+    // The same passes cut in two stages, where there are micro-batches enough for
+    // ZB-H1: its step, against which a stage's own cost is calibrated (`calibrate`).
+    let pipeline_period = match run.pipelines && counting.micro_batches >= 2 {
         true => in_folder(run, (threads, micro_batch), RunKind::SplitPipeline, |dir| {
             pass_seconds(&dir.join("trace.json"), run.warmup)
         })
-        .map(|two| {
-            let extra = 2.0 * (two.forward + two.backward) - (timed.forward + timed.backward);
-            (extra / 3.0).max(0.0)
-        })
+        .map(|two| two.period)
         .unwrap_or(0.0),
         false => 0.0,
     };
@@ -148,6 +186,7 @@ pub fn measure(
     let values: usize = tg.params.iter().map(|p| p.meta.numel()).sum();
     Ok(Profile {
         shards: run.shards,
+        steps: run.steps,
         threads,
         micro_batch,
         forward: rescale(forward, timed.forward, profiled_fwd),
@@ -157,7 +196,8 @@ pub fn measure(
         action_gap: 0.0,
         idle: fused.idle,
         actions: 2.0 * counting.micro_batches as f64,
-        stage_run,
+        stage_run: 0.0,
+        pipeline_period,
         unmatched,
     })
 }
