@@ -58,22 +58,48 @@ pub(super) fn stage_run(
         };
         simulate_candidate(&c, &p, whole.costs(), machinery, Some(bounds.clone())).map(|s| s.step)
     };
-    let target = profile.pipeline_period;
-    match step_at(0.0) {
-        Some(t) if t < target => {}
-        _ => return Some(0.0),
+    Some(solve(
+        &step_at,
+        profile.pipeline_period,
+        profile.total().max(1e-6),
+    ))
+}
+
+/// The cost in `[0, most]` at which `step_at` (growing with the cost) reaches `target`:
+/// 0 where it is there already without any, `most` where even that falls short.
+fn solve(step_at: &dyn Fn(f64) -> Option<f64>, target: f64, most: f64) -> f64 {
+    let short = |cost: f64| step_at(cost).is_some_and(|t| t < target);
+    if !short(0.0) {
+        return 0.0;
     }
-    // The step grows with the cost: bisect up to a cost as large as a micro-batch's work.
-    let (mut lo, mut hi) = (0.0, profile.total().max(1e-6));
-    if step_at(hi).is_some_and(|t| t < target) {
-        return Some(hi);
+    if short(most) {
+        return most;
     }
+    let (mut lo, mut hi) = (0.0, most);
     for _ in 0..40 {
         let mid = 0.5 * (lo + hi);
-        match step_at(mid) {
-            Some(t) if t < target => lo = mid,
-            _ => hi = mid,
+        match short(mid) {
+            true => lo = mid,
+            false => hi = mid,
         }
     }
-    Some(0.5 * (lo + hi))
+    0.5 * (lo + hi)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cost_is_where_the_simulated_step_meets_the_measured_one() {
+        // Four actions on the critical path over 1 ms of work: a 2 ms step means 0.25 ms
+        // an action.
+        let step = |cost: f64| Some(1e-3 + 4.0 * cost);
+        assert!((solve(&step, 2e-3, 1e-3) - 0.25e-3).abs() < 1e-12);
+        // Faster than the work alone: no cost. Slower than the most: the most.
+        assert_eq!(solve(&step, 0.5e-3, 1e-3), 0.0);
+        assert_eq!(solve(&step, 9e-3, 1e-3), 1e-3);
+        // A step that cannot be simulated calibrates to nothing.
+        assert_eq!(solve(&|_| None, 2e-3, 1e-3), 0.0);
+    }
 }

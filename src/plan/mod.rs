@@ -305,11 +305,13 @@ fn profile_all(
 ) -> (Profiles, Vec<(usize, String)>) {
     let mut profiles = BTreeMap::new();
     let mut skipped = Vec::new();
+    // Unsplit first (a size it cannot train, a split model cannot either), each largest
+    // micro-batch first.
     let mut needed: Vec<(usize, usize)> =
         candidates.iter().map(|c| (c.tp, c.micro_batch)).collect();
-    needed.sort_unstable();
+    needed.sort_unstable_by_key(|&(tp, b)| (tp, std::cmp::Reverse(b)));
     needed.dedup();
-    for &(tp, b) in needed.iter().rev() {
+    for &(tp, b) in &needed {
         let Some(model) = models.iter().find(|m| m.tp == tp) else {
             continue;
         };
