@@ -16,9 +16,9 @@ use super::profile::Profile;
 use super::search::{simulate_candidate, Candidate, Machinery};
 use super::Sharded;
 
-/// The per-action stage cost at which `profile`'s two-stage run (ZB-H1, the stages cut
-/// by FLOPs as the run cut them, micro-batches of `profile.micro_batch`) simulates to its
-/// measured step; 0 where the simulator predicts it slower even without any; `None`
+/// The per-action stage cost at which `profile`'s pipeline run (ZB-H1 in two stages, or
+/// in the profile's own stages where the model fits no worker whole; cut by FLOPs as the
+/// run cut them, micro-batches of `profile.micro_batch`) simulates to its measured step; 0 where the simulator predicts it slower even without any; `None`
 /// where the run was not made (a micro-batch as large as the global batch).
 pub(super) fn stage_run(
     profile: &Profile,
@@ -30,26 +30,27 @@ pub(super) fn stage_run(
         return None;
     }
     let b = profile.micro_batch;
+    // The one-stage profile's pipeline run has two stages; a model no worker holds
+    // whole was profiled in its pipeline of `stages`.
+    let stages = profile.stages.max(2);
     let c = Candidate {
         dp: 1,
         tp: 1,
-        pp: 2,
+        pp: stages,
         schedule: ScheduleKind::ZbH1,
         virtual_stages: 1,
         micro_batches: cfg.global_batch() / b,
         micro_batch: b,
         recompute: Recompute::None,
     };
-    let halves = Partition::Balanced {
-        stages: 2,
+    let by_flops = Partition::Balanced {
+        stages,
         by: BalanceBy::Flops,
     };
-    let a = assign_stages(&whole.tg, &halves).ok()?;
+    let a = assign_stages(&whole.tg, &by_flops).ok()?;
     let live = &whole.cut.live;
-    let bounds: Vec<usize> = live
-        .iter()
-        .position(|&i| a.stage[i] == Some(1))
-        .into_iter()
+    let bounds: Vec<usize> = (1..stages)
+        .filter_map(|s| live.iter().position(|&i| a.stage[i] == Some(s)))
         .collect();
     let step_at = |cost: f64| {
         let p = Profile {

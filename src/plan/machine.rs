@@ -34,7 +34,7 @@ fn pair_passes(run: &ProfileRun<'_>, alone: &Profile) -> Result<Passes> {
 /// A one-stage run's mean seconds per micro-batch for its forward and its backward
 /// (`B`, or `I` and `W` together), and per step for its update.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Passes {
+pub struct Passes {
     pub forward: f64,
     pub backward: f64,
     pub step: f64,
@@ -227,9 +227,11 @@ pub(super) fn measure(
             0.0
         });
     }
+    // Two replicas of a model no worker holds whole do not fit either.
     let pair = profiles
         .iter()
         .rev()
+        .filter(|p| p.stages == 1)
         .find(|p| global % (2 * p.micro_batch) == 0);
     if let Some(p) = pair {
         let passes = match pair_passes(run, p) {

@@ -149,8 +149,9 @@ pub fn plan(
         global_batch: cfg.global_batch(),
         pipelines: opts.workers >= 2,
         shards: 1,
+        stages: 1,
     };
-    let (mut profiles, skipped) = profile_all(&run, &models, &candidates, threads);
+    let (mut profiles, skipped) = profile_all(&run, (&models, cfg, opts), &candidates, threads);
     if profiles.is_empty() {
         let why: Vec<String> = skipped.iter().map(|(_, e)| e.clone()).collect();
         return Err(plan_error("profiling", why.join("; ")));
@@ -291,6 +292,36 @@ impl Sharded {
     }
 }
 
+/// The fewest pipeline stages (dividing the workers) in which the memory model predicts
+/// every rank of `tg`'s model to fit the cap at micro-batches of `micro_batch`, for a
+/// profile's runs: 1 without a cap; the workers where none fits (the runs may then fail,
+/// and the plan says what is short).
+fn stages_that_fit(
+    tg: &crate::graph::TrainingGraph,
+    (cfg, opts): (&TrainConfig, &PlanOptions<'_>),
+    micro_batch: usize,
+) -> usize {
+    let Some(cap) = opts.memory_per_worker else {
+        return 1;
+    };
+    let workers = opts.workers.max(1);
+    let activations = micro_batch as f64 / cfg.batch_size.max(1) as f64;
+    let fits = |k: usize| {
+        let mut c = cfg.clone();
+        (c.data_parallel_size, c.pipeline_parallel_size) = (1, k);
+        c.gradient_accumulation_steps = cfg.global_batch() / micro_batch.max(1);
+        c.pipeline.schedule = crate::config::ScheduleKind::ZbH1;
+        c.pipeline.virtual_stages = 1;
+        c.pipeline.partition = None;
+        let ranks = crate::train::rank_bytes(tg, &c, activations);
+        ranks.is_ok_and(|r| r.iter().all(|&b| b <= cap))
+    };
+    (1..=workers)
+        .filter(|k| workers % k == 0)
+        .find(|&k| fits(k))
+        .unwrap_or(workers)
+}
+
 /// Profiles by (tensor shards, micro-batch).
 pub(crate) type Profiles = BTreeMap<(usize, usize), Profile>;
 
@@ -299,7 +330,7 @@ pub(crate) type Profiles = BTreeMap<(usize, usize), Profile>;
 /// why.
 fn profile_all(
     run: &ProfileRun<'_>,
-    models: &[Sharded],
+    (models, cfg, opts): (&[Sharded], &TrainConfig, &PlanOptions<'_>),
     candidates: &[search::Candidate],
     threads: usize,
 ) -> (Profiles, Vec<(usize, String)>) {
@@ -319,8 +350,11 @@ fn profile_all(
             continue;
         }
         tracing::info!("profiling micro-batches of {b} at {threads} thread(s), {tp} shard(s)");
+        // A model no worker holds whole runs in as few pipeline stages as hold it.
+        let stages = stages_that_fit(&model.tg, (cfg, opts), b);
         let sharded = ProfileRun {
             shards: tp,
+            stages,
             pipelines: run.pipelines && tp == 1,
             ..*run
         };

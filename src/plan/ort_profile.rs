@@ -88,13 +88,13 @@ pub(super) fn read_profile(
     ))
 }
 
-/// The profile files of the stage's training sessions (not its evaluation's).
+/// The profile files of the stages' training sessions (not their evaluation's).
 fn profile_files(dir: &Path) -> std::result::Result<Vec<PathBuf>, String> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| e.to_string())? {
         let path = entry.map_err(|e| e.to_string())?.path();
         let name = path.file_name().and_then(|f| f.to_str()).unwrap_or("");
-        if name.starts_with("pipetrain_stage0_") && !name.contains("_evaluate_") {
+        if name.starts_with("pipetrain_stage") && !name.contains("_evaluate_") {
             out.push(path);
         }
     }

@@ -18,7 +18,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::machine::pass_seconds;
+use super::machine::{pass_seconds, Passes};
 use super::ort_profile::{read_profile, Counting};
 use super::runs::{in_folder, RunKind};
 
@@ -32,6 +32,9 @@ pub struct Profile {
     /// Tensor shards the model ran in (each shard's nodes timed).
     #[serde(default = "one")]
     pub shards: usize,
+    /// Pipeline stages its runs cut the model into (1 unless no worker holds it whole).
+    #[serde(default = "one")]
+    pub stages: usize,
     /// Steps its timed runs took ([`ProfileRun::lengthened`]).
     #[serde(default)]
     pub steps: usize,
@@ -93,6 +96,8 @@ pub struct ProfileRun<'a> {
     pub pipelines: bool,
     /// Tensor shards the runs split the model into.
     pub shards: usize,
+    /// Pipeline stages the runs cut the model into (1 unless it fits no worker whole).
+    pub stages: usize,
 }
 
 /// Seconds of steps a timed run lasts at least.
@@ -163,19 +168,25 @@ pub fn measure(
         true => timed_in(run).map_err(&fail)?,
         false => timed,
     };
-    let fused = in_folder(run, (threads, micro_batch), RunKind::Fused, |dir| {
-        pass_seconds(&dir.join("trace.json"), run.warmup)
-    })
-    .map_err(&fail)?;
-    // The same passes cut in two stages, where there are micro-batches enough for
-    // ZB-H1: its step, against which a stage's own cost is calibrated (`calibrate`).
-    let pipeline_period = match run.pipelines && counting.micro_batches >= 2 {
-        true => in_folder(run, (threads, micro_batch), RunKind::SplitPipeline, |dir| {
-            pass_seconds(&dir.join("trace.json"), run.warmup)
-        })
-        .map(|two| two.period)
-        .unwrap_or(0.0),
-        false => 0.0,
+    let (fused, pipeline_period) = match run.stages {
+        1 => one_stage_runs(run, (threads, micro_batch), counting.micro_batches).map_err(&fail)?,
+        // A model no worker holds whole: the timed run is itself a pipeline (the
+        // calibration's), and no run has the one graph of a single stage.
+        k => {
+            let whole = Passes {
+                forward: timed.forward * k as f64,
+                backward: timed.backward * k as f64,
+                idle: 0.0,
+                ..timed
+            };
+            (whole, timed.period)
+        }
+    };
+    // Per micro-batch over the stages (the trace's passes are each stage's).
+    let timed = Passes {
+        forward: timed.forward * run.stages as f64,
+        backward: timed.backward * run.stages as f64,
+        ..timed
     };
     let rescale = |v: Vec<f64>, to: f64, of: f64| -> Vec<f64> {
         let k = if of > 0.0 { to / of } else { 0.0 };
@@ -186,6 +197,7 @@ pub fn measure(
     let values: usize = tg.params.iter().map(|p| p.meta.numel()).sum();
     Ok(Profile {
         shards: run.shards,
+        stages: run.stages,
         steps: run.steps,
         threads,
         micro_batch,
@@ -200,6 +212,28 @@ pub fn measure(
         pipeline_period,
         unmatched,
     })
+}
+
+/// The one-stage runs: the one graph of forward and backward a single stage runs, and
+/// (where there are micro-batches enough for ZB-H1) the same passes cut in two stages,
+/// whose step a stage's own cost is calibrated against (`calibrate`).
+fn one_stage_runs(
+    run: &ProfileRun<'_>,
+    key: (usize, usize),
+    micro_batches: usize,
+) -> std::result::Result<(Passes, f64), String> {
+    let fused = in_folder(run, key, RunKind::Fused, |dir| {
+        pass_seconds(&dir.join("trace.json"), run.warmup)
+    })?;
+    let pipeline_period = match run.pipelines && micro_batches >= 2 {
+        true => in_folder(run, key, RunKind::SplitPipeline, |dir| {
+            pass_seconds(&dir.join("trace.json"), run.warmup)
+        })
+        .map(|two| two.period)
+        .unwrap_or(0.0),
+        false => 0.0,
+    };
+    Ok((fused, pipeline_period))
 }
 
 /// What a step costs beside its actions (`.0`: the coordinator's decision, the data) and

@@ -16,9 +16,10 @@ pub fn report(plan: &Plan, top: usize) -> String {
              in nodes ONNX Runtime made\n",
             p.micro_batch,
             p.threads,
-            match p.shards {
-                1 => String::new(),
-                n => format!(", {n} tensor shards (each shard's)"),
+            match (p.shards, p.stages) {
+                (1, 1) => String::new(),
+                (1, k) => format!(", as {k} pipeline stages (one worker holds no more under the cap)"),
+                (n, _) => format!(", {n} tensor shards (each shard's)"),
             },
             p.total() * 1e3,
             p.forward.iter().sum::<f64>() * 1e3,

@@ -94,7 +94,7 @@ fn profile_config(
     let replicas = if kind == RunKind::FusedPair { 2 } else { 1 };
     let stages = match kind {
         RunKind::Pipeline | RunKind::SplitPipeline => 2,
-        _ => 1,
+        _ => run.stages,
     };
     if global % (micro_batch * replicas) != 0 {
         return Err(Error::Plan {

@@ -176,6 +176,41 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// Under a cap one worker cannot train the model within (its profile run, one stage,
+/// ZB-H1, is predicted over it), the profile runs it in two pipeline stages, reads both
+/// stages' ONNX Runtime profiles, and plans layouts that fit; the best is written and
+/// trains.
+#[test]
+fn a_model_no_worker_holds_whole_under_the_cap_is_profiled_in_stages() {
+    let dir = tempfile_dir("plan-stages");
+    let config = dir.join("gpt.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let best = dir.join("best.toml");
+    let cap_gib = 0.001;
+    let out = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
+        .args(["plan", "--devices", "2", "--max-micro-batches", "2"])
+        .args(["--profile-steps", "3", "--top", "100"])
+        .args(["--memory-per-device", &cap_gib.to_string()])
+        .arg(&config)
+        .arg("--out")
+        .arg(&best)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let staged = stdout
+        .lines()
+        .filter(|l| l.starts_with("profile:") && l.contains("as 2 pipeline stages"));
+    assert!(staged.count() >= 1, "{stdout}");
+    let cfg = TrainConfig::load(&best).unwrap();
+    assert_eq!(cfg.global_batch(), 8, "the global batch is kept");
+    trains(&best);
+}
+
 /// `partition = { balanced = { by = "time" } }` with the times the plan saved: the
 /// configuration balances exactly those times (by node name), and the run trains;
 /// without a profile, an error names the field and how to write one.
