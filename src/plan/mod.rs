@@ -4,7 +4,10 @@
 //! # How
 //! 1. [`profile`]: each forward node's time, and its backward's split into the
 //!    input-gradient and weight-gradient parts ([`split`]), from ONNX Runtime's profiler on
-//!    a few real steps, at every micro-batch size and thread count the candidates need.
+//!    a few real steps, at every micro-batch size and tensor-shard count the candidates
+//!    need (`measured`; in pipeline stages where one worker cannot hold the model under
+//!    the cap); the machine's hand-offs, interference and replica costs (`machine`); a
+//!    stage's own cost calibrated against the recorded pipeline run (`calibrate`).
 //! 2. [`search`]: every layout of the workers (data × tensor × pipeline), schedule, micro-batch
 //!    count and recompute; each one's cuts balanced by time ([`costs`]), its step simulated
 //!    on this machine's shared cores with the optimizer step and the reduction on the
@@ -22,6 +25,7 @@ mod calibrate;
 mod command;
 pub mod costs;
 mod machine;
+mod measured;
 mod ort_profile;
 pub mod profile;
 mod report;
@@ -32,11 +36,12 @@ pub mod split;
 mod verify;
 mod write;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
 pub use command::{plan_command, PlanArgs};
+use measured::{calibrate_stage_runs, profile_all};
+pub(crate) use measured::{Profiles, Sharded};
 pub use profile::{Profile, ProfileRun};
 pub(crate) use report::layout_text;
 pub use report::report;
@@ -238,158 +243,6 @@ pub fn plan(
         machinery,
         node_times,
     })
-}
-
-/// The model as a layout of `tp` tensor shards sees it: shard 0's training graph, where
-/// it can be cut, and each forward node's parameter values (a shard's part of a split
-/// parameter).
-pub(crate) struct Sharded {
-    /// Tensor shards.
-    pub tp: usize,
-    /// Shard 0's training graph.
-    pub tg: crate::graph::TrainingGraph,
-    /// Where it can be cut.
-    pub cut: costs::Cuttable,
-    /// Each forward node's parameter values.
-    pub values: Vec<f64>,
-}
-
-impl Sharded {
-    fn of(rt: &Runtime, cfg: &TrainConfig, config_path: &Path, tp: usize) -> Result<Sharded> {
-        let mut c = cfg.clone();
-        c.horizontal_parallel_size = tp;
-        let tg = crate::train::graph_of(rt, &c, config_path)?;
-        Ok(Sharded {
-            tp,
-            cut: costs::Cuttable::of(&tg),
-            values: search::node_values(&tg),
-            tg,
-        })
-    }
-
-    /// `whole` and the model split at every shard count above 1 that divides `workers`
-    /// and the model allows; the counts it does not, with why.
-    fn all(
-        rt: &Runtime,
-        cfg: &TrainConfig,
-        config_path: &Path,
-        whole: Sharded,
-        workers: usize,
-    ) -> (Vec<Sharded>, Vec<(usize, String)>) {
-        let (mut models, mut refused) = (vec![whole], Vec::new());
-        for tp in (2..=workers).filter(|t| workers % t == 0) {
-            match Sharded::of(rt, cfg, config_path, tp) {
-                Ok(m) => models.push(m),
-                Err(e) => refused.push((tp, e.to_string())),
-            }
-        }
-        (models, refused)
-    }
-
-    /// What simulating a candidate needs of the model.
-    pub fn costs(&self) -> (&costs::Cuttable, &[f64]) {
-        (&self.cut, &self.values)
-    }
-}
-
-/// The fewest pipeline stages (dividing the workers) in which the memory model predicts
-/// every rank of `tg`'s model to fit the cap at micro-batches of `micro_batch`, for a
-/// profile's runs: 1 without a cap; the workers where none fits (the runs may then fail,
-/// and the plan says what is short).
-fn stages_that_fit(
-    tg: &crate::graph::TrainingGraph,
-    (cfg, opts): (&TrainConfig, &PlanOptions<'_>),
-    micro_batch: usize,
-) -> usize {
-    let Some(cap) = opts.memory_per_worker else {
-        return 1;
-    };
-    let workers = opts.workers.max(1);
-    let activations = micro_batch as f64 / cfg.batch_size.max(1) as f64;
-    let fits = |k: usize| {
-        let mut c = cfg.clone();
-        (c.data_parallel_size, c.pipeline_parallel_size) = (1, k);
-        c.gradient_accumulation_steps = cfg.global_batch() / micro_batch.max(1);
-        c.pipeline.schedule = crate::config::ScheduleKind::ZbH1;
-        c.pipeline.virtual_stages = 1;
-        c.pipeline.partition = None;
-        let ranks = crate::train::rank_bytes(tg, &c, activations);
-        ranks.is_ok_and(|r| r.iter().all(|&b| b <= cap))
-    };
-    (1..=workers)
-        .filter(|k| workers % k == 0)
-        .find(|&k| fits(k))
-        .unwrap_or(workers)
-}
-
-/// Profiles by (tensor shards, micro-batch).
-pub(crate) type Profiles = BTreeMap<(usize, usize), Profile>;
-
-/// Profiles every (tensor shards, micro-batch) the candidates need, largest micro-batch
-/// first; a size whose run fails (a model exported with a fixed batch) is left out with
-/// why.
-fn profile_all(
-    run: &ProfileRun<'_>,
-    (models, cfg, opts): (&[Sharded], &TrainConfig, &PlanOptions<'_>),
-    candidates: &[search::Candidate],
-    threads: usize,
-) -> (Profiles, Vec<(usize, String)>) {
-    let mut profiles = BTreeMap::new();
-    let mut skipped = Vec::new();
-    // Unsplit first (a size it cannot train, a split model cannot either), each largest
-    // micro-batch first.
-    let mut needed: Vec<(usize, usize)> =
-        candidates.iter().map(|c| (c.tp, c.micro_batch)).collect();
-    needed.sort_unstable_by_key(|&(tp, b)| (tp, std::cmp::Reverse(b)));
-    needed.dedup();
-    for &(tp, b) in &needed {
-        let Some(model) = models.iter().find(|m| m.tp == tp) else {
-            continue;
-        };
-        if skipped.iter().any(|(s, _)| *s == b) {
-            continue;
-        }
-        tracing::info!("profiling micro-batches of {b} at {threads} thread(s), {tp} shard(s)");
-        // A model no worker holds whole runs in as few pipeline stages as hold it.
-        let stages = stages_that_fit(&model.tg, (cfg, opts), b);
-        let sharded = ProfileRun {
-            shards: tp,
-            stages,
-            pipelines: run.pipelines && tp == 1,
-            ..*run
-        };
-        match profile::measure(&sharded, &model.tg, threads, b) {
-            Ok(p) => {
-                profiles.insert((tp, b), p);
-            }
-            Err(e) if tp == 1 => skipped.push((b, e.to_string())),
-            Err(e) => tracing::warn!("{e}: layouts of {tp} shards left out"),
-        }
-    }
-    (profiles, skipped)
-}
-
-/// Each unsplit profile's per-action stage cost calibrated against its two-stage run (a
-/// size too large for one, the nearest calibrated size's: the cost is the action's, not
-/// its values'); a split model's profile takes the unsplit one's at its micro-batch.
-fn calibrate_stage_runs(
-    profiles: &mut Profiles,
-    whole: &Sharded,
-    machinery: &Machinery,
-    cfg: &TrainConfig,
-) {
-    let calibrated: BTreeMap<usize, f64> = profiles
-        .iter()
-        .filter(|((tp, _), _)| *tp == 1)
-        .filter_map(|(&(_, b), p)| Some((b, calibrate::stage_run(p, whole, machinery, cfg)?)))
-        .collect();
-    let nearest = |b: usize| {
-        let by_distance = calibrated.iter().min_by_key(|(&c, _)| c.abs_diff(b));
-        by_distance.map_or(0.0, |(_, &cost)| cost)
-    };
-    for (&(_, b), p) in profiles.iter_mut() {
-        p.stage_run = nearest(b);
-    }
 }
 
 /// An error of the planner's own.

@@ -88,34 +88,11 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
     std::fs::write(&config, CONFIG).unwrap();
     let best = dir.join("out").join("best.toml");
     std::fs::create_dir_all(best.parent().unwrap()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
-        .args([
-            "plan",
-            "--devices",
-            "2",
-            "--max-micro-batches",
-            "2",
-            "--profile-steps",
-            "3",
-            "--measure",
-            "1",
-            "--measure-steps",
-            "4",
-            "--top",
-            "100",
-        ])
-        .arg(&config)
-        .arg("--out")
-        .arg(&best)
-        .arg("--save-profile")
-        .arg(dir.join("times.json"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let times = dir.join("times.json");
+    let stdout = plan(
+        &config,
+        &["--measure", "1", "--measure-steps", "4"],
+        (&best, Some(&times)),
     );
     // The table's first row is the layout written.
     let first = stdout
@@ -186,22 +163,8 @@ fn a_model_no_worker_holds_whole_under_the_cap_is_profiled_in_stages() {
     let config = dir.join("gpt.toml");
     std::fs::write(&config, CONFIG).unwrap();
     let best = dir.join("best.toml");
-    let cap_gib = 0.001;
-    let out = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
-        .args(["plan", "--devices", "2", "--max-micro-batches", "2"])
-        .args(["--profile-steps", "3", "--top", "100"])
-        .args(["--memory-per-device", &cap_gib.to_string()])
-        .arg(&config)
-        .arg("--out")
-        .arg(&best)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let cap_gib = 0.001.to_string();
+    let stdout = plan(&config, &["--memory-per-device", &cap_gib], (&best, None));
     let staged = stdout
         .lines()
         .filter(|l| l.starts_with("profile:") && l.contains("as 2 pipeline stages"));
@@ -250,6 +213,32 @@ fn balanced_by_time_cuts_where_the_saved_times_say(
         err.contains("pipeline.profile") && err.contains("--save-profile"),
         "{err}"
     );
+}
+
+/// `pipetrain plan CONFIG` on two devices, micro-batch counts up to 2, short profiles
+/// and the whole table, with `extra` arguments, the best written to `best` (and the
+/// node times to `times`): what it printed, once it succeeded.
+fn plan(
+    config: &std::path::Path,
+    extra: &[&str],
+    (best, times): (&std::path::Path, Option<&std::path::Path>),
+) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pipetrain"));
+    command
+        .args(["plan", "--devices", "2", "--max-micro-batches", "2"])
+        .args(["--profile-steps", "3", "--top", "100"])
+        .args(extra)
+        .arg(config)
+        .arg("--out")
+        .arg(best);
+    if let Some(t) = times {
+        command.arg("--save-profile").arg(t);
+    }
+    let out = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    stdout
 }
 
 /// `pipetrain train CONFIG` succeeds.
