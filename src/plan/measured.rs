@@ -131,6 +131,18 @@ pub(super) fn profile_all(
         tracing::info!("profiling micro-batches of {b} at {threads} thread(s), {tp} shard(s)");
         // A model no worker holds whole runs in as few pipeline stages as hold it.
         let stages = stages_that_fit(&model.tg, (cfg, opts), b);
+        let micro_batches = cfg.global_batch() / b;
+        if stages > micro_batches {
+            let why = format!(
+                "one worker cannot hold the model under the cap, and {micro_batches} \
+                 micro-batch(es) cannot fill the {stages} pipeline stages that could"
+            );
+            match tp {
+                1 => skipped.push((b, why)),
+                _ => tracing::info!("{tp} shards, micro-batches of {b}: {why}"),
+            }
+            continue;
+        }
         let sharded = ProfileRun {
             shards: tp,
             stages,

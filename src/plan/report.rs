@@ -50,15 +50,19 @@ pub fn report(plan: &Plan, top: usize) -> String {
         plan.rows.len(),
         plan.profile_seconds
     );
-    out += "rank  dp  tp  pp  schedule          micro-batches  recompute  step ms  bubble  peak per rank (GB)\n";
+    let unit = unit_of(plan);
+    out += &format!(
+        "rank  dp  tp  pp  schedule          micro-batches  recompute  step ms  bubble  peak per rank ({})\n",
+        unit.1
+    );
     let fitting = plan.rows.iter().filter(|r| r.fits(plan.cap));
     for (i, r) in fitting.take(top).enumerate() {
-        out += &format!("{:>4}  {}\n", i + 1, row_text(r));
+        out += &format!("{:>4}  {}\n", i + 1, row_text(r, unit));
     }
     if let Some(d) = &plan.default {
         out += &format!(
             "\ndefault (1F1B, cuts by parameters):\n   -  {}\n",
-            row_text(d)
+            row_text(d, unit)
         );
         if let Some(b) = plan.best() {
             out += &format!(
@@ -132,13 +136,22 @@ fn recompute_name(r: crate::graph::Recompute) -> &'static str {
     }
 }
 
-fn row_text(r: &PlanRow) -> String {
+/// Gigabytes, or megabytes where no rank of any layout reaches a gigabyte.
+fn unit_of(plan: &Plan) -> (f64, &'static str) {
+    let rows = plan.rows.iter().chain(&plan.default);
+    match rows.flat_map(|r| &r.peak).any(|&p| p >= 1_000_000_000) {
+        true => (1e9, "GB"),
+        false => (1e6, "MB"),
+    }
+}
+
+fn row_text(r: &PlanRow, (scale, _): (f64, &str)) -> String {
     let c = &r.candidate;
     let schedule = schedule_text(c);
     let peaks: Vec<String> = r
         .peak
         .iter()
-        .map(|p| format!("{:.2}", *p as f64 / 1e9))
+        .map(|p| format!("{:.2}", *p as f64 / scale))
         .collect();
     format!(
         "{:>2}  {:>2}  {:>2}  {:<17} {:>2} x {:<8}  {:<9}  {:>7.2}  {:>6.3}  {}",
