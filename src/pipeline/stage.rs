@@ -79,6 +79,9 @@ pub struct OrtStage {
     /// A device failure inside a method that cannot return it, returned by the next that
     /// can.
     pub(super) device_error: Option<Error>,
+    /// Where its sessions copy their outputs, and its spent tensors go back
+    /// (`compute::HostPool`); `None`: new buffers each time.
+    pub(super) host_pool: Option<crate::compute::HostPool>,
 }
 
 impl OrtStage {
@@ -150,6 +153,7 @@ impl OrtStage {
             host_stale: false,
             host_traffic: Default::default(),
             device_error: None,
+            host_pool: None,
             optimizer,
             sessions,
             fused_out: HashMap::new(),
@@ -176,6 +180,13 @@ impl OrtStage {
             sent_buckets: 0,
             buffers: initial_buffers(tg, &graphs.io),
         })
+    }
+
+    /// Copies its sessions' outputs into `pool`'s buffers and gives its spent tensors
+    /// back to it (on the host; a stage on a GPU keeps its own).
+    pub fn use_host_pool(&mut self, pool: &crate::compute::HostPool) {
+        self.sessions.use_host_pool(pool);
+        self.host_pool = Some(pool.clone());
     }
 
     /// What this stage's tensor-shard all-reduces carried (`None`: not split).

@@ -64,6 +64,13 @@ impl OrtStage {
 }
 
 impl OrtStage {
+    /// Gives the tensors of `payloads` nothing else holds back to the host pool.
+    fn recycle<const N: usize>(&self, payloads: [Payload; N]) {
+        if let Some(pool) = &self.host_pool {
+            pool.recycle(payloads.into_iter().flat_map(|p| p.into_values()));
+        }
+    }
+
     /// Notes the stash's size after it grew.
     fn stash_grew(&mut self) {
         let now: usize = self
@@ -184,7 +191,9 @@ impl StageCompute for OrtStage {
         keep.extend(data.iter().map(|(k, v)| (k.clone(), v.clone())));
         self.stash.insert(mb, keep);
         self.stash_grew();
-        self.forward_out(&outputs, &input, &data)
+        let out = self.forward_out(&outputs, &input, &data);
+        self.recycle([outputs, input]);
+        out
     }
 
     async fn backward(
@@ -233,11 +242,14 @@ impl StageCompute for OrtStage {
             }
             self.stash_grew();
         }
-        if part == BackwardPart::Weight {
-            return Ok(None);
-        }
-        let send = pick(&self.io.bwd_send, &[&rest, &grad]);
-        Ok((!self.io.bwd_send.is_empty()).then_some(send))
+        let send = match part {
+            BackwardPart::Weight => None,
+            _ => Some(pick(&self.io.bwd_send, &[&rest, &grad])),
+        };
+        // What this micro-batch's backward was the last to read goes back to the pool
+        // (what is sent on, or still stashed, is held elsewhere and stays).
+        self.recycle([stash, grad, rest]);
+        Ok(send.filter(|_| !self.io.bwd_send.is_empty()))
     }
 
     async fn evaluate(

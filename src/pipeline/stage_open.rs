@@ -109,6 +109,24 @@ impl Sessions {
         })
     }
 
+    /// Every session copies its outputs into `pool`'s buffers.
+    pub(super) fn use_host_pool(&mut self, pool: &crate::compute::HostPool) {
+        let single = [
+            &mut self.forward,
+            &mut self.backward,
+            &mut self.backward_input,
+            &mut self.backward_weight,
+            &mut self.fused,
+            &mut self.evaluate,
+        ];
+        for s in single.into_iter().flatten() {
+            s.use_host_pool(pool);
+        }
+        for twin in self.accumulating.values_mut() {
+            twin.session.use_host_pool(pool);
+        }
+    }
+
     /// Opens the accumulating twin of each gradient session (those computing any of
     /// `grads`), for steps of several micro-batches whose gradients stay on the host.
     ///

@@ -14,7 +14,7 @@ use pipetrain_schedules::Schedule;
 use super::settings::{stage_settings, training_graph, warn_about_model};
 use super::{apply_init, checkpointing, RunEvent};
 use crate::checkpoint::{model_fingerprint, LoadedCheckpoint};
-use crate::compute::{check_device, LocalShards, Runtime, SessionOptions, ShardLink};
+use crate::compute::{check_device, HostPool, LocalShards, Runtime, SessionOptions, ShardLink};
 use crate::config::TrainConfig;
 use crate::data::{open_step_batches, read_safetensors, BatchSource, FedBatches, StepBatches};
 use crate::graph::{
@@ -255,6 +255,9 @@ fn write_debug_models(cfg: &TrainConfig, tg: &TrainingGraph) -> Result<()> {
     Ok(())
 }
 
+/// The most bytes of spent stage outputs a process keeps for reuse.
+const HOST_POOL_BYTES: usize = 256 << 20;
+
 /// The stage computes of the (replica, stage) pairs in `owned`, with their debugging
 /// faults, restored from the checkpoint when resuming; replica 0's feed the histograms.
 pub(super) fn make_computes(
@@ -273,6 +276,10 @@ pub(super) fn make_computes(
         _ => shard_links(cfg, owned)?,
     };
     let mut computes = HashMap::new();
+    // The stages' outputs, freed a few actions after they are made, come back for the
+    // next micro-batch's (`compute::HostPool`); on the host only.
+    let pool = (session_opts.device == crate::compute::Device::Cpu)
+        .then(|| HostPool::new(HOST_POOL_BYTES));
     for &(replica, s) in owned {
         let mut st = settings.clone();
         st.shard = links.remove(&(replica, s));
@@ -300,6 +307,9 @@ pub(super) fn make_computes(
             .filter(|f| f.stage == s && f.replica == replica)
             .map(|f| (f.step - 1, Duration::from_secs(f.seconds)));
         let mut stage = OrtStage::new(rt, &built.tg, &built.stages[s], session_opts, &st)?;
+        if let Some(pool) = &pool {
+            stage.use_host_pool(pool);
+        }
         if let Some(ckpt) = resume {
             stage.restore(ckpt)?;
         }

@@ -25,6 +25,8 @@ pub struct GraphSession {
     outputs: Vec<String>,
     /// Run options directing outputs into a caller's buffer, kept for that buffer.
     direct: Option<DirectOutputs>,
+    /// Where the float32 outputs it returns are copied (`None`: new buffers).
+    pool: Option<super::HostPool>,
     /// The CUDA stream ONNX Runtime computes on, for a session on a GPU.
     #[cfg(feature = "cuda")]
     _stream: Option<super::cuda::DeviceStream>,
@@ -133,6 +135,7 @@ impl GraphSession {
                 .map(|v| v.name.clone())
                 .collect(),
             outputs: graph.output.iter().map(|v| v.name.clone()).collect(),
+            pool: None,
             direct: None,
             #[cfg(feature = "cuda")]
             _stream,
@@ -258,6 +261,11 @@ impl GraphSession {
 }
 
 impl GraphSession {
+    /// Copies the float32 outputs it returns into `pool`'s buffers from now on.
+    pub fn use_host_pool(&mut self, pool: &super::HostPool) {
+        self.pool = Some(pool.clone());
+    }
+
     /// [`GraphSession::run_views_into`] where ONNX Runtime writes the float32 outputs
     /// named by `targets` straight into their ranges of `buf` (a step's first gradients,
     /// into the accumulators); the other outputs go to `sink` or are returned as there.
@@ -314,6 +322,7 @@ impl GraphSession {
             label,
             outputs: names,
             direct: options,
+            pool,
             ..
         } = self;
         let ctx = || format!("running {label}");
@@ -346,7 +355,7 @@ impl GraphSession {
                     continue;
                 }
             }
-            result.push((name.clone(), to_host(value, name)?));
+            result.push((name.clone(), to_host_in(value, name, pool.as_ref())?));
         }
         Ok(result)
     }
@@ -404,6 +413,15 @@ fn view<'a>(t: &TensorView<'a>) -> ort::Result<SessionInputValue<'a>> {
 
 /// Copies an ONNX Runtime output into a host tensor.
 pub(crate) fn to_host(value: &DynValue, name: &str) -> Result<Tensor> {
+    to_host_in(value, name, None)
+}
+
+/// [`to_host`], float32 values copied into a buffer of `pool`'s where one is given.
+fn to_host_in(value: &DynValue, name: &str, pool: Option<&super::HostPool>) -> Result<Tensor> {
+    if let (Some(pool), Ok((shape, data))) = (pool, value.try_extract_tensor::<f32>()) {
+        let shape = shape.iter().map(|&d| d as usize).collect();
+        return Tensor::new(shape, TensorData::F32(pool.copy_of(data)));
+    }
     let bad = |reason: String| Error::BadTensor {
         name: name.into(),
         reason,
