@@ -41,6 +41,16 @@ pub struct Machine {
     pub contention: f64,
 }
 
+impl Machine {
+    /// The speed of each of `at_once` actions running together (1: full speed): the
+    /// slots shared among them, slowed by their interference.
+    pub fn rate(&self, at_once: usize) -> f64 {
+        let n = at_once.max(1) as f64;
+        let interference = 1.0 + self.contention * (n.min(self.slots) - 1.0).max(0.0);
+        (self.slots / n).min(1.0) / interference
+    }
+}
+
 /// One rank's action in progress.
 #[derive(Debug, Clone, Copy)]
 struct Running {
@@ -125,9 +135,7 @@ pub fn simulate_on(
             }
             return Err(crate::validate::stalled(schedule, &at));
         }
-        let at_once = (busy * machine.copies.max(1)) as f64;
-        let interference = 1.0 + machine.contention * (at_once.min(machine.slots) - 1.0).max(0.0);
-        let rate = (machine.slots / at_once).min(1.0) / interference;
+        let rate = machine.rate(busy * machine.copies.max(1));
         let first_done = running
             .iter()
             .flatten()

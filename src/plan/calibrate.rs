@@ -10,7 +10,7 @@
 //! twice.
 
 use crate::config::{ScheduleKind, TrainConfig};
-use crate::graph::{assign_stages, BalanceBy, Partition, Recompute};
+use crate::graph::{BalanceBy, Recompute};
 
 use super::profile::Profile;
 use super::search::{simulate_candidate, Candidate, Machinery};
@@ -18,8 +18,9 @@ use super::Sharded;
 
 /// The per-action stage cost at which `profile`'s pipeline run (ZB-H1 in two stages, or
 /// in the profile's own stages where the model fits no worker whole; cut by FLOPs as the
-/// run cut them, micro-batches of `profile.micro_batch`) simulates to its measured step; 0 where the simulator predicts it slower even without any; `None`
-/// where the run was not made (a micro-batch as large as the global batch).
+/// run cut them, micro-batches of `profile.micro_batch`) simulates to its measured step;
+/// 0 where the simulator predicts it slower even without any; `None` where the run was
+/// not made (a micro-batch as large as the global batch).
 pub(super) fn stage_run(
     profile: &Profile,
     whole: &Sharded,
@@ -43,15 +44,7 @@ pub(super) fn stage_run(
         micro_batch: b,
         recompute: Recompute::None,
     };
-    let by_flops = Partition::Balanced {
-        stages,
-        by: BalanceBy::Flops,
-    };
-    let a = assign_stages(&whole.tg, &by_flops).ok()?;
-    let live = &whole.cut.live;
-    let bounds: Vec<usize> = (1..stages)
-        .filter_map(|s| live.iter().position(|&i| a.stage[i] == Some(s)))
-        .collect();
+    let bounds = whole.balanced_bounds(stages, BalanceBy::Flops)?;
     let step_at = |cost: f64| {
         let p = Profile {
             stage_run: cost,

@@ -17,11 +17,7 @@ use super::search::Machinery;
 
 /// A one-stage run in two replicas at once, at `alone`'s micro-batch.
 fn pair_passes(run: &ProfileRun<'_>, alone: &Profile) -> Result<Passes> {
-    let key = (alone.threads, alone.micro_batch);
-    let run = &ProfileRun {
-        steps: alone.steps.max(run.steps),
-        ..*run
-    };
+    let (run, key) = (&run.as_long_as(alone), (alone.threads, alone.micro_batch));
     in_folder(run, key, RunKind::FusedPair, |dir| {
         pass_seconds(&dir.join("trace.json"), run.warmup)
     })
@@ -123,11 +119,7 @@ pub(super) fn add_seconds_per_value() -> f64 {
 /// # Errors
 /// `Plan` when the run fails or shows no hand-off.
 fn hop_seconds(run: &ProfileRun<'_>, alone: &Profile) -> Result<f64> {
-    let key = (alone.threads, alone.micro_batch);
-    let run = &ProfileRun {
-        steps: alone.steps.max(run.steps),
-        ..*run
-    };
+    let (run, key) = (&run.as_long_as(alone), (alone.threads, alone.micro_batch));
     in_folder(run, key, RunKind::Pipeline, |dir| {
         let trace = read_trace(&dir.join("trace.json"))?;
         let mut waits: Vec<f64> = trace

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use crate::compute::Runtime;
 use crate::config::TrainConfig;
+use crate::graph::{assign_stages, BalanceBy, Partition};
 use crate::Result;
 
 use super::profile::{self, Profile, ProfileRun};
@@ -63,6 +64,15 @@ impl Sharded {
             }
         }
         (models, refused)
+    }
+
+    /// The cut positions (in `cut.live`) of `stages` stages balanced by `by`, as a
+    /// configuration's `partition = { balanced = ... }` cuts them.
+    pub fn balanced_bounds(&self, stages: usize, by: BalanceBy) -> Option<Vec<usize>> {
+        let a = assign_stages(&self.tg, &Partition::Balanced { stages, by }).ok()?;
+        let live = &self.cut.live;
+        let first_of = |s| live.iter().position(|&i| a.stage[i] == Some(s));
+        Some((1..stages).filter_map(first_of).collect())
     }
 
     /// What simulating a candidate needs of the model.

@@ -205,10 +205,10 @@ pub fn plan(
         };
         let cuts = search::cut_names(&model.tg, &model.cut.live, &sim.bounds);
         // What `train` would refuse (1F1B with fewer micro-batches than stages, say).
-        if c.apply(cfg, &cuts).validate(config_path).is_err() {
+        let applied = c.apply(cfg, &cuts);
+        if applied.validate(config_path).is_err() {
             continue;
         }
-        let applied = c.apply(cfg, &cuts);
         let peak = crate::train::rank_bytes(&model.tg, &applied, scale_of(c.micro_batch))
             .unwrap_or_default();
         rows.push(PlanRow {

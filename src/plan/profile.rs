@@ -122,6 +122,14 @@ impl ProfileRun<'_> {
             ..*self
         }
     }
+
+    /// This run with as many steps as `profile`'s timed runs took (at least its own).
+    pub fn as_long_as(&self, profile: &Profile) -> Self {
+        ProfileRun {
+            steps: profile.steps.max(self.steps),
+            ..*self
+        }
+    }
 }
 
 /// Profiles `tg`'s model at `threads` threads and `micro_batch` samples per micro-batch:
@@ -168,25 +176,17 @@ pub fn measure(
         true => timed_in(run).map_err(&fail)?,
         false => timed,
     };
-    let (fused, pipeline_period) = match run.stages {
-        1 => one_stage_runs(run, (threads, micro_batch), counting.micro_batches).map_err(&fail)?,
-        // A model no worker holds whole: the timed run is itself a pipeline (the
-        // calibration's), and no run has the one graph of a single stage.
-        k => {
-            let whole = Passes {
-                forward: timed.forward * k as f64,
-                backward: timed.backward * k as f64,
-                idle: 0.0,
-                ..timed
-            };
-            (whole, timed.period)
-        }
-    };
     // Per micro-batch over the stages (the trace's passes are each stage's).
     let timed = Passes {
         forward: timed.forward * run.stages as f64,
         backward: timed.backward * run.stages as f64,
         ..timed
+    };
+    let (fused, pipeline_period) = match run.stages {
+        1 => one_stage_runs(run, (threads, micro_batch), counting.micro_batches).map_err(&fail)?,
+        // A model no worker holds whole: the timed run is itself a pipeline (the
+        // calibration's), and no run has the one graph of a single stage.
+        _ => (Passes { idle: 0.0, ..timed }, timed.period),
     };
     let rescale = |v: Vec<f64>, to: f64, of: f64| -> Vec<f64> {
         let k = if of > 0.0 { to / of } else { 0.0 };

@@ -2,7 +2,7 @@
 //! would write by default, and the fastest pipeline layout cut by parameters or FLOPs.
 
 use crate::config::{ScheduleKind, TrainConfig};
-use crate::graph::{assign_stages, BalanceBy, Partition, Recompute};
+use crate::graph::{BalanceBy, Recompute};
 
 use super::search::{cut_names, simulate_candidate, Candidate, Machinery};
 use super::{PlanOptions, PlanRow, Profiles, Sharded};
@@ -50,13 +50,9 @@ impl Fixed<'_> {
         let p = self.profiles.get(&(c.tp, c.micro_batch))?;
         let model = self.models.iter().find(|m| m.tp == c.tp)?;
         let stages = c.stages();
-        let a = assign_stages(&model.tg, &Partition::Balanced { stages, by }).ok()?;
-        let live = &model.cut.live;
-        let bounds: Vec<usize> = (1..stages)
-            .filter_map(|s| live.iter().position(|&i| a.stage[i] == Some(s)))
-            .collect();
+        let bounds = model.balanced_bounds(stages, by)?;
         let sim = simulate_candidate(c, p, model.costs(), self.machinery, Some(bounds))?;
-        let cuts = cut_names(&model.tg, live, &sim.bounds);
+        let cuts = cut_names(&model.tg, &model.cut.live, &sim.bounds);
         let scale = c.micro_batch as f64 / self.cfg.batch_size as f64;
         let applied = c.apply(self.cfg, &cuts);
         let peak = crate::train::rank_bytes(&model.tg, &applied, scale).unwrap_or_default();

@@ -203,7 +203,7 @@ pub fn simulate_candidate(
     };
     // A split model's profile ran its shards at once: its times are each shard's slowed
     // by the others, which the simulator adds again for the shards it runs at once.
-    let alone = sharing(machine, profile.shards);
+    let alone = machine.rate(profile.shards);
     let step = |bounds: &[usize]| -> Option<(f64, f64)> {
         let costs: Vec<StageCost> = stage_costs(profile, cut, bounds, (c.recompute, split))
             .into_iter()
@@ -235,14 +235,6 @@ pub fn simulate_candidate(
         bubble,
         bounds,
     })
-}
-
-/// The speed at which each of `n` actions runs at once on `machine`, as
-/// [`simulate_on`] shares it (the cores among them, and their interference).
-fn sharing(machine: Machine, n: usize) -> f64 {
-    let at_once = n.max(1) as f64;
-    let interference = 1.0 + machine.contention * (at_once.min(machine.slots) - 1.0).max(0.0);
-    (machine.slots / at_once).min(1.0) / interference
 }
 
 fn scaled(k: StageCost, by: f64) -> StageCost {
