@@ -5,6 +5,8 @@
 # - the Python packages the tests use as independent readers of pipetrain's files:
 #   `onnx` (its model checker), `safetensors` (checkpoint weight files) and `tensorboard`
 #   (its own event-file reader, for the TensorBoard writer's tests);
+# - OpenBLAS (PyPI scipy-openblas32), which runs the CPU's large float32 products where
+#   it is faster than ONNX Runtime's own (`compute/blas.rs`; pipetrain runs without it);
 # - NVRTC (PyPI nvidia-cuda-nvrtc, CUDA 13), with which the tests compile the GPU path's
 #   kernels on a machine without a GPU (`compute::cuda_state`; `.ci/run` requires it).
 #
@@ -43,6 +45,7 @@ PACKAGES="onnxruntime==1.31.1
 onnx==1.19.1
 safetensors==0.6.2
 tensorboard==2.21.0
+scipy-openblas32==0.3.34.481.3
 nvidia-cuda-nvrtc==13.2.86"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"

@@ -257,6 +257,16 @@ fn doctor() -> Result<()> {
     println!("found by:  {}", info.found_by);
     println!("version:   {}", info.version);
     println!("providers: {}", info.providers.join(", "));
+    match &info.blas {
+        Some(path) => println!(
+            "blas:      {} (large float32 products on the CPU)",
+            path.display()
+        ),
+        None => println!(
+            "blas:      none (pip install scipy-openblas32 beside onnxruntime, or set \
+             PIPETRAIN_BLAS: large float32 products run faster on it)"
+        ),
+    }
     match pipetrain::compute::cuda_devices() {
         Ok(found) if found.names.is_empty() => {
             println!("cuda:      {} (no devices)", found.library)

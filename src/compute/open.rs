@@ -195,7 +195,8 @@ pub(super) fn open(
         .and_then(|b| match custom {
             true => {
                 let alone = ShardLink::alone();
-                let domain = custom_domain(extras.link.unwrap_or(&alone))?;
+                let blas = rt.blas().map(|b| (b, opts.intra_threads));
+                let domain = custom_domain(extras.link.unwrap_or(&alone), blas)?;
                 b.with_operators(domain).map_err(Into::into)
             }
             false => Ok(b),

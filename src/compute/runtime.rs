@@ -23,6 +23,9 @@ pub struct RuntimeInfo {
     pub version: String,
     /// The execution providers the library offers.
     pub providers: Vec<String>,
+    /// The OpenBLAS library the CPU's large float32 products run on (`None`: ONNX
+    /// Runtime's own); see `compute/blas.rs`.
+    pub blas: Option<PathBuf>,
 }
 
 /// Finds the library: `explicit` (from `ORT_DYLIB_PATH` or a config) when given; else a
@@ -115,6 +118,9 @@ fn library_in(capi: &Path) -> Option<PathBuf> {
 pub struct Runtime {
     env: ort::environment::Environment,
     info: RuntimeInfo,
+    /// OpenBLAS for the CPU's float32 products, where one was found
+    /// ([`super::blas::Blas::find`]).
+    blas: Option<std::sync::Arc<super::blas::Blas>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -164,13 +170,20 @@ impl Runtime {
             .map_err(Error::ort("creating the environment"))?;
         super::ort_log::set_level(&env)?;
         super::arena::register(&env)?;
+        let blas =
+            super::blas::Blas::find(&library).map_err(|reason| Error::RuntimeLibrary { reason })?;
         let info = RuntimeInfo {
             version: version(&library),
             providers: providers().unwrap_or_default(),
             library,
             found_by,
+            blas: blas.as_ref().map(|b| b.path().to_path_buf()),
         };
-        let rt = Runtime { env, info };
+        let rt = Runtime {
+            env,
+            info,
+            blas: blas.map(std::sync::Arc::new),
+        };
         *loaded = Some(rt.clone());
         Ok(rt)
     }
@@ -190,6 +203,11 @@ impl Runtime {
     /// What was loaded.
     pub fn info(&self) -> &RuntimeInfo {
         &self.info
+    }
+
+    /// OpenBLAS, where the float32 products of CPU graphs run on it.
+    pub(crate) fn blas(&self) -> Option<&std::sync::Arc<super::blas::Blas>> {
+        self.blas.as_ref()
     }
 
     pub(crate) fn env(&self) -> &ort::environment::Environment {

@@ -136,8 +136,11 @@ impl ShardComm for Alone {
 }
 
 /// pipetrain's operator domain: both collectives bound to `link`, and the fused
-/// kernels.
-pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
+/// kernels; with `blas` (the library and the session's intra-op threads) its products.
+pub(crate) fn custom_domain(
+    link: &ShardLink,
+    blas: Option<(&std::sync::Arc<super::blas::Blas>, usize)>,
+) -> ort::Result<OperatorDomain> {
     let domain = OperatorDomain::new(DOMAIN)?
         .add(Collective {
             link: link.clone(),
@@ -164,6 +167,13 @@ pub(crate) fn custom_domain(link: &ShardLink) -> ort::Result<OperatorDomain> {
         .add(super::fused::ATTENTION_GRAD_OP)?
         .add(super::fused::PACKED_ATTENTION_OP)?
         .add(super::fused::PACKED_ATTENTION_GRAD_OP)?;
+    let domain = match blas {
+        Some((blas, threads)) => domain.add(super::fused::BlasMatMul {
+            blas: blas.clone(),
+            threads,
+        })?,
+        None => domain,
+    };
     // Kernels on ONNX Runtime's CUDA provider; a session on the CPU never picks them.
     #[cfg(feature = "cuda")]
     let domain = {

@@ -31,7 +31,7 @@ mod unfed_inputs;
 pub use buckets::{grad_chain, GradChain};
 pub use deterministic::{rows_add_reference, scatter_adds_as_products, scatter_adds_as_rows_add};
 pub use export::{export_inference_model, mark_trained_steps, COMPLETE_KEY, STEPS_KEY, TOTAL_KEY};
-pub use fusion::{tanh_gelu, tanh_gelu_slope};
+pub use fusion::{blas_products, tanh_gelu, tanh_gelu_slope};
 pub use ir::*;
 pub use loss::{attach_loss, LossNormalize, LossSpec, ACC_CORRECT, ACC_COUNTED, LOSS};
 pub use params::ParamOptions;

@@ -220,8 +220,8 @@ fn node_cost(tg: &TrainingGraph, i: usize, by: BalanceBy) -> f64 {
                     .unwrap_or(1.0)
             };
             match n.op_type.as_str() {
-                "MatMul" | "FusedMatMul" => 2.0 * out * inner(&n.input[0], 1),
-                "Gemm" => {
+                "MatMul" => 2.0 * out * inner(&n.input[0], 1),
+                "Gemm" | "FusedMatMul" | "BlasMatMul" => {
                     let ta = crate::graph::ir::attr_i(n, "transA").unwrap_or(0) != 0;
                     2.0 * out * inner(&n.input[0], if ta { 2 } else { 1 })
                 }

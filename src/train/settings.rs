@@ -132,6 +132,15 @@ pub(crate) fn training_graph(
         let n = crate::graph::row_sums_as_products(&mut tg);
         tracing::debug!("{n} row sums and means written as products for the GPU");
     }
+    // On the CPU, float32 products by OpenBLAS where the process has it (faster than
+    // ONNX Runtime's MLAS at real sizes: `compute/blas.rs`); mixed precision casts the
+    // standard products instead.
+    if opts.fused_kernels && cfg.half().is_none() && rt.blas().is_some() {
+        let n = crate::graph::blas_products(&mut tg.graph, &tg.metas);
+        if n > 0 {
+            tracing::info!("{n} float32 products by OpenBLAS");
+        }
+    }
     Ok(tg)
 }
 

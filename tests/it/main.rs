@@ -5,6 +5,7 @@
 mod common;
 
 mod bad_data;
+mod blas;
 mod checkpoint;
 mod chrome_trace;
 mod cli;

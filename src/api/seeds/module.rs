@@ -70,7 +70,10 @@ impl Module {
             cuda_kernels: false,
             params: Default::default(),
         };
-        let tg = build_training_graph(rt, &model, &opts, &feeds)?;
+        let mut tg = build_training_graph(rt, &model, &opts, &feeds)?;
+        if rt.blas().is_some() {
+            crate::graph::blas_products(&mut tg.graph, &tg.metas);
+        }
         let one = Partition::Balanced {
             stages: 1,
             by: BalanceBy::Flops,

@@ -15,6 +15,7 @@ mod depthwise;
 mod layer_norm;
 mod math;
 mod pointwise;
+mod product;
 mod softmax;
 mod tanh_gelu;
 
@@ -31,6 +32,7 @@ pub(crate) use attention::{
 pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
 pub(crate) use depthwise::{DepthwiseConv, DepthwiseConvGrad};
 pub(crate) use layer_norm::LayerNormGrad;
+pub(crate) use product::BlasMatMul;
 pub(crate) use softmax::{SOFTMAX_GRAD_OP, SOFTMAX_OP};
 #[cfg(feature = "cuda")]
 pub(crate) use tanh_gelu::constants as tanh_gelu_constants;

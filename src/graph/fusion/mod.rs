@@ -14,9 +14,11 @@
 
 mod attention;
 mod linear;
+mod products;
 mod tanh_gelu;
 
 pub use linear::fuse_transposed_weights;
+pub use products::blas_products;
 
 pub use tanh_gelu::{fuse_tanh_gelu, tanh_gelu, tanh_gelu_slope};
 

@@ -1,0 +1,289 @@
+//! OpenBLAS's single-precision product (`sgemm`), loaded at run time from PyPI's
+//! `scipy-openblas32` wheel, for the float32 matrix products of a CPU training graph
+//! (`graph::fusion::blas_products`, kernel in `compute/fused/product.rs`).
+//!
+//! Why: at real sizes the products are 60-85% of a CPU step, and ONNX Runtime's own
+//! (MLAS) runs them slower than PyTorch's BLAS on this machine's AVX-512 cores: at
+//! BERT-base's shapes on 2 threads, MLAS's `MatMul` 287-339 GFLOP/s and its
+//! `FusedMatMul` with a transposed first operand (every weight gradient) 259-292, against
+//! OpenBLAS 0.3.31 split over the two threads 327-368 (`benches/gemm_rates.py`). The
+//! crates that do matrix products in Rust measured slower still (`gemm` 0.18 185-203,
+//! `matrixmultiply` 247-287).
+//!
+//! Why loaded by hand: `cblas-sys` with `openblas-src` links a system OpenBLAS at build
+//! time (a C toolchain and `libopenblas-dev` in every build). The wheel is loaded the way
+//! ONNX Runtime's own library is, from the same Python environment, and names its
+//! symbols with a `scipy_` prefix; `libloading` does the loading.
+
+use std::ffi::c_int;
+use std::path::{Path, PathBuf};
+
+/// `cblas_sgemm`'s arguments: order, transA, transB, M, N, K, alpha, A, lda, B, ldb,
+/// beta, C, ldc.
+type Sgemm = unsafe extern "C" fn(
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    f32,
+    *const f32,
+    c_int,
+    *const f32,
+    c_int,
+    f32,
+    *mut f32,
+    c_int,
+);
+
+const ROW_MAJOR: c_int = 101;
+const NO_TRANS: c_int = 111;
+const TRANS: c_int = 112;
+
+/// The environment variable naming the library (`off` for none).
+pub const BLAS_ENV: &str = "PIPETRAIN_BLAS";
+
+/// A loaded OpenBLAS, its own threads set to one: each call runs on the thread that
+/// makes it (ONNX Runtime's intra-op threads, one block each).
+pub struct Blas {
+    sgemm: Sgemm,
+    path: PathBuf,
+    // Keeps the library mapped while `sgemm` may be called.
+    _library: libloading::Library,
+}
+
+impl std::fmt::Debug for Blas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Blas").field("path", &self.path).finish()
+    }
+}
+
+/// One product `C = alpha op(A) op(B) + beta C`, row-major, as `cblas_sgemm` takes it:
+/// `op(A)` is `m x k`, `op(B)` `k x n`, each stored with its leading dimension.
+#[derive(Debug, Clone, Copy)]
+pub struct Product {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub alpha: f32,
+    pub beta: f32,
+}
+
+impl Blas {
+    /// Loads the library at `path`.
+    ///
+    /// # Errors
+    /// The loader's message when it is not a library with `scipy_cblas_sgemm`.
+    pub fn open(path: &Path) -> Result<Blas, String> {
+        // SAFETY: loading OpenBLAS runs its initializers, which only read the CPU's
+        // features and set up its buffers.
+        let library = unsafe { libloading::Library::new(path) }
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        // SAFETY: the symbols are OpenBLAS's C functions with these signatures.
+        let (sgemm, threads) = unsafe {
+            let sgemm = *library
+                .get::<Sgemm>(b"scipy_cblas_sgemm\0")
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let threads = *library
+                .get::<unsafe extern "C" fn(c_int)>(b"scipy_openblas_set_num_threads\0")
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            (sgemm, threads)
+        };
+        // SAFETY: sets OpenBLAS's own thread count; called before any product.
+        unsafe { threads(1) };
+        Ok(Blas {
+            sgemm,
+            path: path.to_path_buf(),
+            _library: library,
+        })
+    }
+
+    /// The library `PIPETRAIN_BLAS` names, else `scipy-openblas32`'s beside the ONNX
+    /// Runtime library `ort` (both from pip, in one `site-packages`); `None` where
+    /// there is none or `PIPETRAIN_BLAS=off`.
+    ///
+    /// # Errors
+    /// Where `PIPETRAIN_BLAS` names a file that does not load.
+    pub fn find(ort: &Path) -> Result<Option<Blas>, String> {
+        match std::env::var_os(BLAS_ENV).filter(|v| !v.is_empty()) {
+            Some(v) if v == "off" => Ok(None),
+            Some(v) => Blas::open(Path::new(&v))
+                .map(Some)
+                .map_err(|e| format!("{BLAS_ENV}: {e}")),
+            None => Ok(beside(ort).and_then(|p| Blas::open(&p).ok())),
+        }
+    }
+
+    /// The library's file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `p` on `a`, `b` and `c` (`lda`, `ldb`, `ldc` their leading dimensions).
+    ///
+    /// # Panics
+    /// Where a slice is shorter than `p` and the leading dimensions need, or a size
+    /// exceeds `i32`.
+    #[cfg(test)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn sgemm(
+        &self,
+        p: &Product,
+        a: &[f32],
+        lda: usize,
+        b: &[f32],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        // SAFETY: `c` is a live, exclusive slice of `c.len()` values.
+        unsafe { self.sgemm_into(p, (a, lda), (b, ldb), (c.as_mut_ptr(), c.len(), ldc)) }
+    }
+
+    /// [`Blas::sgemm`] writing through `c`, a pointer to `len` values of which the
+    /// product writes only its `m` rows of `n` (at `ldc` apart): for blocks of one
+    /// output that several threads write at once.
+    ///
+    /// # Safety
+    /// `c` must point to `len` live values, and no other thread may read or write the
+    /// elements this product writes while it runs.
+    ///
+    /// # Panics
+    /// As [`Blas::sgemm`].
+    pub unsafe fn sgemm_into(
+        &self,
+        p: &Product,
+        (a, lda): (&[f32], usize),
+        (b, ldb): (&[f32], usize),
+        (c, len, ldc): (*mut f32, usize, usize),
+    ) {
+        let (ar, ac) = if p.trans_a { (p.k, p.m) } else { (p.m, p.k) };
+        let (br, bc) = if p.trans_b { (p.n, p.k) } else { (p.k, p.n) };
+        if p.m == 0 || p.n == 0 {
+            return;
+        }
+        assert!(
+            ar == 0 || a.len() >= (ar - 1) * lda + ac,
+            "sgemm: A too short"
+        );
+        assert!(
+            br == 0 || b.len() >= (br - 1) * ldb + bc,
+            "sgemm: B too short"
+        );
+        assert!(len >= (p.m - 1) * ldc + p.n, "sgemm: C too short");
+        let int = |v: usize| c_int::try_from(v).expect("sgemm: a size over i32");
+        let trans = |t: bool| if t { TRANS } else { NO_TRANS };
+        // SAFETY: the asserts above keep every element OpenBLAS reads or writes inside
+        // `a`, `b` and `c`'s `len` values; OpenBLAS with one thread of its own keeps no
+        // pointer after the call.
+        unsafe {
+            (self.sgemm)(
+                ROW_MAJOR,
+                trans(p.trans_a),
+                trans(p.trans_b),
+                int(p.m),
+                int(p.n),
+                int(p.k),
+                p.alpha,
+                a.as_ptr(),
+                int(lda.max(1)),
+                b.as_ptr(),
+                int(ldb.max(1)),
+                p.beta,
+                c,
+                int(ldc.max(1)),
+            );
+        }
+    }
+}
+
+/// `scipy_openblas32/lib/libscipy_openblas.so` in the `site-packages` that holds
+/// `onnxruntime/capi/<ort>`.
+fn beside(ort: &Path) -> Option<PathBuf> {
+    let site = ort.parent()?.parent()?.parent()?;
+    let lib = site.join("scipy_openblas32/lib/libscipy_openblas.so");
+    lib.is_file().then_some(lib)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The library of this checkout's `.venv`, when `scripts/setup.sh` installed it.
+    pub(crate) fn venv_blas() -> Option<Blas> {
+        let rt = crate::compute::Runtime::from_env().ok()?;
+        Blas::find(&rt.info().library).ok().flatten()
+    }
+
+    fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f64> {
+        let mut c = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k)
+                    .map(|l| f64::from(a[i * k + l]) * f64::from(b[l * n + j]))
+                    .sum();
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn sgemm_matches_the_sum_and_rows_do_not_depend_on_the_split() {
+        let Some(blas) = venv_blas() else {
+            eprintln!("skipped: no scipy-openblas32 beside ONNX Runtime");
+            return;
+        };
+        let (m, k, n) = (131, 1000, 75);
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 104729) % 89) as f32 / 89.0 - 0.5)
+            .collect();
+        let p = Product {
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: false,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        let mut whole = vec![0.0; m * n];
+        blas.sgemm(&p, &a, k, &b, n, &mut whole, n);
+        for (got, want) in whole.iter().zip(naive(&a, &b, m, k, n)) {
+            assert!((f64::from(*got) - want).abs() < 1e-3, "{got} vs {want}");
+        }
+        // Rows 16.. alone, and columns 32.. alone: the same bits as in the whole.
+        let mut rows = vec![0.0; (m - 16) * n];
+        blas.sgemm(
+            &Product { m: m - 16, ..p },
+            &a[16 * k..],
+            k,
+            &b,
+            n,
+            &mut rows,
+            n,
+        );
+        assert_eq!(rows, whole[16 * n..]);
+        let mut cols = vec![0.0; m * n];
+        blas.sgemm(
+            &Product { n: n - 32, ..p },
+            &a,
+            k,
+            &b[32..],
+            n,
+            &mut cols[32..],
+            n,
+        );
+        for i in 0..m {
+            assert_eq!(
+                cols[i * n + 32..(i + 1) * n],
+                whole[i * n + 32..(i + 1) * n]
+            );
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! `BlasMatMul`: a float32 matrix product by OpenBLAS (`compute::blas`) where ONNX
+//! Runtime's CPU provider would run MLAS. `A, B[, C]` in, `Y = alpha op(A) op(B) + beta
+//! C` out, with `transA`, `transB`, `alpha` and `beta` as `Gemm` and `FusedMatMul` have
+//! them; `B` a matrix, `A` a matrix or, untransposed, a stack of rows (`[..., M, K]`, its
+//! leading axes kept in `Y`); `C` the bias, `[N]`, `[1, N]` or `[M, N]`
+//! (`graph::fusion::blas_products` writes it only where the shapes fit).
+//!
+//! The product is cut into one block per intra-op thread, along the longer of `Y`'s two
+//! axes: each thread packs the other operand once, as OpenBLAS's own threads would. A
+//! value of `Y` sums the same products in the same order whatever the cut (tested in
+//! `compute::blas`), so results do not depend on the thread count.
+
+use std::sync::Arc;
+
+use ort::operator::{
+    BoxedKernel, ComputeContext, KernelContext, Operator, OperatorInput, OperatorOutput,
+};
+use ort::value::TensorElementType;
+
+use super::{input, output};
+use crate::compute::blas::{Blas, Product};
+use crate::graph::custom_ops::BLAS_MATMUL;
+
+/// The operator, with the library it calls and how many blocks a product is cut into.
+pub(crate) struct BlasMatMul {
+    pub blas: Arc<Blas>,
+    pub threads: usize,
+}
+
+/// The smallest block (rows or columns): OpenBLAS's register tiles are 16 wide.
+const ALIGN: usize = 16;
+
+/// A product's attributes, read once per node.
+#[derive(Clone, Copy)]
+struct Attrs {
+    trans_a: bool,
+    trans_b: bool,
+    alpha: f32,
+    beta: f32,
+}
+
+impl Operator for BlasMatMul {
+    type Kernel<'attr> = BoxedKernel<'attr>;
+
+    fn name(&self) -> &str {
+        BLAS_MATMUL
+    }
+
+    fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
+        let f32 = TensorElementType::Float32;
+        [
+            OperatorInput::required(f32),
+            OperatorInput::required(f32),
+            OperatorInput::optional(f32),
+        ]
+    }
+
+    fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
+        [OperatorOutput::required(TensorElementType::Float32)]
+    }
+
+    fn create_kernel<'attr>(
+        &self,
+        info: &KernelContext<'attr>,
+    ) -> ort::Result<Self::Kernel<'attr>> {
+        let flag = |name: &str| info.get::<i64>(name).unwrap_or(0) != 0;
+        let attrs = Attrs {
+            trans_a: flag("transA"),
+            trans_b: flag("transB"),
+            alpha: info.get::<f32>("alpha").unwrap_or(1.0),
+            beta: info.get::<f32>("beta").unwrap_or(1.0),
+        };
+        let (blas, threads) = (self.blas.clone(), self.threads.max(1));
+        Ok(Box::new(move |ctx: &ComputeContext| {
+            compute(ctx, &blas, threads, attrs)
+        }))
+    }
+}
+
+/// One call: checks the shapes, writes the bias, runs the blocks.
+fn compute(ctx: &ComputeContext, blas: &Blas, threads: usize, at: Attrs) -> ort::Result<()> {
+    let op = BLAS_MATMUL;
+    let a = input(ctx, op, 0)?;
+    let b = input(ctx, op, 1)?;
+    let (a_shape, a) = a.try_extract_tensor::<f32>()?;
+    let (b_shape, b) = b.try_extract_tensor::<f32>()?;
+    let dims = |s: &[i64]| s.iter().map(|&d| d.max(0) as usize).collect::<Vec<_>>();
+    let (ad, bd) = (dims(a_shape), dims(b_shape));
+    let fits = bd.len() == 2 && (ad.len() == 2 || (ad.len() > 2 && !at.trans_a));
+    if !fits {
+        return Err(ort::Error::new(format!(
+            "{op}: A {ad:?} and B {bd:?}: B must be a matrix, A a matrix or untransposed rows"
+        )));
+    }
+    let rows: usize = ad[..ad.len() - 1].iter().product();
+    let (m, k) = match at.trans_a {
+        true => (ad[1], ad[0]),
+        false => (rows, ad[ad.len() - 1]),
+    };
+    let (kb, n) = if at.trans_b {
+        (bd[1], bd[0])
+    } else {
+        (bd[0], bd[1])
+    };
+    if k != kb {
+        return Err(ort::Error::new(format!(
+            "{op}: A {ad:?} and B {bd:?} do not multiply (transA {}, transB {})",
+            at.trans_a, at.trans_b
+        )));
+    }
+    let mut y_shape: Vec<i64> = match at.trans_a {
+        true => vec![m as i64],
+        false => a_shape[..a_shape.len() - 1].to_vec(),
+    };
+    y_shape.push(n as i64);
+    let mut y = output(ctx, op, 0, &y_shape)?;
+    let (_, y) = y.try_extract_tensor_mut::<f32>()?;
+    let beta = bias(ctx, y, m, n, at.beta)?;
+    let p = Product {
+        m,
+        n,
+        k,
+        trans_a: at.trans_a,
+        trans_b: at.trans_b,
+        alpha: at.alpha,
+        beta,
+    };
+    let (lda, ldb) = (
+        if at.trans_a { m } else { k },
+        if at.trans_b { k } else { n },
+    );
+    run_blocks(ctx, blas, threads, &p, (a, lda), (b, ldb), y)
+}
+
+/// Writes `beta C` (broadcast over rows) into `y` where the call has a `C`, and returns
+/// the `beta` the product then adds to (1, or 0 without `C`).
+fn bias(ctx: &ComputeContext, y: &mut [f32], m: usize, n: usize, beta: f32) -> ort::Result<f32> {
+    let Some(c) = ctx.input(2)? else {
+        return Ok(0.0);
+    };
+    let (_, c) = c.try_extract_tensor::<f32>()?;
+    if c.len() == n {
+        for row in y.chunks_mut(n.max(1)) {
+            row.iter_mut().zip(c).for_each(|(y, &c)| *y = beta * c);
+        }
+    } else if c.len() == m * n {
+        y.iter_mut().zip(c).for_each(|(y, &c)| *y = beta * c);
+    } else {
+        return Err(ort::Error::new(format!(
+            "{BLAS_MATMUL}: C has {} values; it must be a row of {n} or {m} x {n}",
+            c.len()
+        )));
+    }
+    Ok(1.0)
+}
+
+/// `y`'s base pointer, shared by the blocks, each of which writes only its own rows or
+/// columns.
+struct Out(*mut f32);
+// SAFETY: the blocks write disjoint elements of the buffer `Out` points into, which
+// outlives `par_for`.
+unsafe impl Sync for Out {}
+unsafe impl Send for Out {}
+
+impl Out {
+    fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Cuts the product into at most `threads` blocks of whole rows (`m >= n`) or columns
+/// of `y` and runs them on ONNX Runtime's intra-op threads.
+fn run_blocks(
+    ctx: &ComputeContext,
+    blas: &Blas,
+    threads: usize,
+    p: &Product,
+    (a, lda): (&[f32], usize),
+    (b, ldb): (&[f32], usize),
+    y: &mut [f32],
+) -> ort::Result<()> {
+    let by_rows = p.m >= p.n;
+    let len = if by_rows { p.m } else { p.n };
+    let per = len.div_ceil(threads).div_ceil(ALIGN).max(1) * ALIGN;
+    let blocks = len.div_ceil(per).max(1);
+    let (n, y_len, out) = (p.n, y.len(), Out(y.as_mut_ptr()));
+    let block = |i: usize| {
+        let (lo, hi) = (i * per, ((i + 1) * per).min(len));
+        // `y`'s elements from the block's first one to the end, as OpenBLAS addresses
+        // them (row-major, `n` a row).
+        let start = if by_rows { lo * n } else { lo };
+        let q = match by_rows {
+            true => Product { m: hi - lo, ..*p },
+            false => Product { n: hi - lo, ..*p },
+        };
+        let (a, b) = match (by_rows, p.trans_a, p.trans_b) {
+            (true, false, _) => (&a[lo * lda..], b),
+            (true, true, _) => (&a[lo..], b),
+            (false, _, false) => (a, &b[lo..]),
+            (false, _, true) => (a, &b[lo * ldb..]),
+        };
+        // SAFETY: `start` is inside `y`, which lives past `par_for`; the block writes
+        // only its own rows (or columns) of it, which no other block reads or writes.
+        unsafe {
+            let c = (out.ptr().add(start), y_len - start, n);
+            blas.sgemm_into(&q, (a, lda), (b, ldb), c);
+        }
+    };
+    match blocks {
+        1 => block(0),
+        _ => ctx.par_for(blocks, blocks, block)?,
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::compute::{GraphSession, Runtime, SessionOptions};
+    use crate::graph::custom_ops::BLAS_MATMUL;
+    use crate::graph::ValueMeta;
+    use crate::graph::{float_attr, int_attr, make_node};
+    use crate::tensor::{DType, Tensor};
+
+    /// Values in [-1, 1) from `seed`.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// One product, as `op` of `domain` with `attrs`, of inputs shaped `shapes`, on
+    /// `threads` intra-op threads: its output.
+    fn run(
+        op: (&str, &str),
+        attrs: &[(&str, f32)],
+        shapes: &[&[usize]],
+        threads: usize,
+        repeats: usize,
+    ) -> (Tensor, f64) {
+        let names = ["a", "b", "c"];
+        let attrs = attrs
+            .iter()
+            .map(|&(n, v)| match n.starts_with("trans") {
+                true => int_attr(n, v as i64),
+                false => float_attr(n, v),
+            })
+            .collect();
+        let node = make_node(op.1, "p", &names[..shapes.len()], &["y"], attrs);
+        let meta = |s: &[usize]| ValueMeta {
+            dtype: DType::F32,
+            shape: s.to_vec(),
+        };
+        let inputs: Vec<(&str, ValueMeta)> = names
+            .iter()
+            .zip(shapes)
+            .map(|(n, s)| (*n, meta(s)))
+            .collect();
+        let mut model = crate::compute::test_model::model("product", vec![node], &inputs, &["y"]);
+        model
+            .opset_import
+            .push(crate::onnx::proto::OperatorSetIdProto {
+                domain: "com.microsoft".into(),
+                version: 1,
+            });
+        if let Some(g) = model.graph.as_mut() {
+            g.node[0].domain = op.0.into();
+        }
+        let rt = Runtime::from_env().unwrap();
+        let opts = SessionOptions {
+            intra_threads: threads,
+            ..SessionOptions::default()
+        };
+        let mut session = GraphSession::from_model(&rt, &model, &opts, "product").unwrap();
+        let tensors: Vec<Tensor> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let n = s.iter().product();
+                Tensor::f32(s.to_vec(), values(n, i as u64 + 1)).unwrap()
+            })
+            .collect();
+        let feeds: Vec<(&str, &Tensor)> = names.iter().copied().zip(&tensors).collect();
+        let mut out = session.run(&feeds).unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..repeats {
+            out = session.run(&feeds).unwrap();
+        }
+        let secs = t.elapsed().as_secs_f64() / repeats.max(1) as f64;
+        (out.remove(0), secs)
+    }
+
+    /// A product: its operator (domain, type), attributes and input shapes.
+    type Case<'a> = ((&'a str, &'a str), &'a [(&'a str, f32)], &'a [&'a [usize]]);
+
+    /// The largest difference between two outputs of the same shape.
+    fn largest_difference(a: &Tensor, b: &Tensor) -> f32 {
+        assert_eq!(a.shape, b.shape);
+        let (a, b) = (a.as_f32().unwrap(), b.as_f32().unwrap());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    fn has_blas() -> bool {
+        Runtime::from_env()
+            .ok()
+            .and_then(|r| r.blas().cloned())
+            .is_some()
+    }
+
+    #[test]
+    fn each_form_computes_what_onnx_runtime_computes() {
+        if !has_blas() {
+            eprintln!("skipped: no scipy-openblas32 beside ONNX Runtime");
+            return;
+        }
+        let fused = ("com.microsoft", "FusedMatMul");
+        let cases: [Case; 5] = [
+            (("", "MatMul"), &[], &[&[2, 40, 33], &[33, 50]]),
+            (
+                fused,
+                &[("transA", 1.0), ("alpha", 0.5)],
+                &[&[33, 80], &[33, 50]],
+            ),
+            (fused, &[("transB", 1.0)], &[&[80, 33], &[50, 33]]),
+            (
+                ("", "Gemm"),
+                &[
+                    ("transA", 1.0),
+                    ("transB", 1.0),
+                    ("alpha", 2.0),
+                    ("beta", 0.5),
+                ],
+                &[&[33, 80], &[50, 33], &[50]],
+            ),
+            (
+                ("", "Gemm"),
+                &[("beta", -1.0)],
+                &[&[80, 33], &[33, 50], &[80, 50]],
+            ),
+        ];
+        for (op, attrs, shapes) in cases {
+            let (want, _) = run(op, attrs, shapes, 2, 0);
+            let (got, _) = run(("ai.pipetrain", BLAS_MATMUL), attrs, shapes, 2, 0);
+            let d = largest_difference(&got, &want);
+            assert!(d < 1e-5, "{op:?} {attrs:?}: {d}");
+        }
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_threads() {
+        if !has_blas() {
+            eprintln!("skipped: no scipy-openblas32 beside ONNX Runtime");
+            return;
+        }
+        let op = ("ai.pipetrain", BLAS_MATMUL);
+        // Cut by rows (300 >= 40), then by columns (20 < 300).
+        for (attrs, shapes) in [
+            (&[("transA", 1.0)][..], &[&[70, 300][..], &[70, 40]][..]),
+            (&[], &[&[20, 70], &[70, 300]]),
+        ] {
+            let (one, _) = run(op, attrs, shapes, 1, 0);
+            for threads in [2, 3] {
+                let (more, _) = run(op, attrs, shapes, threads, 0);
+                assert_eq!(
+                    one.as_f32().unwrap(),
+                    more.as_f32().unwrap(),
+                    "{threads} threads"
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "timing: cargo test --release --lib product_rates -- --ignored --nocapture"]
+    fn product_rates() {
+        if !has_blas() {
+            return;
+        }
+        for (m, k, n) in [
+            (256, 128, 512),
+            (512, 128, 512),
+            (512, 256, 1024),
+            (512, 768, 768),
+            (512, 768, 3072),
+            (1024, 768, 3072),
+        ] {
+            for (ta, tb) in [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0)] {
+                let a: &[usize] = if ta == 1.0 { &[k, m] } else { &[m, k] };
+                let b: &[usize] = if tb == 1.0 { &[n, k] } else { &[k, n] };
+                let attrs = [("transA", ta), ("transB", tb)];
+                let reps = (16e9 / (2.0 * (m * k * n) as f64)) as usize + 3;
+                let (_, ort) = run(("com.microsoft", "FusedMatMul"), &attrs, &[a, b], 2, reps);
+                let (_, blas) = run(("ai.pipetrain", BLAS_MATMUL), &attrs, &[a, b], 2, reps);
+                let gf = |s: f64| 2.0 * (m * k * n) as f64 / s / 1e9;
+                println!(
+                    "{m}x{k}x{n} transA {ta} transB {tb}: ORT {:.0} BLAS {:.0} GFLOP/s",
+                    gf(ort),
+                    gf(blas)
+                );
+            }
+        }
+    }
+}
