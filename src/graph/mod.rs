@@ -10,6 +10,7 @@ pub mod declared;
 mod deterministic;
 mod export;
 mod fusion;
+mod gathers;
 mod ir;
 mod loss;
 mod loss_metas;

@@ -253,7 +253,7 @@ pub fn build_sharded_training_graph(
     let buffers = declared_buffers(model);
     let trainable = trainable_names(&g, opts.trainable.as_deref(), &opts.params, &buffers)?;
     let trained: HashSet<&str> = trainable.iter().map(String::as_str).collect();
-    let forward_metas = phases::probe_forward(rt, &mut g, example, &trained, resized)?;
+    let mut forward_metas = phases::probe_forward(rt, &mut g, example, &trained, resized)?;
     laps.lap("forward shapes");
     // Rewrites after the probe leave values it did not measure: the graph with its loss
     // is then probed whole (see `loss_metas`).
@@ -262,6 +262,12 @@ pub fn build_sharded_training_graph(
         tracing::debug!("split sequences read at constant positions became Split nodes");
     }
     let measured = !rewritten && shards <= 1;
+    if shards <= 1 {
+        let n = super::gathers::gathers_as_split(&mut g, &mut forward_metas);
+        if n > 0 {
+            tracing::debug!("{n} tensors taken apart by constant-position Gathers as Splits");
+        }
+    }
     let shard_plan = match shards {
         0 | 1 => None,
         n => Some(shard_graph(&mut g, &forward_metas, n, &trained)?),

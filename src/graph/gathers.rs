@@ -1,0 +1,224 @@
+//! A tensor taken apart by `Gather`s at constant positions, every position once, as one
+//! `Split`: how `torch.nn.MultiheadAttention` (torchvision's ViT among its users) takes
+//! q, k and v out of its packed projection (`proj[0]`, `proj[1]`, `proj[2]`).
+//!
+//! Each `Gather`'s gradient is a scatter into zeros of the whole tensor, and the three
+//! are summed (ViT-B/16: 36 scatters of 4.8 MB, 9.5% of its step). A `Split`'s gradient
+//! is one `Concat`. Each `Gather` becomes a `Squeeze` of its part, keeping its output's
+//! name; the new values' shapes are added to the measured ones, so nothing is probed
+//! again.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::graph::ir::{int_attr, make_node, tensor_attr, Graph, Metas, ValueMeta};
+use crate::onnx::proto::NodeProto;
+use crate::tensor::{DType, Tensor};
+
+/// Rewrites each tensor of `g` whose constant-position `Gather`s (a scalar index each, on
+/// one axis) take every position of that axis exactly once; adds the new values to
+/// `metas`. Returns how many tensors.
+pub fn gathers_as_split(g: &mut Graph, metas: &mut Metas) -> usize {
+    // One at a time: each `Split` put in moves the nodes after it.
+    let mut done = 0;
+    while let Some(((data, axis), at)) = find(g, metas).into_iter().next() {
+        apply(g, metas, (&data, axis), &at, done);
+        done += 1;
+    }
+    done
+}
+
+/// The `Gather` nodes of each (tensor, axis) that fit, by position: node index per
+/// position, in position order.
+type Groups = BTreeMap<(String, usize), Vec<usize>>;
+
+fn find(g: &Graph, metas: &Metas) -> Groups {
+    let consts = g.constants();
+    let mut by: BTreeMap<(String, usize), BTreeMap<usize, Vec<usize>>> = BTreeMap::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        if let Some((data, axis, pos)) = constant_gather(n, metas, &consts) {
+            by.entry((data, axis))
+                .or_default()
+                .entry(pos)
+                .or_default()
+                .push(i);
+        }
+    }
+    by.into_iter()
+        .filter_map(|((data, axis), at)| {
+            let dim = *metas.get(&data)?.shape.get(axis)?;
+            let whole = dim >= 2 && at.len() == dim && at.values().all(|v| v.len() == 1);
+            whole.then(|| ((data, axis), at.into_values().map(|v| v[0]).collect()))
+        })
+        .collect()
+}
+
+/// (data, axis, position) of a `Gather` of a scalar constant position.
+fn constant_gather(
+    n: &NodeProto,
+    metas: &Metas,
+    consts: &HashMap<String, Tensor>,
+) -> Option<(String, usize, usize)> {
+    if n.op_type != "Gather" || !n.domain.is_empty() || n.input.len() != 2 {
+        return None;
+    }
+    let rank = metas.get(&n.input[0])?.shape.len() as i64;
+    let axis = crate::graph::ir::attr_i(n, "axis").unwrap_or(0);
+    let axis = if axis < 0 { axis + rank } else { axis };
+    let dim = *metas
+        .get(&n.input[0])?
+        .shape
+        .get(usize::try_from(axis).ok()?)? as i64;
+    let index = consts.get(&n.input[1])?;
+    let k = match (index.shape.is_empty(), index.to_i64_vec()?.as_slice()) {
+        (true, &[k]) => k,
+        _ => return None,
+    };
+    let k = if k < 0 { k + dim } else { k };
+    (0..dim)
+        .contains(&k)
+        .then(|| (n.input[0].clone(), axis as usize, k as usize))
+}
+
+/// Puts one `Split` of `data` where its first `Gather` was, and a `Squeeze` of part k
+/// in place of the `Gather` of position k.
+fn apply(g: &mut Graph, metas: &mut Metas, (data, axis): (&str, usize), at: &[usize], i: usize) {
+    let base = format!("{data}/gathered{i}");
+    let parts: Vec<String> = (0..at.len()).map(|k| format!("{base}/part{k}")).collect();
+    let axes = format!("{base}/axes");
+    let mut shape = metas[data].shape.clone();
+    shape[axis] = 1;
+    let dtype = metas[data].dtype;
+    for p in &parts {
+        metas.insert(
+            p.clone(),
+            ValueMeta {
+                dtype,
+                shape: shape.clone(),
+            },
+        );
+    }
+    metas.insert(
+        axes.clone(),
+        ValueMeta {
+            dtype: DType::I64,
+            shape: vec![1],
+        },
+    );
+    for (k, &node) in at.iter().enumerate() {
+        let n = &g.nodes[node];
+        g.nodes[node] = make_node(
+            "Squeeze",
+            &n.name,
+            &[&parts[k], &axes],
+            &[&n.output[0]],
+            vec![],
+        );
+    }
+    let value = Tensor::i64(vec![1], vec![axis as i64]).expect("one axis");
+    let constant = make_node(
+        "Constant",
+        &axes,
+        &[],
+        &[&axes],
+        vec![tensor_attr("value", value.to_proto(&axes))],
+    );
+    // Sizes as an input: opset 18 on wants them or `num_outputs`, earlier opsets them.
+    let sizes_name = format!("{base}/sizes");
+    let sizes = Tensor::i64(vec![at.len()], vec![1; at.len()]).expect("sizes");
+    metas.insert(
+        sizes_name.clone(),
+        ValueMeta {
+            dtype: DType::I64,
+            shape: vec![at.len()],
+        },
+    );
+    let sizes = make_node(
+        "Constant",
+        &sizes_name,
+        &[],
+        &[&sizes_name],
+        vec![tensor_attr("value", sizes.to_proto(&sizes_name))],
+    );
+    let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+    let split = make_node(
+        "Split",
+        &base,
+        &[data, &sizes_name],
+        &refs,
+        vec![int_attr("axis", axis as i64)],
+    );
+    let first = at.iter().copied().min().unwrap_or(0);
+    g.nodes.splice(first..first, [constant, sizes, split]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(shape: &[usize]) -> ValueMeta {
+        ValueMeta {
+            dtype: DType::F32,
+            shape: shape.to_vec(),
+        }
+    }
+
+    fn scalar(g: &mut Graph, name: &str, v: i64) {
+        let t = Tensor::i64(vec![], vec![v]).unwrap();
+        let node = make_node(
+            "Constant",
+            name,
+            &[],
+            &[name],
+            vec![tensor_attr("value", t.to_proto(name))],
+        );
+        g.nodes.push(node);
+    }
+
+    #[test]
+    fn every_position_once_becomes_a_split_and_a_partial_set_stays() {
+        let mut g = Graph::default();
+        for (name, v) in [("i0", 0), ("i1", 1), ("i2", -1)] {
+            scalar(&mut g, name, v);
+        }
+        g.nodes.push(make_node("Relu", "r", &["x"], &["p"], vec![]));
+        for (i, idx) in ["i0", "i1", "i2"].iter().enumerate() {
+            let out = format!("q{i}");
+            g.nodes
+                .push(make_node("Gather", &out, &["p", idx], &[&out], vec![]));
+        }
+        // Only positions 0 and 1 of `y`'s axis 1: kept.
+        g.nodes.push(make_node(
+            "Gather",
+            "y0",
+            &["y", "i0"],
+            &["z0"],
+            vec![int_attr("axis", 1)],
+        ));
+        g.nodes.push(make_node(
+            "Gather",
+            "y1",
+            &["y", "i1"],
+            &["z1"],
+            vec![int_attr("axis", 1)],
+        ));
+        let mut metas: Metas = [
+            ("x", meta(&[3, 4, 5])),
+            ("p", meta(&[3, 4, 5])),
+            ("y", meta(&[2, 3])),
+        ]
+        .into_iter()
+        .map(|(n, m)| (n.to_string(), m))
+        .collect();
+        assert_eq!(gathers_as_split(&mut g, &mut metas), 1);
+        let ops: Vec<&str> = g.nodes.iter().map(|n| n.op_type.as_str()).collect();
+        let want = [
+            "Constant", "Constant", "Constant", "Relu", "Constant", "Constant", "Split", "Squeeze",
+            "Squeeze", "Squeeze", "Gather", "Gather",
+        ];
+        assert_eq!(ops, want);
+        // Position -1 is part 2; the squeezes keep the gathers' outputs.
+        assert_eq!(g.nodes[9].input[0], "p/gathered0/part2");
+        assert_eq!(g.nodes[9].output[0], "q2");
+        assert_eq!(metas["p/gathered0/part1"].shape, [1, 4, 5]);
+    }
+}
