@@ -166,7 +166,8 @@ pub(crate) fn custom_domain(
         .add(super::fused::ATTENTION_OP)?
         .add(super::fused::ATTENTION_GRAD_OP)?
         .add(super::fused::PACKED_ATTENTION_OP)?
-        .add(super::fused::PACKED_ATTENTION_GRAD_OP)?;
+        .add(super::fused::PACKED_ATTENTION_GRAD_OP)?
+        .add(super::fused::RowsAdd)?;
     let domain = match blas {
         Some((blas, threads)) => domain.add(super::fused::BlasMatMul {
             blas: blas.clone(),

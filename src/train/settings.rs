@@ -132,6 +132,12 @@ pub(crate) fn training_graph(
         let n = crate::graph::row_sums_as_products(&mut tg);
         tracing::debug!("{n} row sums and means written as products for the GPU");
     }
+    // On the CPU, embedding gradients into tables the kernel zeroes, where ONNX Runtime
+    // would keep a folded table of zeros to copy (`compute/fused/rows_add.rs`).
+    if opts.fused_kernels {
+        let n = crate::graph::scatter_adds_as_rows_add(&mut tg.graph);
+        tracing::debug!("{n} embedding gradients as RowsAdd");
+    }
     // On the CPU, float32 products by OpenBLAS where the process has it (faster than
     // ONNX Runtime's MLAS at real sizes: `compute/blas.rs`); mixed precision casts the
     // standard products instead.

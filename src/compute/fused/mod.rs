@@ -16,6 +16,7 @@ mod layer_norm;
 mod math;
 mod pointwise;
 mod product;
+mod rows_add;
 mod softmax;
 mod tanh_gelu;
 
@@ -33,6 +34,7 @@ pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
 pub(crate) use depthwise::{DepthwiseConv, DepthwiseConvGrad};
 pub(crate) use layer_norm::LayerNormGrad;
 pub(crate) use product::BlasMatMul;
+pub(crate) use rows_add::RowsAdd;
 pub(crate) use softmax::{SOFTMAX_GRAD_OP, SOFTMAX_OP};
 #[cfg(feature = "cuda")]
 pub(crate) use tanh_gelu::constants as tanh_gelu_constants;
