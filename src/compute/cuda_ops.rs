@@ -39,10 +39,7 @@ impl Operator for RowsAdd {
     }
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
-        [
-            OperatorInput::required(TensorElementType::Int64),
-            OperatorInput::required(TensorElementType::Float32),
-        ]
+        super::fused::rows_add_inputs()
     }
 
     fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
@@ -53,10 +50,7 @@ impl Operator for RowsAdd {
         &self,
         kctx: &KernelContext<'attr>,
     ) -> ort::Result<Self::Kernel<'attr>> {
-        let rows = kctx
-            .get::<i64>("rows")
-            .filter(|&r| r > 0)
-            .ok_or_else(|| ort::Error::new("RowsAdd: attribute rows (a positive count) missing"))?;
+        let rows = super::fused::rows_attribute(kctx)?;
         let state: Mutex<Option<Loaded>> = Mutex::new(None);
         Ok(Box::new(move |ctx: &ComputeContext| {
             let mut state = state

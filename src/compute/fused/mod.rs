@@ -35,6 +35,8 @@ pub(crate) use depthwise::{DepthwiseConv, DepthwiseConvGrad};
 pub(crate) use layer_norm::LayerNormGrad;
 pub(crate) use product::BlasMatMul;
 pub(crate) use rows_add::RowsAdd;
+#[cfg(feature = "cuda")]
+pub(crate) use rows_add::{inputs as rows_add_inputs, rows_attribute};
 pub(crate) use softmax::{SOFTMAX_GRAD_OP, SOFTMAX_OP};
 #[cfg(feature = "cuda")]
 pub(crate) use tanh_gelu::constants as tanh_gelu_constants;

@@ -29,10 +29,7 @@ impl Operator for RowsAdd {
     }
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
-        [
-            OperatorInput::required(TensorElementType::Int64),
-            OperatorInput::required(TensorElementType::Float32),
-        ]
+        inputs()
     }
 
     fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
@@ -43,10 +40,7 @@ impl Operator for RowsAdd {
         &self,
         info: &KernelContext<'attr>,
     ) -> ort::Result<Self::Kernel<'attr>> {
-        let rows = info
-            .get::<i64>("rows")
-            .filter(|&r| r > 0)
-            .ok_or_else(|| ort::Error::new("RowsAdd: attribute rows (a positive count) missing"))?;
+        let rows = rows_attribute(info)?;
         Ok(Box::new(move |ctx: &ComputeContext| {
             let indices = input(ctx, ROWS_ADD, 0)?;
             let (_, indices) = indices.try_extract_tensor::<i64>()?;
@@ -66,6 +60,21 @@ impl Operator for RowsAdd {
             Ok(())
         }))
     }
+}
+
+/// `RowsAdd`'s inputs (on the CPU and on CUDA): the indices and the update rows.
+pub(crate) fn inputs() -> [OperatorInput; 2] {
+    [
+        OperatorInput::required(TensorElementType::Int64),
+        OperatorInput::required(TensorElementType::Float32),
+    ]
+}
+
+/// A `RowsAdd` node's `rows` attribute, the table's row count (positive).
+pub(crate) fn rows_attribute(info: &KernelContext<'_>) -> ort::Result<i64> {
+    info.get::<i64>("rows")
+        .filter(|&r| r > 0)
+        .ok_or_else(|| ort::Error::new("RowsAdd: attribute rows (a positive count) missing"))
 }
 
 /// `table` (`rows` x the updates' row length) zeroed, then each update row added to the
