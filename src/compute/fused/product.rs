@@ -234,15 +234,9 @@ mod tests {
             .collect()
     }
 
-    /// One product, as `op` of `domain` with `attrs`, of inputs shaped `shapes`, on
+    /// One product, as `op` (domain, type) with `attrs`, of inputs shaped `shapes`, on
     /// `threads` intra-op threads: its output.
-    fn run(
-        op: (&str, &str),
-        attrs: &[(&str, f32)],
-        shapes: &[&[usize]],
-        threads: usize,
-        repeats: usize,
-    ) -> (Tensor, f64) {
+    fn run(op: (&str, &str), attrs: &[(&str, f32)], shapes: &[&[usize]], threads: usize) -> Tensor {
         let names = ["a", "b", "c"];
         let attrs = attrs
             .iter()
@@ -286,13 +280,7 @@ mod tests {
             })
             .collect();
         let feeds: Vec<(&str, &Tensor)> = names.iter().copied().zip(&tensors).collect();
-        let mut out = session.run(&feeds).unwrap();
-        let t = std::time::Instant::now();
-        for _ in 0..repeats {
-            out = session.run(&feeds).unwrap();
-        }
-        let secs = t.elapsed().as_secs_f64() / repeats.max(1) as f64;
-        (out.remove(0), secs)
+        session.run(&feeds).unwrap().remove(0)
     }
 
     /// A product: its operator (domain, type), attributes and input shapes.
@@ -347,8 +335,8 @@ mod tests {
             ),
         ];
         for (op, attrs, shapes) in cases {
-            let (want, _) = run(op, attrs, shapes, 2, 0);
-            let (got, _) = run(("ai.pipetrain", BLAS_MATMUL), attrs, shapes, 2, 0);
+            let want = run(op, attrs, shapes, 2);
+            let got = run(("ai.pipetrain", BLAS_MATMUL), attrs, shapes, 2);
             let d = largest_difference(&got, &want);
             assert!(d < 1e-5, "{op:?} {attrs:?}: {d}");
         }
@@ -366,44 +354,13 @@ mod tests {
             (&[("transA", 1.0)][..], &[&[70, 300][..], &[70, 40]][..]),
             (&[], &[&[20, 70], &[70, 300]]),
         ] {
-            let (one, _) = run(op, attrs, shapes, 1, 0);
+            let one = run(op, attrs, shapes, 1);
             for threads in [2, 3] {
-                let (more, _) = run(op, attrs, shapes, threads, 0);
+                let more = run(op, attrs, shapes, threads);
                 assert_eq!(
                     one.as_f32().unwrap(),
                     more.as_f32().unwrap(),
                     "{threads} threads"
-                );
-            }
-        }
-    }
-
-    #[test]
-    #[ignore = "timing: cargo test --release --lib product_rates -- --ignored --nocapture"]
-    fn product_rates() {
-        if !has_blas() {
-            return;
-        }
-        for (m, k, n) in [
-            (256, 128, 512),
-            (512, 128, 512),
-            (512, 256, 1024),
-            (512, 768, 768),
-            (512, 768, 3072),
-            (1024, 768, 3072),
-        ] {
-            for (ta, tb) in [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0)] {
-                let a: &[usize] = if ta == 1.0 { &[k, m] } else { &[m, k] };
-                let b: &[usize] = if tb == 1.0 { &[n, k] } else { &[k, n] };
-                let attrs = [("transA", ta), ("transB", tb)];
-                let reps = (16e9 / (2.0 * (m * k * n) as f64)) as usize + 3;
-                let (_, ort) = run(("com.microsoft", "FusedMatMul"), &attrs, &[a, b], 2, reps);
-                let (_, blas) = run(("ai.pipetrain", BLAS_MATMUL), &attrs, &[a, b], 2, reps);
-                let gf = |s: f64| 2.0 * (m * k * n) as f64 / s / 1e9;
-                println!(
-                    "{m}x{k}x{n} transA {ta} transB {tb}: ORT {:.0} BLAS {:.0} GFLOP/s",
-                    gf(ort),
-                    gf(blas)
                 );
             }
         }

@@ -16,11 +16,10 @@ use crate::tensor::DType;
 /// The fewest multiply-adds of a product with a transposed first operand (a weight
 /// gradient, `X^T dY`) that OpenBLAS runs, and of any other product. Below, ONNX
 /// Runtime's MLAS is as fast or faster: each of OpenBLAS's blocks packs the other
-/// operand whole. Measured through ONNX Runtime on 2 threads (`cargo test --release
-/// --lib product_rates -- --ignored --nocapture`), GFLOP/s MLAS against OpenBLAS:
-/// `X^T dY` 226 / 241 at 134 M multiply-adds, 254 / 268 at 302 M, 238 / 294 at 2.4 G;
-/// `X W` 289 / 270 at 302 M, 251 / 276 at 1.2 G, 227 / 288 at 2.4 G; `X W^T` 310 / 268
-/// at 302 M, 283 / 286 at 1.2 G, 275 / 306 at 2.4 G.
+/// operand whole. `cargo bench --bench products` (2 threads, 2026-11-27), GFLOP/s MLAS
+/// against OpenBLAS at 302 M, 1.2 G and 2.4 G multiply-adds: `X^T dY` 255 / 258, 246 /
+/// 293, 246 / 304; `X W` 263 / 230, 273 / 286, 265 / 295; `X W^T` 303 / 266, 285 / 275,
+/// 273 / 308.
 const SMALLEST_TRANSPOSED: usize = 1 << 26;
 const SMALLEST: usize = 1 << 30;
 
