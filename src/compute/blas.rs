@@ -113,7 +113,11 @@ impl Blas {
             Some(v) => Blas::open(Path::new(&v))
                 .map(Some)
                 .map_err(|e| format!("{BLAS_ENV}: {e}")),
-            None => Ok(beside(ort).and_then(|p| Blas::open(&p).ok())),
+            None => Ok(beside(ort).and_then(|p| {
+                Blas::open(&p)
+                    .map_err(|e| tracing::warn!("OpenBLAS not used: {e}"))
+                    .ok()
+            })),
         }
     }
 
@@ -212,10 +216,9 @@ fn beside(ort: &Path) -> Option<PathBuf> {
 mod tests {
     use super::*;
 
-    /// The library of this checkout's `.venv`, when `scripts/setup.sh` installed it.
-    pub(crate) fn venv_blas() -> Option<Blas> {
-        let rt = crate::compute::Runtime::from_env().ok()?;
-        Blas::find(&rt.info().library).ok().flatten()
+    /// The runtime's library, where `scripts/setup.sh` installed it.
+    fn venv_blas() -> Option<std::sync::Arc<Blas>> {
+        crate::compute::Runtime::from_env().ok()?.blas().cloned()
     }
 
     fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f64> {

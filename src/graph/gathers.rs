@@ -18,13 +18,19 @@ use crate::tensor::{DType, Tensor};
 /// one axis) take every position of that axis exactly once; adds the new values to
 /// `metas`. Returns how many tensors.
 pub fn gathers_as_split(g: &mut Graph, metas: &mut Metas) -> usize {
-    // One at a time: each `Split` put in moves the nodes after it.
-    let mut done = 0;
-    while let Some(((data, axis), at)) = find(g, metas).into_iter().next() {
-        apply(g, metas, (&data, axis), &at, done);
-        done += 1;
+    let groups = find(g, metas);
+    // Each group's `Gather`s are replaced in place; the `Split`s go in afterwards, the
+    // last first, so that no insertion moves a place still to come.
+    let mut inserts: Vec<(usize, Vec<NodeProto>)> = groups
+        .iter()
+        .enumerate()
+        .map(|(i, ((data, axis), at))| apply(g, metas, (data, *axis), at, i))
+        .collect();
+    inserts.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
+    for (at, nodes) in inserts {
+        g.nodes.splice(at..at, nodes);
     }
-    done
+    groups.len()
 }
 
 /// The `Gather` nodes of each (tensor, axis) that fit, by position: node index per
@@ -79,76 +85,68 @@ fn constant_gather(
         .then(|| (n.input[0].clone(), axis as usize, k as usize))
 }
 
-/// Puts one `Split` of `data` where its first `Gather` was, and a `Squeeze` of part k
-/// in place of the `Gather` of position k.
-fn apply(g: &mut Graph, metas: &mut Metas, (data, axis): (&str, usize), at: &[usize], i: usize) {
+/// Replaces the `Gather` of position k by a `Squeeze` of part k of a `Split` of `data`,
+/// and returns where the `Split` (with its constants) goes: before the first `Gather`.
+fn apply(
+    g: &mut Graph,
+    metas: &mut Metas,
+    (data, axis): (&str, usize),
+    at: &[usize],
+    i: usize,
+) -> (usize, Vec<NodeProto>) {
     let base = format!("{data}/gathered{i}");
     let parts: Vec<String> = (0..at.len()).map(|k| format!("{base}/part{k}")).collect();
-    let axes = format!("{base}/axes");
-    let mut shape = metas[data].shape.clone();
-    shape[axis] = 1;
-    let dtype = metas[data].dtype;
+    let mut meta = metas[data].clone();
+    meta.shape[axis] = 1;
     for p in &parts {
-        metas.insert(
-            p.clone(),
-            ValueMeta {
-                dtype,
-                shape: shape.clone(),
-            },
-        );
+        metas.insert(p.clone(), meta.clone());
     }
-    metas.insert(
-        axes.clone(),
-        ValueMeta {
-            dtype: DType::I64,
-            shape: vec![1],
-        },
-    );
+    let axes = format!("{base}/axes");
     for (k, &node) in at.iter().enumerate() {
         let n = &g.nodes[node];
-        g.nodes[node] = make_node(
+        let squeeze = make_node(
             "Squeeze",
             &n.name,
             &[&parts[k], &axes],
             &[&n.output[0]],
             vec![],
         );
+        g.nodes[node] = squeeze;
     }
-    let value = Tensor::i64(vec![1], vec![axis as i64]).expect("one axis");
-    let constant = make_node(
-        "Constant",
-        &axes,
-        &[],
-        &[&axes],
-        vec![tensor_attr("value", value.to_proto(&axes))],
-    );
     // Sizes as an input: opset 18 on wants them or `num_outputs`, earlier opsets them.
-    let sizes_name = format!("{base}/sizes");
-    let sizes = Tensor::i64(vec![at.len()], vec![1; at.len()]).expect("sizes");
-    metas.insert(
-        sizes_name.clone(),
-        ValueMeta {
-            dtype: DType::I64,
-            shape: vec![at.len()],
-        },
-    );
-    let sizes = make_node(
-        "Constant",
-        &sizes_name,
-        &[],
-        &[&sizes_name],
-        vec![tensor_attr("value", sizes.to_proto(&sizes_name))],
-    );
+    let sizes = format!("{base}/sizes");
     let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
     let split = make_node(
         "Split",
         &base,
-        &[data, &sizes_name],
+        &[data, &sizes],
         &refs,
         vec![int_attr("axis", axis as i64)],
     );
-    let first = at.iter().copied().min().unwrap_or(0);
-    g.nodes.splice(first..first, [constant, sizes, split]);
+    let nodes = vec![
+        i64_constant(metas, &axes, vec![axis as i64]),
+        i64_constant(metas, &sizes, vec![1; at.len()]),
+        split,
+    ];
+    (at.iter().copied().min().unwrap_or(0), nodes)
+}
+
+/// A `Constant` node of the 1-D int64 `values`, named `name`, its value's shape in
+/// `metas`.
+fn i64_constant(metas: &mut Metas, name: &str, values: Vec<i64>) -> NodeProto {
+    let meta = ValueMeta {
+        dtype: DType::I64,
+        shape: vec![values.len()],
+    };
+    metas.insert(name.to_string(), meta);
+    let value = Tensor::i64(vec![values.len()], values).expect("a 1-D tensor");
+    make_node(
+        "Constant",
+        name,
+        &[],
+        &[name],
+        vec![tensor_attr("value", value.to_proto(name))],
+    )
 }
 
 #[cfg(test)]
