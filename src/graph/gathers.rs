@@ -10,7 +10,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::graph::ir::{int_attr, make_node, tensor_attr, Graph, Metas, ValueMeta};
+use crate::graph::ir::{
+    attr_i, axis_index, int_attr, make_node, tensor_attr, Graph, Metas, ValueMeta,
+};
 use crate::onnx::proto::NodeProto;
 use crate::tensor::{DType, Tensor};
 
@@ -64,25 +66,45 @@ fn constant_gather(
     metas: &Metas,
     consts: &HashMap<String, Tensor>,
 ) -> Option<(String, usize, usize)> {
+    let at = position_read(n, metas, consts).filter(|at| !at.keeps_axis)?;
+    Some((n.input[0].clone(), at.axis, at.position))
+}
+
+/// Where a `Gather` of a constant position reads.
+pub(crate) struct Position {
+    /// Its data input's axis.
+    pub axis: usize,
+    /// The position, in `0..dim`.
+    pub position: usize,
+    /// Whether its output keeps the axis (an index of shape `[1]`, not a scalar).
+    pub keeps_axis: bool,
+}
+
+/// The axis and position of a `Gather` whose index is a constant scalar or `[k]`.
+pub(crate) fn position_read(
+    n: &NodeProto,
+    metas: &Metas,
+    consts: &HashMap<String, Tensor>,
+) -> Option<Position> {
     if n.op_type != "Gather" || !n.domain.is_empty() || n.input.len() != 2 {
         return None;
     }
-    let rank = metas.get(&n.input[0])?.shape.len() as i64;
-    let axis = crate::graph::ir::attr_i(n, "axis").unwrap_or(0);
-    let axis = if axis < 0 { axis + rank } else { axis };
-    let dim = *metas
-        .get(&n.input[0])?
-        .shape
-        .get(usize::try_from(axis).ok()?)? as i64;
+    let shape = &metas.get(&n.input[0])?.shape;
+    let axis = axis_index(attr_i(n, "axis").unwrap_or(0), shape.len())?;
+    let dim = shape[axis] as i64;
     let index = consts.get(&n.input[1])?;
-    let k = match (index.shape.is_empty(), index.to_i64_vec()?.as_slice()) {
-        (true, &[k]) => k,
+    let keeps_axis = match index.shape.as_slice() {
+        [] => false,
+        [1] => true,
         _ => return None,
     };
+    let k = index.to_i64_vec()?[0];
     let k = if k < 0 { k + dim } else { k };
-    (0..dim)
-        .contains(&k)
-        .then(|| (n.input[0].clone(), axis as usize, k as usize))
+    (0..dim).contains(&k).then_some(Position {
+        axis,
+        position: k as usize,
+        keeps_axis,
+    })
 }
 
 /// Replaces the `Gather` of position k by a `Squeeze` of part k of a `Split` of `data`,
@@ -133,7 +155,7 @@ fn apply(
 
 /// A `Constant` node of the 1-D int64 `values`, named `name`, its value's shape in
 /// `metas`.
-fn i64_constant(metas: &mut Metas, name: &str, values: Vec<i64>) -> NodeProto {
+pub(crate) fn i64_constant(metas: &mut Metas, name: &str, values: Vec<i64>) -> NodeProto {
     let meta = ValueMeta {
         dtype: DType::I64,
         shape: vec![values.len()],

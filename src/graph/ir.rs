@@ -211,6 +211,12 @@ impl Graph {
     }
 }
 
+/// `axis` (negative from the end) as an index into `rank` axes; `None` out of range.
+pub fn axis_index(axis: i64, rank: usize) -> Option<usize> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    usize::try_from(a).ok().filter(|&a| a < rank)
+}
+
 /// A node's display name: its name, or its first output when unnamed.
 pub fn node_label(n: &NodeProto) -> String {
     if !n.name.is_empty() {

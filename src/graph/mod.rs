@@ -19,6 +19,7 @@ mod params;
 pub(crate) mod partition;
 mod row_sums;
 mod running_stats;
+mod selected_rows;
 mod sequences;
 mod shape_probe;
 mod stages;

@@ -8,9 +8,9 @@
 use crate::common::exported::{
     assert_within_sensitivity, assert_within_spread, fixture, layout_matches_pytorch,
     matches_pytorch, piped, reference, train_fixture, train_model, train_run, Family, Layout, Run,
-    BART, BERT, CONVNEXT, CONVNEXT_V2, DEBERTA_V2, GEMMA, GPT2, GPTJ, LLAMA, MARIAN, MBART,
-    MISTRAL, MOBILENET_V2, MOBILENET_V3, MOBILEVIT, ONE, PHI, QWEN2, RESNET18, RESNET18_64, SWIN,
-    VIT, WAV2VEC2,
+    BART, BERT, BERT_CLASSIFIER, CONVNEXT, CONVNEXT_V2, DEBERTA_V2, GEMMA, GPT2, GPTJ, LLAMA,
+    MARIAN, MBART, MISTRAL, MOBILENET_V2, MOBILENET_V3, MOBILEVIT, ONE, PHI, QWEN2, RESNET18,
+    RESNET18_64, SWIN, VIT, WAV2VEC2,
 };
 use pipetrain::checkpoint::folder_name;
 
@@ -107,6 +107,70 @@ fn causal_lms_train_as_the_readme_exports_them() {
 fn bert_masked_lm_trains_as_pytorch() {
     matches_pytorch(&BERT);
     layout_matches_pytorch(&BERT, piped(2, 2, "1f1b"));
+}
+
+/// A BERT sequence classifier: its pooler reads the last layer at token 0 alone
+/// (`hidden[:, 0]`), so past the keys and values of its attention that layer computes token
+/// 0 alone (`graph/selected_rows.rs`): its queries, output projection and feed-forward are
+/// products of one row, in both exports. Trains as PyTorch does at pp = 1 (both exports)
+/// and pp = 2.
+#[test]
+fn bert_classifier_computes_the_token_it_reads_alone_and_trains_as_pytorch() {
+    let f = &BERT_CLASSIFIER;
+    for file in ["model.onnx", "model.dynamo.onnx"] {
+        let tg = training_graph(f, file);
+        let one_row: Vec<&str> = tg.graph.nodes[..tg.forward_len]
+            .iter()
+            .filter(|n| ["MatMul", "FusedMatMul", "Gemm"].contains(&n.op_type.as_str()))
+            .filter(|n| tg.metas[&n.output[0]].shape[..2] == [4, 1])
+            .map(|n| n.name.as_str())
+            .collect();
+        assert_eq!(one_row.len(), 4, "{file}: {one_row:?}");
+    }
+    matches_pytorch(f);
+    layout_matches_pytorch(f, piped(2, 2, "1f1b"));
+    let (f64s, f32s, lr) = reference(f, "sgd");
+    let ours = train_model(f, "model.dynamo.onnx", "sgd", lr, ONE, f.steps);
+    assert_within_spread(
+        "bert_classifier (dynamo export) sgd",
+        &ours,
+        &f64s,
+        &f32s,
+        4.0,
+    );
+}
+
+/// The training graph of fixture `f`'s `file` on its first batch, as `pipetrain train`
+/// builds it on the CPU (one shard).
+fn training_graph(f: &Family, file: &str) -> pipetrain::graph::TrainingGraph {
+    use pipetrain::graph::{build_training_graph, LossSpec, TrainOptions};
+    let dir = fixture(f.name);
+    let data = pipetrain::data::read_npz(&dir.join("data.npz")).unwrap();
+    let mut names: Vec<&str> = f.inputs.to_vec();
+    names.push("labels");
+    let tensors: Vec<pipetrain::tensor::Tensor> = names
+        .iter()
+        .map(|n| data[*n].gather_rows(&[0, 1, 2, 3]).unwrap())
+        .collect();
+    let example: Vec<(&str, &pipetrain::tensor::Tensor)> =
+        names.iter().copied().zip(&tensors).collect();
+    let opts = TrainOptions {
+        inputs: Default::default(),
+        loss: LossSpec::SoftmaxCrossEntropy {
+            prediction: "logits".into(),
+            label: "labels".into(),
+            ignore_index: f.ignore_index,
+            class_axis: None,
+            normalize: Default::default(),
+        },
+        trainable: None,
+        contrib_ops: true,
+        fused_kernels: true,
+        cuda_kernels: false,
+        params: Default::default(),
+    };
+    let model = pipetrain::onnx::load_model(&dir.join(file)).unwrap();
+    build_training_graph(&crate::common::runtime(), &model, &opts, &example).unwrap()
 }
 
 /// BART: encoder-decoder, embeddings shared by encoder, decoder and LM head, padding row

@@ -267,6 +267,10 @@ pub fn build_sharded_training_graph(
         if n > 0 {
             tracing::debug!("{n} tensors taken apart by constant-position Gathers as Splits");
         }
+        let n = super::selected_rows::select_rows_early(&mut g, &mut forward_metas);
+        if n > 0 {
+            tracing::debug!("{n} nodes compute only the position a constant-position Gather reads");
+        }
     }
     let shard_plan = match shards {
         0 | 1 => None,

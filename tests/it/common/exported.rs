@@ -339,6 +339,14 @@ pub const BERT: Family = Family {
     steps: 20,
     batch: 4,
 };
+pub const BERT_CLASSIFIER: Family = Family {
+    name: "bert_classifier",
+    inputs: &["input_ids", "attention_mask"],
+    ignore_index: None,
+    frozen: &[],
+    steps: 20,
+    batch: 4,
+};
 pub const BART: Family = Family {
     name: "bart",
     inputs: &["input_ids", "decoder_input_ids"],
