@@ -37,6 +37,7 @@ pub mod cluster;
 pub mod comm;
 pub mod compute;
 pub mod config;
+pub mod cost;
 pub mod data;
 mod error;
 pub mod graph;

@@ -46,9 +46,10 @@ pub enum BalanceBy {
 }
 
 /// Each forward node's measured time (its forward and its backward, seconds per
-/// micro-batch) by name, as `pipetrain plan --save-profile` writes it for `pipeline.profile`.
+/// micro-batch) by name, as `pipetrain plan --save-profile` writes it for `pipeline.profile`
+/// (the file's other fields are what cutting on a schedule's critical path reads:
+/// `crate::cost::SavedProfile`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct NodeTimes {
     /// Samples per micro-batch the times were measured at.
     pub micro_batch: usize,

@@ -12,9 +12,9 @@
 use crate::config::{ScheduleKind, TrainConfig};
 use crate::graph::{BalanceBy, Recompute};
 
-use super::profile::Profile;
-use super::search::{simulate_candidate, Candidate, Machinery};
 use super::Sharded;
+use crate::cost::Profile;
+use crate::cost::{simulate_candidate, Candidate, Machinery};
 
 /// The per-action stage cost at which `profile`'s pipeline run (ZB-H1 in two stages, or
 /// in the profile's own stages where the model fits no worker whole; cut by FLOPs as the

@@ -13,7 +13,7 @@ use crate::{Error, Result};
 
 use super::profile::{Profile, ProfileRun};
 use super::runs::{in_folder, RunKind};
-use super::search::Machinery;
+use crate::cost::Machinery;
 
 /// A one-stage run in two replicas at once, at `alone`'s micro-batch.
 fn pair_passes(run: &ProfileRun<'_>, alone: &Profile) -> Result<Passes> {

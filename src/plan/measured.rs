@@ -13,7 +13,8 @@ use crate::Result;
 
 use super::profile::{self, Profile, ProfileRun};
 use super::search::{self, Machinery};
-use super::{calibrate, costs, PlanOptions};
+use super::{calibrate, PlanOptions};
+use crate::cost::stages as costs;
 
 /// The model as a layout of `tp` tensor shards sees it: shard 0's training graph, where
 /// it can be cut, and each forward node's parameter values (a shard's part of a split

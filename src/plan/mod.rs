@@ -3,13 +3,13 @@
 //!
 //! # How
 //! 1. [`profile`]: each forward node's time, and its backward's split into the
-//!    input-gradient and weight-gradient parts ([`split`]), from ONNX Runtime's profiler on
+//!    input-gradient and weight-gradient parts (`cost::split`), from ONNX Runtime's profiler on
 //!    a few real steps, at every micro-batch size and tensor-shard count the candidates
 //!    need (`measured`; in pipeline stages where one worker cannot hold the model under
 //!    the cap); the machine's hand-offs, interference and replica costs (`machine`); a
 //!    stage's own cost calibrated against the recorded pipeline run (`calibrate`).
 //! 2. [`search`]: every layout of the workers (data × tensor × pipeline), schedule, micro-batch
-//!    count and recompute; each one's cuts balanced by time ([`costs`]), its step simulated
+//!    count and recompute; each one's cuts balanced by time (`cost::stages`), its step simulated
 //!    on this machine's shared cores with the optimizer step and the reduction on the
 //!    timeline, its memory per rank from the memory model.
 //! 3. Those over the cap are dropped; the rest ranked by predicted step. The best is
@@ -23,7 +23,6 @@
 
 mod calibrate;
 mod command;
-pub mod costs;
 mod machine;
 mod measured;
 mod ort_profile;
@@ -32,7 +31,6 @@ mod report;
 mod rivals;
 mod runs;
 pub mod search;
-pub mod split;
 mod verify;
 mod write;
 
@@ -114,9 +112,9 @@ pub struct Plan {
     pub profile_seconds: f64,
     /// The machine as measured.
     pub machinery: Machinery,
-    /// Each forward node's time at the configuration's micro-batch (or the nearest
-    /// profiled), for `partition = { balanced = { by = "time" } }`.
-    pub node_times: Option<crate::graph::NodeTimes>,
+    /// The profile at the configuration's micro-batch (or the nearest profiled) by node
+    /// name, for `partition = { balanced = { by = "time" } }`.
+    pub node_times: Option<crate::cost::SavedProfile>,
 }
 
 impl Plan {
@@ -190,7 +188,7 @@ pub fn plan(
         .values()
         .filter(|p| p.shards == 1)
         .min_by_key(|p| p.micro_batch.abs_diff(cfg.batch_size));
-    let node_times = nearest.map(|p| costs::node_times(p, &whole.tg));
+    let node_times = nearest.map(|p| crate::cost::SavedProfile::of(p, &whole.tg, &machinery));
     let scale_of = |mb: usize| mb as f64 / cfg.batch_size as f64;
     let mut rows = Vec::new();
     for c in candidates {

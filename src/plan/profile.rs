@@ -16,68 +16,13 @@
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
 use super::machine::{pass_seconds, Passes};
 use super::ort_profile::{read_profile, Counting};
 use super::runs::{in_folder, RunKind};
 
+pub use crate::cost::Profile;
 use crate::graph::TrainingGraph;
 use crate::{Error, Result};
-
-/// Per forward node, seconds per micro-batch on one stage running `threads` intra-op
-/// threads, micro-batches of `micro_batch` samples.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Profile {
-    /// Tensor shards the model ran in (each shard's nodes timed).
-    #[serde(default = "one")]
-    pub shards: usize,
-    /// Pipeline stages its runs cut the model into (1 unless no worker holds it whole).
-    #[serde(default = "one")]
-    pub stages: usize,
-    /// Steps its timed runs took ([`ProfileRun::lengthened`]).
-    #[serde(default)]
-    pub steps: usize,
-    /// Intra-op threads the sessions ran.
-    pub threads: usize,
-    /// Samples per micro-batch.
-    pub micro_batch: usize,
-    /// Each forward node's kernels.
-    pub forward: Vec<f64>,
-    /// Each backward node's (`tg.graph.nodes[tg.forward_len..]`) kernels.
-    pub backward: Vec<f64>,
-    /// A micro-batch's forward and backward as one graph (one stage, unsplit schedule).
-    pub fused: f64,
-    /// The optimizer step's seconds per parameter value.
-    pub step_per_value: f64,
-    /// What each action costs beside its compute (the actors' hand-over, feeding the
-    /// micro-batch, accumulating): fitted over the profiles ([`fit_overheads`]).
-    pub action_gap: f64,
-    /// The one-stage run's step less its actions' time.
-    pub idle: f64,
-    /// Its actions per step (a forward and a backward per micro-batch).
-    pub actions: f64,
-    /// What each action of a pipeline's stage pays beside its nodes (its own session
-    /// run, the values it receives and keeps): calibrated so that the two-stage run
-    /// simulates to its measured step (`calibrate`; 0 where not measured).
-    pub stage_run: f64,
-    /// The two-stage ZB-H1 run's measured step (0 where not run).
-    #[serde(default)]
-    pub pipeline_period: f64,
-    /// Share of kernel time in nodes ONNX Runtime made itself, spread by proportion.
-    pub unmatched: f64,
-}
-
-fn one() -> usize {
-    1
-}
-
-impl Profile {
-    /// Sum of every node's forward and backward: one micro-batch's compute.
-    pub fn total(&self) -> f64 {
-        self.forward.iter().chain(&self.backward).sum()
-    }
-}
 
 /// How to run a profile: the `pipetrain` binary, the user's configuration (its file and
 /// its text), and how many steps to run and skip.

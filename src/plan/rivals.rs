@@ -4,8 +4,8 @@
 use crate::config::{ScheduleKind, TrainConfig};
 use crate::graph::{BalanceBy, Recompute};
 
-use super::search::{cut_names, simulate_candidate, Candidate, Machinery};
 use super::{PlanOptions, PlanRow, Profiles, Sharded};
+use crate::cost::{cut_names, simulate_candidate, Candidate, Machinery};
 
 /// What simulating a layout with given cuts needs.
 pub(super) struct Fixed<'a> {

@@ -3,81 +3,17 @@
 //! A candidate is a data-parallel, a tensor-parallel and a pipeline size whose product is
 //! the workers (tensor parallelism where the model splits), a schedule, a micro-batch count (the configuration's global batch kept), and
 //! recompute on or off. Its cuts are balanced by measured time and moved to shorten its
-//! simulated step ([`super::costs`]). Its step is simulated on this machine's cores
-//! shared by every worker ([`simulate_on`]), with the optimizer step and the
-//! data-parallel reduction on the timeline; its memory per rank comes from the memory
-//! model that refuses runs over a cap (`train::memory`).
-
-use pipetrain_schedules::{lower, simulate_on, LowerOptions, Machine, ScheduleSpec, StageCost};
+//! simulated step, and the step is simulated on this machine's cores shared by every
+//! worker, with the optimizer step and the data-parallel reduction on the timeline
+//! ([`crate::cost`]); its memory per rank comes from the memory model that refuses runs
+//! over a cap (`train::memory`).
 
 use crate::config::{ScheduleKind, TrainConfig};
-use crate::graph::{Partition, Recompute, TrainingGraph};
+use crate::graph::Recompute;
 
-use super::costs::{action_seconds, even_bounds, refine_bounds, stage_costs, Cuttable};
-use super::profile::Profile;
-
-/// One layout.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Candidate {
-    /// Data-parallel replicas.
-    pub dp: usize,
-    /// Tensor shards of each stage (`horizontal_parallel_size`).
-    pub tp: usize,
-    /// Pipeline ranks.
-    pub pp: usize,
-    /// The schedule.
-    pub schedule: ScheduleKind,
-    /// Stages per rank (2 for the interleaved schedule, as ZB-V has).
-    pub virtual_stages: usize,
-    /// Micro-batches per step.
-    pub micro_batches: usize,
-    /// Samples per micro-batch.
-    pub micro_batch: usize,
-    /// Recompute.
-    pub recompute: Recompute,
-}
-
-impl Candidate {
-    /// Pipeline stages.
-    pub fn stages(&self) -> usize {
-        self.schedule.stages(self.pp, self.virtual_stages)
-    }
-
-    /// The schedule to generate.
-    pub fn spec(&self) -> ScheduleSpec {
-        self.schedule
-            .spec(self.pp, self.virtual_stages, self.micro_batches)
-    }
-
-    /// `cfg` with this layout (its cuts, the tensors ending each stage, given).
-    pub fn apply(&self, cfg: &TrainConfig, cuts: &[String]) -> TrainConfig {
-        let mut c = cfg.clone();
-        c.data_parallel_size = self.dp;
-        c.horizontal_parallel_size = self.tp;
-        c.pipeline_parallel_size = self.pp;
-        if let Some(w) = c.world_size.as_mut() {
-            *w = self.dp * self.tp * self.pp;
-        }
-        c.batch_size = self.micro_batch;
-        // Step counts are in micro-batches: the same optimizer steps.
-        let optimizer_steps = cfg.num_train_steps / cfg.gradient_accumulation_steps.max(1);
-        c.num_train_steps = optimizer_steps.max(1) * self.micro_batches;
-        c.display_loss_steps = self.micro_batches
-            * (cfg.display_loss_steps / cfg.gradient_accumulation_steps.max(1)).max(1);
-        c.gradient_accumulation_steps = self.micro_batches;
-        c.recompute = self.recompute;
-        c.pipeline.schedule = self.schedule;
-        c.pipeline.virtual_stages = match self.schedule {
-            ScheduleKind::Interleaved1f1b => self.virtual_stages,
-            _ => 1,
-        };
-        c.pipeline.partition = match cuts.is_empty() {
-            true => None,
-            false => Some(Partition::CutAt(cuts.to_vec())),
-        };
-        c
-    }
-}
+pub use crate::cost::{
+    cut_names, node_values, simulate_candidate, Candidate, Machinery, Simulated,
+};
 
 /// Every layout of `workers` workers for `cfg`'s global batch: tensor shards of `tps`
 /// (1 and those the model splits into), micro-batch counts up to `max_micro_batches`, the
@@ -136,156 +72,6 @@ pub fn candidates(
         }
     }
     out
-}
-
-/// What the machine and the run cost beside the stages' compute.
-#[derive(Debug, Clone, Copy)]
-pub struct Machinery {
-    /// The machine's cores.
-    pub cores: usize,
-    /// Each session's intra-op threads at this many workers.
-    pub threads: usize,
-    /// A hand-off between two actors of one process, seconds.
-    pub hop: f64,
-    /// Seconds to add one float32 into another (the in-process reduction's rate).
-    pub add_per_value: f64,
-    /// How much each further action running at once slows the others.
-    pub contention: f64,
-    /// What keeping data-parallel replicas in step adds to a step.
-    pub replica_sync: f64,
-    /// What a step costs beside its actions (the coordinator, the data).
-    pub step_overhead: f64,
-}
-
-/// A candidate's simulated step: its seconds, idle share, and its cuts (positions in the
-/// live nodes).
-#[derive(Debug, Clone)]
-pub struct Simulated {
-    /// Seconds per optimizer step.
-    pub step: f64,
-    /// Idle share of the ranks' time.
-    pub bubble: f64,
-    /// Cut positions.
-    pub bounds: Vec<usize>,
-}
-
-/// Simulates `c` with `profile`'s costs (measured at `c`'s micro-batch and threads);
-/// `values[i]` are forward node `i`'s parameter values (for the update and reduction).
-/// Its cuts are `fixed` where given, else balanced by time. `None` where the schedule
-/// does not apply (too few micro-batches, say).
-pub fn simulate_candidate(
-    c: &Candidate,
-    profile: &Profile,
-    (cut, values): (&Cuttable, &[f64]),
-    m: &Machinery,
-    fixed: Option<Vec<usize>>,
-) -> Option<Simulated> {
-    let stages = c.stages();
-    let live = &cut.live;
-    if stages > live.len() {
-        return None;
-    }
-    let schedule = c.spec().generate().ok()?;
-    let lowered = lower(
-        &schedule,
-        LowerOptions {
-            all_reduce: c.dp > 1,
-            optimizer_step: true,
-        },
-    )
-    .ok()?;
-    let split = c.schedule.splits_backward();
-    let machine = Machine {
-        slots: (m.cores as f64 / m.threads as f64).max(1.0),
-        // Every shard of every replica runs each action at once.
-        copies: c.dp * c.tp,
-        contention: m.contention,
-    };
-    // A split model's profile ran its shards at once: its times are each shard's slowed
-    // by the others, which the simulator adds again for the shards it runs at once.
-    let alone = machine.rate(profile.shards);
-    let step = |bounds: &[usize]| -> Option<(f64, f64)> {
-        let costs: Vec<StageCost> = stage_costs(profile, cut, bounds, (c.recompute, split))
-            .into_iter()
-            .map(|k| scaled(k, alone))
-            .collect();
-        let held = stage_values(live, bounds, values);
-        let update: Vec<f64> = held.iter().map(|v| v * profile.step_per_value).collect();
-        let reduce: Vec<f64> = match c.dp {
-            1 => vec![0.0; held.len()],
-            d => held
-                .iter()
-                .map(|v| v * m.add_per_value * (d - 1) as f64 + m.replica_sync)
-                .collect(),
-        };
-        let duration = |a| action_seconds(a, &costs, &reduce, &update);
-        let t = simulate_on(&lowered, &duration, &|_| m.hop, machine).ok()?;
-        Some((t.makespan() + m.step_overhead, t.bubble_fraction()))
-    };
-    let bounds = match fixed {
-        Some(b) => b,
-        None => {
-            let start = even_bounds(profile, cut, stages);
-            refine_bounds(start, live.len(), &|b| step(b).map(|s| s.0))
-        }
-    };
-    let (time, bubble) = step(&bounds)?;
-    Some(Simulated {
-        step: time,
-        bubble,
-        bounds,
-    })
-}
-
-fn scaled(k: StageCost, by: f64) -> StageCost {
-    StageCost {
-        forward: k.forward * by,
-        backward: k.backward * by,
-        backward_input: k.backward_input * by,
-        backward_weight: k.backward_weight * by,
-    }
-}
-
-/// Per stage, the parameter values its nodes hold.
-fn stage_values(live: &[usize], bounds: &[usize], values: &[f64]) -> Vec<f64> {
-    let edges: Vec<usize> = std::iter::once(0)
-        .chain(bounds.iter().copied())
-        .chain(std::iter::once(live.len()))
-        .collect();
-    edges
-        .windows(2)
-        .map(|w| live[w[0]..w[1]].iter().map(|&i| values[i]).sum())
-        .collect()
-}
-
-/// Per forward node, the parameter values it reads first (each parameter counted once,
-/// at the first node that reads it: the stage that owns it).
-pub fn node_values(tg: &TrainingGraph) -> Vec<f64> {
-    let sizes: std::collections::HashMap<&str, usize> = tg
-        .params
-        .iter()
-        .map(|p| (p.name.as_str(), p.meta.numel()))
-        .collect();
-    let mut seen = std::collections::HashSet::new();
-    tg.graph.nodes[..tg.forward_len]
-        .iter()
-        .map(|n| {
-            n.input
-                .iter()
-                .filter(|i| seen.insert(i.as_str()))
-                .filter_map(|i| sizes.get(i.as_str()))
-                .sum::<usize>() as f64
-        })
-        .collect()
-}
-
-/// The tensors ending each stage but the last, for `bounds` in `live`: what a
-/// configuration's `partition = { cut_at = [...] }` names.
-pub fn cut_names(tg: &TrainingGraph, live: &[usize], bounds: &[usize]) -> Vec<String> {
-    bounds
-        .iter()
-        .map(|&b| tg.graph.nodes[live[b - 1]].output[0].clone())
-        .collect()
 }
 
 #[cfg(test)]

@@ -193,7 +193,7 @@ fn rank_peaks(
     let schedule = cfg.schedule().generate().map_err(|e| Error::Partition {
         reason: e.to_string(),
     })?;
-    let (tg, a) = with_tied_shared(tg, assign_stages(tg, &cfg.partition())?);
+    let (tg, a) = with_tied_shared(tg, assign_stages(tg, &crate::cost::partition(tg, cfg)?)?);
     let stages = build_stage_graphs_with(&tg, &a, recompute)?;
     let (kept, handoff) = stash_sizes(&tg, &stages, &schedule);
     let costs = CostModel::uniform(stages.len(), StageCost::default());
@@ -362,7 +362,7 @@ pub(crate) fn rank_bytes(
     let schedule = cfg.schedule().generate().map_err(|e| Error::Partition {
         reason: e.to_string(),
     })?;
-    let (tg, a) = with_tied_shared(tg, assign_stages(tg, &cfg.partition())?);
+    let (tg, a) = with_tied_shared(tg, assign_stages(tg, &crate::cost::partition(tg, cfg)?)?);
     let stages = build_stage_graphs_with(&tg, &a, cfg.recompute)?;
     let stash = predicted_stash(&tg, &stages, &schedule);
     let per_stage = stage_memory(cfg, &tg, &stages, &stash);

@@ -199,7 +199,8 @@ pub(super) fn build_graphs(
         ckpt.check_model(&tg.whole_param_shapes())?;
     }
     check_param_groups(cfg, config_path, &tg)?;
-    let (shared, assignment) = with_tied_shared(&tg, assign_stages(&tg, &cfg.partition())?);
+    let (shared, assignment) =
+        with_tied_shared(&tg, assign_stages(&tg, &crate::cost::partition(&tg, cfg)?)?);
     let shared: Option<TrainingGraph> = match shared {
         Cow::Owned(t) => Some(t),
         Cow::Borrowed(_) => None,

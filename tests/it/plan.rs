@@ -7,15 +7,15 @@ use std::process::Command;
 
 use crate::common::{self, PeerModel};
 use pipetrain::config::TrainConfig;
+use pipetrain::cost::split::BackwardGraph;
 use pipetrain::graph::{assign_stages, build_stage_graphs, NodeTimes, Partition};
-use pipetrain::plan::split::BackwardGraph;
 
 #[test]
 fn each_stage_s_input_gradient_part_is_what_the_stage_builder_puts_in_its_i_graph() {
     let rt = common::runtime();
     let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
     let graph = BackwardGraph::of(&tg);
-    let live = pipetrain::plan::costs::Cuttable::of(&tg).live;
+    let live = pipetrain::cost::stages::Cuttable::of(&tg).live;
     let backward = &tg.graph.nodes[tg.forward_len..];
     // Cuts after each of many nodes, some between a product and its bias (where the
     // bias's reshaped gradient crosses): every later stage's `I` graph runs exactly the
@@ -176,9 +176,11 @@ fn a_model_no_worker_holds_whole_under_the_cap_is_profiled_in_stages() {
     trains(&best);
 }
 
-/// `partition = { balanced = { by = "time" } }` with the times the plan saved: the
-/// configuration balances exactly those times (by node name), and the run trains;
-/// without a profile, an error names the field and how to write one.
+/// `partition = { balanced = { by = "time" } }` with the profile the plan saved: the
+/// configuration reads exactly its times (by node name); with the passes saved apart,
+/// `train` cuts on the schedule's critical path, and with the times alone (a profile of
+/// an earlier version) balances them; without a profile, an error names the field and
+/// how to write one.
 fn balanced_by_time_cuts_where_the_saved_times_say(
     dir: &std::path::Path,
     config: &std::path::Path,
@@ -207,7 +209,21 @@ fn balanced_by_time_cuts_where_the_saved_times_say(
         panic!("{:?}", cfg.pipeline.partition);
     };
     assert_eq!(read, &times.times);
-    trains(&path);
+    // The plan saved the passes apart too: `train` cuts on the schedule's critical path.
+    let saved: pipetrain::cost::SavedProfile =
+        serde_json::from_slice(&std::fs::read(dir.join("times.json")).unwrap()).unwrap();
+    let costs = saved.costs.expect("the passes apart");
+    assert_eq!(costs.forward.len(), times.times.len());
+    assert!(costs.backward.values().sum::<f64>() > 0.0);
+    let log = trains_logging(&path);
+    assert!(log.contains("on the schedule's critical path"), "{log}");
+    // A profile of the times alone (an earlier version's) balances them linearly.
+    let mut bare: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("times.json")).unwrap()).unwrap();
+    bare.as_object_mut().unwrap().remove("costs");
+    std::fs::write(dir.join("times.json"), bare.to_string()).unwrap();
+    let log = trains_logging(&path);
+    assert!(log.contains("no costs by pass"), "{log}");
     let missing = dir.join("no_profile.toml");
     std::fs::write(&missing, by_time.replace("profile = \"times.json\"\n", "")).unwrap();
     let err = TrainConfig::load(&missing).unwrap_err().to_string();
@@ -241,6 +257,19 @@ fn plan(
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     stdout
+}
+
+/// `pipetrain train CONFIG` succeeds, logging at `info`: what it logged.
+fn trains_logging(config: &std::path::Path) -> String {
+    let run = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
+        .arg("train")
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr).to_string();
+    assert!(run.status.success(), "{}: {stderr}", config.display());
+    stderr
 }
 
 /// `pipetrain train CONFIG` succeeds.

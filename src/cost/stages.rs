@@ -21,8 +21,8 @@ use pipetrain_schedules::{Action, ActionKind, StageCost};
 use crate::graph::partition::{balanced_boundaries, constant_nodes};
 use crate::graph::{Recompute, TrainingGraph};
 
-use super::profile::Profile;
 use super::split::BackwardGraph;
+use super::Profile;
 
 /// What cutting needs of the training graph: the forward nodes that compute (not
 /// constants), in order, which the cuts fall between; each forward node's place among
@@ -137,26 +137,6 @@ pub fn even_bounds(profile: &Profile, cut: &Cuttable, stages: usize) -> Vec<usiz
         }
     }
     balanced_boundaries(&costs, stages)
-}
-
-/// Each forward node's time in `profile` (its forward and every backward node anchored
-/// to it) by name, as `pipeline.profile` holds it.
-pub fn node_times(profile: &Profile, tg: &TrainingGraph) -> crate::graph::NodeTimes {
-    let mut times: Vec<f64> = profile.forward.clone();
-    for (b, &t) in profile.backward.iter().enumerate() {
-        if let Some(slot) = times.get_mut(tg.anchors[b]) {
-            *slot += t;
-        }
-    }
-    crate::graph::NodeTimes {
-        micro_batch: profile.micro_batch,
-        threads: profile.threads,
-        times: tg.graph.nodes[..tg.forward_len]
-            .iter()
-            .zip(times)
-            .map(|(n, t)| (n.name.clone(), t))
-            .collect(),
-    }
 }
 
 /// Moves each cut in `bounds` while `step` (a simulated step time for given cuts) falls:

@@ -1,0 +1,21 @@
+//! The cost model: what a layout's step takes, simulated from each node's measured
+//! time. `pipetrain plan` measures the costs and searches the layouts with it; `train`
+//! reads it to cut stages by time on the schedule's critical path ([`partition`]).
+//!
+//! - [`Profile`]: each forward node's time and each backward node's, per micro-batch,
+//!   measured on one machine; [`SavedProfile`] is the same by node name, as a file.
+//! - [`split`]: which backward nodes a stage's input-gradient pass runs for given cuts.
+//! - [`stages`]: a layout's per-stage costs, and cuts balanced by time, then moved to
+//!   shorten the simulated step.
+//! - [`simulate_candidate`]: a layout's step on this machine's shared cores, with the
+//!   optimizer step and the data-parallel reduction on the timeline.
+
+mod profile;
+mod simulate;
+pub mod split;
+pub mod stages;
+mod timed;
+
+pub use profile::{NamedCosts, Profile, SavedProfile};
+pub use simulate::{cut_names, node_values, simulate_candidate, Candidate, Machinery, Simulated};
+pub use timed::partition;

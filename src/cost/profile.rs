@@ -1,0 +1,172 @@
+//! What a model's nodes cost on one machine, per micro-batch: measured by `pipetrain
+//! plan` (`plan::profile`), read here by index into the training graph, or saved and read
+//! again by name (`pipeline.profile`, [`crate::graph::NodeCosts`]).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::graph::{NodeTimes, TrainingGraph};
+
+use super::Machinery;
+
+/// Per forward node, seconds per micro-batch on one stage running `threads` intra-op
+/// threads, micro-batches of `micro_batch` samples.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    /// Tensor shards the model ran in (each shard's nodes timed).
+    #[serde(default = "one")]
+    pub shards: usize,
+    /// Pipeline stages its runs cut the model into (1 unless no worker holds it whole).
+    #[serde(default = "one")]
+    pub stages: usize,
+    /// Steps its timed runs took ([`ProfileRun::lengthened`]).
+    #[serde(default)]
+    pub steps: usize,
+    /// Intra-op threads the sessions ran.
+    pub threads: usize,
+    /// Samples per micro-batch.
+    pub micro_batch: usize,
+    /// Each forward node's kernels.
+    pub forward: Vec<f64>,
+    /// Each backward node's (`tg.graph.nodes[tg.forward_len..]`) kernels.
+    pub backward: Vec<f64>,
+    /// A micro-batch's forward and backward as one graph (one stage, unsplit schedule).
+    pub fused: f64,
+    /// The optimizer step's seconds per parameter value.
+    pub step_per_value: f64,
+    /// What each action costs beside its compute (the actors' hand-over, feeding the
+    /// micro-batch, accumulating): fitted over the profiles (`plan::profile::fit_overheads`).
+    pub action_gap: f64,
+    /// The one-stage run's step less its actions' time.
+    pub idle: f64,
+    /// Its actions per step (a forward and a backward per micro-batch).
+    pub actions: f64,
+    /// What each action of a pipeline's stage pays beside its nodes (its own session
+    /// run, the values it receives and keeps): calibrated so that the two-stage run
+    /// simulates to its measured step (`calibrate`; 0 where not measured).
+    pub stage_run: f64,
+    /// The two-stage ZB-H1 run's measured step (0 where not run).
+    #[serde(default)]
+    pub pipeline_period: f64,
+    /// Share of kernel time in nodes ONNX Runtime made itself, spread by proportion.
+    pub unmatched: f64,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl Profile {
+    /// Sum of every node's forward and backward: one micro-batch's compute.
+    pub fn total(&self) -> f64 {
+        self.forward.iter().chain(&self.backward).sum()
+    }
+}
+
+/// A profile as `pipetrain plan --save-profile` writes it for `pipeline.profile`: each
+/// forward node's whole time (what the linear partition balances) and, where written by
+/// this version on, what cutting on the schedule's critical path reads, by node name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SavedProfile {
+    /// Micro-batch, threads and each forward node's forward and backward together.
+    #[serde(flatten)]
+    pub times: NodeTimes,
+    /// The passes apart, and the machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub costs: Option<NamedCosts>,
+}
+
+/// A [`Profile`]'s costs by node name, with the machine they were measured on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedCosts {
+    /// Each forward node's forward, seconds.
+    pub forward: BTreeMap<String, f64>,
+    /// Each backward node, seconds.
+    pub backward: BTreeMap<String, f64>,
+    /// A micro-batch's forward and backward as one graph.
+    pub fused: f64,
+    /// The optimizer step's seconds per parameter value.
+    pub step_per_value: f64,
+    /// What each action costs beside its compute.
+    pub action_gap: f64,
+    /// What each action of a pipeline's stage pays beside its nodes.
+    pub stage_run: f64,
+    /// The machine.
+    pub machinery: Machinery,
+}
+
+impl SavedProfile {
+    /// `profile` (of `tg`, unsplit) measured on `machinery`, by name.
+    pub fn of(profile: &Profile, tg: &TrainingGraph, machinery: &Machinery) -> SavedProfile {
+        let forward = &tg.graph.nodes[..tg.forward_len];
+        let backward = &tg.graph.nodes[tg.forward_len..];
+        let mut whole: Vec<f64> = profile.forward.clone();
+        for (b, &t) in profile.backward.iter().enumerate() {
+            if let Some(slot) = whole.get_mut(tg.anchors[b]) {
+                *slot += t;
+            }
+        }
+        let named = |nodes: &[crate::onnx::proto::NodeProto], times: &[f64]| {
+            nodes
+                .iter()
+                .zip(times)
+                .map(|(n, &t)| (n.name.clone(), t))
+                .collect()
+        };
+        SavedProfile {
+            times: NodeTimes {
+                micro_batch: profile.micro_batch,
+                threads: profile.threads,
+                times: named(forward, &whole),
+            },
+            costs: Some(NamedCosts {
+                forward: named(forward, &profile.forward),
+                backward: named(backward, &profile.backward),
+                fused: profile.fused,
+                step_per_value: profile.step_per_value,
+                action_gap: profile.action_gap,
+                stage_run: profile.stage_run,
+                machinery: *machinery,
+            }),
+        }
+    }
+}
+
+impl NamedCosts {
+    /// The profile of `tg`'s nodes (by name; a node not named costs nothing) at
+    /// micro-batches of `micro_batch` samples, from costs measured at `measured_at`
+    /// (node times scaled in proportion).
+    pub fn profile(
+        &self,
+        tg: &TrainingGraph,
+        measured_at: &NodeTimes,
+        micro_batch: usize,
+    ) -> Profile {
+        let scale = micro_batch as f64 / measured_at.micro_batch.max(1) as f64;
+        let times = |nodes: &[crate::onnx::proto::NodeProto], by: &BTreeMap<String, f64>| {
+            nodes
+                .iter()
+                .map(|n| by.get(&n.name).copied().unwrap_or(0.0) * scale)
+                .collect()
+        };
+        Profile {
+            shards: 1,
+            stages: 1,
+            steps: 0,
+            threads: measured_at.threads,
+            micro_batch,
+            forward: times(&tg.graph.nodes[..tg.forward_len], &self.forward),
+            backward: times(&tg.graph.nodes[tg.forward_len..], &self.backward),
+            fused: self.fused * scale,
+            step_per_value: self.step_per_value,
+            action_gap: self.action_gap,
+            idle: 0.0,
+            actions: 0.0,
+            stage_run: self.stage_run,
+            pipeline_period: 0.0,
+            unmatched: 0.0,
+        }
+    }
+}
