@@ -6,11 +6,11 @@
 //! Within the float32 spread of PyTorch (see `common/exported.rs`).
 
 use crate::common::exported::{
-    assert_within_sensitivity, assert_within_spread, fixture, layout_matches_pytorch,
-    matches_pytorch, piped, reference, train_fixture, train_model, train_run, Family, Layout, Run,
-    BART, BERT, BERT_CLASSIFIER, CONVNEXT, CONVNEXT_V2, DEBERTA_V2, GEMMA, GPT2, GPTJ, LLAMA,
-    MARIAN, MBART, MISTRAL, MOBILENET_V2, MOBILENET_V3, MOBILEVIT, ONE, PHI, QWEN2, RESNET18,
-    RESNET18_64, SWIN, VIT, WAV2VEC2,
+    assert_within_sensitivity, assert_within_spread, first_batch, fixture, layout_matches_pytorch,
+    matches_pytorch, piped, reference, train_fixture, train_model, train_options, train_run,
+    Family, Layout, Run, BART, BERT, BERT_CLASSIFIER, CONVNEXT, CONVNEXT_V2, DEBERTA_V2, GEMMA,
+    GPT2, GPTJ, LLAMA, MARIAN, MBART, MISTRAL, MOBILENET_V2, MOBILENET_V3, MOBILEVIT, ONE, PHI,
+    QWEN2, RESNET18, RESNET18_64, SWIN, VIT, WAV2VEC2,
 };
 use pipetrain::checkpoint::folder_name;
 
@@ -143,34 +143,12 @@ fn bert_classifier_computes_the_token_it_reads_alone_and_trains_as_pytorch() {
 /// The training graph of fixture `f`'s `file` on its first batch, as `pipetrain train`
 /// builds it on the CPU (one shard).
 fn training_graph(f: &Family, file: &str) -> pipetrain::graph::TrainingGraph {
-    use pipetrain::graph::{build_training_graph, LossSpec, TrainOptions};
-    let dir = fixture(f.name);
-    let data = pipetrain::data::read_npz(&dir.join("data.npz")).unwrap();
-    let mut names: Vec<&str> = f.inputs.to_vec();
-    names.push("labels");
-    let tensors: Vec<pipetrain::tensor::Tensor> = names
-        .iter()
-        .map(|n| data[*n].gather_rows(&[0, 1, 2, 3]).unwrap())
-        .collect();
+    let batch = first_batch(f);
     let example: Vec<(&str, &pipetrain::tensor::Tensor)> =
-        names.iter().copied().zip(&tensors).collect();
-    let opts = TrainOptions {
-        inputs: Default::default(),
-        loss: LossSpec::SoftmaxCrossEntropy {
-            prediction: "logits".into(),
-            label: "labels".into(),
-            ignore_index: f.ignore_index,
-            class_axis: None,
-            normalize: Default::default(),
-        },
-        trainable: None,
-        contrib_ops: true,
-        fused_kernels: true,
-        cuda_kernels: false,
-        params: Default::default(),
-    };
-    let model = pipetrain::onnx::load_model(&dir.join(file)).unwrap();
-    build_training_graph(&crate::common::runtime(), &model, &opts, &example).unwrap()
+        batch.iter().map(|(n, t)| (*n, t)).collect();
+    let model = pipetrain::onnx::load_model(&fixture(f.name).join(file)).unwrap();
+    let rt = crate::common::runtime();
+    pipetrain::graph::build_training_graph(&rt, &model, &train_options(f), &example).unwrap()
 }
 
 /// BART: encoder-decoder, embeddings shared by encoder, decoder and LM head, padding row

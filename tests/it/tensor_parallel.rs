@@ -282,34 +282,17 @@ fn the_split_is_megatrons_heads_and_hidden_width_with_two_all_reduces_per_layer_
 #[test]
 fn exported_hugging_face_models_split_and_train_as_unsplit() {
     use crate::common::exported::{
-        fixture, train_run, Family, Run, BART, BERT, GPT2, LLAMA, ONE, VIT,
+        first_batch, fixture, train_options, train_run, Family, Run, BART, BERT, GPT2, LLAMA, ONE,
+        VIT,
     };
-    use pipetrain::graph::{build_sharded_training_graph, LossSpec, TrainOptions};
+    use pipetrain::graph::build_sharded_training_graph;
     let cases: [(&Family, usize); 5] = [(&GPT2, 4), (&BERT, 4), (&LLAMA, 4), (&BART, 5), (&VIT, 2)];
     let rt = common::runtime();
     for (f, summed) in cases {
         let dir = fixture(f.name);
-        let data = pipetrain::data::read_npz(&dir.join("data.npz")).unwrap();
-        let rows = |n: &str| data[n].gather_rows(&[0, 1, 2, 3]).unwrap();
-        let mut names: Vec<&str> = f.inputs.to_vec();
-        names.push("labels");
-        let tensors: Vec<Tensor> = names.iter().map(|n| rows(n)).collect();
-        let example: Vec<(&str, &Tensor)> = names.iter().copied().zip(&tensors).collect();
-        let opts = TrainOptions {
-            inputs: Default::default(),
-            loss: LossSpec::SoftmaxCrossEntropy {
-                prediction: "logits".into(),
-                label: "labels".into(),
-                ignore_index: f.ignore_index,
-                class_axis: None,
-                normalize: Default::default(),
-            },
-            trainable: None,
-            contrib_ops: true,
-            fused_kernels: true,
-            cuda_kernels: false,
-            params: Default::default(),
-        };
+        let batch = first_batch(f);
+        let example: Vec<(&str, &Tensor)> = batch.iter().map(|(n, t)| (*n, t)).collect();
+        let opts = train_options(f);
         for file in ["model.onnx", "model.dynamo.onnx"] {
             let model = pipetrain::onnx::load_model(&dir.join(file)).unwrap();
             let tg = build_sharded_training_graph(&rt, &model, &opts, &example, 2).unwrap();

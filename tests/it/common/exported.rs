@@ -31,6 +31,36 @@ pub struct Family {
     pub batch: usize,
 }
 
+/// The fixture's first batch (rows 0-3 of its inputs and labels), by name.
+pub fn first_batch(f: &Family) -> Vec<(&'static str, pipetrain::tensor::Tensor)> {
+    let data = pipetrain::data::read_npz(&fixture(f.name).join("data.npz")).unwrap();
+    f.inputs
+        .iter()
+        .chain(&["labels"])
+        .map(|&n| (n, data[n].gather_rows(&[0, 1, 2, 3]).unwrap()))
+        .collect()
+}
+
+/// How `pipetrain train` builds the fixture's training graph on the CPU: PyTorch's loss
+/// on its logits, every kernel pipetrain has.
+pub fn train_options(f: &Family) -> pipetrain::graph::TrainOptions {
+    pipetrain::graph::TrainOptions {
+        inputs: Default::default(),
+        loss: pipetrain::graph::LossSpec::SoftmaxCrossEntropy {
+            prediction: "logits".into(),
+            label: "labels".into(),
+            ignore_index: f.ignore_index,
+            class_axis: None,
+            normalize: Default::default(),
+        },
+        trainable: None,
+        contrib_ops: true,
+        fused_kernels: true,
+        cuda_kernels: false,
+        params: Default::default(),
+    }
+}
+
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/models")
