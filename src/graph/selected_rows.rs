@@ -573,4 +573,78 @@ mod tests {
         assert_eq!(metas["p"].shape, [2, 5, 5]);
         assert_eq!(metas["ctx"].shape, [2, 1, 4]);
     }
+
+    #[test]
+    fn gemm_rows_and_columns_are_read_through_its_transposes_and_bias() {
+        let rt = Runtime::from_env().unwrap();
+        let trans = |a, b| vec![int_attr("transA", a), int_attr("transB", b)];
+        // Row 2 of `Gemm(a^T, w^T) + c` and column 1 of `Gemm(x, v) + d` (a `[1, N]` bias
+        // along the rows, a `[M, 1]` one along the columns).
+        let mut g = Graph::default();
+        for (name, shape, seed) in [
+            ("w", &[3, 4][..], 3),
+            ("c", &[1, 3], 4),
+            ("v", &[4, 5], 5),
+            ("d", &[6, 1], 6),
+        ] {
+            g.initializers.push(f32s(shape, seed).to_proto(name));
+        }
+        g.initializers.push(i64s("two", &[2], false));
+        g.initializers.push(i64s("one", &[1], true));
+        g.nodes = vec![
+            make_node("Gemm", "rows", &["a", "w", "c"], &["r"], trans(1, 1)),
+            make_node("Relu", "relu", &["r"], &["rr"], vec![]),
+            make_node("Gather", "row", &["rr", "two"], &["row"], vec![]),
+            make_node("Gemm", "cols", &["x", "v", "d"], &["k"], trans(0, 0)),
+            make_node(
+                "Gather",
+                "col",
+                &["k", "one"],
+                &["col"],
+                vec![int_attr("axis", 1)],
+            ),
+        ];
+        let meta = |shape: &[usize]| ValueMeta {
+            dtype: DType::F32,
+            shape: shape.to_vec(),
+        };
+        g.inputs = vec![
+            crate::graph::ir::value_info("a", &meta(&[4, 6])),
+            crate::graph::ir::value_info("x", &meta(&[6, 4])),
+        ];
+        g.outputs = ["row", "col"]
+            .map(crate::graph::ir::untyped_value_info)
+            .to_vec();
+        g.opsets = layer().opsets;
+        g.ir_version = 8;
+        let (a, x) = (f32s(&[4, 6], 7), f32s(&[6, 4], 8));
+        let feeds = [("a", &a), ("x", &x)];
+        let before = rt.values(&g, &feeds).unwrap();
+        let mut metas = rt.probe(&g, &feeds).unwrap();
+        assert_eq!(select_rows_early(&mut g, &mut metas), 3);
+        assert_eq!(metas["r"].shape, [1, 3]);
+        assert_eq!(metas["k"].shape, [6, 1]);
+        // `a` is read at its column 2 (transA), `v` at its column 1, `d` whole.
+        let read = |v: &str| {
+            g.nodes
+                .iter()
+                .find(|n| n.op_type == "Gather" && n.input[0] == v)
+        };
+        assert_eq!(
+            crate::graph::ir::attr_i(read("a").unwrap(), "axis"),
+            Some(1)
+        );
+        assert_eq!(
+            crate::graph::ir::attr_i(read("v").unwrap(), "axis"),
+            Some(1)
+        );
+        assert!(read("d").is_none() && read("w").is_none());
+        let after = rt.values(&g, &feeds).unwrap();
+        for (b, a) in before.iter().zip(&after) {
+            assert_eq!(b.shape, a.shape);
+            for (x, y) in b.as_f32().unwrap().iter().zip(a.as_f32().unwrap()) {
+                assert!((x - y).abs() <= 1e-6, "{x} against {y}");
+            }
+        }
+    }
 }
