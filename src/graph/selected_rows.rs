@@ -179,14 +179,17 @@ fn row_reads(
     match n.op_type.as_str() {
         op if ELEMENTWISE.contains(&op) => n.input.iter().map(broadcast).collect(),
         "Dropout" => {
-            let ratio = n.input.get(1).filter(|r| !r.is_empty());
-            let zero = ratio.is_none_or(|r| {
-                consts
-                    .get(r)
-                    .map(Tensor::to_f64_vec)
-                    .is_some_and(|v| v.iter().all(|&x| x == 0.0))
-            });
-            zero.then(|| first_row(broadcast(&n.input[0])?))?
+            // An identity: not training (the default), or a ratio of 0 (the default
+            // ratio is 0.5).
+            let constant = |i: usize, zero: bool| {
+                n.input.get(i).filter(|v| !v.is_empty()).map_or(zero, |v| {
+                    consts
+                        .get(v)
+                        .map(Tensor::to_f64_vec)
+                        .is_some_and(|v| v.iter().all(|&x| x == 0.0))
+                })
+            };
+            (constant(2, true) || constant(1, false)).then(|| first_row(broadcast(&n.input[0])?))?
         }
         "MatMul" => matmul_reads(n, axis, out, metas),
         "Gemm" => {
@@ -646,5 +649,43 @@ mod tests {
                 assert!((x - y).abs() <= 1e-6, "{x} against {y}");
             }
         }
+    }
+
+    #[test]
+    fn a_dropout_is_read_through_only_where_it_is_an_identity() {
+        let meta = |shape: &[usize]| ValueMeta {
+            dtype: DType::F32,
+            shape: shape.to_vec(),
+        };
+        let metas: Metas = [
+            ("x".to_string(), meta(&[2, 5])),
+            ("y".to_string(), meta(&[2, 5])),
+        ]
+        .into_iter()
+        .collect();
+        let consts: HashMap<String, Tensor> = [
+            ("half", Tensor::f32(vec![], vec![0.5]).unwrap()),
+            ("none", Tensor::f32(vec![], vec![0.0]).unwrap()),
+            (
+                "on",
+                Tensor::new(vec![], crate::tensor::TensorData::Bool(vec![true])).unwrap(),
+            ),
+            (
+                "off",
+                Tensor::new(vec![], crate::tensor::TensorData::Bool(vec![false])).unwrap(),
+            ),
+        ]
+        .into_iter()
+        .map(|(n, t)| (n.to_string(), t))
+        .collect();
+        let reads = |inputs: &[&str]| {
+            let n = make_node("Dropout", "d", inputs, &["y"], vec![]);
+            row_reads(&n, 1, &metas, &consts).is_some()
+        };
+        assert!(reads(&["x"]), "not training by default");
+        assert!(reads(&["x", "half", "off"]));
+        assert!(reads(&["x", "none", "on"]));
+        assert!(!reads(&["x", "half", "on"]));
+        assert!(!reads(&["x", "", "on"]), "the default ratio is 0.5");
     }
 }
