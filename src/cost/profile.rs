@@ -20,7 +20,7 @@ pub struct Profile {
     /// Pipeline stages its runs cut the model into (1 unless no worker holds it whole).
     #[serde(default = "one")]
     pub stages: usize,
-    /// Steps its timed runs took ([`ProfileRun::lengthened`]).
+    /// Steps its timed runs took (`plan::ProfileRun::lengthened`).
     #[serde(default)]
     pub steps: usize,
     /// Intra-op threads the sessions ran.
