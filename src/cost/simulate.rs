@@ -155,6 +155,9 @@ pub fn simulate_candidate(
     // by the others, which the simulator adds again for the shards it runs at once.
     let alone = machine.rate(profile.shards);
     let step = |bounds: &[usize]| -> Option<(f64, f64)> {
+        if !cut.hands_on(bounds) {
+            return None;
+        }
         let costs: Vec<StageCost> = stage_costs(profile, cut, bounds, (c.recompute, split))
             .into_iter()
             .map(|k| scaled(k, alone))

@@ -33,6 +33,10 @@ pub struct Cuttable {
     pub live: Vec<usize>,
     /// Each forward node's position in `live`.
     position: Vec<Option<usize>>,
+    /// Per position in `live`, the earliest position whose output a node at or after it
+    /// reads (`usize::MAX` for none): a cut at `b` hands something on where
+    /// `read_from[b] < b`.
+    read_from: Vec<usize>,
     /// The backward.
     backward: BackwardGraph,
 }
@@ -46,11 +50,44 @@ impl Cuttable {
         for (p, &i) in live.iter().enumerate() {
             position[i] = Some(p);
         }
+        let producer: std::collections::HashMap<&str, usize> = live
+            .iter()
+            .enumerate()
+            .flat_map(|(p, &i)| {
+                tg.graph.nodes[i]
+                    .output
+                    .iter()
+                    .map(move |o| (o.as_str(), p))
+            })
+            .collect();
+        let mut read_from: Vec<usize> = live
+            .iter()
+            .map(|&i| {
+                let inputs = tg.graph.nodes[i].input.iter();
+                inputs
+                    .filter_map(|v| producer.get(v.as_str()).copied())
+                    .min()
+                    .unwrap_or(usize::MAX)
+            })
+            .collect();
+        for p in (0..read_from.len().saturating_sub(1)).rev() {
+            read_from[p] = read_from[p].min(read_from[p + 1]);
+        }
         Cuttable {
             live,
             position,
+            read_from,
             backward: BackwardGraph::of(tg),
         }
+    }
+
+    /// Whether every cut in `bounds` hands a value on to the stages after it (a stage
+    /// that receives nothing, such as one holding only nodes of the labels after the
+    /// loss, cannot run in a pipeline).
+    pub fn hands_on(&self, bounds: &[usize]) -> bool {
+        bounds
+            .iter()
+            .all(|&b| self.read_from.get(b).is_some_and(|&r| r < b))
     }
 
     /// The stage of forward node `i` under `bounds`.
