@@ -224,6 +224,24 @@ impl ClusterManifest {
         })
     }
 
+    /// This manifest with `layout`, its ranks filling the nodes in order (any `ranks`
+    /// lists dropped), as a file at `path` (a relative `secret_file` made absolute, so it
+    /// holds from there): what `pipetrain plan --manifest` writes.
+    ///
+    /// # Errors
+    /// `Config` when the nodes' slots do not add up to `layout`'s world size.
+    pub fn with_layout(&self, layout: Layout, path: &Path) -> Result<ClusterManifest> {
+        let mut file = self.file.clone();
+        file.layout = layout;
+        for n in &mut file.nodes {
+            n.ranks = None;
+        }
+        if let Some(f) = file.job.secret_file.as_mut() {
+            *f = std::path::absolute(&*f).map_err(Error::io(&*f))?;
+        }
+        ClusterManifest::from_parts(file, path)
+    }
+
     /// The file it was read from (or a `<...>` description when derived).
     pub fn path(&self) -> &Path {
         &self.path

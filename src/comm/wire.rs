@@ -19,7 +19,20 @@ use crate::tensor::{DType, Tensor, TensorData};
 
 /// A transfer for the member (`replica`, `rank`), as bytes.
 pub fn encode(replica: usize, rank: usize, t: &Transfer<Payload>) -> Vec<u8> {
-    let mut out = Vec::new();
+    let mut names: Vec<&String> = t.payload.keys().collect();
+    names.sort();
+    let size = 21
+        + names
+            .iter()
+            .map(|n| {
+                let tensor = &t.payload[*n];
+                2 + n.len()
+                    + 5
+                    + 8 * tensor.shape.len()
+                    + tensor.shape.iter().product::<usize>() * tensor.dtype().size()
+            })
+            .sum::<usize>();
+    let mut out = Vec::with_capacity(size);
     for v in [replica as u32, rank as u32] {
         out.extend_from_slice(&v.to_le_bytes());
     }
@@ -30,8 +43,6 @@ pub fn encode(replica: usize, rank: usize, t: &Transfer<Payload>) -> Vec<u8> {
     for v in [t.stage as u32, t.mb as u32, t.payload.len() as u32] {
         out.extend_from_slice(&v.to_le_bytes());
     }
-    let mut names: Vec<&String> = t.payload.keys().collect();
-    names.sort();
     for name in names {
         let tensor = &t.payload[name];
         out.extend_from_slice(&(name.len() as u16).to_le_bytes());
@@ -42,22 +53,37 @@ pub fn encode(replica: usize, rank: usize, t: &Transfer<Payload>) -> Vec<u8> {
             out.extend_from_slice(&(d as u64).to_le_bytes());
         }
         match &tensor.data {
-            TensorData::F32(v) => v
-                .iter()
-                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            TensorData::F64(v) => v
-                .iter()
-                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            TensorData::I64(v) => v
-                .iter()
-                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            TensorData::I32(v) => v
-                .iter()
-                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            TensorData::F32(v) => put_le(&mut out, v),
+            TensorData::F64(v) => put_le(&mut out, v),
+            TensorData::I64(v) => put_le(&mut out, v),
+            TensorData::I32(v) => put_le(&mut out, v),
             TensorData::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
         }
     }
     out
+}
+
+/// Appends `values` little-endian: in one copy where this machine is little-endian.
+fn put_le<T: bytemuck::Pod>(out: &mut Vec<u8>, values: &[T]) {
+    if cfg!(target_endian = "little") {
+        out.extend_from_slice(bytemuck::cast_slice(values));
+    } else {
+        for v in values {
+            out.extend(bytemuck::bytes_of(v).iter().rev());
+        }
+    }
+}
+
+/// The little-endian values in `raw` (a whole number of them).
+fn values_le<T: bytemuck::Pod>(raw: &[u8]) -> Vec<T> {
+    let mut values = vec![T::zeroed(); raw.len() / std::mem::size_of::<T>()];
+    bytemuck::cast_slice_mut::<T, u8>(&mut values).copy_from_slice(raw);
+    if cfg!(target_endian = "big") {
+        for v in &mut values {
+            bytemuck::bytes_of_mut(v).reverse();
+        }
+    }
+    values
 }
 
 /// Reads what [`encode`] wrote.
@@ -135,26 +161,10 @@ pub fn decode(bytes: &[u8]) -> Result<((usize, usize), Transfer<Payload>), Strin
             .ok_or_else(|| format!("`{name}`: too many elements"))?;
         let raw = r.take(size).map_err(|e| format!("`{name}`: {e}"))?;
         let data = match dtype {
-            DType::F32 => TensorData::F32(
-                raw.chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            ),
-            DType::I32 => TensorData::I32(
-                raw.chunks_exact(4)
-                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            ),
-            DType::F64 => TensorData::F64(
-                raw.chunks_exact(8)
-                    .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                    .collect(),
-            ),
-            DType::I64 => TensorData::I64(
-                raw.chunks_exact(8)
-                    .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                    .collect(),
-            ),
+            DType::F32 => TensorData::F32(values_le(raw)),
+            DType::I32 => TensorData::I32(values_le(raw)),
+            DType::F64 => TensorData::F64(values_le(raw)),
+            DType::I64 => TensorData::I64(values_le(raw)),
             DType::Bool => TensorData::Bool(raw.iter().map(|&b| b != 0).collect()),
         };
         let tensor = Tensor::new(shape, data).map_err(|e| format!("`{name}`: {e}"))?;

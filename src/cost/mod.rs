@@ -8,14 +8,20 @@
 //! - [`stages`]: a layout's per-stage costs, and cuts balanced by time, then moved to
 //!   shorten the simulated step.
 //! - [`simulate_candidate`]: a layout's step on this machine's shared cores, with the
-//!   optimizer step and the data-parallel reduction on the timeline.
+//!   optimizer step and the data-parallel reduction on the timeline;
+//!   [`simulate_on_nodes`] the same spread over a cluster's nodes, whose hand-offs and
+//!   reductions between nodes cross a [`Link`] ([`topology`]).
 
 mod profile;
 mod simulate;
 pub mod split;
 pub mod stages;
 mod timed;
+mod topology;
 
 pub use profile::{NamedCosts, Profile, SavedProfile};
-pub use simulate::{cut_names, node_values, simulate_candidate, Candidate, Machinery, Simulated};
+pub use simulate::{
+    cut_names, node_values, simulate_candidate, simulate_on_nodes, Candidate, Machinery, Simulated,
+};
 pub use timed::partition;
+pub use topology::{Link, Nodes, Rate};

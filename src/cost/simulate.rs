@@ -3,12 +3,15 @@
 //! cores shared by every worker ([`simulate_on`]), with the optimizer step and the
 //! data-parallel reduction on the timeline.
 
-use pipetrain_schedules::{lower, simulate_on, LowerOptions, Machine, ScheduleSpec, StageCost};
+use pipetrain_schedules::{
+    lower, simulate_on, ActionKind, Hop, LowerOptions, Machine, ScheduleSpec, StageCost,
+};
 
 use crate::config::{ScheduleKind, TrainConfig};
 use crate::graph::{Partition, Recompute, TrainingGraph};
 
 use super::stages::{action_seconds, even_bounds, refine_bounds, stage_costs, Cuttable};
+use super::topology::{Link, Nodes};
 use super::Profile;
 
 /// One layout.
@@ -105,6 +108,9 @@ pub struct Machinery {
     pub replica_sync: f64,
     /// What a step costs beside its actions (the coordinator, the data).
     pub step_overhead: f64,
+    /// The connection between two nodes of a cluster (`None`: one process).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<Link>,
 }
 
 /// A candidate's simulated step: its seconds, idle share, and its cuts (positions in the
@@ -126,8 +132,20 @@ pub struct Simulated {
 pub fn simulate_candidate(
     c: &Candidate,
     profile: &Profile,
-    (cut, values): (&Cuttable, &[f64]),
+    costs: (&Cuttable, &[f64]),
     m: &Machinery,
+    fixed: Option<Vec<usize>>,
+) -> Option<Simulated> {
+    simulate_on_nodes(c, profile, costs, (m, None), fixed)
+}
+
+/// [`simulate_candidate`] with the ranks spread over `nodes` (one process each, joined
+/// by `m.link`): values and reductions that leave a node cross the link.
+pub fn simulate_on_nodes(
+    c: &Candidate,
+    profile: &Profile,
+    (cut, values): (&Cuttable, &[f64]),
+    (m, nodes): (&Machinery, Option<&Nodes>),
     fixed: Option<Vec<usize>>,
 ) -> Option<Simulated> {
     let stages = c.stages();
@@ -136,6 +154,7 @@ pub fn simulate_candidate(
         return None;
     }
     let schedule = c.spec().generate().ok()?;
+    let placement = schedule.placement().to_vec();
     let lowered = lower(
         &schedule,
         LowerOptions {
@@ -154,6 +173,7 @@ pub fn simulate_candidate(
     // A split model's profile ran its shards at once: its times are each shard's slowed
     // by the others, which the simulator adds again for the shards it runs at once.
     let alone = machine.rate(profile.shards);
+    let cluster = nodes.zip(m.link);
     let step = |bounds: &[usize]| -> Option<(f64, f64)> {
         if !cut.hands_on(bounds) {
             return None;
@@ -164,15 +184,50 @@ pub fn simulate_candidate(
             .collect();
         let held = stage_values(live, bounds, values);
         let update: Vec<f64> = held.iter().map(|v| v * profile.step_per_value).collect();
-        let reduce: Vec<f64> = match c.dp {
-            1 => vec![0.0; held.len()],
-            d => held
-                .iter()
-                .map(|v| v * m.add_per_value * (d - 1) as f64 + m.replica_sync)
-                .collect(),
+        let reduce: Vec<f64> = held
+            .iter()
+            .enumerate()
+            .map(|(s, &v)| {
+                reduce_seconds(
+                    c,
+                    m,
+                    v,
+                    cluster.filter(|(n, _)| n.ring_crosses(c, placement[s])),
+                )
+            })
+            .collect();
+        // Which hand-offs leave their node, and the bytes each carries: forward from
+        // stage s to s + 1 (cut s), gradients from s to s - 1 (cut s - 1).
+        let crossing = |from: usize, forward: bool| -> Option<(Link, f64)> {
+            let to = if forward {
+                from + 1
+            } else {
+                from.checked_sub(1)?
+            };
+            let (nodes, link) = cluster?;
+            let ranks = (placement[from], *placement.get(to)?);
+            if !nodes.hop_crosses(c, ranks.0, ranks.1) {
+                return None;
+            }
+            let bound = bounds[from.min(to)];
+            Some((link, cut.crossing_bytes(bound, !forward, c.micro_batch)))
         };
-        let duration = |a| action_seconds(a, &costs, &reduce, &update);
-        let t = simulate_on(&lowered, &duration, &|_| m.hop, machine).ok()?;
+        let sends = |s: usize, forward: bool| {
+            crossing(s, forward).map_or(0.0, |(link, bytes)| bytes * link.message_work)
+        };
+        let duration = |a: pipetrain_schedules::Action| {
+            let work = action_seconds(a, &costs, &reduce, &update);
+            work + match a.kind() {
+                ActionKind::Forward => sends(a.stage(), true),
+                ActionKind::Backward | ActionKind::BackwardInput => sends(a.stage(), false),
+                _ => 0.0,
+            }
+        };
+        let hop = |h: Hop| match crossing(h.stage, h.forward) {
+            Some((link, bytes)) => link.message.message(bytes),
+            None => m.hop,
+        };
+        let t = simulate_on(&lowered, &duration, &hop, machine).ok()?;
         Some((t.makespan() + m.step_overhead, t.bubble_fraction()))
     };
     let bounds = match fixed {
@@ -188,6 +243,29 @@ pub fn simulate_candidate(
         bubble,
         bounds,
     })
+}
+
+/// A stage's data-parallel reduction of `values` gradients: in memory within one
+/// process, the ring over `cluster`'s link where its replicas are on several nodes.
+fn reduce_seconds(
+    c: &Candidate,
+    m: &Machinery,
+    values: f64,
+    cluster: Option<(&Nodes, Link)>,
+) -> f64 {
+    let d = c.dp;
+    if d == 1 {
+        return 0.0;
+    }
+    match cluster {
+        None => values * m.add_per_value * (d - 1) as f64 + m.replica_sync,
+        // Each member adds (d - 1) / d of the values as its pieces arrive.
+        Some((_, link)) => {
+            link.ring(values * 4.0, d)
+                + values * m.add_per_value * (d - 1) as f64 / d as f64
+                + m.replica_sync
+        }
+    }
 }
 
 fn scaled(k: StageCost, by: f64) -> StageCost {

@@ -37,6 +37,13 @@ pub struct Cuttable {
     /// reads (`usize::MAX` for none): a cut at `b` hands something on where
     /// `read_from[b] < b`.
     read_from: Vec<usize>,
+    /// The forward values a later node reads, at the graph's measured batch.
+    handed: Vec<Handed>,
+    /// The backward's values a backward node of another forward node reads, placed at
+    /// their nodes' forward nodes.
+    returned: Vec<Handed>,
+    /// The micro-batch `handed` was measured at.
+    samples: usize,
     /// The backward.
     backward: BackwardGraph,
 }
@@ -73,12 +80,40 @@ impl Cuttable {
         for p in (0..read_from.len().saturating_sub(1)).rev() {
             read_from[p] = read_from[p].min(read_from[p + 1]);
         }
+        let handed = handed_values(tg, &live, &producer);
+        let returned = returned_values(tg, &position);
         Cuttable {
             live,
             position,
             read_from,
+            handed,
+            returned,
+            samples: 1,
             backward: BackwardGraph::of(tg),
         }
+    }
+
+    /// This, with the graph's values measured at micro-batches of `samples`.
+    pub fn measured_at(mut self, samples: usize) -> Cuttable {
+        self.samples = samples.max(1);
+        self
+    }
+
+    /// Bytes crossing a cut at position `bound` (in `live`) for a micro-batch of
+    /// `samples`, scaled from the measured micro-batch: forward, the values made before it
+    /// and read after it; back (`gradients`), the backward's values made after it and read
+    /// before it (by node anchors), as the stage builder hands them back.
+    pub fn crossing_bytes(&self, bound: usize, gradients: bool, samples: usize) -> f64 {
+        let crosses = |h: &&Handed| match gradients {
+            false => h.made < bound && h.readers.iter().any(|&r| r >= bound),
+            true => h.made >= bound && h.readers.iter().any(|&r| r < bound),
+        };
+        let values = match gradients {
+            false => &self.handed,
+            true => &self.returned,
+        };
+        let measured: f64 = values.iter().filter(crosses).map(|h| h.bytes).sum();
+        measured * samples as f64 / self.samples as f64
     }
 
     /// Whether every cut in `bounds` hands a value on to the stages after it (a stage
@@ -115,6 +150,82 @@ impl Cuttable {
         }
         out
     }
+}
+
+/// A value read by nodes of other positions than its producer's.
+#[derive(Debug, Clone)]
+struct Handed {
+    /// Its producer's position in `live`.
+    made: usize,
+    /// The positions of the nodes that read it.
+    readers: Vec<usize>,
+    /// Its bytes.
+    bytes: f64,
+}
+
+/// Each live node's outputs that later live nodes read (each reader once).
+fn handed_values(
+    tg: &TrainingGraph,
+    live: &[usize],
+    producer: &std::collections::HashMap<&str, usize>,
+) -> Vec<Handed> {
+    let mut readers: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
+    for (p, &i) in live.iter().enumerate() {
+        for v in &tg.graph.nodes[i].input {
+            if producer.get(v.as_str()).is_some_and(|&made| made < p) {
+                let r = readers.entry(v.as_str()).or_default();
+                if r.last() != Some(&p) {
+                    r.push(p);
+                }
+            }
+        }
+    }
+    readers
+        .into_iter()
+        .filter_map(|(v, readers)| {
+            let meta = tg.metas.get(v)?;
+            Some(Handed {
+                made: producer[v],
+                readers,
+                bytes: (meta.numel() * meta.dtype.size()) as f64,
+            })
+        })
+        .collect()
+}
+
+/// The backward's values read by backward nodes of other forward nodes, each placed at
+/// its producer's and readers' forward nodes (`position` in `live`; constants' left out).
+fn returned_values(tg: &TrainingGraph, position: &[Option<usize>]) -> Vec<Handed> {
+    let backward = &tg.graph.nodes[tg.forward_len..];
+    let at = |b: usize| position.get(tg.anchors[b]).copied().flatten();
+    let mut made: std::collections::HashMap<&str, usize> = Default::default();
+    for (b, n) in backward.iter().enumerate() {
+        if let Some(p) = at(b) {
+            for o in n.output.iter().filter(|o| !o.is_empty()) {
+                made.insert(o.as_str(), p);
+            }
+        }
+    }
+    let mut readers: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
+    for (b, n) in backward.iter().enumerate() {
+        let Some(p) = at(b) else { continue };
+        for v in &n.input {
+            if made.get(v.as_str()).is_some_and(|&m| m != p) {
+                readers.entry(v.as_str()).or_default().push(p);
+            }
+        }
+    }
+    readers
+        .into_iter()
+        .filter_map(|(v, readers)| {
+            let meta = tg.metas.get(v)?;
+            Some(Handed {
+                made: made[v],
+                readers,
+                bytes: (meta.numel() * meta.dtype.size()) as f64,
+            })
+        })
+        .collect()
 }
 
 /// Per stage (cut at `bounds`, positions in `cut.live`), its `F`, `B`, `I` and `W`.

@@ -32,7 +32,7 @@ pub fn partition(tg: &TrainingGraph, cfg: &TrainConfig) -> Result<Partition> {
         return Ok(linear);
     };
     let profile = costs.profile(tg, &saved.times, cfg.batch_size);
-    let cut = Cuttable::of(tg);
+    let cut = Cuttable::of(tg).measured_at(cfg.batch_size);
     let values = node_values(tg);
     let layout = Candidate::of(cfg);
     let simulated = simulate_candidate(&layout, &profile, (&cut, &values), &costs.machinery, None);

@@ -61,7 +61,7 @@ pub(super) fn stage_run(
 
 /// The cost in `[0, most]` at which `step_at` (growing with the cost) reaches `target`:
 /// 0 where it is there already without any, `most` where even that falls short.
-fn solve(step_at: &dyn Fn(f64) -> Option<f64>, target: f64, most: f64) -> f64 {
+pub(super) fn solve(step_at: &dyn Fn(f64) -> Option<f64>, target: f64, most: f64) -> f64 {
     let short = |cost: f64| step_at(cost).is_some_and(|t| t < target);
     if !short(0.0) {
         return 0.0;

@@ -15,8 +15,20 @@ pub struct PlanArgs {
     /// The training configuration (its model, data, global batch and optimizer).
     pub config: PathBuf,
     /// Workers to lay out: stage actors of one process (default: this machine's cores).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "manifest")]
     pub devices: Option<usize>,
+    /// Lay the workers out over this cluster manifest's nodes instead (its slots, one
+    /// `pipetrain launch` process a node); the plan is written with the manifest beside
+    /// it (`NAME.cluster.toml`) holding the chosen layout.
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// The latency between two nodes, microseconds (with `--link-gbps`); default: the
+    /// link measured between two processes on this machine's loopback.
+    #[arg(long, requires = "manifest", requires = "link_gbps")]
+    pub link_latency_us: Option<f64>,
+    /// The bandwidth between two nodes, gigabits per second (with `--link-latency-us`).
+    #[arg(long, requires = "link_latency_us")]
+    pub link_gbps: Option<f64>,
     /// Each worker's memory, GiB: layouts predicted to need more on a rank are dropped.
     #[arg(long)]
     pub memory_per_device: Option<f64>,
@@ -56,16 +68,33 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
     let cfg = TrainConfig::load(&args.config)?;
     let rt = Runtime::from_env()?;
     let worker = std::env::current_exe().map_err(crate::Error::io(&args.config))?;
-    let opts = PlanOptions {
-        worker: &worker,
-        workers: args
+    let given = args.link_latency_us.zip(args.link_gbps);
+    let cluster = match &args.manifest {
+        Some(m) => Some(super::cluster::load(m, given)?),
+        None => None,
+    };
+    let workers = match &cluster {
+        Some((_, nodes, _)) => nodes.total(),
+        None => args
             .devices
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+    };
+    let opts = PlanOptions {
+        worker: &worker,
+        workers,
         memory_per_worker: args
             .memory_per_device
             .map(|g| (g * (1u64 << 30) as f64) as u64),
         max_micro_batches: args.max_micro_batches,
         profile_steps: args.profile_steps,
+        cluster: cluster
+            .as_ref()
+            .map(|(m, nodes, link)| super::ClusterOptions {
+                nodes: nodes.clone(),
+                link: *link,
+                calibrate: Some(m.clone())
+                    .filter(|m| given.is_none() && super::cluster::all_here(m)),
+            }),
     };
     let p = plan(&rt, &cfg, &args.config, &opts)?;
     print!("{}", report(&p, args.top));
@@ -75,78 +104,114 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         crate::onnx::save_bytes(out, &text)?;
         println!("wrote {}", out.display());
     }
+    let manifest = cluster.as_ref().map(|(m, _, _)| m);
+    // Processes of one machine would each take every core: the plan's threads are set.
+    let threads = manifest.map(|_| p.threads);
     if let (Some(out), Some(best)) = (&args.out, p.best()) {
-        write_config(&args.config, best, out)?;
+        write_config(&args.config, best, threads, out)?;
         println!("wrote {}", out.display());
+        if let Some(m) = manifest {
+            let path = super::cluster::manifest_path(out);
+            super::cluster::write_manifest(m, &best.candidate, &path)?;
+            println!("wrote {}", path.display());
+        }
     }
-    if args.measure > 0 {
-        let mut runs: Vec<(String, &PlanRow)> = p
-            .rows
-            .iter()
-            .filter(|r| r.fits(p.cap))
-            .take(args.measure)
-            .enumerate()
-            .map(|(i, r)| (format!("{}", i + 1), r))
-            .collect();
-        if let Some(d) = &p.default {
-            runs.push(("default".into(), d));
-        }
-        if let Some(time) = p
-            .cut_rivals
-            .first()
-            .and_then(|(_, r)| p.rows.iter().find(|t| t.candidate == r.candidate))
-        {
-            runs.push(("by time".into(), time));
-            for (by, r) in &p.cut_rivals {
-                runs.push((format!("by {by}"), r));
-            }
-        }
-        // And the fastest of each (dp, tp, pp) layout not measured yet.
-        for r in p.rows.iter().filter(|r| r.fits(p.cap)) {
-            let c = &r.candidate;
-            let layout = (c.dp, c.tp, c.pp);
-            let seen = |t: &(String, &PlanRow)| {
-                let o = &t.1.candidate;
-                (o.dp, o.tp, o.pp) == layout
-            };
-            if !runs.iter().any(seen) {
-                runs.push((format!("{}x{}x{}", c.dp, c.tp, c.pp), r));
-            }
-        }
+    if args.measure == 0 {
+        return Ok(());
+    }
+    if let Some(m) = manifest.filter(|m| !super::cluster::all_here(m)) {
         println!(
-            "\nmeasured (at least {} steps each and {} s of steps, 2 not counted):",
-            args.measure_steps,
-            super::profile::TIMED_SECONDS
+            "\nnot measured: {}'s nodes are not all on this machine",
+            m.path().display()
         );
-        println!("rank      predicted ms  measured ms  error   layout");
-        let mut measured = Vec::new();
-        for (name, row) in runs {
-            // Long enough for the clock to see the steps.
-            let steps = super::profile::steps_lasting(
-                super::profile::TIMED_SECONDS,
-                row.simulated.step,
-                args.measure_steps,
-            );
-            let m = match super::measure_step(&worker, &args.config, row, (steps, 2)) {
-                Ok(m) => m,
-                Err(e) => {
-                    println!("{name:<9} failed: {e}");
-                    continue;
-                }
-            };
-            let err = row.simulated.step / m.step - 1.0;
-            println!(
-                "{name:<9} {:>12.2}  {:>11.2}  {:>+5.1}%  {}",
-                row.simulated.step * 1e3,
-                m.step * 1e3,
-                err * 100.0,
-                super::layout_text(&row.candidate)
-            );
-            measured.push((name, row.simulated.step, m.step));
-        }
-        print!("{}", accuracy(&measured));
+        return Ok(());
     }
+    let runs = measured_rows(&p, args.measure);
+    println!(
+        "\nmeasured (at least {} steps each and {} s of steps, 2 not counted{}):",
+        args.measure_steps,
+        super::profile::TIMED_SECONDS,
+        match manifest {
+            Some(_) => ", each node a `pipetrain launch` process here",
+            None => "",
+        }
+    );
+    println!("rank      predicted ms  measured ms  error   layout");
+    let mut measured = Vec::new();
+    for (name, row) in runs {
+        // Long enough for the clock to see the steps.
+        let steps = super::profile::steps_lasting(
+            super::profile::TIMED_SECONDS,
+            row.simulated.step,
+            args.measure_steps,
+        );
+        let m = match manifest {
+            Some(m) => super::cluster::measure_launched(
+                &worker,
+                (&args.config, m),
+                row,
+                (p.threads, steps, 2),
+            ),
+            None => super::measure_step(&worker, &args.config, row, (steps, 2)),
+        };
+        let m = match m {
+            Ok(m) => m,
+            Err(e) => {
+                println!("{name:<9} failed: {e}");
+                continue;
+            }
+        };
+        let err = row.simulated.step / m.step - 1.0;
+        println!(
+            "{name:<9} {:>12.2}  {:>11.2}  {:>+5.1}%  {}",
+            row.simulated.step * 1e3,
+            m.step * 1e3,
+            err * 100.0,
+            super::layout_text(&row.candidate)
+        );
+        measured.push((name, row.simulated.step, m.step));
+    }
+    print!("{}", accuracy(&measured));
     Ok(())
+}
+
+/// What `--measure K` runs, named: the best `k` that fit, the default layout, the
+/// fastest pipeline layout cut by time and its rivals, then the fastest of each (dp, tp,
+/// pp) layout not among them.
+fn measured_rows(p: &super::Plan, k: usize) -> Vec<(String, &PlanRow)> {
+    let mut runs: Vec<(String, &PlanRow)> = p
+        .rows
+        .iter()
+        .filter(|r| r.fits(p.cap))
+        .take(k)
+        .enumerate()
+        .map(|(i, r)| (format!("{}", i + 1), r))
+        .collect();
+    if let Some(d) = &p.default {
+        runs.push(("default".into(), d));
+    }
+    if let Some(time) = p
+        .cut_rivals
+        .first()
+        .and_then(|(_, r)| p.rows.iter().find(|t| t.candidate == r.candidate))
+    {
+        runs.push(("by time".into(), time));
+        for (by, r) in &p.cut_rivals {
+            runs.push((format!("by {by}"), r));
+        }
+    }
+    for r in p.rows.iter().filter(|r| r.fits(p.cap)) {
+        let c = &r.candidate;
+        let layout = (c.dp, c.tp, c.pp);
+        let seen = |t: &(String, &PlanRow)| {
+            let o = &t.1.candidate;
+            (o.dp, o.tp, o.pp) == layout
+        };
+        if !runs.iter().any(seen) {
+            runs.push((format!("{}x{}x{}", c.dp, c.tp, c.pp), r));
+        }
+    }
+    runs
 }
 
 /// How the predictions of the measured runs `(name, predicted, measured)` held: the

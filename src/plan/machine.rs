@@ -208,6 +208,7 @@ pub(super) fn measure(
         contention: 0.0,
         replica_sync: 0.0,
         step_overhead,
+        link: None,
     };
     if workers < 2 {
         return Ok(m);

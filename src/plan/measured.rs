@@ -42,7 +42,7 @@ impl Sharded {
         let tg = crate::train::graph_of(rt, &c, config_path)?;
         Ok(Sharded {
             tp,
-            cut: costs::Cuttable::of(&tg),
+            cut: costs::Cuttable::of(&tg).measured_at(cfg.batch_size),
             values: search::node_values(&tg),
             tg,
         })

@@ -18,11 +18,19 @@
 //!    predicted one.
 //!
 //! Tensor parallelism is searched where the model splits (each shard count's profile
-//! runs shard 0's graph in a real split run). Layouts over several processes
-//! (`--manifest`) are not: each worker is an actor of one process.
+//! runs shard 0's graph in a real split run). With a cluster manifest (`--manifest`),
+//! the workers are its nodes' slots, one `pipetrain launch` process a node: what leaves a
+//! node crosses the link measured through pipetrain's transport (`link`), the
+//! reductions whose replicas span nodes run the mesh's ring (`cost::Nodes`), and
+//! `--measure` launches the nodes of a manifest on this machine (`cluster`).
 
 mod calibrate;
+#[cfg(feature = "cluster")]
+mod cluster;
+#[cfg(feature = "cluster")]
 mod command;
+#[cfg(feature = "cluster")]
+mod link;
 mod machine;
 mod measured;
 mod ort_profile;
@@ -37,10 +45,12 @@ mod write;
 use std::path::Path;
 use std::time::Instant;
 
+#[cfg(feature = "cluster")]
 pub use command::{plan_command, PlanArgs};
 use measured::{calibrate_stage_runs, profile_all};
 pub(crate) use measured::{Profiles, Sharded};
 pub use profile::{Profile, ProfileRun};
+#[cfg(feature = "cluster")]
 pub(crate) use report::layout_text;
 pub use report::report;
 pub use search::{Candidate, Machinery, Simulated};
@@ -49,6 +59,7 @@ pub use write::{candidate_text, write_config};
 
 use crate::compute::{intra_threads_for, Runtime};
 use crate::config::TrainConfig;
+use crate::cost::{Link, Nodes};
 use crate::graph::flops_per_node;
 use crate::{Error, Result};
 
@@ -64,6 +75,23 @@ pub struct PlanOptions<'a> {
     pub max_micro_batches: usize,
     /// Steps each profile runs (the first two not counted).
     pub profile_steps: usize,
+    /// The nodes of a cluster the workers are spread over (one process a node); `None`:
+    /// one process.
+    pub cluster: Option<ClusterOptions>,
+}
+
+/// A cluster's nodes as the plan weighs them.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// The nodes' slots and machines.
+    pub nodes: Nodes,
+    /// The link between two nodes.
+    pub link: Link,
+    /// The manifest to calibrate what a stage's message between nodes costs against, a
+    /// job launched on its nodes (all on this machine, and the link measured, not
+    /// given).
+    #[cfg(feature = "cluster")]
+    pub calibrate: Option<crate::cluster::ClusterManifest>,
 }
 
 /// One candidate's outcome.
@@ -115,6 +143,10 @@ pub struct Plan {
     /// The profile at the configuration's micro-batch (or the nearest profiled) by node
     /// name, for `partition = { balanced = { by = "time" } }`.
     pub node_times: Option<crate::cost::SavedProfile>,
+    /// The cluster's nodes, where the layouts span several.
+    pub nodes: Option<Nodes>,
+    /// Layouts left out because a stage's tensor shards would span nodes.
+    pub shards_across_nodes: usize,
 }
 
 impl Plan {
@@ -136,13 +168,20 @@ pub fn plan(
 ) -> Result<Plan> {
     let whole = Sharded::of(rt, cfg, config_path, 1)?;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let nodes = opts.cluster.as_ref().map(|c| &c.nodes);
+    // Workers on each machine: nodes on other machines bring cores of their own.
+    let hosts = nodes.map_or(1, |n| n.hosts.max(1));
+    let per_host = opts.workers.div_ceil(hosts).max(1);
     let threads = match cfg.runtime.intra_op_threads {
         Some(t) => t,
-        None => intra_threads_for(flops_per_node(&whole.tg), cores / opts.workers.max(1)),
+        None => intra_threads_for(flops_per_node(&whole.tg), cores / per_host),
     };
     let (models, tp_skipped) = Sharded::all(rt, cfg, config_path, whole, opts.workers);
     let tps: Vec<usize> = models.iter().map(|m| m.tp).collect();
-    let candidates = search::candidates(cfg, opts.workers, &tps, opts.max_micro_batches);
+    let mut candidates = search::candidates(cfg, opts.workers, &tps, opts.max_micro_batches);
+    let before = candidates.len();
+    candidates.retain(|c| nodes.is_none_or(|n| !n.splits_shards(c)));
+    let shards_across_nodes = before - candidates.len();
     let started = Instant::now();
     let run = ProfileRun {
         worker: opts.worker,
@@ -181,14 +220,36 @@ pub fn plan(
         search::simulate_candidate(&c, p, (&whole.cut, &whole.values), m, None).map(|s| s.step)
     };
     let shape = (cores, threads, opts.workers, cfg.global_batch());
-    let machinery = machine::measure(&run, &sizes, shape, step_overhead, &predict)?;
-    calibrate_stage_runs(&mut profiles, whole, &machinery, cfg);
+    let here = machine::measure(&run, &sizes, shape, step_overhead, &predict)?;
+    calibrate_stage_runs(&mut profiles, whole, &here, cfg);
     let profile_seconds = started.elapsed().as_secs_f64();
     let nearest = profiles
         .values()
         .filter(|p| p.shards == 1)
         .min_by_key(|p| p.micro_batch.abs_diff(cfg.batch_size));
-    let node_times = nearest.map(|p| crate::cost::SavedProfile::of(p, &whole.tg, &machinery));
+    let node_times = nearest.map(|p| crate::cost::SavedProfile::of(p, &whole.tg, &here));
+    // A cluster's machines pool their cores (each node's ranks taken as sharing the
+    // pool evenly); its nodes cross the link.
+    let link = opts.cluster.as_ref().map(|c| c.link);
+    #[cfg(feature = "cluster")]
+    let link = match opts.cluster.as_ref().filter(|_| opts.workers >= 2) {
+        Some(ClusterOptions {
+            nodes,
+            link,
+            calibrate: Some(manifest),
+        }) => Some(calibrated_link(
+            &run,
+            &profiles,
+            (whole, &here),
+            (manifest, nodes, *link),
+        )),
+        _ => link,
+    };
+    let machinery = Machinery {
+        cores: here.cores * hosts,
+        link,
+        ..here
+    };
     let scale_of = |mb: usize| mb as f64 / cfg.batch_size as f64;
     let mut rows = Vec::new();
     for c in candidates {
@@ -198,7 +259,8 @@ pub fn plan(
         ) else {
             continue;
         };
-        let Some(sim) = search::simulate_candidate(&c, p, model.costs(), &machinery, None) else {
+        let Some(sim) = search::simulate_on_nodes(&c, p, model.costs(), (&machinery, nodes), None)
+        else {
             continue;
         };
         let cuts = search::cut_names(&model.tg, &model.cut.live, &sim.bounds);
@@ -222,6 +284,7 @@ pub fn plan(
         models: &models,
         machinery: &machinery,
         profiles: &profiles,
+        nodes,
     };
     let default = fixed.default_row(opts);
     let best_pipeline = rows
@@ -240,7 +303,38 @@ pub fn plan(
         profile_seconds,
         machinery,
         node_times,
+        nodes: nodes.cloned(),
+        shards_across_nodes,
     })
+}
+
+/// `link` with a stage message's work calibrated against a pipeline launched on
+/// `manifest`'s nodes here, at the smallest micro-batch whose two-stage run was made (the
+/// most hand-offs a step); as measured where that run fails.
+#[cfg(feature = "cluster")]
+fn calibrated_link(
+    run: &ProfileRun<'_>,
+    profiles: &Profiles,
+    here: (&Sharded, &Machinery),
+    (manifest, nodes, link): (&crate::cluster::ClusterManifest, &Nodes, Link),
+) -> Link {
+    let Some(p) = profiles
+        .values()
+        .filter(|p| p.shards == 1 && p.stages == 1 && p.pipeline_period > 0.0)
+        .min_by_key(|p| p.micro_batch)
+    else {
+        return link;
+    };
+    match cluster::calibrate_hop(run, p, here, (manifest, nodes, link)) {
+        Ok(message_work) => Link {
+            message_work,
+            ..link
+        },
+        Err(e) => {
+            tracing::warn!("{e}; a stage's message between nodes costs the echo's work alone");
+            link
+        }
+    }
 }
 
 /// An error of the planner's own.

@@ -5,6 +5,43 @@ use crate::train::peak::gb;
 
 use super::{Candidate, Plan, PlanRow};
 
+/// The cluster's nodes and link, where the plan spans several nodes.
+fn cluster_text(plan: &Plan) -> String {
+    let (Some(nodes), Some(link)) = (&plan.nodes, plan.machinery.link) else {
+        return String::new();
+    };
+    let slots: Vec<String> = nodes.slots.iter().map(usize::to_string).collect();
+    let mut out = format!(
+        "cluster: {} nodes of {} slots on {}; between nodes a stage's message waits {:.1} us + \
+         {:.2} GB/s and its copies work at {:.2} GB/s, a ring segment {:.1} us + {:.2} GB/s\n",
+        nodes.slots.len(),
+        slots.join(" + "),
+        match nodes.hosts {
+            1 => "this machine".to_string(),
+            h => format!("{h} machines (each taken as this one)"),
+        },
+        link.message.latency * 1e6,
+        gb_per_s(link.message.per_byte),
+        gb_per_s(link.message_work),
+        link.segment.latency * 1e6,
+        gb_per_s(link.segment.per_byte),
+    );
+    if plan.shards_across_nodes > 0 {
+        out += &format!(
+            "left out: {} layouts whose tensor shards would span nodes\n",
+            plan.shards_across_nodes
+        );
+    }
+    out
+}
+
+fn gb_per_s(per_byte: f64) -> f64 {
+    match per_byte > 0.0 {
+        true => 1e-9 / per_byte,
+        false => f64::INFINITY,
+    }
+}
+
 /// The plan as text: the profile, the best `top` candidates that fit, the default
 /// layout, and what is short where nothing fits.
 pub fn report(plan: &Plan, top: usize) -> String {
@@ -38,11 +75,12 @@ pub fn report(plan: &Plan, top: usize) -> String {
         out += &format!("not split: {tp} tensor shards: {first}\n");
     }
     let m = &plan.machinery;
+    let hosts = plan.nodes.as_ref().map_or(1, |n| n.hosts.max(1));
     out += &format!(
         "machine: {} cores, {} thread(s) per session, hand-off {:.1} us, two actions at once \
          each {:.1}% slower, replicas kept in step {:.1} us a step\n{} candidates simulated \
-         (profiling took {:.1} s)\n\n",
-        m.cores,
+         (profiling took {:.1} s)\n",
+        m.cores / hosts,
         m.threads,
         m.hop * 1e6,
         m.contention * 100.0,
@@ -50,6 +88,8 @@ pub fn report(plan: &Plan, top: usize) -> String {
         plan.rows.len(),
         plan.profile_seconds
     );
+    out += &cluster_text(plan);
+    out += "\n";
     let unit = unit_of(plan);
     out += &format!(
         "rank  dp  tp  pp  schedule          micro-batches  recompute  step ms  bubble  peak per rank ({})\n",

@@ -5,7 +5,7 @@ use crate::config::{ScheduleKind, TrainConfig};
 use crate::graph::{BalanceBy, Recompute};
 
 use super::{PlanOptions, PlanRow, Profiles, Sharded};
-use crate::cost::{cut_names, simulate_candidate, Candidate, Machinery};
+use crate::cost::{cut_names, simulate_on_nodes, Candidate, Machinery, Nodes};
 
 /// What simulating a layout with given cuts needs.
 pub(super) struct Fixed<'a> {
@@ -15,6 +15,8 @@ pub(super) struct Fixed<'a> {
     pub machinery: &'a Machinery,
     /// By (tensor shards, micro-batch).
     pub profiles: &'a Profiles,
+    /// The cluster's nodes, where the workers span several.
+    pub nodes: Option<&'a Nodes>,
 }
 
 impl Fixed<'_> {
@@ -51,7 +53,8 @@ impl Fixed<'_> {
         let model = self.models.iter().find(|m| m.tp == c.tp)?;
         let stages = c.stages();
         let bounds = model.balanced_bounds(stages, by)?;
-        let sim = simulate_candidate(c, p, model.costs(), self.machinery, Some(bounds))?;
+        let on = (self.machinery, self.nodes);
+        let sim = simulate_on_nodes(c, p, model.costs(), on, Some(bounds))?;
         let cuts = cut_names(&model.tg, &model.cut.live, &sim.bounds);
         let scale = c.micro_batch as f64 / self.cfg.batch_size as f64;
         let applied = c.apply(self.cfg, &cuts);

@@ -63,7 +63,7 @@ pub(super) fn run_and_read<T>(
 /// micro-batch (the global batch kept), the split backward (so forward and backward run
 /// in sessions of their own), ONNX Runtime's profiler on, and nothing written but the
 /// profile: next to the user's file, so its relative paths hold.
-fn profile_config(
+pub(super) fn profile_config(
     run: &ProfileRun<'_>,
     (threads, micro_batch): (usize, usize),
     kind: RunKind,

@@ -12,7 +12,7 @@ use crate::config::{ScheduleKind, TrainConfig};
 use crate::graph::Recompute;
 
 pub use crate::cost::{
-    cut_names, node_values, simulate_candidate, Candidate, Machinery, Simulated,
+    cut_names, node_values, simulate_candidate, simulate_on_nodes, Candidate, Machinery, Simulated,
 };
 
 /// Every layout of `workers` workers for `cfg`'s global batch: tensor shards of `tps`

@@ -30,7 +30,7 @@ pub fn measure_step(
     let text = std::fs::read_to_string(config).map_err(Error::io(config))?;
     let name = format!(".pipetrain-plan-{}-measure.toml", std::process::id());
     let path = config.parent().unwrap_or(Path::new(".")).join(name);
-    let body = super::candidate_text(&text, (config, &path), row, Some(steps))?;
+    let body = super::candidate_text(&text, (config, &path), row, (Some(steps), None))?;
     std::fs::write(&path, body).map_err(Error::io(&path))?;
     let period = run_and_read(worker, &path, "measure", |dir| {
         pass_seconds(&dir.join("trace.json"), warmup).map(|p| p.period)

@@ -37,7 +37,9 @@ pub(super) fn table(text: &str, path: &Path) -> Result<toml::Table> {
 
 /// `text` (a configuration read from `from`) with `row`'s layout, its relative paths
 /// made absolute when it will be read from another folder (`to`'s). Where `steps` is
-/// given (a measured run), it runs that many optimizer steps and writes nothing.
+/// given (a measured run), it runs that many optimizer steps and writes nothing; where
+/// `threads` is (a job of several processes on one machine, each of which would take
+/// every core), each session runs that many intra-op threads.
 ///
 /// # Errors
 /// `Config` when `text` is not TOML.
@@ -45,7 +47,7 @@ pub fn candidate_text(
     text: &str,
     (from, to): (&Path, &Path),
     row: &PlanRow,
-    steps: Option<usize>,
+    (steps, threads): (Option<usize>, Option<usize>),
 ) -> Result<String> {
     let mut t = table(text, from)?;
     let c = &row.candidate;
@@ -98,6 +100,14 @@ pub fn candidate_text(
         pipeline.insert("partition".into(), partition.into());
     }
     t.insert("pipeline".into(), pipeline.into());
+    if let Some(n) = threads {
+        let runtime = t
+            .entry("runtime")
+            .or_insert_with(|| toml::Table::new().into());
+        if let Some(r) = runtime.as_table_mut() {
+            r.insert("intra_op_threads".into(), int(n));
+        }
+    }
     let folder = |p: &Path| std::path::absolute(p.parent().unwrap_or(Path::new("."))).ok();
     if folder(from) != folder(to) {
         absolute_paths(&mut t, from.parent().unwrap_or(Path::new(".")));
@@ -105,13 +115,19 @@ pub fn candidate_text(
     toml::to_string(&t).map_err(|e| plan_error("the plan's configuration", e.to_string()))
 }
 
-/// Writes `row`'s configuration (from the user's at `config`) to `out`.
+/// Writes `row`'s configuration (from the user's at `config`, `threads` intra-op
+/// threads a session where given) to `out`.
 ///
 /// # Errors
 /// `Io` when a file cannot be read or written.
-pub fn write_config(config: &Path, row: &PlanRow, out: &Path) -> Result<()> {
+pub fn write_config(
+    config: &Path,
+    row: &PlanRow,
+    threads: Option<usize>,
+    out: &Path,
+) -> Result<()> {
     let text = std::fs::read_to_string(config).map_err(Error::io(config))?;
-    let body = candidate_text(&text, (config, out), row, None)?;
+    let body = candidate_text(&text, (config, out), row, (None, threads))?;
     let header =
         "# Written by `pipetrain plan`: the layout it predicted fastest on this machine.\n";
     crate::onnx::save_bytes(out, format!("{header}{body}").as_bytes())
