@@ -8,8 +8,11 @@
 #
 #   bash benches/plan.sh [CONFIG...]      (default: benches/plan/*.toml and the peers' tiny GPT)
 #
-# Env: PIPETRAIN_BIN (target/release/pipetrain), DEVICES (2), MEASURE (8). Models whose
-# step is under a few milliseconds (the tests' fixtures) get longer profiles and runs.
+# Env: PIPETRAIN_BIN (target/release/pipetrain), DEVICES (2), MEASURE (8); MANIFEST (a
+# cluster manifest whose nodes are all on this machine, e.g. examples/cluster.toml: the
+# layouts span its nodes, one `pipetrain launch` process a node, and each measured layout
+# is launched so). Models whose step is under a few milliseconds (the tests' fixtures) get
+# longer profiles and runs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${PIPETRAIN_BIN:-$root/target/release/pipetrain}
@@ -26,5 +29,9 @@ for c in "${configs[@]}"; do
       steps=(--profile-steps 40 --measure-steps 60) ;;
   esac
   echo "=== $c"
-  "$bin" plan "$c" --devices "${DEVICES:-2}" --top 5 --measure "${MEASURE:-8}" "${steps[@]}"
+  workers=(--devices "${DEVICES:-2}")
+  if [ -n "${MANIFEST:-}" ]; then
+    workers=(--manifest "$MANIFEST")
+  fi
+  "$bin" plan "$c" "${workers[@]}" --top 5 --measure "${MEASURE:-8}" "${steps[@]}"
 done

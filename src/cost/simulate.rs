@@ -224,7 +224,8 @@ pub fn simulate_on_nodes(
             }
         };
         let hop = |h: Hop| match crossing(h.stage, h.forward) {
-            Some((link, bytes)) => link.message.message(bytes),
+            // The actors' hand-over, as within a node, and the link's own wait.
+            Some((link, bytes)) => m.hop + link.message.message(bytes),
             None => m.hop,
         };
         let t = simulate_on(&lowered, &duration, &hop, machine).ok()?;

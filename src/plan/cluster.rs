@@ -11,16 +11,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cluster::{ClusterManifest, Host, Layout};
-use crate::config::ScheduleKind;
-use crate::cost::{simulate_on_nodes, Link, Machinery, Nodes, Profile};
-use crate::graph::{BalanceBy, Recompute};
+use crate::cost::{Link, Nodes};
 use crate::telemetry::StepMetrics;
 use crate::{Error, Result};
 
-use super::calibrate::solve;
-use super::profile::ProfileRun;
-use super::runs::{profile_config, RunKind};
-use super::{link, plan_error, Candidate, Measured, PlanRow, Sharded};
+use super::{link, plan_error, Candidate, Measured, PlanRow};
 
 /// A manifest's nodes as the planner weighs them, and the link between two of them:
 /// `given` (latency in microseconds, gigabits per second), else measured on loopback.
@@ -123,7 +118,7 @@ pub fn measure_launched(
 
 /// The job of `config` on `manifest`'s nodes with `c`'s layout, each node a process
 /// here, in `dir`: node 0 writes `metrics.jsonl`.
-fn launch_here(
+pub(super) fn launch_here(
     worker: &Path,
     config: &Path,
     manifest: &ClusterManifest,
@@ -270,7 +265,7 @@ fn free_ports(ip: IpAddr, n: usize, taken: &mut Vec<u16>) -> std::result::Result
 }
 
 /// Mean seconds per step after `warmup` steps, from a metrics file's `elapsed_s`.
-fn period(metrics: &Path, warmup: usize) -> std::result::Result<f64, String> {
+pub(super) fn period(metrics: &Path, warmup: usize) -> std::result::Result<f64, String> {
     let text =
         std::fs::read_to_string(metrics).map_err(|e| format!("{}: {e}", metrics.display()))?;
     let ends: Vec<f64> = text
@@ -285,73 +280,4 @@ fn period(metrics: &Path, warmup: usize) -> std::result::Result<f64, String> {
             metrics.display()
         )),
     }
-}
-
-/// The work of a stage's message between two nodes of this machine, seconds per byte:
-/// the measured work scaled so that the simulator, with everything else as measured,
-/// predicts the step of `profile`'s ZB-H1 pipeline run (the one `calibrate::stage_run`
-/// reads in one process, here in as many stages as `manifest` has slots) launched on
-/// `manifest`'s nodes. It holds what the echo between two warm endpoints does not: fresh
-/// buffers faulted in, caches other processes have taken.
-///
-/// # Errors
-/// `Plan` when the launched run fails.
-pub fn calibrate_hop(
-    run: &ProfileRun<'_>,
-    profile: &Profile,
-    (whole, machinery): (&Sharded, &Machinery),
-    (manifest, nodes, link): (&ClusterManifest, &Nodes, Link),
-) -> Result<f64> {
-    let failed = |reason: String| plan_error("calibrating a message between nodes", reason);
-    let b = profile.micro_batch;
-    let c = Candidate {
-        dp: 1,
-        tp: 1,
-        pp: nodes.total(),
-        schedule: ScheduleKind::ZbH1,
-        virtual_stages: 1,
-        micro_batches: run.global_batch / b,
-        micro_batch: b,
-        recompute: Recompute::None,
-    };
-    let bounds = whole
-        .balanced_bounds(c.pp, BalanceBy::Flops)
-        .filter(|bounds| bounds.len() + 1 == c.pp)
-        .ok_or_else(|| failed(format!("the model cannot be cut in {}", c.pp)))?;
-    let long = run.as_long_as(profile);
-    let config = profile_config(&long, (profile.threads, b), RunKind::SplitPipeline)?;
-    let dir = std::env::temp_dir().join(format!("pipetrain-plan-{}-hop", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
-    let ran = in_stages(&config, c.pp)
-        .and_then(|()| launch_here(run.worker, &config, manifest, &c, &dir))
-        .and_then(|()| period(&dir.join("metrics.jsonl"), long.warmup));
-    let _ = std::fs::remove_file(&config);
-    let _ = std::fs::remove_dir_all(&dir);
-    let target = ran.map_err(failed)?;
-    let step_at = |scale: f64| {
-        let message_work = link.message_work * scale;
-        let m = Machinery {
-            link: Some(Link {
-                message_work,
-                ..link
-            }),
-            ..*machinery
-        };
-        let on = (&m, Some(nodes));
-        simulate_on_nodes(&c, profile, whole.costs(), on, Some(bounds.clone())).map(|s| s.step)
-    };
-    Ok(link.message_work * solve(&step_at, target, MOST_WORK))
-}
-
-/// The most a launched job's message work is taken to exceed the echo's, times.
-const MOST_WORK: f64 = 20.0;
-
-/// The configuration at `path` with `stages` pipeline stages.
-fn in_stages(path: &Path, stages: usize) -> std::result::Result<(), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut t: toml::Table = toml::from_str(&text).map_err(|e| e.to_string())?;
-    t.insert("pipeline_parallel_size".into(), (stages as i64).into());
-    let text = toml::to_string(&t).map_err(|e| e.to_string())?;
-    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
 }

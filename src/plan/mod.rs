@@ -28,6 +28,8 @@ mod calibrate;
 #[cfg(feature = "cluster")]
 mod cluster;
 #[cfg(feature = "cluster")]
+mod cluster_calibrate;
+#[cfg(feature = "cluster")]
 mod command;
 #[cfg(feature = "cluster")]
 mod link;
@@ -231,23 +233,26 @@ pub fn plan(
     // A cluster's machines pool their cores (each node's ranks taken as sharing the
     // pool evenly); its nodes cross the link.
     let link = opts.cluster.as_ref().map(|c| c.link);
+    let (contention, replica_sync) = (here.contention, here.replica_sync);
     #[cfg(feature = "cluster")]
-    let link = match opts.cluster.as_ref().filter(|_| opts.workers >= 2) {
+    let (link, contention, replica_sync) = match opts.cluster.as_ref().filter(|_| opts.workers >= 2)
+    {
         Some(ClusterOptions {
             nodes,
             link,
             calibrate: Some(manifest),
-        }) => Some(calibrated_link(
-            &run,
-            &profiles,
-            (whole, &here),
-            (manifest, nodes, *link),
-        )),
-        _ => link,
+        }) => {
+            let at = (manifest, nodes, *link);
+            let c = cluster_calibrate::calibrate(&run, &profiles, (whole, &here), at);
+            (Some(c.link), c.contention, c.replica_sync)
+        }
+        _ => (link, contention, replica_sync),
     };
     let machinery = Machinery {
         cores: here.cores * hosts,
         link,
+        contention,
+        replica_sync,
         ..here
     };
     let scale_of = |mb: usize| mb as f64 / cfg.batch_size as f64;
@@ -306,35 +311,6 @@ pub fn plan(
         nodes: nodes.cloned(),
         shards_across_nodes,
     })
-}
-
-/// `link` with a stage message's work calibrated against a pipeline launched on
-/// `manifest`'s nodes here, at the smallest micro-batch whose two-stage run was made (the
-/// most hand-offs a step); as measured where that run fails.
-#[cfg(feature = "cluster")]
-fn calibrated_link(
-    run: &ProfileRun<'_>,
-    profiles: &Profiles,
-    here: (&Sharded, &Machinery),
-    (manifest, nodes, link): (&crate::cluster::ClusterManifest, &Nodes, Link),
-) -> Link {
-    let Some(p) = profiles
-        .values()
-        .filter(|p| p.shards == 1 && p.stages == 1 && p.pipeline_period > 0.0)
-        .min_by_key(|p| p.micro_batch)
-    else {
-        return link;
-    };
-    match cluster::calibrate_hop(run, p, here, (manifest, nodes, link)) {
-        Ok(message_work) => Link {
-            message_work,
-            ..link
-        },
-        Err(e) => {
-            tracing::warn!("{e}; a stage's message between nodes costs the echo's work alone");
-            link
-        }
-    }
 }
 
 /// An error of the planner's own.

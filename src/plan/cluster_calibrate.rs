@@ -1,0 +1,305 @@
+//! A cluster's costs calibrated against jobs launched on its nodes, where they are all
+//! on this machine: what the echo between two warm mesh endpoints (`link`) does not show.
+//!
+//! - Two pipelines, the profile's ZB-H1 run in as many stages as the nodes have slots,
+//!   one at the smallest profiled micro-batch (the most messages a step) and one at the
+//!   largest (the most bytes a message). The message's wait (the hand-over to another
+//!   process's actor) is fitted to the first and its work per byte (fresh buffers
+//!   faulted in, caches other processes took) to the second, in turn, each from the
+//!   echo's figure up: a job's messages cost at least what the echo's did.
+//! - Replicas, one a slot, in separate processes: how much their actions slow each
+//!   other (at most as much as in one process, where two replicas also share an
+//!   allocator and ONNX Runtime's environment), and what keeping them in step costs a
+//!   step beside the ring.
+//!
+//! Each is the value at which the simulator, with everything else as measured, predicts
+//! the launched run's step, read from node 0's metrics.
+
+use std::path::Path;
+
+use crate::cluster::ClusterManifest;
+use crate::config::ScheduleKind;
+use crate::cost::{simulate_on_nodes, Link, Machinery, Nodes, Profile, Rate};
+use crate::graph::{BalanceBy, Recompute};
+use crate::{Error, Result};
+
+use super::calibrate::solve;
+use super::cluster::{launch_here, period};
+use super::profile::ProfileRun;
+use super::runs::{profile_config, RunKind};
+use super::{plan_error, Candidate, Profiles, Sharded};
+
+/// The most a launched job's message work is taken to exceed the echo's, times.
+const MOST_WORK: f64 = 20.0;
+
+/// A launched run's layout, costs and measured step.
+struct Launched<'a> {
+    profile: &'a Profile,
+    c: Candidate,
+    bounds: Option<Vec<usize>>,
+    step: f64,
+}
+
+/// The cluster's link, interference and replicas' cost, calibrated against jobs launched
+/// on `manifest`'s nodes here; what a launch cannot show is left as measured, with a
+/// warning.
+pub fn calibrate(
+    run: &ProfileRun<'_>,
+    profiles: &Profiles,
+    (whole, machinery): (&Sharded, &Machinery),
+    (manifest, nodes, link): (&ClusterManifest, &Nodes, Link),
+) -> Calibrated {
+    let warn = |e: Error| tracing::warn!("{e}; left as measured");
+    let at = Machinery {
+        link: Some(link),
+        ..*machinery
+    };
+    let pipelines: Vec<Launched<'_>> = pipeline_profiles(profiles)
+        .into_iter()
+        .filter_map(|p| {
+            pipeline(run, p, whole, (manifest, nodes))
+                .map_err(warn)
+                .ok()
+        })
+        .collect();
+    let link = fit_link(&pipelines, (whole, &at), nodes);
+    let at = Machinery {
+        link: Some(link),
+        ..at
+    };
+    let (contention, replica_sync) = match replicas(run, profiles, (manifest, nodes)) {
+        Ok(Some(r)) => fit_replicas(&r, (whole, &at), nodes),
+        Ok(None) => (machinery.contention, machinery.replica_sync),
+        Err(e) => {
+            warn(e);
+            (machinery.contention, machinery.replica_sync)
+        }
+    };
+    Calibrated {
+        link,
+        contention,
+        replica_sync,
+    }
+}
+
+/// What the launched runs set.
+pub struct Calibrated {
+    /// The link between two nodes.
+    pub link: Link,
+    /// How much each further action running at once slows the others.
+    pub contention: f64,
+    /// What keeping the replicas in step adds to a step.
+    pub replica_sync: f64,
+}
+
+/// The interference of replicas in separate processes, and what keeping them in step
+/// costs: the interference fitted up to the one measured in one process (which shares
+/// more: an allocator, ONNX Runtime's environment), then the rest of the launched run's
+/// step set on keeping them in step (a step's cost, which pipelines of one replica do not
+/// pay).
+fn fit_replicas(r: &Launched<'_>, (whole, m): (&Sharded, &Machinery), nodes: &Nodes) -> (f64, f64) {
+    let in_one = m.contention;
+    let contention = fit(
+        r,
+        (whole, m),
+        nodes,
+        &|c| Machinery {
+            contention: c,
+            ..*m
+        },
+        (0.0, in_one),
+    );
+    let at = Machinery { contention, ..*m };
+    let most = m.replica_sync + r.profile.total() * r.c.micro_batches as f64;
+    let sync = |s| Machinery {
+        replica_sync: s,
+        ..at
+    };
+    let replica_sync = fit(r, (whole, &at), nodes, &sync, (m.replica_sync, most));
+    (contention, replica_sync)
+}
+
+/// The unsplit one-stage profiles whose two-stage run was made: the smallest and the
+/// largest micro-batch (one where they are the same).
+fn pipeline_profiles(profiles: &Profiles) -> Vec<&Profile> {
+    let made: Vec<&Profile> = profiles
+        .values()
+        .filter(|p| p.shards == 1 && p.stages == 1 && p.pipeline_period > 0.0)
+        .collect();
+    let smallest = made.iter().min_by_key(|p| p.micro_batch);
+    let largest = made.iter().max_by_key(|p| p.micro_batch);
+    let mut out: Vec<&Profile> = smallest.into_iter().chain(largest).copied().collect();
+    out.dedup_by_key(|p| p.micro_batch);
+    out
+}
+
+/// The message's wait fitted to the run with the most messages (the first), its work to
+/// the one with the most bytes (the last), in turn.
+fn fit_link(runs: &[Launched<'_>], (whole, m): (&Sharded, &Machinery), nodes: &Nodes) -> Link {
+    let (Some(first), Some(last), Some(echo)) = (runs.first(), runs.last(), m.link) else {
+        return m.link.unwrap_or(Link {
+            message: Rate {
+                latency: 0.0,
+                per_byte: 0.0,
+            },
+            message_work: 0.0,
+            segment: Rate {
+                latency: 0.0,
+                per_byte: 0.0,
+            },
+        });
+    };
+    let with = |latency: f64, work: f64| Machinery {
+        link: Some(Link {
+            message: Rate {
+                latency,
+                ..echo.message
+            },
+            message_work: work,
+            ..echo
+        }),
+        ..*m
+    };
+    let (mut latency, mut work) = (echo.message.latency, echo.message_work);
+    for _ in 0..3 {
+        let range = (echo.message_work, echo.message_work * MOST_WORK);
+        work = fit(last, (whole, m), nodes, &|w| with(latency, w), range);
+        let range = (
+            echo.message.latency,
+            echo.message.latency + first.profile.total(),
+        );
+        latency = fit(first, (whole, m), nodes, &|l| with(l, work), range);
+    }
+    Link {
+        message: Rate {
+            latency,
+            ..echo.message
+        },
+        message_work: work,
+        ..echo
+    }
+}
+
+/// The value in `(low, high)` at which `machinery(value)` simulates `r` to its measured
+/// step (the simulated step growing with the value).
+fn fit(
+    r: &Launched<'_>,
+    (whole, _): (&Sharded, &Machinery),
+    nodes: &Nodes,
+    machinery: &dyn Fn(f64) -> Machinery,
+    (low, high): (f64, f64),
+) -> f64 {
+    let step_at = |extra: f64| {
+        let m = machinery(low + extra);
+        let on = (&m, Some(nodes));
+        simulate_on_nodes(&r.c, r.profile, whole.costs(), on, r.bounds.clone()).map(|s| s.step)
+    };
+    low + solve(&step_at, r.step, (high - low).max(0.0))
+}
+
+/// `profile`'s ZB-H1 run in as many stages as `manifest` has slots, cut by FLOPs as
+/// `train` cuts it, launched on its nodes.
+fn pipeline<'a>(
+    run: &ProfileRun<'_>,
+    profile: &'a Profile,
+    whole: &Sharded,
+    (manifest, nodes): (&ClusterManifest, &Nodes),
+) -> Result<Launched<'a>> {
+    let b = profile.micro_batch;
+    let c = Candidate {
+        dp: 1,
+        tp: 1,
+        pp: nodes.total(),
+        schedule: ScheduleKind::ZbH1,
+        virtual_stages: 1,
+        micro_batches: run.global_batch / b,
+        micro_batch: b,
+        recompute: Recompute::None,
+    };
+    let bounds = whole
+        .balanced_bounds(c.pp, BalanceBy::Flops)
+        .filter(|bounds| bounds.len() + 1 == c.pp)
+        .ok_or_else(|| failed(format!("the model cannot be cut in {}", c.pp)))?;
+    let step = launched(run, profile, manifest, &c, RunKind::SplitPipeline)?;
+    Ok(Launched {
+        profile,
+        c,
+        bounds: Some(bounds),
+        step,
+    })
+}
+
+/// One replica a slot of the largest one-stage profile whose micro-batches they can
+/// share, launched on `manifest`'s nodes (`None`: no such profile).
+fn replicas<'a>(
+    run: &ProfileRun<'_>,
+    profiles: &'a Profiles,
+    (manifest, nodes): (&ClusterManifest, &Nodes),
+) -> Result<Option<Launched<'a>>> {
+    let dp = nodes.total();
+    let Some(profile) = profiles
+        .values()
+        .filter(|p| p.shards == 1 && p.stages == 1 && run.global_batch % (dp * p.micro_batch) == 0)
+        .max_by_key(|p| p.micro_batch)
+    else {
+        return Ok(None);
+    };
+    let c = Candidate {
+        dp,
+        tp: 1,
+        pp: 1,
+        schedule: ScheduleKind::OneFOneB,
+        virtual_stages: 1,
+        micro_batches: run.global_batch / (dp * profile.micro_batch),
+        micro_batch: profile.micro_batch,
+        recompute: Recompute::None,
+    };
+    let step = launched(run, profile, manifest, &c, RunKind::FusedPair)?;
+    Ok(Some(Launched {
+        profile,
+        c,
+        bounds: None,
+        step,
+    }))
+}
+
+/// The step of the profile run of `kind` at `profile`'s micro-batch, laid out as `c`,
+/// launched on `manifest`'s nodes.
+fn launched(
+    run: &ProfileRun<'_>,
+    profile: &Profile,
+    manifest: &ClusterManifest,
+    c: &Candidate,
+    kind: RunKind,
+) -> Result<f64> {
+    let long = run.as_long_as(profile);
+    let config = profile_config(&long, (profile.threads, c.micro_batch), kind)?;
+    let dir = std::env::temp_dir().join(format!("pipetrain-plan-{}-{kind:?}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
+    let ran = laid_out(&config, c, long.steps)
+        .and_then(|()| launch_here(run.worker, &config, manifest, c, &dir))
+        .and_then(|()| period(&dir.join("metrics.jsonl"), long.warmup));
+    let _ = std::fs::remove_file(&config);
+    let _ = std::fs::remove_dir_all(&dir);
+    ran.map_err(failed)
+}
+
+/// The configuration at `path` laid out as `c`, the global batch kept, `steps` optimizer
+/// steps.
+fn laid_out(path: &Path, c: &Candidate, steps: usize) -> std::result::Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut t: toml::Table = toml::from_str(&text).map_err(|e| e.to_string())?;
+    let int = |v: usize| toml::Value::Integer(v as i64);
+    t.insert("data_parallel_size".into(), int(c.dp));
+    t.insert("pipeline_parallel_size".into(), int(c.pp));
+    t.insert("gradient_accumulation_steps".into(), int(c.micro_batches));
+    t.insert("num_train_steps".into(), int(steps * c.micro_batches));
+    t.insert("display_loss_steps".into(), int(steps * c.micro_batches));
+    let text = toml::to_string(&t).map_err(|e| e.to_string())?;
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn failed(reason: String) -> Error {
+    plan_error("calibrating the cluster against a launched job", reason)
+}
