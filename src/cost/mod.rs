@@ -21,7 +21,8 @@ mod topology;
 
 pub use profile::{NamedCosts, Profile, SavedProfile};
 pub use simulate::{
-    cut_names, node_values, simulate_candidate, simulate_on_nodes, Candidate, Machinery, Simulated,
+    cut_names, node_values, simulate_candidate, simulate_on_nodes, Candidate, Cuts, Machinery,
+    Simulated,
 };
 pub use timed::partition;
 pub use topology::{Link, Nodes, Rate};

@@ -136,7 +136,26 @@ pub fn simulate_candidate(
     m: &Machinery,
     fixed: Option<Vec<usize>>,
 ) -> Option<Simulated> {
-    simulate_on_nodes(c, profile, costs, (m, None), fixed)
+    simulate_on_nodes(c, profile, costs, (m, None), Cuts::from(fixed))
+}
+
+/// How a simulated layout's stages are cut.
+#[derive(Debug, Clone)]
+pub enum Cuts {
+    /// At these positions.
+    Fixed(Vec<usize>),
+    /// Balanced by time, and from each of these positions too, each moved while the
+    /// simulated step falls: the shortest found.
+    Refined(Vec<Vec<usize>>),
+}
+
+impl From<Option<Vec<usize>>> for Cuts {
+    fn from(fixed: Option<Vec<usize>>) -> Cuts {
+        match fixed {
+            Some(b) => Cuts::Fixed(b),
+            None => Cuts::Refined(Vec::new()),
+        }
+    }
 }
 
 /// [`simulate_candidate`] with the ranks spread over `nodes` (one process each, joined
@@ -146,7 +165,7 @@ pub fn simulate_on_nodes(
     profile: &Profile,
     (cut, values): (&Cuttable, &[f64]),
     (m, nodes): (&Machinery, Option<&Nodes>),
-    fixed: Option<Vec<usize>>,
+    cuts: Cuts,
 ) -> Option<Simulated> {
     let stages = c.stages();
     let live = &cut.live;
@@ -225,17 +244,23 @@ pub fn simulate_on_nodes(
         };
         let hop = |h: Hop| match crossing(h.stage, h.forward) {
             // The actors' hand-over, as within a node, and the link's own wait.
-            Some((link, bytes)) => m.hop + link.message.message(bytes),
+            Some((link, bytes)) => {
+                let wake = if h.waiting { link.wake } else { 0.0 };
+                m.hop + link.message.message(bytes) + wake
+            }
             None => m.hop,
         };
         let t = simulate_on(&lowered, &duration, &hop, machine).ok()?;
         Some((t.makespan() + m.step_overhead, t.bubble_fraction()))
     };
-    let bounds = match fixed {
-        Some(b) => b,
-        None => {
-            let start = even_bounds(profile, cut, stages);
-            refine_bounds(start, live.len(), &|b| step(b).map(|s| s.0))
+    let bounds = match cuts {
+        Cuts::Fixed(b) => b,
+        Cuts::Refined(others) => {
+            let starts = std::iter::once(even_bounds(profile, cut, stages))
+                .chain(others.into_iter().filter(|b| b.len() + 1 == stages));
+            let refined = starts.map(|b| refine_bounds(b, live.len(), &|b| step(b).map(|s| s.0)));
+            let timed = refined.filter_map(|b| Some((step(&b)?.0, b)));
+            timed.min_by(|a, b| a.0.total_cmp(&b.0))?.1
         }
     };
     let (time, bubble) = step(&bounds)?;

@@ -116,6 +116,20 @@ impl Cuttable {
         measured * samples as f64 / self.samples as f64
     }
 
+    /// The cut positions of `stages` stages of `tg` (this one's graph) balanced by `by`, as
+    /// a configuration's `partition = { balanced = ... }` cuts them.
+    pub fn balanced_bounds(
+        &self,
+        tg: &TrainingGraph,
+        stages: usize,
+        by: crate::graph::BalanceBy,
+    ) -> Option<Vec<usize>> {
+        let balanced = crate::graph::Partition::Balanced { stages, by };
+        let a = crate::graph::assign_stages(tg, &balanced).ok()?;
+        let first_of = |s| self.live.iter().position(|&i| a.stage[i] == Some(s));
+        Some((1..stages).filter_map(first_of).collect())
+    }
+
     /// Whether every cut in `bounds` hands a value on to the stages after it (a stage
     /// that receives nothing, such as one holding only nodes of the labels after the
     /// loss, cannot run in a pipeline).

@@ -11,7 +11,8 @@ use crate::graph::{Partition, TrainingGraph};
 use crate::{Error, Result};
 
 use super::stages::Cuttable;
-use super::{cut_names, node_values, simulate_candidate, Candidate, SavedProfile};
+use super::{cut_names, node_values, simulate_on_nodes, Candidate, Cuts, SavedProfile};
+use crate::graph::BalanceBy;
 
 /// The partition `cfg` cuts `tg` by.
 ///
@@ -35,7 +36,19 @@ pub fn partition(tg: &TrainingGraph, cfg: &TrainConfig) -> Result<Partition> {
     let cut = Cuttable::of(tg).measured_at(cfg.batch_size);
     let values = node_values(tg);
     let layout = Candidate::of(cfg);
-    let simulated = simulate_candidate(&layout, &profile, (&cut, &values), &costs.machinery, None);
+    // Refined from the cuts by time, by parameters and by FLOPs: the moves are local.
+    let starts = [BalanceBy::Params, BalanceBy::Flops]
+        .into_iter()
+        .filter_map(|by| cut.balanced_bounds(tg, layout.stages(), by))
+        .collect();
+    let on = (&costs.machinery, None);
+    let simulated = simulate_on_nodes(
+        &layout,
+        &profile,
+        (&cut, &values),
+        on,
+        Cuts::Refined(starts),
+    );
     match simulated.filter(|s| !s.bounds.is_empty()) {
         Some(s) => {
             let cuts = cut_names(tg, &cut.live, &s.bounds);

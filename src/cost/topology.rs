@@ -41,6 +41,10 @@ pub struct Link {
     /// the socket and out, decoded. Charged to the action that sends it, so it takes its
     /// share of the cores.
     pub message_work: f64,
+    /// What a stage's message waits more when it finds its receiver idle: the other
+    /// process's sleeping threads woken (the transport's, then the actor's).
+    #[serde(default)]
+    pub wake: f64,
     /// A segment of the data-parallel ring: floats sent straight from the gradient
     /// buffer and added in as they arrive.
     pub segment: Rate,
@@ -189,6 +193,7 @@ mod tests {
                 per_byte: 1.0,
             },
             message_work: 1.0,
+            wake: 0.0,
             segment: rate,
         };
         assert_eq!(link.ring(1e6, 1), 0.0);

@@ -3,10 +3,11 @@
 //!
 //! - Two pipelines, the profile's ZB-H1 run in as many stages as the nodes have slots,
 //!   one at the smallest profiled micro-batch (the most messages a step) and one at the
-//!   largest (the most bytes a message). The message's wait (the hand-over to another
-//!   process's actor) is fitted to the first and its work per byte (fresh buffers
-//!   faulted in, caches other processes took) to the second, in turn, each from the
-//!   echo's figure up: a job's messages cost at least what the echo's did.
+//!   largest (the most bytes a message). What a message waits more where it finds its
+//!   receiver idle (another process's sleeping threads woken: the transport's, then the
+//!   actor's) is fitted to the first and its work per byte (fresh buffers faulted in,
+//!   caches other processes took) to the second, in turn, each from the echo's figure
+//!   up: a job's messages cost at least what the echo's did.
 //! - Replicas, one a slot, in separate processes: how much their actions slow each
 //!   other (at most as much as in one process, where two replicas also share an
 //!   allocator and ONNX Runtime's environment), and what keeping them in step costs a
@@ -133,8 +134,8 @@ fn pipeline_profiles(profiles: &Profiles) -> Vec<&Profile> {
     out
 }
 
-/// The message's wait fitted to the run with the most messages (the first), its work to
-/// the one with the most bytes (the last), in turn.
+/// The waking of an idle receiver fitted to the run with the most messages (the first),
+/// the message's work to the one with the most bytes (the last), in turn.
 fn fit_link(runs: &[Launched<'_>], (whole, m): (&Sharded, &Machinery), nodes: &Nodes) -> Link {
     let (Some(first), Some(last), Some(echo)) = (runs.first(), runs.last(), m.link) else {
         return m.link.unwrap_or(Link {
@@ -143,39 +144,31 @@ fn fit_link(runs: &[Launched<'_>], (whole, m): (&Sharded, &Machinery), nodes: &N
                 per_byte: 0.0,
             },
             message_work: 0.0,
+            wake: 0.0,
             segment: Rate {
                 latency: 0.0,
                 per_byte: 0.0,
             },
         });
     };
-    let with = |latency: f64, work: f64| Machinery {
+    let with = |wake: f64, work: f64| Machinery {
         link: Some(Link {
-            message: Rate {
-                latency,
-                ..echo.message
-            },
             message_work: work,
+            wake,
             ..echo
         }),
         ..*m
     };
-    let (mut latency, mut work) = (echo.message.latency, echo.message_work);
+    let (mut wake, mut work) = (echo.wake, echo.message_work);
     for _ in 0..3 {
         let range = (echo.message_work, echo.message_work * MOST_WORK);
-        work = fit(last, (whole, m), nodes, &|w| with(latency, w), range);
-        let range = (
-            echo.message.latency,
-            echo.message.latency + first.profile.total(),
-        );
-        latency = fit(first, (whole, m), nodes, &|l| with(l, work), range);
+        work = fit(last, (whole, m), nodes, &|w| with(wake, w), range);
+        let range = (echo.wake, echo.wake + first.profile.total());
+        wake = fit(first, (whole, m), nodes, &|k| with(k, work), range);
     }
     Link {
-        message: Rate {
-            latency,
-            ..echo.message
-        },
         message_work: work,
+        wake,
         ..echo
     }
 }
@@ -192,7 +185,8 @@ fn fit(
     let step_at = |extra: f64| {
         let m = machinery(low + extra);
         let on = (&m, Some(nodes));
-        simulate_on_nodes(&r.c, r.profile, whole.costs(), on, r.bounds.clone()).map(|s| s.step)
+        simulate_on_nodes(&r.c, r.profile, whole.costs(), on, r.bounds.clone().into())
+            .map(|s| s.step)
     };
     low + solve(&step_at, r.step, (high - low).max(0.0))
 }

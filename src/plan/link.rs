@@ -55,6 +55,7 @@ pub fn measure_loopback() -> Result<Link> {
             per_byte: 0.0,
         },
         message_work: message.per_byte,
+        wake: 0.0,
         segment: fit(&segment),
     })
 }
@@ -224,6 +225,7 @@ mod tests {
         let here = Link {
             message: link,
             message_work: 2e-9,
+            wake: 0.0,
             segment: link,
         };
         let network = given(50.0, 10.0, here);

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use crate::compute::Runtime;
 use crate::config::TrainConfig;
-use crate::graph::{assign_stages, BalanceBy, Partition};
+use crate::graph::BalanceBy;
 use crate::Result;
 
 use super::profile::{self, Profile, ProfileRun};
@@ -70,10 +70,7 @@ impl Sharded {
     /// The cut positions (in `cut.live`) of `stages` stages balanced by `by`, as a
     /// configuration's `partition = { balanced = ... }` cuts them.
     pub fn balanced_bounds(&self, stages: usize, by: BalanceBy) -> Option<Vec<usize>> {
-        let a = assign_stages(&self.tg, &Partition::Balanced { stages, by }).ok()?;
-        let live = &self.cut.live;
-        let first_of = |s| live.iter().position(|&i| a.stage[i] == Some(s));
-        Some((1..stages).filter_map(first_of).collect())
+        self.cut.balanced_bounds(&self.tg, stages, by)
     }
 
     /// What simulating a candidate needs of the model.

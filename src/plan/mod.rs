@@ -63,6 +63,7 @@ use crate::compute::{intra_threads_for, Runtime};
 use crate::config::TrainConfig;
 use crate::cost::{Link, Nodes};
 use crate::graph::flops_per_node;
+use crate::graph::BalanceBy;
 use crate::{Error, Result};
 
 /// What to plan for.
@@ -264,8 +265,14 @@ pub fn plan(
         ) else {
             continue;
         };
-        let Some(sim) = search::simulate_on_nodes(&c, p, model.costs(), (&machinery, nodes), None)
-        else {
+        // Refined from the cuts by time, by parameters and by FLOPs: the moves are local.
+        let starts = [BalanceBy::Params, BalanceBy::Flops]
+            .into_iter()
+            .filter_map(|by| model.balanced_bounds(c.stages(), by))
+            .collect();
+        let on = (&machinery, nodes);
+        let cuts = crate::cost::Cuts::Refined(starts);
+        let Some(sim) = search::simulate_on_nodes(&c, p, model.costs(), on, cuts) else {
             continue;
         };
         let cuts = search::cut_names(&model.tg, &model.cut.live, &sim.bounds);

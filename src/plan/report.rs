@@ -13,7 +13,8 @@ fn cluster_text(plan: &Plan) -> String {
     let slots: Vec<String> = nodes.slots.iter().map(usize::to_string).collect();
     let mut out = format!(
         "cluster: {} nodes of {} slots on {}; between nodes a stage's message waits {:.1} us + \
-         {:.2} GB/s and its copies work at {:.2} GB/s, a ring segment {:.1} us + {:.2} GB/s\n",
+         {:.2} GB/s (+{:.1} us to wake an idle receiver) and its copies work at {:.2} GB/s, a \
+         ring segment {:.1} us + {:.2} GB/s\n",
         nodes.slots.len(),
         slots.join(" + "),
         match nodes.hosts {
@@ -22,6 +23,7 @@ fn cluster_text(plan: &Plan) -> String {
         },
         link.message.latency * 1e6,
         gb_per_s(link.message.per_byte),
+        link.wake * 1e6,
         gb_per_s(link.message_work),
         link.segment.latency * 1e6,
         gb_per_s(link.segment.per_byte),

@@ -5,7 +5,7 @@ use crate::config::{ScheduleKind, TrainConfig};
 use crate::graph::{BalanceBy, Recompute};
 
 use super::{PlanOptions, PlanRow, Profiles, Sharded};
-use crate::cost::{cut_names, simulate_on_nodes, Candidate, Machinery, Nodes};
+use crate::cost::{cut_names, simulate_on_nodes, Candidate, Cuts, Machinery, Nodes};
 
 /// What simulating a layout with given cuts needs.
 pub(super) struct Fixed<'a> {
@@ -54,7 +54,7 @@ impl Fixed<'_> {
         let stages = c.stages();
         let bounds = model.balanced_bounds(stages, by)?;
         let on = (self.machinery, self.nodes);
-        let sim = simulate_on_nodes(c, p, model.costs(), on, Some(bounds))?;
+        let sim = simulate_on_nodes(c, p, model.costs(), on, Cuts::Fixed(bounds))?;
         let cuts = cut_names(&model.tg, &model.cut.live, &sim.bounds);
         let scale = c.micro_batch as f64 / self.cfg.batch_size as f64;
         let applied = c.apply(self.cfg, &cuts);
