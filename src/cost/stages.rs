@@ -67,10 +67,14 @@ impl Cuttable {
                     .map(move |o| (o.as_str(), p))
             })
             .collect();
+        // What the training step runs: a node only evaluation reads (the accuracy after
+        // the loss) receives nothing in a training step.
+        let trained = trained_nodes(tg, &producer, &live);
         let mut read_from: Vec<usize> = live
             .iter()
-            .map(|&i| {
-                let inputs = tg.graph.nodes[i].input.iter();
+            .zip(&trained)
+            .map(|(&i, &trains)| {
+                let inputs = tg.graph.nodes[i].input.iter().filter(|_| trains);
                 inputs
                     .filter_map(|v| producer.get(v.as_str()).copied())
                     .min()
@@ -80,7 +84,7 @@ impl Cuttable {
         for p in (0..read_from.len().saturating_sub(1)).rev() {
             read_from[p] = read_from[p].min(read_from[p + 1]);
         }
-        let handed = handed_values(tg, &live, &producer);
+        let handed = handed_values(tg, (&live, &trained), &producer);
         let returned = returned_values(tg, &position);
         Cuttable {
             live,
@@ -177,14 +181,38 @@ struct Handed {
     bytes: f64,
 }
 
-/// Each live node's outputs that later live nodes read (each reader once).
+/// Per position in `live`, whether a training step runs the node: the loss, the running
+/// statistics' updates and every forward value the backward reads, and what they need.
+fn trained_nodes(
+    tg: &TrainingGraph,
+    producer: &std::collections::HashMap<&str, usize>,
+    live: &[usize],
+) -> Vec<bool> {
+    let backward = tg.graph.nodes[tg.forward_len..].iter();
+    let mut todo: Vec<&str> = std::iter::once(crate::graph::LOSS)
+        .chain(tg.buffers.iter().map(|b| b.update.as_str()))
+        .chain(backward.flat_map(|n| n.input.iter().map(String::as_str)))
+        .collect();
+    let mut trained = vec![false; live.len()];
+    while let Some(v) = todo.pop() {
+        let Some(&p) = producer.get(v) else { continue };
+        if !trained[p] {
+            trained[p] = true;
+            todo.extend(tg.graph.nodes[live[p]].input.iter().map(String::as_str));
+        }
+    }
+    trained
+}
+
+/// Each live node's outputs that later live nodes of the training step read (each
+/// reader once).
 fn handed_values(
     tg: &TrainingGraph,
-    live: &[usize],
+    (live, trained): (&[usize], &[bool]),
     producer: &std::collections::HashMap<&str, usize>,
 ) -> Vec<Handed> {
     let mut readers: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
-    for (p, &i) in live.iter().enumerate() {
+    for (p, &i) in live.iter().enumerate().filter(|&(p, _)| trained[p]) {
         for v in &tg.graph.nodes[i].input {
             if producer.get(v.as_str()).is_some_and(|&made| made < p) {
                 let r = readers.entry(v.as_str()).or_default();

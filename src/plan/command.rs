@@ -50,6 +50,10 @@ pub struct PlanArgs {
     /// these take under a second.
     #[arg(long, default_value_t = 12)]
     pub measure_steps: usize,
+    /// Measure each run this many times, the runs taken in turn each round (so the
+    /// machine's drift lands on all of them): each one's median, and its spread.
+    #[arg(long, default_value_t = 1)]
+    pub measure_rounds: usize,
     /// Steps of each profile run, at least (the first two not counted); its timed runs
     /// take more where these take under a second.
     #[arg(long, default_value_t = 8)]
@@ -127,49 +131,71 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         return Ok(());
     }
     let runs = measured_rows(&p, args.measure);
+    let rounds = args.measure_rounds.max(1);
     println!(
-        "\nmeasured (at least {} steps each and {} s of steps, 2 not counted{}):",
+        "\nmeasured (at least {} steps each and {} s of steps, 2 not counted{}{}):",
         args.measure_steps,
         super::profile::TIMED_SECONDS,
         match manifest {
             Some(_) => ", each node a `pipetrain launch` process here",
             None => "",
+        },
+        match rounds {
+            1 => String::new(),
+            r => format!("; the median of {r} rounds, the runs in turn, and their spread"),
         }
     );
-    println!("rank      predicted ms  measured ms  error   layout");
-    let mut measured = Vec::new();
-    for (name, row) in runs {
+    let measure = |row: &PlanRow| {
         // Long enough for the clock to see the steps.
         let steps = super::profile::steps_lasting(
             super::profile::TIMED_SECONDS,
             row.simulated.step,
             args.measure_steps,
         );
-        let m = match manifest {
-            Some(m) => super::cluster::measure_launched(
-                &worker,
-                (&args.config, m),
-                row,
-                (p.threads, steps, 2),
-            ),
+        match manifest {
+            Some(m) => {
+                let at = (p.threads, steps, 2);
+                super::cluster::measure_launched(&worker, (&args.config, m), row, at)
+            }
             None => super::measure_step(&worker, &args.config, row, (steps, 2)),
-        };
-        let m = match m {
-            Ok(m) => m,
+        }
+    };
+    let mut steps: Vec<std::result::Result<Vec<f64>, String>> = vec![Ok(Vec::new()); runs.len()];
+    for _ in 0..rounds {
+        for ((_, row), got) in runs.iter().zip(&mut steps) {
+            if let Ok(seen) = got {
+                match measure(row) {
+                    Ok(m) => seen.push(m.step),
+                    Err(e) => *got = Err(e.to_string()),
+                }
+            }
+        }
+    }
+    println!("rank      predicted ms  measured ms  error   layout");
+    let mut measured = Vec::new();
+    for ((name, row), got) in runs.into_iter().zip(steps) {
+        let mut seen = match got {
+            Ok(seen) => seen,
             Err(e) => {
                 println!("{name:<9} failed: {e}");
                 continue;
             }
         };
-        let err = row.simulated.step / m.step - 1.0;
+        seen.sort_by(f64::total_cmp);
+        let median = seen[seen.len() / 2];
+        let spread = match seen.len() {
+            1 => String::new(),
+            _ => format!(" [{:.2}-{:.2}]", seen[0] * 1e3, seen[seen.len() - 1] * 1e3),
+        };
+        let err = row.simulated.step / median - 1.0;
         println!(
-            "{name:<9} {:>12.2}  {:>11.2}  {:>+5.1}%  {}",
+            "{name:<9} {:>12.2}  {:>11.2}  {:>+5.1}%  {}{spread}",
             row.simulated.step * 1e3,
-            m.step * 1e3,
+            median * 1e3,
             err * 100.0,
             super::layout_text(&row.candidate)
         );
-        measured.push((name, row.simulated.step, m.step));
+        measured.push((name, row.simulated.step, median));
     }
     print!("{}", accuracy(&measured));
     Ok(())

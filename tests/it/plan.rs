@@ -93,6 +93,16 @@ fn the_bytes_crossing_a_cut_are_what_the_stages_send_each_other() {
         checked += 1;
     }
     assert!(checked > 20, "{checked} cuts compared");
+    // After the loss come only the accuracy's nodes, which the training step does not run:
+    // a cut there hands nothing on, and is never taken.
+    let loss = cut.live.iter().position(|&i| {
+        let outputs = &tg.graph.nodes[i].output;
+        outputs.iter().any(|o| o == pipetrain::graph::LOSS)
+    });
+    let after = loss.unwrap() + 1;
+    assert!(after < cut.live.len(), "no node after the loss");
+    assert!(!cut.hands_on(&[after]));
+    assert_eq!(cut.crossing_bytes(after, false, 1), 0.0);
 }
 
 /// A small built-in GPT with a vocabulary head larger than its blocks.
