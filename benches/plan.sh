@@ -8,7 +8,8 @@
 #
 #   bash benches/plan.sh [CONFIG...]      (default: benches/plan/*.toml and the peers' tiny GPT)
 #
-# Env: PIPETRAIN_BIN (target/release/pipetrain), DEVICES (2), MEASURE (8); MANIFEST (a
+# Env: PIPETRAIN_BIN (target/release/pipetrain), DEVICES (2), MEASURE (8), ROUNDS (1: each
+# measured run's rounds, taken in turn, their median reported); MANIFEST (a
 # cluster manifest whose nodes are all on this machine, e.g. examples/cluster.toml: the
 # layouts span its nodes, one `pipetrain launch` process a node, and each measured layout
 # is launched so). Models whose step is under a few milliseconds (the tests' fixtures) get
@@ -33,5 +34,6 @@ for c in "${configs[@]}"; do
   if [ -n "${MANIFEST:-}" ]; then
     workers=(--manifest "$MANIFEST")
   fi
-  "$bin" plan "$c" "${workers[@]}" --top 5 --measure "${MEASURE:-8}" "${steps[@]}"
+  "$bin" plan "$c" "${workers[@]}" --top 5 --measure "${MEASURE:-8}" \
+    --measure-rounds "${ROUNDS:-1}" "${steps[@]}"
 done

@@ -5,9 +5,9 @@
 //!   one at the smallest profiled micro-batch (the most messages a step) and one at the
 //!   largest (the most bytes a message). What a message waits more where it finds its
 //!   receiver idle (another process's sleeping threads woken: the transport's, then the
-//!   actor's) is fitted to the first and its work per byte (fresh buffers faulted in,
-//!   caches other processes took) to the second, in turn, each from the echo's figure
-//!   up: a job's messages cost at least what the echo's did.
+//!   actor's) and its work per byte (fresh buffers faulted in, caches other processes
+//!   took; from the echo's figure up: a job's messages cost at least what the echo's
+//!   did) are fitted to both at once.
 //! - Replicas, one a slot, in separate processes: how much their actions slow each
 //!   other (at most as much as in one process, where two replicas also share an
 //!   allocator and ONNX Runtime's environment), and what keeping them in step costs a
@@ -55,14 +55,15 @@ pub fn calibrate(
         link: Some(link),
         ..*machinery
     };
-    let pipelines: Vec<Launched<'_>> = pipeline_profiles(profiles)
-        .into_iter()
-        .filter_map(|p| {
-            pipeline(run, p, whole, (manifest, nodes))
-                .map_err(warn)
-                .ok()
-        })
-        .collect();
+    let pipelines: Vec<Launched<'_>> =
+        pipeline_profiles(profiles, (run.global_batch, nodes.total()))
+            .into_iter()
+            .filter_map(|p| {
+                pipeline(run, p, whole, (manifest, nodes))
+                    .map_err(warn)
+                    .ok()
+            })
+            .collect();
     let link = fit_link(&pipelines, (whole, &at), nodes);
     let at = Machinery {
         link: Some(link),
@@ -120,12 +121,14 @@ fn fit_replicas(r: &Launched<'_>, (whole, m): (&Sharded, &Machinery), nodes: &No
     (contention, replica_sync)
 }
 
-/// The unsplit one-stage profiles whose two-stage run was made: the smallest and the
-/// largest micro-batch (one where they are the same).
-fn pipeline_profiles(profiles: &Profiles) -> Vec<&Profile> {
+/// The unsplit one-stage profiles whose two-stage run was made and whose micro-batches
+/// fill `stages` ZB-H1 stages: the smallest and the largest micro-batch (one where they
+/// are the same).
+fn pipeline_profiles(profiles: &Profiles, (global, stages): (usize, usize)) -> Vec<&Profile> {
     let made: Vec<&Profile> = profiles
         .values()
         .filter(|p| p.shards == 1 && p.stages == 1 && p.pipeline_period > 0.0)
+        .filter(|p| global / p.micro_batch.max(1) >= stages)
         .collect();
     let smallest = made.iter().min_by_key(|p| p.micro_batch);
     let largest = made.iter().max_by_key(|p| p.micro_batch);
@@ -134,10 +137,16 @@ fn pipeline_profiles(profiles: &Profiles) -> Vec<&Profile> {
     out
 }
 
-/// The waking of an idle receiver fitted to the run with the most messages (the first),
-/// the message's work to the one with the most bytes (the last), in turn.
+/// Grid points a side of [`fit_link`]'s search.
+const GRID: usize = 24;
+
+/// The waking of an idle receiver and the message's work per byte that together bring
+/// the launched pipelines' simulated steps closest to their measured ones (least squares
+/// of the relative errors over a grid: waking from none to one micro-batch's compute,
+/// work from the echo's up to [`MOST_WORK`] times it, geometrically; the least of each
+/// where the runs cannot tell them apart).
 fn fit_link(runs: &[Launched<'_>], (whole, m): (&Sharded, &Machinery), nodes: &Nodes) -> Link {
-    let (Some(first), Some(last), Some(echo)) = (runs.first(), runs.last(), m.link) else {
+    let (Some(echo), Some(first)) = (m.link, runs.first()) else {
         return m.link.unwrap_or(Link {
             message: Rate {
                 latency: 0.0,
@@ -159,13 +168,29 @@ fn fit_link(runs: &[Launched<'_>], (whole, m): (&Sharded, &Machinery), nodes: &N
         }),
         ..*m
     };
-    let (mut wake, mut work) = (echo.wake, echo.message_work);
-    for _ in 0..3 {
-        let range = (echo.message_work, echo.message_work * MOST_WORK);
-        work = fit(last, (whole, m), nodes, &|w| with(wake, w), range);
-        let range = (echo.wake, echo.wake + first.profile.total());
-        wake = fit(first, (whole, m), nodes, &|k| with(k, work), range);
-    }
+    let step = |r: &Launched<'_>, at: &Machinery| {
+        let on = (at, Some(nodes));
+        simulate_on_nodes(&r.c, r.profile, whole.costs(), on, r.bounds.clone().into())
+            .map(|s| s.step)
+    };
+    let most_wake = first.profile.total();
+    let wakes = (0..GRID).map(|k| most_wake * k as f64 / (GRID - 1) as f64);
+    let grid = wakes.flat_map(|wake| {
+        (0..GRID).map(move |k| {
+            let work = echo.message_work * MOST_WORK.powf(k as f64 / (GRID - 1) as f64);
+            (wake, work)
+        })
+    });
+    let error = |&(wake, work): &(f64, f64)| -> f64 {
+        let at = with(wake, work);
+        runs.iter()
+            .map(|r| step(r, &at).map_or(f64::INFINITY, |t| (t / r.step - 1.0).powi(2)))
+            .sum()
+    };
+    let scored = grid.map(|p| (error(&p), p));
+    let (_, (wake, work)) = scored
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .unwrap_or((0.0, (echo.wake, echo.message_work)));
     Link {
         message_work: work,
         wake,

@@ -182,7 +182,8 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
             }
         };
         seen.sort_by(f64::total_cmp);
-        let median = seen[seen.len() / 2];
+        let n = seen.len();
+        let median = (seen[(n - 1) / 2] + seen[n / 2]) / 2.0;
         let spread = match seen.len() {
             1 => String::new(),
             _ => format!(" [{:.2}-{:.2}]", seen[0] * 1e3, seen[seen.len() - 1] * 1e3),
