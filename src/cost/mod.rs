@@ -12,6 +12,7 @@
 //!   [`simulate_on_nodes`] the same spread over a cluster's nodes, whose hand-offs and
 //!   reductions between nodes cross a [`Link`] ([`topology`]).
 
+mod crossing;
 mod profile;
 mod simulate;
 pub mod split;

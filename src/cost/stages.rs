@@ -21,6 +21,7 @@ use pipetrain_schedules::{Action, ActionKind, StageCost};
 use crate::graph::partition::{balanced_boundaries, constant_nodes};
 use crate::graph::{Recompute, TrainingGraph};
 
+use super::crossing::Crossings;
 use super::split::BackwardGraph;
 use super::Profile;
 
@@ -37,13 +38,8 @@ pub struct Cuttable {
     /// reads (`usize::MAX` for none): a cut at `b` hands something on where
     /// `read_from[b] < b`.
     read_from: Vec<usize>,
-    /// The forward values a later node reads, at the graph's measured batch.
-    handed: Vec<Handed>,
-    /// The backward's values a backward node of another forward node reads, placed at
-    /// their nodes' forward nodes.
-    returned: Vec<Handed>,
-    /// The micro-batch `handed` was measured at.
-    samples: usize,
+    /// The values that cross each cut, forward and back.
+    crossings: Crossings,
     /// The backward.
     backward: BackwardGraph,
 }
@@ -69,7 +65,7 @@ impl Cuttable {
             .collect();
         // What the training step runs: a node only evaluation reads (the accuracy after
         // the loss) receives nothing in a training step.
-        let trained = trained_nodes(tg, &producer, &live);
+        let trained = super::crossing::trained_nodes(tg, &producer, &live);
         let mut read_from: Vec<usize> = live
             .iter()
             .zip(&trained)
@@ -84,40 +80,26 @@ impl Cuttable {
         for p in (0..read_from.len().saturating_sub(1)).rev() {
             read_from[p] = read_from[p].min(read_from[p + 1]);
         }
-        let handed = handed_values(tg, (&live, &trained), &producer);
-        let returned = returned_values(tg, &position);
+        let crossings = Crossings::of(tg, (&live, &position, &trained), &producer);
         Cuttable {
             live,
             position,
             read_from,
-            handed,
-            returned,
-            samples: 1,
+            crossings,
             backward: BackwardGraph::of(tg),
         }
     }
 
     /// This, with the graph's values measured at micro-batches of `samples`.
     pub fn measured_at(mut self, samples: usize) -> Cuttable {
-        self.samples = samples.max(1);
+        self.crossings.samples = samples.max(1);
         self
     }
 
     /// Bytes crossing a cut at position `bound` (in `live`) for a micro-batch of
-    /// `samples`, scaled from the measured micro-batch: forward, the values made before it
-    /// and read after it; back (`gradients`), the backward's values made after it and read
-    /// before it (by node anchors), as the stage builder hands them back.
+    /// `samples` (see [`Crossings::bytes`]).
     pub fn crossing_bytes(&self, bound: usize, gradients: bool, samples: usize) -> f64 {
-        let crosses = |h: &&Handed| match gradients {
-            false => h.made < bound && h.readers.iter().any(|&r| r >= bound),
-            true => h.made >= bound && h.readers.iter().any(|&r| r < bound),
-        };
-        let values = match gradients {
-            false => &self.handed,
-            true => &self.returned,
-        };
-        let measured: f64 = values.iter().filter(crosses).map(|h| h.bytes).sum();
-        measured * samples as f64 / self.samples as f64
+        self.crossings.bytes(bound, gradients, samples)
     }
 
     /// The cut positions of `stages` stages of `tg` (this one's graph) balanced by `by`, as
@@ -168,106 +150,6 @@ impl Cuttable {
         }
         out
     }
-}
-
-/// A value read by nodes of other positions than its producer's.
-#[derive(Debug, Clone)]
-struct Handed {
-    /// Its producer's position in `live`.
-    made: usize,
-    /// The positions of the nodes that read it.
-    readers: Vec<usize>,
-    /// Its bytes.
-    bytes: f64,
-}
-
-/// Per position in `live`, whether a training step runs the node: the loss, the running
-/// statistics' updates and every forward value the backward reads, and what they need.
-fn trained_nodes(
-    tg: &TrainingGraph,
-    producer: &std::collections::HashMap<&str, usize>,
-    live: &[usize],
-) -> Vec<bool> {
-    let backward = tg.graph.nodes[tg.forward_len..].iter();
-    let mut todo: Vec<&str> = std::iter::once(crate::graph::LOSS)
-        .chain(tg.buffers.iter().map(|b| b.update.as_str()))
-        .chain(backward.flat_map(|n| n.input.iter().map(String::as_str)))
-        .collect();
-    let mut trained = vec![false; live.len()];
-    while let Some(v) = todo.pop() {
-        let Some(&p) = producer.get(v) else { continue };
-        if !trained[p] {
-            trained[p] = true;
-            todo.extend(tg.graph.nodes[live[p]].input.iter().map(String::as_str));
-        }
-    }
-    trained
-}
-
-/// Each live node's outputs that later live nodes of the training step read (each
-/// reader once).
-fn handed_values(
-    tg: &TrainingGraph,
-    (live, trained): (&[usize], &[bool]),
-    producer: &std::collections::HashMap<&str, usize>,
-) -> Vec<Handed> {
-    let mut readers: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
-    for (p, &i) in live.iter().enumerate().filter(|&(p, _)| trained[p]) {
-        for v in &tg.graph.nodes[i].input {
-            if producer.get(v.as_str()).is_some_and(|&made| made < p) {
-                let r = readers.entry(v.as_str()).or_default();
-                if r.last() != Some(&p) {
-                    r.push(p);
-                }
-            }
-        }
-    }
-    readers
-        .into_iter()
-        .filter_map(|(v, readers)| {
-            let meta = tg.metas.get(v)?;
-            Some(Handed {
-                made: producer[v],
-                readers,
-                bytes: (meta.numel() * meta.dtype.size()) as f64,
-            })
-        })
-        .collect()
-}
-
-/// The backward's values read by backward nodes of other forward nodes, each placed at
-/// its producer's and readers' forward nodes (`position` in `live`; constants' left out).
-fn returned_values(tg: &TrainingGraph, position: &[Option<usize>]) -> Vec<Handed> {
-    let backward = &tg.graph.nodes[tg.forward_len..];
-    let at = |b: usize| position.get(tg.anchors[b]).copied().flatten();
-    let mut made: std::collections::HashMap<&str, usize> = Default::default();
-    for (b, n) in backward.iter().enumerate() {
-        if let Some(p) = at(b) {
-            for o in n.output.iter().filter(|o| !o.is_empty()) {
-                made.insert(o.as_str(), p);
-            }
-        }
-    }
-    let mut readers: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
-    for (b, n) in backward.iter().enumerate() {
-        let Some(p) = at(b) else { continue };
-        for v in &n.input {
-            if made.get(v.as_str()).is_some_and(|&m| m != p) {
-                readers.entry(v.as_str()).or_default().push(p);
-            }
-        }
-    }
-    readers
-        .into_iter()
-        .filter_map(|(v, readers)| {
-            let meta = tg.metas.get(v)?;
-            Some(Handed {
-                made: made[v],
-                readers,
-                bytes: (meta.numel() * meta.dtype.size()) as f64,
-            })
-        })
-        .collect()
 }
 
 /// Per stage (cut at `bounds`, positions in `cut.live`), its `F`, `B`, `I` and `W`.
