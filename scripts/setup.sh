@@ -10,6 +10,11 @@
 # - NVRTC (PyPI nvidia-cuda-nvrtc, CUDA 13), with which the tests compile the GPU path's
 #   kernels on a machine without a GPU (`compute::cuda_state`; `.ci/run` requires it).
 #
+# `scripts/setup.sh --mkl` also installs Intel MKL (PyPI mkl, 221 MB to download, 656 MB
+# installed, without its OpenMP and TBB: pipetrain runs it sequentially, one block per
+# intra-op thread), on which the large products run faster still where the CPU is Intel's
+# (`compute/blas.rs`; pipetrain prefers it to OpenBLAS when both are there).
+#
 # `scripts/setup.sh --cuda` (a machine with an NVIDIA GPU) instead installs ONNX Runtime's
 # CUDA build (PyPI onnxruntime-gpu, for CUDA 13) with the CUDA, cuDNN and NCCL wheels it
 # needs into ./.venv-cuda, and writes .venv-cuda/pipetrain-env.sh, which sets
@@ -72,3 +77,9 @@ if [ -z "$lib" ]; then
   exit 1
 fi
 echo "setup: ONNX Runtime at $lib; python packages: $(echo $PACKAGES)"
+if [ "${1:-}" = "--mkl" ]; then
+  if ! "$venv/bin/python" -c 'import importlib.metadata as m; assert m.version("mkl") == "2026.2.0"' 2>/dev/null; then
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "mkl==2026.2.0"
+  fi
+  echo "setup: MKL at $(ls "$venv"/lib/libmkl_rt.so.* | head -n 1)"
+fi

@@ -13,7 +13,11 @@
 //! Why loaded by hand: `cblas-sys` with `openblas-src` links a system OpenBLAS at build
 //! time (a C toolchain and `libopenblas-dev` in every build). The wheel is loaded the way
 //! ONNX Runtime's own library is, from the same Python environment, and names its
-//! symbols with a `scipy_` prefix; `libloading` does the loading.
+//! symbols with a `scipy_` prefix; `libloading` does the loading. `PIPETRAIN_BLAS` names
+//! another CBLAS instead: a system OpenBLAS, or Intel MKL's `libmkl_rt` (PyPI `mkl`,
+//! 656 MB installed, so not installed by setup), which on this machine's AVX-512 cores
+//! ran BERT-base's shapes at 344-369 GFLOP/s split over two threads against OpenBLAS's
+//! 280-336 (PyTorch's own MKL, its own threads: 367-394).
 
 use std::ffi::c_int;
 use std::path::{Path, PathBuf};
@@ -48,6 +52,8 @@ pub const BLAS_ENV: &str = "PIPETRAIN_BLAS";
 /// makes it (ONNX Runtime's intra-op threads, one block each).
 pub struct Blas {
     sgemm: Sgemm,
+    /// Intel MKL (else an OpenBLAS).
+    mkl: bool,
     path: PathBuf,
     // Keeps the library mapped while `sgemm` may be called.
     _library: libloading::Library,
@@ -73,37 +79,85 @@ pub struct Product {
 }
 
 impl Blas {
-    /// Loads the library at `path`.
+    /// Loads the library at `path`: PyPI's `scipy-openblas32` (its symbols prefixed
+    /// `scipy_`), another OpenBLAS, or Intel MKL's single runtime library (`libmkl_rt`),
+    /// each set to one thread of its own.
     ///
     /// # Errors
-    /// The loader's message when it is not a library with `scipy_cblas_sgemm`.
+    /// The loader's message when it is not a library with a `cblas_sgemm` and a way to
+    /// set its threads.
     pub fn open(path: &Path) -> Result<Blas, String> {
-        // SAFETY: loading OpenBLAS runs its initializers, which only read the CPU's
+        // SAFETY: loading a BLAS runs its initializers, which only read the CPU's
         // features and set up its buffers.
         let library = unsafe { libloading::Library::new(path) }
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        // SAFETY: the symbols are OpenBLAS's C functions with these signatures.
-        let (sgemm, threads) = unsafe {
-            let sgemm = *library
-                .get::<Sgemm>(b"scipy_cblas_sgemm\0")
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            let threads = *library
-                .get::<unsafe extern "C" fn(c_int)>(b"scipy_openblas_set_num_threads\0")
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            (sgemm, threads)
+        let missing = |what: &str| {
+            format!(
+                "{}: no {what} (scipy-openblas32's, OpenBLAS's or MKL's)",
+                path.display()
+            )
         };
-        // SAFETY: sets OpenBLAS's own thread count; called before any product.
-        unsafe { threads(1) };
+        // SAFETY: the symbols are the CBLAS product and the libraries' thread setters,
+        // with these signatures.
+        let sgemm = [&b"scipy_cblas_sgemm\0"[..], b"cblas_sgemm\0"]
+            .into_iter()
+            .find_map(|name| unsafe { library.get::<Sgemm>(name).ok().map(|s| *s) })
+            .ok_or_else(|| missing("cblas_sgemm"))?;
+        let setters: [&[u8]; 3] = [
+            b"scipy_openblas_set_num_threads\0",
+            b"openblas_set_num_threads\0",
+            b"MKL_Set_Num_Threads\0",
+        ];
+        let (threads, setter) = setters
+            .into_iter()
+            .find_map(|name| unsafe {
+                let setter = library.get::<unsafe extern "C" fn(c_int)>(name).ok()?;
+                Some((*setter, name))
+            })
+            .ok_or_else(|| missing("thread setter"))?;
+        // SAFETY: MKL's threading layer (1: sequential, no OpenMP runtime needed) and the
+        // library's own thread count, set before any product.
+        unsafe {
+            if let Ok(layer) =
+                library.get::<unsafe extern "C" fn(c_int) -> c_int>(b"MKL_Set_Threading_Layer\0")
+            {
+                layer(1);
+            }
+            threads(1);
+        }
         Ok(Blas {
             sgemm,
+            mkl: setter.starts_with(b"MKL"),
             path: path.to_path_buf(),
             _library: library,
         })
     }
 
-    /// The library `PIPETRAIN_BLAS` names, else `scipy-openblas32`'s beside the ONNX
-    /// Runtime library `ort` (both from pip, in one `site-packages`); `None` where
-    /// there is none or `PIPETRAIN_BLAS=off`.
+    /// The library's name, for the log: `MKL` or `OpenBLAS`.
+    pub fn name(&self) -> &'static str {
+        match self.mkl {
+            true => "MKL",
+            false => "OpenBLAS",
+        }
+    }
+
+    /// The fewest multiply-adds of a product with a transposed first operand (a weight
+    /// gradient), and of any other product, this library runs faster than ONNX Runtime's
+    /// MLAS on the intra-op threads, one block each (`cargo bench --bench products`,
+    /// 2 threads, 2026-11-29; GFLOP/s MLAS against the library). OpenBLAS packs the
+    /// other operand whole in each block: weight gradients from 2^26 (302 M: 279 / 322),
+    /// the rest from 2^30 (302 M: 311 / 274, 1.2 G: 276 / 312). MKL: the rest from 2^29
+    /// (302 M: 311 / 301, 604 M: 310 / 329 and 303 / 324 transposed).
+    pub fn smallest_products(&self) -> (usize, usize) {
+        match self.mkl {
+            true => (1 << 26, 1 << 29),
+            false => (1 << 26, 1 << 30),
+        }
+    }
+
+    /// The library `PIPETRAIN_BLAS` names, else MKL's (`scripts/setup.sh --mkl`) or
+    /// `scipy-openblas32`'s beside the ONNX Runtime library `ort` (all from pip, in one
+    /// environment); `None` where there is none or `PIPETRAIN_BLAS=off`.
     ///
     /// # Errors
     /// Where `PIPETRAIN_BLAS` names a file that does not load.
@@ -206,10 +260,20 @@ impl Blas {
 
 /// `scipy_openblas32/lib/libscipy_openblas.so` in the `site-packages` that holds
 /// `onnxruntime/capi/<ort>`.
+/// The BLAS installed beside the ONNX Runtime library `ort`
+/// (`site-packages/onnxruntime/capi/...`): PyPI `mkl`'s runtime library in the
+/// environment's `lib` (where the wheel puts it), else `scipy-openblas32`'s.
 fn beside(ort: &Path) -> Option<PathBuf> {
     let site = ort.parent()?.parent()?.parent()?;
-    let lib = site.join("scipy_openblas32/lib/libscipy_openblas.so");
-    lib.is_file().then_some(lib)
+    let env_lib = site.parent()?.parent()?.parent()?.join("lib");
+    let mkl = std::fs::read_dir(&env_lib).ok().and_then(|d| {
+        d.filter_map(|e| e.ok().map(|e| e.path())).find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libmkl_rt.so."))
+        })
+    });
+    let openblas = site.join("scipy_openblas32/lib/libscipy_openblas.so");
+    mkl.or_else(|| openblas.is_file().then_some(openblas))
 }
 
 #[cfg(test)]

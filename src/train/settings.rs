@@ -141,10 +141,13 @@ pub(crate) fn training_graph(
     // On the CPU, float32 products by OpenBLAS where the process has it (faster than
     // ONNX Runtime's MLAS at real sizes: `compute/blas.rs`); mixed precision casts the
     // standard products instead.
-    if opts.fused_kernels && cfg.half().is_none() && rt.blas().is_some() {
-        let n = crate::graph::blas_products(&mut tg.graph, &tg.metas);
+    if let Some(blas) = rt
+        .blas()
+        .filter(|_| opts.fused_kernels && cfg.half().is_none())
+    {
+        let n = crate::graph::blas_products(&mut tg.graph, &tg.metas, blas.smallest_products());
         if n > 0 {
-            tracing::info!("{n} float32 products by OpenBLAS");
+            tracing::info!("{n} float32 products by {}", blas.name());
         }
     }
     Ok(tg)

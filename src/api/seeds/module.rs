@@ -73,8 +73,8 @@ impl Module {
         let mut tg = build_training_graph(rt, &model, &opts, &feeds)?;
         // The CPU's own kernels, as `pipetrain train` writes them (`train::settings`).
         crate::graph::scatter_adds_as_rows_add(&mut tg.graph);
-        if rt.blas().is_some() {
-            crate::graph::blas_products(&mut tg.graph, &tg.metas);
+        if let Some(blas) = rt.blas() {
+            crate::graph::blas_products(&mut tg.graph, &tg.metas, blas.smallest_products());
         }
         let one = Partition::Balanced {
             stages: 1,

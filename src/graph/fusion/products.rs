@@ -1,11 +1,11 @@
 //! The float32 matrix products of a CPU training graph as pipetrain's `BlasMatMul`
-//! (OpenBLAS, `compute/fused/product.rs`) where ONNX Runtime would run MLAS: `MatMul`,
+//! (OpenBLAS or MKL, `compute/fused/product.rs`) where ONNX Runtime would run MLAS: `MatMul`,
 //! `Gemm` and `com.microsoft.FusedMatMul` whose second operand is a matrix (a weight, or
 //! the activations a weight gradient reads) and whose first is a matrix or a stack of
 //! rows. Batched products (attention's, where not fused) keep ONNX Runtime's kernels.
 //!
 //! Runs on the whole training graph once its values are measured, when the process
-//! has OpenBLAS (`compute::Runtime`) and fused kernels are on; mixed precision keeps the
+//! has a BLAS (`compute::Runtime`) and fused kernels are on; mixed precision keeps the
 //! standard products, which it casts (`graph::autocast`).
 
 use super::super::custom_ops::{BLAS_MATMUL, DOMAIN};
@@ -13,23 +13,15 @@ use super::super::ir::{attr_f, attr_i, float_attr, int_attr, Graph, Metas};
 use crate::onnx::proto::NodeProto;
 use crate::tensor::DType;
 
-/// The fewest multiply-adds of a product with a transposed first operand (a weight
-/// gradient, `X^T dY`) that OpenBLAS runs, and of any other product. Below, ONNX
-/// Runtime's MLAS is as fast or faster: each of OpenBLAS's blocks packs the other
-/// operand whole. `cargo bench --bench products` (2 threads, 2026-11-27), GFLOP/s MLAS
-/// against OpenBLAS at 302 M, 1.2 G and 2.4 G multiply-adds: `X^T dY` 255 / 258, 246 /
-/// 293, 246 / 304; `X W` 263 / 230, 273 / 286, 265 / 295; `X W^T` 303 / 266, 285 / 275,
-/// 273 / 308.
-const SMALLEST_TRANSPOSED: usize = 1 << 26;
-const SMALLEST: usize = 1 << 30;
-
-/// Rewrites each product of `g` that fits (see the module doc) as `BlasMatMul`, with the
-/// same inputs, output and meaning; imports pipetrain's domain when it rewrote any.
-/// Returns how many.
-pub fn blas_products(g: &mut Graph, metas: &Metas) -> usize {
+/// Rewrites each product of `g` that fits (see the module doc) and has at least
+/// `smallest` multiply-adds (`.0` with a transposed first operand, a weight gradient;
+/// `.1` any other: where the library beats ONNX Runtime's MLAS,
+/// `Blas::smallest_products` in `compute/blas.rs`) as `BlasMatMul`, with the same inputs,
+/// output and meaning; imports pipetrain's domain when it rewrote any. Returns how many.
+pub fn blas_products(g: &mut Graph, metas: &Metas, smallest: (usize, usize)) -> usize {
     let mut n = 0;
     for node in &mut g.nodes {
-        if let Some(attrs) = fits(node, metas) {
+        if let Some(attrs) = fits(node, metas, smallest) {
             node.op_type = BLAS_MATMUL.into();
             node.domain = DOMAIN.into();
             node.attribute = attrs;
@@ -43,7 +35,11 @@ pub fn blas_products(g: &mut Graph, metas: &Metas) -> usize {
 }
 
 /// `BlasMatMul`'s attributes for `n`, where it computes `n`.
-fn fits(n: &NodeProto, metas: &Metas) -> Option<Vec<crate::onnx::proto::AttributeProto>> {
+fn fits(
+    n: &NodeProto,
+    metas: &Metas,
+    (smallest_transposed, smallest_other): (usize, usize),
+) -> Option<Vec<crate::onnx::proto::AttributeProto>> {
     let kind = match (n.domain.as_str(), n.op_type.as_str()) {
         ("", "MatMul") if n.input.len() == 2 => Kind::MatMul,
         ("", "Gemm") => Kind::Gemm,
@@ -78,9 +74,9 @@ fn fits(n: &NodeProto, metas: &Metas) -> Option<Vec<crate::onnx::proto::Attribut
         }
     }
     let smallest = if trans_a {
-        SMALLEST_TRANSPOSED
+        smallest_transposed
     } else {
-        SMALLEST
+        smallest_other
     };
     if m * k * cols < smallest {
         return None;
@@ -128,6 +124,7 @@ mod tests {
             make_node("MatMul", "batched", &["q", "k"], &["s"], vec![]),
             make_node("Gemm", "grad", &["xt", "dy"], &["dw"], attrs),
             make_node("MatMul", "small", &["t", "u"], &["v"], vec![]),
+            make_node("MatMul", "middle", &["h", "o"], &["z"], vec![]),
         ];
         let m = metas(&[
             ("x", &[4, 512, 768]),
@@ -138,10 +135,20 @@ mod tests {
             ("dy", &[512, 3072]),
             ("t", &[8, 16]),
             ("u", &[16, 8]),
+            ("h", &[1024, 768]),
+            ("o", &[768, 768]),
         ]);
-        assert_eq!(blas_products(&mut g, &m), 2);
+        // BERT-base's projections (604 M multiply-adds) stay MLAS's under OpenBLAS's
+        // sizes, and go to a library that beats MLAS from 2^29 (MKL).
+        let mut mkl = g.clone();
+        assert_eq!(blas_products(&mut g, &m, (1 << 26, 1 << 30)), 2);
         let ops: Vec<&str> = g.nodes.iter().map(|n| n.op_type.as_str()).collect();
-        assert_eq!(ops, [BLAS_MATMUL, "MatMul", BLAS_MATMUL, "MatMul"]);
+        assert_eq!(
+            ops,
+            [BLAS_MATMUL, "MatMul", BLAS_MATMUL, "MatMul", "MatMul"]
+        );
+        assert_eq!(blas_products(&mut mkl, &m, (1 << 26, 1 << 29)), 3);
+        assert_eq!(mkl.nodes[4].op_type, BLAS_MATMUL);
         let grad = &g.nodes[2];
         assert_eq!(attr_i(grad, "transA"), Some(1));
         assert_eq!(attr_i(grad, "transB"), Some(0));
