@@ -40,7 +40,10 @@ def build(name: str, attn: str | None = None):
         return model.train(), ["pixel_values"]
     import transformers
 
-    kw = dict(use_cache=False, return_dict=False)
+    # return_dict=False goes to the call (export below), not the config: transformers 5's
+    # GPT2LMHeadModel reads its inner model's output by name, which a config-wide
+    # return_dict=False turns into a tuple.
+    kw = dict(use_cache=False)
     if attn is not None:
         kw["attn_implementation"] = attn
     if name == "gpt2":
@@ -114,7 +117,8 @@ def export(name: str, folder: Path) -> dict:
             # forward(input_ids) only: transformers 5's `logits_to_keep=0` default would
             # otherwise become a graph input; and its packed-sequence check traces
             # aten::diff (no opset-17 symbolic). Neither changes the math.
-            stack.enter_context(em.positional_forward(model, inputs, {}))
+            stack.enter_context(
+                em.positional_forward(model, inputs, dict(return_dict=False)))
             try:
                 import transformers.masking_utils  # noqa: F401  (transformers >= 5)
 

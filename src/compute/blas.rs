@@ -1,23 +1,30 @@
-//! OpenBLAS's single-precision product (`sgemm`), loaded at run time from PyPI's
-//! `scipy-openblas32` wheel, for the float32 matrix products of a CPU training graph
-//! (`graph::fusion::blas_products`, kernel in `compute/fused/product.rs`).
+//! A CBLAS single-precision product (`sgemm`), loaded at run time, for the float32 matrix
+//! products of a CPU training graph (`graph::fusion::blas_products`, kernel in
+//! `compute/fused/product.rs`): Intel MKL's `libmkl_rt` (PyPI `mkl`, `scripts/setup.sh
+//! --mkl`) where it is installed, else OpenBLAS from PyPI's `scipy-openblas32` (installed
+//! by `scripts/setup.sh`), else none (ONNX Runtime's own products).
 //!
 //! Why: at real sizes the products are 60-85% of a CPU step, and ONNX Runtime's own
 //! (MLAS) runs them slower than PyTorch's BLAS on this machine's AVX-512 cores: at
 //! BERT-base's shapes on 2 threads, MLAS's `MatMul` 287-339 GFLOP/s and its
 //! `FusedMatMul` with a transposed first operand (every weight gradient) 259-292, against
-//! OpenBLAS 0.3.31 split over the two threads 327-368 (`benches/gemm_rates.py`). The
-//! crates that do matrix products in Rust measured slower still (`gemm` 0.18 185-203,
-//! `matrixmultiply` 247-287).
+//! OpenBLAS 0.3.31 split over the two threads 280-368 and MKL 2026.2 310-357
+//! (`benches/gemm_rates.py`; PyTorch's own MKL on its own threads: 349-394). The crates
+//! that do matrix products in Rust measured slower still (`gemm` 0.18 185-203,
+//! `matrixmultiply` 247-287). With MKL, BERT-base's step is 1.06x PyTorch eager's speed
+//! where OpenBLAS gave 0.98x (`benches/real_sizes.sh`, README "What is measured").
 //!
-//! Why loaded by hand: `cblas-sys` with `openblas-src` links a system OpenBLAS at build
-//! time (a C toolchain and `libopenblas-dev` in every build). The wheel is loaded the way
-//! ONNX Runtime's own library is, from the same Python environment, and names its
-//! symbols with a `scipy_` prefix; `libloading` does the loading. `PIPETRAIN_BLAS` names
-//! another CBLAS instead: a system OpenBLAS, or Intel MKL's `libmkl_rt` (PyPI `mkl`,
-//! 656 MB installed, so not installed by setup), which on this machine's AVX-512 cores
-//! ran BERT-base's shapes at 344-369 GFLOP/s split over two threads against OpenBLAS's
-//! 280-336 (PyTorch's own MKL, its own threads: 367-394).
+//! Each library runs sequentially (MKL's sequential threading layer: no OpenMP or TBB
+//! runtime is loaded), one block of rows or columns on each of ONNX Runtime's intra-op
+//! threads. MKL on its own two OpenMP threads measured no faster at these shapes (335-357
+//! GFLOP/s against the split's 310-357, alternating runs), and would run beside ONNX
+//! Runtime's spinning pool on the same cores.
+//!
+//! Why loaded by hand: `cblas-sys` with `openblas-src` or `intel-mkl-src` links a library
+//! at build time (a C toolchain and a system package, or a download, in every build). The
+//! wheels are loaded the way ONNX Runtime's own library is, from the same Python
+//! environment; `libloading` does the loading. `PIPETRAIN_BLAS` names another CBLAS
+//! instead (a system OpenBLAS or MKL), `PIPETRAIN_BLAS=off` none.
 
 use std::ffi::c_int;
 use std::path::{Path, PathBuf};
@@ -48,8 +55,8 @@ const TRANS: c_int = 112;
 /// The environment variable naming the library (`off` for none).
 pub const BLAS_ENV: &str = "PIPETRAIN_BLAS";
 
-/// A loaded OpenBLAS, its own threads set to one: each call runs on the thread that
-/// makes it (ONNX Runtime's intra-op threads, one block each).
+/// A loaded CBLAS (MKL or OpenBLAS), its own threads set to one: each call runs on the
+/// thread that makes it (ONNX Runtime's intra-op threads, one block each).
 pub struct Blas {
     sgemm: Sgemm,
     /// Intel MKL (else an OpenBLAS).
@@ -169,7 +176,7 @@ impl Blas {
                 .map_err(|e| format!("{BLAS_ENV}: {e}")),
             None => Ok(beside(ort).and_then(|p| {
                 Blas::open(&p)
-                    .map_err(|e| tracing::warn!("OpenBLAS not used: {e}"))
+                    .map_err(|e| tracing::warn!("BLAS not used: {e}"))
                     .ok()
             })),
         }

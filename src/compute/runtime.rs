@@ -23,8 +23,8 @@ pub struct RuntimeInfo {
     pub version: String,
     /// The execution providers the library offers.
     pub providers: Vec<String>,
-    /// The OpenBLAS library the CPU's large float32 products run on (`None`: ONNX
-    /// Runtime's own); see `compute/blas.rs`.
+    /// The BLAS library (MKL or OpenBLAS) the CPU's large float32 products run on
+    /// (`None`: ONNX Runtime's own); see `compute/blas.rs`.
     pub blas: Option<PathBuf>,
 }
 
@@ -118,7 +118,7 @@ fn library_in(capi: &Path) -> Option<PathBuf> {
 pub struct Runtime {
     env: ort::environment::Environment,
     info: RuntimeInfo,
-    /// OpenBLAS for the CPU's float32 products, where one was found
+    /// MKL or OpenBLAS for the CPU's float32 products, where one was found
     /// ([`super::blas::Blas::find`]).
     blas: Option<std::sync::Arc<super::blas::Blas>>,
 }
@@ -205,7 +205,7 @@ impl Runtime {
         &self.info
     }
 
-    /// OpenBLAS, where the float32 products of CPU graphs run on it.
+    /// MKL or OpenBLAS, where the float32 products of CPU graphs run on it.
     pub(crate) fn blas(&self) -> Option<&std::sync::Arc<super::blas::Blas>> {
         self.blas.as_ref()
     }

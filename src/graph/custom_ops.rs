@@ -63,8 +63,8 @@ pub const PACKED_ATTENTION_GRAD: &str = "PackedAttentionGrad";
 /// from +0 (the bits of `ScatterElements(reduction = add)` into zeros on the CPU). A CUDA
 /// kernel (`compute/cuda_ops.rs`); `graph::scatter_adds_as_rows_add` writes it.
 pub const ROWS_ADD: &str = "RowsAdd";
-/// A float32 matrix product by OpenBLAS on the CPU: `A, B[, C]` in, `Y = alpha op(A)
-/// op(B) + beta C` out, attributes `transA`, `transB`, `alpha`, `beta` as `Gemm`'s; `B` a
+/// A float32 matrix product by a CBLAS (MKL or OpenBLAS) on the CPU: `A, B[, C]` in,
+/// `Y = alpha op(A) op(B) + beta C` out, attributes `transA`, `transB`, `alpha`, `beta` as `Gemm`'s; `B` a
 /// matrix, `A` a matrix or (untransposed) rows `[..., M, K]`; `C` `[N]`, `[1, N]` or
 /// `[M, N]`. `graph::fusion::blas_products` writes it; kernel in
 /// `compute/fused/product.rs`.

@@ -1,5 +1,5 @@
-//! `BlasMatMul`: a float32 matrix product by OpenBLAS (`compute::blas`) where ONNX
-//! Runtime's CPU provider would run MLAS. `A, B[, C]` in, `Y = alpha op(A) op(B) + beta
+//! `BlasMatMul`: a float32 matrix product by a CBLAS, MKL or OpenBLAS (`compute::blas`),
+//! where ONNX Runtime's CPU provider would run MLAS. `A, B[, C]` in, `Y = alpha op(A) op(B) + beta
 //! C` out, with `transA`, `transB`, `alpha` and `beta` as `Gemm` and `FusedMatMul` have
 //! them; `B` a matrix, `A` a matrix or, untransposed, a stack of rows (`[..., M, K]`, its
 //! leading axes kept in `Y`); `C` the bias, `[N]`, `[1, N]` or `[M, N]`
