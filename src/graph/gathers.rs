@@ -7,11 +7,18 @@
 //! is one `Concat`. Each `Gather` becomes a `Squeeze` of its part, keeping its output's
 //! name; the new values' shapes are added to the measured ones, so nothing is probed
 //! again.
+//!
+//! Where the tensor is a `Transpose` (and a `Squeeze` of it) read by the `Gather`s alone,
+//! and each part is the same values in the same order before the transpose as after it
+//! (the axes it moves are of size 1 in a part), the `Split` takes the transpose's input
+//! apart instead, and the transpose goes: `nn.MultiheadAttention` transposes its packed
+//! projection `[S, B, 3, E]` to `[3, S, B, E]` before taking q, k and v (ViT-B/16: a
+//! 4.8 MB copy each way, each layer).
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::graph::ir::{
-    attr_i, axis_index, int_attr, make_node, tensor_attr, Graph, Metas, ValueMeta,
+    attr_i, attr_ints, axis_index, int_attr, make_node, tensor_attr, Graph, Metas, ValueMeta,
 };
 use crate::onnx::proto::NodeProto;
 use crate::tensor::{DType, Tensor};
@@ -23,16 +30,133 @@ pub fn gathers_as_split(g: &mut Graph, metas: &mut Metas) -> usize {
     let groups = find(g, metas);
     // Each group's `Gather`s are replaced in place; the `Split`s go in afterwards, the
     // last first, so that no insertion moves a place still to come.
+    let mut dead = Vec::new();
     let mut inserts: Vec<(usize, Vec<NodeProto>)> = groups
         .iter()
         .enumerate()
-        .map(|(i, ((data, axis), at))| apply(g, metas, (data, *axis), at, i))
+        .map(|(i, ((data, axis), at))| {
+            let source = untransposed(g, metas, (data, *axis), at.len());
+            if let Some(s) = &source {
+                dead.extend(s.replaced.iter().cloned());
+            }
+            apply(
+                g,
+                metas,
+                source.unwrap_or_else(|| Source::of(data, *axis)),
+                at,
+                i,
+            )
+        })
         .collect();
     inserts.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
     for (at, nodes) in inserts {
         g.nodes.splice(at..at, nodes);
     }
+    g.nodes
+        .retain(|n| !n.output.first().is_some_and(|o| dead.contains(o)));
     groups.len()
+}
+
+/// What the `Split` takes apart: `data` along `axis`, and the axes each part loses
+/// (`axis`, and those the transpose moved that are of size 1 in a part); the outputs of
+/// the nodes it replaces (a transpose and its squeeze).
+struct Source {
+    data: String,
+    axis: usize,
+    squeezed: Vec<i64>,
+    replaced: Vec<String>,
+}
+
+impl Source {
+    fn of(data: &str, axis: usize) -> Source {
+        Source {
+            data: data.to_string(),
+            axis,
+            squeezed: vec![axis as i64],
+            replaced: Vec::new(),
+        }
+    }
+}
+
+/// `data` along `axis` as the parts of the transpose's input (see the module doc), where
+/// `data` is a `Transpose`, or a `Squeeze` of one, read by the `readers` `Gather`s alone.
+fn untransposed(
+    g: &Graph,
+    metas: &Metas,
+    (data, axis): (&str, usize),
+    readers: usize,
+) -> Option<Source> {
+    let (producers, consumers) = (g.producers(), g.consumers());
+    let only_read_by = |v: &str, n: usize| {
+        consumers.get(v).is_some_and(|c| c.len() == n) && !g.outputs.iter().any(|o| o.name == v)
+    };
+    if !only_read_by(data, readers) {
+        return None;
+    }
+    let standard = |i: usize, op: &str| g.nodes[i].op_type == op && g.nodes[i].domain.is_empty();
+    let mut node = *producers.get(data)?;
+    let mut squeezed: Vec<usize> = Vec::new();
+    let mut replaced = vec![data.to_string()];
+    if standard(node, "Squeeze") {
+        let sq = &g.nodes[node];
+        let rank = metas.get(sq.input.first()?)?.shape.len();
+        squeezed = squeeze_axes(g, sq)?
+            .into_iter()
+            .map(|a| axis_index(a, rank))
+            .collect::<Option<_>>()?;
+        if !only_read_by(&sq.input[0], 1) {
+            return None;
+        }
+        replaced.push(sq.input[0].clone());
+        node = *producers.get(sq.input[0].as_str())?;
+    }
+    let t = &g.nodes[node];
+    if !standard(node, "Transpose") {
+        return None;
+    }
+    let x = t.input.first()?;
+    let rank = metas.get(x)?.shape.len();
+    let perm: Vec<usize> = match attr_ints(t, "perm") {
+        Some(p) => p
+            .iter()
+            .map(|&a| usize::try_from(a).ok())
+            .collect::<Option<_>>()?,
+        None => (0..rank).rev().collect(),
+    };
+    if perm.len() != rank || perm.iter().any(|&a| a >= rank) {
+        return None;
+    }
+    // The gathered axis of the transpose's output, past the squeezed ones.
+    let kept: Vec<usize> = (0..rank).filter(|a| !squeezed.contains(a)).collect();
+    let source_axis = perm[*kept.get(axis)?];
+    // The axes of size 1 in every part: the gathered one and the squeezed ones. The
+    // others, read in the transpose's order, must be in their own order.
+    let ones: Vec<usize> = squeezed
+        .iter()
+        .map(|&a| perm[a])
+        .chain([source_axis])
+        .collect();
+    let moved: Vec<usize> = perm.iter().copied().filter(|a| !ones.contains(a)).collect();
+    if !moved.windows(2).all(|w| w[0] < w[1]) {
+        return None;
+    }
+    let mut squeezed: Vec<i64> = ones.iter().map(|&a| a as i64).collect();
+    squeezed.sort_unstable();
+    squeezed.dedup();
+    Some(Source {
+        data: x.clone(),
+        axis: source_axis,
+        squeezed,
+        replaced,
+    })
+}
+
+/// A `Squeeze` node's axes: its constant second input (opset 13 on) or attribute.
+fn squeeze_axes(g: &Graph, n: &NodeProto) -> Option<Vec<i64>> {
+    match n.input.get(1).filter(|a| !a.is_empty()) {
+        Some(a) => g.constants().get(a)?.to_i64_vec(),
+        None => attr_ints(n, "axes"),
+    }
 }
 
 /// The `Gather` nodes of each (tensor, axis) that fit, by position: node index per
@@ -107,15 +231,17 @@ pub(crate) fn position_read(
     })
 }
 
-/// Replaces the `Gather` of position k by a `Squeeze` of part k of a `Split` of `data`,
-/// and returns where the `Split` (with its constants) goes: before the first `Gather`.
+/// Replaces the `Gather` of position k by a `Squeeze` of part k of a `Split` of the
+/// source, and returns where the `Split` (with its constants) goes: before the first
+/// `Gather`.
 fn apply(
     g: &mut Graph,
     metas: &mut Metas,
-    (data, axis): (&str, usize),
+    source: Source,
     at: &[usize],
     i: usize,
 ) -> (usize, Vec<NodeProto>) {
+    let (data, axis) = (source.data.as_str(), source.axis);
     let base = format!("{data}/gathered{i}");
     let parts: Vec<String> = (0..at.len()).map(|k| format!("{base}/part{k}")).collect();
     let mut meta = metas[data].clone();
@@ -146,7 +272,7 @@ fn apply(
         vec![int_attr("axis", axis as i64)],
     );
     let nodes = vec![
-        i64_constant(metas, &axes, vec![axis as i64]),
+        i64_constant(metas, &axes, source.squeezed),
         i64_constant(metas, &sizes, vec![1; at.len()]),
         split,
     ];
@@ -240,5 +366,72 @@ mod tests {
         assert_eq!(g.nodes[9].input[0], "p/gathered0/part2");
         assert_eq!(g.nodes[9].output[0], "q2");
         assert_eq!(metas["p/gathered0/part1"].shape, [1, 4, 5]);
+    }
+
+    /// A `Split`'s input and axis, and the axes its parts' `Squeeze`s take.
+    type SplitOf = (String, i64, Vec<i64>);
+
+    /// `nn.MultiheadAttention`'s packed projection: `x` `[1, S, B, 3, E]` transposed to
+    /// `[3, S, B, 1, E]` and squeezed to `[3, S, B, E]`, then q, k, v at 0, 1, 2 (with
+    /// `perm` that order; `dims` `x`'s shape). Returns the ops after the rewrite and
+    /// the first `Split`'s input and axis, with the parts' squeezed axes.
+    fn packed(perm: &[i64], dims: &[usize]) -> (Vec<String>, Option<SplitOf>) {
+        let mut g = Graph::default();
+        for (name, v) in [("i0", 0), ("i1", 1), ("i2", 2)] {
+            scalar(&mut g, name, v);
+        }
+        let t = Tensor::i64(vec![1], vec![3]).unwrap();
+        g.nodes.push(make_node(
+            "Constant",
+            "sq",
+            &[],
+            &["sq"],
+            vec![tensor_attr("value", t.to_proto("sq"))],
+        ));
+        let perm_attr = crate::graph::ir::ints_attr("perm", perm);
+        g.nodes
+            .push(make_node("Transpose", "t", &["x"], &["t"], vec![perm_attr]));
+        g.nodes
+            .push(make_node("Squeeze", "s", &["t", "sq"], &["p"], vec![]));
+        for (i, idx) in ["i0", "i1", "i2"].iter().enumerate() {
+            let out = format!("q{i}");
+            g.nodes
+                .push(make_node("Gather", &out, &["p", idx], &[&out], vec![]));
+        }
+        let turned: Vec<usize> = perm.iter().map(|&a| dims[a as usize]).collect();
+        let mut squeezed = turned.clone();
+        squeezed.remove(3);
+        let mut metas: Metas = [
+            ("x", meta(dims)),
+            ("t", meta(&turned)),
+            ("p", meta(&squeezed)),
+        ]
+        .into_iter()
+        .map(|(n, m)| (n.to_string(), m))
+        .collect();
+        assert_eq!(gathers_as_split(&mut g, &mut metas), 1);
+        let consts = g.constants();
+        let split = g.nodes.iter().find(|n| n.op_type == "Split").map(|n| {
+            let part = |m: &&NodeProto| m.op_type == "Squeeze" && m.input[0] == n.output[0];
+            let squeeze = g.nodes.iter().find(part).unwrap();
+            let axes = consts[&squeeze.input[1]].to_i64_vec().unwrap();
+            (n.input[0].clone(), attr_i(n, "axis").unwrap(), axes)
+        });
+        (g.nodes.iter().map(|n| n.op_type.clone()).collect(), split)
+    }
+
+    #[test]
+    fn a_transpose_moving_only_axes_of_size_one_in_a_part_is_split_before() {
+        let (ops, split) = packed(&[3, 1, 2, 0, 4], &[1, 5, 2, 3, 4]);
+        assert!(!ops.iter().any(|o| o == "Transpose"), "{ops:?}");
+        assert_eq!(ops.iter().filter(|o| *o == "Squeeze").count(), 3, "{ops:?}");
+        // x split along its axis 3; each part [1, 5, 2, 1, 4] loses axes 0 and 3: the
+        // gathers' [5, 2, 4], the same values in the same order.
+        assert_eq!(split, Some(("x".to_string(), 3, vec![0, 3])));
+        // A transpose that also swaps two axes of size > 1 (5 and 2) stays, and the
+        // Split takes the squeezed tensor apart as before.
+        let (ops, split) = packed(&[3, 2, 1, 0, 4], &[1, 5, 2, 3, 4]);
+        assert!(ops.iter().any(|o| o == "Transpose"), "{ops:?}");
+        assert_eq!(split, Some(("p".to_string(), 0, vec![0])));
     }
 }
