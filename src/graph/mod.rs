@@ -28,6 +28,7 @@ mod subgraph;
 pub mod tensor_parallel;
 mod tied;
 mod training;
+mod transposes;
 mod unfed_inputs;
 
 pub use buckets::{grad_chain, GradChain};

@@ -36,6 +36,11 @@ fn perm(p: [i64; 4]) -> Vec<pipetrain::onnx::proto::AttributeProto> {
     vec![ints_attr("perm", &p)]
 }
 
+/// A name that lives as long as the test (the model's initializers are named by `&str`).
+fn leak(name: String) -> &'static str {
+    Box::leak(name.into_boxed_str())
+}
+
 fn scalar(v: f32) -> Tensor {
     Tensor::f32(vec![], vec![v]).unwrap()
 }
@@ -55,7 +60,11 @@ const PREFIXED: usize = 21;
 /// - `gpt_where`: `gpt` masked as Hugging Face's eager GPT-2 does, a `Cast` to float32
 ///   and `Where(causal, scores, finfo.min)` instead of an added mask;
 /// - `vit`: `q`, `kt`, `v` made elsewhere (no transposes to take in), no scale, no mask,
-///   the output turned to `[T, B, H, E]`.
+///   the output turned to `[T, B, H, E]`;
+/// - `mha`: torchvision's `nn.MultiheadAttention` (ViT): q, k, v `[T, B, H*D]`, each
+///   reshaped to `[T, B*H, D]`, turned to `[B*H, T, D]` and reshaped to `[B, H, T, D]`, k
+///   turned once more, q and k each multiplied by a constant, no mask, the output turned
+///   to `[T, B, H, E]`.
 fn model(form: &str) -> ModelProto {
     let mut r = Rng::new(31);
     let (t, s) = match form {
@@ -66,6 +75,31 @@ fn model(form: &str) -> ModelProto {
     let mut inits: Vec<(&str, Tensor)> = Vec::new();
     let mut nodes: Vec<NodeProto> = Vec::new();
     let (q, kt, v) = match form {
+        "mha" => {
+            for (x, e) in [("Q", D), ("K", D), ("V", E)] {
+                inits.push((x, r.tensor(DType::F32, &[T, B, H * e], -2.0, 2.0)));
+                let merged = format!("{x}_merged_shape");
+                let split = format!("{x}_heads_shape");
+                inits.push((leak(merged.clone()), ints(&[T, B * H, e].map(|d| d as i64))));
+                inits.push((leak(split.clone()), ints(&[B, H, T, e].map(|d| d as i64))));
+                let (a, b, c) = (format!("{x}_a"), format!("{x}_b"), format!("{x}_c"));
+                let swap = vec![ints_attr("perm", &[1, 0, 2])];
+                nodes.push(make_node("Reshape", &a, &[x, &merged], &[&a], vec![]));
+                nodes.push(make_node("Transpose", &b, &[&a], &[&b], swap));
+                nodes.push(make_node("Reshape", &c, &[&b, &split], &[&c], vec![]));
+            }
+            inits.push(("c", scalar(0.5)));
+            nodes.push(make_node(
+                "Transpose",
+                "tk",
+                &["K_c"],
+                &["kt0"],
+                perm([0, 1, 3, 2]),
+            ));
+            nodes.push(make_node("Mul", "sq", &["Q_c", "c"], &["q"], vec![]));
+            nodes.push(make_node("Mul", "sk", &["c", "kt0"], &["kt"], vec![]));
+            ("q", "kt", "V_c")
+        }
         "vit" => {
             inits.push(("Q", r.tensor(DType::F32, &[B, H, t, D], -2.0, 2.0)));
             inits.push(("K", r.tensor(DType::F32, &[B, H, D, s], -2.0, 2.0)));
@@ -188,7 +222,7 @@ fn model(form: &str) -> ModelProto {
     };
     nodes.push(make_node("MatMul", "pv", &[probs, v], &["o"], vec![]));
     let (out_perm, out_shape) = match form {
-        "vit" => ([2, 0, 1, 3], [t, B, H, E]),
+        "vit" | "mha" => ([2, 0, 1, 3], [t, B, H, E]),
         "packed" => ([0, 2, 1, 3], [B, t, H, D]),
         _ => ([0, 2, 1, 3], [B, t, H, E]),
     };
@@ -221,6 +255,7 @@ fn fused_attention_gives_the_standard_op_graphs_loss_and_gradients() {
         ("prefixed", 9, true, ATTENTION),
         ("bert", 10, false, ATTENTION),
         ("vit", 4, false, ATTENTION),
+        ("mha", 9, false, ATTENTION),
         ("packed", 13, true, PACKED_ATTENTION),
         ("gpt_where", 10, true, ATTENTION),
     ];
@@ -241,12 +276,22 @@ fn fused_attention_gives_the_standard_op_graphs_loss_and_gradients() {
         assert_eq!(fused_nodes(&fused_tg, op), 1, "{form}");
         assert_eq!(fused_nodes(&fused_tg, grad_op), 1, "{form}");
         assert_eq!(fused_nodes(&plain_tg, op), 0, "{form}");
-        // Every transpose around the products is read through strides.
-        for standard in ["Transpose", "MatMul", "Softmax", "Split", "Reshape"] {
+        // Every transpose around the products is read through strides (`mha`: its
+        // inputs' reshapes to `[T, B, H, D]` stay, views; its constant factors are in the
+        // node's scale).
+        let reshapes = if form == "mha" { 3 } else { 0 };
+        for (standard, left) in [
+            ("Transpose", 0),
+            ("MatMul", 0),
+            ("Softmax", 0),
+            ("Split", 0),
+            ("Reshape", reshapes),
+            ("Mul", 1),
+        ] {
             assert_eq!(
                 forward_ops(&fused_tg, standard),
-                0,
-                "{form}: a {standard} left"
+                left,
+                "{form}: {standard}s left"
             );
         }
         assert_eq!(
@@ -261,7 +306,7 @@ fn fused_attention_gives_the_standard_op_graphs_loss_and_gradients() {
             .find(|n| n.op_type == op)
             .unwrap();
         assert_eq!(attr_i(node, "causal"), Some(i64::from(causal)), "{form}");
-        let masked = form != "vit" && !causal;
+        let masked = !["vit", "mha"].contains(&form) && !causal;
         let parts = if op == ATTENTION { 3 } else { 1 };
         assert_eq!(node.input.len(), parts + usize::from(masked), "{form}");
         let mut compared = vec!["loss"];

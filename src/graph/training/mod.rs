@@ -267,6 +267,12 @@ pub fn build_sharded_training_graph(
         if n > 0 {
             tracing::debug!("{n} tensors taken apart by constant-position Gathers as Splits");
         }
+        let (chains, folded) = super::transposes::merged_transposes(&mut g, &mut forward_metas);
+        if chains + folded > 0 {
+            tracing::debug!(
+                "{chains} transposes of merged axes as transposes of the axes, {folded} transposes of transposes as one"
+            );
+        }
         let n = super::selected_rows::select_rows_early(&mut g, &mut forward_metas);
         if n > 0 {
             tracing::debug!("{n} nodes compute only the position a constant-position Gather reads");

@@ -11,8 +11,8 @@
 //! reads that transpose, and the `Transpose` after the second product taken in where it
 //! is the product's only reader. This is how PyTorch exports `softmax(q @ k.transpose(-2,
 //! -1) * scale + mask) @ v` (Hugging Face's eager BERT and GPT-2, the tiny GPT) and
-//! `scaled_dot_product_attention` (torchvision's ViT, whose scale is on q and k and stays
-//! outside). The mask must not depend on a trained parameter (it gets no gradient); the
+//! `scaled_dot_product_attention` (torchvision's ViT, whose scale is on q and k: a `Mul`
+//! of q or k by a constant, read by the product alone, goes into the node's scale). The mask must not depend on a trained parameter (it gets no gradient); the
 //! values inside the pattern must have no other readers and not be graph outputs. The
 //! softmax's output keeps its name as the node's second output. Where q, k and v are
 //! the three parts of one `Split` of a `[B, T, W]` tensor along its last axis, each
@@ -152,16 +152,30 @@ impl<'g> Finder<'g> {
         let v = self.g.nodes[m2].input[1].as_str();
         self.shapes_agree(&first.input[0], &first.input[1], v)?;
         let (out, out_perm) = self.turned_output(&self.g.nodes[m2].output[0], &mut chain);
+        // q and k each multiplied by a constant (`scaled_dot_product_attention`'s export
+        // scales both): the constants go into the scale.
+        let mut scale = scale;
+        let mut operands = Vec::new();
+        for (value, reader, scaled) in [
+            (first.input[0].as_str(), m1, true),
+            (first.input[1].as_str(), m1, true),
+            (v, m2, false),
+        ] {
+            match scaled.then(|| self.scaled(value, reader)).flatten() {
+                Some((mul, y, c)) => {
+                    chain.push(mul);
+                    scale *= c;
+                    operands.push((y, mul));
+                }
+                None => operands.push((value, reader)),
+            }
+        }
         let mut inputs = Vec::new();
         let mut attrs = vec![
             float_attr("scale", scale as f32),
             int_attr("causal", i64::from(causal)),
         ];
-        for (value, reader, name) in [
-            (first.input[0].as_str(), m1, "q_perm"),
-            (&first.input[1], m1, "k_perm"),
-            (v, m2, "v_perm"),
-        ] {
+        for ((value, reader), name) in operands.into_iter().zip(["q_perm", "k_perm", "v_perm"]) {
             let (source, perm) = match self.transposed(value, reader) {
                 Some((t, perm)) => {
                     chain.push(t);
@@ -303,6 +317,22 @@ impl<'g> Finder<'g> {
     fn perm(&self, t: usize) -> Option<Vec<i64>> {
         let perm = attr_ints(&self.g.nodes[t], "perm").unwrap_or_else(|| vec![3, 2, 1, 0]);
         (perm.len() == 4).then_some(perm)
+    }
+
+    /// `value` as `Mul(y, c)` (or `Mul(c, y)`) of a one-value constant `c`, where
+    /// `reader` is its only reader and `y` has its shape: the `Mul` node, `y` and `c`.
+    fn scaled(&self, value: &str, reader: usize) -> Option<(usize, &'g str, f64)> {
+        let mul = *self.producers.get(value)?;
+        if !self.is(mul, "Mul") || self.only(value) != Some(reader) {
+            return None;
+        }
+        let n = &self.g.nodes[mul];
+        let (y, c) = match (self.scalar(&n.input[0]), self.scalar(&n.input[1])) {
+            (None, Some(c)) => (n.input[0].as_str(), c),
+            (Some(c), None) => (n.input[1].as_str(), c),
+            _ => return None,
+        };
+        (self.rank4(y)? == self.rank4(value)?).then_some((mul, y, c))
     }
 
     /// The `Transpose` making `value` and its permutation, where `reader` is the only
