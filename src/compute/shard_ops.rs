@@ -136,11 +136,13 @@ impl ShardComm for Alone {
 }
 
 /// pipetrain's operator domain: both collectives bound to `link`, and the fused
-/// kernels; with `blas` (the library and the session's intra-op threads) its products.
+/// kernels; with `blas` (the library and the session's intra-op threads) its products
+/// and the attention's.
 pub(crate) fn custom_domain(
     link: &ShardLink,
     blas: Option<(&std::sync::Arc<super::blas::Blas>, usize)>,
 ) -> ort::Result<OperatorDomain> {
+    let heads_blas = blas.map(|(b, _)| b.clone());
     let domain = OperatorDomain::new(DOMAIN)?
         .add(Collective {
             link: link.clone(),
@@ -163,10 +165,10 @@ pub(crate) fn custom_domain(
         .add(super::fused::SoftmaxCrossEntropyGrad)?
         .add(super::fused::DepthwiseConv)?
         .add(super::fused::DepthwiseConvGrad)?
-        .add(super::fused::ATTENTION_OP)?
-        .add(super::fused::ATTENTION_GRAD_OP)?
-        .add(super::fused::PACKED_ATTENTION_OP)?
-        .add(super::fused::PACKED_ATTENTION_GRAD_OP)?
+        .add(super::fused::ATTENTION_OP.with_blas(heads_blas.clone()))?
+        .add(super::fused::ATTENTION_GRAD_OP.with_blas(heads_blas.clone()))?
+        .add(super::fused::PACKED_ATTENTION_OP.with_blas(heads_blas.clone()))?
+        .add(super::fused::PACKED_ATTENTION_GRAD_OP.with_blas(heads_blas))?
         .add(super::fused::RowsAdd)?;
     let domain = match blas {
         Some((blas, threads)) => domain.add(super::fused::BlasMatMul {

@@ -36,6 +36,87 @@ fn perm(p: [i64; 4]) -> Vec<pipetrain::onnx::proto::AttributeProto> {
     vec![ints_attr("perm", &p)]
 }
 
+/// The `mha` form's q, k^T and v for `[b, h, t, d, e]` (see [`model`]): its nodes and
+/// initializers added.
+fn mha_inputs(
+    r: &mut Rng,
+    [b, h, t, d, e]: [usize; 5],
+    inits: &mut Vec<(&'static str, Tensor)>,
+    nodes: &mut Vec<NodeProto>,
+) -> (&'static str, &'static str, &'static str) {
+    for (x, size) in [("Q", d), ("K", d), ("V", e)] {
+        inits.push((x, r.tensor(DType::F32, &[t, b, h * size], -2.0, 2.0)));
+        let merged = leak(format!("{x}_merged_shape"));
+        let split = leak(format!("{x}_heads_shape"));
+        inits.push((merged, ints(&[t, b * h, size].map(|v| v as i64))));
+        inits.push((split, ints(&[b, h, t, size].map(|v| v as i64))));
+        let (ra, tr, rb) = (format!("{x}_a"), format!("{x}_b"), format!("{x}_c"));
+        let swap = vec![ints_attr("perm", &[1, 0, 2])];
+        nodes.push(make_node("Reshape", &ra, &[x, merged], &[&ra], vec![]));
+        nodes.push(make_node("Transpose", &tr, &[&ra], &[&tr], swap));
+        nodes.push(make_node("Reshape", &rb, &[&tr, split], &[&rb], vec![]));
+    }
+    inits.push(("c", scalar(0.5)));
+    nodes.push(make_node(
+        "Transpose",
+        "tk",
+        &["K_c"],
+        &["kt0"],
+        perm([0, 1, 3, 2]),
+    ));
+    nodes.push(make_node("Mul", "sq", &["Q_c", "c"], &["q"], vec![]));
+    nodes.push(make_node("Mul", "sk", &["c", "kt0"], &["kt"], vec![]));
+    ("q", "kt", "V_c")
+}
+
+/// The `mha` form at `[b, h, t, d]` alone: q, k, v turned as torchvision's attention
+/// turns them, the output `[t, b, h, d]`, `loss = sum(Y * R)`.
+fn mha_model([b, h, t, d]: [usize; 4]) -> ModelProto {
+    let (mut inits, mut nodes) = (Vec::new(), Vec::new());
+    let mut r = Rng::new(43);
+    let (q, kt, v) = mha_inputs(&mut r, [b, h, t, d, d], &mut inits, &mut nodes);
+    nodes.push(make_node("MatMul", "qk", &[q, kt], &["scores"], vec![]));
+    nodes.push(make_node("Softmax", "sm", &["scores"], &["p"], vec![]));
+    nodes.push(make_node("MatMul", "pv", &["p", v], &["o"], vec![]));
+    nodes.push(make_node(
+        "Transpose",
+        "to",
+        &["o"],
+        &["Y"],
+        perm([2, 0, 1, 3]),
+    ));
+    inits.push((
+        "R",
+        Rng::new(37).tensor(DType::F32, &[t, b, h, d], -1.0, 1.0),
+    ));
+    nodes.push(make_node("Mul", "m", &["Y", "R"], &["YR"], vec![]));
+    nodes.push(make_node("ReduceSum", "s", &["YR"], &["total"], vec![]));
+    common::opset17_model(
+        "attention",
+        nodes,
+        inits.iter().map(|(n, t)| t.to_proto(n)).collect(),
+        vec![],
+        vec![untyped_value_info("total")],
+    )
+}
+
+/// Heads of 128 x 64 x 128 multiply-adds run on the BLAS where the process has one
+/// (`scripts/setup.sh` installs OpenBLAS), each matrix read row- or column-major in
+/// place: the standard-op graph's loss and gradients.
+#[test]
+fn heads_large_enough_for_the_blas_give_the_standard_op_graphs_gradients() {
+    let model = mha_model([2, 2, 128, 64]);
+    let wrt = ["Q", "K", "V"];
+    let (fused_tg, fused) = gradients(&model, true, &wrt);
+    let (_, plain) = gradients(&model, false, &wrt);
+    assert_eq!(fused_nodes(&fused_tg, ATTENTION), 1);
+    assert_eq!(forward_ops(&fused_tg, "Transpose"), 0);
+    let mut compared = vec!["loss"];
+    compared.extend(wrt);
+    // float32 sums of 64 and 128 terms in another order.
+    assert_same("mha 128", &fused, &plain, &compared, 1e-5);
+}
+
 /// A name that lives as long as the test (the model's initializers are named by `&str`).
 fn leak(name: String) -> &'static str {
     Box::leak(name.into_boxed_str())
@@ -72,34 +153,10 @@ fn model(form: &str) -> ModelProto {
         "prefixed" => (PREFIXED, LONG),
         _ => (T, S),
     };
-    let mut inits: Vec<(&str, Tensor)> = Vec::new();
+    let mut inits: Vec<(&'static str, Tensor)> = Vec::new();
     let mut nodes: Vec<NodeProto> = Vec::new();
     let (q, kt, v) = match form {
-        "mha" => {
-            for (x, e) in [("Q", D), ("K", D), ("V", E)] {
-                inits.push((x, r.tensor(DType::F32, &[T, B, H * e], -2.0, 2.0)));
-                let merged = format!("{x}_merged_shape");
-                let split = format!("{x}_heads_shape");
-                inits.push((leak(merged.clone()), ints(&[T, B * H, e].map(|d| d as i64))));
-                inits.push((leak(split.clone()), ints(&[B, H, T, e].map(|d| d as i64))));
-                let (a, b, c) = (format!("{x}_a"), format!("{x}_b"), format!("{x}_c"));
-                let swap = vec![ints_attr("perm", &[1, 0, 2])];
-                nodes.push(make_node("Reshape", &a, &[x, &merged], &[&a], vec![]));
-                nodes.push(make_node("Transpose", &b, &[&a], &[&b], swap));
-                nodes.push(make_node("Reshape", &c, &[&b, &split], &[&c], vec![]));
-            }
-            inits.push(("c", scalar(0.5)));
-            nodes.push(make_node(
-                "Transpose",
-                "tk",
-                &["K_c"],
-                &["kt0"],
-                perm([0, 1, 3, 2]),
-            ));
-            nodes.push(make_node("Mul", "sq", &["Q_c", "c"], &["q"], vec![]));
-            nodes.push(make_node("Mul", "sk", &["c", "kt0"], &["kt"], vec![]));
-            ("q", "kt", "V_c")
-        }
+        "mha" => mha_inputs(&mut r, [B, H, T, D, E], &mut inits, &mut nodes),
         "vit" => {
             inits.push(("Q", r.tensor(DType::F32, &[B, H, t, D], -2.0, 2.0)));
             inits.push(("K", r.tensor(DType::F32, &[B, H, D, s], -2.0, 2.0)));

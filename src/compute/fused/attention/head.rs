@@ -1,17 +1,28 @@
 //! One (batch, head) pair's forward and backward (see the parent module's doc): the
-//! products by `matrixmultiply`'s strided SGEMM, in row blocks under a causal mask.
+//! products by the session's BLAS where it has one (each head's matrices are row- or
+//! column-major with their own leading dimension), else by `matrixmultiply`'s strided
+//! SGEMM; in row blocks under a causal mask.
 
 use super::layout::{Shared, View};
 use super::Attributes;
+use crate::compute::blas::Blas;
 use crate::compute::fused::softmax::{softmax_grad, softmax_row};
 
+/// The fewest multiply-adds of a head's product that runs on the BLAS: BERT-base's and
+/// ViT-B/16's heads (128 x 64 x 128 and more: their attention 1.2-1.5x as fast on MKL as
+/// on `matrixmultiply`, by ONNX Runtime's profile), not a small model's (the test
+/// fixtures' heads of 4-16 values), whose results stay those of `matrixmultiply`.
+const BLAS_FROM: usize = 1 << 18;
+
 /// `c = alpha * a b + beta * c` for `a` (`m x k`) and `b` (`k x n`) at the given
-/// strides (`c` is not read where `beta` is 0).
+/// strides (`c` is not read where `beta` is 0), by `blas` where it takes the strides and
+/// the product has at least [`BLAS_FROM`] multiply-adds.
 ///
 /// # Safety
 /// Every element the strides reach from `a`, `b` and `c` is in its tensor, and no other
 /// task writes the elements of `c`.
 unsafe fn gemm(
+    blas: Option<&Blas>,
     (m, k, n): (usize, usize, usize),
     (alpha, beta): (f32, f32),
     (a, ra, ca): (*const f32, isize, isize),
@@ -19,7 +30,22 @@ unsafe fn gemm(
     (c, rc, cc): (*mut f32, isize, isize),
 ) {
     // SAFETY: the caller's contract.
-    unsafe { matrixmultiply::sgemm(m, k, n, alpha, a, ra, ca, b, rb, cb, beta, c, rc, cc) }
+    unsafe {
+        let large = m * k * n >= BLAS_FROM;
+        let done = large
+            && blas.is_some_and(|blas| {
+                blas.sgemm_strided(
+                    (m, k, n),
+                    (alpha, beta),
+                    (a, ra, ca),
+                    (b, rb, cb),
+                    (c, rc, cc),
+                )
+            });
+        if !done {
+            matrixmultiply::sgemm(m, k, n, alpha, a, ra, ca, b, rb, cb, beta, c, rc, cc)
+        }
+    }
 }
 
 /// Query rows a block under a causal mask: a block's products stop at the last key its
@@ -51,6 +77,7 @@ pub(super) struct Mask<'a> {
 /// What a call's tasks read: the attributes and the viewed `Q`, `K`, `V`.
 pub(super) struct Pair<'a> {
     pub(super) a: &'a Attributes,
+    pub(super) blas: Option<&'a Blas>,
     pub(super) q: (&'a [f32], View),
     pub(super) k: (&'a [f32], View),
     pub(super) v: (&'a [f32], View),
@@ -106,7 +133,16 @@ impl Pair<'_> {
             let p0 = p.wrapping_add(r0 * s);
             // SAFETY: the views are the tensors' own shapes and strides; `P`'s rows and
             // `O`'s elements of this pair are written by this task alone.
-            unsafe { gemm((r1 - r0, d, keys), (self.a.scale, 0.0), q, k, (p0, st, one)) };
+            unsafe {
+                gemm(
+                    self.blas,
+                    (r1 - r0, d, keys),
+                    (self.a.scale, 0.0),
+                    q,
+                    k,
+                    (p0, st, one),
+                )
+            };
             for i in r0..r1 {
                 // SAFETY: row `i` of this pair's `P` block, this task's alone.
                 let y = unsafe { std::slice::from_raw_parts_mut(p.add(i * s), s) };
@@ -116,7 +152,16 @@ impl Pair<'_> {
             let v = Self::at(self.v.0, &self.v.1, bh, 0, false);
             let o = out.matrix(&ov, bh, r0, false);
             // SAFETY: as above.
-            unsafe { gemm((r1 - r0, keys, e), (1.0, 0.0), (p0, st, one), v, o) };
+            unsafe {
+                gemm(
+                    self.blas,
+                    (r1 - r0, keys, e),
+                    (1.0, 0.0),
+                    (p0, st, one),
+                    v,
+                    o,
+                )
+            };
         }
     }
 }
@@ -146,7 +191,16 @@ impl Pair<'_> {
             let dp0 = dp[r0 * s..].as_mut_ptr();
             // SAFETY: the views are the tensors' own shapes and strides; the gradients'
             // elements of this pair are written by this task alone.
-            unsafe { gemm((rows, e, keys), (1.0, 0.0), d_o, v_turned, (dp0, st, one)) };
+            unsafe {
+                gemm(
+                    self.blas,
+                    (rows, e, keys),
+                    (1.0, 0.0),
+                    d_o,
+                    v_turned,
+                    (dp0, st, one),
+                )
+            };
             // Whole rows, as without a causal mask: the keys not computed have `dP` 0
             // and `P` 0, so the row sums and `dS` are bit for bit the same.
             for i in r0..r1 {
@@ -163,6 +217,7 @@ impl Pair<'_> {
             // SAFETY: as above.
             unsafe {
                 gemm(
+                    self.blas,
                     (rows, keys, d),
                     (scale, 0.0),
                     ds_rows,
@@ -180,6 +235,7 @@ impl Pair<'_> {
         // SAFETY: as above.
         unsafe {
             gemm(
+                self.blas,
                 (s, t, e),
                 (1.0, 0.0),
                 p_turned,
@@ -187,6 +243,7 @@ impl Pair<'_> {
                 dv.matrix(&vv, bh, 0, false),
             );
             gemm(
+                self.blas,
                 (s, t, d),
                 (scale, 0.0),
                 ds_turned,

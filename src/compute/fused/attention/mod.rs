@@ -28,11 +28,13 @@
 //!
 //! Each (batch, head) pair is computed by one task on ONNX Runtime's intra-op threads and
 //! owns its results (no sums across tasks), so results do not depend on the thread count. The
-//! products are `matrixmultiply`'s strided SGEMM (vectorized for the machine, no packing
-//! copies of our own); the softmax rows are the `Softmax` kernel's. Not bitwise the
+//! products are the session's BLAS where it has one (`compute::blas`; products of 2^18
+//! multiply-adds and more, without a causal mask), else `matrixmultiply`'s strided SGEMM
+//! (vectorized for the machine, no packing copies of our own); the softmax rows are the
+//! `Softmax` kernel's. Not bitwise the
 //! standard graph: the products sum in another order (within float32 rounding, tested).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use ort::operator::{
     BoxedKernel, ComputeContext, KernelContext, Operator, OperatorInput, OperatorOutput,
@@ -43,6 +45,7 @@ mod head;
 mod layout;
 
 use super::{input, output};
+use crate::compute::blas::Blas;
 use crate::graph::custom_ops::{
     ATTENTION, ATTENTION_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD,
 };
@@ -173,34 +176,45 @@ fn views(op: &str, a: &Attributes, shapes: [&[i64]; 3]) -> ort::Result<[View; 3]
 
 /// `Attention` or its backward `AttentionGrad`, each also on one packed `Q, K, V`
 /// tensor (`PackedAttention`, `PackedAttentionGrad`; see the module doc).
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct AttentionOp {
     backward: bool,
     packed: bool,
+    /// The BLAS each head's products run on, where the session has one.
+    blas: Option<Arc<Blas>>,
 }
 
 /// Scaled dot-product attention as one kernel.
 pub(crate) const ATTENTION_OP: AttentionOp = AttentionOp {
     backward: false,
     packed: false,
+    blas: None,
 };
 /// Its backward as one kernel.
 pub(crate) const ATTENTION_GRAD_OP: AttentionOp = AttentionOp {
     backward: true,
     packed: false,
+    blas: None,
 };
 /// Attention on a packed `Q, K, V` tensor.
 pub(crate) const PACKED_ATTENTION_OP: AttentionOp = AttentionOp {
     backward: false,
     packed: true,
+    blas: None,
 };
 /// Its backward: one gradient, of the packed tensor.
 pub(crate) const PACKED_ATTENTION_GRAD_OP: AttentionOp = AttentionOp {
     backward: true,
     packed: true,
+    blas: None,
 };
 
 impl AttentionOp {
+    /// This operator with each head's products on `blas`.
+    pub(crate) fn with_blas(self, blas: Option<Arc<Blas>>) -> AttentionOp {
+        AttentionOp { blas, ..self }
+    }
+
     /// The tensors `Q, K, V` come in as (one packed tensor, or three).
     fn parts(&self) -> usize {
         if self.packed {
@@ -243,7 +257,7 @@ impl Operator for AttentionOp {
         &self,
         info: &KernelContext<'attr>,
     ) -> ort::Result<Self::Kernel<'attr>> {
-        let (op, a) = (*self, Attributes::of(info, self.name())?);
+        let (op, a) = (self.clone(), Attributes::of(info, self.name())?);
         if a.packed.is_some() != op.packed {
             return Err(ort::Error::new(format!(
                 "{}: heads_dim and offsets are the packed operator's attributes",
@@ -252,10 +266,16 @@ impl Operator for AttentionOp {
         }
         let scratch: Scratch = (0..TASKS).map(|_| Mutex::new(Vec::new())).collect();
         Ok(Box::new(move |ctx: &ComputeContext| match op.backward {
-            true => backward(ctx, op, &a, &scratch),
-            false => forward(ctx, op, &a, &scratch),
+            true => backward(ctx, &op, &a, &scratch),
+            false => forward(ctx, &op, &a, &scratch),
         }))
     }
+}
+
+/// The BLAS the heads' products run on: none under a causal mask, whose row blocks give
+/// the masked kernel's bits only on one library (`matrixmultiply`).
+fn heads_blas<'a>(op: &'a AttentionOp, a: &Attributes) -> Option<&'a Blas> {
+    op.blas.as_deref().filter(|_| !a.causal)
 }
 
 /// The values of `Q, K, V` (from inputs `first..` of `ctx`: three, or one packed tensor
@@ -288,7 +308,7 @@ fn extracted<'a>(
 
 fn forward(
     ctx: &ComputeContext,
-    op: AttentionOp,
+    op: &AttentionOp,
     a: &Attributes,
     scratch: &Scratch,
 ) -> ort::Result<()> {
@@ -325,6 +345,7 @@ fn forward(
     let mask = mask.map(|(strides, values)| Mask { strides, values });
     let pair = Pair {
         a,
+        blas: heads_blas(op, a),
         q: (q, qv),
         k: (k, kv),
         v: (v, vv),
@@ -336,7 +357,7 @@ fn forward(
 
 fn backward(
     ctx: &ComputeContext,
-    op: AttentionOp,
+    op: &AttentionOp,
     a: &Attributes,
     scratch: &Scratch,
 ) -> ort::Result<()> {
@@ -371,6 +392,7 @@ fn backward(
     let grads = [at(0), at(1), at(2)];
     let pair = Pair {
         a,
+        blas: heads_blas(op, a),
         q: (q, qv),
         k: (k, kv),
         v: (v, vv),
