@@ -59,5 +59,10 @@ pub(super) fn add_rows(
         &[&z, &at, &flat],
         vec![int_attr("axis", 0), string_attr("reduction", "add")],
     );
-    Ok(ctx.e.reshape(&added, dims))
+    // A table of one index axis is `[rows, row_len]` already: a reshape to its own shape
+    // would be a copy of the whole table where the gradient is a bound output.
+    match (k, dims.len()) {
+        (1, 2) => Ok(added),
+        _ => Ok(ctx.e.reshape(&added, dims)),
+    }
 }
