@@ -1,8 +1,9 @@
 //! A CBLAS single-precision product (`sgemm`), loaded at run time, for the float32 matrix
 //! products of a CPU training graph (`graph::fusion::blas_products`, kernel in
-//! `compute/fused/product.rs`): Intel MKL's `libmkl_rt` (PyPI `mkl`, `scripts/setup.sh
-//! --mkl`) where it is installed, else OpenBLAS from PyPI's `scipy-openblas32` (installed
-//! by `scripts/setup.sh`), else none (ONNX Runtime's own products).
+//! `compute/fused/product.rs`): Intel MKL's `libmkl_rt` (PyPI `mkl`, which
+//! `scripts/setup.sh` installs on an Intel CPU) where it is installed, else OpenBLAS from
+//! PyPI's `scipy-openblas32` (installed by `scripts/setup.sh`), else none (ONNX Runtime's
+//! own products).
 //!
 //! Why: at real sizes the products are 60-85% of a CPU step, and ONNX Runtime's own
 //! (MLAS) runs them slower than PyTorch's BLAS on this machine's AVX-512 cores: at
@@ -11,8 +12,8 @@
 //! OpenBLAS 0.3.31 split over the two threads 280-368 and MKL 2026.2 310-357
 //! (`benches/gemm_rates.py`; PyTorch's own MKL on its own threads: 349-394). The crates
 //! that do matrix products in Rust measured slower still (`gemm` 0.18 185-203,
-//! `matrixmultiply` 247-287). With MKL, BERT-base's step is 1.06x PyTorch eager's speed
-//! where OpenBLAS gave 0.98x (`benches/real_sizes.sh`, README "What is measured").
+//! `matrixmultiply` 247-287). With MKL, BERT-base trains at 1.10x PyTorch eager's
+//! steps/s where OpenBLAS gives 0.99x (`benches/real_sizes.sh`, README "What is measured").
 //!
 //! Each library runs sequentially (MKL's sequential threading layer: no OpenMP or TBB
 //! runtime is loaded), one block of rows or columns on each of ONNX Runtime's intra-op
@@ -162,7 +163,7 @@ impl Blas {
         }
     }
 
-    /// The library `PIPETRAIN_BLAS` names, else MKL's (`scripts/setup.sh --mkl`) or
+    /// The library `PIPETRAIN_BLAS` names, else MKL's (`scripts/setup.sh` on an Intel CPU) or
     /// `scipy-openblas32`'s beside the ONNX Runtime library `ort` (all from pip, in one
     /// environment); `None` where there is none or `PIPETRAIN_BLAS=off`.
     ///

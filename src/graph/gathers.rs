@@ -301,13 +301,6 @@ pub(crate) fn i64_constant(metas: &mut Metas, name: &str, values: Vec<i64>) -> N
 mod tests {
     use super::*;
 
-    fn meta(shape: &[usize]) -> ValueMeta {
-        ValueMeta {
-            dtype: DType::F32,
-            shape: shape.to_vec(),
-        }
-    }
-
     fn scalar(g: &mut Graph, name: &str, v: i64) {
         let t = Tensor::i64(vec![], vec![v]).unwrap();
         let node = make_node(
@@ -348,9 +341,9 @@ mod tests {
             vec![int_attr("axis", 1)],
         ));
         let mut metas: Metas = [
-            ("x", meta(&[3, 4, 5])),
-            ("p", meta(&[3, 4, 5])),
-            ("y", meta(&[2, 3])),
+            ("x", ValueMeta::f32(&[3, 4, 5])),
+            ("p", ValueMeta::f32(&[3, 4, 5])),
+            ("y", ValueMeta::f32(&[2, 3])),
         ]
         .into_iter()
         .map(|(n, m)| (n.to_string(), m))
@@ -402,9 +395,9 @@ mod tests {
         let mut squeezed = turned.clone();
         squeezed.remove(3);
         let mut metas: Metas = [
-            ("x", meta(dims)),
-            ("t", meta(&turned)),
-            ("p", meta(&squeezed)),
+            ("x", ValueMeta::f32(dims)),
+            ("t", ValueMeta::f32(&turned)),
+            ("p", ValueMeta::f32(&squeezed)),
         ]
         .into_iter()
         .map(|(n, m)| (n.to_string(), m))

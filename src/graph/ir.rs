@@ -26,6 +26,14 @@ pub struct ValueMeta {
 }
 
 impl ValueMeta {
+    /// A float32 value of `shape`.
+    pub fn f32(shape: &[usize]) -> ValueMeta {
+        ValueMeta {
+            dtype: DType::F32,
+            shape: shape.to_vec(),
+        }
+    }
+
     /// Number of elements.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()

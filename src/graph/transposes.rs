@@ -206,13 +206,6 @@ mod tests {
     use super::*;
     use crate::tensor::DType;
 
-    fn meta(shape: &[usize]) -> ValueMeta {
-        ValueMeta {
-            dtype: DType::F32,
-            shape: shape.to_vec(),
-        }
-    }
-
     #[test]
     fn refining_finds_the_finest_axes_or_none() {
         let (atoms, ga, gb) = refine(&[197, 8, 768], &[197, 96, 64]).unwrap();
@@ -240,11 +233,11 @@ mod tests {
         g.nodes
             .push(make_node("Transpose", "k", &["y"], &["kt"], vec![last]));
         let mut metas: Metas = [
-            ("x", meta(&[5, 2, 12])),
-            ("a", meta(&[5, 6, 4])),
-            ("b", meta(&[6, 5, 4])),
-            ("y", meta(&[2, 3, 5, 4])),
-            ("kt", meta(&[2, 3, 4, 5])),
+            ("x", ValueMeta::f32(&[5, 2, 12])),
+            ("a", ValueMeta::f32(&[5, 6, 4])),
+            ("b", ValueMeta::f32(&[6, 5, 4])),
+            ("y", ValueMeta::f32(&[2, 3, 5, 4])),
+            ("kt", ValueMeta::f32(&[2, 3, 4, 5])),
         ]
         .into_iter()
         .map(|(n, m)| (n.to_string(), m))

@@ -78,17 +78,18 @@ fn mha_model([b, h, t, d]: [usize; 4]) -> ModelProto {
     nodes.push(make_node("MatMul", "qk", &[q, kt], &["scores"], vec![]));
     nodes.push(make_node("Softmax", "sm", &["scores"], &["p"], vec![]));
     nodes.push(make_node("MatMul", "pv", &["p", v], &["o"], vec![]));
-    nodes.push(make_node(
-        "Transpose",
-        "to",
-        &["o"],
-        &["Y"],
-        perm([2, 0, 1, 3]),
-    ));
-    inits.push((
-        "R",
-        Rng::new(37).tensor(DType::F32, &[t, b, h, d], -1.0, 1.0),
-    ));
+    with_loss(nodes, inits, ([2, 0, 1, 3], [t, b, h, d]))
+}
+
+/// The model of `nodes` and `inits` whose attention output `o` is turned by `out_perm`
+/// to `Y` (of `out_shape`), with `loss = sum(Y * R)`.
+fn with_loss(
+    mut nodes: Vec<NodeProto>,
+    mut inits: Vec<(&'static str, Tensor)>,
+    (out_perm, out_shape): ([i64; 4], [usize; 4]),
+) -> ModelProto {
+    nodes.push(make_node("Transpose", "to", &["o"], &["Y"], perm(out_perm)));
+    inits.push(("R", Rng::new(37).tensor(DType::F32, &out_shape, -1.0, 1.0)));
     nodes.push(make_node("Mul", "m", &["Y", "R"], &["YR"], vec![]));
     nodes.push(make_node("ReduceSum", "s", &["YR"], &["total"], vec![]));
     common::opset17_model(
@@ -278,22 +279,12 @@ fn model(form: &str) -> ModelProto {
         "p"
     };
     nodes.push(make_node("MatMul", "pv", &[probs, v], &["o"], vec![]));
-    let (out_perm, out_shape) = match form {
+    let out = match form {
         "vit" | "mha" => ([2, 0, 1, 3], [t, B, H, E]),
         "packed" => ([0, 2, 1, 3], [B, t, H, D]),
         _ => ([0, 2, 1, 3], [B, t, H, E]),
     };
-    nodes.push(make_node("Transpose", "to", &["o"], &["Y"], perm(out_perm)));
-    inits.push(("R", Rng::new(37).tensor(DType::F32, &out_shape, -1.0, 1.0)));
-    nodes.push(make_node("Mul", "m", &["Y", "R"], &["YR"], vec![]));
-    nodes.push(make_node("ReduceSum", "s", &["YR"], &["total"], vec![]));
-    common::opset17_model(
-        "attention",
-        nodes,
-        inits.iter().map(|(n, t)| t.to_proto(n)).collect(),
-        vec![],
-        vec![untyped_value_info("total")],
-    )
+    with_loss(nodes, inits, out)
 }
 
 /// How many nodes of the training graph's forward are `op`.

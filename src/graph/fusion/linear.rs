@@ -82,13 +82,6 @@ mod tests {
     use crate::graph::ir::{make_node, ValueMeta};
     use crate::tensor::DType;
 
-    fn meta(shape: &[usize]) -> ValueMeta {
-        ValueMeta {
-            dtype: DType::F32,
-            shape: shape.to_vec(),
-        }
-    }
-
     #[test]
     fn a_linear_layer_reads_its_weight_in_place() {
         let mut g = Graph {
@@ -102,11 +95,11 @@ mod tests {
             ..Default::default()
         };
         let metas: Metas = [
-            ("w", meta(&[8, 4])),
-            ("wt", meta(&[4, 8])),
-            ("x", meta(&[2, 3, 4])),
-            ("y", meta(&[2, 3, 8])),
-            ("yt", meta(&[8, 3, 2])),
+            ("w", ValueMeta::f32(&[8, 4])),
+            ("wt", ValueMeta::f32(&[4, 8])),
+            ("x", ValueMeta::f32(&[2, 3, 4])),
+            ("y", ValueMeta::f32(&[2, 3, 8])),
+            ("yt", ValueMeta::f32(&[8, 3, 2])),
         ]
         .into_iter()
         .map(|(n, m)| (n.to_string(), m))
