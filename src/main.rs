@@ -257,14 +257,14 @@ fn doctor() -> Result<()> {
     println!("found by:  {}", info.found_by);
     println!("version:   {}", info.version);
     println!("providers: {}", info.providers.join(", "));
-    match &info.blas {
-        Some(path) => println!(
-            "blas:      {} (large float32 products on the CPU)",
+    match (&info.blas, info.blas_name) {
+        (Some(path), Some(name)) => println!(
+            "blas:      {} ({name}: large float32 products on the CPU)",
             path.display()
         ),
-        None => println!(
-            "blas:      none (pip install scipy-openblas32 beside onnxruntime, or set \
-             PIPETRAIN_BLAS: large float32 products run faster on it)"
+        _ => println!(
+            "blas:      none (bash scripts/setup.sh installs OpenBLAS, and MKL on an Intel \
+             CPU; or set PIPETRAIN_BLAS: large float32 products run faster on it)"
         ),
     }
     match pipetrain::compute::cuda_devices() {

@@ -26,6 +26,8 @@ pub struct RuntimeInfo {
     /// The BLAS library (MKL or OpenBLAS) the CPU's large float32 products run on
     /// (`None`: ONNX Runtime's own); see `compute/blas.rs`.
     pub blas: Option<PathBuf>,
+    /// That library's name: `MKL` or `OpenBLAS`.
+    pub blas_name: Option<&'static str>,
 }
 
 /// Finds the library: `explicit` (from `ORT_DYLIB_PATH` or a config) when given; else a
@@ -178,6 +180,7 @@ impl Runtime {
             library,
             found_by,
             blas: blas.as_ref().map(|b| b.path().to_path_buf()),
+            blas_name: blas.as_ref().map(|b| b.name()),
         };
         let rt = Runtime {
             env,

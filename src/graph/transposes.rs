@@ -204,7 +204,6 @@ fn fold_transposes(g: &mut Graph) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::DType;
 
     #[test]
     fn refining_finds_the_finest_axes_or_none() {

@@ -80,7 +80,6 @@ fn drop_unread_transposes(g: &mut Graph) {
 mod tests {
     use super::*;
     use crate::graph::ir::{make_node, ValueMeta};
-    use crate::tensor::DType;
 
     #[test]
     fn a_linear_layer_reads_its_weight_in_place() {
