@@ -115,7 +115,11 @@ fn compute(ctx: &ComputeContext, blas: &Blas, threads: usize, at: Attrs) -> ort:
     y_shape.push(n as i64);
     let mut y = output(ctx, op, 0, &y_shape)?;
     let (_, y) = y.try_extract_tensor_mut::<f32>()?;
-    let beta = bias(ctx, y, m, n, at.beta)?;
+    let c_in = ctx.input(2)?;
+    let c = match &c_in {
+        Some(c) => Some(bias(c, m, n)?),
+        None => None,
+    };
     let p = Product {
         m,
         n,
@@ -123,35 +127,26 @@ fn compute(ctx: &ComputeContext, blas: &Blas, threads: usize, at: Attrs) -> ort:
         trans_a: at.trans_a,
         trans_b: at.trans_b,
         alpha: at.alpha,
-        beta,
+        beta: if c.is_some() { 1.0 } else { 0.0 },
     };
     let (lda, ldb) = (
         if at.trans_a { m } else { k },
         if at.trans_b { k } else { n },
     );
-    run_blocks(ctx, blas, threads, &p, (a, lda), (b, ldb), y)
+    let c = c.map(|c| (c, at.beta));
+    run_blocks(ctx, blas, threads, &p, (a, lda), (b, ldb), (y, c))
 }
 
-/// Writes `beta C` (broadcast over rows) into `y` where the call has a `C`, and returns
-/// the `beta` the product then adds to (1, or 0 without `C`).
-fn bias(ctx: &ComputeContext, y: &mut [f32], m: usize, n: usize, beta: f32) -> ort::Result<f32> {
-    let Some(c) = ctx.input(2)? else {
-        return Ok(0.0);
-    };
+/// `C`'s values, a row of `n` (broadcast over the rows) or all `m x n`.
+fn bias<'c>(c: &'c ort::value::ValueRef<'_>, m: usize, n: usize) -> ort::Result<&'c [f32]> {
     let (_, c) = c.try_extract_tensor::<f32>()?;
-    if c.len() == n {
-        for row in y.chunks_mut(n.max(1)) {
-            row.iter_mut().zip(c).for_each(|(y, &c)| *y = beta * c);
-        }
-    } else if c.len() == m * n {
-        y.iter_mut().zip(c).for_each(|(y, &c)| *y = beta * c);
-    } else {
+    if c.len() != n && c.len() != m * n {
         return Err(ort::Error::new(format!(
             "{BLAS_MATMUL}: C has {} values; it must be a row of {n} or {m} x {n}",
             c.len()
         )));
     }
-    Ok(1.0)
+    Ok(c)
 }
 
 /// `y`'s base pointer, shared by the blocks, each of which writes only its own rows or
@@ -169,7 +164,8 @@ impl Out {
 }
 
 /// Cuts the product into at most `threads` blocks of whole rows (`m >= n`) or columns
-/// of `y` and runs them on ONNX Runtime's intra-op threads.
+/// of `y` and runs them on ONNX Runtime's intra-op threads; with `c` (`C` and `beta`),
+/// each block first writes its part of `beta C` into `y`, which the product adds to.
 fn run_blocks(
     ctx: &ComputeContext,
     blas: &Blas,
@@ -177,7 +173,7 @@ fn run_blocks(
     p: &Product,
     (a, lda): (&[f32], usize),
     (b, ldb): (&[f32], usize),
-    y: &mut [f32],
+    (y, c): (&mut [f32], Option<(&[f32], f32)>),
 ) -> ort::Result<()> {
     let by_rows = p.m >= p.n;
     let len = if by_rows { p.m } else { p.n };
@@ -202,6 +198,14 @@ fn run_blocks(
         // SAFETY: `start` is inside `y`, which lives past `par_for`; the block writes
         // only its own rows (or columns) of it, which no other block reads or writes.
         unsafe {
+            if let Some(c) = c {
+                let (rows, cols) = if by_rows {
+                    (lo..hi, 0..n)
+                } else {
+                    (0..p.m, lo..hi)
+                };
+                fill(out.ptr(), n, c, (rows, cols));
+            }
             let c = (out.ptr().add(start), y_len - start, n);
             blas.sgemm_into(&q, (a, lda), (b, ldb), c);
         }
@@ -211,6 +215,27 @@ fn run_blocks(
         _ => ctx.par_for(blocks, blocks, block)?,
     }
     Ok(())
+}
+
+/// Writes `beta C` into `rows x cols` of the row-major `y` (`n` a row): `C` a row of `n`
+/// for every row, or all of `y`'s values.
+///
+/// # Safety
+/// `y` points to the product's `m x n` values, `rows` and `cols` are within them, and no
+/// other thread reads or writes that part while this runs.
+unsafe fn fill(
+    y: *mut f32,
+    n: usize,
+    (c, beta): (&[f32], f32),
+    (rows, cols): (std::ops::Range<usize>, std::ops::Range<usize>),
+) {
+    for r in rows {
+        let from = if c.len() == n { 0 } else { r * n };
+        // SAFETY: the caller's contract: row `r`'s columns `cols` are this call's alone.
+        let row = unsafe { std::slice::from_raw_parts_mut(y.add(r * n + cols.start), cols.len()) };
+        let c = &c[from + cols.start..from + cols.end];
+        row.iter_mut().zip(c).for_each(|(y, &c)| *y = beta * c);
+    }
 }
 
 #[cfg(test)]
@@ -310,7 +335,8 @@ mod tests {
             return;
         }
         let fused = ("com.microsoft", "FusedMatMul");
-        let cases: [Case; 5] = [
+        // The last two with a C, cut by rows (80 x 50) and by columns (20 x 50).
+        let cases: [Case; 6] = [
             (("", "MatMul"), &[], &[&[2, 40, 33], &[33, 50]]),
             (
                 fused,
@@ -332,6 +358,11 @@ mod tests {
                 ("", "Gemm"),
                 &[("beta", -1.0)],
                 &[&[80, 33], &[33, 50], &[80, 50]],
+            ),
+            (
+                ("", "Gemm"),
+                &[("beta", 2.0)],
+                &[&[20, 33], &[33, 50], &[20, 50]],
             ),
         ];
         for (op, attrs, shapes) in cases {
