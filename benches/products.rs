@@ -1,5 +1,5 @@
 //! Float32 matrix products on the CPU: ONNX Runtime's own (MLAS, `FusedMatMul`) against
-//! pipetrain's `BlasMatMul` (OpenBLAS, `compute/blas.rs`), each a one-node session on
+//! pipetrain's `BlasMatMul` (OpenBLAS, `compute/blas`), each a one-node session on
 //! the machine's intra-op threads (2 here), at the shapes of a 512- or 1024-token step of
 //! GPT-2 small and BERT-base, the three forms a training step has: `X W` (forward, input
 //! gradients), `X^T dY` (weight gradients) and `X W^T` (a `torch.nn.Linear`). Alternating

@@ -6,13 +6,13 @@
 #   `onnx` (its model checker), `safetensors` (checkpoint weight files) and `tensorboard`
 #   (its own event-file reader, for the TensorBoard writer's tests);
 # - OpenBLAS (PyPI scipy-openblas32), which runs the CPU's large float32 products where
-#   it is faster than ONNX Runtime's own (`compute/blas.rs`; pipetrain runs without it);
+#   it is faster than ONNX Runtime's own (`compute/blas`; pipetrain runs without it);
 # - NVRTC (PyPI nvidia-cuda-nvrtc, CUDA 13), with which the tests compile the GPU path's
 #   kernels on a machine without a GPU (`compute::cuda_state`; `.ci/run` requires it).
 #
 # - Intel MKL (PyPI mkl, 221 MB to download, 656 MB installed, without its OpenMP and
 #   TBB: pipetrain runs it sequentially, one block per intra-op thread) where the CPU is
-#   Intel's, on which the large products run faster still (`compute/blas.rs`; pipetrain
+#   Intel's, on which the large products run faster still (`compute/blas`; pipetrain
 #   prefers it to OpenBLAS when both are there: BERT-base 1.10x PyTorch eager's steps/s
 #   against 0.99x on OpenBLAS). `--no-mkl` leaves it out, `--mkl` installs it on any CPU.
 #

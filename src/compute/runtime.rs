@@ -24,7 +24,7 @@ pub struct RuntimeInfo {
     /// The execution providers the library offers.
     pub providers: Vec<String>,
     /// The BLAS library (MKL or OpenBLAS) the CPU's large float32 products run on
-    /// (`None`: ONNX Runtime's own); see `compute/blas.rs`.
+    /// (`None`: ONNX Runtime's own); see `compute/blas`.
     pub blas: Option<PathBuf>,
     /// That library's name: `MKL` or `OpenBLAS`.
     pub blas_name: Option<&'static str>,

@@ -139,7 +139,7 @@ pub(crate) fn training_graph(
         tracing::debug!("{n} embedding gradients as RowsAdd");
     }
     // On the CPU, float32 products by OpenBLAS where the process has it (faster than
-    // ONNX Runtime's MLAS at real sizes: `compute/blas.rs`); mixed precision casts the
+    // ONNX Runtime's MLAS at real sizes: `compute/blas`); mixed precision casts the
     // standard products instead.
     if let Some(blas) = rt
         .blas()

@@ -1,4 +1,4 @@
-//! The CPU's large float32 products on OpenBLAS (`compute/blas.rs`): a run with them
+//! The CPU's large float32 products on OpenBLAS (`compute/blas`): a run with them
 //! trains as ONNX Runtime's own products train (`PIPETRAIN_BLAS=off`), and a library
 //! that does not load is refused by name.
 

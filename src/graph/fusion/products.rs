@@ -16,7 +16,7 @@ use crate::tensor::DType;
 /// Rewrites each product of `g` that fits (see the module doc) and has at least
 /// `smallest` multiply-adds (`.0` with a transposed first operand, a weight gradient;
 /// `.1` any other: where the library beats ONNX Runtime's MLAS,
-/// `Blas::smallest_products` in `compute/blas.rs`) as `BlasMatMul`, with the same inputs,
+/// `Blas::smallest_products` in `compute/blas`) as `BlasMatMul`, with the same inputs,
 /// output and meaning; imports pipetrain's domain when it rewrote any. Returns how many.
 pub fn blas_products(g: &mut Graph, metas: &Metas, smallest: (usize, usize)) -> usize {
     let mut n = 0;

@@ -17,36 +17,40 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+mod untransposed;
+
 use crate::graph::ir::{
-    attr_i, attr_ints, axis_index, int_attr, make_node, tensor_attr, Graph, Metas, ValueMeta,
+    attr_i, axis_index, int_attr, make_node, tensor_attr, Graph, Metas, ValueMeta,
 };
 use crate::onnx::proto::NodeProto;
 use crate::tensor::{DType, Tensor};
+use untransposed::{untransposed, Reads, Source};
 
 /// Rewrites each tensor of `g` whose constant-position `Gather`s (a scalar index each, on
 /// one axis) take every position of that axis exactly once; adds the new values to
 /// `metas`. Returns how many tensors.
 pub fn gathers_as_split(g: &mut Graph, metas: &mut Metas) -> usize {
-    let groups = find(g, metas);
+    let consts = g.constants();
+    let groups = find(g, metas, &consts);
+    // Where each group's parts come from, all read before the graph changes.
+    let sources: Vec<Source> = {
+        let reads = Reads::of(g, &consts);
+        groups
+            .iter()
+            .map(|((data, axis), at)| {
+                untransposed(&reads, metas, (data, *axis), at.len())
+                    .unwrap_or_else(|| Source::of(data, *axis))
+            })
+            .collect()
+    };
+    let dead: Vec<String> = sources.iter().flat_map(|s| s.replaced.clone()).collect();
     // Each group's `Gather`s are replaced in place; the `Split`s go in afterwards, the
     // last first, so that no insertion moves a place still to come.
-    let mut dead = Vec::new();
     let mut inserts: Vec<(usize, Vec<NodeProto>)> = groups
-        .iter()
+        .values()
+        .zip(sources)
         .enumerate()
-        .map(|(i, ((data, axis), at))| {
-            let source = untransposed(g, metas, (data, *axis), at.len());
-            if let Some(s) = &source {
-                dead.extend(s.replaced.iter().cloned());
-            }
-            apply(
-                g,
-                metas,
-                source.unwrap_or_else(|| Source::of(data, *axis)),
-                at,
-                i,
-            )
-        })
+        .map(|(i, (at, source))| apply(g, metas, source, at, i))
         .collect();
     inserts.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
     for (at, nodes) in inserts {
@@ -57,117 +61,14 @@ pub fn gathers_as_split(g: &mut Graph, metas: &mut Metas) -> usize {
     groups.len()
 }
 
-/// What the `Split` takes apart: `data` along `axis`, and the axes each part loses
-/// (`axis`, and those the transpose moved that are of size 1 in a part); the outputs of
-/// the nodes it replaces (a transpose and its squeeze).
-struct Source {
-    data: String,
-    axis: usize,
-    squeezed: Vec<i64>,
-    replaced: Vec<String>,
-}
-
-impl Source {
-    fn of(data: &str, axis: usize) -> Source {
-        Source {
-            data: data.to_string(),
-            axis,
-            squeezed: vec![axis as i64],
-            replaced: Vec::new(),
-        }
-    }
-}
-
-/// `data` along `axis` as the parts of the transpose's input (see the module doc), where
-/// `data` is a `Transpose`, or a `Squeeze` of one, read by the `readers` `Gather`s alone.
-fn untransposed(
-    g: &Graph,
-    metas: &Metas,
-    (data, axis): (&str, usize),
-    readers: usize,
-) -> Option<Source> {
-    let (producers, consumers) = (g.producers(), g.consumers());
-    let only_read_by = |v: &str, n: usize| {
-        consumers.get(v).is_some_and(|c| c.len() == n) && !g.outputs.iter().any(|o| o.name == v)
-    };
-    if !only_read_by(data, readers) {
-        return None;
-    }
-    let standard = |i: usize, op: &str| g.nodes[i].op_type == op && g.nodes[i].domain.is_empty();
-    let mut node = *producers.get(data)?;
-    let mut squeezed: Vec<usize> = Vec::new();
-    let mut replaced = vec![data.to_string()];
-    if standard(node, "Squeeze") {
-        let sq = &g.nodes[node];
-        let rank = metas.get(sq.input.first()?)?.shape.len();
-        squeezed = squeeze_axes(g, sq)?
-            .into_iter()
-            .map(|a| axis_index(a, rank))
-            .collect::<Option<_>>()?;
-        if !only_read_by(&sq.input[0], 1) {
-            return None;
-        }
-        replaced.push(sq.input[0].clone());
-        node = *producers.get(sq.input[0].as_str())?;
-    }
-    let t = &g.nodes[node];
-    if !standard(node, "Transpose") {
-        return None;
-    }
-    let x = t.input.first()?;
-    let rank = metas.get(x)?.shape.len();
-    let perm: Vec<usize> = match attr_ints(t, "perm") {
-        Some(p) => p
-            .iter()
-            .map(|&a| usize::try_from(a).ok())
-            .collect::<Option<_>>()?,
-        None => (0..rank).rev().collect(),
-    };
-    if perm.len() != rank || perm.iter().any(|&a| a >= rank) {
-        return None;
-    }
-    // The gathered axis of the transpose's output, past the squeezed ones.
-    let kept: Vec<usize> = (0..rank).filter(|a| !squeezed.contains(a)).collect();
-    let source_axis = perm[*kept.get(axis)?];
-    // The axes of size 1 in every part: the gathered one and the squeezed ones. The
-    // others, read in the transpose's order, must be in their own order.
-    let ones: Vec<usize> = squeezed
-        .iter()
-        .map(|&a| perm[a])
-        .chain([source_axis])
-        .collect();
-    let moved: Vec<usize> = perm.iter().copied().filter(|a| !ones.contains(a)).collect();
-    if !moved.windows(2).all(|w| w[0] < w[1]) {
-        return None;
-    }
-    let mut squeezed: Vec<i64> = ones.iter().map(|&a| a as i64).collect();
-    squeezed.sort_unstable();
-    squeezed.dedup();
-    Some(Source {
-        data: x.clone(),
-        axis: source_axis,
-        squeezed,
-        replaced,
-    })
-}
-
-/// A `Squeeze` node's axes: its constant second input (opset 13 on) or attribute.
-fn squeeze_axes(g: &Graph, n: &NodeProto) -> Option<Vec<i64>> {
-    match n.input.get(1).filter(|a| !a.is_empty()) {
-        Some(a) => g.constants().get(a)?.to_i64_vec(),
-        None => attr_ints(n, "axes"),
-    }
-}
-
 /// The `Gather` nodes of each (tensor, axis) that fit, by position: node index per
 /// position, in position order.
 type Groups = BTreeMap<(String, usize), Vec<usize>>;
 
-fn find(g: &Graph, metas: &Metas) -> Groups {
-    let consts = g.constants();
+fn find(g: &Graph, metas: &Metas, consts: &HashMap<String, Tensor>) -> Groups {
     let mut by: BTreeMap<(String, usize), BTreeMap<usize, Vec<usize>>> = BTreeMap::new();
     for (i, n) in g.nodes.iter().enumerate() {
-        if let Some((data, axis, pos)) = constant_gather(n, metas, &consts) {
+        if let Some((data, axis, pos)) = constant_gather(n, metas, consts) {
             by.entry((data, axis))
                 .or_default()
                 .entry(pos)
