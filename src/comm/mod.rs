@@ -50,6 +50,9 @@ pub(crate) const BUS: u32 = 4;
 pub(crate) const DATA: u32 = 5;
 /// Ring segments: `RING + stage * replicas + receiving replica`.
 pub(crate) const RING: u32 = 16;
+/// Ring readiness: `RING_READY + stage * replicas + replica`, the channel on which a
+/// replica hears that the next one is ready for its segment (see `ring`).
+pub(crate) const RING_READY: u32 = 1 << 19;
 /// Tensor shards' tensors: `TENSOR_SHARDS + ((stage * groups + group) * shards +
 /// receiver) * shards + sender` (above every ring channel of a job of up to a million
 /// stage members).

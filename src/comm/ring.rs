@@ -7,13 +7,18 @@
 //! the `2 (n - 1)` rounds: `2 (n - 1) / n` of the buffer crosses each link in all, the
 //! bandwidth-optimal amount. Segments travel as pieces of [`PIECE`] values, each
 //! added in as it arrives while the following ones are on the wire.
+//!
+//! A replica sends a segment only once the next one says it is ready to take it (a
+//! frame of one byte back along the ring): otherwise a replica still busy elsewhere (its
+//! backward, its part of the update) would find a whole segment queued in its memory
+//! when it came to the round, half a stage's gradients or parameters at two replicas.
 
 use std::sync::Arc;
 
 use pipetrain_actors::{ActorError, Collective};
 
 use super::mesh::Mesh;
-use super::RING;
+use super::{RING, RING_READY};
 
 /// The ring collective of one worker.
 pub struct MeshCollective {
@@ -47,6 +52,12 @@ impl MeshCollective {
     fn channel(&self, stage: usize, replica: usize) -> u32 {
         RING + (stage * self.placement.len() + replica) as u32
     }
+
+    /// The channel on which `replica` hears that the next replica is ready for its
+    /// segment of `stage`.
+    fn ready_channel(&self, stage: usize, replica: usize) -> u32 {
+        RING_READY + (stage * self.placement.len() + replica) as u32
+    }
 }
 
 /// Values per frame: a segment goes as pieces of this many, so a replica adds one
@@ -60,6 +71,9 @@ struct Link<'a> {
     prev_node: usize,
     to_next: u32,
     from_prev: u32,
+    /// Where this replica tells the previous one it is ready, and hears the next is.
+    ready_to_prev: u32,
+    ready_from_next: u32,
 }
 
 impl Link<'_> {
@@ -81,6 +95,8 @@ impl Link<'_> {
             (&b[..send.len()], &mut a[recv])
         };
         let sending = async {
+            let ready = self.mesh.recv(self.next_node, self.ready_from_next).await?;
+            self.mesh.recycle(ready);
             for piece in outgoing.chunks(PIECE) {
                 let bytes = bytemuck::cast_slice::<f32, u8>(piece);
                 self.mesh
@@ -90,6 +106,9 @@ impl Link<'_> {
             Ok::<(), String>(())
         };
         let receiving = async {
+            (self.mesh)
+                .send_slice(self.prev_node, self.ready_to_prev, &[1])
+                .await?;
             for piece in incoming.chunks_mut(PIECE) {
                 let got = self.mesh.recv(self.prev_node, self.from_prev).await?;
                 fold(piece, &got)?;
@@ -216,6 +235,8 @@ impl MeshCollective {
             prev_node: self.placement[prev][stage],
             to_next: self.channel(stage, next),
             from_prev: self.channel(stage, replica),
+            ready_to_prev: self.ready_channel(stage, prev),
+            ready_from_next: self.ready_channel(stage, replica),
         };
         Ok(Some((link, at)))
     }
