@@ -129,7 +129,11 @@ impl<'g> Cut<'g> {
         let fused = match has_loss && bwd_recv.is_empty() {
             true => Some(self.fused(s, &n, &out)?),
             false => None,
-        };
+        }
+        .map(|mut g| {
+            crate::graph::cleanup::fold_output_identities(&mut g);
+            g
+        });
         let mut bwd_nodes = n.bwd_full.clone();
         if recompute == Recompute::Stage {
             self.no_random_ops(s, &n.fwd)?;
@@ -137,7 +141,9 @@ impl<'g> Cut<'g> {
             stash = self.recompute(&n, &bwd_nodes, (&fwd_send, &fwd_recv), &mut out, &mut split);
         }
         let graph = |nodes: &[usize], outputs: &[String], part: &str| {
-            subgraph(tg, nodes, outputs, &format!("stage{s}_{part}"))
+            let mut g = subgraph(tg, nodes, outputs, &format!("stage{s}_{part}"))?;
+            crate::graph::cleanup::fold_output_identities(&mut g);
+            Ok::<_, Error>(g)
         };
         let eval_outputs = eval_outputs(&fwd_send, &fwd_made, has_loss);
         let mut evaluate = graph(&n.fwd_full, &eval_outputs, "evaluate")?;
