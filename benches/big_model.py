@@ -9,9 +9,10 @@ Writes into FOLDER (default ~/.cache/pipetrain-big-model):
   data.npz      input_ids and labels (next tokens), STEPS x BATCH rows of SEQ tokens
   export.json   the recipe, parameter count, file sizes, export time
 
-Usage: python benches/big_model.py [FOLDER]   (no network; torch and transformers 4.46)
+Usage: python benches/big_model.py [FOLDER]   (no network; torch, and transformers 4.46 or 5)
 `benches/big_model.sh` runs it and then the capped runs.
 """
+import contextlib
 import json
 import os
 import sys
@@ -60,7 +61,19 @@ def export(folder: Path) -> dict:
         model, input_ids=input_ids, use_cache=False, return_dict=False)
     args = (torch.from_numpy(data["input_ids"][:BATCH]),)
     axes = {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
-    with torch.no_grad():
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        try:
+            import transformers.masking_utils  # noqa: F401  (transformers >= 5)
+
+            # Its packed-sequence check traces aten::diff (no opset-17 symbolic); it
+            # returns None for unpacked rows anyway, as the model is trained here.
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "fixtures"))
+            import export_models as em
+
+            stack.enter_context(em.no_packed_sequences())
+        except ImportError:
+            pass
         torch.onnx.export(model, args, str(folder / "model.onnx"), input_names=["input_ids"],
                           output_names=["logits"], dynamic_axes=axes, dynamo=False,
                           opset_version=17, training=torch.onnx.TrainingMode.TRAINING,

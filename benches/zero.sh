@@ -2,7 +2,9 @@
 # The optimizer state sharded across data-parallel replicas (deepspeed_zero_stage = 1),
 # measured: GPT-2 small (124 M, 4 x 128 tokens a micro-batch, AdamW) at dp = 2 x pp = 2,
 # four `pipetrain launch` processes on loopback: unsharded with gradient buckets (the
-# default), unsharded without them (as sharded runs reduce), then sharded. Prints each
+# default), unsharded without them (as stage-1 runs reduce), sharded (stage 1), then
+# the gradients sharded too (stage 2, in buckets); RUNS picks some of
+# "buckets whole sharded sharded2". Prints each
 # rank's predicted and measured peak memory, what its optimizer keeps, and whether the
 # runs' losses are the same bits.
 #
@@ -88,13 +90,25 @@ EOF
   done
   [ "$fail" -eq 0 ] || { for i in 0 1 2 3; do tail -3 "$work/z$z-n$i.out"; done; exit 1; }
 }
-run buckets 0 25
-run whole 0 0
-run sharded 1 0
-python3 - "$work"/z{buckets,whole,sharded}.jsonl <<'PY'
+names=(${RUNS:-buckets whole sharded sharded2})
+for name in "${names[@]}"; do
+  case $name in
+    buckets) run buckets 0 25 ;;
+    whole) run whole 0 0 ;;
+    sharded) run sharded 1 0 ;;
+    sharded2) run sharded2 2 25 ;;
+  esac
+done
+python3 - "${names[@]/#/$work/z}" <<'PY'
 import json, sys
-runs = [[json.loads(l)["loss"] for l in open(p) if "loss" in l] for p in sys.argv[1:]]
-for name, losses in zip(["buckets", "whole", "sharded"], runs):
+runs = {p.rsplit("/z", 1)[1]: [json.loads(l)["loss"] for l in open(p + ".jsonl") if "loss" in l]
+        for p in sys.argv[1:]}
+for name, losses in runs.items():
     print(f"losses {name:8} {losses}")
-print(f"the same bits: {all(r == runs[0] for r in runs)}")
+first = next(iter(runs.values()))
+exact = [n for n, r in runs.items() if n != "sharded2"]
+print(f"the same bits (stage 2 aside): {all(runs[n] == runs[exact[0]] for n in exact)}")
+if "sharded2" in runs:
+    off = max(abs(a - b) for a, b in zip(runs["sharded2"], first))
+    print(f"stage 2 (the replicas summed per micro-batch) within {off:.3g} of {next(iter(runs))}")
 PY

@@ -1,7 +1,8 @@
 //! A stage actor's all-reduce, with gradient buckets reduced while the backward still
 //! runs: at the start of a step the actor hands each of its stages that all-reduces a
-//! channel, and a task all-reduces whatever arrives on it, bucket after bucket, in the
-//! order the step's last backward completes them (the same order on every replica, so
+//! channel, and a task all-reduces (or reduce-scatters, for a stage whose gradients are
+//! sharded) whatever arrives on it, bucket after bucket, in the
+//! order the backward completes them (the same order on every replica, so
 //! the collective pairs the same buckets everywhere). The all-reduce action then only
 //! waits for the last bucket and hands the sums back; a compute that took the channel
 //! and sent no bucket fails the step (its gradients would go unreduced). A compute
@@ -13,7 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::ActorError;
 use crate::stage::{StageActor, Status};
-use crate::traits::{Collective, StageCompute};
+use crate::traits::{Collective, GradBucket, StageCompute};
 
 /// One stage's buckets being reduced: the sums, in bucket order, once every bucket has
 /// arrived and the channel closed.
@@ -34,7 +35,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             let Some(compute) = self.computes.get_mut(&s) else {
                 continue;
             };
-            let (tx, rx) = flume::unbounded::<Vec<f32>>();
+            let (tx, rx) = flume::unbounded::<GradBucket>();
             if !compute.reduce_buckets_into(Some(tx)) {
                 continue;
             }
@@ -42,7 +43,17 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             let reduction = tokio::spawn(async move {
                 let mut sums = Vec::new();
                 while let Ok(bucket) = rx.recv_async().await {
-                    sums.push(collective.all_reduce_sum(s, replica, bucket).await?);
+                    let sum = match &bucket.parts {
+                        Some(parts) => {
+                            (collective.reduce_scatter(s, replica, bucket.values, parts)).await?
+                        }
+                        None => collective.all_reduce_sum(s, replica, bucket.values).await?,
+                    };
+                    match bucket.back {
+                        // The compute may be gone (a failed step): nothing to hand back.
+                        Some(back) => drop(back.send(sum)),
+                        None => sums.push(sum),
+                    }
                 }
                 Ok(sums)
             });

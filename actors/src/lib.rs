@@ -63,4 +63,6 @@ pub use messages::{Flow, Transfer};
 pub use pipetrain_schedules as schedules;
 pub use requests::RunControl;
 pub use sim::{replay, ReplayDivergence};
-pub use traits::{BackwardPart, Bus, Collective, DataSource, ForwardOut, Gathered, StageCompute};
+pub use traits::{
+    BackwardPart, Bus, Collective, DataSource, ForwardOut, Gathered, GradBucket, StageCompute,
+};

@@ -93,15 +93,18 @@ pub trait StageCompute: Send + 'static {
     /// Offers a channel for gradient buckets (`None` takes it back). A compute that
     /// takes it sends each bucket of the step's gradients down it as soon as the step's
     /// last backward completes it, so its all-reduce starts while the backward still
-    /// runs; every replica sends the same buckets in the same order. Returns whether it
-    /// takes it; by default a stage has no buckets, and hands out all its gradients at
+    /// runs; every replica sends the same buckets in the same order. (With its gradients
+    /// sharded, ZeRO stage 2, it sends every micro-batch's buckets, each to be
+    /// reduce-scattered and its sum sent straight back: [`GradBucket`].) Returns whether
+    /// it takes it; by default a stage has no buckets, and hands out all its gradients at
     /// the all-reduce ([`StageCompute::take_grads`]).
-    fn reduce_buckets_into(&mut self, sink: Option<flume::Sender<Vec<f32>>>) -> bool {
+    fn reduce_buckets_into(&mut self, sink: Option<flume::Sender<GradBucket>>) -> bool {
         let _ = sink;
         false
     }
 
-    /// Takes back the reduced buckets, in the order they were sent.
+    /// Takes back the reduced buckets kept for it ([`GradBucket::back`] `None`), in the
+    /// order they were sent.
     ///
     /// # Errors
     /// When they are not the buckets sent this step.
@@ -152,6 +155,32 @@ pub trait StageCompute: Send + 'static {
     fn save(&mut self, stage: usize, dir: &Path) -> Result<SaveJob, BoxError> {
         let _ = (stage, dir);
         Ok(Box::new(|| Ok(Vec::new())))
+    }
+}
+
+/// A bucket of gradients on its way to the reduction across the data-parallel replicas
+/// ([`StageCompute::reduce_buckets_into`]).
+#[derive(Debug)]
+pub struct GradBucket {
+    /// The values, the same bucket on every replica.
+    pub values: Vec<f32>,
+    /// Each replica's part of `values` (in replica order), when each replica needs only
+    /// its own part summed ([`Collective::reduce_scatter`]); `None`: every replica gets
+    /// the whole sum ([`Collective::all_reduce_sum`]).
+    pub parts: Option<Vec<std::ops::Range<usize>>>,
+    /// Where the sum goes as soon as it is made; `None`: it is kept, and the step's
+    /// sums handed back together by [`StageCompute::put_buckets`].
+    pub back: Option<flume::Sender<Vec<f32>>>,
+}
+
+impl GradBucket {
+    /// A bucket to all-reduce, its sum handed back with the step's others.
+    pub fn all_reduced(values: Vec<f32>) -> GradBucket {
+        GradBucket {
+            values,
+            parts: None,
+            back: None,
+        }
     }
 }
 

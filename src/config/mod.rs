@@ -103,7 +103,9 @@ pub struct TrainConfig {
     /// ONNX Runtime's TrainingRunner's `deepspeed_zero` stage): each replica keeps and
     /// updates the state of its part of every stage, and the updated parameters are
     /// all-gathered; the same bits as unsharded, the optimizer's memory / replicas.
-    /// 0 (default): every replica keeps all of it. Stages 2 and 3 are not built.
+    /// 2: the gradients too, reduce-scattered in buckets as each micro-batch's backward
+    /// makes them (float32 rounding of stage 1), their memory / replicas.
+    /// 0 (default): every replica keeps all of it. Stage 3 is not built.
     #[serde(default)]
     pub deepspeed_zero_stage: u8,
     /// Parameter groups with their own weight decay, learning-rate scale, betas or eps
@@ -432,9 +434,15 @@ impl TrainConfig {
     }
 
     /// Whether each data-parallel replica keeps the optimizer state of its part of
-    /// every stage only (`deepspeed_zero_stage = 1` with replicas to share it).
+    /// every stage only (`deepspeed_zero_stage` 1 or 2 with replicas to share it).
     pub fn shards_optimizer_state(&self) -> bool {
-        self.deepspeed_zero_stage == 1 && self.data_parallel_size > 1
+        self.deepspeed_zero_stage >= 1 && self.data_parallel_size > 1
+    }
+
+    /// Whether each data-parallel replica keeps the gradients of its part of every
+    /// stage only (`deepspeed_zero_stage = 2` with replicas to share them).
+    pub fn shards_gradients(&self) -> bool {
+        self.deepspeed_zero_stage == 2 && self.data_parallel_size > 1
     }
 
     /// Whether stages run their backward as input-gradient and weight-gradient halves.

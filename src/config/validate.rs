@@ -212,6 +212,42 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// ZeRO stage 2 reduce-scatters gradient buckets on the host as the backward makes
+    /// them, one stage replica per tensor.
+    fn validate_zero_2(&self, path: &Path) -> Result<()> {
+        if self.deepspeed_zero_stage != 2 {
+            return Ok(());
+        }
+        let bad = |field: &str, rule: &str| {
+            config_error(
+                path,
+                field,
+                format!("with deepspeed_zero_stage = 2, {rule}"),
+            )
+        };
+        if self.gradient_bucket_mb <= 0.0 {
+            return Err(bad(
+                "gradient_bucket_mb",
+                "must be more than 0: the sharded gradients are reduced in buckets as the \
+                 backward makes them, and one bucket of them all would hold them all",
+            ));
+        }
+        if self.horizontal_parallel_size > 1 {
+            return Err(bad(
+                "horizontal_parallel_size",
+                "must be 1: tensor shards keep whole gradients (use deepspeed_zero_stage = 1)",
+            ));
+        }
+        if self.runtime.device != crate::compute::Device::Cpu {
+            return Err(bad(
+                "runtime.device",
+                "must be \"cpu\": on a GPU the gradients stay whole in device memory (use \
+                 deepspeed_zero_stage = 1)",
+            ));
+        }
+        Ok(())
+    }
+
     /// Watchdog, bucket size, Adasum's replica count, thread count.
     fn validate_limits(&self, path: &Path) -> Result<()> {
         let bad = |field: &str, rule: String| config_error(path, field, rule);
@@ -230,17 +266,19 @@ impl TrainConfig {
                 ),
             ));
         }
-        if self.deepspeed_zero_stage > 1 {
+        if self.deepspeed_zero_stage > 2 {
             return Err(bad(
                 "deepspeed_zero_stage",
                 format!(
-                    "0 (no sharding) or 1 (optimizer state sharded across the data-parallel \
-                     replicas); stages 2 and 3 (sharded gradients, parameters) are not built, got {}",
+                    "0 (no sharding), 1 (optimizer state sharded across the data-parallel \
+                     replicas) or 2 (and the gradients); stage 3 (sharded parameters) is not \
+                     built, got {}",
                     self.deepspeed_zero_stage
                 ),
             ));
         }
-        if self.deepspeed_zero_stage == 1 && self.enable_adasum {
+        self.validate_zero_2(path)?;
+        if self.deepspeed_zero_stage >= 1 && self.enable_adasum {
             return Err(bad(
                 "deepspeed_zero_stage",
                 "Adasum combines every replica's whole gradients, a sharded optimizer state \

@@ -7,6 +7,8 @@
 
 use std::collections::HashMap;
 
+use pipetrain_actors::GradBucket;
+
 use crate::compute::{GraphSession, Runtime, SessionOptions, ShardLink};
 use crate::graph::{grad_chain, Graph, TrainingGraph};
 use crate::pipeline::stage::{OrtStage, Payload};
@@ -20,11 +22,19 @@ pub(super) struct Chain {
     params: Vec<Vec<usize>>,
     /// Last step's sums, refilled as this step's buckets (no fresh pages each step).
     spare: Vec<Vec<f32>>,
+    /// Per piece: the values handed between pieces that no later piece reads, and that
+    /// are not the graph's own outputs (dropped once the piece has run).
+    spent: Vec<Vec<String>>,
 }
+
+/// A piece of a chain: its session, its bucket's parameters, what it last reads.
+pub(super) type ChainPiece<'a> = (&'a mut GraphSession, &'a [usize], &'a [String]);
 
 impl Chain {
     /// The chain of `g` (the graph giving the stage's parameter gradients) in buckets of
-    /// about `bucket_bytes`; `None` when the gradients fit one bucket.
+    /// about `bucket_bytes` (of parameters of `sizes` values); `None` when the gradients
+    /// fit one bucket. Each bucket's parameters in the order the backward completes
+    /// them, or `in_layout_order` (where the bucket is cut into the replicas' parts).
     ///
     /// # Errors
     /// `Ort` when a piece's session cannot be made. (A graph that cannot be cut, for
@@ -36,8 +46,8 @@ impl Chain {
         g: &Graph,
         (opts, link): (&SessionOptions, Option<&ShardLink>),
         slots: &HashMap<String, usize>,
-        sizes: &[usize],
-        bucket_bytes: usize,
+        (sizes, bucket_bytes): (&[usize], usize),
+        in_layout_order: bool,
     ) -> Result<Option<Chain>> {
         let bytes: HashMap<String, usize> = slots
             .iter()
@@ -61,10 +71,18 @@ impl Chain {
         if let Some(last) = params.last_mut() {
             last.extend((0..sizes.len()).filter(|i| !covered.contains(i)));
         }
+        if in_layout_order {
+            params.iter_mut().for_each(|p| p.sort_unstable());
+        }
+        let spent = spent_after(g, &chain.pieces);
         let pieces = chain
             .pieces
             .iter()
-            .map(|p| GraphSession::for_shard(rt, p, opts, &p.name, link))
+            .map(|p| {
+                let mut piece = GraphSession::for_shard(rt, p, opts, &p.name, link)?;
+                piece.shrink_arena_after_runs()?;
+                Ok(piece)
+            })
             .collect::<Result<Vec<_>>>()?;
         tracing::debug!(
             "{}: gradients in {} buckets of {:?} parameters",
@@ -76,19 +94,54 @@ impl Chain {
             pieces,
             params,
             spare: Vec::new(),
+            spent,
         }))
+    }
+}
+
+/// Per piece of `g`: the values it reads that no later piece reads and `g` does not
+/// output.
+fn spent_after(g: &Graph, pieces: &[Graph]) -> Vec<Vec<String>> {
+    let kept: std::collections::HashSet<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    for (k, p) in pieces.iter().enumerate() {
+        for i in &p.inputs {
+            last.insert(i.name.as_str(), k);
+        }
+    }
+    let mut spent = vec![Vec::new(); pieces.len()];
+    for (name, k) in last {
+        if !kept.contains(name) {
+            spent[k].push(name.to_string());
+        }
+    }
+    spent
+}
+
+impl Chain {
+    /// Each piece with the parameters (layout indices) of its bucket and the values
+    /// it is the last to read.
+    pub(super) fn pieces_mut(&mut self) -> impl Iterator<Item = ChainPiece<'_>> {
+        let parts = self.params.iter().zip(&self.spent);
+        (self.pieces.iter_mut())
+            .zip(parts)
+            .map(|(session, (params, spent))| (session, params.as_slice(), spent.as_slice()))
     }
 }
 
 impl OrtStage {
     /// Runs `session`, a graph giving parameter gradients, for one micro-batch: on the
-    /// step's last one, while a reduction waits for buckets, as the chain.
+    /// step's last one, while a reduction waits for buckets, as the chain (on every
+    /// micro-batch where the gradients are sharded, `zero_grads`).
     pub(super) fn run_grads(
         &mut self,
         session: &mut GraphSession,
         sources: &[&Payload],
     ) -> Result<Payload> {
         self.contributions += 1;
+        if self.zero_grads.is_some() {
+            return self.run_sharded_grads(session, sources);
+        }
         let last = self.contributions == self.settings.micro_batches;
         match (last, self.chain.take(), self.bucket_sink.clone()) {
             (true, Some(mut chain), Some(sink)) => {
@@ -107,31 +160,39 @@ impl OrtStage {
         &mut self,
         chain: &mut Chain,
         sources: &[&Payload],
-        sink: &flume::Sender<Vec<f32>>,
+        sink: &flume::Sender<GradBucket>,
     ) -> Result<Payload> {
         let mut made = Payload::new();
         let last = chain.pieces.len() - 1;
-        for (k, piece) in chain.pieces.iter_mut().enumerate() {
+        let Chain {
+            pieces,
+            params,
+            spare,
+            spent,
+        } = chain;
+        for (k, piece) in pieces.iter_mut().enumerate() {
             let rest = {
                 let mut from: Vec<&Payload> = vec![&made];
                 from.extend_from_slice(sources);
                 self.run(piece, &from)?
             };
             made.extend(rest);
+            spent[k].iter().for_each(|n| drop(made.remove(n)));
             if k == last {
                 self.complete_grads();
             }
-            let mut bucket = chain.spare.pop().unwrap_or_default();
+            let mut bucket = spare.pop().unwrap_or_default();
             bucket.clear();
-            for &i in &chain.params[k] {
+            for &i in &params[k] {
                 bucket.extend_from_slice(self.layout.slice(&self.grads, i));
             }
-            sink.send(bucket).map_err(|_| Error::BadTensor {
-                name: format!("gradient bucket {k}"),
-                reason: "its reduction is gone".into(),
-            })?;
+            sink.send(GradBucket::all_reduced(bucket))
+                .map_err(|_| Error::BadTensor {
+                    name: format!("gradient bucket {k}"),
+                    reason: "its reduction is gone".into(),
+                })?;
         }
-        self.sent_buckets = chain.params.len();
+        self.sent_buckets = params.len();
         Ok(made)
     }
 

@@ -19,8 +19,10 @@
 //! - `shard`: [`StageShard`], a stage that is one tensor shard: its split parameters in
 //!   gradient statistics, checkpoints and exported parameters.
 //! - `tied`: a tied weight's value handed on with a step's first forward only.
-//! - `zero`: [`ZeroPart`], a stage's optimizer state sharded across its data-parallel
-//!   replicas (ZeRO stage 1): which part each replica updates.
+//! - `zero`: [`ZeroPart`], a stage's optimizer state (and gradients) sharded across its
+//!   data-parallel replicas (ZeRO stages 1 and 2): which part each replica updates.
+//! - `zero_grads`: ZeRO stage 2's buckets, every micro-batch's, reduce-scattered as
+//!   the backward makes them, each replica adding its own part.
 //! - `data`: [`StepData`], the [`pipetrain_actors::DataSource`] splitting each step's
 //!   global batch into per-replica micro-batches.
 
@@ -37,6 +39,7 @@ mod stage_run;
 mod stage_values;
 mod tied;
 mod zero;
+mod zero_grads;
 
 pub use adasum::{adasum_pair, AdasumSlot};
 pub use data::{StepData, LOSS_COUNT};

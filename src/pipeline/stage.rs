@@ -54,7 +54,9 @@ pub struct OrtStage {
     /// The gradient graph in buckets (see `buckets`), when asked for and worth it.
     pub(super) chain: Option<Chain>,
     /// Where the buckets go this step, while the stage actor reduces them.
-    pub(super) bucket_sink: Option<flume::Sender<Vec<f32>>>,
+    pub(super) bucket_sink: Option<flume::Sender<pipetrain_actors::GradBucket>>,
+    /// Under ZeRO stage 2, its buckets out and their sums coming back (`zero_grads`).
+    pub(super) zero_grads: Option<super::zero_grads::ZeroGrads>,
     /// The tensor shard this stage is (`None`: not split).
     pub(super) shard: Option<super::StageShard>,
     /// This replica's part of the stage's optimizer state (ZeRO stage 1; `None`: it
@@ -106,7 +108,12 @@ impl OrtStage {
             .map(|(i, p)| (p.grad.clone(), i))
             .collect();
         let mut sessions = Sessions::open(rt, graphs, opts, settings)?;
-        if settings.micro_batches > 1 && opts.device == crate::compute::Device::Cpu {
+        // Sharded gradients (ZeRO stage 2) are never added to in place: no twins.
+        let sharded_grads = settings.zero.is_some_and(|z| z.gradients);
+        if settings.micro_batches > 1
+            && opts.device == crate::compute::Device::Cpu
+            && !sharded_grads
+        {
             let grads = grad_slot.keys().cloned().collect();
             sessions.open_accumulating(rt, graphs, opts, settings, &grads)?;
         }
@@ -137,7 +144,9 @@ impl OrtStage {
                 let sizes: Vec<usize> =
                     layout.shapes().iter().map(|s| s.iter().product()).collect();
                 let shard = settings.shard.as_ref();
-                Chain::new(rt, tg, g, (opts, shard), &grad_slot, &sizes, bytes)?
+                let in_layout_order = zero.as_ref().is_some_and(|z| z.gradients);
+                let cut = (sizes.as_slice(), bytes);
+                Chain::new(rt, tg, g, (opts, shard), &grad_slot, cut, in_layout_order)?
             }
         };
 
@@ -157,7 +166,10 @@ impl OrtStage {
             optimizer,
             sessions,
             fused_out: HashMap::new(),
+            // Zeroed and mapped lazily: under ZeRO stage 2 only this replica's part is
+            // ever written, and the rest never takes memory (`zero`).
             grads: vec![0.0; layout.len()],
+            zero_grads: sharded_grads.then(super::zero_grads::ZeroGrads::new),
             shard: settings
                 .shard
                 .as_ref()

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use pipetrain_actors::{
-    BackwardPart, BoxError, ForwardOut, GradStats, SaveJob, StageCompute, StepDecision,
+    BackwardPart, BoxError, ForwardOut, GradBucket, GradStats, SaveJob, StageCompute, StepDecision,
 };
 
 use super::stage::{OrtStage, Payload};
@@ -141,6 +141,13 @@ impl OrtStage {
 
     /// Clears the gradients for step `step + 1`, whose loss is scaled by `loss_scale`.
     fn end_step(&mut self, step: u64, loss_scale: f64) {
+        if self.zero_grads.is_some() {
+            tracing::debug!(
+                "step {step}: {} of the gradient buffer's {} bytes in memory",
+                super::zero_grads::resident_bytes(&self.grads),
+                std::mem::size_of_val(self.grads.as_slice())
+            );
+        }
         if self.device_state.is_some() {
             self.host_traffic.end_step(step);
         }
@@ -309,16 +316,23 @@ impl StageCompute for OrtStage {
         }
     }
 
-    fn reduce_buckets_into(&mut self, sink: Option<flume::Sender<Vec<f32>>>) -> bool {
-        if self.chain.is_none() {
+    fn reduce_buckets_into(&mut self, sink: Option<flume::Sender<GradBucket>>) -> bool {
+        // Sharded gradients go out in buckets, cut or not.
+        if self.chain.is_none() && self.zero_grads.is_none() {
             return false;
+        }
+        if let (Some(zg), Some(_)) = (self.zero_grads.as_mut(), &sink) {
+            zg.restart();
         }
         self.bucket_sink = sink;
         true
     }
 
     fn put_buckets(&mut self, sums: Vec<Vec<f32>>) -> Result<(), BoxError> {
-        Ok(self.put_bucket_sums(sums)?)
+        match self.zero_grads.is_some() {
+            true => Ok(self.put_sharded_sums(sums)?),
+            false => Ok(self.put_bucket_sums(sums)?),
+        }
     }
 
     fn grad_stats(&mut self, step: u64) -> GradStats {
@@ -357,7 +371,12 @@ impl StageCompute for OrtStage {
             // clipping or scaling stay bitwise what they were.
             if decision.grad_scale != 1.0 {
                 let k = decision.grad_scale as f32;
-                self.grads.iter_mut().for_each(|g| *g *= k);
+                // A replica updating its part needs (and under ZeRO stage 2 has) only it.
+                let mine = self
+                    .zero
+                    .as_ref()
+                    .map_or(0..self.grads.len(), |z| z.own_values());
+                self.grads[mine].iter_mut().for_each(|g| *g *= k);
             }
             self.optimize(step, lr, |o, p, g, lr| o.step(p, g, lr))?;
         }

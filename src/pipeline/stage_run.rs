@@ -43,20 +43,7 @@ impl OrtStage {
             sessions,
             ..
         } = self;
-        let mut feeds: Vec<(&str, TensorView<'_>)> = Vec::with_capacity(names.len());
-        for n in &names {
-            let view = if let Some(seed) = seed.as_ref().filter(|_| n == LOSS_GRAD) {
-                seed.view()
-            } else if let Some(i) = layout.index_of(n) {
-                TensorView {
-                    shape: &layout.shapes()[i],
-                    data: ViewData::F32(layout.slice(params, i)),
-                }
-            } else {
-                fed(n, sources, buffers)?.view()
-            };
-            feeds.push((n.as_str(), view));
-        }
+        let feeds = feeds_of(&names, seed.as_ref(), (layout, params), sources, buffers)?;
         // A step's first gradients of every parameter this graph computes are written by
         // ONNX Runtime straight into the accumulators; later micro-batches' are added.
         let (targets, slots) = grad_targets(session.output_names(), grad_slot, layout);
@@ -107,8 +94,62 @@ impl OrtStage {
         Ok(rest.into_iter().map(|(n, t)| (n, Arc::new(t))).collect())
     }
 
+    /// Runs `session`, a piece of the gradient graph, writing the gradients of `params`
+    /// (layout indices) one after another into `bucket` (those it does not compute are
+    /// zero); the other outputs are returned, shared.
+    pub(super) fn run_into_bucket(
+        &mut self,
+        session: &mut GraphSession,
+        sources: &[&Payload],
+        bucket: &mut Vec<f32>,
+        params: &[usize],
+    ) -> Result<Payload> {
+        let names = session.input_names().to_vec();
+        let seed = match names.iter().any(|n| n == LOSS_GRAD) {
+            true => Some(self.seed(sources)?),
+            false => None,
+        };
+        let layout = &self.layout;
+        let mut at_of = HashMap::with_capacity(params.len());
+        let mut len = 0;
+        for &i in params {
+            at_of.insert(i, len);
+            len += layout.shapes()[i].iter().product::<usize>();
+        }
+        bucket.clear();
+        bucket.resize(len, 0.0);
+        let mut targets = Vec::new();
+        for (k, n) in session.output_names().iter().enumerate() {
+            let Some(&i) = self.grad_slot.get(n) else {
+                continue;
+            };
+            let offset = *at_of.get(&i).ok_or_else(|| Error::BadTensor {
+                name: n.clone(),
+                reason: "a gradient this piece computes is not in its bucket".into(),
+            })?;
+            let shape = &layout.shapes()[i];
+            targets.push(Target {
+                output: k,
+                offset,
+                shape,
+            });
+        }
+        let feeds = feeds_of(
+            &names,
+            seed.as_ref(),
+            (layout, &self.params),
+            sources,
+            &self.buffers,
+        )?;
+        let no_sink = &mut |_: &str, _: &[f32]| Ok(false);
+        let rest = session.run_views_direct(&feeds, bucket, &targets, no_sink)?;
+        Ok(rest.into_iter().map(|(n, t)| (n, Arc::new(t))).collect())
+    }
+
     /// Zeroes the gradients of parameters nothing contributed to this step (their buffer
-    /// still holds an older step's): the step's gradients are then complete.
+    /// still holds an older step's): the step's gradients are then complete. With the
+    /// gradients sharded (ZeRO stage 2), of this replica's part only: the rest is never
+    /// written.
     pub(super) fn complete_grads(&mut self) {
         if self.device_state.is_some() {
             if let Err(e) = self.complete_device_grads() {
@@ -116,7 +157,11 @@ impl OrtStage {
             }
             return;
         }
-        for i in 0..self.layout.count() {
+        let mine = match &self.zero {
+            Some(z) if z.gradients => z.own_tensors(),
+            _ => 0..self.layout.count(),
+        };
+        for i in mine {
             if !self.written[i] {
                 self.layout.slice_mut(&mut self.grads, i).fill(0.0);
                 self.written[i] = true;
@@ -135,6 +180,32 @@ impl OrtStage {
     pub fn reset_accumulation(&mut self) {
         self.reset_grads();
     }
+}
+
+/// The feeds of a run of a graph whose inputs are `names`: the backward's seed, the
+/// parameters (`layout` over `params`), and the rest from `sources` or `buffers`.
+fn feeds_of<'a>(
+    names: &'a [String],
+    seed: Option<&'a crate::tensor::Tensor>,
+    (layout, params): (&'a ParamLayout, &'a [f32]),
+    sources: &[&'a Payload],
+    buffers: &'a Payload,
+) -> Result<Vec<(&'a str, TensorView<'a>)>> {
+    let mut feeds = Vec::with_capacity(names.len());
+    for n in names {
+        let view = if let Some(seed) = seed.filter(|_| n == LOSS_GRAD) {
+            seed.view()
+        } else if let Some(i) = layout.index_of(n) {
+            TensorView {
+                shape: &layout.shapes()[i],
+                data: ViewData::F32(layout.slice(params, i)),
+            }
+        } else {
+            fed(n, sources, buffers)?.view()
+        };
+        feeds.push((n.as_str(), view));
+    }
+    Ok(feeds)
 }
 
 /// Where input `n` of a stage graph comes from: a message, the data, the stash (in

@@ -288,10 +288,12 @@ fn what_fits(cfg: &TrainConfig, tg: &TrainingGraph, room: u64, need: &ProcessMem
         );
     }
     let mut tried = Vec::new();
-    // Sharding the optimizer state is a choice where there are replicas to share it.
-    let zeros: &[u8] = match cfg.data_parallel_size > 1 {
-        true => &[0, 1],
-        false => &[0],
+    // Sharding the optimizer state (and the gradients) is a choice where there are
+    // replicas to share it; on the host for the gradients.
+    let zeros: &[u8] = match (cfg.data_parallel_size > 1, cfg.runtime.device) {
+        (true, crate::compute::Device::Cpu) if cfg.horizontal_parallel_size == 1 => &[0, 1, 2],
+        (true, _) => &[0, 1],
+        (false, _) => &[0],
     };
     for recompute in [Recompute::None, Recompute::Stage] {
         for pp in [1, 2, 4, 8, 16] {
@@ -324,7 +326,7 @@ fn what_fits(cfg: &TrainConfig, tg: &TrainingGraph, room: u64, need: &ProcessMem
     let sharding = match cfg.data_parallel_size {
         1 => {
             "; with data_parallel_size > 1, deepspeed_zero_stage = 1 also shares the \
-              optimizer state among the replicas"
+              optimizer state among the replicas, and 2 the gradients too"
         }
         _ => "",
     };
@@ -340,8 +342,11 @@ fn layout_text(c: &TrainConfig) -> String {
     if c.recompute == Recompute::Stage {
         out.push_str(", recompute = \"stage\"");
     }
-    if c.deepspeed_zero_stage == 1 {
-        out.push_str(", deepspeed_zero_stage = 1");
+    if c.deepspeed_zero_stage > 0 {
+        out.push_str(&format!(
+            ", deepspeed_zero_stage = {}",
+            c.deepspeed_zero_stage
+        ));
     }
     out
 }

@@ -9,7 +9,9 @@
 //!   flight (the first is written into the accumulators, the others arrive beside
 //!   them; on the host each is added as it is made, `graph::accumulating`); with the
 //!   optimizer state sharded (ZeRO stage 1), the moments of the largest replica's part;
-//!   with gradient buckets, their buffers (a second copy of the gradients);
+//!   with the gradients sharded too (stage 2), that part's gradients and the buckets in
+//!   flight instead of the whole gradients; with gradient buckets, their buffers (a
+//!   second copy of the gradients);
 //! - **stash**: the values its in-flight micro-batches keep between forward and backward
 //!   at the schedule's peak (`memory::predicted_stash`);
 //! - **workspace**: the most bytes the largest of its passes holds at once, walking the
@@ -146,10 +148,16 @@ pub(crate) fn stage_memory(
                 true => params,
                 false => 0,
             };
+            let own = updated_bytes(cfg, &sizes);
+            // Sharded gradients (ZeRO stage 2): this replica's part, and the buckets out.
+            // A bucket holds whole tensors: the largest may be over the bucket size.
+            let largest = sizes.iter().max().copied().unwrap_or(0);
+            let grad_bytes = match cfg.shards_gradients() {
+                true => own + (IN_FLIGHT_BUCKETS * bucket_bytes + largest).min(params),
+                false => (copies - 1) * params + buckets,
+            };
             StageMemory {
-                state: copies * params
-                    + moments(&cfg.optimizer) * updated_bytes(cfg, &sizes)
-                    + buckets,
+                state: params + grad_bytes + moments(&cfg.optimizer) * own,
                 stash: stash.get(g.stage).copied().unwrap_or(0),
                 workspace: (workspace(g, &tg.metas, &grads) as f64 * ARENA_OVERHEAD) as u64,
                 constants: 2 * constants(g),
@@ -158,9 +166,13 @@ pub(crate) fn stage_memory(
         .collect()
 }
 
+/// Gradient buckets a stage with sharded gradients holds at once: those out for
+/// reduction (`pipeline::zero_grads`), the one filling and a spare.
+const IN_FLIGHT_BUCKETS: u64 = 4;
+
 /// The bytes of the parameters (of `sizes` bytes each) whose optimizer state one
 /// replica keeps: all of them, or with the state sharded across the data-parallel
-/// replicas (ZeRO stage 1), the largest replica's part.
+/// replicas (ZeRO stages 1 and 2), the largest replica's part.
 fn updated_bytes(cfg: &TrainConfig, sizes: &[u64]) -> u64 {
     let dp = cfg.data_parallel_size;
     if !cfg.shards_optimizer_state() {

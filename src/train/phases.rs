@@ -294,6 +294,7 @@ pub(super) fn make_computes(
         st.zero = cfg.shards_optimizer_state().then_some(ZeroSlot {
             rank: replica / cfg.horizontal_parallel_size,
             ranks: cfg.data_parallel_size,
+            gradients: cfg.shards_gradients(),
         });
         st.overflow_at = cfg
             .debug

@@ -37,7 +37,8 @@ pub(super) fn stage_settings(cfg: &TrainConfig, loss_scale: f64) -> StageSetting
         slow_save: slow_write(cfg.debug.checkpoint_write_delay_ms),
         // Buckets only pay with replicas to reduce among; Adasum combines whole
         // gradients (its coefficients are per tensor); a sharded optimizer state has
-        // each replica's part reduce-scattered after the backward.
+        // each replica's part reduce-scattered after the backward (sharded gradients,
+        // ZeRO stage 2, go in buckets again).
         bucket_bytes: match (d, cfg.enable_adasum || cfg.deepspeed_zero_stage == 1) {
             (1, _) | (_, true) => 0,
             _ => (cfg.gradient_bucket_mb * (1 << 20) as f64) as usize,

@@ -69,6 +69,16 @@ fn tiny_gpt_stage(
     model: &common::PeerModel,
     bucket_bytes: usize,
 ) -> pipetrain::pipeline::OrtStage {
+    tiny_gpt_stage_of(rt, model, bucket_bytes, None)
+}
+
+/// [`tiny_gpt_stage`] as data-parallel replica `zero` of a sharded stage.
+fn tiny_gpt_stage_of(
+    rt: &Runtime,
+    model: &common::PeerModel,
+    bucket_bytes: usize,
+    zero: Option<pipetrain::pipeline::ZeroSlot>,
+) -> pipetrain::pipeline::OrtStage {
     use pipetrain::graph::{assign_stages, build_stage_graphs, BalanceBy, Partition};
     let tg = model.training_graph(rt);
     let one = Partition::Balanced {
@@ -91,6 +101,7 @@ fn tiny_gpt_stage(
     let settings = pipetrain::pipeline::StageSettings {
         bucket_bytes,
         micro_batches: 2,
+        zero,
         ..pipetrain::pipeline::StageSettings::new(Default::default(), 0.5)
     };
     pipetrain::pipeline::OrtStage::new(rt, &tg, &graphs[0], &session, &settings).unwrap()
@@ -98,7 +109,7 @@ fn tiny_gpt_stage(
 
 #[test]
 fn a_stage_hands_out_its_steps_gradients_bucket_by_bucket_on_the_last_micro_batch() {
-    use pipetrain_actors::{BackwardPart, StageCompute};
+    use pipetrain_actors::{BackwardPart, GradBucket, StageCompute};
     let rt = Runtime::from_env().unwrap();
     let model = common::PeerModel::load("tiny_gpt");
     let data: Vec<HashMap<String, Arc<Tensor>>> = (0..2)
@@ -123,7 +134,11 @@ fn a_stage_hands_out_its_steps_gradients_bucket_by_bucket_on_the_last_micro_batc
                 stage.forward(mb, None, Some(d.clone())).await.unwrap();
                 stage.backward(mb, BackwardPart::Full, None).await.unwrap();
             });
-            arrived.push(rx.drain().collect::<Vec<Vec<f32>>>());
+            arrived.push(
+                rx.drain()
+                    .map(|b: GradBucket| b.values)
+                    .collect::<Vec<Vec<f32>>>(),
+            );
         }
         stage.reduce_buckets_into(None);
         (takes, arrived)
@@ -166,4 +181,78 @@ fn a_stage_hands_out_its_steps_gradients_bucket_by_bucket_on_the_last_micro_batc
     }
     // Sums for buckets that were never sent are refused.
     assert!(bucketed.put_buckets(vec![vec![0.0]]).is_err());
+}
+
+/// ZeRO stage 2: every micro-batch's gradients go out in buckets, each cut into the
+/// replicas' parts (one run each, in replica order); the replica adds the sum of its own
+/// part that comes back, and never writes the rest of its gradient buffer (so the rest
+/// never takes memory). Sums that double each bucket (two replicas with the same data)
+/// leave exactly twice the unsharded step's gradients in its part, and zeros elsewhere.
+#[test]
+fn a_sharded_stage_keeps_and_writes_only_its_part_of_the_gradients() {
+    use pipetrain::pipeline::ZeroSlot;
+    use pipetrain_actors::{BackwardPart, GradBucket, StageCompute};
+    let rt = Runtime::from_env().unwrap();
+    let model = common::PeerModel::load("tiny_gpt");
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let step = |stage: &mut pipetrain::pipeline::OrtStage| {
+        for mb in 0..2 {
+            let d: HashMap<String, Arc<Tensor>> = (model.batch(mb).into_iter())
+                .map(|(k, v)| (k, Arc::new(v)))
+                .collect();
+            tokio.block_on(async {
+                stage.forward(mb, None, Some(d)).await.unwrap();
+                stage.backward(mb, BackwardPart::Full, None).await.unwrap();
+            });
+        }
+    };
+    let mut whole = tiny_gpt_stage(&rt, &model, 0);
+    step(&mut whole);
+    let want = whole.take_grads();
+
+    let slot = ZeroSlot {
+        rank: 1,
+        ranks: 2,
+        gradients: true,
+    };
+    let mut sharded = tiny_gpt_stage_of(&rt, &model, 64 << 10, Some(slot));
+    let (tx, rx) = flume::unbounded::<GradBucket>();
+    assert!(sharded.reduce_buckets_into(Some(tx)));
+    // The other replica and the reduce-scatter: each bucket's part 1 summed with an
+    // equal one, sent straight back.
+    let echo = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for b in rx.iter() {
+            let parts = b.parts.clone().expect("a bucket to reduce-scatter");
+            assert_eq!(parts.len(), 2);
+            assert_eq!(parts[0].start, 0);
+            assert_eq!(parts[0].end, parts[1].start);
+            assert_eq!(parts[1].end, b.values.len(), "the parts cover the bucket");
+            let mut sum = b.values;
+            sum[parts[1].clone()].iter_mut().for_each(|x| *x *= 2.0);
+            b.back.expect("a sum to send back").send(sum).unwrap();
+            seen.push(parts[1].len());
+        }
+        seen
+    });
+    step(&mut sharded);
+    sharded.reduce_buckets_into(None);
+    let owned_per_bucket = echo.join().unwrap();
+    sharded.put_buckets(Vec::new()).unwrap();
+    assert!(
+        owned_per_bucket.len() >= 6,
+        "{} buckets over two micro-batches",
+        owned_per_bucket.len()
+    );
+    let got = sharded.take_grads();
+    let layout = sharded.state().0;
+    let own = layout.values_of(layout.partition(2)[1].clone());
+    assert!(own.start > 0 && own.end == got.len(), "{own:?}");
+    assert_eq!(owned_per_bucket.iter().sum::<usize>(), 2 * own.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let expected = if own.contains(&i) { w * 2.0 } else { 0.0 };
+        assert_eq!(g.to_bits(), expected.to_bits(), "gradient value {i}");
+    }
 }

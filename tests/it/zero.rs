@@ -1,7 +1,9 @@
 //! `deepspeed_zero_stage = 1`: the optimizer state sharded across the data-parallel
 //! replicas. Each replica keeps the state of its part only (1 / dp of it), updates that
 //! part and all-gathers the parameters; the run trains the same bits as an unsharded
-//! one, and its checkpoints load at any layout, sharded or not. Over processes:
+//! one, and its checkpoints load at any layout, sharded or not. `= 2`: the gradients
+//! too, reduce-scattered bucket by bucket as every micro-batch's backward makes them
+//! (a replica never writes the rest: `grad_buckets.rs`). Over processes:
 //! `tests/it/launch.rs`.
 
 use std::path::Path;
@@ -13,6 +15,8 @@ use pipetrain::compute::Runtime;
 use pipetrain::tensor::Tensor;
 
 const ZERO: &str = "deepspeed_zero_stage = 1\n";
+/// Stage 2, in buckets of 16 KiB: the mlp's stages cut into several.
+const ZERO_2: &str = "deepspeed_zero_stage = 2\ngradient_bucket_mb = 0.015625\n";
 const LAMB: &str = "[optimizer]\nkind = \"lamb\"\n[lr_schedule]\nkind = \"constant\"\nlr = 1e-2\n";
 
 /// A run's per-step losses and final parameters (sorted by name), as bits.
@@ -92,6 +96,85 @@ fn a_sharded_optimizer_state_trains_the_same_bits() {
             assert!(diff <= 1e-6 * scale, "{name}: `{n}` off by {diff:e}");
         }
     }
+}
+
+/// Sharded gradients train as sharded optimizer state does, within float32 rounding
+/// (the replicas are summed per micro-batch, not once per step): under 1F1B and ZB-H1
+/// (whose weight-gradient half makes the buckets), with clipping, and over four
+/// replicas. A stage-2 run resumed from its own checkpoint trains the bits of the run
+/// straight through.
+#[test]
+fn sharded_gradients_train_as_a_sharded_optimizer_state_does() {
+    let rt = common::runtime();
+    let cases = [
+        ("dp=2 pp=2 AdamW 1F1B", 2, 2, "1f1b", ADAMW_COSINE, ""),
+        ("dp=2 pp=2 AdamW ZB-H1", 2, 2, "zb_h1", ADAMW_COSINE, ""),
+        (
+            "dp=2 pp=1 SGD momentum, clipped",
+            2,
+            1,
+            "1f1b",
+            SGD_MOMENTUM,
+            "max_grad_norm = 0.5\n",
+        ),
+        ("dp=4 pp=1 LAMB", 4, 1, "1f1b", LAMB, ""),
+    ];
+    for (name, dp, pp, schedule, optimizer, extra) in cases {
+        let mlp = Mlp {
+            dp,
+            pp,
+            accum: 8 / dp,
+            steps: 8,
+            schedule,
+            optimizer,
+            extra: extra.into(),
+            ..Mlp::default()
+        };
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let one = run(&rt, &mlp, a.path(), ZERO);
+        let two = run(&rt, &mlp, b.path(), ZERO_2);
+        assert_eq!(two.0.len(), 8, "{name}");
+        let f = |x: u64| f64::from_bits(x);
+        for ((s, x), (_, y)) in one.0.iter().zip(&two.0) {
+            let off = (f(*x) - f(*y)).abs();
+            assert!(
+                off <= 1e-6 * f(*x).abs(),
+                "{name}: step {s}'s loss off by {off:e}"
+            );
+        }
+        let mut worst: f32 = 0.0;
+        for ((n, a), (_, b)) in one.1.iter().zip(&two.1) {
+            let f = |x: &u32| f32::from_bits(*x);
+            let scale = a.iter().map(|x| f(x).abs()).fold(0.0, f32::max);
+            let diff = (a.iter().zip(b))
+                .map(|(x, y)| (f(x) - f(y)).abs())
+                .fold(0.0, f32::max);
+            worst = worst.max(diff / scale);
+            assert!(diff <= 1e-5 * scale, "{name}: `{n}` off by {diff:e}");
+        }
+        eprintln!("{name}: weights within {worst:e} of stage 1's");
+        // The replicas summed per micro-batch round otherwise than once per step.
+        assert!(
+            worst > 0.0,
+            "{name}: stage 1's bits; were the gradients sharded?"
+        );
+    }
+    let mlp = Mlp {
+        dp: 2,
+        pp: 2,
+        accum: 4,
+        steps: 10,
+        optimizer: ADAMW_COSINE,
+        ..Mlp::default()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let straight = run(&rt, &mlp, tmp.path(), &(saving(tmp.path()) + ZERO_2));
+    let half = tmp.path().join("ckpts").join(folder_name(5));
+    let loading = format!("checkpoint_to_load_path = \"{}\"\n", half.display());
+    let other = tempfile::tempdir().unwrap();
+    let resumed = run(&rt, &mlp, other.path(), &(loading + ZERO_2));
+    assert!(resumed.0 == straight.0[5..], "losses after the resume");
+    assert!(resumed.1 == straight.1, "weights after the resume");
 }
 
 /// Dynamic loss scaling: an inf injected into the gradients of one stage of replica 1
@@ -223,7 +306,14 @@ fn each_replica_keeps_its_part_of_the_optimizer_state() {
     };
     let (whole, largest) = state_values(None);
     let parts: Vec<usize> = (0..2)
-        .map(|rank| state_values(Some(ZeroSlot { rank, ranks: 2 })).0)
+        .map(|rank| {
+            state_values(Some(ZeroSlot {
+                rank,
+                ranks: 2,
+                gradients: false,
+            }))
+            .0
+        })
         .collect();
     eprintln!("AdamW state values: whole {whole}, parts {parts:?}");
     assert_eq!(parts.iter().sum::<usize>(), whole);

@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use ort::session::{Session, SessionInputValue};
+use ort::session::{RunOptions, SelectedOutputMarker, Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, TensorRef, ValueType};
 
 use super::direct::{accumulator, in_place, DirectOutputs, Target};
@@ -27,6 +27,9 @@ pub struct GraphSession {
     direct: Option<DirectOutputs>,
     /// Where the float32 outputs it returns are copied (`None`: new buffers).
     pool: Option<super::HostPool>,
+    /// Run options that hand the CPU arena's unused regions back after each run
+    /// ([`GraphSession::shrink_arena_after_runs`]; `None`: the arena keeps them).
+    shrink: Option<RunOptions>,
     /// The CUDA stream ONNX Runtime computes on, for a session on a GPU.
     #[cfg(feature = "cuda")]
     _stream: Option<super::cuda::DeviceStream>,
@@ -136,6 +139,7 @@ impl GraphSession {
                 .collect(),
             outputs: graph.output.iter().map(|v| v.name.clone()).collect(),
             pool: None,
+            shrink: None,
             direct: None,
             #[cfg(feature = "cuda")]
             _stream,
@@ -298,14 +302,29 @@ impl GraphSession {
         sink: &mut dyn FnMut(&str, &[f32]) -> Result<bool>,
     ) -> Result<Vec<(String, Tensor)>> {
         if !self.direct.as_ref().is_some_and(|d| d.fits(buf, targets)) {
-            self.direct = Some(DirectOutputs::new(
-                buf,
-                targets,
-                &self.outputs,
-                &self.label,
-            )?);
+            let mut d = DirectOutputs::new(buf, targets, &self.outputs, &self.label)?;
+            if self.shrink.is_some() {
+                shrinking(&mut d.options, &self.label)?;
+            }
+            self.direct = Some(d);
         }
         self.run_with(feeds, Some((buf, targets)), acc, sink)
+    }
+
+    /// Has ONNX Runtime hand the regions of the CPU arena that no value uses back to the
+    /// system after each run of this session (its `memory.enable_memory_arena_shrinkage`).
+    /// For the pieces of a gradient graph, which run one after another with outputs of
+    /// many sizes: the arena would otherwise keep growing by new regions where freed
+    /// ones were split for smaller values, up to the stage's gradients in all.
+    ///
+    /// # Errors
+    /// `Ort` when ONNX Runtime refuses the option.
+    pub fn shrink_arena_after_runs(&mut self) -> Result<()> {
+        let mut options = RunOptions::new().map_err(Error::ort("making run options"))?;
+        shrinking(&mut options, &self.label)?;
+        self.shrink = Some(options);
+        self.direct = None;
+        Ok(())
     }
 
     /// Runs the graph, with the outputs directed into a buffer when `direct` says so
@@ -323,6 +342,7 @@ impl GraphSession {
             outputs: names,
             direct: options,
             pool,
+            shrink,
             ..
         } = self;
         let ctx = || format!("running {label}");
@@ -337,8 +357,9 @@ impl GraphSession {
                 inputs.push((Cow::Borrowed(name), value));
             }
         }
-        let outputs = match (&direct, options.as_ref()) {
-            (Some(_), Some(d)) => session.run_with_options(inputs, &d.options),
+        let outputs = match (&direct, options.as_ref(), shrink.as_ref()) {
+            (Some(_), Some(d), _) => session.run_with_options(inputs, &d.options),
+            (_, _, Some(shrink)) => session.run_with_options(inputs, shrink),
             _ => session.run(inputs),
         }
         .map_err(Error::ort(ctx()))?;
@@ -412,6 +433,12 @@ fn view<'a>(t: &TensorView<'a>) -> ort::Result<SessionInputValue<'a>> {
 }
 
 /// Copies an ONNX Runtime output into a host tensor.
+/// Sets `options` to shrink the CPU arena after the run.
+fn shrinking<O: SelectedOutputMarker>(options: &mut RunOptions<O>, label: &str) -> Result<()> {
+    (options.set("memory.enable_memory_arena_shrinkage", "cpu:0"))
+        .map_err(Error::ort(format!("asking {label} to shrink its arena")))
+}
+
 pub(crate) fn to_host(value: &DynValue, name: &str) -> Result<Tensor> {
     to_host_in(value, name, None)
 }
