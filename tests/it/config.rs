@@ -304,6 +304,34 @@ fn adasum_needs_a_power_of_two_of_replicas() {
     refused(&at(3), "enable_adasum", "must be a power of two, got 3");
 }
 
+/// ZeRO: stages 0 to 2; stage 2 reduces its gradient buckets on the host, one tensor
+/// shard per replica, with Adasum off: each rule refused naming its key.
+#[test]
+fn zero_stage_2_needs_buckets_on_the_host_and_stage_3_is_refused() {
+    let at = |extra: &str| {
+        with(
+            "data_parallel_size = 1",
+            &format!("data_parallel_size = 2\n{extra}"),
+        )
+    };
+    TrainConfig::parse(&at("deepspeed_zero_stage = 2"), &path()).unwrap();
+    refused(
+        &at("deepspeed_zero_stage = 3"),
+        "deepspeed_zero_stage",
+        "stage 3 (sharded parameters) is not built, got 3",
+    );
+    refused(
+        &at("deepspeed_zero_stage = 2\ngradient_bucket_mb = 0"),
+        "gradient_bucket_mb",
+        "must be more than 0",
+    );
+    refused(
+        &at("deepspeed_zero_stage = 2\nenable_adasum = true"),
+        "deepspeed_zero_stage",
+        "use one or the other",
+    );
+}
+
 #[test]
 fn bfloat16_needs_mixed_precision_and_a_gpu() {
     refused(

@@ -185,6 +185,20 @@ fn four_nodes_shard_the_optimizer_state_exactly_as_one_unsharded_process() {
     job_equals_one_process(dir.path(), &[cfg.as_path(); 4], &single, steps, &model);
 }
 
+/// `deepspeed_zero_stage = 2`: every micro-batch's gradient buckets are reduce-scattered
+/// round the ring (16 KiB buckets: several per stage), each replica adding its own part;
+/// the job trains bitwise as one process of the same layout, sharded the same way.
+#[test]
+fn four_nodes_shard_the_gradients_exactly_as_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 6;
+    let zero = "deepspeed_zero_stage = 2\ngradient_bucket_mb = 0.015625\n";
+    let cfg = train_config(dir.path(), "cluster", steps, zero);
+    let single = train_config(dir.path(), "single", steps, zero);
+    let model = dir.path().join("cluster/model.onnx");
+    job_equals_one_process(dir.path(), &[cfg.as_path(); 4], &single, steps, &model);
+}
+
 /// GPT-2 (the exported fixture) at dp 2 x pp 2: its tied token embedding crosses from
 /// the first stage to the second with each step's first forward only
 /// (`pipeline::tied`), over the sockets as in one process, and the job trains bitwise
