@@ -41,6 +41,31 @@ fn run(rt: &Runtime, mlp: &Mlp, dir: &Path, extra: &str) -> Bits {
     (losses, bits)
 }
 
+/// The mlp at dp 2 x pp 2, AdamW, 10 steps: for runs resumed at step 5.
+fn resumable() -> Mlp {
+    Mlp {
+        dp: 2,
+        pp: 2,
+        accum: 4,
+        steps: 10,
+        optimizer: ADAMW_COSINE,
+        ..Mlp::default()
+    }
+}
+
+/// `mlp` with `extra`, saving every 5 steps: the folder holding it all, the run's bits
+/// and its step-5 checkpoint.
+fn saved_run(
+    rt: &Runtime,
+    mlp: &Mlp,
+    extra: &str,
+) -> (tempfile::TempDir, Bits, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let straight = run(rt, mlp, tmp.path(), &(saving(tmp.path()) + extra));
+    let half = tmp.path().join("ckpts").join(folder_name(5));
+    (tmp, straight, half)
+}
+
 fn saving(dir: &Path) -> String {
     format!(
         "checkpoints_dir = \"{}\"\ncheckpoint_period = 5\n",
@@ -159,17 +184,8 @@ fn sharded_gradients_train_as_a_sharded_optimizer_state_does() {
             "{name}: stage 1's bits; were the gradients sharded?"
         );
     }
-    let mlp = Mlp {
-        dp: 2,
-        pp: 2,
-        accum: 4,
-        steps: 10,
-        optimizer: ADAMW_COSINE,
-        ..Mlp::default()
-    };
-    let tmp = tempfile::tempdir().unwrap();
-    let straight = run(&rt, &mlp, tmp.path(), &(saving(tmp.path()) + ZERO_2));
-    let half = tmp.path().join("ckpts").join(folder_name(5));
+    let mlp = resumable();
+    let (_tmp, straight, half) = saved_run(&rt, &mlp, ZERO_2);
     let loading = format!("checkpoint_to_load_path = \"{}\"\n", half.display());
     let other = tempfile::tempdir().unwrap();
     let resumed = run(&rt, &mlp, other.path(), &(loading + ZERO_2));
@@ -209,17 +225,8 @@ fn an_overflow_in_one_replicas_part_skips_the_step_everywhere() {
 #[test]
 fn a_sharded_checkpoint_resumes_under_any_layout() {
     let rt = common::runtime();
-    let mlp = Mlp {
-        dp: 2,
-        pp: 2,
-        accum: 4,
-        steps: 10,
-        optimizer: ADAMW_COSINE,
-        ..Mlp::default()
-    };
-    let tmp = tempfile::tempdir().unwrap();
-    let straight = run(&rt, &mlp, tmp.path(), &(saving(tmp.path()) + ZERO));
-    let half = tmp.path().join("ckpts").join(folder_name(5));
+    let mlp = resumable();
+    let (_tmp, straight, half) = saved_run(&rt, &mlp, ZERO);
     let mut files: Vec<String> = std::fs::read_dir(&half)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
