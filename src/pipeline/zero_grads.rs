@@ -32,8 +32,8 @@ pub(super) struct ZeroGrads {
     sums: flume::Receiver<Vec<f32>>,
     /// Per bucket out, oldest first: its parameters (layout indices, in layout order).
     in_flight: VecDeque<Vec<usize>>,
-    /// A sum already added, refilled as the next bucket (at most one).
-    spare: Vec<Vec<f32>>,
+    /// A sum already added, refilled as the next bucket.
+    spare: Option<Vec<f32>>,
 }
 
 impl ZeroGrads {
@@ -43,7 +43,7 @@ impl ZeroGrads {
             back,
             sums,
             in_flight: VecDeque::new(),
-            spare: Vec::new(),
+            spare: None,
         }
     }
 
@@ -51,7 +51,7 @@ impl ZeroGrads {
     /// twice that (its pages would stay taken for nothing: a large tensor's bucket is
     /// freed once summed).
     fn spare_for(&mut self, len: usize) -> Vec<f32> {
-        match self.spare.pop() {
+        match self.spare.take() {
             Some(b) if b.capacity() <= 2 * len.max(1) => b,
             _ => Vec::with_capacity(len),
         }
@@ -84,10 +84,13 @@ impl OrtStage {
             lost("a backward ran with no reduction to send its gradients to".into())
         })?;
         let mut chain = self.chain.take();
-        let all: Vec<usize> = (0..self.layout.count()).collect();
+        let all: Vec<usize>;
         let pieces: Vec<ChainPiece<'_>> = match chain.as_mut() {
             Some(c) => c.pieces_mut().collect(),
-            None => vec![(session, &all, &[])],
+            None => {
+                all = (0..self.layout.count()).collect();
+                vec![(session, &all, &[])]
+            }
         };
         let result = self.send_pieces(pieces, sources, &sink);
         self.chain = chain;
@@ -187,9 +190,7 @@ impl OrtStage {
                 self.written[i] = true;
             }
         }
-        if zg.spare.is_empty() {
-            zg.spare.push(sum);
-        }
+        zg.spare.get_or_insert(sum);
         Ok(())
     }
 
@@ -206,7 +207,7 @@ impl OrtStage {
             if zg.in_flight.is_empty() {
                 // The update comes next and takes the most memory of the step: the
                 // spare bucket, and what the backward freed, go back to the system.
-                zg.spare.clear();
+                zg.spare = None;
                 give_back_freed_memory();
                 return Ok(());
             }
