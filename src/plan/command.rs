@@ -171,13 +171,13 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
             }
         }
     }
-    println!("rank      predicted ms  measured ms  error   layout");
+    println!("rank           predicted ms  measured ms  error   layout");
     let mut measured = Vec::new();
     for ((name, row), got) in runs.into_iter().zip(steps) {
         let mut seen = match got {
             Ok(seen) => seen,
             Err(e) => {
-                println!("{name:<9} failed: {e}");
+                println!("{name:<14} failed: {e}");
                 continue;
             }
         };
@@ -190,7 +190,7 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         };
         let err = row.simulated.step / median - 1.0;
         println!(
-            "{name:<9} {:>12.2}  {:>11.2}  {:>+5.1}%  {}{spread}",
+            "{name:<14} {:>12.2}  {:>11.2}  {:>+5.1}%  {}{spread}",
             row.simulated.step * 1e3,
             median * 1e3,
             err * 100.0,
@@ -204,27 +204,34 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
 
 /// What `--measure K` runs, named: the best `k` that fit, the default layout, the
 /// fastest pipeline layout cut by time and its rivals, then the fastest of each (dp, tp,
-/// pp) layout not among them.
+/// pp) layout not among them. A layout with the same cuts as one already named runs once,
+/// under both names (`4 = by time`): measured twice, the machine's drift would set one
+/// run against itself.
 fn measured_rows(p: &super::Plan, k: usize) -> Vec<(String, &PlanRow)> {
-    let mut runs: Vec<(String, &PlanRow)> = p
-        .rows
-        .iter()
-        .filter(|r| r.fits(p.cap))
-        .take(k)
-        .enumerate()
-        .map(|(i, r)| (format!("{}", i + 1), r))
-        .collect();
+    let mut runs: Vec<(String, &PlanRow)> = Vec::new();
+    fn push<'a>(runs: &mut Vec<(String, &'a PlanRow)>, name: String, row: &'a PlanRow) {
+        let same =
+            |t: &&mut (String, &PlanRow)| t.1.candidate == row.candidate && t.1.cuts == row.cuts;
+        match runs.iter_mut().find(same) {
+            Some(t) => t.0 = format!("{} = {name}", t.0),
+            None => runs.push((name, row)),
+        }
+    }
+    let fit = p.rows.iter().filter(|r| r.fits(p.cap));
+    for (i, r) in fit.take(k).enumerate() {
+        push(&mut runs, format!("{}", i + 1), r);
+    }
     if let Some(d) = &p.default {
-        runs.push(("default".into(), d));
+        push(&mut runs, "default".into(), d);
     }
     if let Some(time) = p
         .cut_rivals
         .first()
         .and_then(|(_, r)| p.rows.iter().find(|t| t.candidate == r.candidate))
     {
-        runs.push(("by time".into(), time));
+        push(&mut runs, "by time".into(), time);
         for (by, r) in &p.cut_rivals {
-            runs.push((format!("by {by}"), r));
+            push(&mut runs, format!("by {by}"), r);
         }
     }
     for r in p.rows.iter().filter(|r| r.fits(p.cap)) {
@@ -241,6 +248,16 @@ fn measured_rows(p: &super::Plan, k: usize) -> Vec<(String, &PlanRow)> {
     runs
 }
 
+/// Whether a measured run's name (`4 = by time`) includes `name`.
+fn named(run: &str, name: &str) -> bool {
+    run.split(" = ").any(|n| n == name)
+}
+
+/// The plan's rank in a measured run's name, where it has one.
+fn rank(run: &str) -> Option<usize> {
+    run.split(" = ").next()?.parse().ok()
+}
+
 /// How the predictions of the measured runs `(name, predicted, measured)` held: the
 /// mean and largest error, whether the measured order of the plan's top three is the
 /// predicted one, and how far the plan's pick is from the fastest measured candidate.
@@ -254,19 +271,19 @@ fn accuracy(runs: &[(String, f64, f64)]) -> String {
         worst * 100.0,
         runs.len()
     );
-    let ranked: Vec<&(String, f64, f64)> = runs
-        .iter()
-        .filter(|(n, _, _)| n.parse::<usize>().is_ok())
-        .collect();
+    let ranked: Vec<&(String, f64, f64)> =
+        runs.iter().filter(|(n, _, _)| rank(n).is_some()).collect();
     if ranked.len() >= 3 {
-        let mut by_measured: Vec<&str> = ranked[..3].iter().map(|r| r.0.as_str()).collect();
-        by_measured.sort_by(|a, b| {
-            let t = |n: &str| ranked.iter().find(|r| r.0 == n).map_or(0.0, |r| r.2);
-            t(a).total_cmp(&t(b))
-        });
+        let mut top: Vec<&&(String, f64, f64)> = ranked[..3].iter().collect();
+        top.sort_by(|a, b| a.2.total_cmp(&b.2));
+        let order: Vec<String> = top
+            .iter()
+            .filter_map(|r| rank(&r.0))
+            .map(|r| r.to_string())
+            .collect();
         out += &format!(
             "top 3 in measured order: {} (predicted 1 2 3)\n",
-            by_measured.join(" ")
+            order.join(" ")
         );
     }
     if let Some(pick) = ranked.first() {
@@ -278,7 +295,7 @@ fn accuracy(runs: &[(String, f64, f64)]) -> String {
             (pick.2 / fastest - 1.0) * 100.0
         );
     }
-    if let Some(d) = runs.iter().find(|r| r.0 == "default") {
+    if let Some(d) = runs.iter().find(|r| named(&r.0, "default")) {
         if let Some(pick) = ranked.first() {
             out += &format!(
                 "measured speed-up of the plan over the default: {:.2}x\n",
@@ -287,4 +304,31 @@ fn accuracy(runs: &[(String, f64, f64)]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_under_two_names_counts_once_and_keeps_its_rank() {
+        let runs = [
+            ("1".to_string(), 1.00e-3, 1.10e-3),
+            ("2 = by time".to_string(), 1.05e-3, 1.00e-3),
+            ("3".to_string(), 1.20e-3, 1.05e-3),
+            ("default = by params".to_string(), 2.0e-3, 2.2e-3),
+        ];
+        assert_eq!(rank("2 = by time"), Some(2));
+        assert_eq!(rank("default = by params"), None);
+        assert!(named("default = by params", "default") && named("2 = by time", "by time"));
+        let text = accuracy(&runs);
+        assert!(text.contains("(4 runs)"), "{text}");
+        assert!(text.contains("top 3 in measured order: 2 3 1"), "{text}");
+        // The pick (rank 1) against the fastest (rank 2): 10% slower.
+        assert!(
+            text.contains("1.10 ms; the fastest measured 1.00 ms (+10.0%)"),
+            "{text}"
+        );
+        assert!(text.contains("over the default: 2.00x"), "{text}");
+    }
 }
