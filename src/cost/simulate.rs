@@ -33,6 +33,9 @@ pub struct Candidate {
     pub micro_batch: usize,
     /// Recompute.
     pub recompute: Recompute,
+    /// ZeRO stage (`deepspeed_zero_stage`): 0, 1 (the optimizer state sharded over the
+    /// replicas) or 2 (the gradients too).
+    pub zero: u8,
 }
 
 impl Candidate {
@@ -47,6 +50,7 @@ impl Candidate {
             micro_batches: cfg.gradient_accumulation_steps,
             micro_batch: cfg.batch_size,
             recompute: cfg.recompute,
+            zero: cfg.deepspeed_zero_stage,
         }
     }
 
@@ -78,6 +82,7 @@ impl Candidate {
             * (cfg.display_loss_steps / cfg.gradient_accumulation_steps.max(1)).max(1);
         c.gradient_accumulation_steps = self.micro_batches;
         c.recompute = self.recompute;
+        c.deepspeed_zero_stage = self.zero;
         c.pipeline.schedule = self.schedule;
         c.pipeline.virtual_stages = match self.schedule {
             ScheduleKind::Interleaved1f1b => self.virtual_stages,
@@ -202,18 +207,16 @@ pub fn simulate_on_nodes(
             .map(|k| scaled(k, alone))
             .collect();
         let held = stage_values(live, bounds, values);
-        let update: Vec<f64> = held.iter().map(|v| v * profile.step_per_value).collect();
+        let on_link = |s: usize| cluster.filter(|(n, _)| n.ring_crosses(c, placement[s]));
+        let update: Vec<f64> = held
+            .iter()
+            .enumerate()
+            .map(|(s, &v)| update_seconds(c, m, v * profile.step_per_value, (v, on_link(s))))
+            .collect();
         let reduce: Vec<f64> = held
             .iter()
             .enumerate()
-            .map(|(s, &v)| {
-                reduce_seconds(
-                    c,
-                    m,
-                    v,
-                    cluster.filter(|(n, _)| n.ring_crosses(c, placement[s])),
-                )
-            })
+            .map(|(s, &v)| reduce_seconds(c, m, v, on_link(s)))
             .collect();
         // Which hand-offs leave their node, and the bytes each carries: forward from
         // stage s to s + 1 (cut s), gradients from s to s - 1 (cut s - 1).
@@ -273,6 +276,9 @@ pub fn simulate_on_nodes(
 
 /// A stage's data-parallel reduction of `values` gradients: in memory within one
 /// process, the ring over `cluster`'s link where its replicas are on several nodes.
+/// Sharded (ZeRO), each replica reduces only its part (a reduce-scatter: half the
+/// ring's rounds); under stage 2 once a micro-batch as its buckets fill, each round
+/// waiting for every replica.
 fn reduce_seconds(
     c: &Candidate,
     m: &Machinery,
@@ -283,15 +289,43 @@ fn reduce_seconds(
     if d == 1 {
         return 0.0;
     }
-    match cluster {
-        None => values * m.add_per_value * (d - 1) as f64 + m.replica_sync,
+    let share = (d - 1) as f64 / d as f64;
+    let whole = match cluster {
+        None => values * m.add_per_value * (d - 1) as f64,
         // Each member adds (d - 1) / d of the values as its pieces arrive.
-        Some((_, link)) => {
-            link.ring(values * 4.0, d)
-                + values * m.add_per_value * (d - 1) as f64 / d as f64
-                + m.replica_sync
-        }
+        Some((_, link)) => link.ring(values * 4.0, d) + values * m.add_per_value * share,
+    };
+    let rounds = match c.zero {
+        0 => return whole + m.replica_sync,
+        1 => 1.0,
+        _ => c.micro_batches as f64,
+    };
+    let scatter = match cluster {
+        None => values * m.add_per_value * share,
+        Some(_) => whole / 2.0,
+    };
+    rounds * (scatter + m.replica_sync)
+}
+
+/// A stage's update of `values` parameters taking `whole` seconds unsharded: sharded
+/// (ZeRO), each replica updates its part, then gathers the others' (copies in memory,
+/// the ring's second half over `cluster`'s link).
+fn update_seconds(
+    c: &Candidate,
+    m: &Machinery,
+    whole: f64,
+    (values, cluster): (f64, Option<(&Nodes, Link)>),
+) -> f64 {
+    let d = c.dp;
+    if c.zero == 0 || d == 1 {
+        return whole;
     }
+    let share = (d - 1) as f64 / d as f64;
+    let gather = match cluster {
+        None => values * m.add_per_value * share,
+        Some((_, link)) => link.ring(values * 4.0, d) / 2.0,
+    };
+    whole / d as f64 + gather
 }
 
 fn scaled(k: StageCost, by: f64) -> StageCost {
@@ -343,4 +377,47 @@ pub fn cut_names(tg: &TrainingGraph, live: &[usize], bounds: &[usize]) -> Vec<St
         .iter()
         .map(|&b| tg.graph.nodes[live[b - 1]].output[0].clone())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sharded_state_updates_a_share_then_gathers_and_reduces_only_its_part() {
+        let m = Machinery {
+            cores: 2,
+            threads: 1,
+            hop: 0.0,
+            add_per_value: 1e-9,
+            contention: 0.0,
+            replica_sync: 1e-4,
+            step_overhead: 0.0,
+            link: None,
+        };
+        let c = |zero: u8| Candidate {
+            dp: 4,
+            tp: 1,
+            pp: 1,
+            schedule: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            micro_batches: 3,
+            micro_batch: 1,
+            recompute: Recompute::None,
+            zero,
+        };
+        let values = 1e6;
+        // Unsharded: the whole update; the reduction adds three other buffers.
+        assert_eq!(update_seconds(&c(0), &m, 1.0, (values, None)), 1.0);
+        assert!((reduce_seconds(&c(0), &m, values, None) - (3e-3 + 1e-4)).abs() < 1e-12);
+        // Stage 1: a quarter of the update, then three quarters of the values copied in;
+        // the reduction sums three quarters of the values once.
+        let update = update_seconds(&c(1), &m, 1.0, (values, None));
+        assert!((update - (0.25 + 0.75e-3)).abs() < 1e-12, "{update}");
+        let reduce = reduce_seconds(&c(1), &m, values, None);
+        assert!((reduce - (0.75e-3 + 1e-4)).abs() < 1e-12, "{reduce}");
+        // Stage 2: that reduction every micro-batch, each waiting for the replicas.
+        let reduce = reduce_seconds(&c(2), &m, values, None);
+        assert!((reduce - 3.0 * (0.75e-3 + 1e-4)).abs() < 1e-12, "{reduce}");
+    }
 }

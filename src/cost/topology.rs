@@ -135,6 +135,7 @@ mod tests {
             micro_batches: 4,
             micro_batch: 1,
             recompute: Recompute::None,
+            zero: 0,
         }
     }
 

@@ -43,6 +43,7 @@ pub(super) fn stage_run(
         micro_batches: cfg.global_batch() / b,
         micro_batch: b,
         recompute: Recompute::None,
+        zero: 0,
     };
     let bounds = whole.balanced_bounds(stages, BalanceBy::Flops)?;
     let step_at = |cost: f64| {

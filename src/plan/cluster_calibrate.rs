@@ -234,6 +234,7 @@ fn pipeline<'a>(
         micro_batches: run.global_batch / b,
         micro_batch: b,
         recompute: Recompute::None,
+        zero: 0,
     };
     let bounds = whole
         .balanced_bounds(c.pp, BalanceBy::Flops)
@@ -272,6 +273,7 @@ fn replicas<'a>(
         micro_batches: run.global_batch / (dp * profile.micro_batch),
         micro_batch: profile.micro_batch,
         recompute: Recompute::None,
+        zero: 0,
     };
     let step = launched(run, profile, manifest, &c, RunKind::FusedPair)?;
     Ok(Some(Launched {

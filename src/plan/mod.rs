@@ -218,6 +218,7 @@ pub fn plan(
             micro_batches: cfg.global_batch() / (2 * b),
             micro_batch: b,
             recompute: crate::graph::Recompute::None,
+            zero: 0,
         };
         let p = profiles.get(&(1, b))?;
         search::simulate_candidate(&c, p, (&whole.cut, &whole.values), m, None).map(|s| s.step)

@@ -94,7 +94,7 @@ pub fn report(plan: &Plan, top: usize) -> String {
     out += "\n";
     let unit = unit_of(plan);
     out += &format!(
-        "rank  dp  tp  pp  schedule          micro-batches  recompute  step ms  bubble  peak per rank ({})\n",
+        "rank  dp  tp  pp  schedule          micro-batches  recompute  zero  step ms  bubble  peak per rank ({})\n",
         unit.1
     );
     let fitting = plan.rows.iter().filter(|r| r.fits(plan.cap));
@@ -159,7 +159,10 @@ pub(crate) fn layout_text(c: &Candidate) -> String {
         c.micro_batches,
         c.micro_batch,
         recompute_name(c.recompute)
-    )
+    ) + &match c.zero {
+        0 => String::new(),
+        z => format!(", ZeRO {z}"),
+    }
 }
 
 fn schedule_text(c: &Candidate) -> String {
@@ -196,7 +199,7 @@ fn row_text(r: &PlanRow, (scale, _): (f64, &str)) -> String {
         .map(|p| format!("{:.2}", *p as f64 / scale))
         .collect();
     format!(
-        "{:>2}  {:>2}  {:>2}  {:<17} {:>2} x {:<8}  {:<9}  {:>7.2}  {:>6.3}  {}",
+        "{:>2}  {:>2}  {:>2}  {:<17} {:>2} x {:<8}  {:<9}  {:>4}  {:>7.2}  {:>6.3}  {}",
         c.dp,
         c.tp,
         c.pp,
@@ -204,6 +207,7 @@ fn row_text(r: &PlanRow, (scale, _): (f64, &str)) -> String {
         c.micro_batches,
         c.micro_batch,
         recompute_name(c.recompute),
+        c.zero,
         r.simulated.step * 1e3,
         r.simulated.bubble,
         peaks.join(" ")

@@ -35,6 +35,7 @@ impl Fixed<'_> {
             micro_batches: m,
             micro_batch: global / m,
             recompute: Recompute::None,
+            zero: 0,
         };
         self.row(&c, BalanceBy::Params)
     }

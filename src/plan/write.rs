@@ -88,6 +88,10 @@ pub fn candidate_text(
         Recompute::Stage => "stage",
     };
     t.insert("recompute".into(), recompute.into());
+    match c.zero {
+        0 => t.remove("deepspeed_zero_stage"),
+        z => t.insert("deepspeed_zero_stage".into(), int(z as usize)),
+    };
     let mut pipeline = toml::Table::new();
     pipeline.insert("schedule".into(), c.schedule.name().into());
     if c.schedule == ScheduleKind::Interleaved1f1b {
