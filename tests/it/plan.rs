@@ -161,6 +161,13 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
         "{first}"
     );
     assert_eq!(cfg.data_parallel_size * hp * cfg.pipeline_parallel_size, 2);
+    // Its ZeRO stage too (the column after recompute), none without replicas.
+    assert_eq!(
+        cols[9].parse::<u8>().unwrap(),
+        cfg.deepspeed_zero_stage,
+        "{first}"
+    );
+    assert!(cfg.data_parallel_size > 1 || cfg.deepspeed_zero_stage == 0);
     // The GPT splits across two tensor shards: those layouts are searched, and the
     // fastest of them, written and run for real, trains.
     let table = stdout
