@@ -5,7 +5,10 @@
 //! `B` both. The first stage hands no gradient back, so its `I` has nothing to do and its
 //! `W` does all of its backward, as the runtime's first stage does. The last stage of a
 //! schedule that does not split the backward runs both passes as one graph, at the
-//! one-graph speed measured on the whole model. Cut, each action also pays the measured
+//! one-graph speed measured on the whole model, and so does a pass that recomputes the
+//! forward (the forward again runs in one graph with the backward that reads it: on the
+//! sub-millisecond fixtures this is why recompute costs a pipeline almost nothing, where
+//! the forward's full time again predicted it 10-24% slow). Cut, each action also pays the measured
 //! [`Profile::stage_run`]. A pipeline of one
 //! stage runs forward and backward as one graph: its measured [`Profile::fused`]. Each
 //! action also costs the measured [`Profile::action_gap`].
@@ -188,11 +191,18 @@ pub fn stage_costs(
                 0 => (0.0, again + ig + wg),
                 _ => (again + ig, wg),
             };
+            // The pass that runs the forward again runs it with its backward as one
+            // graph, at the one graph's speed.
+            let again_in = |t: f64| if again > 0.0 { t * one_graph } else { t };
+            let (input, weight) = match s {
+                0 => (i, again_in(w)),
+                _ => (again_in(i), w),
+            };
             StageCost {
                 forward: f + gap,
-                backward: i + w + gap,
-                backward_input: i + gap,
-                backward_weight: w + gap,
+                backward: again_in(i + w) + gap,
+                backward_input: input + gap,
+                backward_weight: weight + gap,
             }
         })
         .collect()

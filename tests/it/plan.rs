@@ -56,6 +56,64 @@ fn each_stage_s_input_gradient_part_is_what_the_stage_builder_puts_in_its_i_grap
 }
 
 #[test]
+fn a_pass_that_recomputes_the_forward_runs_it_with_its_backward_as_one_graph() {
+    use pipetrain::cost::stages::{stage_costs, Cuttable};
+    use pipetrain::cost::Profile;
+    use pipetrain::graph::Recompute;
+    let rt = common::runtime();
+    let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
+    let cut = Cuttable::of(&tg);
+    let n = cut.live.len();
+    let bounds = [n / 3, 2 * n / 3];
+    // Every node a millisecond; the one graph runs both passes in 60% of their time.
+    let forward = vec![1e-3; tg.forward_len];
+    let backward = vec![1e-3; tg.graph.nodes.len() - tg.forward_len];
+    let total = 1e-3 * (forward.len() + backward.len()) as f64;
+    let profile = Profile {
+        shards: 1,
+        stages: 1,
+        steps: 0,
+        threads: 1,
+        micro_batch: 1,
+        forward,
+        backward,
+        fused: 0.6 * total,
+        step_per_value: 0.0,
+        action_gap: 1e-4,
+        idle: 0.0,
+        actions: 0.0,
+        stage_run: 2e-4,
+        pipeline_period: 0.0,
+        unmatched: 0.0,
+    };
+    let gap = 3e-4;
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12 * total;
+    for split in [true, false] {
+        let none = stage_costs(&profile, &cut, &bounds, (Recompute::None, split));
+        let again = stage_costs(&profile, &cut, &bounds, (Recompute::Stage, split));
+        let f = none[1].forward - gap;
+        // A middle stage: its input-gradient pass (and its whole backward) runs the
+        // forward again in one graph; its weight-gradient pass is unchanged.
+        assert!(close(
+            again[1].backward_input - gap,
+            0.6 * (f + none[1].backward_input - gap)
+        ));
+        assert!(close(again[1].backward_weight, none[1].backward_weight));
+        assert!(close(
+            again[1].backward - gap,
+            0.6 * (f + none[1].backward - gap)
+        ));
+        // The first stage: its weight-gradient pass does all of its backward.
+        let f0 = none[0].forward - gap;
+        assert!(close(
+            again[0].backward_weight - gap,
+            0.6 * (f0 + none[0].backward_weight - gap)
+        ));
+        assert!(close(again[1].forward, none[1].forward));
+    }
+}
+
+#[test]
 fn the_bytes_crossing_a_cut_are_what_the_stages_send_each_other() {
     let rt = common::runtime();
     let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
