@@ -7,6 +7,7 @@ use crate::compute::Runtime;
 use crate::config::TrainConfig;
 use crate::Result;
 
+use super::control::{median, Control};
 use super::{plan, report, write_config, PlanOptions, PlanRow};
 
 /// The command's arguments.
@@ -161,7 +162,14 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         }
     };
     let mut steps: Vec<std::result::Result<Vec<f64>, String>> = vec![Ok(Vec::new()); runs.len()];
+    let control = Control::of(&p.profiles, &worker, &args.config, cfg.global_batch());
+    let mut drifts = Vec::new();
     for _ in 0..rounds {
+        match control.as_ref().map(Control::drift) {
+            Some(Ok(d)) => drifts.push(d),
+            Some(Err(e)) => tracing::warn!("the control run failed: {e}"),
+            None => {}
+        }
         for ((_, row), got) in runs.iter().zip(&mut steps) {
             if let Ok(seen) = got {
                 match measure(row) {
@@ -182,8 +190,7 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
             }
         };
         seen.sort_by(f64::total_cmp);
-        let n = seen.len();
-        let median = (seen[(n - 1) / 2] + seen[n / 2]) / 2.0;
+        let median = median(&seen).unwrap_or(f64::NAN);
         let spread = match seen.len() {
             1 => String::new(),
             _ => format!(" [{:.2}-{:.2}]", seen[0] * 1e3, seen[seen.len() - 1] * 1e3),
@@ -199,7 +206,28 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         measured.push((name, row.simulated.step, median));
     }
     print!("{}", accuracy(&measured));
+    if let (Some(c), Some(drift)) = (&control, median(&drifts)) {
+        print!("{}", drift_text(&measured, drift, c.micro_batch()));
+    }
     Ok(())
+}
+
+/// The control run's drift, and the measured runs' errors with it taken out (each
+/// prediction scaled by it).
+fn drift_text(runs: &[(String, f64, f64)], drift: f64, micro_batch: usize) -> String {
+    let errors: Vec<f64> = runs
+        .iter()
+        .map(|(_, p, m)| (p * drift / m - 1.0).abs())
+        .collect();
+    let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
+    let worst = errors.iter().copied().fold(0.0, f64::max);
+    format!(
+        "control (one stage, one graph, micro-batches of {micro_batch}): {:+.1}% against its \
+         profile; with that drift taken out, mean absolute error {:.1}%, largest {:.1}%\n",
+        (drift - 1.0) * 100.0,
+        mean * 100.0,
+        worst * 100.0
+    )
 }
 
 /// What `--measure K` runs, named: the best `k` that fit, the default layout, the
@@ -330,5 +358,17 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("over the default: 2.00x"), "{text}");
+        // A machine 10% slower than when profiled: the first run's 1.00 ms predicted
+        // is 1.10, exactly its measured step.
+        let text = drift_text(&runs, 1.1, 2);
+        assert!(text.contains("+10.0% against its profile"), "{text}");
+        let worst = runs
+            .iter()
+            .map(|r| (r.1 * 1.1 / r.2 - 1.0).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            text.contains(&format!("largest {:.1}%", worst * 100.0)),
+            "{text}"
+        );
     }
 }
