@@ -207,14 +207,14 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
     }
     print!("{}", accuracy(&measured));
     if let (Some(c), Some(drift)) = (&control, median(&drifts)) {
-        print!("{}", drift_text(&measured, drift, c.micro_batch()));
+        print!("{}", drift_text(&measured, drift, &c.name()));
     }
     Ok(())
 }
 
 /// The control run's drift, and the measured runs' errors with it taken out (each
 /// prediction scaled by it).
-fn drift_text(runs: &[(String, f64, f64)], drift: f64, micro_batch: usize) -> String {
+fn drift_text(runs: &[(String, f64, f64)], drift: f64, control: &str) -> String {
     let errors: Vec<f64> = runs
         .iter()
         .map(|(_, p, m)| (p * drift / m - 1.0).abs())
@@ -222,7 +222,7 @@ fn drift_text(runs: &[(String, f64, f64)], drift: f64, micro_batch: usize) -> St
     let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
     let worst = errors.iter().copied().fold(0.0, f64::max);
     format!(
-        "control (one stage, one graph, micro-batches of {micro_batch}): {:+.1}% against its \
+        "control ({control}): {:+.1}% against its \
          profile; with that drift taken out, mean absolute error {:.1}%, largest {:.1}%\n",
         (drift - 1.0) * 100.0,
         mean * 100.0,
@@ -360,7 +360,7 @@ mod tests {
         assert!(text.contains("over the default: 2.00x"), "{text}");
         // A machine 10% slower than when profiled: the first run's 1.00 ms predicted
         // is 1.10, exactly its measured step.
-        let text = drift_text(&runs, 1.1, 2);
+        let text = drift_text(&runs, 1.1, "one graph");
         assert!(text.contains("+10.0% against its profile"), "{text}");
         let worst = runs
             .iter()
