@@ -162,7 +162,11 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         }
     };
     let mut steps: Vec<std::result::Result<Vec<f64>, String>> = vec![Ok(Vec::new()); runs.len()];
-    let control = Control::of(&p.profiles, &worker, &args.config, cfg.global_batch());
+    // In one process: launched layouts pay what an in-process control does not show.
+    let control = manifest
+        .is_none()
+        .then(|| Control::of(&p.profiles, &worker, &args.config, cfg.global_batch()))
+        .flatten();
     let mut drifts = Vec::new();
     for _ in 0..rounds {
         match control.as_ref().map(Control::drift) {

@@ -80,7 +80,8 @@ pub fn candidates(
 
 /// The ZeRO stages searched at `dp` replicas: stage 1 (the optimizer state sharded)
 /// where there are replicas and no Adasum (which combines whole gradients). Stage 2 is
-/// left out: its chain of bucket pieces costs each micro-batch more than the profile
+/// left out: its buckets every micro-batch (each micro-batch's gradients written apart
+/// and reduce-scattered, where stage 1 adds them in place) cost more than the profile
 /// measures (on the vocabulary GPT at dp 2, 6-9 ms a micro-batch over stage 1, against
 /// the 1-4 ms its reduce-scatters account for).
 fn zero_stages(cfg: &TrainConfig, dp: usize) -> Vec<u8> {
