@@ -31,6 +31,7 @@ mod cluster;
 mod cluster_calibrate;
 #[cfg(feature = "cluster")]
 mod command;
+#[cfg(feature = "cluster")]
 mod control;
 #[cfg(feature = "cluster")]
 mod link;
