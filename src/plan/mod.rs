@@ -39,6 +39,8 @@ mod machine;
 mod measured;
 mod ort_profile;
 pub mod profile;
+#[cfg(feature = "cluster")]
+mod proof;
 mod report;
 mod rivals;
 mod runs;

@@ -1,0 +1,297 @@
+//! `pipetrain plan --measure K`: the plan against real runs. The best layouts, the
+//! default one and the cut rivals run for real (in one process, or launched on a
+//! manifest's nodes here), in rounds taken in turn, beside a control that says how far
+//! the machine drifted since the profile (`control`); each measured step is printed
+//! beside its prediction, then how the predictions held.
+
+use std::path::Path;
+
+use crate::cluster::ClusterManifest;
+use crate::config::TrainConfig;
+use crate::Result;
+
+use super::command::PlanArgs;
+use super::control::{median, Control};
+use super::{Plan, PlanRow};
+
+/// Each measured run's steps over the rounds, or why it failed.
+type Seen = std::result::Result<Vec<f64>, String>;
+
+/// Runs `args.measure` of `p`'s best layouts (and the default, the cut rivals, the
+/// fastest of each other layout) for real, `args.measure_rounds` times each, and prints
+/// each one's measured step beside its prediction and how the predictions held.
+///
+/// # Errors
+/// None yet: a run that fails is printed as failed.
+pub(super) fn measure(
+    p: &Plan,
+    args: &PlanArgs,
+    (cfg, worker): (&TrainConfig, &Path),
+    manifest: Option<&ClusterManifest>,
+) -> Result<()> {
+    let runs = measured_rows(p, args.measure);
+    let rounds = args.measure_rounds.max(1);
+    println!(
+        "\nmeasured (at least {} steps each and {} s of steps, 2 not counted{}{}):",
+        args.measure_steps,
+        super::profile::TIMED_SECONDS,
+        match manifest {
+            Some(_) => ", each node a `pipetrain launch` process here",
+            None => "",
+        },
+        match rounds {
+            1 => String::new(),
+            r => format!("; the median of {r} rounds, the runs in turn, and their spread"),
+        }
+    );
+    // In one process: launched layouts pay what an in-process control does not show.
+    let control = manifest
+        .is_none()
+        .then(|| Control::of(&p.profiles, worker, &args.config, cfg.global_batch()))
+        .flatten();
+    let measure = |row: &PlanRow| {
+        // Long enough for the clock to see the steps.
+        let steps = super::profile::steps_lasting(
+            super::profile::TIMED_SECONDS,
+            row.simulated.step,
+            args.measure_steps,
+        );
+        match manifest {
+            Some(m) => {
+                let at = (p.threads, steps, 2);
+                super::cluster::measure_launched(worker, (&args.config, m), row, at)
+            }
+            None => super::measure_step(worker, &args.config, row, (steps, 2)),
+        }
+        .map(|m| m.step)
+        .map_err(|e| e.to_string())
+    };
+    let (steps, drifts) = in_rounds(&runs, rounds, control.as_ref(), &measure);
+    let measured = print_table(runs, steps);
+    print!("{}", accuracy(&measured));
+    if let (Some(c), Some(drift)) = (&control, median(&drifts)) {
+        print!("{}", drift_text(&measured, drift, &c.name()));
+    }
+    Ok(())
+}
+
+/// Each of `runs` measured `rounds` times, the runs in turn each round after the
+/// control's; and the control's drift each round.
+fn in_rounds(
+    runs: &[(String, &PlanRow)],
+    rounds: usize,
+    control: Option<&Control<'_>>,
+    measure: &dyn Fn(&PlanRow) -> std::result::Result<f64, String>,
+) -> (Vec<Seen>, Vec<f64>) {
+    let mut steps: Vec<Seen> = vec![Ok(Vec::new()); runs.len()];
+    let mut drifts = Vec::new();
+    for _ in 0..rounds {
+        match control.map(Control::drift) {
+            Some(Ok(d)) => drifts.push(d),
+            Some(Err(e)) => tracing::warn!("the control run failed: {e}"),
+            None => {}
+        }
+        for ((_, row), got) in runs.iter().zip(&mut steps) {
+            if let Ok(seen) = got {
+                match measure(row) {
+                    Ok(step) => seen.push(step),
+                    Err(e) => *got = Err(e),
+                }
+            }
+        }
+    }
+    (steps, drifts)
+}
+
+/// Prints each run's prediction, measured median and spread; returns `(name,
+/// predicted, measured)` of those that ran.
+fn print_table(runs: Vec<(String, &PlanRow)>, steps: Vec<Seen>) -> Vec<(String, f64, f64)> {
+    println!("rank           predicted ms  measured ms  error   layout");
+    let mut measured = Vec::new();
+    for ((name, row), got) in runs.into_iter().zip(steps) {
+        let mut seen = match got {
+            Ok(seen) => seen,
+            Err(e) => {
+                println!("{name:<14} failed: {e}");
+                continue;
+            }
+        };
+        seen.sort_by(f64::total_cmp);
+        let median = median(&seen).unwrap_or(f64::NAN);
+        let spread = match seen.len() {
+            1 => String::new(),
+            _ => format!(" [{:.2}-{:.2}]", seen[0] * 1e3, seen[seen.len() - 1] * 1e3),
+        };
+        let err = row.simulated.step / median - 1.0;
+        println!(
+            "{name:<14} {:>12.2}  {:>11.2}  {:>+5.1}%  {}{spread}",
+            row.simulated.step * 1e3,
+            median * 1e3,
+            err * 100.0,
+            super::layout_text(&row.candidate)
+        );
+        measured.push((name, row.simulated.step, median));
+    }
+    measured
+}
+
+/// The control run's drift, and the measured runs' errors with it taken out (each
+/// prediction scaled by it).
+fn drift_text(runs: &[(String, f64, f64)], drift: f64, control: &str) -> String {
+    let errors: Vec<f64> = runs
+        .iter()
+        .map(|(_, p, m)| (p * drift / m - 1.0).abs())
+        .collect();
+    let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
+    let worst = errors.iter().copied().fold(0.0, f64::max);
+    format!(
+        "control ({control}): {:+.1}% against its \
+         profile; with that drift taken out, mean absolute error {:.1}%, largest {:.1}%\n",
+        (drift - 1.0) * 100.0,
+        mean * 100.0,
+        worst * 100.0
+    )
+}
+
+/// What `--measure K` runs, named: the best `k` that fit, the default layout, the
+/// fastest pipeline layout cut by time and its rivals, then the fastest of each (dp, tp,
+/// pp) layout not among them. A layout with the same cuts as one already named runs once,
+/// under both names (`4 = by time`): measured twice, the machine's drift would set one
+/// run against itself.
+fn measured_rows(p: &Plan, k: usize) -> Vec<(String, &PlanRow)> {
+    let mut runs: Vec<(String, &PlanRow)> = Vec::new();
+    fn push<'a>(runs: &mut Vec<(String, &'a PlanRow)>, name: String, row: &'a PlanRow) {
+        let same =
+            |t: &&mut (String, &PlanRow)| t.1.candidate == row.candidate && t.1.cuts == row.cuts;
+        match runs.iter_mut().find(same) {
+            Some(t) => t.0 = format!("{} = {name}", t.0),
+            None => runs.push((name, row)),
+        }
+    }
+    let fit = p.rows.iter().filter(|r| r.fits(p.cap));
+    for (i, r) in fit.take(k).enumerate() {
+        push(&mut runs, format!("{}", i + 1), r);
+    }
+    if let Some(d) = &p.default {
+        push(&mut runs, "default".into(), d);
+    }
+    if let Some(time) = p
+        .cut_rivals
+        .first()
+        .and_then(|(_, r)| p.rows.iter().find(|t| t.candidate == r.candidate))
+    {
+        push(&mut runs, "by time".into(), time);
+        for (by, r) in &p.cut_rivals {
+            push(&mut runs, format!("by {by}"), r);
+        }
+    }
+    for r in p.rows.iter().filter(|r| r.fits(p.cap)) {
+        let c = &r.candidate;
+        let layout = (c.dp, c.tp, c.pp);
+        let seen = |t: &(String, &PlanRow)| {
+            let o = &t.1.candidate;
+            (o.dp, o.tp, o.pp) == layout
+        };
+        if !runs.iter().any(seen) {
+            runs.push((format!("{}x{}x{}", c.dp, c.tp, c.pp), r));
+        }
+    }
+    runs
+}
+
+/// Whether a measured run's name (`4 = by time`) includes `name`.
+fn named(run: &str, name: &str) -> bool {
+    run.split(" = ").any(|n| n == name)
+}
+
+/// The plan's rank in a measured run's name, where it has one.
+fn rank(run: &str) -> Option<usize> {
+    run.split(" = ").next()?.parse().ok()
+}
+
+/// How the predictions of the measured runs `(name, predicted, measured)` held: the
+/// mean and largest error, whether the measured order of the plan's top three is the
+/// predicted one, and how far the plan's pick is from the fastest measured candidate.
+fn accuracy(runs: &[(String, f64, f64)]) -> String {
+    let errors: Vec<f64> = runs.iter().map(|(_, p, m)| (p / m - 1.0).abs()).collect();
+    let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
+    let worst = errors.iter().copied().fold(0.0, f64::max);
+    let mut out = format!(
+        "mean absolute error {:.1}%, largest {:.1}% ({} runs)\n",
+        mean * 100.0,
+        worst * 100.0,
+        runs.len()
+    );
+    let ranked: Vec<&(String, f64, f64)> =
+        runs.iter().filter(|(n, _, _)| rank(n).is_some()).collect();
+    if ranked.len() >= 3 {
+        let mut top: Vec<&&(String, f64, f64)> = ranked[..3].iter().collect();
+        top.sort_by(|a, b| a.2.total_cmp(&b.2));
+        let order: Vec<String> = top
+            .iter()
+            .filter_map(|r| rank(&r.0))
+            .map(|r| r.to_string())
+            .collect();
+        out += &format!(
+            "top 3 in measured order: {} (predicted 1 2 3)\n",
+            order.join(" ")
+        );
+    }
+    if let Some(pick) = ranked.first() {
+        let fastest = runs.iter().map(|r| r.2).fold(f64::INFINITY, f64::min);
+        out += &format!(
+            "the plan's pick measured {:.2} ms; the fastest measured {:.2} ms ({:+.1}%)\n",
+            pick.2 * 1e3,
+            fastest * 1e3,
+            (pick.2 / fastest - 1.0) * 100.0
+        );
+    }
+    if let Some(d) = runs.iter().find(|r| named(&r.0, "default")) {
+        if let Some(pick) = ranked.first() {
+            out += &format!(
+                "measured speed-up of the plan over the default: {:.2}x\n",
+                d.2 / pick.2
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_under_two_names_counts_once_and_keeps_its_rank() {
+        let runs = [
+            ("1".to_string(), 1.00e-3, 1.10e-3),
+            ("2 = by time".to_string(), 1.05e-3, 1.00e-3),
+            ("3".to_string(), 1.20e-3, 1.05e-3),
+            ("default = by params".to_string(), 2.0e-3, 2.2e-3),
+        ];
+        assert_eq!(rank("2 = by time"), Some(2));
+        assert_eq!(rank("default = by params"), None);
+        assert!(named("default = by params", "default") && named("2 = by time", "by time"));
+        let text = accuracy(&runs);
+        assert!(text.contains("(4 runs)"), "{text}");
+        assert!(text.contains("top 3 in measured order: 2 3 1"), "{text}");
+        // The pick (rank 1) against the fastest (rank 2): 10% slower.
+        assert!(
+            text.contains("1.10 ms; the fastest measured 1.00 ms (+10.0%)"),
+            "{text}"
+        );
+        assert!(text.contains("over the default: 2.00x"), "{text}");
+        // A machine 10% slower than when profiled: the first run's 1.00 ms predicted
+        // is 1.10, exactly its measured step.
+        let text = drift_text(&runs, 1.1, "one graph");
+        assert!(text.contains("+10.0% against its profile"), "{text}");
+        let worst = runs
+            .iter()
+            .map(|r| (r.1 * 1.1 / r.2 - 1.0).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            text.contains(&format!("largest {:.1}%", worst * 100.0)),
+            "{text}"
+        );
+    }
+}
