@@ -87,8 +87,8 @@ enum Command {
         #[arg(long, short)]
         output: PathBuf,
     },
-    /// Choose the layout (data x tensor x pipeline), cuts, schedule, micro-batches and recompute
-    /// of a configuration from costs measured on this machine and a memory cap; print the
+    /// Choose the layout (data x tensor x pipeline), cuts, schedule, micro-batches, recompute
+    /// and ZeRO stage of a configuration from costs measured on this machine and a memory cap; print the
     /// best and write the best as a configuration.
     Plan(pipetrain::plan::PlanArgs),
     /// Pipeline schedules: print, simulate, draw, replay.

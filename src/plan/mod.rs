@@ -1,5 +1,5 @@
-//! `pipetrain plan`: the layout, cuts, schedule, micro-batches and recompute of a
-//! training configuration, chosen from costs measured on this machine and a memory cap.
+//! `pipetrain plan`: the layout, cuts, schedule, micro-batches, recompute and ZeRO stage
+//! of a training configuration, chosen from costs measured on this machine and a memory cap.
 //!
 //! # How
 //! 1. [`profile`]: each forward node's time, and its backward's split into the
@@ -9,13 +9,14 @@
 //!    the cap); the machine's hand-offs, interference and replica costs (`machine`); a
 //!    stage's own cost calibrated against the recorded pipeline run (`calibrate`).
 //! 2. [`search`]: every layout of the workers (data × tensor × pipeline), schedule, micro-batch
-//!    count and recompute; each one's cuts balanced by time (`cost::stages`), its step simulated
+//!    count, recompute and (with replicas) ZeRO stage 1 or none; each one's cuts balanced by time (`cost::stages`), its step simulated
 //!    on this machine's shared cores with the optimizer step and the reduction on the
 //!    timeline, its memory per rank from the memory model.
 //! 3. Those over the cap are dropped; the rest ranked by predicted step. The best is
 //!    written as a configuration `train` accepts as it is ([`write_config`]).
 //! 4. [`verify`]: runs candidates for real and sets the measured step beside the
-//!    predicted one.
+//!    predicted one (`proof`: in rounds, beside a control run of the profile's that says
+//!    how far the machine drifted, `control`).
 //!
 //! Tensor parallelism is searched where the model splits (each shard count's profile
 //! runs shard 0's graph in a real split run). With a cluster manifest (`--manifest`),
