@@ -116,6 +116,12 @@ pub struct Machinery {
     /// The connection between two nodes of a cluster (`None`: one process).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<Link>,
+    /// What ZeRO stage 2 costs a micro-batch per parameter value of a stage beyond its
+    /// reduce-scatter (each micro-batch's gradients written apart, its part added in,
+    /// the replicas met), fitted to two replicas run at stage 2 (`None`: not measured,
+    /// and stage 2 is not searched).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero2_per_value: Option<f64>,
 }
 
 /// A candidate's simulated step: its seconds, idle share, and its cuts (positions in the
@@ -278,7 +284,7 @@ pub fn simulate_on_nodes(
 /// process, the ring over `cluster`'s link where its replicas are on several nodes.
 /// Sharded (ZeRO), each replica reduces only its part (a reduce-scatter: half the
 /// ring's rounds); under stage 2 once a micro-batch as its buckets fill, each round
-/// waiting for every replica.
+/// paying the measured [`Machinery::zero2_per_value`] (the replicas met, among others).
 fn reduce_seconds(
     c: &Candidate,
     m: &Machinery,
@@ -295,16 +301,18 @@ fn reduce_seconds(
         // Each member adds (d - 1) / d of the values as its pieces arrive.
         Some((_, link)) => link.ring(values * 4.0, d) + values * m.add_per_value * share,
     };
-    let rounds = match c.zero {
-        0 => return whole + m.replica_sync,
-        1 => 1.0,
-        _ => c.micro_batches as f64,
-    };
     let scatter = match cluster {
         None => values * m.add_per_value * share,
         Some(_) => whole / 2.0,
     };
-    rounds * (scatter + m.replica_sync)
+    match c.zero {
+        0 => whole + m.replica_sync,
+        1 => scatter + m.replica_sync,
+        _ => {
+            let more = values * m.zero2_per_value.unwrap_or(0.0);
+            c.micro_batches as f64 * (scatter + more) + m.replica_sync
+        }
+    }
 }
 
 /// A stage's update of `values` parameters taking `whole` seconds unsharded: sharded
@@ -394,6 +402,7 @@ mod tests {
             replica_sync: 1e-4,
             step_overhead: 0.0,
             link: None,
+            zero2_per_value: Some(2e-9),
         };
         let c = |zero: u8| Candidate {
             dp: 4,
@@ -416,8 +425,12 @@ mod tests {
         assert!((update - (0.25 + 0.75e-3)).abs() < 1e-12, "{update}");
         let reduce = reduce_seconds(&c(1), &m, values, None);
         assert!((reduce - (0.75e-3 + 1e-4)).abs() < 1e-12, "{reduce}");
-        // Stage 2: that reduction every micro-batch, each waiting for the replicas.
+        // Stage 2: that reduction every micro-batch, each paying its measured cost per
+        // value; the step's meeting of the replicas once.
         let reduce = reduce_seconds(&c(2), &m, values, None);
-        assert!((reduce - 3.0 * (0.75e-3 + 1e-4)).abs() < 1e-12, "{reduce}");
+        assert!(
+            (reduce - (3.0 * (0.75e-3 + 2e-3) + 1e-4)).abs() < 1e-12,
+            "{reduce}"
+        );
     }
 }

@@ -198,7 +198,7 @@ pub(super) fn measure(
     profiles: &[&Profile],
     (cores, threads, workers, global): (usize, usize, usize, usize),
     step_overhead: f64,
-    predict: &dyn Fn(usize, &Machinery) -> Option<f64>,
+    predict: &dyn Fn(usize, u8, &Machinery) -> Option<f64>,
 ) -> Result<Machinery> {
     let mut m = Machinery {
         cores,
@@ -209,6 +209,7 @@ pub(super) fn measure(
         replica_sync: 0.0,
         step_overhead,
         link: None,
+        zero2_per_value: None,
     };
     if workers < 2 {
         return Ok(m);
@@ -237,9 +238,43 @@ pub(super) fn measure(
         if cores / threads >= 2 {
             m.contention = ((passes.forward + passes.backward) / p.fused - 1.0).max(0.0);
         }
-        if let Some(t) = predict(p.micro_batch, &m) {
+        if let Some(t) = predict(p.micro_batch, 0, &m) {
             m.replica_sync = (passes.period - t).max(0.0);
         }
+        m.zero2_per_value = zero2_per_value(run, p, &m, predict)
+            .map_err(|e| tracing::warn!("{e}; ZeRO stage 2 not searched"))
+            .ok();
     }
     Ok(m)
+}
+
+/// ZeRO stage 2's cost a micro-batch per parameter value, beyond its reduce-scatter:
+/// the value at which the two-replica run at stage 2 (at `alone`'s micro-batch)
+/// simulates to its measured step, everything else as measured in `m`.
+///
+/// # Errors
+/// `Plan` when the run fails (a configuration with `gradient_bucket_mb = 0`, say).
+fn zero2_per_value(
+    run: &ProfileRun<'_>,
+    alone: &Profile,
+    m: &Machinery,
+    predict: &dyn Fn(usize, u8, &Machinery) -> Option<f64>,
+) -> Result<f64> {
+    let (run, key) = (&run.as_long_as(alone), (alone.threads, alone.micro_batch));
+    let passes = in_folder(run, key, RunKind::Zero2Pair, |dir| {
+        pass_seconds(&dir.join("trace.json"), run.warmup)
+    })
+    .map_err(|reason| Error::Plan {
+        what: "measuring two replicas at ZeRO stage 2".into(),
+        reason,
+    })?;
+    let step_at = |k: f64| {
+        let with = Machinery {
+            zero2_per_value: Some(k),
+            ..*m
+        };
+        predict(alone.micro_batch, 2, &with)
+    };
+    // A microsecond a value a micro-batch: far more than writing and adding it costs.
+    Ok(super::calibrate::solve(&step_at, passes.period, 1e-6))
 }

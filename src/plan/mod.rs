@@ -9,7 +9,7 @@
 //!    the cap); the machine's hand-offs, interference and replica costs (`machine`); a
 //!    stage's own cost calibrated against the recorded pipeline run (`calibrate`).
 //! 2. [`search`]: every layout of the workers (data × tensor × pipeline), schedule, micro-batch
-//!    count, recompute and (with replicas) ZeRO stage 1 or none; each one's cuts balanced by time (`cost::stages`), its step simulated
+//!    count, recompute and (with replicas) the ZeRO stage; each one's cuts balanced by time (`cost::stages`), its step simulated
 //!    on this machine's shared cores with the optimizer step and the reduction on the
 //!    timeline, its memory per rank from the memory model.
 //! 3. Those over the cap are dropped; the rest ranked by predicted step. The best is
@@ -213,7 +213,7 @@ pub fn plan(
     }
     let whole = &models[0];
     let sizes: Vec<&Profile> = profiles.values().filter(|p| p.shards == 1).collect();
-    let predict = |b: usize, m: &Machinery| {
+    let predict = |b: usize, zero: u8, m: &Machinery| {
         let c = search::Candidate {
             dp: 2,
             tp: 1,
@@ -223,7 +223,7 @@ pub fn plan(
             micro_batches: cfg.global_batch() / (2 * b),
             micro_batch: b,
             recompute: crate::graph::Recompute::None,
-            zero: 0,
+            zero,
         };
         let p = profiles.get(&(1, b))?;
         search::simulate_candidate(&c, p, (&whole.cut, &whole.values), m, None).map(|s| s.step)
@@ -231,6 +231,8 @@ pub fn plan(
     let shape = (cores, threads, opts.workers, cfg.global_batch());
     let here = machine::measure(&run, &sizes, shape, step_overhead, &predict)?;
     calibrate_stage_runs(&mut profiles, whole, &here, cfg);
+    // ZeRO stage 2 where its cost was measured.
+    candidates.retain(|c| c.zero < 2 || here.zero2_per_value.is_some());
     let profile_seconds = started.elapsed().as_secs_f64();
     let nearest = profiles
         .values()

@@ -21,6 +21,8 @@ pub(super) enum RunKind {
     Fused,
     /// [`RunKind::Fused`] in two replicas at once: how much two actions slow each other.
     FusedPair,
+    /// [`RunKind::FusedPair`] at ZeRO stage 2: what sharding the gradients costs.
+    Zero2Pair,
     /// Two pipeline stages (GPipe): what a hand-off between stage actors takes.
     Pipeline,
     /// Two pipeline stages with the backward split (ZB-H1): what cutting the model in
@@ -91,7 +93,13 @@ pub(super) fn profile_config(
     }
     let int = |v: usize| toml::Value::Integer(v as i64);
     t.insert("batch_size".into(), int(micro_batch));
-    let replicas = if kind == RunKind::FusedPair { 2 } else { 1 };
+    let replicas = match kind {
+        RunKind::FusedPair | RunKind::Zero2Pair => 2,
+        _ => 1,
+    };
+    if kind == RunKind::Zero2Pair {
+        t.insert("deepspeed_zero_stage".into(), toml::Value::Integer(2));
+    }
     let stages = match kind {
         RunKind::Pipeline | RunKind::SplitPipeline => 2,
         _ => run.stages,
@@ -113,7 +121,7 @@ pub(super) fn profile_config(
     t.insert("horizontal_parallel_size".into(), int(run.shards));
     let mut pipeline = toml::Table::new();
     let schedule = match kind {
-        RunKind::Fused | RunKind::FusedPair => "1f1b",
+        RunKind::Fused | RunKind::FusedPair | RunKind::Zero2Pair => "1f1b",
         RunKind::Profiled | RunKind::Timed | RunKind::SplitPipeline => "zb_h1",
         RunKind::Pipeline => "gpipe",
     };

@@ -2,8 +2,9 @@
 //!
 //! A candidate is a data-parallel, a tensor-parallel and a pipeline size whose product is
 //! the workers (tensor parallelism where the model splits), a schedule, a micro-batch count (the configuration's global batch kept),
-//! recompute on or off, and with replicas ZeRO stage 1 or none (the optimizer state
-//! sharded over them or not). Its cuts are balanced by measured time and moved to shorten its
+//! recompute on or off, and with replicas the ZeRO stage (the optimizer state, and on
+//! the host without tensor shards the gradients too, sharded over them; stage 2 where
+//! the profile measured its cost). Its cuts are balanced by measured time and moved to shorten its
 //! simulated step, and the step is simulated on this machine's cores shared by every
 //! worker, with the optimizer step and the data-parallel reduction on the timeline
 //! ([`crate::cost`]); its memory per rank comes from the memory model that refuses runs
@@ -18,7 +19,7 @@ pub use crate::cost::{
 
 /// Every layout of `workers` workers for `cfg`'s global batch: tensor shards of `tps`
 /// (1 and those the model splits into), micro-batch counts up to `max_micro_batches`, the
-/// schedules that apply, recompute off and on, and with replicas ZeRO stage 1 or none.
+/// schedules that apply, recompute off and on, and each ZeRO stage the layout allows.
 pub fn candidates(
     cfg: &TrainConfig,
     workers: usize,
@@ -58,7 +59,7 @@ pub fn candidates(
                     _ => &[Recompute::None, Recompute::Stage],
                 };
                 for &recompute in recomputes {
-                    for zero in zero_stages(cfg, dp) {
+                    for zero in zero_stages(cfg, dp, tp) {
                         out.push(Candidate {
                             dp,
                             tp,
@@ -78,16 +79,20 @@ pub fn candidates(
     out
 }
 
-/// The ZeRO stages searched at `dp` replicas: stage 1 (the optimizer state sharded)
-/// where there are replicas and no Adasum (which combines whole gradients). Stage 2 is
-/// left out: its buckets every micro-batch (each micro-batch's gradients written apart
-/// and reduce-scattered, where stage 1 adds them in place) cost more than the profile
-/// measures (on the vocabulary GPT at dp 2, 6-9 ms a micro-batch over stage 1, against
-/// the 1-4 ms its reduce-scatters account for).
-fn zero_stages(cfg: &TrainConfig, dp: usize) -> Vec<u8> {
-    match dp > 1 && !cfg.enable_adasum {
-        true => vec![0, 1],
-        false => vec![0],
+/// The ZeRO stages `cfg` allows at `dp` replicas of `tp` shards: none without replicas
+/// or with Adasum (which combines whole gradients); stage 2 only on the host, without
+/// tensor shards, with gradient buckets (`config::validate`'s rules). Stage 2's
+/// candidates are kept only where the plan measured its cost
+/// (`Machinery::zero2_per_value`).
+fn zero_stages(cfg: &TrainConfig, dp: usize, tp: usize) -> Vec<u8> {
+    if dp == 1 || cfg.enable_adasum {
+        return vec![0];
+    }
+    let buckets_on_host =
+        cfg.gradient_bucket_mb > 0.0 && cfg.runtime.device == crate::compute::Device::Cpu;
+    match tp == 1 && buckets_on_host {
+        true => vec![0, 1, 2],
+        false => vec![0, 1],
     }
 }
 
@@ -125,13 +130,13 @@ mod tests {
             all.iter().map(|c| (c.dp, c.tp, c.pp)).collect();
         // dp x tp x pp = 1x1x4, 2x1x2, 4x1x1, 1x2x2, 2x2x1.
         assert_eq!(layouts.len(), 5, "{layouts:?}");
-        // ZeRO stage 1 where there are replicas to share the state.
+        // ZeRO where there are replicas to share the state, stage 2 without shards.
         let zeros = |dp: usize, tp: usize| -> std::collections::BTreeSet<u8> {
             let of = all.iter().filter(|c| (c.dp, c.tp) == (dp, tp));
             of.map(|c| c.zero).collect()
         };
         assert_eq!(zeros(1, 1), [0].into());
-        assert_eq!(zeros(2, 1), [0, 1].into());
+        assert_eq!(zeros(2, 1), [0, 1, 2].into());
         assert_eq!(zeros(2, 2), [0, 1].into());
         // (One stage: what the schedule's own rules refuse is the simulator's to drop.)
         for c in all.iter().filter(|c| c.zero > 0 && c.pp == 1) {
