@@ -14,6 +14,7 @@
 
 mod crossing;
 mod profile;
+mod replicas;
 mod simulate;
 pub mod split;
 pub mod stages;
