@@ -1,7 +1,8 @@
 //! This machine as the planner simulates it, measured: the in-process reduction's adding
 //! rate, what a hand-off between two stage actors takes (from a two-stage run's trace),
 //! how much two actions running at once slow each other, and what keeping two replicas
-//! in step costs (from a two-replica run's trace).
+//! in step costs (from a two-replica run's trace), and what ZeRO stage 2 costs a
+//! micro-batch (the same two replicas at stage 2).
 
 use std::path::Path;
 use std::time::Instant;
@@ -14,6 +15,10 @@ use crate::{Error, Result};
 use super::profile::{Profile, ProfileRun};
 use super::runs::{in_folder, RunKind};
 use crate::cost::Machinery;
+
+/// The step the simulator gives two replicas at micro-batches of `b` samples, ZeRO
+/// stage `zero`, on a machine.
+pub(super) type Predict<'a> = dyn Fn(usize, u8, &Machinery) -> Option<f64> + 'a;
 
 /// A one-stage run in two replicas at once, at `alone`'s micro-batch.
 fn pair_passes(run: &ProfileRun<'_>, alone: &Profile) -> Result<Passes> {
@@ -186,9 +191,10 @@ fn hand_off_waits(t: &pipetrain_schedules::Trace) -> Vec<f64> {
 /// workers: the hand-off from a two-stage run at the largest profiled micro-batch; how
 /// much two actions at once slow each other (their forward and backward over one
 /// alone's), and what keeping two replicas in step costs a step (the two-replica run's
-/// step less its prediction without it, `predict(micro_batch, machinery)`), from a
+/// step less its prediction without it, `predict(micro_batch, zero, machinery)`), from a
 /// two-replica run at the largest micro-batch two replicas can split the global batch
-/// into.
+/// into; where `zero2` (some candidate shards its gradients), ZeRO stage 2's cost from
+/// the same two replicas at stage 2.
 ///
 /// # Errors
 /// None yet: a machine run that fails leaves its cost out of the simulation, with a
@@ -198,7 +204,7 @@ pub(super) fn measure(
     profiles: &[&Profile],
     (cores, threads, workers, global): (usize, usize, usize, usize),
     step_overhead: f64,
-    predict: &dyn Fn(usize, u8, &Machinery) -> Option<f64>,
+    (predict, zero2): (&Predict<'_>, bool),
 ) -> Result<Machinery> {
     let mut m = Machinery {
         cores,
@@ -241,9 +247,11 @@ pub(super) fn measure(
         if let Some(t) = predict(p.micro_batch, 0, &m) {
             m.replica_sync = (passes.period - t).max(0.0);
         }
-        m.zero2_per_value = zero2_per_value(run, p, &m, predict)
-            .map_err(|e| tracing::warn!("{e}; ZeRO stage 2 not searched"))
-            .ok();
+        if zero2 {
+            m.zero2_per_value = zero2_per_value(run, p, &m, predict)
+                .map_err(|e| tracing::warn!("{e}; ZeRO stage 2 not searched"))
+                .ok();
+        }
     }
     Ok(m)
 }
@@ -258,7 +266,7 @@ fn zero2_per_value(
     run: &ProfileRun<'_>,
     alone: &Profile,
     m: &Machinery,
-    predict: &dyn Fn(usize, u8, &Machinery) -> Option<f64>,
+    predict: &Predict<'_>,
 ) -> Result<f64> {
     let (run, key) = (&run.as_long_as(alone), (alone.threads, alone.micro_batch));
     let passes = in_folder(run, key, RunKind::Zero2Pair, |dir| {

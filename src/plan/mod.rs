@@ -229,7 +229,9 @@ pub fn plan(
         search::simulate_candidate(&c, p, (&whole.cut, &whole.values), m, None).map(|s| s.step)
     };
     let shape = (cores, threads, opts.workers, cfg.global_batch());
-    let here = machine::measure(&run, &sizes, shape, step_overhead, &predict)?;
+    // ZeRO stage 2's run only where some candidate would use it.
+    let zero2 = candidates.iter().any(|c| c.zero == 2);
+    let here = machine::measure(&run, &sizes, shape, step_overhead, (&predict, zero2))?;
     calibrate_stage_runs(&mut profiles, whole, &here, cfg);
     // ZeRO stage 2 where its cost was measured.
     candidates.retain(|c| c.zero < 2 || here.zero2_per_value.is_some());
