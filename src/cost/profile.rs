@@ -42,13 +42,26 @@ pub struct Profile {
     pub idle: f64,
     /// Its actions per step (a forward and a backward per micro-batch).
     pub actions: f64,
-    /// What each action of a pipeline's stage pays beside its nodes (its own session
-    /// run, the values it receives and keeps): calibrated so that the two-stage run
-    /// simulates to its measured step (`calibrate`; 0 where not measured).
+    /// What each action of a stage of a schedule that splits the backward pays beside
+    /// its nodes (its own session run, the values it receives and keeps): calibrated so
+    /// that the two-stage ZB-H1 run simulates to its measured step (`calibrate`; 0 where
+    /// not measured).
     pub stage_run: f64,
+    /// The same for a schedule that does not split the backward (GPipe, 1F1B,
+    /// interleaved), whose last stage runs forward and backward as one graph: calibrated
+    /// against the two-stage GPipe run.
+    #[serde(default)]
+    pub unsplit_stage_run: f64,
     /// The two-stage ZB-H1 run's measured step (0 where not run).
     #[serde(default)]
     pub pipeline_period: f64,
+    /// The two-stage GPipe run's measured step (0 where not run).
+    #[serde(default)]
+    pub gpipe_period: f64,
+    /// In the GPipe run, the median wait of an action for a value from the other stage,
+    /// where its own stage was idle when the value was made (0 where not run).
+    #[serde(default)]
+    pub hand_off: f64,
     /// Share of kernel time in nodes ONNX Runtime made itself, spread by proportion.
     pub unmatched: f64,
 }
@@ -93,6 +106,10 @@ pub struct NamedCosts {
     pub action_gap: f64,
     /// What each action of a pipeline's stage pays beside its nodes.
     pub stage_run: f64,
+    /// The same, in a schedule that does not split the backward (older files: as
+    /// `stage_run`).
+    #[serde(default)]
+    pub unsplit_stage_run: Option<f64>,
     /// The machine.
     pub machinery: Machinery,
 }
@@ -128,6 +145,7 @@ impl SavedProfile {
                 step_per_value: profile.step_per_value,
                 action_gap: profile.action_gap,
                 stage_run: profile.stage_run,
+                unsplit_stage_run: Some(profile.unsplit_stage_run),
                 machinery: *machinery,
             }),
         }
@@ -165,7 +183,10 @@ impl NamedCosts {
             idle: 0.0,
             actions: 0.0,
             stage_run: self.stage_run,
+            unsplit_stage_run: self.unsplit_stage_run.unwrap_or(self.stage_run),
             pipeline_period: 0.0,
+            gpipe_period: 0.0,
+            hand_off: 0.0,
             unmatched: 0.0,
         }
     }

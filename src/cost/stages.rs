@@ -8,10 +8,12 @@
 //! one-graph speed measured on the whole model, and so does a pass that recomputes the
 //! forward (the forward again runs in one graph with the backward that reads it: on the
 //! sub-millisecond fixtures this is why recompute costs a pipeline almost nothing, where
-//! the forward's full time again predicted it 10-24% slow). Cut, each action also pays the measured
-//! [`Profile::stage_run`]. A pipeline of one
-//! stage runs forward and backward as one graph: its measured [`Profile::fused`]. Each
-//! action also costs the measured [`Profile::action_gap`].
+//! the forward's full time again predicted it 10-24% slow). Cut, each action also pays
+//! what a stage's action was measured to cost beside its nodes, calibrated against a
+//! two-stage run of its own kind: [`Profile::stage_run`] (ZB-H1) where the schedule
+//! splits the backward, [`Profile::unsplit_stage_run`] (GPipe) where it does not. A
+//! pipeline of one stage runs forward and backward as one graph: its measured
+//! [`Profile::fused`]. Each action also costs the measured [`Profile::action_gap`].
 //!
 //! Cuts come from the linear partition of the nodes' whole-step costs (the largest stage
 //! as small as it can be), then each cut moves while the simulated step gets shorter:
@@ -174,7 +176,11 @@ pub fn stage_costs(
         1.0
     };
     let last = bounds.len();
-    let gap = gap + profile.stage_run;
+    let gap = gap
+        + match split {
+            true => profile.stage_run,
+            false => profile.unsplit_stage_run,
+        };
     cut.passes(profile, bounds)
         .into_iter()
         .enumerate()

@@ -1,5 +1,6 @@
 //! This machine as the planner simulates it, measured: the in-process reduction's adding
-//! rate, what a hand-off between two stage actors takes (from a two-stage run's trace),
+//! rate, what a hand-off between two stage actors takes (from the profile's two-stage
+//! GPipe run's trace),
 //! how much two actions running at once slow each other, and what keeping two replicas
 //! in step costs (from a two-replica run's trace), and what ZeRO stage 2 costs a
 //! micro-batch (the same two replicas at stage 2).
@@ -117,33 +118,23 @@ pub(super) fn add_seconds_per_value() -> f64 {
     best
 }
 
-/// What a hand-off between two stage actors takes, from a two-stage GPipe run of the
-/// model at `alone`'s micro-batch: the median wait of an action for a value from the
+/// What a hand-off between two stage actors takes, from a two-stage run's trace (the
+/// first `warmup` steps left out): the median wait of an action for a value from the
 /// other stage, where its own stage was idle when the value was made.
-///
-/// # Errors
-/// `Plan` when the run fails or shows no hand-off.
-fn hop_seconds(run: &ProfileRun<'_>, alone: &Profile) -> Result<f64> {
-    let (run, key) = (&run.as_long_as(alone), (alone.threads, alone.micro_batch));
-    in_folder(run, key, RunKind::Pipeline, |dir| {
-        let trace = read_trace(&dir.join("trace.json"))?;
-        let mut waits: Vec<f64> = trace
-            .steps
-            .iter()
-            .skip(run.warmup)
-            .filter_map(|replicas| replicas.first())
-            .flat_map(hand_off_waits)
-            .collect();
-        waits.sort_by(f64::total_cmp);
-        waits
-            .get(waits.len() / 2)
-            .copied()
-            .ok_or_else(|| "the two-stage run shows no hand-off".to_string())
-    })
-    .map_err(|reason| Error::Plan {
-        what: "measuring a hand-off between stages".into(),
-        reason,
-    })
+pub(super) fn hand_off_seconds(trace: &Path, warmup: usize) -> std::result::Result<f64, String> {
+    let trace = read_trace(trace)?;
+    let mut waits: Vec<f64> = trace
+        .steps
+        .iter()
+        .skip(warmup)
+        .filter_map(|replicas| replicas.first())
+        .flat_map(hand_off_waits)
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    waits
+        .get(waits.len() / 2)
+        .copied()
+        .ok_or_else(|| "the two-stage run shows no hand-off".to_string())
 }
 
 /// In one step of a two-stage run: for each forward of stage 1 and backward of stage 0
@@ -188,10 +179,12 @@ fn hand_off_waits(t: &pipetrain_schedules::Trace) -> Vec<f64> {
 }
 
 /// This machine at `threads` threads per session on `cores` cores, for `workers`
-/// workers: the hand-off from a two-stage run at the largest profiled micro-batch; how
+/// workers: the hand-off from the profiles' two-stage runs (the largest micro-batch's
+/// that showed one); how
 /// much two actions at once slow each other (their forward and backward over one
-/// alone's), and what keeping two replicas in step costs a step (the two-replica run's
-/// step less its prediction without it, `predict(micro_batch, zero, machinery)`), from a
+/// alone's), and what keeping two replicas in step costs a step (the cost at which the
+/// two-replica run's prediction, `predict(micro_batch, zero, machinery)`, meets its
+/// measured step), from a
 /// two-replica run at the largest micro-batch two replicas can split the global batch
 /// into; where `zero2` (some candidate shards its gradients), ZeRO stage 2's cost from
 /// the same two replicas at stage 2.
@@ -220,12 +213,11 @@ pub(super) fn measure(
     if workers < 2 {
         return Ok(m);
     }
-    if let Some(largest) = profiles.last() {
-        // A machine measurement that fails leaves its cost out of the simulation, said.
-        m.hop = hop_seconds(run, largest).unwrap_or_else(|e| {
-            tracing::warn!("{e}; hand-offs simulated as free");
-            0.0
-        });
+    // The hand-off from the largest micro-batch's two-stage GPipe run (a run that
+    // failed leaves it out of the simulation, said).
+    match profiles.iter().rev().find(|p| p.hand_off > 0.0) {
+        Some(p) => m.hop = p.hand_off,
+        None => tracing::warn!("no two-stage run showed a hand-off; hand-offs simulated as free"),
     }
     // Two replicas of a model no worker holds whole do not fit either.
     let pair = profiles
@@ -244,9 +236,7 @@ pub(super) fn measure(
         if cores / threads >= 2 {
             m.contention = ((passes.forward + passes.backward) / p.fused - 1.0).max(0.0);
         }
-        if let Some(t) = predict(p.micro_batch, 0, &m) {
-            m.replica_sync = (passes.period - t).max(0.0);
-        }
+        m.replica_sync = replica_sync(&m, passes.period, &|m| predict(p.micro_batch, 0, m));
         if zero2 {
             m.zero2_per_value = zero2_per_value(run, p, &m, predict)
                 .map_err(|e| tracing::warn!("{e}; ZeRO stage 2 not searched"))
@@ -254,6 +244,21 @@ pub(super) fn measure(
         }
     }
     Ok(m)
+}
+
+/// What keeping two replicas in step costs a step: the cost at which `predict`, on `m`
+/// with it, meets the two-replica run's measured `period`. Solved, not subtracted: the
+/// simulator stretches it, as it stretches the reduction it joins, by the replicas
+/// running it at once (subtracted, it over-predicted two replicas of the sub-millisecond
+/// fixtures by 10-14%).
+fn replica_sync(m: &Machinery, period: f64, predict: &dyn Fn(&Machinery) -> Option<f64>) -> f64 {
+    let step_at = |sync: f64| {
+        predict(&Machinery {
+            replica_sync: sync,
+            ..*m
+        })
+    };
+    super::calibrate::solve(&step_at, period, period)
 }
 
 /// ZeRO stage 2's cost a micro-batch per parameter value, beyond its reduce-scatter:
@@ -285,4 +290,28 @@ fn zero2_per_value(
     };
     // A microsecond a value a micro-batch: far more than writing and adding it costs.
     Ok(super::calibrate::solve(&step_at, passes.period, 1e-6))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_replicas_sync_is_the_cost_at_which_their_run_simulates_to_its_step() {
+        let m = Machinery {
+            cores: 2,
+            threads: 1,
+            hop: 0.0,
+            add_per_value: 0.0,
+            contention: 0.5,
+            replica_sync: 0.0,
+            step_overhead: 0.0,
+            link: None,
+            zero2_per_value: None,
+        };
+        // A 1 ms step whose sync runs at two replicas' shared speed (1.5 times as long).
+        let predict = |m: &Machinery| Some(1e-3 + 1.5 * m.replica_sync);
+        let sync = replica_sync(&m, 1.3e-3, &predict);
+        assert!((sync - 0.2e-3).abs() < 1e-12, "{sync}");
+    }
 }

@@ -168,25 +168,59 @@ pub(super) fn profile_all(
     (profiles, skipped)
 }
 
-/// Each unsplit profile's per-action stage cost calibrated against its two-stage run (a
-/// size too large for one, the nearest calibrated size's: the cost is the action's, not
-/// its values'); a split model's profile takes the unsplit one's at its micro-batch.
+/// Each unsplit profile's per-action stage costs calibrated against its two-stage runs
+/// (a size without a run takes the nearest calibrated size's: the cost is the action's,
+/// not its values'; a schedule kind never calibrated takes the other's); a split
+/// model's profile takes the unsplit one's at its micro-batch.
 pub(super) fn calibrate_stage_runs(
     profiles: &mut Profiles,
     whole: &Sharded,
     machinery: &Machinery,
     cfg: &TrainConfig,
 ) {
-    let calibrated: BTreeMap<usize, f64> = profiles
-        .iter()
-        .filter(|((tp, _), _)| *tp == 1)
-        .filter_map(|(&(_, b), p)| Some((b, calibrate::stage_run(p, whole, machinery, cfg)?)))
-        .collect();
-    let nearest = |b: usize| {
-        let by_distance = calibrated.iter().min_by_key(|(&c, _)| c.abs_diff(b));
-        by_distance.map_or(0.0, |(_, &cost)| cost)
-    };
+    let [split, unsplit] = calibrate::RUNS.map(|schedule| {
+        profiles
+            .iter()
+            .filter(|((tp, _), _)| *tp == 1)
+            .filter_map(|(&(_, b), p)| {
+                Some((b, calibrate::stage_run(p, schedule, whole, machinery, cfg)?))
+            })
+            .collect::<BTreeMap<usize, f64>>()
+    });
     for (&(_, b), p) in profiles.iter_mut() {
-        p.stage_run = nearest(b);
+        (p.stage_run, p.unsplit_stage_run) = stage_runs_at(b, (&split, &unsplit));
+    }
+}
+
+/// The split and unsplit stage costs at micro-batches of `b`: each kind's at the
+/// nearest size calibrated for it; a kind never calibrated takes the other's; 0 where
+/// neither was.
+fn stage_runs_at(
+    b: usize,
+    (split, unsplit): (&BTreeMap<usize, f64>, &BTreeMap<usize, f64>),
+) -> (f64, f64) {
+    let nearest = |calibrated: &BTreeMap<usize, f64>| {
+        let by_distance = calibrated.iter().min_by_key(|(&c, _)| c.abs_diff(b));
+        by_distance.map(|(_, &cost)| cost)
+    };
+    let (s, u) = (nearest(split), nearest(unsplit));
+    (s.or(u).unwrap_or(0.0), u.or(s).unwrap_or(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_size_takes_each_kind_s_nearest_calibration_and_a_kind_never_run_the_other_s() {
+        let split = BTreeMap::from([(1, 10.0), (2, 20.0)]);
+        let unsplit = BTreeMap::from([(1, 30.0), (2, 40.0), (4, 50.0)]);
+        // ZB-H1 cannot run a single micro-batch of 4: the split cost is 2's.
+        assert_eq!(stage_runs_at(4, (&split, &unsplit)), (20.0, 50.0));
+        assert_eq!(stage_runs_at(1, (&split, &unsplit)), (10.0, 30.0));
+        let none = BTreeMap::new();
+        assert_eq!(stage_runs_at(8, (&none, &unsplit)), (50.0, 50.0));
+        assert_eq!(stage_runs_at(8, (&split, &none)), (20.0, 20.0));
+        assert_eq!(stage_runs_at(8, (&none, &none)), (0.0, 0.0));
     }
 }

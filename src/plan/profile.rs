@@ -11,12 +11,12 @@
 //!
 //! The profiler's own bookkeeping slows the run it records, so its times give only each
 //! node's share: a second run without it (our trace) gives the passes' true times, a
-//! third the one-graph forward and backward that a single stage runs, and a fourth, in two
-//! stages, the step a stage's own costs are calibrated against.
+//! third the one-graph forward and backward that a single stage runs, and two more, in
+//! two stages (ZB-H1 and GPipe), the steps a stage's own costs are calibrated against.
 
 use std::path::Path;
 
-use super::machine::{pass_seconds, Passes};
+use super::machine::{hand_off_seconds, pass_seconds, Passes};
 use super::ort_profile::{read_profile, Counting};
 use super::runs::{in_folder, RunKind};
 
@@ -127,12 +127,17 @@ pub fn measure(
         backward: timed.backward * run.stages as f64,
         ..timed
     };
-    let (fused, pipeline_period) = match run.stages {
+    let one = match run.stages {
         1 => one_stage_runs(run, (threads, micro_batch), counting.micro_batches).map_err(&fail)?,
         // A model no worker holds whole: the timed run is itself a pipeline (the
         // calibration's), and no run has the one graph of a single stage.
-        _ => (Passes { idle: 0.0, ..timed }, timed.period),
+        _ => OneStage {
+            fused: Passes { idle: 0.0, ..timed },
+            split_period: timed.period,
+            gpipe: (0.0, 0.0),
+        },
     };
+    let fused = one.fused;
     let rescale = |v: Vec<f64>, to: f64, of: f64| -> Vec<f64> {
         let k = if of > 0.0 { to / of } else { 0.0 };
         v.into_iter().map(|x| x * k).collect()
@@ -154,31 +159,70 @@ pub fn measure(
         idle: fused.idle,
         actions: 2.0 * counting.micro_batches as f64,
         stage_run: 0.0,
-        pipeline_period,
+        unsplit_stage_run: 0.0,
+        pipeline_period: one.split_period,
+        gpipe_period: one.gpipe.0,
+        hand_off: one.gpipe.1,
         unmatched,
     })
 }
 
+/// What the one-stage runs measure beside the passes.
+#[derive(Debug, Clone, Copy, Default)]
+struct OneStage {
+    /// The one graph of forward and backward a single stage runs.
+    fused: Passes,
+    /// The two-stage ZB-H1 run's step (0 where not run).
+    split_period: f64,
+    /// The two-stage GPipe run's step and its hand-off (0 where not run).
+    gpipe: (f64, f64),
+}
+
 /// The one-stage runs: the one graph of forward and backward a single stage runs, and
-/// (where there are micro-batches enough for ZB-H1) the same passes cut in two stages,
-/// whose step a stage's own cost is calibrated against (`calibrate`).
+/// (where pipelines are planned) the same passes cut in two stages, under ZB-H1 and
+/// under GPipe, whose steps a stage's own cost is calibrated against (`calibrate`), the
+/// one for schedules that split the backward, the other for those that do not.
 fn one_stage_runs(
     run: &ProfileRun<'_>,
     key: (usize, usize),
     micro_batches: usize,
-) -> std::result::Result<(Passes, f64), String> {
+) -> std::result::Result<OneStage, String> {
     let fused = in_folder(run, key, RunKind::Fused, |dir| {
         pass_seconds(&dir.join("trace.json"), run.warmup)
     })?;
-    let pipeline_period = match run.pipelines && micro_batches >= 2 {
+    if !run.pipelines {
+        return Ok(OneStage {
+            fused,
+            ..OneStage::default()
+        });
+    }
+    // A pipeline run that fails (a model that cannot be cut in two) or is not made
+    // (ZB-H1 needs a micro-batch a stage) leaves its calibration to the nearest size's.
+    let split_period = match micro_batches >= 2 {
         true => in_folder(run, key, RunKind::SplitPipeline, |dir| {
             pass_seconds(&dir.join("trace.json"), run.warmup)
         })
         .map(|two| two.period)
-        .unwrap_or(0.0),
+        .unwrap_or_else(|e| {
+            tracing::warn!("the two-stage ZB-H1 run failed: {e}");
+            0.0
+        }),
         false => 0.0,
     };
-    Ok((fused, pipeline_period))
+    let gpipe = in_folder(run, key, RunKind::Pipeline, |dir| {
+        let trace = dir.join("trace.json");
+        let period = pass_seconds(&trace, run.warmup)?.period;
+        Ok((period, hand_off_seconds(&trace, run.warmup)?))
+    })
+    .unwrap_or_else(|e| {
+        tracing::warn!("the two-stage GPipe run failed: {e}");
+        (0.0, 0.0)
+    });
+    Ok(OneStage {
+        fused,
+        split_period,
+        gpipe,
+    })
 }
 
 /// What a step costs beside its actions (`.0`: the coordinator's decision, the data) and

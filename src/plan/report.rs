@@ -51,8 +51,8 @@ pub fn report(plan: &Plan, top: usize) -> String {
     for p in &plan.profiles {
         out += &format!(
             "profile: micro-batch {}, {} thread(s){}: {:.3} ms per micro-batch (forward {:.3}, \
-             backward {:.3}; as one graph {:.3}; a stage's action +{:.0} us), {:.0}% of kernel time \
-             in nodes ONNX Runtime made\n",
+             backward {:.3}; as one graph {:.3}; a stage's action +{:.0} us, +{:.0} us unsplit), {:.0}% \
+             of kernel time in nodes ONNX Runtime made\n",
             p.micro_batch,
             p.threads,
             match (p.shards, p.stages) {
@@ -65,6 +65,7 @@ pub fn report(plan: &Plan, top: usize) -> String {
             p.backward.iter().sum::<f64>() * 1e3,
             p.fused * 1e3,
             p.stage_run * 1e6,
+            p.unsplit_stage_run * 1e6,
             p.unmatched * 100.0
         );
     }

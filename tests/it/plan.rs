@@ -55,21 +55,13 @@ fn each_stage_s_input_gradient_part_is_what_the_stage_builder_puts_in_its_i_grap
     assert!(checked > 1000, "{checked} backward nodes compared");
 }
 
-#[test]
-fn a_pass_that_recomputes_the_forward_runs_it_with_its_backward_as_one_graph() {
-    use pipetrain::cost::stages::{stage_costs, Cuttable};
-    use pipetrain::cost::Profile;
-    use pipetrain::graph::Recompute;
-    let rt = common::runtime();
-    let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
-    let cut = Cuttable::of(&tg);
-    let n = cut.live.len();
-    let bounds = [n / 3, 2 * n / 3];
-    // Every node a millisecond; the one graph runs both passes in 60% of their time.
+/// Every node of `tg` a millisecond, the one graph running both passes in 60% of their
+/// time, each action 0.1 ms beside its nodes and a cut stage's 0.2 ms more.
+fn flat_profile(tg: &pipetrain::graph::TrainingGraph) -> pipetrain::cost::Profile {
     let forward = vec![1e-3; tg.forward_len];
     let backward = vec![1e-3; tg.graph.nodes.len() - tg.forward_len];
     let total = 1e-3 * (forward.len() + backward.len()) as f64;
-    let profile = Profile {
+    pipetrain::cost::Profile {
         shards: 1,
         stages: 1,
         steps: 0,
@@ -83,9 +75,56 @@ fn a_pass_that_recomputes_the_forward_runs_it_with_its_backward_as_one_graph() {
         idle: 0.0,
         actions: 0.0,
         stage_run: 2e-4,
+        unsplit_stage_run: 2e-4,
         pipeline_period: 0.0,
+        gpipe_period: 0.0,
+        hand_off: 0.0,
         unmatched: 0.0,
+    }
+}
+
+#[test]
+fn each_schedule_kind_pays_the_stage_cost_calibrated_on_a_run_of_its_kind() {
+    use pipetrain::cost::stages::{stage_costs, Cuttable};
+    use pipetrain::graph::Recompute;
+    let rt = common::runtime();
+    let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
+    let cut = Cuttable::of(&tg);
+    let n = cut.live.len();
+    let bounds = [n / 3, 2 * n / 3];
+    let profile = pipetrain::cost::Profile {
+        unsplit_stage_run: 5e-4,
+        ..flat_profile(&tg)
     };
+    let split = stage_costs(&profile, &cut, &bounds, (Recompute::None, true));
+    let unsplit = stage_costs(&profile, &cut, &bounds, (Recompute::None, false));
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    // The same nodes, each action 0.3 ms dearer where the backward is not split.
+    for s in 0..2 {
+        assert!(
+            close(unsplit[s].forward - split[s].forward, 3e-4),
+            "stage {s}"
+        );
+        assert!(
+            close(unsplit[s].backward - split[s].backward, 3e-4),
+            "stage {s}"
+        );
+    }
+    // The last stage of an unsplit schedule runs one graph: its `B` is the cost alone.
+    assert!(close(unsplit[2].backward, 1e-4 + 5e-4));
+}
+
+#[test]
+fn a_pass_that_recomputes_the_forward_runs_it_with_its_backward_as_one_graph() {
+    use pipetrain::cost::stages::{stage_costs, Cuttable};
+    use pipetrain::graph::Recompute;
+    let rt = common::runtime();
+    let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
+    let cut = Cuttable::of(&tg);
+    let n = cut.live.len();
+    let bounds = [n / 3, 2 * n / 3];
+    let profile = flat_profile(&tg);
+    let total = profile.forward.iter().chain(&profile.backward).sum::<f64>();
     let gap = 3e-4;
     let close = |a: f64, b: f64| (a - b).abs() < 1e-12 * total;
     for split in [true, false] {
