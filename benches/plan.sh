@@ -9,7 +9,8 @@
 #   bash benches/plan.sh [CONFIG...]      (default: benches/plan/*.toml and the peers' tiny GPT)
 #
 # Env: PIPETRAIN_BIN (target/release/pipetrain), DEVICES (2), MEASURE (8), ROUNDS (1: each
-# measured run's rounds, taken in turn, their median reported); MANIFEST (a
+# measured run's rounds, taken in turn, their median reported), PROFILE_ROUNDS (1: the
+# profile's timed runs' rounds, each size the median of its rounds); MANIFEST (a
 # cluster manifest whose nodes are all on this machine, e.g. examples/cluster.toml: the
 # layouts span its nodes, one `pipetrain launch` process a node, and each measured layout
 # is launched so). Models whose step is under a few milliseconds (the tests' fixtures) get
@@ -35,5 +36,5 @@ for c in "${configs[@]}"; do
     workers=(--manifest "$MANIFEST")
   fi
   "$bin" plan "$c" "${workers[@]}" --top 5 --measure "${MEASURE:-8}" \
-    --measure-rounds "${ROUNDS:-1}" "${steps[@]}"
+    --measure-rounds "${ROUNDS:-1}" --profile-rounds "${PROFILE_ROUNDS:-1}" "${steps[@]}"
 done

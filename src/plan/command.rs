@@ -58,6 +58,10 @@ pub struct PlanArgs {
     /// take more where these take under a second.
     #[arg(long, default_value_t = 8)]
     pub profile_steps: usize,
+    /// Rounds of the profile's timed runs, the sizes in turn each round, each size the
+    /// median of its rounds: steadier on a shared machine, and R times as long.
+    #[arg(long, default_value_t = 1)]
+    pub profile_rounds: usize,
     /// Write each forward node's measured time here (JSON), for a configuration's
     /// `partition = { balanced = { stages = N, by = "time" } }` with `pipeline.profile`.
     #[arg(long)]
@@ -91,6 +95,7 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
             .map(|g| (g * (1u64 << 30) as f64) as u64),
         max_micro_batches: args.max_micro_batches,
         profile_steps: args.profile_steps,
+        profile_rounds: args.profile_rounds.max(1),
         cluster: cluster
             .as_ref()
             .map(|(m, nodes, link)| super::ClusterOptions {

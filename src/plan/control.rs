@@ -86,23 +86,3 @@ impl<'a> Control<'a> {
         format!("{what}, micro-batches of {}", self.micro_batch)
     }
 }
-
-/// The median of `values` (`None` for none).
-pub(super) fn median(values: &[f64]) -> Option<f64> {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    (n > 0).then(|| (v[(n - 1) / 2] + v[n / 2]) / 2.0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_median_of_an_even_count_is_the_middle_pair_s_mean() {
-        assert_eq!(median(&[]), None);
-        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
-    }
-}

@@ -21,15 +21,32 @@ use crate::cost::Machinery;
 /// stage `zero`, on a machine.
 pub(super) type Predict<'a> = dyn Fn(usize, u8, &Machinery) -> Option<f64> + 'a;
 
-/// A one-stage run in two replicas at once, at `alone`'s micro-batch.
-fn pair_passes(run: &ProfileRun<'_>, alone: &Profile) -> Result<Passes> {
+/// A one-stage run in two replicas at once, at `alone`'s micro-batch, made `rounds`
+/// times: each of its times the median of the rounds.
+fn pair_passes(run: &ProfileRun<'_>, alone: &Profile, rounds: usize) -> Result<Passes> {
     let (run, key) = (&run.as_long_as(alone), (alone.threads, alone.micro_batch));
-    in_folder(run, key, RunKind::FusedPair, |dir| {
-        pass_seconds(&dir.join("trace.json"), run.warmup)
-    })
-    .map_err(|reason| Error::Plan {
-        what: "measuring two replicas at once".into(),
-        reason,
+    let once = || {
+        in_folder(run, key, RunKind::FusedPair, |dir| {
+            pass_seconds(&dir.join("trace.json"), run.warmup)
+        })
+        .map_err(|reason| Error::Plan {
+            what: "measuring two replicas at once".into(),
+            reason,
+        })
+    };
+    let all = (0..rounds.max(1))
+        .map(|_| once())
+        .collect::<Result<Vec<_>>>()?;
+    let of = |f: &dyn Fn(&Passes) -> f64| {
+        let v: Vec<f64> = all.iter().map(f).collect();
+        super::rounds::median(&v).unwrap_or(0.0)
+    };
+    Ok(Passes {
+        forward: of(&|p| p.forward),
+        backward: of(&|p| p.backward),
+        step: of(&|p| p.step),
+        idle: of(&|p| p.idle),
+        period: of(&|p| p.period),
     })
 }
 
@@ -186,8 +203,8 @@ fn hand_off_waits(t: &pipetrain_schedules::Trace) -> Vec<f64> {
 /// two-replica run's prediction, `predict(micro_batch, zero, machinery)`, meets its
 /// measured step), from a
 /// two-replica run at the largest micro-batch two replicas can split the global batch
-/// into; where `zero2` (some candidate shards its gradients), ZeRO stage 2's cost from
-/// the same two replicas at stage 2.
+/// into (made `rounds` times, the median taken); where `zero2` (some candidate shards
+/// its gradients), ZeRO stage 2's cost from the same two replicas at stage 2.
 ///
 /// # Errors
 /// None yet: a machine run that fails leaves its cost out of the simulation, with a
@@ -196,7 +213,7 @@ pub(super) fn measure(
     run: &ProfileRun<'_>,
     profiles: &[&Profile],
     (cores, threads, workers, global): (usize, usize, usize, usize),
-    step_overhead: f64,
+    (step_overhead, rounds): (f64, usize),
     (predict, zero2): (&Predict<'_>, bool),
 ) -> Result<Machinery> {
     let mut m = Machinery {
@@ -226,7 +243,7 @@ pub(super) fn measure(
         .filter(|p| p.stages == 1)
         .find(|p| global % (2 * p.micro_batch) == 0);
     if let Some(p) = pair {
-        let passes = match pair_passes(run, p) {
+        let passes = match pair_passes(run, p, rounds) {
             Ok(passes) => passes,
             Err(e) => {
                 tracing::warn!("{e}; replicas simulated without interference");

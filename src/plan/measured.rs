@@ -113,8 +113,8 @@ fn stages_that_fit(
 pub(crate) type Profiles = BTreeMap<(usize, usize), Profile>;
 
 /// Profiles every (tensor shards, micro-batch) the candidates need, largest micro-batch
-/// first; a size whose run fails (a model exported with a fixed batch) is left out with
-/// why.
+/// first, then their timed runs again in `opts.profile_rounds` rounds (`rounds`); a
+/// size whose run fails (a model exported with a fixed batch) is left out with why.
 pub(super) fn profile_all(
     run: &ProfileRun<'_>,
     (models, cfg, opts): (&[Sharded], &TrainConfig, &PlanOptions<'_>),
@@ -122,6 +122,7 @@ pub(super) fn profile_all(
     threads: usize,
 ) -> (Profiles, Vec<(usize, String)>) {
     let mut profiles = BTreeMap::new();
+    let mut first = BTreeMap::new();
     let mut skipped = Vec::new();
     // Unsplit first (a size it cannot train, a split model cannot either), each largest
     // micro-batch first.
@@ -158,13 +159,19 @@ pub(super) fn profile_all(
             ..*run
         };
         match profile::measure(&sharded, &model.tg, threads, b) {
-            Ok(p) => {
+            Ok((p, t)) => {
                 profiles.insert((tp, b), p);
+                first.insert((tp, b), vec![t]);
             }
             Err(e) if tp == 1 => skipped.push((b, e.to_string())),
             Err(e) => tracing::warn!("{e}: layouts of {tp} shards left out"),
         }
     }
+    let values = |(tp, _): (usize, usize)| {
+        let model = models.iter().find(|m| m.tp == tp);
+        model.map_or(0, |m| profile::parameter_values(&m.tg))
+    };
+    super::rounds::repeat(run, &mut profiles, first, (opts.profile_rounds, &values));
     (profiles, skipped)
 }
 

@@ -44,6 +44,7 @@ pub mod profile;
 mod proof;
 mod report;
 mod rivals;
+mod rounds;
 mod runs;
 pub mod search;
 mod verify;
@@ -83,6 +84,8 @@ pub struct PlanOptions<'a> {
     pub max_micro_batches: usize,
     /// Steps each profile runs (the first two not counted).
     pub profile_steps: usize,
+    /// Rounds of the profile's timed runs, each profile the median of its rounds.
+    pub profile_rounds: usize,
     /// The nodes of a cluster the workers are spread over (one process a node); `None`:
     /// one process.
     pub cluster: Option<ClusterOptions>,
@@ -231,7 +234,8 @@ pub fn plan(
     let shape = (cores, threads, opts.workers, cfg.global_batch());
     // ZeRO stage 2's run only where some candidate would use it.
     let zero2 = candidates.iter().any(|c| c.zero == 2);
-    let here = machine::measure(&run, &sizes, shape, step_overhead, (&predict, zero2))?;
+    let overheads = (step_overhead, opts.profile_rounds);
+    let here = machine::measure(&run, &sizes, shape, overheads, (&predict, zero2))?;
     calibrate_stage_runs(&mut profiles, whole, &here, cfg);
     // ZeRO stage 2 where its cost was measured.
     candidates.retain(|c| c.zero < 2 || here.zero2_per_value.is_some());

@@ -79,16 +79,16 @@ impl ProfileRun<'_> {
 
 /// Profiles `tg`'s model at `threads` threads and `micro_batch` samples per micro-batch:
 /// the nodes' shares from ONNX Runtime's profile, scaled to the passes' times measured
-/// without the profiler.
+/// without the profiler; and those timed runs' own figures (the first of `rounds`).
 ///
 /// # Errors
 /// `Plan` when a profile run fails or its files cannot be read.
-pub fn measure(
+pub(super) fn measure(
     run: &ProfileRun<'_>,
     tg: &TrainingGraph,
     threads: usize,
     micro_batch: usize,
-) -> Result<Profile> {
+) -> Result<(Profile, Timings)> {
     let what = format!(
         "profiling at {threads} thread(s), micro-batches of {micro_batch}, {} shard(s)",
         run.shards
@@ -107,19 +107,87 @@ pub fn measure(
             read_profile(dir, tg, counting)
         })
         .map_err(&fail)?;
-    let timed_in = |run: &ProfileRun<'_>| {
-        in_folder(run, (threads, micro_batch), RunKind::Timed, |dir| {
-            pass_seconds(&dir.join("trace.json"), run.warmup)
-        })
-    };
-    let timed = timed_in(run).map_err(&fail)?;
+    let key = (threads, micro_batch);
+    let timed = in_folder(run, key, RunKind::Timed, |dir| {
+        pass_seconds(&dir.join("trace.json"), run.warmup)
+    })
+    .map_err(&fail)?;
     // The timed runs last long enough for the clock to see their steps (a sub-millisecond
     // step over a few steps is mostly noise): the first run tells how many that takes.
     let long = run.lengthened(timed.period);
-    let run = &long;
-    let timed = match long.steps > counting.steps {
-        true => timed_in(run).map_err(&fail)?,
-        false => timed,
+    let first = (long.steps <= counting.steps).then_some(timed);
+    let t = timings(&long, key, first).map_err(&fail)?;
+    let mut p = Profile {
+        shards: run.shards,
+        stages: run.stages,
+        steps: long.steps,
+        threads,
+        micro_batch,
+        forward,
+        backward,
+        fused: 0.0,
+        step_per_value: 0.0,
+        action_gap: 0.0,
+        idle: 0.0,
+        actions: 2.0 * counting.micro_batches as f64,
+        stage_run: 0.0,
+        unsplit_stage_run: 0.0,
+        pipeline_period: 0.0,
+        gpipe_period: 0.0,
+        hand_off: 0.0,
+        unmatched,
+    };
+    t.apply(&mut p, parameter_values(tg));
+    Ok((p, t))
+}
+
+/// The parameter values of `tg`.
+pub(super) fn parameter_values(tg: &TrainingGraph) -> usize {
+    tg.params.iter().map(|p| p.meta.numel()).sum()
+}
+
+/// What a profile's timed runs measured at one size: the passes without the profiler
+/// and the one-stage runs. Rounds of a profile repeat these (`rounds`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Timings {
+    /// The passes per micro-batch over the stages.
+    pub timed: Passes,
+    /// The one graph and the two-stage runs.
+    pub one: OneStage,
+}
+
+impl Timings {
+    /// Sets what `p` takes from these runs: its nodes' times scaled to the passes'
+    /// (the profiler gave only their shares), the one graph, the update per value (of
+    /// `values`), and the two-stage runs.
+    pub(super) fn apply(&self, p: &mut Profile, values: usize) {
+        let rescale = |v: &mut Vec<f64>, to: f64| {
+            let of: f64 = v.iter().sum();
+            let k = if of > 0.0 { to / of } else { 0.0 };
+            v.iter_mut().for_each(|x| *x *= k);
+        };
+        rescale(&mut p.forward, self.timed.forward);
+        rescale(&mut p.backward, self.timed.backward);
+        p.fused = self.one.fused.forward + self.one.fused.backward;
+        p.step_per_value = self.timed.step / values.max(1) as f64;
+        p.idle = self.one.fused.idle;
+        p.pipeline_period = self.one.split_period;
+        (p.gpipe_period, p.hand_off) = self.one.gpipe;
+    }
+}
+
+/// The timed runs at `key` (`(threads, micro_batch)`): the passes without the profiler
+/// (unless `timed` has them already) and the one-stage runs.
+pub(super) fn timings(
+    run: &ProfileRun<'_>,
+    key: (usize, usize),
+    timed: Option<Passes>,
+) -> std::result::Result<Timings, String> {
+    let timed = match timed {
+        Some(t) => t,
+        None => in_folder(run, key, RunKind::Timed, |dir| {
+            pass_seconds(&dir.join("trace.json"), run.warmup)
+        })?,
     };
     // Per micro-batch over the stages (the trace's passes are each stage's).
     let timed = Passes {
@@ -128,7 +196,7 @@ pub fn measure(
         ..timed
     };
     let one = match run.stages {
-        1 => one_stage_runs(run, (threads, micro_batch), counting.micro_batches).map_err(&fail)?,
+        1 => one_stage_runs(run, key, run.global_batch / key.1.max(1))?,
         // A model no worker holds whole: the timed run is itself a pipeline (the
         // calibration's), and no run has the one graph of a single stage.
         _ => OneStage {
@@ -137,45 +205,18 @@ pub fn measure(
             gpipe: (0.0, 0.0),
         },
     };
-    let fused = one.fused;
-    let rescale = |v: Vec<f64>, to: f64, of: f64| -> Vec<f64> {
-        let k = if of > 0.0 { to / of } else { 0.0 };
-        v.into_iter().map(|x| x * k).collect()
-    };
-    let profiled_fwd: f64 = forward.iter().sum();
-    let profiled_bwd: f64 = backward.iter().sum();
-    let values: usize = tg.params.iter().map(|p| p.meta.numel()).sum();
-    Ok(Profile {
-        shards: run.shards,
-        stages: run.stages,
-        steps: run.steps,
-        threads,
-        micro_batch,
-        forward: rescale(forward, timed.forward, profiled_fwd),
-        backward: rescale(backward, timed.backward, profiled_bwd),
-        fused: fused.forward + fused.backward,
-        step_per_value: timed.step / values.max(1) as f64,
-        action_gap: 0.0,
-        idle: fused.idle,
-        actions: 2.0 * counting.micro_batches as f64,
-        stage_run: 0.0,
-        unsplit_stage_run: 0.0,
-        pipeline_period: one.split_period,
-        gpipe_period: one.gpipe.0,
-        hand_off: one.gpipe.1,
-        unmatched,
-    })
+    Ok(Timings { timed, one })
 }
 
 /// What the one-stage runs measure beside the passes.
 #[derive(Debug, Clone, Copy, Default)]
-struct OneStage {
+pub(super) struct OneStage {
     /// The one graph of forward and backward a single stage runs.
-    fused: Passes,
+    pub fused: Passes,
     /// The two-stage ZB-H1 run's step (0 where not run).
-    split_period: f64,
+    pub split_period: f64,
     /// The two-stage GPipe run's step and its hand-off (0 where not run).
-    gpipe: (f64, f64),
+    pub gpipe: (f64, f64),
 }
 
 /// The one-stage runs: the one graph of forward and backward a single stage runs, and

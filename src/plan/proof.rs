@@ -11,7 +11,8 @@ use crate::config::TrainConfig;
 use crate::Result;
 
 use super::command::PlanArgs;
-use super::control::{median, Control};
+use super::control::Control;
+use super::rounds::median;
 use super::{Plan, PlanRow};
 
 /// Each measured run's steps over the rounds, or why it failed.

@@ -1,0 +1,119 @@
+//! A profile's timed runs in rounds (`plan --profile-rounds R`): after every size has
+//! been profiled once, each size's timed runs (the passes without the profiler, the one
+//! graph, the two-stage runs) run again, the sizes in turn each round, and each profile
+//! takes the median of its rounds.
+//!
+//! On a shared machine one run can land in a slow minute: on the vocabulary GPT one
+//! profile's one graph at micro-batches of 2 came out 15% slower than the next
+//! profile's, and every layout built on it was predicted 20-29% slow. Taken in turn, a
+//! slow minute falls on one round of several sizes, not on every round of one.
+
+use std::collections::BTreeMap;
+
+use super::machine::Passes;
+use super::profile::{timings, OneStage, Profile, ProfileRun, Timings};
+
+/// The median of `values` (`None` for none).
+pub(super) fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    (n > 0).then(|| (v[(n - 1) / 2] + v[n / 2]) / 2.0)
+}
+
+/// Runs each profile's timed runs `rounds - 1` more times (`seen` holds each one's
+/// first), the profiles in turn each round, and sets each to the median of its rounds;
+/// `values[key]` are the parameter values of its model. A run that fails is left out
+/// of its profile's median, with a warning.
+pub(super) fn repeat(
+    run: &ProfileRun<'_>,
+    profiles: &mut BTreeMap<(usize, usize), Profile>,
+    mut seen: BTreeMap<(usize, usize), Vec<Timings>>,
+    (rounds, values): (usize, &dyn Fn((usize, usize)) -> usize),
+) {
+    for round in 1..rounds {
+        for (&key, p) in profiles.iter() {
+            tracing::info!(
+                "profile round {}: {} shard(s), micro-batches of {}",
+                round + 1,
+                key.0,
+                key.1
+            );
+            let again = ProfileRun {
+                shards: p.shards,
+                stages: p.stages,
+                pipelines: run.pipelines && p.shards == 1,
+                ..run.as_long_as(p)
+            };
+            match timings(&again, (p.threads, p.micro_batch), None) {
+                Ok(t) => seen.entry(key).or_default().push(t),
+                Err(e) => tracing::warn!("profile round {}: {e}", round + 1),
+            }
+        }
+    }
+    for (key, p) in profiles.iter_mut() {
+        if let Some(all) = seen.get(key) {
+            middle(all).apply(p, values(*key));
+        }
+    }
+}
+
+/// Each of `all`'s times their median (a two-stage run not made, 0, left out).
+fn middle(all: &[Timings]) -> Timings {
+    let of = |f: &dyn Fn(&Timings) -> f64| {
+        let v: Vec<f64> = all.iter().map(f).filter(|&x| x > 0.0).collect();
+        median(&v).unwrap_or(0.0)
+    };
+    let passes = |f: &dyn Fn(&Timings) -> Passes| Passes {
+        forward: of(&|t| f(t).forward),
+        backward: of(&|t| f(t).backward),
+        step: of(&|t| f(t).step),
+        idle: of(&|t| f(t).idle),
+        period: of(&|t| f(t).period),
+    };
+    Timings {
+        timed: passes(&|t| t.timed),
+        one: OneStage {
+            fused: passes(&|t| t.one.fused),
+            split_period: of(&|t| t.one.split_period),
+            gpipe: (of(&|t| t.one.gpipe.0), of(&|t| t.one.gpipe.1)),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_middle_pair_s_mean() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+    }
+
+    #[test]
+    fn each_time_is_its_rounds_median_and_a_run_not_made_is_left_out() {
+        let round = |fused: f64, gpipe: f64| Timings {
+            timed: Passes {
+                forward: fused / 2.0,
+                ..Passes::default()
+            },
+            one: OneStage {
+                fused: Passes {
+                    forward: fused,
+                    ..Passes::default()
+                },
+                split_period: 0.0,
+                gpipe: (gpipe, 0.0),
+            },
+        };
+        // One slow round of three: the median is a quiet one.
+        let m = middle(&[round(1.0, 3.0), round(1.3, 0.0), round(1.1, 2.0)]);
+        assert_eq!(m.one.fused.forward, 1.1);
+        assert_eq!(m.timed.forward, 0.55);
+        // The GPipe run failed once: the median of the two made.
+        assert_eq!(m.one.gpipe.0, 2.5);
+        assert_eq!(m.one.split_period, 0.0);
+    }
+}
