@@ -55,6 +55,20 @@ fn each_stage_s_input_gradient_part_is_what_the_stage_builder_puts_in_its_i_grap
     assert!(checked > 1000, "{checked} backward nodes compared");
 }
 
+/// The peers' tiny GPT's training graph, where it can be cut, and cuts at a third and
+/// two thirds of its nodes.
+fn tiny_gpt_in_three() -> (
+    pipetrain::graph::TrainingGraph,
+    pipetrain::cost::stages::Cuttable,
+    [usize; 2],
+) {
+    let rt = common::runtime();
+    let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
+    let cut = pipetrain::cost::stages::Cuttable::of(&tg);
+    let n = cut.live.len();
+    (tg, cut, [n / 3, 2 * n / 3])
+}
+
 /// Every node of `tg` a millisecond, the one graph running both passes in 60% of their
 /// time, each action 0.1 ms beside its nodes and a cut stage's 0.2 ms more.
 fn flat_profile(tg: &pipetrain::graph::TrainingGraph) -> pipetrain::cost::Profile {
@@ -85,13 +99,9 @@ fn flat_profile(tg: &pipetrain::graph::TrainingGraph) -> pipetrain::cost::Profil
 
 #[test]
 fn each_schedule_kind_pays_the_stage_cost_calibrated_on_a_run_of_its_kind() {
-    use pipetrain::cost::stages::{stage_costs, Cuttable};
+    use pipetrain::cost::stages::stage_costs;
     use pipetrain::graph::Recompute;
-    let rt = common::runtime();
-    let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
-    let cut = Cuttable::of(&tg);
-    let n = cut.live.len();
-    let bounds = [n / 3, 2 * n / 3];
+    let (tg, cut, bounds) = tiny_gpt_in_three();
     let profile = pipetrain::cost::Profile {
         unsplit_stage_run: 5e-4,
         ..flat_profile(&tg)
@@ -116,13 +126,9 @@ fn each_schedule_kind_pays_the_stage_cost_calibrated_on_a_run_of_its_kind() {
 
 #[test]
 fn a_pass_that_recomputes_the_forward_runs_it_with_its_backward_as_one_graph() {
-    use pipetrain::cost::stages::{stage_costs, Cuttable};
+    use pipetrain::cost::stages::stage_costs;
     use pipetrain::graph::Recompute;
-    let rt = common::runtime();
-    let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
-    let cut = Cuttable::of(&tg);
-    let n = cut.live.len();
-    let bounds = [n / 3, 2 * n / 3];
+    let (tg, cut, bounds) = tiny_gpt_in_three();
     let profile = flat_profile(&tg);
     let total = profile.forward.iter().chain(&profile.backward).sum::<f64>();
     let gap = 3e-4;
