@@ -44,15 +44,16 @@ pub struct Profile {
     pub actions: f64,
     /// What each action of a stage of a schedule that splits the backward pays beside
     /// its nodes (its own session run, the values it receives and keeps): calibrated so
-    /// that the two-stage ZB-H1 run simulates to its measured step (`calibrate`; 0 where
-    /// not measured).
+    /// that the two-rank split-backward run (`pipeline_period`) simulates to its measured
+    /// step (`calibrate`; 0 where not measured).
     pub stage_run: f64,
     /// The same for a schedule that does not split the backward (GPipe, 1F1B,
     /// interleaved), whose last stage runs forward and backward as one graph: calibrated
     /// against the two-stage GPipe run.
     #[serde(default)]
     pub unsplit_stage_run: f64,
-    /// The two-stage ZB-H1 run's measured step (0 where not run).
+    /// The two-rank split-backward run's measured step (ZB-H1 in two stages, V-Half for
+    /// a lone micro-batch; 0 where not run).
     #[serde(default)]
     pub pipeline_period: f64,
     /// The two-stage GPipe run's measured step (0 where not run).

@@ -21,8 +21,9 @@ use super::Sharded;
 use crate::cost::Profile;
 use crate::cost::{simulate_candidate, Candidate, Machinery};
 
-/// The two-stage runs a stage's cost is calibrated against: ZB-H1, for schedules that
-/// split the backward, and GPipe, for those that do not.
+/// The two-rank runs a stage's cost is calibrated against: ZB-H1 (V-Half for a lone
+/// micro-batch), for schedules that split the backward, and GPipe, for those that do
+/// not.
 pub(super) const RUNS: [ScheduleKind; 2] = [ScheduleKind::ZbH1, ScheduleKind::Gpipe];
 
 /// The per-action stage cost at which `profile`'s pipeline run under `schedule` (one of
@@ -45,21 +46,26 @@ pub(super) fn stage_run(
         return None;
     }
     let b = profile.micro_batch;
-    // The one-stage profile's pipeline run has two stages; a model no worker holds
-    // whole was profiled in its pipeline of `stages`.
-    let stages = profile.stages.max(2);
+    let micro_batches = cfg.global_batch() / b;
+    // The one-stage profile's pipeline runs have two ranks (a lone micro-batch's split
+    // run is V-Half's); a model no worker holds whole was profiled in its pipeline of
+    // `stages` under ZB-H1.
+    let schedule = match (schedule, profile.stages) {
+        (ScheduleKind::ZbH1, 1) => super::runs::split_schedule(micro_batches),
+        (s, _) => s,
+    };
     let c = Candidate {
         dp: 1,
         tp: 1,
-        pp: stages,
+        pp: profile.stages.max(2),
         schedule,
         virtual_stages: 1,
-        micro_batches: cfg.global_batch() / b,
+        micro_batches,
         micro_batch: b,
         recompute: Recompute::None,
         zero: 0,
     };
-    let bounds = whole.balanced_bounds(stages, BalanceBy::Flops)?;
+    let bounds = whole.balanced_bounds(c.stages(), BalanceBy::Flops)?;
     let step_at = |cost: f64| {
         let p = Profile {
             stage_run: cost,

@@ -196,7 +196,7 @@ pub(super) fn timings(
         ..timed
     };
     let one = match run.stages {
-        1 => one_stage_runs(run, key, run.global_batch / key.1.max(1))?,
+        1 => one_stage_runs(run, key)?,
         // A model no worker holds whole: the timed run is itself a pipeline (the
         // calibration's), and no run has the one graph of a single stage.
         _ => OneStage {
@@ -220,13 +220,13 @@ pub(super) struct OneStage {
 }
 
 /// The one-stage runs: the one graph of forward and backward a single stage runs, and
-/// (where pipelines are planned) the same passes cut in two stages, under ZB-H1 and
-/// under GPipe, whose steps a stage's own cost is calibrated against (`calibrate`), the
-/// one for schedules that split the backward, the other for those that do not.
+/// (where pipelines are planned) the same passes on two ranks, with the backward split
+/// (ZB-H1, or V-Half for a lone micro-batch: `runs::split_schedule`) and under GPipe,
+/// whose steps a stage's own cost is calibrated against (`calibrate`), the one for
+/// schedules that split the backward, the other for those that do not.
 fn one_stage_runs(
     run: &ProfileRun<'_>,
     key: (usize, usize),
-    micro_batches: usize,
 ) -> std::result::Result<OneStage, String> {
     let fused = in_folder(run, key, RunKind::Fused, |dir| {
         pass_seconds(&dir.join("trace.json"), run.warmup)
@@ -237,19 +237,16 @@ fn one_stage_runs(
             ..OneStage::default()
         });
     }
-    // A pipeline run that fails (a model that cannot be cut in two) or is not made
-    // (ZB-H1 needs a micro-batch a stage) leaves its calibration to the nearest size's.
-    let split_period = match micro_batches >= 2 {
-        true => in_folder(run, key, RunKind::SplitPipeline, |dir| {
-            pass_seconds(&dir.join("trace.json"), run.warmup)
-        })
-        .map(|two| two.period)
-        .unwrap_or_else(|e| {
-            tracing::warn!("the two-stage ZB-H1 run failed: {e}");
-            0.0
-        }),
-        false => 0.0,
-    };
+    // A pipeline run that fails (a model that cannot be cut in two) leaves its
+    // calibration to the nearest size's.
+    let split_period = in_folder(run, key, RunKind::SplitPipeline, |dir| {
+        pass_seconds(&dir.join("trace.json"), run.warmup)
+    })
+    .map(|two| two.period)
+    .unwrap_or_else(|e| {
+        tracing::warn!("the two-stage split-backward run failed: {e}");
+        0.0
+    });
     let gpipe = in_folder(run, key, RunKind::Pipeline, |dir| {
         let trace = dir.join("trace.json");
         let period = pass_seconds(&trace, run.warmup)?.period;

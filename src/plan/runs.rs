@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::config::ScheduleKind;
 use crate::{Error, Result};
 
 use super::profile::ProfileRun;
@@ -25,9 +26,19 @@ pub(super) enum RunKind {
     Zero2Pair,
     /// Two pipeline stages (GPipe): what a hand-off between stage actors takes.
     Pipeline,
-    /// Two pipeline stages with the backward split (ZB-H1): what cutting the model in
-    /// two costs its passes.
+    /// Two pipeline stages with the backward split ([`split_schedule`]): what cutting
+    /// the model costs its passes.
     SplitPipeline,
+}
+
+/// The schedule of [`RunKind::SplitPipeline`] at `micro_batches` a step: ZB-H1, or
+/// V-Half (two ranks, four stages in a V) for a single micro-batch, which ZB-H1 cannot
+/// run in two stages.
+pub(super) fn split_schedule(micro_batches: usize) -> ScheduleKind {
+    match micro_batches >= 2 {
+        true => ScheduleKind::ZbH1,
+        false => ScheduleKind::VHalf,
+    }
 }
 
 /// Runs the profile config of `kind` in a folder of its own and reads it with `read`.
@@ -122,7 +133,9 @@ pub(super) fn profile_config(
     let mut pipeline = toml::Table::new();
     let schedule = match kind {
         RunKind::Fused | RunKind::FusedPair | RunKind::Zero2Pair => "1f1b",
-        RunKind::Profiled | RunKind::Timed | RunKind::SplitPipeline => "zb_h1",
+        RunKind::Profiled | RunKind::Timed => "zb_h1",
+        // ZB-H1 needs a micro-batch a stage: a lone micro-batch runs V-Half's V.
+        RunKind::SplitPipeline => split_schedule(micro_batches).name(),
         RunKind::Pipeline => "gpipe",
     };
     pipeline.insert("schedule".into(), schedule.into());
