@@ -184,3 +184,40 @@ fn run_worker(worker: &Path, config: &Path, dir: &Path) -> std::result::Result<(
         .unwrap_or_else(|| stderr.trim());
     Err(format!("the run failed ({}): {error}", out.status))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TrainConfig;
+
+    #[test]
+    fn a_lone_micro_batch_s_split_run_is_v_half_and_a_configuration_train_accepts() {
+        let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gpt2_tiny.toml");
+        let global = TrainConfig::load(&config).unwrap().global_batch();
+        let run = ProfileRun {
+            worker: Path::new("pipetrain"),
+            config: &config,
+            steps: 3,
+            warmup: 1,
+            global_batch: global,
+            pipelines: true,
+            shards: 1,
+            stages: 1,
+        };
+        for (micro_batch, schedule) in [
+            (global, ScheduleKind::VHalf),
+            (global / 2, ScheduleKind::ZbH1),
+        ] {
+            let path = profile_config(&run, (1, micro_batch), RunKind::SplitPipeline).unwrap();
+            let written = TrainConfig::load(&path);
+            std::fs::remove_file(&path).unwrap();
+            let cfg = written.unwrap();
+            assert_eq!(
+                cfg.pipeline.schedule, schedule,
+                "micro-batches of {micro_batch}"
+            );
+            assert_eq!(cfg.pipeline_parallel_size, 2);
+            assert_eq!(cfg.global_batch(), global);
+        }
+    }
+}
