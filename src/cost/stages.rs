@@ -10,8 +10,9 @@
 //! sub-millisecond fixtures this is why recompute costs a pipeline almost nothing, where
 //! the forward's full time again predicted it 10-24% slow). Cut, each action also pays
 //! what a stage's action was measured to cost beside its nodes, calibrated against a
-//! two-stage run of its own kind: [`Profile::stage_run`] (ZB-H1) where the schedule
-//! splits the backward, [`Profile::unsplit_stage_run`] (GPipe) where it does not. A
+//! two-rank run of its own kind: [`Profile::stage_run`] (ZB-H1, V-Half for a lone
+//! micro-batch) where the schedule splits the backward, [`Profile::unsplit_stage_run`]
+//! (GPipe) where it does not. A
 //! pipeline of one stage runs forward and backward as one graph: its measured
 //! [`Profile::fused`]. Each action also costs the measured [`Profile::action_gap`].
 //!

@@ -1,6 +1,7 @@
 //! What each action of a pipeline stage pays beside its nodes ([`Profile::stage_run`],
 //! [`Profile::unsplit_stage_run`]), calibrated against recorded runs: the profile's
-//! two-stage ZB-H1 and GPipe runs have measured steps; each cost is the one at which the
+//! two-rank split-backward (ZB-H1, or V-Half) and GPipe runs have measured steps; each
+//! cost is the one at which the
 //! simulator, with everything else as measured, predicts its run's step.
 //!
 //! The two kinds differ: where the backward is not split the last stage runs forward

@@ -79,9 +79,13 @@ impl<'a> Control<'a> {
 
     /// What the control runs, for the report.
     pub(super) fn name(&self) -> String {
+        let micro_batches = self.run.global_batch / self.micro_batch.max(1);
         let what = match self.kind {
-            RunKind::SplitPipeline => "ZB-H1 in two stages",
-            _ => "one stage, one graph",
+            RunKind::SplitPipeline => {
+                let schedule = super::runs::split_schedule(micro_batches).name();
+                format!("{schedule} on two ranks")
+            }
+            _ => "one stage, one graph".to_string(),
         };
         format!("{what}, micro-batches of {}", self.micro_batch)
     }

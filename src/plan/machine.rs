@@ -1,9 +1,8 @@
 //! This machine as the planner simulates it, measured: the in-process reduction's adding
 //! rate, what a hand-off between two stage actors takes (from the profile's two-stage
-//! GPipe run's trace),
-//! how much two actions running at once slow each other, and what keeping two replicas
-//! in step costs (from a two-replica run's trace), and what ZeRO stage 2 costs a
-//! micro-batch (the same two replicas at stage 2).
+//! GPipe run's trace), how much two actions running at once slow each other, and what
+//! keeping two replicas in step costs (from a two-replica run's trace), and what ZeRO
+//! stage 2 costs a micro-batch (the same two replicas at stage 2).
 
 use std::path::Path;
 use std::time::Instant;
@@ -37,17 +36,7 @@ fn pair_passes(run: &ProfileRun<'_>, alone: &Profile, rounds: usize) -> Result<P
     let all = (0..rounds.max(1))
         .map(|_| once())
         .collect::<Result<Vec<_>>>()?;
-    let of = |f: &dyn Fn(&Passes) -> f64| {
-        let v: Vec<f64> = all.iter().map(f).collect();
-        super::rounds::median(&v).unwrap_or(0.0)
-    };
-    Ok(Passes {
-        forward: of(&|p| p.forward),
-        backward: of(&|p| p.backward),
-        step: of(&|p| p.step),
-        idle: of(&|p| p.idle),
-        period: of(&|p| p.period),
-    })
+    Ok(super::rounds::median_passes(&all))
 }
 
 /// A one-stage run's mean seconds per micro-batch for its forward and its backward
@@ -196,15 +185,14 @@ fn hand_off_waits(t: &pipetrain_schedules::Trace) -> Vec<f64> {
 }
 
 /// This machine at `threads` threads per session on `cores` cores, for `workers`
-/// workers: the hand-off from the profiles' two-stage runs (the largest micro-batch's
-/// that showed one); how
-/// much two actions at once slow each other (their forward and backward over one
-/// alone's), and what keeping two replicas in step costs a step (the cost at which the
-/// two-replica run's prediction, `predict(micro_batch, zero, machinery)`, meets its
-/// measured step), from a
-/// two-replica run at the largest micro-batch two replicas can split the global batch
-/// into (made `rounds` times, the median taken); where `zero2` (some candidate shards
-/// its gradients), ZeRO stage 2's cost from the same two replicas at stage 2.
+/// workers: the hand-off from the profiles' two-stage GPipe runs (the largest
+/// micro-batch's that showed one); how much two actions at once slow each other (their
+/// forward and backward over one alone's), and what keeping two replicas in step costs
+/// a step (the cost at which the two-replica run's prediction, `predict(micro_batch,
+/// zero, machinery)`, meets its measured step), from a two-replica run at the largest
+/// micro-batch two replicas can split the global batch into (made `rounds` times, the
+/// median taken); where `zero2` (some candidate shards its gradients), ZeRO stage 2's
+/// cost from the same two replicas at stage 2.
 ///
 /// # Errors
 /// None yet: a machine run that fails leaves its cost out of the simulation, with a

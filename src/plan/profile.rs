@@ -11,8 +11,9 @@
 //!
 //! The profiler's own bookkeeping slows the run it records, so its times give only each
 //! node's share: a second run without it (our trace) gives the passes' true times, a
-//! third the one-graph forward and backward that a single stage runs, and two more, in
-//! two stages (ZB-H1 and GPipe), the steps a stage's own costs are calibrated against.
+//! third the one-graph forward and backward that a single stage runs, and two more, on
+//! two ranks (the backward split, and GPipe), the steps a stage's own costs are
+//! calibrated against.
 
 use std::path::Path;
 
@@ -213,7 +214,8 @@ pub(super) fn timings(
 pub(super) struct OneStage {
     /// The one graph of forward and backward a single stage runs.
     pub fused: Passes,
-    /// The two-stage ZB-H1 run's step (0 where not run).
+    /// The two-rank split-backward run's step (`runs::split_schedule`; 0 where not
+    /// run).
     pub split_period: f64,
     /// The two-stage GPipe run's step and its hand-off (0 where not run).
     pub gpipe: (f64, f64),

@@ -23,7 +23,7 @@ pub(super) fn median(values: &[f64]) -> Option<f64> {
 
 /// Runs each profile's timed runs `rounds - 1` more times (`seen` holds each one's
 /// first), the profiles in turn each round, and sets each to the median of its rounds;
-/// `values[key]` are the parameter values of its model. A run that fails is left out
+/// `values(key)` are the parameter values of its model. A run that fails is left out
 /// of its profile's median, with a warning.
 pub(super) fn repeat(
     run: &ProfileRun<'_>,
@@ -58,25 +58,37 @@ pub(super) fn repeat(
     }
 }
 
+/// The median of `all`'s values of `f` above 0 (0, a run not made, left out; 0 where
+/// none is above).
+fn median_of<T>(all: &[T], f: &dyn Fn(&T) -> f64) -> f64 {
+    let v: Vec<f64> = all.iter().map(f).filter(|&x| x > 0.0).collect();
+    median(&v).unwrap_or(0.0)
+}
+
+/// Each of the runs' times, their median over `all` (see [`median_of`]).
+pub(super) fn median_passes(all: &[Passes]) -> Passes {
+    Passes {
+        forward: median_of(all, &|p| p.forward),
+        backward: median_of(all, &|p| p.backward),
+        step: median_of(all, &|p| p.step),
+        idle: median_of(all, &|p| p.idle),
+        period: median_of(all, &|p| p.period),
+    }
+}
+
 /// Each of `all`'s times their median (a two-stage run not made, 0, left out).
 fn middle(all: &[Timings]) -> Timings {
-    let of = |f: &dyn Fn(&Timings) -> f64| {
-        let v: Vec<f64> = all.iter().map(f).filter(|&x| x > 0.0).collect();
-        median(&v).unwrap_or(0.0)
-    };
-    let passes = |f: &dyn Fn(&Timings) -> Passes| Passes {
-        forward: of(&|t| f(t).forward),
-        backward: of(&|t| f(t).backward),
-        step: of(&|t| f(t).step),
-        idle: of(&|t| f(t).idle),
-        period: of(&|t| f(t).period),
-    };
+    let passes =
+        |f: &dyn Fn(&Timings) -> Passes| median_passes(&all.iter().map(f).collect::<Vec<_>>());
     Timings {
         timed: passes(&|t| t.timed),
         one: OneStage {
             fused: passes(&|t| t.one.fused),
-            split_period: of(&|t| t.one.split_period),
-            gpipe: (of(&|t| t.one.gpipe.0), of(&|t| t.one.gpipe.1)),
+            split_period: median_of(all, &|t| t.one.split_period),
+            gpipe: (
+                median_of(all, &|t| t.one.gpipe.0),
+                median_of(all, &|t| t.one.gpipe.1),
+            ),
         },
     }
 }

@@ -24,7 +24,8 @@ pub(super) enum RunKind {
     FusedPair,
     /// [`RunKind::FusedPair`] at ZeRO stage 2: what sharding the gradients costs.
     Zero2Pair,
-    /// Two pipeline stages (GPipe): what a hand-off between stage actors takes.
+    /// Two pipeline stages (GPipe): what cutting the model costs a schedule that does
+    /// not split the backward, and what a hand-off between stage actors takes.
     Pipeline,
     /// Two pipeline stages with the backward split ([`split_schedule`]): what cutting
     /// the model costs its passes.
