@@ -205,17 +205,11 @@ fn profiled_shapes(
         std::process::id(),
         std::thread::current().id()
     ));
-    let mut session =
-        GraphSession::one_off(rt, &probe, &all_cores(), "the shape probe", Some(&to))?;
-    let ran = match fetch.is_empty() {
-        true => session.run_shapes(feeds).map(|_| Vec::new()),
-        false => session.run_views(feeds),
-    };
-    // The profile file goes whether the run worked or not (it is ours, in the temp folder).
-    let file = session.end_profiling()?;
-    let text = std::fs::read_to_string(&file);
-    let _ = std::fs::remove_file(&file);
-    let values = ran?;
+    let profiled = profiled_run(rt, &probe, feeds, fetch.is_empty(), &to);
+    // The profile files go whether the run worked or not (they are ours, in the temp
+    // folder): ONNX Runtime writes one even for a session it failed to create.
+    remove_profiles(&to);
+    let (values, text) = profiled?;
     // The fetched values are the run's last outputs.
     let fetched = values[values.len() - fetch.len()..].to_vec();
     // An unreadable profile leaves every value to the slow way.
@@ -232,6 +226,40 @@ fn profiled_shapes(
         }
     }
     Ok(fetched)
+}
+
+/// Runs `probe` once in a session profiling to `to` (its outputs' shapes only, where
+/// `shapes_only`): its values and the profile's text.
+fn profiled_run(
+    rt: &Runtime,
+    probe: &Graph,
+    feeds: &[(&str, TensorView<'_>)],
+    shapes_only: bool,
+    to: &std::path::Path,
+) -> Result<(Vec<Tensor>, std::io::Result<String>)> {
+    let mut session = GraphSession::one_off(rt, probe, &all_cores(), "the shape probe", Some(to))?;
+    let ran = match shapes_only {
+        true => session.run_shapes(feeds).map(|_| Vec::new()),
+        false => session.run_views(feeds),
+    };
+    let file = session.end_profiling()?;
+    Ok((ran?, std::fs::read_to_string(file)))
+}
+
+/// Removes every profile ONNX Runtime wrote for the prefix `to` (`<to>_<time>.json`).
+fn remove_profiles(to: &std::path::Path) {
+    let (Some(dir), Some(prefix)) = (to.parent(), to.file_name()) else {
+        return;
+    };
+    let prefix = format!("{}_", prefix.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&*prefix) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Makes `probe` fetch the shape of each output a node computes rather than the value.

@@ -170,3 +170,58 @@ fn work_per_node_is_the_steps_products_over_its_nodes() {
     assert!(work >= products, "{work} < {products}");
     assert!(work <= 1.2 * products, "{work} > 1.2 x {products}");
 }
+
+/// A graph ONNX Runtime cannot make a session for (no CPU kernel for `Asin` on
+/// float64) fails the probe with an error and leaves none of the probe's profile files
+/// in the temporary folder: ONNX Runtime writes one even for a session it failed to
+/// create, and 451 had piled up there from the test suite.
+#[test]
+fn a_probe_that_fails_leaves_no_profile_behind() {
+    use pipetrain::graph::{make_node, value_info, ValueMeta};
+    use pipetrain::onnx::proto::{GraphProto, ModelProto, OperatorSetIdProto};
+    use pipetrain::tensor::DType;
+    let rt = common::runtime();
+    let asin = |dtype| {
+        let meta = ValueMeta {
+            dtype,
+            shape: vec![2, 2],
+        };
+        let model = ModelProto {
+            ir_version: 8,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: 17,
+            }],
+            graph: Some(GraphProto {
+                name: "asin".into(),
+                node: vec![make_node("Asin", "n0", &["x"], &["y"], vec![])],
+                input: vec![value_info("x", &meta)],
+                output: vec![untyped_value_info("y")],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Graph::from_model(&model).unwrap()
+    };
+    // This thread's probes name their files after the process and the thread.
+    let ours = format!(
+        "pipetrain-probe-{}-{:?}-",
+        std::process::id(),
+        std::thread::current().id()
+    );
+    let left = || {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&ours))
+            .count()
+    };
+    let x = Tensor::f64(vec![2, 2], vec![0.1, 0.2, 0.3, 0.4]).unwrap();
+    let err = probe_values(&rt, &asin(DType::F64), &[("x", &x)]).unwrap_err();
+    assert!(err.to_string().contains("Asin"), "{err}");
+    assert_eq!(left(), 0);
+    // A probe that runs removes its profile too.
+    let x = Tensor::f32(vec![2, 2], vec![0.1, 0.2, 0.3, 0.4]).unwrap();
+    probe_values(&rt, &asin(DType::F32), &[("x", &x)]).unwrap();
+    assert_eq!(left(), 0);
+}
