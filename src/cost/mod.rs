@@ -4,6 +4,8 @@
 //!
 //! - [`Profile`]: each forward node's time and each backward node's, per micro-batch,
 //!   measured on one machine; [`SavedProfile`] is the same by node name, as a file.
+//! - [`Family`]: the schedules whose stage actions pay alike, each calibrated on a run
+//!   of its own.
 //! - [`split`]: which backward nodes a stage's input-gradient pass runs for given cuts.
 //! - [`stages`]: a layout's per-stage costs, and cuts balanced by time, then moved to
 //!   shorten the simulated step.
@@ -13,6 +15,7 @@
 //!   reductions between nodes cross a [`Link`] ([`topology`]).
 
 mod crossing;
+mod family;
 mod profile;
 mod replicas;
 mod simulate;
@@ -21,6 +24,7 @@ pub mod stages;
 mod timed;
 mod topology;
 
+pub use family::{Family, PerFamily};
 pub use profile::{NamedCosts, Profile, SavedProfile};
 pub use simulate::{
     cut_names, node_values, simulate_candidate, simulate_on_nodes, Candidate, Cuts, Machinery,

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::graph::{NodeTimes, TrainingGraph};
 
-use super::Machinery;
+use super::{Family, Machinery, PerFamily};
 
 /// Per forward node, seconds per micro-batch on one stage running `threads` intra-op
 /// threads, micro-batches of `micro_batch` samples.
@@ -42,23 +42,15 @@ pub struct Profile {
     pub idle: f64,
     /// Its actions per step (a forward and a backward per micro-batch).
     pub actions: f64,
-    /// What each action of a stage of a schedule that splits the backward pays beside
-    /// its nodes (its own session run, the values it receives and keeps): calibrated so
-    /// that the two-rank split-backward run (`pipeline_period`) simulates to its measured
-    /// step (`calibrate`; 0 where not measured).
-    pub stage_run: f64,
-    /// The same for a schedule that does not split the backward (GPipe, 1F1B,
-    /// interleaved), whose last stage runs forward and backward as one graph: calibrated
-    /// against the two-stage GPipe run.
+    /// What each action of a pipeline's stage pays beside its nodes (its own session
+    /// run, the values it receives and keeps), per schedule [`Family`]: calibrated so that
+    /// the family's two-rank run ([`Profile::periods`]) simulates to its measured step
+    /// (`plan::calibrate`; 0 where not measured).
     #[serde(default)]
-    pub unsplit_stage_run: f64,
-    /// The two-rank split-backward run's measured step (ZB-H1 in two stages, V-Half for
-    /// a lone micro-batch; 0 where not run).
+    pub stage_runs: PerFamily,
+    /// Each family's two-rank run's measured step ([`Family::run`]; 0 where not run).
     #[serde(default)]
-    pub pipeline_period: f64,
-    /// The two-stage GPipe run's measured step (0 where not run).
-    #[serde(default)]
-    pub gpipe_period: f64,
+    pub periods: PerFamily,
     /// In the GPipe run, the median wait of an action for a value from the other stage,
     /// where its own stage was idle when the value was made (0 where not run).
     #[serde(default)]
@@ -105,12 +97,19 @@ pub struct NamedCosts {
     pub step_per_value: f64,
     /// What each action costs beside its compute.
     pub action_gap: f64,
-    /// What each action of a pipeline's stage pays beside its nodes.
+    /// What each action of a pipeline's stage pays beside its nodes, in a schedule
+    /// that splits the backward, one stage a rank.
     pub stage_run: f64,
     /// The same, in a schedule that does not split the backward (older files: as
     /// `stage_run`).
     #[serde(default)]
     pub unsplit_stage_run: Option<f64>,
+    /// The same, in interleaved 1F1B (older files: as `unsplit_stage_run`).
+    #[serde(default)]
+    pub interleaved_stage_run: Option<f64>,
+    /// The same, in a V-shaped schedule (older files: as `stage_run`).
+    #[serde(default)]
+    pub v_stage_run: Option<f64>,
     /// The machine.
     pub machinery: Machinery,
 }
@@ -145,8 +144,10 @@ impl SavedProfile {
                 fused: profile.fused,
                 step_per_value: profile.step_per_value,
                 action_gap: profile.action_gap,
-                stage_run: profile.stage_run,
-                unsplit_stage_run: Some(profile.unsplit_stage_run),
+                stage_run: profile.stage_runs[Family::Split],
+                unsplit_stage_run: Some(profile.stage_runs[Family::Unsplit]),
+                interleaved_stage_run: Some(profile.stage_runs[Family::Interleaved]),
+                v_stage_run: Some(profile.stage_runs[Family::V]),
                 machinery: *machinery,
             }),
         }
@@ -154,6 +155,17 @@ impl SavedProfile {
 }
 
 impl NamedCosts {
+    /// Each family's stage cost, a family older files lack taking its kin's.
+    fn stage_runs(&self) -> PerFamily {
+        let unsplit = self.unsplit_stage_run.unwrap_or(self.stage_run);
+        let mut out = PerFamily::default();
+        out[Family::Split] = self.stage_run;
+        out[Family::Unsplit] = unsplit;
+        out[Family::Interleaved] = self.interleaved_stage_run.unwrap_or(unsplit);
+        out[Family::V] = self.v_stage_run.unwrap_or(self.stage_run);
+        out
+    }
+
     /// The profile of `tg`'s nodes (by name; a node not named costs nothing) at
     /// micro-batches of `micro_batch` samples, from costs measured at `measured_at`
     /// (node times scaled in proportion).
@@ -183,10 +195,8 @@ impl NamedCosts {
             action_gap: self.action_gap,
             idle: 0.0,
             actions: 0.0,
-            stage_run: self.stage_run,
-            unsplit_stage_run: self.unsplit_stage_run.unwrap_or(self.stage_run),
-            pipeline_period: 0.0,
-            gpipe_period: 0.0,
+            stage_runs: self.stage_runs(),
+            periods: PerFamily::default(),
             hand_off: 0.0,
             unmatched: 0.0,
         }

@@ -194,7 +194,7 @@ pub fn simulate_on_nodes(
         },
     )
     .ok()?;
-    let split = c.schedule.splits_backward();
+    let family = super::Family::of(c.schedule);
     let machine = Machine {
         slots: (m.cores as f64 / m.threads as f64).max(1.0),
         // Every shard of every replica runs each action at once.
@@ -209,7 +209,7 @@ pub fn simulate_on_nodes(
         if !cut.hands_on(bounds) {
             return None;
         }
-        let costs: Vec<StageCost> = stage_costs(profile, cut, bounds, (c.recompute, split))
+        let costs: Vec<StageCost> = stage_costs(profile, cut, bounds, (c.recompute, family))
             .into_iter()
             .map(|k| scaled(k, alone))
             .collect();

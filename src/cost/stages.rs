@@ -10,9 +10,7 @@
 //! sub-millisecond fixtures this is why recompute costs a pipeline almost nothing, where
 //! the forward's full time again predicted it 10-24% slow). Cut, each action also pays
 //! what a stage's action was measured to cost beside its nodes, calibrated against a
-//! two-rank run of its own kind: [`Profile::stage_run`] (ZB-H1, V-Half for a lone
-//! micro-batch) where the schedule splits the backward, [`Profile::unsplit_stage_run`]
-//! (GPipe) where it does not. A
+//! two-rank run of its schedule's [`Family`] ([`Profile::stage_runs`]). A
 //! pipeline of one stage runs forward and backward as one graph: its measured
 //! [`Profile::fused`]. Each action also costs the measured [`Profile::action_gap`].
 //!
@@ -29,7 +27,7 @@ use crate::graph::{Recompute, TrainingGraph};
 
 use super::crossing::Crossings;
 use super::split::BackwardGraph;
-use super::Profile;
+use super::{Family, Profile};
 
 /// What cutting needs of the training graph: the forward nodes that compute (not
 /// constants), in order, which the cuts fall between; each forward node's place among
@@ -158,13 +156,15 @@ impl Cuttable {
     }
 }
 
-/// Per stage (cut at `bounds`, positions in `cut.live`), its `F`, `B`, `I` and `W`.
+/// Per stage (cut at `bounds`, positions in `cut.live`) of a schedule of `family`, its
+/// `F`, `B`, `I` and `W`.
 pub fn stage_costs(
     profile: &Profile,
     cut: &Cuttable,
     bounds: &[usize],
-    (recompute, split): (Recompute, bool),
+    (recompute, family): (Recompute, Family),
 ) -> Vec<StageCost> {
+    let split = family.splits_backward();
     let gap = profile.action_gap;
     if bounds.is_empty() {
         return vec![StageCost::split(profile.fused + gap, gap, 0.0)];
@@ -177,11 +177,7 @@ pub fn stage_costs(
         1.0
     };
     let last = bounds.len();
-    let gap = gap
-        + match split {
-            true => profile.stage_run,
-            false => profile.unsplit_stage_run,
-        };
+    let gap = gap + profile.stage_runs[family];
     cut.passes(profile, bounds)
         .into_iter()
         .enumerate()

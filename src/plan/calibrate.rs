@@ -1,13 +1,13 @@
-//! What each action of a pipeline stage pays beside its nodes ([`Profile::stage_run`],
-//! [`Profile::unsplit_stage_run`]), calibrated against recorded runs: the profile's
-//! two-rank split-backward (ZB-H1, or V-Half) and GPipe runs have measured steps; each
-//! cost is the one at which the
+//! What each action of a pipeline stage pays beside its nodes ([`Profile::stage_runs`]),
+//! calibrated against recorded runs: the profile's two-rank run of each schedule
+//! [`Family`] has a measured step; each family's cost is the one at which the
 //! simulator, with everything else as measured, predicts its run's step.
 //!
-//! The two kinds differ: where the backward is not split the last stage runs forward
+//! The families differ: where the backward is not split the last stage runs forward
 //! and backward as one graph, and a cut model's one graph gains less over its two
-//! passes than the whole model's does. On the GPT-2 fixture, calibrated on ZB-H1 alone,
-//! GPipe and 1F1B layouts came out 8-22% fast.
+//! passes than the whole model's does (on the GPT-2 fixture, calibrated on ZB-H1 alone,
+//! GPipe and 1F1B layouts came out 8-22% fast); where a rank holds two stages, each
+//! action pays less than a GPipe or ZB-H1 stage's (see [`Family`]).
 //!
 //! Read off the actions' own durations instead, it counted twice what the simulator adds
 //! itself: in a pipeline the two stages' actions run at once, and each slows the other
@@ -15,53 +15,37 @@
 //! whose step takes under a millisecond this over-predicted two-stage pipelines by up to
 //! twice.
 
-use crate::config::{ScheduleKind, TrainConfig};
+use crate::config::TrainConfig;
 use crate::graph::{BalanceBy, Recompute};
 
 use super::Sharded;
-use crate::cost::Profile;
-use crate::cost::{simulate_candidate, Candidate, Machinery};
+use crate::cost::{simulate_candidate, Candidate, Family, Machinery, PerFamily, Profile};
 
-/// The two-rank runs a stage's cost is calibrated against: ZB-H1 (V-Half for a lone
-/// micro-batch), for schedules that split the backward, and GPipe, for those that do
-/// not.
-pub(super) const RUNS: [ScheduleKind; 2] = [ScheduleKind::ZbH1, ScheduleKind::Gpipe];
-
-/// The per-action stage cost at which `profile`'s pipeline run under `schedule` (one of
-/// [`RUNS`]: in two stages, or in the profile's own stages where the model fits no
-/// worker whole; cut by FLOPs as the run cut them, micro-batches of
-/// `profile.micro_batch`) simulates to its measured step; 0 where the simulator predicts
-/// it slower even without any; `None` where the run was not made.
+/// The per-action stage cost of schedules of `family` at which `profile`'s run of that
+/// family ([`Family::run`]: on two ranks, or in the profile's own stages under ZB-H1
+/// where the model fits no worker whole; cut by FLOPs as the run cut them,
+/// micro-batches of `profile.micro_batch`) simulates to its measured step; 0 where the
+/// simulator predicts it slower even without any; `None` where the run was not made.
 pub(super) fn stage_run(
     profile: &Profile,
-    schedule: ScheduleKind,
+    family: Family,
     whole: &Sharded,
     machinery: &Machinery,
     cfg: &TrainConfig,
 ) -> Option<f64> {
-    let period = match schedule {
-        ScheduleKind::ZbH1 => profile.pipeline_period,
-        _ => profile.gpipe_period,
-    };
+    let period = profile.periods[family];
     if period <= 0.0 {
         return None;
     }
     let b = profile.micro_batch;
-    let micro_batches = cfg.global_batch() / b;
-    // The one-stage profile's pipeline runs have two ranks (a lone micro-batch's split
-    // run is V-Half's); a model no worker holds whole was profiled in its pipeline of
-    // `stages` under ZB-H1.
-    let schedule = match (schedule, profile.stages) {
-        (ScheduleKind::ZbH1, 1) => super::runs::split_schedule(micro_batches),
-        (s, _) => s,
-    };
+    let (schedule, virtual_stages) = family.run();
     let c = Candidate {
         dp: 1,
         tp: 1,
         pp: profile.stages.max(2),
         schedule,
-        virtual_stages: 1,
-        micro_batches,
+        virtual_stages,
+        micro_batches: cfg.global_batch() / b,
         micro_batch: b,
         recompute: Recompute::None,
         zero: 0,
@@ -69,8 +53,7 @@ pub(super) fn stage_run(
     let bounds = whole.balanced_bounds(c.stages(), BalanceBy::Flops)?;
     let step_at = |cost: f64| {
         let p = Profile {
-            stage_run: cost,
-            unsplit_stage_run: cost,
+            stage_runs: PerFamily::all(cost),
             ..profile.clone()
         };
         simulate_candidate(&c, &p, whole.costs(), machinery, Some(bounds.clone())).map(|s| s.step)

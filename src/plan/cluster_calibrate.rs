@@ -20,7 +20,7 @@ use std::path::Path;
 
 use crate::cluster::ClusterManifest;
 use crate::config::ScheduleKind;
-use crate::cost::{simulate_on_nodes, Link, Machinery, Nodes, Profile, Rate};
+use crate::cost::{simulate_on_nodes, Family, Link, Machinery, Nodes, Profile, Rate};
 use crate::graph::{BalanceBy, Recompute};
 use crate::{Error, Result};
 
@@ -127,7 +127,7 @@ fn fit_replicas(r: &Launched<'_>, (whole, m): (&Sharded, &Machinery), nodes: &No
 fn pipeline_profiles(profiles: &Profiles, (global, stages): (usize, usize)) -> Vec<&Profile> {
     let made: Vec<&Profile> = profiles
         .values()
-        .filter(|p| p.shards == 1 && p.stages == 1 && p.pipeline_period > 0.0)
+        .filter(|p| p.shards == 1 && p.stages == 1 && p.periods[Family::Split] > 0.0)
         .filter(|p| global / p.micro_batch.max(1) >= stages)
         .collect();
     let smallest = made.iter().min_by_key(|p| p.micro_batch);
@@ -240,7 +240,7 @@ fn pipeline<'a>(
         .balanced_bounds(c.pp, BalanceBy::Flops)
         .filter(|bounds| bounds.len() + 1 == c.pp)
         .ok_or_else(|| failed(format!("the model cannot be cut in {}", c.pp)))?;
-    let step = launched(run, profile, manifest, &c, RunKind::SplitPipeline)?;
+    let step = launched(run, profile, manifest, &c, RunKind::Pipeline(Family::Split))?;
     Ok(Launched {
         profile,
         c,

@@ -13,6 +13,7 @@ use std::path::Path;
 use super::machine::pass_seconds;
 use super::profile::{Profile, ProfileRun};
 use super::runs::{in_folder, RunKind};
+use crate::cost::Family;
 
 /// The run repeated, and what it measured when profiled.
 pub(super) struct Control<'a> {
@@ -39,9 +40,13 @@ impl<'a> Control<'a> {
             .iter()
             .filter(|p| p.shards == 1 && p.stages == 1 && p.fused > 0.0)
             .min_by_key(|p| p.micro_batch)?;
-        let (kind, profiled) = match p.pipeline_period > 0.0 {
-            true => (RunKind::SplitPipeline, p.pipeline_period),
-            false => (RunKind::Fused, p.fused),
+        // ZB-H1's where it ran (not for a lone micro-batch), else V-Half's.
+        let made = [Family::Split, Family::V]
+            .into_iter()
+            .find(|&f| p.periods[f] > 0.0);
+        let (kind, profiled) = match made {
+            Some(f) => (RunKind::Pipeline(f), p.periods[f]),
+            None => (RunKind::Fused, p.fused),
         };
         let run = ProfileRun {
             worker,
@@ -49,7 +54,7 @@ impl<'a> Control<'a> {
             steps: p.steps.max(3),
             warmup: 2,
             global_batch,
-            pipelines: kind == RunKind::SplitPipeline,
+            pipelines: made.is_some(),
             shards: 1,
             stages: 1,
         };
@@ -72,19 +77,15 @@ impl<'a> Control<'a> {
             pass_seconds(&dir.join("trace.json"), self.run.warmup)
         })?;
         Ok(match self.kind {
-            RunKind::SplitPipeline => passes.period,
+            RunKind::Pipeline(_) => passes.period,
             _ => passes.forward + passes.backward,
         } / self.profiled)
     }
 
     /// What the control runs, for the report.
     pub(super) fn name(&self) -> String {
-        let micro_batches = self.run.global_batch / self.micro_batch.max(1);
         let what = match self.kind {
-            RunKind::SplitPipeline => {
-                let schedule = super::runs::split_schedule(micro_batches).name();
-                format!("{schedule} on two ranks")
-            }
+            RunKind::Pipeline(f) => format!("{} on two ranks", f.run().0.name()),
             _ => "one stage, one graph".to_string(),
         };
         format!("{what}, micro-batches of {}", self.micro_batch)

@@ -15,6 +15,7 @@ use super::profile::{self, Profile, ProfileRun};
 use super::search::{self, Machinery};
 use super::{calibrate, PlanOptions};
 use crate::cost::stages as costs;
+use crate::cost::{Family, PerFamily};
 
 /// The model as a layout of `tp` tensor shards sees it: shard 0's training graph, where
 /// it can be cut, and each forward node's parameter values (a shard's part of a split
@@ -175,43 +176,45 @@ pub(super) fn profile_all(
     (profiles, skipped)
 }
 
-/// Each unsplit profile's per-action stage costs calibrated against its two-stage runs
-/// (a size without a run takes the nearest calibrated size's: the cost is the action's,
-/// not its values'; a schedule kind never calibrated takes the other's); a split
-/// model's profile takes the unsplit one's at its micro-batch.
+/// Each unsplit profile's per-action stage costs calibrated against its two-rank runs,
+/// a family at a time (a size without a run takes the nearest calibrated size's: the
+/// cost is the action's, not its values'; a family never calibrated takes its
+/// [`Family::stand_ins`]'); a split model's profile takes the unsplit one's at its
+/// micro-batch.
 pub(super) fn calibrate_stage_runs(
     profiles: &mut Profiles,
     whole: &Sharded,
     machinery: &Machinery,
     cfg: &TrainConfig,
 ) {
-    let [split, unsplit] = calibrate::RUNS.map(|schedule| {
+    let calibrated = Family::ALL.map(|family| {
         profiles
             .iter()
             .filter(|((tp, _), _)| *tp == 1)
             .filter_map(|(&(_, b), p)| {
-                Some((b, calibrate::stage_run(p, schedule, whole, machinery, cfg)?))
+                Some((b, calibrate::stage_run(p, family, whole, machinery, cfg)?))
             })
             .collect::<BTreeMap<usize, f64>>()
     });
     for (&(_, b), p) in profiles.iter_mut() {
-        (p.stage_run, p.unsplit_stage_run) = stage_runs_at(b, (&split, &unsplit));
+        p.stage_runs = stage_runs_at(b, &calibrated);
     }
 }
 
-/// The split and unsplit stage costs at micro-batches of `b`: each kind's at the
-/// nearest size calibrated for it; a kind never calibrated takes the other's; 0 where
-/// neither was.
-fn stage_runs_at(
-    b: usize,
-    (split, unsplit): (&BTreeMap<usize, f64>, &BTreeMap<usize, f64>),
-) -> (f64, f64) {
-    let nearest = |calibrated: &BTreeMap<usize, f64>| {
-        let by_distance = calibrated.iter().min_by_key(|(&c, _)| c.abs_diff(b));
+/// Each family's stage cost at micro-batches of `b` (`calibrated` in
+/// [`Family::ALL`]'s order): its own at the nearest size calibrated for it; where it
+/// has none, its nearest stand-in's; 0 where no family was calibrated.
+fn stage_runs_at(b: usize, calibrated: &[BTreeMap<usize, f64>; 4]) -> PerFamily {
+    let nearest = |f: Family| {
+        let by_distance = calibrated[f as usize]
+            .iter()
+            .min_by_key(|(&c, _)| c.abs_diff(b));
         by_distance.map(|(_, &cost)| cost)
     };
-    let (s, u) = (nearest(split), nearest(unsplit));
-    (s.or(u).unwrap_or(0.0), u.or(s).unwrap_or(0.0))
+    PerFamily(Family::ALL.map(|f| {
+        let mut own_then_stand_ins = std::iter::once(f).chain(f.stand_ins());
+        own_then_stand_ins.find_map(nearest).unwrap_or(0.0)
+    }))
 }
 
 #[cfg(test)]
@@ -219,15 +222,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_size_takes_each_kind_s_nearest_calibration_and_a_kind_never_run_the_other_s() {
-        let split = BTreeMap::from([(1, 10.0), (2, 20.0)]);
+    fn each_size_takes_each_family_s_nearest_calibration_and_a_family_never_run_a_stand_in_s() {
         let unsplit = BTreeMap::from([(1, 30.0), (2, 40.0), (4, 50.0)]);
-        // ZB-H1 cannot run a single micro-batch of 4: the split cost is 2's.
-        assert_eq!(stage_runs_at(4, (&split, &unsplit)), (20.0, 50.0));
-        assert_eq!(stage_runs_at(1, (&split, &unsplit)), (10.0, 30.0));
+        // ZB-H1 cannot run a single micro-batch of 4: its cost is 2's.
+        let split = BTreeMap::from([(1, 10.0), (2, 20.0)]);
+        let v = BTreeMap::from([(1, 5.0), (2, 6.0), (4, 7.0)]);
         let none = BTreeMap::new();
-        assert_eq!(stage_runs_at(8, (&none, &unsplit)), (50.0, 50.0));
-        assert_eq!(stage_runs_at(8, (&split, &none)), (20.0, 20.0));
-        assert_eq!(stage_runs_at(8, (&none, &none)), (0.0, 0.0));
+        let at = |b, c| stage_runs_at(b, c).0;
+        let all = [unsplit, split.clone(), none.clone(), v.clone()];
+        // Interleaved was never run: unsplit's stands in.
+        assert_eq!(at(4, &all), [50.0, 20.0, 50.0, 7.0]);
+        assert_eq!(at(1, &all), [30.0, 10.0, 30.0, 5.0]);
+        // Only the split family run: everyone takes it.
+        let only_split = [none.clone(), split, none.clone(), none.clone()];
+        assert_eq!(at(8, &only_split), [20.0; 4]);
+        // A V run alone stands in for ZB-H1 before the unsplit ones.
+        let only_v = [none.clone(), none.clone(), none.clone(), v];
+        assert_eq!(at(2, &only_v), [6.0; 4]);
+        let nothing = [none.clone(), none.clone(), none.clone(), none];
+        assert_eq!(at(8, &nothing), [0.0; 4]);
     }
 }

@@ -11,9 +11,9 @@
 //!
 //! The profiler's own bookkeeping slows the run it records, so its times give only each
 //! node's share: a second run without it (our trace) gives the passes' true times, a
-//! third the one-graph forward and backward that a single stage runs, and two more, on
-//! two ranks (the backward split, and GPipe), the steps a stage's own costs are
-//! calibrated against.
+//! third the one-graph forward and backward that a single stage runs, and up to four
+//! more, on two ranks (one for each schedule [`Family`]), the steps a stage's own costs
+//! are calibrated against.
 
 use std::path::Path;
 
@@ -22,6 +22,7 @@ use super::ort_profile::{read_profile, Counting};
 use super::runs::{in_folder, RunKind};
 
 pub use crate::cost::Profile;
+use crate::cost::{Family, PerFamily};
 use crate::graph::TrainingGraph;
 use crate::{Error, Result};
 
@@ -131,10 +132,8 @@ pub(super) fn measure(
         action_gap: 0.0,
         idle: 0.0,
         actions: 2.0 * counting.micro_batches as f64,
-        stage_run: 0.0,
-        unsplit_stage_run: 0.0,
-        pipeline_period: 0.0,
-        gpipe_period: 0.0,
+        stage_runs: PerFamily::default(),
+        periods: PerFamily::default(),
         hand_off: 0.0,
         unmatched,
     };
@@ -172,8 +171,8 @@ impl Timings {
         p.fused = self.one.fused.forward + self.one.fused.backward;
         p.step_per_value = self.timed.step / values.max(1) as f64;
         p.idle = self.one.fused.idle;
-        p.pipeline_period = self.one.split_period;
-        (p.gpipe_period, p.hand_off) = self.one.gpipe;
+        p.periods = self.one.periods;
+        p.hand_off = self.one.hand_off;
     }
 }
 
@@ -200,11 +199,15 @@ pub(super) fn timings(
         1 => one_stage_runs(run, key)?,
         // A model no worker holds whole: the timed run is itself a pipeline (the
         // calibration's), and no run has the one graph of a single stage.
-        _ => OneStage {
-            fused: Passes { idle: 0.0, ..timed },
-            split_period: timed.period,
-            gpipe: (0.0, 0.0),
-        },
+        _ => {
+            let mut periods = PerFamily::default();
+            periods[Family::Split] = timed.period;
+            OneStage {
+                fused: Passes { idle: 0.0, ..timed },
+                periods,
+                hand_off: 0.0,
+            }
+        }
     };
     Ok(Timings { timed, one })
 }
@@ -214,18 +217,17 @@ pub(super) fn timings(
 pub(super) struct OneStage {
     /// The one graph of forward and backward a single stage runs.
     pub fused: Passes,
-    /// The two-rank split-backward run's step (`runs::split_schedule`; 0 where not
-    /// run).
-    pub split_period: f64,
-    /// The two-stage GPipe run's step and its hand-off (0 where not run).
-    pub gpipe: (f64, f64),
+    /// Each schedule family's two-rank run's step ([`Family::run`]; 0 where not run).
+    pub periods: PerFamily,
+    /// The GPipe run's hand-off (0 where not run).
+    pub hand_off: f64,
 }
 
 /// The one-stage runs: the one graph of forward and backward a single stage runs, and
-/// (where pipelines are planned) the same passes on two ranks, with the backward split
-/// (ZB-H1, or V-Half for a lone micro-batch: `runs::split_schedule`) and under GPipe,
-/// whose steps a stage's own cost is calibrated against (`calibrate`), the one for
-/// schedules that split the backward, the other for those that do not.
+/// (where pipelines are planned) the same passes on two ranks under each schedule
+/// family's run ([`Family::run`]; ZB-H1 not for a lone micro-batch, which it cannot
+/// run in two stages), whose steps each family's stage cost is calibrated against
+/// (`calibrate`).
 fn one_stage_runs(
     run: &ProfileRun<'_>,
     key: (usize, usize),
@@ -233,36 +235,35 @@ fn one_stage_runs(
     let fused = in_folder(run, key, RunKind::Fused, |dir| {
         pass_seconds(&dir.join("trace.json"), run.warmup)
     })?;
+    let mut one = OneStage {
+        fused,
+        ..OneStage::default()
+    };
     if !run.pipelines {
-        return Ok(OneStage {
-            fused,
-            ..OneStage::default()
-        });
+        return Ok(one);
     }
+    let micro_batches = run.global_batch / key.1.max(1);
     // A pipeline run that fails (a model that cannot be cut in two) leaves its
     // calibration to the nearest size's.
-    let split_period = in_folder(run, key, RunKind::SplitPipeline, |dir| {
-        pass_seconds(&dir.join("trace.json"), run.warmup)
-    })
-    .map(|two| two.period)
-    .unwrap_or_else(|e| {
-        tracing::warn!("the two-stage split-backward run failed: {e}");
-        0.0
-    });
-    let gpipe = in_folder(run, key, RunKind::Pipeline, |dir| {
-        let trace = dir.join("trace.json");
-        let period = pass_seconds(&trace, run.warmup)?.period;
-        Ok((period, hand_off_seconds(&trace, run.warmup)?))
-    })
-    .unwrap_or_else(|e| {
-        tracing::warn!("the two-stage GPipe run failed: {e}");
-        (0.0, 0.0)
-    });
-    Ok(OneStage {
-        fused,
-        split_period,
-        gpipe,
-    })
+    for family in Family::ALL.into_iter().filter(|f| f.runs(micro_batches)) {
+        let made = in_folder(run, key, RunKind::Pipeline(family), |dir| {
+            let trace = dir.join("trace.json");
+            let period = pass_seconds(&trace, run.warmup)?.period;
+            let hand_off = match family {
+                Family::Unsplit => hand_off_seconds(&trace, run.warmup)?,
+                _ => 0.0,
+            };
+            Ok((period, hand_off))
+        });
+        match made {
+            Ok((period, hand_off)) => {
+                one.periods[family] = period;
+                one.hand_off += hand_off;
+            }
+            Err(e) => tracing::warn!("the two-rank {:?} run failed: {e}", family.run().0),
+        }
+    }
+    Ok(one)
 }
 
 /// What a step costs beside its actions (`.0`: the coordinator's decision, the data) and

@@ -4,6 +4,7 @@
 use crate::train::peak::gb;
 
 use super::{Candidate, Plan, PlanRow};
+use crate::cost::Family;
 
 /// The cluster's nodes and link, where the plan spans several nodes.
 fn cluster_text(plan: &Plan) -> String {
@@ -51,7 +52,8 @@ pub fn report(plan: &Plan, top: usize) -> String {
     for p in &plan.profiles {
         out += &format!(
             "profile: micro-batch {}, {} thread(s){}: {:.3} ms per micro-batch (forward {:.3}, \
-             backward {:.3}; as one graph {:.3}; a stage's action +{:.0} us, +{:.0} us unsplit), {:.0}% \
+             backward {:.3}; as one graph {:.3}; a stage's action +{:.0} us unsplit, +{:.0} split, +{:.0} interleaved, \
+             +{:.0} in a V), {:.0}% \
              of kernel time in nodes ONNX Runtime made\n",
             p.micro_batch,
             p.threads,
@@ -64,8 +66,10 @@ pub fn report(plan: &Plan, top: usize) -> String {
             p.forward.iter().sum::<f64>() * 1e3,
             p.backward.iter().sum::<f64>() * 1e3,
             p.fused * 1e3,
-            p.stage_run * 1e6,
-            p.unsplit_stage_run * 1e6,
+            p.stage_runs[Family::Unsplit] * 1e6,
+            p.stage_runs[Family::Split] * 1e6,
+            p.stage_runs[Family::Interleaved] * 1e6,
+            p.stage_runs[Family::V] * 1e6,
             p.unmatched * 100.0
         );
     }

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use super::machine::Passes;
 use super::profile::{timings, OneStage, Profile, ProfileRun, Timings};
+use crate::cost::{Family, PerFamily};
 
 /// The median of `values` (`None` for none).
 pub(super) fn median(values: &[f64]) -> Option<f64> {
@@ -84,11 +85,8 @@ fn middle(all: &[Timings]) -> Timings {
         timed: passes(&|t| t.timed),
         one: OneStage {
             fused: passes(&|t| t.one.fused),
-            split_period: median_of(all, &|t| t.one.split_period),
-            gpipe: (
-                median_of(all, &|t| t.one.gpipe.0),
-                median_of(all, &|t| t.one.gpipe.1),
-            ),
+            periods: PerFamily(Family::ALL.map(|f| median_of(all, &|t| t.one.periods[f]))),
+            hand_off: median_of(all, &|t| t.one.hand_off),
         },
     }
 }
@@ -116,8 +114,8 @@ mod tests {
                     forward: fused,
                     ..Passes::default()
                 },
-                split_period: 0.0,
-                gpipe: (gpipe, 0.0),
+                periods: PerFamily([gpipe, 0.0, 0.0, 0.0]),
+                hand_off: 0.0,
             },
         };
         // One slow round of three: the median is a quiet one.
@@ -125,7 +123,7 @@ mod tests {
         assert_eq!(m.one.fused.forward, 1.1);
         assert_eq!(m.timed.forward, 0.55);
         // The GPipe run failed once: the median of the two made.
-        assert_eq!(m.one.gpipe.0, 2.5);
-        assert_eq!(m.one.split_period, 0.0);
+        assert_eq!(m.one.periods[Family::Unsplit], 2.5);
+        assert_eq!(m.one.periods[Family::Split], 0.0);
     }
 }

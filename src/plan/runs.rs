@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::config::ScheduleKind;
+use crate::cost::Family;
 use crate::{Error, Result};
 
 use super::profile::ProfileRun;
@@ -24,21 +24,19 @@ pub(super) enum RunKind {
     FusedPair,
     /// [`RunKind::FusedPair`] at ZeRO stage 2: what sharding the gradients costs.
     Zero2Pair,
-    /// Two pipeline stages (GPipe): what cutting the model costs a schedule that does
-    /// not split the backward, and what a hand-off between stage actors takes.
-    Pipeline,
-    /// Two pipeline stages with the backward split ([`split_schedule`]): what cutting
-    /// the model costs its passes.
-    SplitPipeline,
+    /// Two ranks under the schedule [`Family::run`] names: what cutting the model costs
+    /// that family's stage actions; GPipe's also what a hand-off between stage actors
+    /// takes.
+    Pipeline(Family),
 }
 
-/// The schedule of [`RunKind::SplitPipeline`] at `micro_batches` a step: ZB-H1, or
-/// V-Half (two ranks, four stages in a V) for a single micro-batch, which ZB-H1 cannot
-/// run in two stages.
-pub(super) fn split_schedule(micro_batches: usize) -> ScheduleKind {
-    match micro_batches >= 2 {
-        true => ScheduleKind::ZbH1,
-        false => ScheduleKind::VHalf,
+impl RunKind {
+    /// What names its files.
+    fn tag(self) -> String {
+        match self {
+            RunKind::Pipeline(family) => format!("Pipeline{family:?}"),
+            kind => format!("{kind:?}"),
+        }
     }
 }
 
@@ -50,7 +48,7 @@ pub(super) fn in_folder<T>(
     read: impl FnOnce(&Path) -> std::result::Result<T, String>,
 ) -> std::result::Result<T, String> {
     let config = profile_config(run, (threads, micro_batch), kind).map_err(|e| e.to_string())?;
-    let tag = format!("{threads}-{micro_batch}-{kind:?}-tp{}", run.shards);
+    let tag = format!("{threads}-{micro_batch}-{}-tp{}", kind.tag(), run.shards);
     run_and_read(run.worker, &config, &tag, read)
 }
 
@@ -113,7 +111,7 @@ pub(super) fn profile_config(
         t.insert("deepspeed_zero_stage".into(), toml::Value::Integer(2));
     }
     let stages = match kind {
-        RunKind::Pipeline | RunKind::SplitPipeline => 2,
+        RunKind::Pipeline(_) => 2,
         _ => run.stages,
     };
     if global % (micro_batch * replicas) != 0 {
@@ -135,9 +133,13 @@ pub(super) fn profile_config(
     let schedule = match kind {
         RunKind::Fused | RunKind::FusedPair | RunKind::Zero2Pair => "1f1b",
         RunKind::Profiled | RunKind::Timed => "zb_h1",
-        // ZB-H1 needs a micro-batch a stage: a lone micro-batch runs V-Half's V.
-        RunKind::SplitPipeline => split_schedule(micro_batches).name(),
-        RunKind::Pipeline => "gpipe",
+        RunKind::Pipeline(family) => {
+            let (schedule, virtual_stages) = family.run();
+            if virtual_stages > 1 {
+                pipeline.insert("virtual_stages".into(), int(virtual_stages));
+            }
+            schedule.name()
+        }
     };
     pipeline.insert("schedule".into(), schedule.into());
     t.insert("pipeline".into(), pipeline.into());
@@ -149,8 +151,9 @@ pub(super) fn profile_config(
         r.insert("intra_op_threads".into(), int(threads));
     }
     let name = format!(
-        ".pipetrain-plan-{}-{threads}-{micro_batch}-{kind:?}-tp{}.toml",
+        ".pipetrain-plan-{}-{threads}-{micro_batch}-{}-tp{}.toml",
         std::process::id(),
+        kind.tag(),
         run.shards
     );
     let path = run.config.parent().unwrap_or(Path::new(".")).join(name);
@@ -192,7 +195,7 @@ mod tests {
     use crate::config::TrainConfig;
 
     #[test]
-    fn a_lone_micro_batch_s_split_run_is_v_half_and_a_configuration_train_accepts() {
+    fn each_family_s_run_is_its_schedule_on_two_ranks_in_a_configuration_train_accepts() {
         let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gpt2_tiny.toml");
         let global = TrainConfig::load(&config).unwrap().global_batch();
         let run = ProfileRun {
@@ -205,18 +208,15 @@ mod tests {
             shards: 1,
             stages: 1,
         };
-        for (micro_batch, schedule) in [
-            (global, ScheduleKind::VHalf),
-            (global / 2, ScheduleKind::ZbH1),
-        ] {
-            let path = profile_config(&run, (1, micro_batch), RunKind::SplitPipeline).unwrap();
+        for family in Family::ALL {
+            let kind = RunKind::Pipeline(family);
+            let path = profile_config(&run, (1, global / 2), kind).unwrap();
             let written = TrainConfig::load(&path);
             std::fs::remove_file(&path).unwrap();
             let cfg = written.unwrap();
-            assert_eq!(
-                cfg.pipeline.schedule, schedule,
-                "micro-batches of {micro_batch}"
-            );
+            let (schedule, virtual_stages) = family.run();
+            assert_eq!(cfg.pipeline.schedule, schedule, "{family:?}");
+            assert_eq!(cfg.pipeline.virtual_stages, virtual_stages, "{family:?}");
             assert_eq!(cfg.pipeline_parallel_size, 2);
             assert_eq!(cfg.global_batch(), global);
         }

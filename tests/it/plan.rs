@@ -8,6 +8,7 @@ use std::process::Command;
 use crate::common::{self, PeerModel};
 use pipetrain::config::TrainConfig;
 use pipetrain::cost::split::BackwardGraph;
+use pipetrain::cost::PerFamily;
 use pipetrain::graph::{assign_stages, build_stage_graphs, NodeTimes, Partition};
 
 #[test]
@@ -88,40 +89,44 @@ fn flat_profile(tg: &pipetrain::graph::TrainingGraph) -> pipetrain::cost::Profil
         action_gap: 1e-4,
         idle: 0.0,
         actions: 0.0,
-        stage_run: 2e-4,
-        unsplit_stage_run: 2e-4,
-        pipeline_period: 0.0,
-        gpipe_period: 0.0,
+        stage_runs: PerFamily::all(2e-4),
+        periods: PerFamily::default(),
         hand_off: 0.0,
         unmatched: 0.0,
     }
 }
 
 #[test]
-fn each_schedule_kind_pays_the_stage_cost_calibrated_on_a_run_of_its_kind() {
+fn each_schedule_family_pays_the_stage_cost_calibrated_on_a_run_of_its_family() {
     use pipetrain::cost::stages::stage_costs;
+    use pipetrain::cost::Family;
     use pipetrain::graph::Recompute;
     let (tg, cut, bounds) = tiny_gpt_in_three();
     let profile = pipetrain::cost::Profile {
-        unsplit_stage_run: 5e-4,
+        stage_runs: PerFamily([5e-4, 2e-4, 7e-4, 1e-4]),
         ..flat_profile(&tg)
     };
-    let split = stage_costs(&profile, &cut, &bounds, (Recompute::None, true));
-    let unsplit = stage_costs(&profile, &cut, &bounds, (Recompute::None, false));
+    let costs = |f| stage_costs(&profile, &cut, &bounds, (Recompute::None, f));
+    let split = costs(Family::Split);
     let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
-    // The same nodes, each action 0.3 ms dearer where the backward is not split.
-    for s in 0..2 {
-        assert!(
-            close(unsplit[s].forward - split[s].forward, 3e-4),
-            "stage {s}"
-        );
-        assert!(
-            close(unsplit[s].backward - split[s].backward, 3e-4),
-            "stage {s}"
-        );
+    // The same nodes, each action dearer or cheaper by its family's cost.
+    for (family, more) in [
+        (Family::Unsplit, 3e-4),
+        (Family::Interleaved, 5e-4),
+        (Family::V, -1e-4),
+    ] {
+        let other = costs(family);
+        for s in 0..2 {
+            let what = format!("{family:?}, stage {s}");
+            assert!(close(other[s].forward - split[s].forward, more), "{what}");
+            assert!(close(other[s].backward - split[s].backward, more), "{what}");
+        }
+        // The last stage of an unsplit schedule runs one graph: its `B` is the cost
+        // alone.
+        if !family.splits_backward() {
+            assert!(close(other[2].backward, 1e-4 + profile.stage_runs[family]));
+        }
     }
-    // The last stage of an unsplit schedule runs one graph: its `B` is the cost alone.
-    assert!(close(unsplit[2].backward, 1e-4 + 5e-4));
 }
 
 #[test]
@@ -133,9 +138,9 @@ fn a_pass_that_recomputes_the_forward_runs_it_with_its_backward_as_one_graph() {
     let total = profile.forward.iter().chain(&profile.backward).sum::<f64>();
     let gap = 3e-4;
     let close = |a: f64, b: f64| (a - b).abs() < 1e-12 * total;
-    for split in [true, false] {
-        let none = stage_costs(&profile, &cut, &bounds, (Recompute::None, split));
-        let again = stage_costs(&profile, &cut, &bounds, (Recompute::Stage, split));
+    for family in pipetrain::cost::Family::ALL {
+        let none = stage_costs(&profile, &cut, &bounds, (Recompute::None, family));
+        let again = stage_costs(&profile, &cut, &bounds, (Recompute::Stage, family));
         let f = none[1].forward - gap;
         // A middle stage: its input-gradient pass (and its whole backward) runs the
         // forward again in one graph; its weight-gradient pass is unchanged.
