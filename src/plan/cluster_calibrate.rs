@@ -121,9 +121,9 @@ fn fit_replicas(r: &Launched<'_>, (whole, m): (&Sharded, &Machinery), nodes: &No
     (contention, replica_sync)
 }
 
-/// The unsplit one-stage profiles whose two-stage run was made and whose micro-batches
-/// fill `stages` ZB-H1 stages: the smallest and the largest micro-batch (one where they
-/// are the same).
+/// The unsplit one-stage profiles whose two-stage ZB-H1 run was made and whose
+/// micro-batches fill `stages` ZB-H1 stages: the smallest and the largest micro-batch
+/// (one where they are the same).
 fn pipeline_profiles(profiles: &Profiles, (global, stages): (usize, usize)) -> Vec<&Profile> {
     let made: Vec<&Profile> = profiles
         .values()

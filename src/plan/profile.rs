@@ -152,14 +152,14 @@ pub(super) fn parameter_values(tg: &TrainingGraph) -> usize {
 pub(super) struct Timings {
     /// The passes per micro-batch over the stages.
     pub timed: Passes,
-    /// The one graph and the two-stage runs.
+    /// The one graph and the two-rank runs.
     pub one: OneStage,
 }
 
 impl Timings {
     /// Sets what `p` takes from these runs: its nodes' times scaled to the passes'
     /// (the profiler gave only their shares), the one graph, the update per value (of
-    /// `values`), and the two-stage runs.
+    /// `values`), and the two-rank runs.
     pub(super) fn apply(&self, p: &mut Profile, values: usize) {
         let rescale = |v: &mut Vec<f64>, to: f64| {
             let of: f64 = v.iter().sum();

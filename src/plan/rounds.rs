@@ -1,6 +1,6 @@
 //! A profile's timed runs in rounds (`plan --profile-rounds R`): after every size has
 //! been profiled once, each size's timed runs (the passes without the profiler, the one
-//! graph, the two-stage runs) run again, the sizes in turn each round, and each profile
+//! graph, the two-rank runs) run again, the sizes in turn each round, and each profile
 //! takes the median of its rounds.
 //!
 //! On a shared machine one run can land in a slow minute: on the vocabulary GPT one
@@ -77,7 +77,7 @@ pub(super) fn median_passes(all: &[Passes]) -> Passes {
     }
 }
 
-/// Each of `all`'s times their median (a two-stage run not made, 0, left out).
+/// Each of `all`'s times their median (a two-rank run not made, 0, left out).
 fn middle(all: &[Timings]) -> Timings {
     let passes =
         |f: &dyn Fn(&Timings) -> Passes| median_passes(&all.iter().map(f).collect::<Vec<_>>());
