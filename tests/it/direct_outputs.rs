@@ -7,7 +7,6 @@ use crate::common;
 
 use pipetrain::compute::{GraphSession, SessionOptions, Target};
 use pipetrain::graph::{make_node, untyped_value_info, value_info, ValueMeta};
-use pipetrain::onnx::proto::{GraphProto, ModelProto, OperatorSetIdProto};
 use pipetrain::tensor::{DType, Tensor, TensorView};
 use pipetrain::Error;
 
@@ -17,32 +16,24 @@ fn session() -> GraphSession {
         dtype: DType::F32,
         shape: shape.to_vec(),
     };
-    let model = ModelProto {
-        ir_version: 8,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        graph: Some(GraphProto {
-            name: "direct".into(),
-            node: vec![
-                make_node("MatMul", "mm", &["X", "W"], &["y"], vec![]),
-                make_node("Relu", "relu", &["y"], &["z"], vec![]),
-                make_node("Identity", "id", &["X"], &["xcopy"], vec![]),
-            ],
-            input: vec![
-                value_info("X", &meta(&[4, 3])),
-                value_info("W", &meta(&[3, 2])),
-            ],
-            output: vec![
-                untyped_value_info("y"),
-                untyped_value_info("z"),
-                untyped_value_info("xcopy"),
-            ],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let model = common::opset17_model(
+        "direct",
+        vec![
+            make_node("MatMul", "mm", &["X", "W"], &["y"], vec![]),
+            make_node("Relu", "relu", &["y"], &["z"], vec![]),
+            make_node("Identity", "id", &["X"], &["xcopy"], vec![]),
+        ],
+        vec![],
+        vec![
+            value_info("X", &meta(&[4, 3])),
+            value_info("W", &meta(&[3, 2])),
+        ],
+        vec![
+            untyped_value_info("y"),
+            untyped_value_info("z"),
+            untyped_value_info("xcopy"),
+        ],
+    );
     let rt = common::runtime();
     GraphSession::from_model(&rt, &model, &SessionOptions::default(), "direct").unwrap()
 }

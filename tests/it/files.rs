@@ -388,40 +388,32 @@ fn dropout_gradient_uses_the_forward_mask() {
         (0..512).map(|i| (i as f32 * 0.37).sin()).collect(),
     )
     .unwrap();
-    let model = ModelProto {
-        ir_version: 8,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        graph: Some(GraphProto {
-            name: "dropout".into(),
-            node: vec![
-                make_node(
-                    "Dropout",
-                    "drop",
-                    &["W", "ratio", "training"],
-                    &["y", "mask"],
-                    vec![],
-                ),
-                make_node(
-                    "ReduceSum",
-                    "sum",
-                    &["y"],
-                    &["total"],
-                    vec![pipetrain::graph::int_attr("keepdims", 0)],
-                ),
-            ],
-            initializer: vec![
-                w.to_proto("W"),
-                ratio.to_proto("ratio"),
-                training.to_proto("training"),
-            ],
-            output: vec![pipetrain::graph::untyped_value_info("total")],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let model = common::opset17_model(
+        "dropout",
+        vec![
+            make_node(
+                "Dropout",
+                "drop",
+                &["W", "ratio", "training"],
+                &["y", "mask"],
+                vec![],
+            ),
+            make_node(
+                "ReduceSum",
+                "sum",
+                &["y"],
+                &["total"],
+                vec![pipetrain::graph::int_attr("keepdims", 0)],
+            ),
+        ],
+        vec![
+            w.to_proto("W"),
+            ratio.to_proto("ratio"),
+            training.to_proto("training"),
+        ],
+        vec![],
+        vec![pipetrain::graph::untyped_value_info("total")],
+    );
     let opts = TrainOptions {
         inputs: Default::default(),
         loss: LossSpec::Output {

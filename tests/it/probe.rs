@@ -178,7 +178,6 @@ fn work_per_node_is_the_steps_products_over_its_nodes() {
 #[test]
 fn a_probe_that_fails_leaves_no_profile_behind() {
     use pipetrain::graph::{make_node, value_info, ValueMeta};
-    use pipetrain::onnx::proto::{GraphProto, ModelProto, OperatorSetIdProto};
     use pipetrain::tensor::DType;
     let rt = common::runtime();
     let asin = |dtype| {
@@ -186,21 +185,13 @@ fn a_probe_that_fails_leaves_no_profile_behind() {
             dtype,
             shape: vec![2, 2],
         };
-        let model = ModelProto {
-            ir_version: 8,
-            opset_import: vec![OperatorSetIdProto {
-                domain: String::new(),
-                version: 17,
-            }],
-            graph: Some(GraphProto {
-                name: "asin".into(),
-                node: vec![make_node("Asin", "n0", &["x"], &["y"], vec![])],
-                input: vec![value_info("x", &meta)],
-                output: vec![untyped_value_info("y")],
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let model = common::opset17_model(
+            "asin",
+            vec![make_node("Asin", "n0", &["x"], &["y"], vec![])],
+            vec![],
+            vec![value_info("x", &meta)],
+            vec![untyped_value_info("y")],
+        );
         Graph::from_model(&model).unwrap()
     };
     // This thread's probes name their files after the process and the thread.

@@ -27,7 +27,6 @@ pub fn initial_params(tg: &TrainingGraph) -> TensorMap {
         .collect()
 }
 
-/// The loaded ONNX Runtime (one per test process).
 /// An opset-17 model of `nodes` with `inits` as initializers, `inputs` and `outputs`.
 pub fn opset17_model(
     name: &str,
@@ -55,6 +54,7 @@ pub fn opset17_model(
     }
 }
 
+/// The loaded ONNX Runtime (one per test process).
 pub fn runtime() -> Runtime {
     Runtime::from_env().expect("ONNX Runtime: run `bash scripts/setup.sh` first")
 }
