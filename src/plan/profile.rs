@@ -249,16 +249,17 @@ fn one_stage_runs(
         let made = in_folder(run, key, RunKind::Pipeline(family), |dir| {
             let trace = dir.join("trace.json");
             let period = pass_seconds(&trace, run.warmup)?.period;
+            // GPipe's hand-offs find the receiver idle: what one takes.
             let hand_off = match family {
-                Family::Unsplit => hand_off_seconds(&trace, run.warmup)?,
-                _ => 0.0,
+                Family::Unsplit => Some(hand_off_seconds(&trace, run.warmup)?),
+                _ => None,
             };
             Ok((period, hand_off))
         });
         match made {
             Ok((period, hand_off)) => {
                 one.periods[family] = period;
-                one.hand_off += hand_off;
+                one.hand_off = hand_off.unwrap_or(one.hand_off);
             }
             Err(e) => tracing::warn!("the two-rank {:?} run failed: {e}", family.run().0),
         }
