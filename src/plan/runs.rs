@@ -32,7 +32,7 @@ pub(super) enum RunKind {
 
 impl RunKind {
     /// What names its files.
-    fn tag(self) -> String {
+    pub(super) fn tag(self) -> String {
         match self {
             RunKind::Pipeline(family) => format!("Pipeline{family:?}"),
             kind => format!("{kind:?}"),
