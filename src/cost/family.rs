@@ -87,24 +87,24 @@ impl Family {
 
 /// A value for each [`Family`].
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct PerFamily(pub [f64; 4]);
+pub struct PerFamily<T = f64>(pub [T; 4]);
 
-impl Index<Family> for PerFamily {
-    type Output = f64;
-    fn index(&self, f: Family) -> &f64 {
+impl<T> Index<Family> for PerFamily<T> {
+    type Output = T;
+    fn index(&self, f: Family) -> &T {
         &self.0[f.index()]
     }
 }
 
-impl IndexMut<Family> for PerFamily {
-    fn index_mut(&mut self, f: Family) -> &mut f64 {
+impl<T> IndexMut<Family> for PerFamily<T> {
+    fn index_mut(&mut self, f: Family) -> &mut T {
         &mut self.0[f.index()]
     }
 }
 
-impl PerFamily {
+impl<T: Copy> PerFamily<T> {
     /// The same `value` for every family.
-    pub fn all(value: f64) -> PerFamily {
+    pub fn all(value: T) -> PerFamily<T> {
         PerFamily([value; 4])
     }
 }

@@ -187,7 +187,7 @@ pub(super) fn calibrate_stage_runs(
     machinery: &Machinery,
     cfg: &TrainConfig,
 ) {
-    let calibrated = Family::ALL.map(|family| {
+    let calibrated = PerFamily(Family::ALL.map(|family| {
         profiles
             .iter()
             .filter(|((tp, _), _)| *tp == 1)
@@ -195,20 +195,18 @@ pub(super) fn calibrate_stage_runs(
                 Some((b, calibrate::stage_run(p, family, whole, machinery, cfg)?))
             })
             .collect::<BTreeMap<usize, f64>>()
-    });
+    }));
     for (&(_, b), p) in profiles.iter_mut() {
         p.stage_runs = stage_runs_at(b, &calibrated);
     }
 }
 
-/// Each family's stage cost at micro-batches of `b` (`calibrated` in
-/// [`Family::ALL`]'s order): its own at the nearest size calibrated for it; where it
-/// has none, its nearest stand-in's; 0 where no family was calibrated.
-fn stage_runs_at(b: usize, calibrated: &[BTreeMap<usize, f64>; 4]) -> PerFamily {
+/// Each family's stage cost at micro-batches of `b`, of the costs `calibrated` at each
+/// size: its own at the nearest size calibrated for it; where it has none, its nearest
+/// stand-in's; 0 where no family was calibrated.
+fn stage_runs_at(b: usize, calibrated: &PerFamily<BTreeMap<usize, f64>>) -> PerFamily {
     let nearest = |f: Family| {
-        let by_distance = calibrated[f as usize]
-            .iter()
-            .min_by_key(|(&c, _)| c.abs_diff(b));
+        let by_distance = calibrated[f].iter().min_by_key(|(&c, _)| c.abs_diff(b));
         by_distance.map(|(_, &cost)| cost)
     };
     PerFamily(Family::ALL.map(|f| {
@@ -229,17 +227,17 @@ mod tests {
         let v = BTreeMap::from([(1, 5.0), (2, 6.0), (4, 7.0)]);
         let none = BTreeMap::new();
         let at = |b, c| stage_runs_at(b, c).0;
-        let all = [unsplit, split.clone(), none.clone(), v.clone()];
+        let all = PerFamily([unsplit, split.clone(), none.clone(), v.clone()]);
         // Interleaved was never run: unsplit's stands in.
         assert_eq!(at(4, &all), [50.0, 20.0, 50.0, 7.0]);
         assert_eq!(at(1, &all), [30.0, 10.0, 30.0, 5.0]);
         // Only the split family run: everyone takes it.
-        let only_split = [none.clone(), split, none.clone(), none.clone()];
+        let only_split = PerFamily([none.clone(), split, none.clone(), none.clone()]);
         assert_eq!(at(8, &only_split), [20.0; 4]);
         // A V run alone stands in for ZB-H1 before the unsplit ones.
-        let only_v = [none.clone(), none.clone(), none.clone(), v];
+        let only_v = PerFamily([none.clone(), none.clone(), none.clone(), v]);
         assert_eq!(at(2, &only_v), [6.0; 4]);
-        let nothing = [none.clone(), none.clone(), none.clone(), none];
+        let nothing = PerFamily([none.clone(), none.clone(), none.clone(), none]);
         assert_eq!(at(8, &nothing), [0.0; 4]);
     }
 }

@@ -108,13 +108,12 @@ fn profiler_overhead<'a>(
     timed: &[(&'a str, u64)],
     op_of: &dyn Fn(&'a str) -> Option<&'a str>,
 ) -> f64 {
-    let mut views: Vec<f64> = timed
+    let views: Vec<f64> = timed
         .iter()
         .filter(|(node, _)| op_of(node).is_some_and(|op| VIEWS.contains(&op)))
         .map(|&(_, dur)| dur as f64)
         .collect();
-    views.sort_by(f64::total_cmp);
-    views.get(views.len() / 2).copied().unwrap_or(0.0)
+    super::rounds::median(&views).unwrap_or(0.0)
 }
 
 /// The profile files of the stages' training sessions (not their evaluation's).
