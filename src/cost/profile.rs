@@ -55,6 +55,10 @@ pub struct Profile {
     /// where its own stage was idle when the value was made (0 where not run).
     #[serde(default)]
     pub hand_off: f64,
+    /// In the GPipe run, how much its two stages' actions slowed each other where they
+    /// ran at once (`plan::overlap`; `None` where they did not, or it was not run).
+    #[serde(default)]
+    pub stage_contention: Option<f64>,
     /// Share of kernel time in nodes ONNX Runtime made itself, spread by proportion.
     pub unmatched: f64,
 }
@@ -198,6 +202,7 @@ impl NamedCosts {
             stage_runs: self.stage_runs(),
             periods: PerFamily::default(),
             hand_off: 0.0,
+            stage_contention: None,
             unmatched: 0.0,
         }
     }

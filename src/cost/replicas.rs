@@ -74,6 +74,7 @@ mod tests {
             hop: 0.0,
             add_per_value: 1e-9,
             contention: 0.0,
+            stage_contention: None,
             replica_sync: 1e-4,
             step_overhead: 0.0,
             link: None,

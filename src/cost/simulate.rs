@@ -108,8 +108,13 @@ pub struct Machinery {
     pub hop: f64,
     /// Seconds to add one float32 into another (the in-process reduction's rate).
     pub add_per_value: f64,
-    /// How much each further action running at once slows the others.
+    /// How much each further action running at once slows the others: copies of one
+    /// action (replicas, tensor shards), measured on two replicas at once.
     pub contention: f64,
+    /// The same between two pipeline stages' actions, measured on a two-stage run
+    /// (`None`: not measured, as `contention`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_contention: Option<f64>,
     /// What keeping data-parallel replicas in step adds to a step.
     pub replica_sync: f64,
     /// What a step costs beside its actions (the coordinator, the data).
@@ -123,6 +128,17 @@ pub struct Machinery {
     /// and stage 2 is not searched).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zero2_per_value: Option<f64>,
+}
+
+impl Machinery {
+    /// The contention `c`'s actions running at once meet: where copies of each action
+    /// run (replicas, shards), theirs; else the stages' where measured.
+    pub fn contention_of(&self, c: &Candidate) -> f64 {
+        match c.dp * c.tp {
+            1 => self.stage_contention.unwrap_or(self.contention),
+            _ => self.contention,
+        }
+    }
 }
 
 /// A candidate's simulated step: its seconds, idle share, and its cuts (positions in the
@@ -199,7 +215,7 @@ pub fn simulate_on_nodes(
         slots: (m.cores as f64 / m.threads as f64).max(1.0),
         // Every shard of every replica runs each action at once.
         copies: c.dp * c.tp,
-        contention: m.contention,
+        contention: m.contention_of(c),
     };
     // A split model's profile ran its shards at once: its times are each shard's slowed
     // by the others, which the simulator adds again for the shards it runs at once.
@@ -330,4 +346,46 @@ pub fn cut_names(tg: &TrainingGraph, live: &[usize], bounds: &[usize]) -> Vec<St
         .iter()
         .map(|&b| tg.graph.nodes[live[b - 1]].output[0].clone())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pipeline_s_stages_meet_their_own_contention_and_copies_of_an_action_theirs() {
+        let m = Machinery {
+            cores: 2,
+            threads: 1,
+            hop: 0.0,
+            add_per_value: 0.0,
+            contention: 1.0,
+            stage_contention: Some(0.5),
+            replica_sync: 0.0,
+            step_overhead: 0.0,
+            link: None,
+            zero2_per_value: None,
+        };
+        let c = |dp, tp, pp| Candidate {
+            dp,
+            tp,
+            pp,
+            schedule: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            micro_batches: 2,
+            micro_batch: 1,
+            recompute: Recompute::None,
+            zero: 0,
+        };
+        assert_eq!(m.contention_of(&c(1, 1, 2)), 0.5);
+        assert_eq!(m.contention_of(&c(2, 1, 1)), 1.0);
+        assert_eq!(m.contention_of(&c(1, 2, 1)), 1.0);
+        assert_eq!(m.contention_of(&c(2, 1, 2)), 1.0);
+        // Not measured: the replicas' figure.
+        let unmeasured = Machinery {
+            stage_contention: None,
+            ..m
+        };
+        assert_eq!(unmeasured.contention_of(&c(1, 1, 2)), 1.0);
+    }
 }

@@ -372,6 +372,7 @@ mod tests {
             stage_runs: PerFamily::default(),
             periods,
             hand_off: 0.0,
+            stage_contention: None,
             unmatched: 0.0,
         }
     }

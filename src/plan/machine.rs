@@ -101,7 +101,7 @@ pub(super) fn pass_seconds(trace: &Path, warmup: usize) -> std::result::Result<P
     })
 }
 
-fn read_trace(trace: &Path) -> std::result::Result<RunTrace, String> {
+pub(super) fn read_trace(trace: &Path) -> std::result::Result<RunTrace, String> {
     let text = std::fs::read(trace).map_err(|e| format!("{}: {e}", trace.display()))?;
     serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", trace.display()))
 }
@@ -210,6 +210,7 @@ pub(super) fn measure(
         hop: 0.0,
         add_per_value: add_seconds_per_value(),
         contention: 0.0,
+        stage_contention: None,
         replica_sync: 0.0,
         step_overhead,
         link: None,
@@ -217,6 +218,11 @@ pub(super) fn measure(
     };
     if workers < 2 {
         return Ok(m);
+    }
+    // The stages' contention from the GPipe runs that showed it (their median).
+    if cores / threads >= 2 {
+        let seen: Vec<f64> = profiles.iter().filter_map(|p| p.stage_contention).collect();
+        m.stage_contention = super::rounds::median(&seen);
     }
     // The hand-off from the largest micro-batch's two-stage GPipe run (a run that
     // failed leaves it out of the simulation, said).
@@ -309,6 +315,7 @@ mod tests {
             hop: 0.0,
             add_per_value: 0.0,
             contention: 0.5,
+            stage_contention: None,
             replica_sync: 0.0,
             step_overhead: 0.0,
             link: None,

@@ -39,6 +39,7 @@ mod link;
 mod machine;
 mod measured;
 mod ort_profile;
+mod overlap;
 pub mod profile;
 #[cfg(feature = "cluster")]
 mod proof;

@@ -17,8 +17,9 @@
 
 use std::path::Path;
 
-use super::machine::{hand_off_seconds, pass_seconds, Passes};
+use super::machine::{hand_off_seconds, pass_seconds, read_trace, Passes};
 use super::ort_profile::{read_profile, Counting};
+use super::overlap::stage_contention;
 use super::runs::{in_folder, RunKind};
 
 pub use crate::cost::Profile;
@@ -135,6 +136,7 @@ pub(super) fn measure(
         stage_runs: PerFamily::default(),
         periods: PerFamily::default(),
         hand_off: 0.0,
+        stage_contention: None,
         unmatched,
     };
     t.apply(&mut p, parameter_values(tg));
@@ -173,6 +175,7 @@ impl Timings {
         p.idle = self.one.fused.idle;
         p.periods = self.one.periods;
         p.hand_off = self.one.hand_off;
+        p.stage_contention = self.one.stage_contention;
     }
 }
 
@@ -206,6 +209,7 @@ pub(super) fn timings(
                 fused: Passes { idle: 0.0, ..timed },
                 periods,
                 hand_off: 0.0,
+                stage_contention: None,
             }
         }
     };
@@ -221,6 +225,8 @@ pub(super) struct OneStage {
     pub periods: PerFamily,
     /// The GPipe run's hand-off (0 where not run).
     pub hand_off: f64,
+    /// The GPipe run's contention between its stages (`None` where not read).
+    pub stage_contention: Option<f64>,
 }
 
 /// The one-stage runs: the one graph of forward and backward a single stage runs, and
@@ -249,17 +255,24 @@ fn one_stage_runs(
         let made = in_folder(run, key, RunKind::Pipeline(family), |dir| {
             let trace = dir.join("trace.json");
             let period = pass_seconds(&trace, run.warmup)?.period;
-            // GPipe's hand-offs find the receiver idle: what one takes.
-            let hand_off = match family {
-                Family::Unsplit => Some(hand_off_seconds(&trace, run.warmup)?),
+            // GPipe's hand-offs find the receiver idle: what one takes; and where its
+            // micro-batches overlap, how much its stages slow each other.
+            let gpipe = match family {
+                Family::Unsplit => Some((
+                    hand_off_seconds(&trace, run.warmup)?,
+                    stage_contention(&read_trace(&trace)?, run.warmup),
+                )),
                 _ => None,
             };
-            Ok((period, hand_off))
+            Ok((period, gpipe))
         });
         match made {
-            Ok((period, hand_off)) => {
+            Ok((period, gpipe)) => {
                 one.periods[family] = period;
-                one.hand_off = hand_off.unwrap_or(one.hand_off);
+                if let Some((hand_off, contention)) = gpipe {
+                    one.hand_off = hand_off;
+                    one.stage_contention = contention;
+                }
             }
             Err(e) => tracing::warn!("the two-rank {:?} run failed: {e}", family.run().0),
         }

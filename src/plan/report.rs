@@ -85,12 +85,16 @@ pub fn report(plan: &Plan, top: usize) -> String {
     let hosts = plan.nodes.as_ref().map_or(1, |n| n.hosts.max(1));
     out += &format!(
         "machine: {} cores, {} thread(s) per session, hand-off {:.1} us, two actions at once \
-         each {:.1}% slower, replicas kept in step {:.1} us a step\n{} candidates simulated \
-         (profiling took {:.1} s)\n",
+         each {:.1}% slower{}, replicas kept in step {:.1} us a step\n{} candidates \
+         simulated (profiling took {:.1} s)\n",
         m.cores / hosts,
         m.threads,
         m.hop * 1e6,
         m.contention * 100.0,
+        m.stage_contention.map_or(String::new(), |c| format!(
+            " (two stages' actions {:.1}%)",
+            c * 100.0
+        )),
         m.replica_sync * 1e6,
         plan.rows.len(),
         plan.profile_seconds

@@ -87,6 +87,11 @@ fn middle(all: &[Timings]) -> Timings {
             fused: passes(&|t| t.one.fused),
             periods: PerFamily(Family::ALL.map(|f| median_of(all, &|t| t.one.periods[f]))),
             hand_off: median_of(all, &|t| t.one.hand_off),
+            stage_contention: median(
+                &all.iter()
+                    .filter_map(|t| t.one.stage_contention)
+                    .collect::<Vec<_>>(),
+            ),
         },
     }
 }
@@ -104,7 +109,7 @@ mod tests {
 
     #[test]
     fn each_time_is_its_rounds_median_and_a_run_not_made_is_left_out() {
-        let round = |fused: f64, gpipe: f64| Timings {
+        let round = |fused: f64, gpipe: f64, contention: Option<f64>| Timings {
             timed: Passes {
                 forward: fused / 2.0,
                 ..Passes::default()
@@ -116,14 +121,21 @@ mod tests {
                 },
                 periods: PerFamily([gpipe, 0.0, 0.0, 0.0]),
                 hand_off: 0.0,
+                stage_contention: contention,
             },
         };
         // One slow round of three: the median is a quiet one.
-        let m = middle(&[round(1.0, 3.0), round(1.3, 0.0), round(1.1, 2.0)]);
+        let m = middle(&[
+            round(1.0, 3.0, Some(0.5)),
+            round(1.3, 0.0, None),
+            round(1.1, 2.0, Some(0.7)),
+        ]);
         assert_eq!(m.one.fused.forward, 1.1);
         assert_eq!(m.timed.forward, 0.55);
         // The GPipe run failed once: the median of the two made.
         assert_eq!(m.one.periods[Family::Unsplit], 2.5);
         assert_eq!(m.one.periods[Family::Split], 0.0);
+        // The stages' contention, read where the run overlapped its stages.
+        assert_eq!(m.one.stage_contention, Some(0.6));
     }
 }

@@ -92,6 +92,7 @@ fn flat_profile(tg: &pipetrain::graph::TrainingGraph) -> pipetrain::cost::Profil
         stage_runs: PerFamily::all(2e-4),
         periods: PerFamily::default(),
         hand_off: 0.0,
+        stage_contention: None,
         unmatched: 0.0,
     }
 }
