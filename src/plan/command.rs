@@ -62,6 +62,11 @@ pub struct PlanArgs {
     /// median of its rounds: steadier on a shared machine, and R times as long.
     #[arg(long, default_value_t = 1)]
     pub profile_rounds: usize,
+    /// Keep what profiling measures in this file and plan from it again: read where it
+    /// was measured for this configuration (the same files), workers, threads and
+    /// profile settings, else measured and written (profiling is most of a plan's time).
+    #[arg(long)]
+    pub profile_cache: Option<PathBuf>,
     /// Write each forward node's measured time here (JSON), for a configuration's
     /// `partition = { balanced = { stages = N, by = "time" } }` with `pipeline.profile`.
     #[arg(long)]
@@ -96,6 +101,7 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         max_micro_batches: args.max_micro_batches,
         profile_steps: args.profile_steps,
         profile_rounds: args.profile_rounds.max(1),
+        profile_cache: args.profile_cache.as_deref(),
         cluster: cluster
             .as_ref()
             .map(|(m, nodes, link)| super::ClusterOptions {

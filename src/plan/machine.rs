@@ -41,7 +41,7 @@ fn pair_passes(run: &ProfileRun<'_>, alone: &Profile, rounds: usize) -> Result<P
 
 /// A one-stage run's mean seconds per micro-batch for its forward and its backward
 /// (`B`, or `I` and `W` together), and per step for its update.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct Passes {
     pub forward: f64,
     pub backward: f64,
@@ -184,31 +184,82 @@ fn hand_off_waits(t: &pipetrain_schedules::Trace) -> Vec<f64> {
     out
 }
 
-/// This machine at `threads` threads per session on `cores` cores, for `workers`
-/// workers: the hand-off from the profiles' two-stage GPipe runs (the largest
-/// micro-batch's that showed one); how much two actions at once slow each other (their
-/// forward and backward over one alone's), and what keeping two replicas in step costs
-/// a step (the cost at which the two-replica run's prediction, `predict(micro_batch,
-/// zero, machinery)`, meets its measured step), from a two-replica run at the largest
-/// micro-batch two replicas can split the global batch into (made `rounds` times, the
-/// median taken); where `zero2` (some candidate shards its gradients), ZeRO stage 2's
-/// cost from the same two replicas at stage 2.
+/// What this machine's own runs measured, before anything is fitted to them (what a
+/// saved profile keeps beside the profiles, `cache`).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+pub(super) struct MachineRuns {
+    /// Seconds to add one float32 into another (the in-process reduction's rate).
+    pub add_per_value: f64,
+    /// The two-replica run: its micro-batch and its passes (`None`: not made).
+    pub pair: Option<(usize, Passes)>,
+    /// The same two replicas' step at ZeRO stage 2 (`None`: not made).
+    pub zero2_period: Option<f64>,
+}
+
+/// The machine's own runs for `workers` workers and a global batch of `global`: the
+/// adding rate; a two-replica run at the largest micro-batch two replicas can split the
+/// global batch into (made `rounds` times, the median taken); where `zero2` (some
+/// candidate shards its gradients), the same two replicas at ZeRO stage 2.
 ///
-/// # Errors
-/// None yet: a machine run that fails leaves its cost out of the simulation, with a
-/// warning in the log.
-pub(super) fn measure(
+/// A run that fails is left out, with a warning in the log: its cost is then left out
+/// of the simulation.
+pub(super) fn run_machine(
     run: &ProfileRun<'_>,
     profiles: &[&Profile],
-    (cores, threads, workers, global): (usize, usize, usize, usize),
-    (step_overhead, rounds): (f64, usize),
-    (predict, zero2): (&Predict<'_>, bool),
-) -> Result<Machinery> {
+    (workers, global): (usize, usize),
+    (rounds, zero2): (usize, bool),
+) -> MachineRuns {
+    let mut runs = MachineRuns {
+        add_per_value: add_seconds_per_value(),
+        ..MachineRuns::default()
+    };
+    if workers < 2 {
+        return runs;
+    }
+    // Two replicas of a model no worker holds whole do not fit either.
+    let pair = profiles
+        .iter()
+        .rev()
+        .filter(|p| p.stages == 1)
+        .find(|p| global % (2 * p.micro_batch) == 0);
+    let Some(p) = pair else {
+        return runs;
+    };
+    match pair_passes(run, p, rounds) {
+        Ok(passes) => runs.pair = Some((p.micro_batch, passes)),
+        Err(e) => {
+            tracing::warn!("{e}; replicas simulated without interference");
+            return runs;
+        }
+    }
+    if zero2 {
+        runs.zero2_period = zero2_period(run, p)
+            .map_err(|e| tracing::warn!("{e}; ZeRO stage 2 not searched"))
+            .ok();
+    }
+    runs
+}
+
+/// This machine at `threads` threads per session on `cores` cores, for `workers`
+/// workers, from its runs and the profiles': the hand-off from the profiles' two-stage
+/// GPipe runs (the largest micro-batch's that showed one) and how much their stages'
+/// actions slowed each other; how much two actions at once slow each other (the
+/// two-replica run's forward and backward over one alone's), and what keeping two
+/// replicas in step costs a step (the cost at which the two-replica run's prediction,
+/// `predict(micro_batch, zero, machinery)`, meets its measured step); ZeRO stage 2's
+/// cost where its run was made.
+pub(super) fn machinery(
+    runs: &MachineRuns,
+    profiles: &[&Profile],
+    (cores, threads, workers): (usize, usize, usize),
+    step_overhead: f64,
+    predict: &Predict<'_>,
+) -> Machinery {
     let mut m = Machinery {
         cores,
         threads,
         hop: 0.0,
-        add_per_value: add_seconds_per_value(),
+        add_per_value: runs.add_per_value,
         contention: 0.0,
         stage_contention: None,
         replica_sync: 0.0,
@@ -217,7 +268,7 @@ pub(super) fn measure(
         zero2_per_value: None,
     };
     if workers < 2 {
-        return Ok(m);
+        return m;
     }
     // The stages' contention from the GPipe runs that showed it (their median).
     if cores / threads >= 2 {
@@ -230,31 +281,23 @@ pub(super) fn measure(
         Some(p) => m.hop = p.hand_off,
         None => tracing::warn!("no two-stage run showed a hand-off; hand-offs simulated as free"),
     }
-    // Two replicas of a model no worker holds whole do not fit either.
-    let pair = profiles
-        .iter()
-        .rev()
-        .filter(|p| p.stages == 1)
-        .find(|p| global % (2 * p.micro_batch) == 0);
-    if let Some(p) = pair {
-        let passes = match pair_passes(run, p, rounds) {
-            Ok(passes) => passes,
-            Err(e) => {
-                tracing::warn!("{e}; replicas simulated without interference");
-                return Ok(m);
-            }
-        };
-        if cores / threads >= 2 {
-            m.contention = ((passes.forward + passes.backward) / p.fused - 1.0).max(0.0);
-        }
-        m.replica_sync = replica_sync(&m, passes.period, &|m| predict(p.micro_batch, 0, m));
-        if zero2 {
-            m.zero2_per_value = zero2_per_value(run, p, &m, predict)
-                .map_err(|e| tracing::warn!("{e}; ZeRO stage 2 not searched"))
-                .ok();
-        }
+    let pair = runs.pair.and_then(|(b, passes)| {
+        let alone = profiles
+            .iter()
+            .find(|p| p.stages == 1 && p.micro_batch == b)?;
+        Some((alone, passes))
+    });
+    let Some((p, passes)) = pair else {
+        return m;
+    };
+    if cores / threads >= 2 {
+        m.contention = ((passes.forward + passes.backward) / p.fused - 1.0).max(0.0);
     }
-    Ok(m)
+    m.replica_sync = replica_sync(&m, passes.period, &|m| predict(p.micro_batch, 0, m));
+    m.zero2_per_value = runs
+        .zero2_period
+        .map(|period| zero2_per_value(period, p.micro_batch, &m, predict));
+    m
 }
 
 /// What keeping two replicas in step costs a step: the cost at which `predict`, on `m`
@@ -272,18 +315,11 @@ fn replica_sync(m: &Machinery, period: f64, predict: &dyn Fn(&Machinery) -> Opti
     super::calibrate::solve(&step_at, period, period)
 }
 
-/// ZeRO stage 2's cost a micro-batch per parameter value, beyond its reduce-scatter:
-/// the value at which the two-replica run at stage 2 (at `alone`'s micro-batch)
-/// simulates to its measured step, everything else as measured in `m`.
+/// The two-replica run at ZeRO stage 2 (at `alone`'s micro-batch): its step.
 ///
 /// # Errors
 /// `Plan` when the run fails (a configuration with `gradient_bucket_mb = 0`, say).
-fn zero2_per_value(
-    run: &ProfileRun<'_>,
-    alone: &Profile,
-    m: &Machinery,
-    predict: &Predict<'_>,
-) -> Result<f64> {
+fn zero2_period(run: &ProfileRun<'_>, alone: &Profile) -> Result<f64> {
     let (run, key) = (&run.as_long_as(alone), (alone.threads, alone.micro_batch));
     let passes = in_folder(run, key, RunKind::Zero2Pair, |dir| {
         pass_seconds(&dir.join("trace.json"), run.warmup)
@@ -292,15 +328,22 @@ fn zero2_per_value(
         what: "measuring two replicas at ZeRO stage 2".into(),
         reason,
     })?;
+    Ok(passes.period)
+}
+
+/// ZeRO stage 2's cost a micro-batch per parameter value, beyond its reduce-scatter:
+/// the value at which two replicas at stage 2 (micro-batches of `b`) simulate to their
+/// measured step `period`, everything else as measured in `m`.
+fn zero2_per_value(period: f64, b: usize, m: &Machinery, predict: &Predict<'_>) -> f64 {
     let step_at = |k: f64| {
         let with = Machinery {
             zero2_per_value: Some(k),
             ..*m
         };
-        predict(alone.micro_batch, 2, &with)
+        predict(b, 2, &with)
     };
     // A microsecond a value a micro-batch: far more than writing and adding it costs.
-    Ok(super::calibrate::solve(&step_at, passes.period, 1e-6))
+    super::calibrate::solve(&step_at, period, 1e-6)
 }
 
 #[cfg(test)]

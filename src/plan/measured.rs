@@ -11,6 +11,7 @@ use crate::config::TrainConfig;
 use crate::graph::BalanceBy;
 use crate::Result;
 
+use super::cache::Measured;
 use super::profile::{self, Profile, ProfileRun};
 use super::search::{self, Machinery};
 use super::{calibrate, PlanOptions};
@@ -116,7 +117,7 @@ pub(crate) type Profiles = BTreeMap<(usize, usize), Profile>;
 /// Profiles every (tensor shards, micro-batch) the candidates need, largest micro-batch
 /// first, then their timed runs again in `opts.profile_rounds` rounds (`rounds`); a
 /// size whose run fails (a model exported with a fixed batch) is left out with why.
-pub(super) fn profile_all(
+fn profile_all(
     run: &ProfileRun<'_>,
     (models, cfg, opts): (&[Sharded], &TrainConfig, &PlanOptions<'_>),
     candidates: &[search::Candidate],
@@ -174,6 +175,36 @@ pub(super) fn profile_all(
     };
     super::rounds::repeat(run, &mut profiles, first, (opts.profile_rounds, &values));
     (profiles, skipped)
+}
+
+/// Everything a plan measures: the profiles ([`profile_all`]), then the machine's own
+/// runs (`machine::run_machine`); `.1` of `at` is when measuring started.
+///
+/// # Errors
+/// `Plan` when no size could be profiled.
+pub(super) fn measure_all(
+    run: &ProfileRun<'_>,
+    (models, cfg, opts): (&[Sharded], &TrainConfig, &PlanOptions<'_>),
+    candidates: &[search::Candidate],
+    (threads, started): (usize, std::time::Instant),
+) -> Result<Measured> {
+    let (profiles, skipped) = profile_all(run, (models, cfg, opts), candidates, threads);
+    if profiles.is_empty() {
+        let why: Vec<String> = skipped.iter().map(|(_, e)| e.clone()).collect();
+        return Err(super::plan_error("profiling", why.join("; ")));
+    }
+    let sizes: Vec<&Profile> = profiles.values().filter(|p| p.shards == 1).collect();
+    // ZeRO stage 2's run only where some candidate would use it.
+    let zero2 = candidates.iter().any(|c| c.zero == 2);
+    let shape = (opts.workers, cfg.global_batch());
+    let machine = super::machine::run_machine(run, &sizes, shape, (opts.profile_rounds, zero2));
+    Ok(Measured {
+        made_for: None,
+        profiles: profiles.into_values().collect(),
+        skipped,
+        machine,
+        seconds: started.elapsed().as_secs_f64(),
+    })
 }
 
 /// Each unsplit profile's per-action stage costs calibrated against its two-rank runs,

@@ -25,6 +25,7 @@
 //! reductions whose replicas span nodes run the mesh's ring (`cost::Nodes`), and
 //! `--measure` launches the nodes of a manifest on this machine (`cluster`).
 
+mod cache;
 mod calibrate;
 #[cfg(feature = "cluster")]
 mod cluster;
@@ -56,7 +57,7 @@ use std::time::Instant;
 
 #[cfg(feature = "cluster")]
 pub use command::{plan_command, PlanArgs};
-use measured::{calibrate_stage_runs, profile_all};
+use measured::{calibrate_stage_runs, measure_all};
 pub(crate) use measured::{Profiles, Sharded};
 pub use profile::{Profile, ProfileRun};
 #[cfg(feature = "cluster")]
@@ -87,6 +88,9 @@ pub struct PlanOptions<'a> {
     pub profile_steps: usize,
     /// Rounds of the profile's timed runs, each profile the median of its rounds.
     pub profile_rounds: usize,
+    /// Where the measurements are kept between plans (`cache`): read when made for this
+    /// plan, else measured and written.
+    pub profile_cache: Option<&'a Path>,
     /// The nodes of a cluster the workers are spread over (one process a node); `None`:
     /// one process.
     pub cluster: Option<ClusterOptions>,
@@ -150,6 +154,8 @@ pub struct Plan {
     pub cap: Option<u64>,
     /// Seconds spent profiling.
     pub profile_seconds: f64,
+    /// The profile cache the measurements were read from (`None`: measured now).
+    pub profile_read: Option<std::path::PathBuf>,
     /// The machine as measured.
     pub machinery: Machinery,
     /// The profile at the configuration's micro-batch (or the nearest profiled) by node
@@ -205,11 +211,26 @@ pub fn plan(
         shards: 1,
         stages: 1,
     };
-    let (mut profiles, skipped) = profile_all(&run, (&models, cfg, opts), &candidates, threads);
-    if profiles.is_empty() {
-        let why: Vec<String> = skipped.iter().map(|(_, e)| e.clone()).collect();
-        return Err(plan_error("profiling", why.join("; ")));
-    }
+    let measure = || measure_all(&run, (&models, cfg, opts), &candidates, (threads, started));
+    let (measured, read) = match opts.profile_cache {
+        Some(path) => {
+            let made_for = cache::MadeFor {
+                format: cache::FORMAT,
+                pipetrain: env!("CARGO_PKG_VERSION").into(),
+                model: cache::MadeFor::model_of(cfg, config_path)?,
+                cores,
+                workers: opts.workers,
+                threads,
+                global_batch: cfg.global_batch(),
+                max_micro_batches: opts.max_micro_batches,
+                profile_steps: run.steps,
+                profile_rounds: opts.profile_rounds,
+            };
+            cache::load_or_measure(path, &made_for, measure)?
+        }
+        None => (measure()?, false),
+    };
+    let (mut profiles, skipped) = (measured.by_size(), measured.skipped.clone());
     let unsplit: Vec<&Profile> = profiles.values().filter(|p| p.shards == 1).collect();
     let (step_overhead, action_gap) = profile::fit_overheads(&unsplit);
     for p in profiles.values_mut() {
@@ -232,15 +253,13 @@ pub fn plan(
         let p = profiles.get(&(1, b))?;
         search::simulate_candidate(&c, p, (&whole.cut, &whole.values), m, None).map(|s| s.step)
     };
-    let shape = (cores, threads, opts.workers, cfg.global_batch());
-    // ZeRO stage 2's run only where some candidate would use it.
-    let zero2 = candidates.iter().any(|c| c.zero == 2);
-    let overheads = (step_overhead, opts.profile_rounds);
-    let here = machine::measure(&run, &sizes, shape, overheads, (&predict, zero2))?;
+    let shape = (cores, threads, opts.workers);
+    let here = machine::machinery(&measured.machine, &sizes, shape, step_overhead, &predict);
     calibrate_stage_runs(&mut profiles, whole, &here, cfg);
     // ZeRO stage 2 where its cost was measured.
     candidates.retain(|c| c.zero < 2 || here.zero2_per_value.is_some());
-    let profile_seconds = started.elapsed().as_secs_f64();
+    let profile_seconds = measured.seconds;
+    let profile_read = opts.profile_cache.filter(|_| read).map(Path::to_path_buf);
     let nearest = profiles
         .values()
         .filter(|p| p.shards == 1)
@@ -328,6 +347,7 @@ pub fn plan(
         threads,
         cap: opts.memory_per_worker,
         profile_seconds,
+        profile_read,
         machinery,
         node_times,
         nodes: nodes.cloned(),

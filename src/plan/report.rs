@@ -86,7 +86,7 @@ pub fn report(plan: &Plan, top: usize) -> String {
     out += &format!(
         "machine: {} cores, {} thread(s) per session, hand-off {:.1} us, two actions at once \
          each {:.1}% slower{}, replicas kept in step {:.1} us a step\n{} candidates \
-         simulated (profiling took {:.1} s)\n",
+         simulated ({})\n",
         m.cores / hosts,
         m.threads,
         m.hop * 1e6,
@@ -97,7 +97,14 @@ pub fn report(plan: &Plan, top: usize) -> String {
         )),
         m.replica_sync * 1e6,
         plan.rows.len(),
-        plan.profile_seconds
+        match &plan.profile_read {
+            Some(path) => format!(
+                "the profile read from {}, measured in {:.1} s",
+                path.display(),
+                plan.profile_seconds
+            ),
+            None => format!("profiling took {:.1} s", plan.profile_seconds),
+        }
     );
     out += &cluster_text(plan);
     out += "\n";

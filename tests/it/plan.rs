@@ -248,6 +248,8 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
     let best = dir.join("out").join("best.toml");
     std::fs::create_dir_all(best.parent().unwrap()).unwrap();
     let times = dir.join("times.json");
+    let cache = dir.join("profile.json");
+    let cache = cache.to_str().unwrap();
     // Profiled in two rounds: the profiles the plan is built on are their medians.
     let stdout = plan(
         &config,
@@ -258,9 +260,26 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
             "4",
             "--profile-rounds",
             "2",
+            "--profile-cache",
+            cache,
         ],
         (&best, Some(&times)),
     );
+    // Planned again from the cache: nothing measured, the same plan.
+    let again = plan(
+        &config,
+        &["--profile-rounds", "2", "--profile-cache", cache],
+        (&dir.join("again.toml"), None),
+    );
+    let table = |out: &str| -> Vec<String> {
+        let rows = out.lines().skip_while(|l| !l.starts_with("rank"));
+        let rows = rows.take_while(|l| !l.starts_with("measured"));
+        rows.filter(|l| !l.is_empty() && !l.starts_with("wrote"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert!(again.contains("the profile read from"), "{again}");
+    assert_eq!(table(&stdout), table(&again));
     // The table's first row is the layout written.
     let first = stdout
         .lines()
