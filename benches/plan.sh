@@ -13,8 +13,10 @@
 # profile's timed runs' rounds, each size the median of its rounds); MANIFEST (a
 # cluster manifest whose nodes are all on this machine, e.g. examples/cluster.toml: the
 # layouts span its nodes, one `pipetrain launch` process a node, and each measured layout
-# is launched so). Models whose step is under a few milliseconds (the tests' fixtures) get
-# longer profiles and runs.
+# is launched so); PROFILE_CACHE_DIR (keep each model's profile there, `--profile-cache`:
+# a second bench of the same models measures the layouts again without profiling again).
+# Models whose step is under a few milliseconds (the tests' fixtures) get longer profiles
+# and runs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${PIPETRAIN_BIN:-$root/target/release/pipetrain}
@@ -34,6 +36,10 @@ for c in "${configs[@]}"; do
   workers=(--devices "${DEVICES:-2}")
   if [ -n "${MANIFEST:-}" ]; then
     workers=(--manifest "$MANIFEST")
+  fi
+  if [ -n "${PROFILE_CACHE_DIR:-}" ]; then
+    mkdir -p "$PROFILE_CACHE_DIR"
+    workers+=(--profile-cache "$PROFILE_CACHE_DIR/$(basename "$c" .toml).json")
   fi
   "$bin" plan "$c" "${workers[@]}" --top 5 --measure "${MEASURE:-8}" \
     --measure-rounds "${ROUNDS:-1}" --profile-rounds "${PROFILE_ROUNDS:-1}" "${steps[@]}"

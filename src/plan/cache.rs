@@ -9,11 +9,13 @@
 //! the cache is the plan the measurements give, whatever this version fits.
 //!
 //! It is reused only for what it was measured for ([`MadeFor`]): the same configuration
-//! file and model file (by content), workers, threads, cores, global batch and profile
-//! settings. Otherwise the plan says what differs and measures again, replacing it. A
+//! file and model file (by content), machine (host name and cores), workers, threads,
+//! global batch and profile settings. Otherwise the plan says what differs and measures again, replacing it. A
 //! file that is not such a cache is refused, and left as it is. The memory cap is not
 //! part of it: it ranks the layouts, and only where one worker cannot hold the model
 //! does it decide how a profile's runs are cut (a profile in one stage serves any cap).
+//! Over a cluster manifest, the link and the launched jobs it is calibrated against are
+//! measured again each time: they are the cluster's, not the model's.
 
 use std::path::Path;
 
@@ -21,12 +23,12 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::machine::MachineRuns;
-use super::{plan_error, Profile, Profiles};
+use super::{plan_error, PlanOptions, Profile, Profiles};
 use crate::config::TrainConfig;
 use crate::{Error, Result};
 
 /// The layout of the file; another is measured again.
-pub(super) const FORMAT: u32 = 1;
+const FORMAT: u32 = 1;
 
 /// What a profile was measured for: a cache is reused only where all of it matches.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -35,6 +37,8 @@ pub(super) struct MadeFor {
     pub format: u32,
     /// The pipetrain that measured it.
     pub pipetrain: String,
+    /// The machine's host name.
+    pub host: String,
     /// SHA-256 of the configuration file and the model file it names.
     pub model: String,
     /// This machine's cores.
@@ -54,12 +58,41 @@ pub(super) struct MadeFor {
 }
 
 impl MadeFor {
+    /// What a plan of `cfg` (read from `config`) with `opts` measures for, on this
+    /// machine's `cores` at `threads` threads a session, profile runs of `steps` steps.
+    ///
+    /// # Errors
+    /// `Io` when the configuration or model file cannot be read.
+    pub(super) fn of(
+        (cfg, config): (&TrainConfig, &Path),
+        opts: &PlanOptions<'_>,
+        (cores, threads, steps): (usize, usize, usize),
+    ) -> Result<MadeFor> {
+        Ok(MadeFor {
+            format: FORMAT,
+            pipetrain: env!("CARGO_PKG_VERSION").into(),
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .or_else(|_| std::env::var("HOSTNAME"))
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            model: Self::model_of(cfg, config)?,
+            cores,
+            workers: opts.workers,
+            threads,
+            global_batch: cfg.global_batch(),
+            max_micro_batches: opts.max_micro_batches,
+            profile_steps: steps,
+            profile_rounds: opts.profile_rounds,
+        })
+    }
+
     /// The fingerprint of `cfg` (read from `config`): its file's and its model file's
     /// content.
     ///
     /// # Errors
     /// `Io` when either file cannot be read.
-    pub(super) fn model_of(cfg: &TrainConfig, config: &Path) -> Result<String> {
+    fn model_of(cfg: &TrainConfig, config: &Path) -> Result<String> {
         let mut h = Sha256::new();
         h.update(std::fs::read(config).map_err(Error::io(config))?);
         let model = &cfg.model_path;
@@ -123,19 +156,21 @@ pub(super) fn load_or_measure(
 ) -> Result<(Measured, bool)> {
     if path.exists() {
         let text = std::fs::read(path).map_err(Error::io(path))?;
-        let cached: Measured = serde_json::from_slice(&text).map_err(|e| {
+        let refused = |why: String| {
             plan_error(
                 &format!("the profile cache {}", path.display()),
-                format!("it is not a profile `pipetrain plan` wrote ({e}); name another file"),
+                format!("it is not a profile `pipetrain plan` wrote ({why}); name another file"),
             )
-        })?;
-        let differs = match &cached.made_for {
-            Some(m) => m.differences(made_for),
-            None => vec!["nothing said".into()],
         };
-        if differs.is_empty() {
-            return Ok((cached, true));
+        let value: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| refused(e.to_string()))?;
+        if value.pointer("/made_for/format").is_none() {
+            return Err(refused("no `made_for.format`".into()));
         }
+        let differs = match serves(value, made_for) {
+            Ok(cached) => return Ok((cached, true)),
+            Err(differs) => differs,
+        };
         tracing::warn!(
             "{} was measured for another plan ({}): measuring again",
             path.display(),
@@ -152,6 +187,24 @@ pub(super) fn load_or_measure(
     Ok((measured, false))
 }
 
+/// The cache `value` holds where it was measured for `made_for`; else what differs
+/// (another pipetrain's layout among them).
+fn serves(
+    value: serde_json::Value,
+    made_for: &MadeFor,
+) -> std::result::Result<Measured, Vec<String>> {
+    let cached: Measured = serde_json::from_value(value)
+        .map_err(|e| vec![format!("the layout of another pipetrain ({e})")])?;
+    let differs = match &cached.made_for {
+        Some(m) => m.differences(made_for),
+        None => vec!["nothing said".into()],
+    };
+    match differs.is_empty() {
+        true => Ok(cached),
+        false => Err(differs),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,6 +213,7 @@ mod tests {
         MadeFor {
             format: FORMAT,
             pipetrain: "0".into(),
+            host: "here".into(),
             model: "ab".into(),
             cores: 2,
             workers,
@@ -203,6 +257,17 @@ mod tests {
             made_for(2).differences(&made_for(4)),
             vec!["workers 2 (now 4)".to_string()]
         );
+    }
+
+    #[test]
+    fn a_cache_another_pipetrain_laid_out_is_measured_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("profile.json");
+        std::fs::write(&path, r#"{"made_for": {"format": 0}, "profiles": 3}"#).unwrap();
+        let (m, read) = load_or_measure(&path, &made_for(2), || Ok(measured())).unwrap();
+        assert!(!read && m.made_for.is_some());
+        let (_, read) = load_or_measure(&path, &made_for(2), || unreachable!()).unwrap();
+        assert!(read);
     }
 
     #[test]

@@ -214,18 +214,8 @@ pub fn plan(
     let measure = || measure_all(&run, (&models, cfg, opts), &candidates, (threads, started));
     let (measured, read) = match opts.profile_cache {
         Some(path) => {
-            let made_for = cache::MadeFor {
-                format: cache::FORMAT,
-                pipetrain: env!("CARGO_PKG_VERSION").into(),
-                model: cache::MadeFor::model_of(cfg, config_path)?,
-                cores,
-                workers: opts.workers,
-                threads,
-                global_batch: cfg.global_batch(),
-                max_micro_batches: opts.max_micro_batches,
-                profile_steps: run.steps,
-                profile_rounds: opts.profile_rounds,
-            };
+            let made_for =
+                cache::MadeFor::of((cfg, config_path), opts, (cores, threads, run.steps))?;
             cache::load_or_measure(path, &made_for, measure)?
         }
         None => (measure()?, false),
