@@ -8,7 +8,13 @@
 //! one-graph speed measured on the whole model, and so does a pass that recomputes the
 //! forward (the forward again runs in one graph with the backward that reads it: on the
 //! sub-millisecond fixtures this is why recompute costs a pipeline almost nothing, where
-//! the forward's full time again predicted it 10-24% slow). Cut, each action also pays
+//! the forward's full time again predicted it 10-24% slow); that stage's forward,
+//! which keeps nothing but what it sends, runs at the one graph's speed too (at the
+//! forward's full speed, the fixtures' recomputing layouts came out up to 6 points
+//! slower, on the same measured runs). The unsplit last stage's `B` only hands on the
+//! gradient its one graph made: it pays no stage run (charged one, the calibration spread
+//! it over the other actions, and the fixtures' 1F1B layouts of two micro-batches came
+//! out up to 3 points slower). Cut, each action also pays
 //! what a stage's action was measured to cost beside its nodes, calibrated against a
 //! two-rank run of its schedule's [`Family`] ([`Profile::stage_runs`]). A
 //! pipeline of one stage runs forward and backward as one graph: its measured
@@ -184,7 +190,9 @@ pub fn stage_costs(
         .map(|(s, (f, ig, wg))| {
             if s == last && !split {
                 // The last stage of an unsplit schedule: forward and backward as one graph.
-                return StageCost::split((f + ig + wg) * one_graph + gap, gap, 0.0);
+                // Its `B` only hands on the gradient the one graph made: no run of its own.
+                let send = profile.action_gap;
+                return StageCost::split((f + ig + wg) * one_graph + gap, send, 0.0);
             }
             let again = match recompute {
                 Recompute::Stage => f,
@@ -201,8 +209,14 @@ pub fn stage_costs(
                 0 => (i, again_in(w)),
                 _ => (again_in(i), w),
             };
+            // A forward that runs again later keeps nothing but what it sends: it writes
+            // out no stash, as the one graph does not.
+            let forward = match again > 0.0 {
+                true => f * one_graph,
+                false => f,
+            };
             StageCost {
-                forward: f + gap,
+                forward: forward + gap,
                 backward: again_in(i + w) + gap,
                 backward_input: input + gap,
                 backward_weight: weight + gap,

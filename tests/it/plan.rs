@@ -122,16 +122,16 @@ fn each_schedule_family_pays_the_stage_cost_calibrated_on_a_run_of_its_family() 
             assert!(close(other[s].forward - split[s].forward, more), "{what}");
             assert!(close(other[s].backward - split[s].backward, more), "{what}");
         }
-        // The last stage of an unsplit schedule runs one graph: its `B` is the cost
-        // alone.
+        // The last stage of an unsplit schedule runs one graph: its `B` only hands on
+        // the gradient, paying the action's gap and no stage run.
         if !family.splits_backward() {
-            assert!(close(other[2].backward, 1e-4 + profile.stage_runs[family]));
+            assert!(close(other[2].backward, 1e-4));
         }
     }
 }
 
 #[test]
-fn a_pass_that_recomputes_the_forward_runs_it_with_its_backward_as_one_graph() {
+fn a_stage_that_recomputes_runs_its_forward_and_the_pass_that_recomputes_it_as_one_graph() {
     use pipetrain::cost::stages::stage_costs;
     use pipetrain::graph::Recompute;
     let (tg, cut, bounds) = tiny_gpt_in_three();
@@ -160,7 +160,8 @@ fn a_pass_that_recomputes_the_forward_runs_it_with_its_backward_as_one_graph() {
             again[0].backward_weight - gap,
             0.6 * (f0 + none[0].backward_weight - gap)
         ));
-        assert!(close(again[1].forward, none[1].forward));
+        // Its forward keeps no stash: at the one graph's speed too.
+        assert!(close(again[1].forward - gap, 0.6 * f));
     }
 }
 
