@@ -10,7 +10,8 @@
 //!
 //! It is reused only for what it was measured for ([`MadeFor`]): the same configuration
 //! file and model file (by content), machine (host name and cores), workers, threads,
-//! global batch and profile settings. Otherwise the plan says what differs and measures again, replacing it. A
+//! global batch and profile settings. Otherwise the plan says what differs and measures
+//! again, replacing it; a cache another pipetrain laid out is measured again too. A
 //! file that is not such a cache is refused, and left as it is. The memory cap is not
 //! part of it: it ranks the layouts, and only where one worker cannot hold the model
 //! does it decide how a profile's runs are cut (a profile in one stage serves any cap).
@@ -133,9 +134,23 @@ pub(super) struct Measured {
     pub machine: MachineRuns,
     /// Seconds the measuring took.
     pub seconds: f64,
+    /// When it finished, seconds since the Unix epoch (0: not said).
+    #[serde(default)]
+    pub finished: u64,
+}
+
+/// Seconds since the Unix epoch.
+pub(super) fn now() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| d.as_secs())
 }
 
 impl Measured {
+    /// Seconds since it was measured (`None`: not said).
+    pub(super) fn age(&self) -> Option<u64> {
+        (self.finished > 0).then(|| now().saturating_sub(self.finished))
+    }
+
     /// The profiles by (tensor shards, micro-batch).
     pub(super) fn by_size(&self) -> Profiles {
         let at = |p: &Profile| ((p.shards, p.micro_batch), p.clone());
@@ -232,6 +247,7 @@ mod tests {
             skipped: vec![(3, "a reason".into())],
             machine: MachineRuns::default(),
             seconds: 1.5,
+            finished: now(),
         }
     }
 

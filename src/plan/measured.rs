@@ -204,6 +204,7 @@ pub(super) fn measure_all(
         skipped,
         machine,
         seconds: started.elapsed().as_secs_f64(),
+        finished: super::cache::now(),
     })
 }
 

@@ -154,8 +154,9 @@ pub struct Plan {
     pub cap: Option<u64>,
     /// Seconds spent profiling.
     pub profile_seconds: f64,
-    /// The profile cache the measurements were read from (`None`: measured now).
-    pub profile_read: Option<std::path::PathBuf>,
+    /// The profile cache the measurements were read from, and how many seconds before
+    /// they were measured (`None`: measured now).
+    pub profile_read: Option<(std::path::PathBuf, Option<u64>)>,
     /// The machine as measured.
     pub machinery: Machinery,
     /// The profile at the configuration's micro-batch (or the nearest profiled) by node
@@ -249,7 +250,8 @@ pub fn plan(
     // ZeRO stage 2 where its cost was measured.
     candidates.retain(|c| c.zero < 2 || here.zero2_per_value.is_some());
     let profile_seconds = measured.seconds;
-    let profile_read = opts.profile_cache.filter(|_| read).map(Path::to_path_buf);
+    let profile_read = opts.profile_cache.filter(|_| read);
+    let profile_read = profile_read.map(|p| (p.to_path_buf(), measured.age()));
     let nearest = profiles
         .values()
         .filter(|p| p.shards == 1)

@@ -98,9 +98,10 @@ pub fn report(plan: &Plan, top: usize) -> String {
         m.replica_sync * 1e6,
         plan.rows.len(),
         match &plan.profile_read {
-            Some(path) => format!(
-                "the profile read from {}, measured in {:.1} s",
+            Some((path, age)) => format!(
+                "the profile read from {}, measured{} in {:.1} s",
                 path.display(),
+                age.map_or(String::new(), |a| format!(" {} min ago", a / 60)),
                 plan.profile_seconds
             ),
             None => format!("profiling took {:.1} s", plan.profile_seconds),
