@@ -19,6 +19,17 @@ pub struct TraceEvent {
     pub end_ns: u64,
 }
 
+impl TraceEvent {
+    /// `action`, run from `start_ns` to `end_ns`.
+    pub fn new(action: Action, start_ns: u64, end_ns: u64) -> TraceEvent {
+        TraceEvent {
+            action,
+            start_ns,
+            end_ns,
+        }
+    }
+}
+
 /// A run's record: for each rank (the actor that ran that rank's list), its events in the
 /// order it ran them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

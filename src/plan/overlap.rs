@@ -128,11 +128,15 @@ mod tests {
     use super::*;
     use pipetrain_schedules::{gpipe, Action};
 
-    fn event(action: Action, start_ns: u64, end_ns: u64) -> TraceEvent {
-        TraceEvent {
-            action,
-            start_ns,
-            end_ns,
+    /// A step of two ranks, each event an action and its start and end.
+    fn step(ranks: [&[(Action, u64, u64)]; 2]) -> Trace {
+        let events = |r: &[(Action, u64, u64)]| {
+            r.iter()
+                .map(|&(a, s, e)| TraceEvent::new(a, s, e))
+                .collect()
+        };
+        Trace {
+            ranks: ranks.iter().map(|r| events(r)).collect(),
         }
     }
 
@@ -150,31 +154,21 @@ mod tests {
         // stage 0 (100 of work) and the first of stage 1 (200) overlap for 100: stage 0's
         // took 125, stage 1's 250. While overlapped stage 0 did 75 of its work and stage
         // 1 50: together 1.25 of one action's speed, each 1 / 1.6.
-        let step = Trace {
-            ranks: vec![
-                vec![
-                    event(Action::forward(0, 0), 0, 100),
-                    event(Action::forward(0, 1), 150, 275),
-                    event(Action::backward(0, 0), 700, 800),
-                ],
-                vec![
-                    event(Action::forward(1, 0), 175, 425),
-                    event(Action::forward(1, 1), 450, 650),
-                ],
-            ],
-        };
-        let c = stage_contention(&run(vec![step.clone(), step]), 0).unwrap();
+        let (f, b) = (Action::forward, Action::backward);
+        let one = step([
+            &[(f(0, 0), 0, 100), (f(0, 1), 150, 275), (b(0, 0), 700, 800)],
+            &[(f(1, 0), 175, 425), (f(1, 1), 450, 650)],
+        ]);
+        let c = stage_contention(&run(vec![one.clone(), one]), 0).unwrap();
         assert!((c - 0.6).abs() < 1e-9, "{c}");
     }
 
     #[test]
     fn ranks_that_never_overlap_tell_nothing() {
-        let step = Trace {
-            ranks: vec![
-                vec![event(Action::forward(0, 0), 0, 100)],
-                vec![event(Action::forward(1, 0), 120, 300)],
-            ],
-        };
-        assert_eq!(stage_contention(&run(vec![step]), 0), None);
+        let apart = step([
+            &[(Action::forward(0, 0), 0, 100)],
+            &[(Action::forward(1, 0), 120, 300)],
+        ]);
+        assert_eq!(stage_contention(&run(vec![apart]), 0), None);
     }
 }

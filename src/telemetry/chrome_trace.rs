@@ -187,14 +187,6 @@ mod tests {
     use super::*;
     use pipetrain_schedules::{one_f_one_b, Action, Trace};
 
-    fn event(action: Action, start_ns: u64, end_ns: u64) -> TraceEvent {
-        TraceEvent {
-            action,
-            start_ns,
-            end_ns,
-        }
-    }
-
     /// Exact times in microseconds, args per kind, and a damaged event's zero duration.
     #[test]
     fn events_carry_times_and_args() {
@@ -205,9 +197,9 @@ mod tests {
             steps: vec![vec![Trace {
                 ranks: vec![
                     vec![
-                        event(Action::forward(0, 0), 1_234_567, 2_000_000),
-                        event(Action::send_act(0, 0), 2_000_000, 2_000_001),
-                        event(Action::all_reduce(0), 9_000, 8_000),
+                        TraceEvent::new(Action::forward(0, 0), 1_234_567, 2_000_000),
+                        TraceEvent::new(Action::send_act(0, 0), 2_000_000, 2_000_001),
+                        TraceEvent::new(Action::all_reduce(0), 9_000, 8_000),
                     ],
                     vec![],
                 ],
