@@ -12,7 +12,7 @@ use super::{Family, Machinery, PerFamily};
 
 /// Per forward node, seconds per micro-batch on one stage running `threads` intra-op
 /// threads, micro-batches of `micro_batch` samples.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Profile {
     /// Tensor shards the model ran in (each shard's nodes timed).
     #[serde(default = "one")]

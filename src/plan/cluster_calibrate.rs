@@ -359,21 +359,10 @@ mod tests {
         Profile {
             shards: 1,
             stages: 1,
-            steps: 3,
             threads: 1,
             micro_batch: b,
-            forward: vec![],
-            backward: vec![],
-            fused: 0.0,
-            step_per_value: 0.0,
-            action_gap: 0.0,
-            idle: 0.0,
-            actions: 0.0,
-            stage_runs: PerFamily::default(),
             periods,
-            hand_off: 0.0,
-            stage_contention: None,
-            unmatched: 0.0,
+            ..Profile::default()
         }
     }
 

@@ -52,15 +52,16 @@ pub struct Passes {
     pub period: f64,
 }
 
-/// [`Passes`] from a run's trace, the first `warmup` steps left out.
+/// [`Passes`] from a run's trace file, the first `warmup` steps left out.
 pub(super) fn pass_seconds(trace: &Path, warmup: usize) -> std::result::Result<Passes, String> {
-    let run = read_trace(trace)?;
+    passes_in(&read_trace(trace)?, warmup).map_err(|e| format!("{}: {e}", trace.display()))
+}
+
+/// [`Passes`] from a run's trace, the first `warmup` steps left out.
+pub(super) fn passes_in(run: &RunTrace, warmup: usize) -> std::result::Result<Passes, String> {
     let counted = run.steps.len().saturating_sub(warmup);
     if counted == 0 {
-        return Err(format!(
-            "{}: no step recorded after warm-up",
-            trace.display()
-        ));
+        return Err("no step recorded after warm-up".into());
     }
     let mut p = Passes::default();
     let mut micro_batches = 0usize;
@@ -127,8 +128,7 @@ pub(super) fn add_seconds_per_value() -> f64 {
 /// What a hand-off between two stage actors takes, from a two-stage run's trace (the
 /// first `warmup` steps left out): the median wait of an action for a value from the
 /// other stage, where its own stage was idle when the value was made.
-pub(super) fn hand_off_seconds(trace: &Path, warmup: usize) -> std::result::Result<f64, String> {
-    let trace = read_trace(trace)?;
+pub(super) fn hand_off_in(trace: &RunTrace, warmup: usize) -> std::result::Result<f64, String> {
     let mut waits: Vec<f64> = trace
         .steps
         .iter()

@@ -17,7 +17,7 @@
 
 use std::path::Path;
 
-use super::machine::{hand_off_seconds, pass_seconds, read_trace, Passes};
+use super::machine::{hand_off_in, pass_seconds, passes_in, read_trace, Passes};
 use super::ort_profile::{read_profile, Counting};
 use super::overlap::stage_contention;
 use super::runs::{in_folder, RunKind};
@@ -253,14 +253,16 @@ fn one_stage_runs(
     // calibration to the nearest size's.
     for family in Family::ALL.into_iter().filter(|f| f.runs(micro_batches)) {
         let made = in_folder(run, key, RunKind::Pipeline(family), |dir| {
-            let trace = dir.join("trace.json");
-            let period = pass_seconds(&trace, run.warmup)?.period;
+            let path = dir.join("trace.json");
+            let trace = read_trace(&path)?;
+            let in_trace = |e: String| format!("{}: {e}", path.display());
+            let period = passes_in(&trace, run.warmup).map_err(in_trace)?.period;
             // GPipe's hand-offs find the receiver idle: what one takes; and where its
             // micro-batches overlap, how much its stages slow each other.
             let gpipe = match family {
                 Family::Unsplit => Some((
-                    hand_off_seconds(&trace, run.warmup)?,
-                    stage_contention(&read_trace(&trace)?, run.warmup),
+                    hand_off_in(&trace, run.warmup)?,
+                    stage_contention(&trace, run.warmup),
                 )),
                 _ => None,
             };

@@ -79,21 +79,14 @@ fn flat_profile(tg: &pipetrain::graph::TrainingGraph) -> pipetrain::cost::Profil
     pipetrain::cost::Profile {
         shards: 1,
         stages: 1,
-        steps: 0,
         threads: 1,
         micro_batch: 1,
         forward,
         backward,
         fused: 0.6 * total,
-        step_per_value: 0.0,
         action_gap: 1e-4,
-        idle: 0.0,
-        actions: 0.0,
         stage_runs: PerFamily::all(2e-4),
-        periods: PerFamily::default(),
-        hand_off: 0.0,
-        stage_contention: None,
-        unmatched: 0.0,
+        ..Default::default()
     }
 }
 
