@@ -192,6 +192,7 @@ pub(super) fn load_or_measure(
             differs.join(", ")
         );
     }
+    writable(path)?;
     let measured = Measured {
         made_for: Some(made_for.clone()),
         ..measure()?
@@ -200,6 +201,23 @@ pub(super) fn load_or_measure(
         .map_err(|e| plan_error("the profile cache", e.to_string()))?;
     crate::onnx::save_bytes(path, &text)?;
     Ok((measured, false))
+}
+
+/// Makes `path`'s folder where it is missing and checks that a file can be written
+/// there, before minutes of profiling would be lost to a cache that cannot be kept.
+///
+/// # Errors
+/// `Io` naming the folder.
+fn writable(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
+    let probe = dir.join(format!(".pipetrain-cache-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(Error::io(dir))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 /// The cache `value` holds where it was measured for `made_for`; else what differs
@@ -284,6 +302,18 @@ mod tests {
         assert!(!read && m.made_for.is_some());
         let (_, read) = load_or_measure(&path, &made_for(2), || unreachable!()).unwrap();
         assert!(read);
+    }
+
+    #[test]
+    fn a_missing_folder_is_made_and_one_that_cannot_be_is_said_before_measuring() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("caches/gpt2.json");
+        let (_, read) = load_or_measure(&path, &made_for(2), || Ok(measured())).unwrap();
+        assert!(!read && path.exists());
+        // A file where the folder would be: refused before anything is measured.
+        let blocked = dir.path().join("caches/gpt2.json/inner.json");
+        let err = load_or_measure(&blocked, &made_for(2), || unreachable!()).unwrap_err();
+        assert!(err.to_string().contains("gpt2.json"), "{err}");
     }
 
     #[test]

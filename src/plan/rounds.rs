@@ -54,9 +54,25 @@ pub(super) fn repeat(
     }
     for (key, p) in profiles.iter_mut() {
         if let Some(all) = seen.get(key) {
+            log_rounds(*key, all);
             middle(all).apply(p, values(*key));
         }
     }
+}
+
+/// Each round's times of the profile of `(shards, micro_batch)` in the debug log
+/// (`RUST_LOG=pipetrain::plan=debug`): how far apart they came, the noise its median
+/// smooths.
+fn log_rounds((shards, micro_batch): (usize, usize), all: &[Timings]) {
+    let ms = |f: &dyn Fn(&Timings) -> f64| -> Vec<String> {
+        all.iter().map(|t| format!("{:.3}", f(t) * 1e3)).collect()
+    };
+    tracing::debug!(
+        "profile rounds, {shards} shard(s), micro-batches of {micro_batch}: one graph {:?} ms, forward {:?}, backward {:?}",
+        ms(&|t| t.one.fused.forward + t.one.fused.backward),
+        ms(&|t| t.timed.forward),
+        ms(&|t| t.timed.backward),
+    );
 }
 
 /// The median of `all`'s values of `f` above 0 (0, a run not made, left out; 0 where
