@@ -221,32 +221,8 @@ pub fn plan(
         }
         None => (measure()?, false),
     };
-    let (mut profiles, skipped) = (measured.by_size(), measured.skipped.clone());
-    let unsplit: Vec<&Profile> = profiles.values().filter(|p| p.shards == 1).collect();
-    let (step_overhead, action_gap) = profile::fit_overheads(&unsplit);
-    for p in profiles.values_mut() {
-        p.action_gap = action_gap;
-    }
     let whole = &models[0];
-    let sizes: Vec<&Profile> = profiles.values().filter(|p| p.shards == 1).collect();
-    let predict = |b: usize, zero: u8, m: &Machinery| {
-        let c = search::Candidate {
-            dp: 2,
-            tp: 1,
-            pp: 1,
-            schedule: crate::config::ScheduleKind::OneFOneB,
-            virtual_stages: 1,
-            micro_batches: cfg.global_batch() / (2 * b),
-            micro_batch: b,
-            recompute: crate::graph::Recompute::None,
-            zero,
-        };
-        let p = profiles.get(&(1, b))?;
-        search::simulate_candidate(&c, p, (&whole.cut, &whole.values), m, None).map(|s| s.step)
-    };
-    let shape = (cores, threads, opts.workers);
-    let here = machine::machinery(&measured.machine, &sizes, shape, step_overhead, &predict);
-    calibrate_stage_runs(&mut profiles, whole, &here, cfg);
+    let (profiles, here) = fitted(&measured, whole, cfg, (cores, threads, opts.workers));
     // ZeRO stage 2 where its cost was measured.
     candidates.retain(|c| c.zero < 2 || here.zero2_per_value.is_some());
     let profile_seconds = measured.seconds;
@@ -257,66 +233,14 @@ pub fn plan(
         .filter(|p| p.shards == 1)
         .min_by_key(|p| p.micro_batch.abs_diff(cfg.batch_size));
     let node_times = nearest.map(|p| crate::cost::SavedProfile::of(p, &whole.tg, &here));
-    // A cluster's machines pool their cores (each node's ranks taken as sharing the
-    // pool evenly); its nodes cross the link.
-    let link = opts.cluster.as_ref().map(|c| c.link);
-    let (contention, replica_sync) = (here.contention, here.replica_sync);
-    #[cfg(feature = "cluster")]
-    let (link, contention, replica_sync) = match opts.cluster.as_ref().filter(|_| opts.workers >= 2)
-    {
-        Some(ClusterOptions {
-            nodes,
-            link,
-            calibrate: Some(manifest),
-        }) => {
-            let at = (manifest, nodes, *link);
-            let c = cluster_calibrate::calibrate(&run, &profiles, (whole, &here), at);
-            (Some(c.link), c.contention, c.replica_sync)
-        }
-        _ => (link, contention, replica_sync),
-    };
-    let machinery = Machinery {
-        cores: here.cores * hosts,
-        link,
-        contention,
-        replica_sync,
-        ..here
-    };
-    let scale_of = |mb: usize| mb as f64 / cfg.batch_size as f64;
-    let mut rows = Vec::new();
-    for c in candidates {
-        let (Some(model), Some(p)) = (
-            models.iter().find(|m| m.tp == c.tp),
-            profiles.get(&(c.tp, c.micro_batch)),
-        ) else {
-            continue;
-        };
-        // Refined from the cuts by time, by parameters and by FLOPs: the moves are local.
-        let starts = [BalanceBy::Params, BalanceBy::Flops]
-            .into_iter()
-            .filter_map(|by| model.balanced_bounds(c.stages(), by))
-            .collect();
-        let on = (&machinery, nodes);
-        let cuts = crate::cost::Cuts::Refined(starts);
-        let Some(sim) = search::simulate_on_nodes(&c, p, model.costs(), on, cuts) else {
-            continue;
-        };
-        let cuts = search::cut_names(&model.tg, &model.cut.live, &sim.bounds);
-        // What `train` would refuse (1F1B with fewer micro-batches than stages, say).
-        let applied = c.apply(cfg, &cuts);
-        if applied.validate(config_path).is_err() {
-            continue;
-        }
-        let peak = crate::train::rank_bytes(&model.tg, &applied, scale_of(c.micro_batch))
-            .unwrap_or_default();
-        rows.push(PlanRow {
-            candidate: c,
-            cuts,
-            simulated: sim,
-            peak,
-        });
-    }
-    rows.sort_by(|a, b| a.simulated.step.total_cmp(&b.simulated.step));
+    let machinery = on_cluster(&run, opts, (&profiles, whole), &here, hosts);
+    let rows = simulated_rows(
+        candidates,
+        (cfg, config_path),
+        &models,
+        &profiles,
+        (&machinery, nodes),
+    );
     let fixed = rivals::Fixed {
         cfg,
         models: &models,
@@ -334,7 +258,7 @@ pub fn plan(
         default,
         cut_rivals,
         profiles: profiles.into_values().collect(),
-        skipped,
+        skipped: measured.skipped.clone(),
         tp_skipped,
         threads,
         cap: opts.memory_per_worker,
@@ -345,6 +269,126 @@ pub fn plan(
         nodes: nodes.cloned(),
         shards_across_nodes,
     })
+}
+
+/// The profiles by size with the fitted overheads and their stage runs calibrated, and
+/// the machine as its runs measured it (`shape`: cores, threads a session, workers).
+fn fitted(
+    measured: &cache::Measured,
+    whole: &Sharded,
+    cfg: &TrainConfig,
+    shape: (usize, usize, usize),
+) -> (Profiles, Machinery) {
+    let mut profiles = measured.by_size();
+    let unsplit: Vec<&Profile> = profiles.values().filter(|p| p.shards == 1).collect();
+    let (step_overhead, action_gap) = profile::fit_overheads(&unsplit);
+    for p in profiles.values_mut() {
+        p.action_gap = action_gap;
+    }
+    let sizes: Vec<&Profile> = profiles.values().filter(|p| p.shards == 1).collect();
+    // Two replicas of one stage at micro-batches of `b`: the machine's own runs.
+    let predict = |b: usize, zero: u8, m: &Machinery| {
+        let c = search::Candidate {
+            dp: 2,
+            tp: 1,
+            pp: 1,
+            schedule: crate::config::ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            micro_batches: cfg.global_batch() / (2 * b),
+            micro_batch: b,
+            recompute: crate::graph::Recompute::None,
+            zero,
+        };
+        let p = profiles.get(&(1, b))?;
+        search::simulate_candidate(&c, p, (&whole.cut, &whole.values), m, None).map(|s| s.step)
+    };
+    let here = machine::machinery(&measured.machine, &sizes, shape, step_overhead, &predict);
+    calibrate_stage_runs(&mut profiles, whole, &here, cfg);
+    (profiles, here)
+}
+
+/// The machine the layouts are simulated on: `here`'s, and over a cluster its hosts'
+/// cores pooled (each node's ranks taken as sharing the pool evenly) and the link its
+/// nodes cross, calibrated against launched jobs where the manifest asks.
+fn on_cluster(
+    run: &ProfileRun<'_>,
+    opts: &PlanOptions<'_>,
+    (profiles, whole): (&Profiles, &Sharded),
+    here: &Machinery,
+    hosts: usize,
+) -> Machinery {
+    let link = opts.cluster.as_ref().map(|c| c.link);
+    let (contention, replica_sync) = (here.contention, here.replica_sync);
+    #[cfg(feature = "cluster")]
+    let (link, contention, replica_sync) = match opts.cluster.as_ref().filter(|_| opts.workers >= 2)
+    {
+        Some(ClusterOptions {
+            nodes,
+            link,
+            calibrate: Some(manifest),
+        }) => {
+            let at = (manifest, nodes, *link);
+            let c = cluster_calibrate::calibrate(run, profiles, (whole, here), at);
+            (Some(c.link), c.contention, c.replica_sync)
+        }
+        _ => (link, contention, replica_sync),
+    };
+    #[cfg(not(feature = "cluster"))]
+    let _ = (run, profiles, whole);
+    Machinery {
+        cores: here.cores * hosts,
+        link,
+        contention,
+        replica_sync,
+        ..*here
+    }
+}
+
+/// Each candidate simulated on `on` at its profiled size, its cuts refined from those
+/// by time, parameters and FLOPs, with its peak memory per rank; fastest first.
+/// Candidates `train` would refuse (1F1B with fewer micro-batches than stages, say) or
+/// without a profile are left out.
+fn simulated_rows(
+    candidates: Vec<Candidate>,
+    (cfg, config_path): (&TrainConfig, &Path),
+    models: &[Sharded],
+    profiles: &Profiles,
+    on: (&Machinery, Option<&Nodes>),
+) -> Vec<PlanRow> {
+    let scale_of = |mb: usize| mb as f64 / cfg.batch_size as f64;
+    let mut rows = Vec::new();
+    for c in candidates {
+        let (Some(model), Some(p)) = (
+            models.iter().find(|m| m.tp == c.tp),
+            profiles.get(&(c.tp, c.micro_batch)),
+        ) else {
+            continue;
+        };
+        // Refined from the cuts by time, by parameters and by FLOPs: the moves are local.
+        let starts = [BalanceBy::Params, BalanceBy::Flops]
+            .into_iter()
+            .filter_map(|by| model.balanced_bounds(c.stages(), by))
+            .collect();
+        let cuts = crate::cost::Cuts::Refined(starts);
+        let Some(sim) = search::simulate_on_nodes(&c, p, model.costs(), on, cuts) else {
+            continue;
+        };
+        let cuts = search::cut_names(&model.tg, &model.cut.live, &sim.bounds);
+        let applied = c.apply(cfg, &cuts);
+        if applied.validate(config_path).is_err() {
+            continue;
+        }
+        let peak = crate::train::rank_bytes(&model.tg, &applied, scale_of(c.micro_batch))
+            .unwrap_or_default();
+        rows.push(PlanRow {
+            candidate: c,
+            cuts,
+            simulated: sim,
+            peak,
+        });
+    }
+    rows.sort_by(|a, b| a.simulated.step.total_cmp(&b.simulated.step));
+    rows
 }
 
 /// An error of the planner's own.
