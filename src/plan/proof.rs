@@ -18,6 +18,22 @@ use super::{Plan, PlanRow};
 /// Each measured run's steps over the rounds, or why it failed.
 type Seen = std::result::Result<Vec<f64>, String>;
 
+/// A run measured: its name, its predicted step, its measured one (the median of its
+/// rounds) and the fastest and slowest of its rounds.
+struct Outcome {
+    name: String,
+    predicted: f64,
+    measured: f64,
+    spread: (f64, f64),
+}
+
+impl Outcome {
+    /// Its prediction's error, `factor` times the predicted step against the measured.
+    fn error(&self, factor: f64) -> f64 {
+        (self.predicted * factor / self.measured - 1.0).abs()
+    }
+}
+
 /// Runs `args.measure` of `p`'s best layouts (and the default, the cut rivals, the
 /// fastest of each other layout) for real, `args.measure_rounds` times each, and prints
 /// each one's measured step beside its prediction and how the predictions held.
@@ -104,9 +120,8 @@ fn in_rounds(
     (steps, drifts)
 }
 
-/// Prints each run's prediction, measured median and spread; returns `(name,
-/// predicted, measured)` of those that ran.
-fn print_table(runs: Vec<(String, &PlanRow)>, steps: Vec<Seen>) -> Vec<(String, f64, f64)> {
+/// Prints each run's prediction, measured median and spread; returns those that ran.
+fn print_table(runs: Vec<(String, &PlanRow)>, steps: Vec<Seen>) -> Vec<Outcome> {
     println!("rank           predicted ms  measured ms  error   layout");
     let mut measured = Vec::new();
     for ((name, row), got) in runs.into_iter().zip(steps) {
@@ -131,18 +146,20 @@ fn print_table(runs: Vec<(String, &PlanRow)>, steps: Vec<Seen>) -> Vec<(String, 
             err * 100.0,
             super::layout_text(&row.candidate)
         );
-        measured.push((name, row.simulated.step, median));
+        measured.push(Outcome {
+            name,
+            predicted: row.simulated.step,
+            measured: median,
+            spread: (seen[0], seen[seen.len() - 1]),
+        });
     }
     measured
 }
 
 /// The control run's drift, and the measured runs' errors with it taken out (each
 /// prediction scaled by it).
-fn drift_text(runs: &[(String, f64, f64)], drift: f64, control: &str) -> String {
-    let errors: Vec<f64> = runs
-        .iter()
-        .map(|(_, p, m)| (p * drift / m - 1.0).abs())
-        .collect();
+fn drift_text(runs: &[Outcome], drift: f64, control: &str) -> String {
+    let errors: Vec<f64> = runs.iter().map(|o| o.error(drift)).collect();
     let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
     let worst = errors.iter().copied().fold(0.0, f64::max);
     format!(
@@ -210,11 +227,12 @@ fn rank(run: &str) -> Option<usize> {
     run.split(" = ").next()?.parse().ok()
 }
 
-/// How the predictions of the measured runs `(name, predicted, measured)` held: the
-/// mean and largest error, whether the measured order of the plan's top three is the
-/// predicted one, and how far the plan's pick is from the fastest measured candidate.
-fn accuracy(runs: &[(String, f64, f64)]) -> String {
-    let errors: Vec<f64> = runs.iter().map(|(_, p, m)| (p / m - 1.0).abs()).collect();
+/// How the predictions of the measured runs held: the mean and largest error, how many
+/// fell within their run's own rounds (where the machine's noise alone could put them),
+/// whether the measured order of the plan's top three is the predicted one, and how far
+/// the plan's pick is from the fastest measured candidate.
+fn accuracy(runs: &[Outcome]) -> String {
+    let errors: Vec<f64> = runs.iter().map(|o| o.error(1.0)).collect();
     let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
     let worst = errors.iter().copied().fold(0.0, f64::max);
     let mut out = format!(
@@ -223,14 +241,23 @@ fn accuracy(runs: &[(String, f64, f64)]) -> String {
         worst * 100.0,
         runs.len()
     );
-    let ranked: Vec<&(String, f64, f64)> =
-        runs.iter().filter(|(n, _, _)| rank(n).is_some()).collect();
+    let rounds = |o: &&Outcome| o.spread.0 < o.spread.1;
+    let spread: Vec<&Outcome> = runs.iter().filter(rounds).collect();
+    if !spread.is_empty() {
+        let within = |o: &&&Outcome| (o.spread.0..=o.spread.1).contains(&o.predicted);
+        out += &format!(
+            "predicted within the spread of their own measured rounds: {} of {}\n",
+            spread.iter().filter(within).count(),
+            spread.len()
+        );
+    }
+    let ranked: Vec<&Outcome> = runs.iter().filter(|o| rank(&o.name).is_some()).collect();
     if ranked.len() >= 3 {
-        let mut top: Vec<&&(String, f64, f64)> = ranked[..3].iter().collect();
-        top.sort_by(|a, b| a.2.total_cmp(&b.2));
+        let mut top: Vec<&&Outcome> = ranked[..3].iter().collect();
+        top.sort_by(|a, b| a.measured.total_cmp(&b.measured));
         let order: Vec<String> = top
             .iter()
-            .filter_map(|r| rank(&r.0))
+            .filter_map(|r| rank(&r.name))
             .map(|r| r.to_string())
             .collect();
         out += &format!(
@@ -239,19 +266,22 @@ fn accuracy(runs: &[(String, f64, f64)]) -> String {
         );
     }
     if let Some(pick) = ranked.first() {
-        let fastest = runs.iter().map(|r| r.2).fold(f64::INFINITY, f64::min);
+        let fastest = runs
+            .iter()
+            .map(|r| r.measured)
+            .fold(f64::INFINITY, f64::min);
         out += &format!(
             "the plan's pick measured {:.2} ms; the fastest measured {:.2} ms ({:+.1}%)\n",
-            pick.2 * 1e3,
+            pick.measured * 1e3,
             fastest * 1e3,
-            (pick.2 / fastest - 1.0) * 100.0
+            (pick.measured / fastest - 1.0) * 100.0
         );
     }
-    if let Some(d) = runs.iter().find(|r| named(&r.0, "default")) {
+    if let Some(d) = runs.iter().find(|r| named(&r.name, "default")) {
         if let Some(pick) = ranked.first() {
             out += &format!(
                 "measured speed-up of the plan over the default: {:.2}x\n",
-                d.2 / pick.2
+                d.measured / pick.measured
             );
         }
     }
@@ -264,17 +294,25 @@ mod tests {
 
     #[test]
     fn a_run_under_two_names_counts_once_and_keeps_its_rank() {
+        let run = |name: &str, predicted: f64, measured: f64, spread: (f64, f64)| Outcome {
+            name: name.to_string(),
+            predicted,
+            measured,
+            spread,
+        };
         let runs = [
-            ("1".to_string(), 1.00e-3, 1.10e-3),
-            ("2 = by time".to_string(), 1.05e-3, 1.00e-3),
-            ("3".to_string(), 1.20e-3, 1.05e-3),
-            ("default = by params".to_string(), 2.0e-3, 2.2e-3),
+            run("1", 1.00e-3, 1.10e-3, (1.05e-3, 1.2e-3)),
+            run("2 = by time", 1.05e-3, 1.00e-3, (0.95e-3, 1.1e-3)),
+            run("3", 1.20e-3, 1.05e-3, (1.0e-3, 1.1e-3)),
+            run("default = by params", 2.0e-3, 2.2e-3, (2.2e-3, 2.2e-3)),
         ];
         assert_eq!(rank("2 = by time"), Some(2));
         assert_eq!(rank("default = by params"), None);
         assert!(named("default = by params", "default") && named("2 = by time", "by time"));
         let text = accuracy(&runs);
         assert!(text.contains("(4 runs)"), "{text}");
+        // The first predicted below its rounds, the third above; one round: not counted.
+        assert!(text.contains("their own measured rounds: 1 of 3"), "{text}");
         assert!(text.contains("top 3 in measured order: 2 3 1"), "{text}");
         // The pick (rank 1) against the fastest (rank 2): 10% slower.
         assert!(
@@ -286,10 +324,7 @@ mod tests {
         // is 1.10, exactly its measured step.
         let text = drift_text(&runs, 1.1, "one graph");
         assert!(text.contains("+10.0% against its profile"), "{text}");
-        let worst = runs
-            .iter()
-            .map(|r| (r.1 * 1.1 / r.2 - 1.0).abs())
-            .fold(0.0, f64::max);
+        let worst = runs.iter().map(|r| r.error(1.1)).fold(0.0, f64::max);
         assert!(
             text.contains(&format!("largest {:.1}%", worst * 100.0)),
             "{text}"
