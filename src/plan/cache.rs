@@ -25,6 +25,7 @@ use sha2::{Digest, Sha256};
 
 use super::machine::MachineRuns;
 use super::{plan_error, PlanOptions, Profile, Profiles};
+use crate::checkpoint::now_unix_s;
 use crate::config::TrainConfig;
 use crate::{Error, Result};
 
@@ -139,16 +140,10 @@ pub(super) struct Measured {
     pub finished: u64,
 }
 
-/// Seconds since the Unix epoch.
-pub(super) fn now() -> u64 {
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    since.map_or(0, |d| d.as_secs())
-}
-
 impl Measured {
     /// Seconds since it was measured (`None`: not said).
     pub(super) fn age(&self) -> Option<u64> {
-        (self.finished > 0).then(|| now().saturating_sub(self.finished))
+        (self.finished > 0).then(|| now_unix_s().saturating_sub(self.finished))
     }
 
     /// The profiles by (tensor shards, micro-batch).
@@ -265,7 +260,7 @@ mod tests {
             skipped: vec![(3, "a reason".into())],
             machine: MachineRuns::default(),
             seconds: 1.5,
-            finished: now(),
+            finished: now_unix_s(),
         }
     }
 

@@ -204,7 +204,7 @@ pub(super) fn measure_all(
         skipped,
         machine,
         seconds: started.elapsed().as_secs_f64(),
-        finished: super::cache::now(),
+        finished: crate::checkpoint::now_unix_s(),
     })
 }
 

@@ -75,7 +75,7 @@ fn overlaps(t: &Trace) -> Vec<Seen> {
     let computes = |r: usize| -> Vec<&TraceEvent> {
         t.ranks[r]
             .iter()
-            .filter(|e| is_compute(e.action.kind()) && e.end_ns > e.start_ns)
+            .filter(|e| e.action.kind().is_compute() && e.end_ns > e.start_ns)
             .collect()
     };
     let ranks = [computes(0), computes(1)];
@@ -111,16 +111,6 @@ fn alone_times(seen: &[Seen]) -> BTreeMap<(usize, ActionKind), f64> {
         .into_iter()
         .filter_map(|(k, v)| Some((k, super::rounds::median(&v)?)))
         .collect()
-}
-
-fn is_compute(kind: ActionKind) -> bool {
-    matches!(
-        kind,
-        ActionKind::Forward
-            | ActionKind::Backward
-            | ActionKind::BackwardInput
-            | ActionKind::BackwardWeight
-    )
 }
 
 #[cfg(test)]

@@ -128,16 +128,9 @@ pub(super) fn measure(
         micro_batch,
         forward,
         backward,
-        fused: 0.0,
-        step_per_value: 0.0,
-        action_gap: 0.0,
-        idle: 0.0,
         actions: 2.0 * counting.micro_batches as f64,
-        stage_runs: PerFamily::default(),
-        periods: PerFamily::default(),
-        hand_off: 0.0,
-        stage_contention: None,
         unmatched,
+        ..Profile::default()
     };
     t.apply(&mut p, parameter_values(tg));
     Ok((p, t))
