@@ -25,7 +25,7 @@ mod timed;
 mod topology;
 
 pub use family::{Family, PerFamily};
-pub use profile::{NamedCosts, Profile, SavedProfile};
+pub use profile::{NamedCosts, Profile, SavedProfile, StagePasses};
 pub use simulate::{
     cut_names, node_values, simulate_candidate, simulate_on_nodes, Candidate, Cuts, Machinery,
     Simulated,

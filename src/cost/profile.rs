@@ -61,7 +61,15 @@ pub struct Profile {
     pub stage_contention: Option<f64>,
     /// Share of kernel time in nodes ONNX Runtime made itself, spread by proportion.
     pub unmatched: f64,
+    /// In the split family's two-rank run (ZB-H1, cut by FLOPs), each stage's forward,
+    /// input-gradient and weight-gradient action, seconds (their medians; `None` where
+    /// not run): what the nodes' shares are set against (`plan::shares`).
+    #[serde(default)]
+    pub stage_passes: Option<StagePasses>,
 }
+
+/// Per stage of a two-stage run, its `F`, `I` and `W` actions' seconds.
+pub type StagePasses = [[f64; 3]; 2];
 
 fn one() -> usize {
     1
@@ -204,6 +212,7 @@ impl NamedCosts {
             hand_off: 0.0,
             stage_contention: None,
             unmatched: 0.0,
+            stage_passes: None,
         }
     }
 }

@@ -141,8 +141,8 @@ impl Cuttable {
         Some(bounds.iter().filter(|&&b| b <= p).count())
     }
 
-    /// Per stage, its forward, input-gradient and weight-gradient time.
-    fn passes(&self, profile: &Profile, bounds: &[usize]) -> Vec<(f64, f64, f64)> {
+    /// Per stage (cut at `bounds`), its forward, input-gradient and weight-gradient time.
+    pub fn passes(&self, profile: &Profile, bounds: &[usize]) -> Vec<(f64, f64, f64)> {
         let mut out = vec![(0.0, 0.0, 0.0); bounds.len() + 1];
         for &i in &self.live {
             if let Some(s) = self.stage_of(bounds, i) {
@@ -159,6 +159,25 @@ impl Cuttable {
             }
         }
         out
+    }
+}
+
+impl Cuttable {
+    /// Scales `profile`'s node times stage by stage (cut at `bounds`): each stage's
+    /// forward nodes by its `factors[s][0]`, the input-gradient part of its backward by
+    /// `[1]`, the weight-gradient part by `[2]`.
+    pub fn scale_passes(&self, profile: &mut Profile, bounds: &[usize], factors: &[[f64; 3]]) {
+        let k =
+            |s: Option<usize>, part: usize| s.and_then(|s| factors.get(s)).map_or(1.0, |f| f[part]);
+        for &i in &self.live {
+            profile.forward[i] *= k(self.stage_of(bounds, i), 0);
+        }
+        let stage_of = |i: usize| self.stage_of(bounds, i);
+        let input = self.backward.input_part(&stage_of);
+        for (b, t) in profile.backward.iter_mut().enumerate() {
+            let s = stage_of(self.backward.anchor(b)).or(Some(0));
+            *t *= k(s, if input[b] { 1 } else { 2 });
+        }
     }
 }
 

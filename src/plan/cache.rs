@@ -29,8 +29,9 @@ use crate::checkpoint::now_unix_s;
 use crate::config::TrainConfig;
 use crate::{Error, Result};
 
-/// The layout of the file; another is measured again.
-const FORMAT: u32 = 1;
+/// The layout of the file; another is measured again (2: the profiles hold their
+/// ZB-H1 run's stages, which the nodes' shares are set against).
+const FORMAT: u32 = 2;
 
 /// What a profile was measured for: a cache is reused only where all of it matches.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -49,6 +49,7 @@ mod rivals;
 mod rounds;
 mod runs;
 pub mod search;
+mod shares;
 mod verify;
 mod write;
 
@@ -280,6 +281,7 @@ fn fitted(
     shape: (usize, usize, usize),
 ) -> (Profiles, Machinery) {
     let mut profiles = measured.by_size();
+    shares::reshare(&mut profiles, whole);
     let unsplit: Vec<&Profile> = profiles.values().filter(|p| p.shards == 1).collect();
     let (step_overhead, action_gap) = profile::fit_overheads(&unsplit);
     for p in profiles.values_mut() {

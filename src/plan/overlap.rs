@@ -32,14 +32,7 @@ const ENOUGH: f64 = 0.05;
 /// `None` where its ranks overlapped too little, or an overlapped action had no action
 /// of its stage and kind alone to set it against.
 pub(super) fn stage_contention(trace: &RunTrace, warmup: usize) -> Option<f64> {
-    let steps: Vec<&Trace> = trace
-        .steps
-        .iter()
-        .skip(warmup)
-        .filter_map(|replicas| replicas.first())
-        .filter(|t| t.ranks.len() == 2)
-        .collect();
-    let seen: Vec<Seen> = steps.iter().flat_map(|t| overlaps(t)).collect();
+    let seen = seen_in(trace, warmup);
     let alone = alone_times(&seen);
     let speed = |rank: usize| -> Option<f64> {
         let mine = seen.iter().filter(|s| s.rank == rank);
@@ -59,6 +52,26 @@ pub(super) fn stage_contention(trace: &RunTrace, warmup: usize) -> Option<f64> {
     };
     let together = speed(0)? + speed(1)?;
     (together > 0.0).then(|| (2.0 / together - 1.0).max(0.0))
+}
+
+/// Per stage and kind, the median time of the actions of `trace`'s two ranks (its
+/// first `warmup` steps left out) that ran alone, nanoseconds: what they take without
+/// the other rank's slowing them.
+pub(super) fn alone_in(trace: &RunTrace, warmup: usize) -> BTreeMap<(usize, ActionKind), f64> {
+    alone_times(&seen_in(trace, warmup))
+}
+
+/// Each compute action of `trace`'s two-rank steps (the first `warmup` left out), with
+/// its overlap.
+fn seen_in(trace: &RunTrace, warmup: usize) -> Vec<Seen> {
+    trace
+        .steps
+        .iter()
+        .skip(warmup)
+        .filter_map(|replicas| replicas.first())
+        .filter(|t| t.ranks.len() == 2)
+        .flat_map(overlaps)
+        .collect()
 }
 
 /// One compute action of a step: its rank, what it was (stage and kind), its time, and

@@ -23,7 +23,7 @@ use super::overlap::stage_contention;
 use super::runs::{in_folder, RunKind};
 
 pub use crate::cost::Profile;
-use crate::cost::{Family, PerFamily};
+use crate::cost::{Family, PerFamily, StagePasses};
 use crate::graph::TrainingGraph;
 use crate::{Error, Result};
 
@@ -169,6 +169,7 @@ impl Timings {
         p.periods = self.one.periods;
         p.hand_off = self.one.hand_off;
         p.stage_contention = self.one.stage_contention;
+        p.stage_passes = self.one.stage_passes;
     }
 }
 
@@ -203,6 +204,7 @@ pub(super) fn timings(
                 periods,
                 hand_off: 0.0,
                 stage_contention: None,
+                stage_passes: None,
             }
         }
     };
@@ -220,6 +222,8 @@ pub(super) struct OneStage {
     pub hand_off: f64,
     /// The GPipe run's contention between its stages (`None` where not read).
     pub stage_contention: Option<f64>,
+    /// The ZB-H1 run's stages' actions (`None` where not run).
+    pub stage_passes: Option<StagePasses>,
 }
 
 /// The one-stage runs: the one graph of forward and backward a single stage runs, and
@@ -259,6 +263,10 @@ fn one_stage_runs(
                 )),
                 _ => None,
             };
+            // ZB-H1's stages: what the nodes' shares are set against (`shares`).
+            if family == Family::Split {
+                one.stage_passes = super::shares::stage_passes_in(&trace, run.warmup);
+            }
             Ok((period, gpipe))
         });
         match made {

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use super::machine::Passes;
 use super::profile::{timings, OneStage, Profile, ProfileRun, Timings};
-use crate::cost::{Family, PerFamily};
+use crate::cost::{Family, PerFamily, StagePasses};
 
 /// The median of `values` (`None` for none).
 pub(super) fn median(values: &[f64]) -> Option<f64> {
@@ -108,8 +108,21 @@ fn middle(all: &[Timings]) -> Timings {
                     .filter_map(|t| t.one.stage_contention)
                     .collect::<Vec<_>>(),
             ),
+            stage_passes: median_stage_passes(all),
         },
     }
+}
+
+/// Each stage's actions' median over the rounds that ran them (`None` where none did).
+fn median_stage_passes(all: &[Timings]) -> Option<StagePasses> {
+    let runs: Vec<StagePasses> = all.iter().filter_map(|t| t.one.stage_passes).collect();
+    let mut out: StagePasses = *runs.first()?;
+    for (s, stage) in out.iter_mut().enumerate() {
+        for (k, x) in stage.iter_mut().enumerate() {
+            *x = median_of(&runs, &|r| r[s][k]);
+        }
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -138,6 +151,7 @@ mod tests {
                 periods: PerFamily([gpipe, 0.0, 0.0, 0.0]),
                 hand_off: 0.0,
                 stage_contention: contention,
+                stage_passes: contention.map(|c| [[c, 0.0, 1.0], [2.0 * c, 1.0, 0.0]]),
             },
         };
         // One slow round of three: the median is a quiet one.
@@ -153,5 +167,9 @@ mod tests {
         assert_eq!(m.one.periods[Family::Split], 0.0);
         // The stages' contention, read where the run overlapped its stages.
         assert_eq!(m.one.stage_contention, Some(0.6));
+        // The ZB-H1 run's stages, each action its median where the run was made.
+        let p = m.one.stage_passes.unwrap();
+        assert!((p[0][0] - 0.6).abs() < 1e-12 && (p[1][0] - 1.2).abs() < 1e-12);
+        assert_eq!((p[0][1], p[0][2], p[1][1], p[1][2]), (0.0, 1.0, 1.0, 0.0));
     }
 }

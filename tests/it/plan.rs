@@ -91,6 +91,41 @@ fn flat_profile(tg: &pipetrain::graph::TrainingGraph) -> pipetrain::cost::Profil
 }
 
 #[test]
+fn scaling_a_stage_s_passes_scales_that_stage_s_forward_input_and_weight_parts_alone() {
+    let (tg, cut, bounds) = tiny_gpt_in_three();
+    let mut profile = flat_profile(&tg);
+    let before = cut.passes(&profile, &bounds);
+    let factors = [[2.0, 1.0, 0.5], [1.0, 3.0, 1.0], [0.25, 1.0, 4.0]];
+    cut.scale_passes(&mut profile, &bounds, &factors);
+    let after = cut.passes(&profile, &bounds);
+    for (s, ((b, a), k)) in before.iter().zip(&after).zip(&factors).enumerate() {
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-12 * x.abs().max(1.0);
+        assert!(
+            b.0 > 0.0 && b.2 > 0.0,
+            "stage {s} has forward and weight nodes"
+        );
+        assert!(
+            close(a.0, b.0 * k[0]),
+            "stage {s} forward {} -> {}",
+            b.0,
+            a.0
+        );
+        assert!(
+            close(a.1, b.1 * k[1]),
+            "stage {s} input part {} -> {}",
+            b.1,
+            a.1
+        );
+        assert!(
+            close(a.2, b.2 * k[2]),
+            "stage {s} weight part {} -> {}",
+            b.2,
+            a.2
+        );
+    }
+}
+
+#[test]
 fn each_schedule_family_pays_the_stage_cost_calibrated_on_a_run_of_its_family() {
     use pipetrain::cost::stages::stage_costs;
     use pipetrain::cost::Family;

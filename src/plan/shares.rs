@@ -1,0 +1,160 @@
+//! The nodes' shares of a pass, set against a cut model's own stages.
+//!
+//! ONNX Runtime's profile of the whole model gives each node's share of its pass, and
+//! the shares are scaled to the pass's time measured without the profiler. A stage
+//! of a cut model does not run at its nodes' shares: on the vocabulary GPT (ZB-V, 8
+//! micro-batches of 2, cut by parameters) the stage holding the head and the loss ran
+//! its forward in 3.53 ms where its shares said 4.25, and the stage of the four layers in
+//! 3.55 where they said 3.23. The simulator then rated the cut that gives the head a
+//! stage of its own 5% slower than the one by time, and it measured 9% faster.
+//!
+//! The profile's split-family run (ZB-H1 on two ranks, cut by FLOPs) records each
+//! stage's `F`, `I` and `W` actions. Each kind's shares are scaled stage by stage to
+//! what that run measured, the pass's whole kept: the nodes' shares within a stage
+//! still come from the profiler, and the balance between the stages from the run. A
+//! kind a stage does not run (the first stage hands no gradient back) keeps its shares.
+
+use pipetrain_actors::RunTrace;
+use pipetrain_schedules::ActionKind as K;
+
+use super::measured::Sharded;
+use super::Profiles;
+use crate::cost::StagePasses;
+use crate::graph::BalanceBy;
+
+/// Each stage's `F`, `I` and `W` action in a two-stage run's trace (its first `warmup`
+/// steps left out): the median of those that ran alone (`overlap::alone_in`), 0 for a
+/// kind none of which did; `None` where no forward of each stage did.
+///
+/// Read off every action, the other rank's slowing them came in: on the Llama fixture,
+/// where two stages' actions at once each ran 74-80% slower, the shares so set made
+/// every pipeline layout 11-15% slow.
+pub(super) fn stage_passes_in(trace: &RunTrace, warmup: usize) -> Option<StagePasses> {
+    let alone = super::overlap::alone_in(trace, warmup);
+    let mut out = [[0.0; 3]; 2];
+    for (s, stage) in out.iter_mut().enumerate() {
+        for (x, kind) in stage
+            .iter_mut()
+            .zip([K::Forward, K::BackwardInput, K::BackwardWeight])
+        {
+            *x = alone.get(&(s, kind)).map_or(0.0, |ns| ns * 1e-9);
+        }
+    }
+    (out[0][0] > 0.0 && out[1][0] > 0.0).then_some(out)
+}
+
+/// Per stage, the factor on each kind's node times that brings the `predicted` passes'
+/// balance to the `measured` one's, each kind's total kept. A kind with a stage that
+/// has no nodes of it, or did not run it, keeps factor 1 on every stage.
+pub(super) fn factors(predicted: &[(f64, f64, f64)], measured: &StagePasses) -> Vec<[f64; 3]> {
+    let mut out = vec![[1.0; 3]; predicted.len()];
+    for part in 0..3 {
+        let of = |p: &(f64, f64, f64)| [p.0, p.1, p.2][part];
+        let pairs: Vec<(f64, f64)> = predicted
+            .iter()
+            .zip(measured)
+            .map(|(p, m)| (of(p), m[part]))
+            .collect();
+        if pairs.len() != predicted.len() || pairs.iter().any(|&(p, m)| p <= 0.0 || m <= 0.0) {
+            continue;
+        }
+        let (p_all, m_all): (f64, f64) =
+            pairs.iter().fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+        for (f, (p, m)) in out.iter_mut().zip(&pairs) {
+            f[part] = (m / p) * (p_all / m_all);
+        }
+    }
+    out
+}
+
+/// Sets each unsplit profile's node shares to its cut run's stages (see the module),
+/// a size without the run taking the nearest size's factors; profiles of a split model
+/// are left as they are.
+pub(super) fn reshare(profiles: &mut Profiles, whole: &Sharded) {
+    let Some(bounds) = whole.balanced_bounds(2, BalanceBy::Flops) else {
+        return;
+    };
+    let measured: Vec<(usize, Vec<[f64; 3]>)> = profiles
+        .iter()
+        .filter(|((tp, _), _)| *tp == 1)
+        .filter_map(|(&(_, b), p)| {
+            let m = p.stage_passes?;
+            Some((b, factors(&whole.cut.passes(p, &bounds), &m)))
+        })
+        .collect();
+    for (&(tp, b), p) in profiles.iter_mut() {
+        let nearest = measured.iter().min_by_key(|(at, _)| at.abs_diff(b));
+        if let (1, Some((at, f))) = (tp, nearest) {
+            tracing::debug!("node shares at micro-batches of {b}, from the run at {at}: {f:?}");
+            whole.cut.scale_passes(p, &bounds, f);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pipetrain_schedules::{zb_h1, Action, Trace, TraceEvent};
+
+    #[test]
+    fn each_stage_s_actions_are_the_medians_of_those_that_ran_alone() {
+        let (f, i, w) = (
+            Action::forward,
+            Action::backward_input,
+            Action::backward_weight,
+        );
+        // Microseconds. Stage 0's second forward and stage 1's weight gradient overlap:
+        // left out. A slow warm-up step (k = 9), then three counted.
+        let step = |k: u64| {
+            let ev = |a, from: u64, to: u64| TraceEvent::new(a, from * 1000, to * 1000);
+            Trace {
+                ranks: vec![
+                    vec![
+                        ev(f(0, 0), 0, 20 + k),
+                        ev(w(0, 0), 1000, 1030),
+                        ev(f(0, 1), 2000, 2100),
+                    ],
+                    vec![
+                        ev(f(1, 0), 100, 140),
+                        ev(i(1, 0), 200, 250 + k),
+                        ev(w(1, 0), 2000, 2060),
+                    ],
+                ],
+            }
+        };
+        let trace = RunTrace {
+            schedule: zb_h1(2, 2).unwrap(),
+            replicas: 1,
+            steps: [9, 1, 2, 3].map(|k| vec![step(k)]).to_vec(),
+        };
+        let us = |x: f64| (x * 1e6).round();
+        let p = stage_passes_in(&trace, 1).unwrap();
+        assert_eq!(p.map(|s| s.map(us)), [[22.0, 0.0, 30.0], [40.0, 52.0, 0.0]]);
+    }
+
+    #[test]
+    fn factors_bring_the_stages_to_the_measured_balance_and_keep_each_kind_s_total() {
+        // Forward: predicted 4 and 6, measured 3 and 9 (the run's whole 12, the shares'
+        // 10): stage 0 at 3/12 of 10, stage 1 at 9/12.
+        let predicted = [(4.0, 0.0, 2.0), (6.0, 5.0, 2.0)];
+        let measured = [[3.0, 0.001, 2.0], [9.0, 5.0, 6.0]];
+        let f = factors(&predicted, &measured);
+        assert!((4.0 * f[0][0] - 2.5).abs() < 1e-12);
+        assert!((6.0 * f[1][0] - 7.5).abs() < 1e-12);
+        // No input-gradient nodes on stage 0: that kind keeps its shares.
+        assert_eq!((f[0][1], f[1][1]), (1.0, 1.0));
+        // Weight gradients: 2 and 2 against 2 and 6, the total 4 kept.
+        assert!((2.0 * f[0][2] - 1.0).abs() < 1e-12);
+        assert!((2.0 * f[1][2] - 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_kind_a_stage_did_not_run_keeps_its_shares() {
+        let f = factors(
+            &[(1.0, 1.0, 1.0), (1.0, 1.0, 1.0)],
+            &[[1.0, 0.0, 1.0], [3.0, 1.0, 1.0]],
+        );
+        assert_eq!((f[0][1], f[1][1]), (1.0, 1.0));
+        assert!((f[0][0] - 0.5).abs() < 1e-12 && (f[1][0] - 1.5).abs() < 1e-12);
+    }
+}
