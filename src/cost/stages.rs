@@ -160,9 +160,7 @@ impl Cuttable {
         }
         out
     }
-}
 
-impl Cuttable {
     /// Scales `profile`'s node times stage by stage (cut at `bounds`): each stage's
     /// forward nodes by its `factors[s][0]`, the input-gradient part of its backward by
     /// `[1]`, the weight-gradient part by `[2]`.
