@@ -291,20 +291,9 @@ pub fn simulate_on_nodes(
     };
     let (time, bubble) = step(&bounds)?;
     tracing::debug!(
-        "simulated {:?} {:?} {} x {} (dp {} tp {} pp {}), cuts {bounds:?}: {:.3} ms; per stage F/I/W ms {}",
-        c.schedule,
-        c.recompute,
-        c.micro_batches,
-        c.micro_batch,
-        c.dp,
-        c.tp,
-        c.pp,
+        "simulated {c:?}, cuts {bounds:?}: {:.3} ms; per stage F/I/W ms {}",
         time * 1e3,
-        stage_costs(profile, cut, &bounds, (c.recompute, family))
-            .iter()
-            .map(|k| format!("{:.3}/{:.3}/{:.3}", k.forward * 1e3, k.backward_input * 1e3, k.backward_weight * 1e3))
-            .collect::<Vec<_>>()
-            .join(" "),
+        super::stages::passes_text(&stage_costs(profile, cut, &bounds, (c.recompute, family))),
     );
     Some(Simulated {
         step: time,

@@ -179,6 +179,19 @@ impl Cuttable {
     }
 }
 
+/// Each stage's `F`, `I` and `W` in milliseconds, for the log (`F/I/W`, stages apart).
+pub fn passes_text(costs: &[StageCost]) -> String {
+    let ms = |k: &StageCost| {
+        format!(
+            "{:.3}/{:.3}/{:.3}",
+            k.forward * 1e3,
+            k.backward_input * 1e3,
+            k.backward_weight * 1e3
+        )
+    };
+    costs.iter().map(ms).collect::<Vec<_>>().join(" ")
+}
+
 /// Per stage (cut at `bounds`, positions in `cut.live`) of a schedule of `family`, its
 /// `F`, `B`, `I` and `W`.
 pub fn stage_costs(

@@ -208,7 +208,8 @@ pub(super) fn measure_all(
     })
 }
 
-/// Each unsplit profile's per-action stage costs calibrated against its two-rank runs,
+/// Each unsplit profile's node shares set against its ZB-H1 run's stages
+/// (`shares::reshare`), then its per-action stage costs calibrated against its two-rank runs,
 /// a family at a time (a size without a run takes the nearest calibrated size's: the
 /// cost is the action's, not its values'; a family never calibrated takes its
 /// [`Family::stand_ins`]'); a split model's profile takes the unsplit one's at its
@@ -219,6 +220,7 @@ pub(super) fn calibrate_stage_runs(
     machinery: &Machinery,
     cfg: &TrainConfig,
 ) {
+    super::shares::reshare(profiles, whole);
     let calibrated = PerFamily(Family::ALL.map(|family| {
         profiles
             .iter()

@@ -71,8 +71,7 @@ pub use write::{candidate_text, write_config};
 use crate::compute::{intra_threads_for, Runtime};
 use crate::config::TrainConfig;
 use crate::cost::{Link, Nodes};
-use crate::graph::flops_per_node;
-use crate::graph::BalanceBy;
+use crate::graph::{flops_per_node, BalanceBy};
 use crate::{Error, Result};
 
 /// What to plan for.
@@ -281,7 +280,6 @@ fn fitted(
     shape: (usize, usize, usize),
 ) -> (Profiles, Machinery) {
     let mut profiles = measured.by_size();
-    shares::reshare(&mut profiles, whole);
     let unsplit: Vec<&Profile> = profiles.values().filter(|p| p.shards == 1).collect();
     let (step_overhead, action_gap) = profile::fit_overheads(&unsplit);
     for p in profiles.values_mut() {

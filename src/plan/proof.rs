@@ -34,6 +34,13 @@ impl Outcome {
     }
 }
 
+/// The mean and the largest error of `runs`' predictions, each scaled by `factor`.
+fn mean_and_largest(runs: &[Outcome], factor: f64) -> (f64, f64) {
+    let errors: Vec<f64> = runs.iter().map(|o| o.error(factor)).collect();
+    let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
+    (mean, errors.iter().copied().fold(0.0, f64::max))
+}
+
 /// Runs `args.measure` of `p`'s best layouts (and the default, the cut rivals, the
 /// fastest of each other layout) for real, `args.measure_rounds` times each, and prints
 /// each one's measured step beside its prediction and how the predictions held.
@@ -159,9 +166,7 @@ fn print_table(runs: Vec<(String, &PlanRow)>, steps: Vec<Seen>) -> Vec<Outcome> 
 /// The control run's drift, and the measured runs' errors with it taken out (each
 /// prediction scaled by it).
 fn drift_text(runs: &[Outcome], drift: f64, control: &str) -> String {
-    let errors: Vec<f64> = runs.iter().map(|o| o.error(drift)).collect();
-    let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
-    let worst = errors.iter().copied().fold(0.0, f64::max);
+    let (mean, worst) = mean_and_largest(runs, drift);
     format!(
         "control ({control}): {:+.1}% against its \
          profile; with that drift taken out, mean absolute error {:.1}%, largest {:.1}%\n",
@@ -232,9 +237,7 @@ fn rank(run: &str) -> Option<usize> {
 /// whether the measured order of the plan's top three is the predicted one, and how far
 /// the plan's pick is from the fastest measured candidate.
 fn accuracy(runs: &[Outcome]) -> String {
-    let errors: Vec<f64> = runs.iter().map(|o| o.error(1.0)).collect();
-    let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
-    let worst = errors.iter().copied().fold(0.0, f64::max);
+    let (mean, worst) = mean_and_largest(runs, 1.0);
     let mut out = format!(
         "mean absolute error {:.1}%, largest {:.1}% ({} runs)\n",
         mean * 100.0,
