@@ -54,13 +54,6 @@ pub(super) fn stage_contention(trace: &RunTrace, warmup: usize) -> Option<f64> {
     (together > 0.0).then(|| (2.0 / together - 1.0).max(0.0))
 }
 
-/// Per stage and kind, the median time of the actions of `trace`'s two ranks (its
-/// first `warmup` steps left out) that ran alone, nanoseconds: what they take without
-/// the other rank's slowing them.
-pub(super) fn alone_in(trace: &RunTrace, warmup: usize) -> BTreeMap<(usize, ActionKind), f64> {
-    alone_times(&seen_in(trace, warmup))
-}
-
 /// Each compute action of `trace`'s two-rank steps (the first `warmup` left out), with
 /// its overlap.
 fn seen_in(trace: &RunTrace, warmup: usize) -> Vec<Seen> {

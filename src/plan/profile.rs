@@ -222,7 +222,7 @@ pub(super) struct OneStage {
     pub hand_off: f64,
     /// The GPipe run's contention between its stages (`None` where not read).
     pub stage_contention: Option<f64>,
-    /// The ZB-H1 run's stages' actions (`None` where not run).
+    /// The one-rank run's two stages' actions (`None` where not run).
     pub stage_passes: Option<StagePasses>,
 }
 
@@ -230,7 +230,7 @@ pub(super) struct OneStage {
 /// (where pipelines are planned) the same passes on two ranks under each schedule
 /// family's run ([`Family::run`]; ZB-H1 not for a lone micro-batch, which it cannot
 /// run in two stages), whose steps each family's stage cost is calibrated against
-/// (`calibrate`).
+/// (`calibrate`), and, of the whole model, its two stages on one rank (`shares`).
 fn one_stage_runs(
     run: &ProfileRun<'_>,
     key: (usize, usize),
@@ -263,10 +263,6 @@ fn one_stage_runs(
                 )),
                 _ => None,
             };
-            // ZB-H1's stages: what the nodes' shares are set against (`shares`).
-            if family == Family::Split {
-                one.stage_passes = super::shares::stage_passes_in(&trace, run.warmup);
-            }
             Ok((period, gpipe))
         });
         match made {
@@ -278,6 +274,20 @@ fn one_stage_runs(
                 }
             }
             Err(e) => tracing::warn!("the two-rank {:?} run failed: {e}", family.run().0),
+        }
+    }
+    // The stages the nodes' shares are set against (`shares`): of the whole model only.
+    if run.shards == 1 {
+        let stages = in_folder(run, key, RunKind::Stages, |dir| {
+            let path = dir.join("trace.json");
+            Ok(super::shares::stage_passes_in(
+                &read_trace(&path)?,
+                run.warmup,
+            ))
+        });
+        match stages {
+            Ok(passes) => one.stage_passes = passes,
+            Err(e) => tracing::warn!("the one-rank run of two stages failed: {e}"),
         }
     }
     Ok(one)

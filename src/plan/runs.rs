@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::config::ScheduleKind;
 use crate::cost::Family;
 use crate::{Error, Result};
 
@@ -28,6 +29,10 @@ pub(super) enum RunKind {
     /// that family's stage actions; GPipe's also what a hand-off between stage actors
     /// takes.
     Pipeline(Family),
+    /// The model cut in two by FLOPs, both stages on one rank (ZB-V at one rank): each
+    /// stage's forward, input- and weight-gradient actions with nothing beside them,
+    /// what the nodes' shares are set against (`shares`).
+    Stages,
 }
 
 impl RunKind {
@@ -112,6 +117,7 @@ pub(super) fn profile_config(
     }
     let stages = match kind {
         RunKind::Pipeline(_) => 2,
+        RunKind::Stages => 1,
         _ => run.stages,
     };
     if global % (micro_batch * replicas) != 0 {
@@ -133,6 +139,7 @@ pub(super) fn profile_config(
     let schedule = match kind {
         RunKind::Fused | RunKind::FusedPair | RunKind::Zero2Pair => "1f1b",
         RunKind::Profiled | RunKind::Timed => "zb_h1",
+        RunKind::Stages => ScheduleKind::ZbV.name(),
         RunKind::Pipeline(family) => {
             let (schedule, virtual_stages) = family.run();
             if virtual_stages > 1 {

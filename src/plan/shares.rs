@@ -8,11 +8,21 @@
 //! 3.55 where they said 3.23. The simulator then rated the cut that gives the head a
 //! stage of its own 5% slower than the one by time, and it measured 9% faster.
 //!
-//! The profile's split-family run (ZB-H1 on two ranks, cut by FLOPs) records each
-//! stage's `F`, `I` and `W` actions. Each kind's shares are scaled stage by stage to
-//! what that run measured, the pass's whole kept: the nodes' shares within a stage
-//! still come from the profiler, and the balance between the stages from the run. A
-//! kind a stage does not run (the first stage hands no gradient back) keeps its shares.
+//! The profile runs the model cut in two by FLOPs with both stages on one rank (ZB-V at
+//! one rank), so that no action runs beside another, and records each stage's `F`, `I`
+//! and `W`. Each kind's shares are scaled stage by stage to what that run measured, the
+//! pass's whole kept: the nodes' shares within a stage still come from the profiler,
+//! and the balance between the stages from the run. A kind a stage does not run (the
+//! first stage hands no gradient back) keeps its shares.
+//!
+//! Why one rank: read off a two-rank run (ZB-H1), the stages' actions ran beside the
+//! other rank's. Every action read, the other rank's slowing came in (on the Llama
+//! fixture two stages' actions at once each ran 74-80% slower, and every pipeline layout
+//! came out 11-15% slow). Only the actions that ran alone read, the few that did were
+//! the odd ones: on the Llama fixture the second stage's forward ran alone in 10 of 388
+//! actions, at 371 us where its median was 280, and the factors so set swung from one
+//! micro-batch size to the next (the first stage's forward at 1.25 of its shares at one
+//! size, 0.82 at the next). On one rank every action is counted and none is slowed.
 
 use pipetrain_actors::RunTrace;
 use pipetrain_schedules::ActionKind as K;
@@ -22,24 +32,29 @@ use super::Profiles;
 use crate::cost::StagePasses;
 use crate::graph::BalanceBy;
 
-/// Each stage's `F`, `I` and `W` action in a two-stage run's trace (its first `warmup`
-/// steps left out): the median of those that ran alone (`overlap::alone_in`), 0 for a
-/// kind none of which did; `None` where no forward of each stage did.
-///
-/// Read off every action, the other rank's slowing them came in: on the Llama fixture,
-/// where two stages' actions at once each ran 74-80% slower, the shares so set made
-/// every pipeline layout 11-15% slow.
+/// Each stage's `F`, `I` and `W` action in the one-rank run's `trace` of two stages
+/// (its first `warmup` steps left out): the median of each, 0 for a kind a stage did not
+/// run; `None` where either stage ran no forward.
 pub(super) fn stage_passes_in(trace: &RunTrace, warmup: usize) -> Option<StagePasses> {
-    let alone = super::overlap::alone_in(trace, warmup);
-    let mut out = [[0.0; 3]; 2];
-    for (s, stage) in out.iter_mut().enumerate() {
-        for (x, kind) in stage
-            .iter_mut()
-            .zip([K::Forward, K::BackwardInput, K::BackwardWeight])
-        {
-            *x = alone.get(&(s, kind)).map_or(0.0, |ns| ns * 1e-9);
+    let mut times: [[Vec<f64>; 3]; 2] = Default::default();
+    let events = trace
+        .steps
+        .iter()
+        .skip(warmup)
+        .filter_map(|replicas| replicas.first())
+        .flat_map(|t| t.ranks.iter().flatten());
+    for e in events.filter(|e| e.end_ns > e.start_ns) {
+        let part = match e.action.kind() {
+            K::Forward => 0,
+            K::BackwardInput => 1,
+            K::BackwardWeight => 2,
+            _ => continue,
+        };
+        if let Some(stage) = times.get_mut(e.action.stage()) {
+            stage[part].push((e.end_ns - e.start_ns) as f64 * 1e-9);
         }
     }
+    let out = times.map(|stage| stage.map(|v| super::rounds::median(&v).unwrap_or(0.0)));
     (out[0][0] > 0.0 && out[1][0] > 0.0).then_some(out)
 }
 
@@ -94,42 +109,50 @@ pub(super) fn reshare(profiles: &mut Profiles, whole: &Sharded) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pipetrain_schedules::{zb_h1, Action, Trace, TraceEvent};
+    use pipetrain_schedules::{zb_v, Action, Trace, TraceEvent};
 
     #[test]
-    fn each_stage_s_actions_are_the_medians_of_those_that_ran_alone() {
+    fn each_stage_s_actions_are_their_medians_after_the_warm_up() {
         let (f, i, w) = (
             Action::forward,
             Action::backward_input,
             Action::backward_weight,
         );
-        // Microseconds. Stage 0's second forward and stage 1's weight gradient overlap:
-        // left out. A slow warm-up step (k = 9), then three counted.
+        // Microseconds, both stages on one rank. A slow warm-up step (k = 90), then
+        // three counted; the first stage's input gradient ran too fast to be timed
+        // (a kind not run: 0).
         let step = |k: u64| {
             let ev = |a, from: u64, to: u64| TraceEvent::new(a, from * 1000, to * 1000);
             Trace {
-                ranks: vec![
-                    vec![
-                        ev(f(0, 0), 0, 20 + k),
-                        ev(w(0, 0), 1000, 1030),
-                        ev(f(0, 1), 2000, 2100),
-                    ],
-                    vec![
-                        ev(f(1, 0), 100, 140),
-                        ev(i(1, 0), 200, 250 + k),
-                        ev(w(1, 0), 2000, 2060),
-                    ],
-                ],
+                ranks: vec![vec![
+                    ev(f(0, 0), 0, 20 + k),
+                    ev(f(1, 0), 200, 240),
+                    ev(i(1, 0), 300, 350 + k),
+                    ev(w(1, 0), 400, 460),
+                    ev(i(0, 0), 500, 500),
+                    ev(w(0, 0), 600, 630 - k),
+                ]],
             }
         };
         let trace = RunTrace {
-            schedule: zb_h1(2, 2).unwrap(),
+            schedule: zb_v(1, 1).unwrap(),
             replicas: 1,
-            steps: [9, 1, 2, 3].map(|k| vec![step(k)]).to_vec(),
+            steps: [90, 1, 2, 3].map(|k| vec![step(k)]).to_vec(),
         };
         let us = |x: f64| (x * 1e6).round();
         let p = stage_passes_in(&trace, 1).unwrap();
-        assert_eq!(p.map(|s| s.map(us)), [[22.0, 0.0, 30.0], [40.0, 52.0, 0.0]]);
+        assert_eq!(
+            p.map(|s| s.map(us)),
+            [[22.0, 0.0, 28.0], [40.0, 52.0, 60.0]]
+        );
+        // A trace with one stage's forward missing has no balance to read.
+        let one_stage = RunTrace {
+            steps: vec![vec![Trace {
+                ranks: vec![vec![TraceEvent::new(f(0, 0), 0, 1000)]],
+            }]],
+            ..trace
+        };
+        assert_eq!(stage_passes_in(&one_stage, 0), None);
     }
 
     #[test]
