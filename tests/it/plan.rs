@@ -159,7 +159,7 @@ fn each_schedule_family_pays_the_stage_cost_calibrated_on_a_run_of_its_family() 
 }
 
 #[test]
-fn a_stage_that_recomputes_runs_its_forward_and_the_pass_that_recomputes_it_as_one_graph() {
+fn a_stage_that_recomputes_runs_its_forward_again_in_its_input_gradient_pass() {
     use pipetrain::cost::stages::stage_costs;
     use pipetrain::graph::Recompute;
     let (tg, cut, bounds) = tiny_gpt_in_three();
@@ -182,11 +182,17 @@ fn a_stage_that_recomputes_runs_its_forward_and_the_pass_that_recomputes_it_as_o
             again[1].backward - gap,
             0.6 * (f + none[1].backward - gap)
         ));
-        // The first stage: its weight-gradient pass does all of its backward.
+        // The first stage: its input-gradient pass, which has no gradient to hand back,
+        // only runs the forward again (at the forward's speed, keeping what the
+        // weight-gradient pass reads); its weight-gradient pass is unchanged. Unsplit,
+        // its backward runs the forward again in one graph.
         let f0 = none[0].forward - gap;
+        assert!(close(none[0].backward_input, gap));
+        assert!(close(again[0].backward_input - gap, f0));
+        assert!(close(again[0].backward_weight, none[0].backward_weight));
         assert!(close(
-            again[0].backward_weight - gap,
-            0.6 * (f0 + none[0].backward_weight - gap)
+            again[0].backward - gap,
+            0.6 * (f0 + none[0].backward - gap)
         ));
         // Its forward keeps no stash: at the one graph's speed too.
         assert!(close(again[1].forward - gap, 0.6 * f));
