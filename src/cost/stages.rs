@@ -7,22 +7,22 @@
 //! `I` runs the forward again (at the forward's speed: it keeps what `W` reads) and
 //! nothing else, as the runtime's does (charged to `W` at the one graph's speed instead,
 //! on 16 bench runs of the fixtures the V-shaped schedules' recomputing layouts measured
-//! 14% slower than without recompute on average, 4-25%, where the simulator said 5%). The last stage of a
-//! schedule that does not split the backward runs both passes as one graph, at the
-//! one-graph speed measured on the whole model, and so does a pass that recomputes the
-//! forward (the forward again runs in one graph with the backward that reads it: on the
-//! sub-millisecond fixtures this is why recompute costs a pipeline almost nothing, where
-//! the forward's full time again predicted it 10-24% slow); that stage's forward,
-//! which keeps nothing but what it sends, runs at the one graph's speed too (at the
-//! forward's full speed, the fixtures' recomputing layouts came out up to 6 points
-//! slower, on the same measured runs). The unsplit last stage's `B` only hands on the
-//! gradient its one graph made: it pays no stage run (charged one, the calibration spread
-//! it over the other actions, and the fixtures' 1F1B layouts of two micro-batches came
-//! out up to 3 points slower). Cut, each action also pays
-//! what a stage's action was measured to cost beside its nodes, calibrated against a
-//! two-rank run of its schedule's [`Family`] ([`Profile::stage_runs`]). A
-//! pipeline of one stage runs forward and backward as one graph: its measured
-//! [`Profile::fused`]. Each action also costs the measured [`Profile::action_gap`].
+//! 14% slower than without recompute on average, 4-25%, where the simulator said 5%). The
+//! last stage of a schedule that does not split the backward runs both passes as one
+//! graph, at the one-graph speed measured on the whole model, and so does a pass that
+//! recomputes the forward (the forward again runs in one graph with the backward that
+//! reads it: on the sub-millisecond fixtures this is why recompute costs a pipeline
+//! almost nothing, where the forward's full time again predicted it 10-24% slow); that
+//! stage's forward, which keeps nothing but what it sends, runs at the one graph's speed
+//! too (at the forward's full speed, the fixtures' recomputing layouts came out up to 6
+//! points slower, on the same measured runs). The unsplit last stage's `B` only hands on
+//! the gradient its one graph made: it pays no stage run (charged one, the calibration
+//! spread it over the other actions, and the fixtures' 1F1B layouts of two micro-batches
+//! came out up to 3 points slower). Cut, each action also pays what a stage's action was
+//! measured to cost beside its nodes, calibrated against a two-rank run of its schedule's
+//! [`Family`] ([`Profile::stage_runs`]). A pipeline of one stage runs forward and
+//! backward as one graph: its measured [`Profile::fused`]. Each action also costs the
+//! measured [`Profile::action_gap`].
 //!
 //! Cuts come from the linear partition of the nodes' whole-step costs (the largest stage
 //! as small as it can be), then each cut moves while the simulated step gets shorter:
@@ -246,7 +246,6 @@ pub fn stage_costs(
                 0 => i,
                 _ => again_in(i),
             };
-            let weight = w;
             // A forward that runs again later keeps nothing but what it sends: it writes
             // out no stash, as the one graph does not.
             let forward = match again > 0.0 {
@@ -257,7 +256,7 @@ pub fn stage_costs(
                 forward: forward + gap,
                 backward: again_in(i + w) + gap,
                 backward_input: input + gap,
-                backward_weight: weight + gap,
+                backward_weight: w + gap,
             }
         })
         .collect()
