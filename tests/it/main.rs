@@ -45,6 +45,7 @@ mod optim;
 mod param_groups;
 mod peer_curves;
 mod plan;
+mod plan_costs;
 mod probe;
 mod readme_ops;
 mod recompute;

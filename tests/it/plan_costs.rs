@@ -1,0 +1,250 @@
+//! The planner's stage costs on a real graph (the peers' tiny GPT): the backward's split
+//! into input- and weight-gradient work agrees with what the stage builder puts in each
+//! stage's `I` graph; a stage's passes scale alone; each schedule family pays its own
+//! calibrated stage cost; recompute runs the forward again where the runtime does; and
+//! the bytes crossing a cut are what the stages send each other.
+
+use std::collections::HashSet;
+
+use crate::common::{self, PeerModel};
+use pipetrain::cost::split::BackwardGraph;
+use pipetrain::cost::PerFamily;
+use pipetrain::graph::{assign_stages, build_stage_graphs, Partition};
+
+#[test]
+fn each_stage_s_input_gradient_part_is_what_the_stage_builder_puts_in_its_i_graph() {
+    let rt = common::runtime();
+    let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
+    let graph = BackwardGraph::of(&tg);
+    let live = pipetrain::cost::stages::Cuttable::of(&tg).live;
+    let backward = &tg.graph.nodes[tg.forward_len..];
+    // Cuts after each of many nodes, some between a product and its bias (where the
+    // bias's reshaped gradient crosses): every later stage's `I` graph runs exactly the
+    // backward nodes found for it.
+    let mut checked = 0;
+    for at in 1..live.len() {
+        let cut = tg.graph.nodes[live[at - 1]].output[0].clone();
+        let a = assign_stages(&tg, &Partition::CutAt(vec![cut.clone()])).unwrap();
+        let stages = build_stage_graphs(&tg, &a).unwrap();
+        let input = graph.input_part(&|i| a.stage[i]);
+        let in_i: HashSet<&str> = stages[1]
+            .backward_input
+            .nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect();
+        for (b, n) in backward.iter().enumerate() {
+            // Constants cost nothing and may become initializers of the stage graphs.
+            if a.stage[tg.anchors[b]] != Some(1) || n.op_type == "Constant" {
+                continue;
+            }
+            checked += 1;
+            assert_eq!(
+                input[b],
+                in_i.contains(n.name.as_str()),
+                "cut at `{cut}`: backward node `{}` ({})",
+                n.name,
+                n.op_type,
+            );
+        }
+        // The first stage hands nothing back.
+        assert!(backward
+            .iter()
+            .enumerate()
+            .all(|(b, _)| a.stage[tg.anchors[b]] != Some(0) || !input[b]));
+    }
+    assert!(checked > 1000, "{checked} backward nodes compared");
+}
+
+/// The peers' tiny GPT's training graph, where it can be cut, and cuts at a third and
+/// two thirds of its nodes.
+fn tiny_gpt_in_three() -> (
+    pipetrain::graph::TrainingGraph,
+    pipetrain::cost::stages::Cuttable,
+    [usize; 2],
+) {
+    let rt = common::runtime();
+    let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
+    let cut = pipetrain::cost::stages::Cuttable::of(&tg);
+    let n = cut.live.len();
+    (tg, cut, [n / 3, 2 * n / 3])
+}
+
+/// Every node of `tg` a millisecond, the one graph running both passes in 60% of their
+/// time, each action 0.1 ms beside its nodes and a cut stage's 0.2 ms more.
+fn flat_profile(tg: &pipetrain::graph::TrainingGraph) -> pipetrain::cost::Profile {
+    let forward = vec![1e-3; tg.forward_len];
+    let backward = vec![1e-3; tg.graph.nodes.len() - tg.forward_len];
+    let total = 1e-3 * (forward.len() + backward.len()) as f64;
+    pipetrain::cost::Profile {
+        shards: 1,
+        stages: 1,
+        threads: 1,
+        micro_batch: 1,
+        forward,
+        backward,
+        fused: 0.6 * total,
+        action_gap: 1e-4,
+        stage_runs: PerFamily::all(2e-4),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn scaling_a_stage_s_passes_scales_that_stage_s_forward_input_and_weight_parts_alone() {
+    let (tg, cut, bounds) = tiny_gpt_in_three();
+    let mut profile = flat_profile(&tg);
+    let before = cut.passes(&profile, &bounds);
+    let factors = [[2.0, 1.0, 0.5], [1.0, 3.0, 1.0], [0.25, 1.0, 4.0]];
+    cut.scale_passes(&mut profile, &bounds, &factors);
+    let after = cut.passes(&profile, &bounds);
+    for (s, ((b, a), k)) in before.iter().zip(&after).zip(&factors).enumerate() {
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-12 * x.abs().max(1.0);
+        assert!(
+            b.0 > 0.0 && b.2 > 0.0,
+            "stage {s} has forward and weight nodes"
+        );
+        assert!(
+            close(a.0, b.0 * k[0]),
+            "stage {s} forward {} -> {}",
+            b.0,
+            a.0
+        );
+        assert!(
+            close(a.1, b.1 * k[1]),
+            "stage {s} input part {} -> {}",
+            b.1,
+            a.1
+        );
+        assert!(
+            close(a.2, b.2 * k[2]),
+            "stage {s} weight part {} -> {}",
+            b.2,
+            a.2
+        );
+    }
+}
+
+#[test]
+fn each_schedule_family_pays_the_stage_cost_calibrated_on_a_run_of_its_family() {
+    use pipetrain::cost::stages::stage_costs;
+    use pipetrain::cost::Family;
+    use pipetrain::graph::Recompute;
+    let (tg, cut, bounds) = tiny_gpt_in_three();
+    let profile = pipetrain::cost::Profile {
+        stage_runs: PerFamily([5e-4, 2e-4, 7e-4, 1e-4]),
+        ..flat_profile(&tg)
+    };
+    let costs = |f| stage_costs(&profile, &cut, &bounds, (Recompute::None, f));
+    let split = costs(Family::Split);
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    // The same nodes, each action dearer or cheaper by its family's cost.
+    for (family, more) in [
+        (Family::Unsplit, 3e-4),
+        (Family::Interleaved, 5e-4),
+        (Family::V, -1e-4),
+    ] {
+        let other = costs(family);
+        for s in 0..2 {
+            let what = format!("{family:?}, stage {s}");
+            assert!(close(other[s].forward - split[s].forward, more), "{what}");
+            assert!(close(other[s].backward - split[s].backward, more), "{what}");
+        }
+        // The last stage of an unsplit schedule runs one graph: its `B` only hands on
+        // the gradient, paying the action's gap and no stage run.
+        if !family.splits_backward() {
+            assert!(close(other[2].backward, 1e-4));
+        }
+    }
+}
+
+#[test]
+fn a_stage_that_recomputes_runs_its_forward_again_in_its_input_gradient_pass() {
+    use pipetrain::cost::stages::stage_costs;
+    use pipetrain::graph::Recompute;
+    let (tg, cut, bounds) = tiny_gpt_in_three();
+    let profile = flat_profile(&tg);
+    let total = profile.forward.iter().chain(&profile.backward).sum::<f64>();
+    let gap = 3e-4;
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12 * total;
+    for family in pipetrain::cost::Family::ALL {
+        let none = stage_costs(&profile, &cut, &bounds, (Recompute::None, family));
+        let again = stage_costs(&profile, &cut, &bounds, (Recompute::Stage, family));
+        let f = none[1].forward - gap;
+        // A middle stage: its input-gradient pass (and its whole backward) runs the
+        // forward again in one graph; its weight-gradient pass is unchanged.
+        assert!(close(
+            again[1].backward_input - gap,
+            0.6 * (f + none[1].backward_input - gap)
+        ));
+        assert!(close(again[1].backward_weight, none[1].backward_weight));
+        assert!(close(
+            again[1].backward - gap,
+            0.6 * (f + none[1].backward - gap)
+        ));
+        // The first stage: its input-gradient pass, which has no gradient to hand back,
+        // only runs the forward again (at the forward's speed, keeping what the
+        // weight-gradient pass reads); its weight-gradient pass is unchanged. Unsplit,
+        // its backward runs the forward again in one graph.
+        let f0 = none[0].forward - gap;
+        assert!(close(none[0].backward_input, gap));
+        assert!(close(again[0].backward_input - gap, f0));
+        assert!(close(again[0].backward_weight, none[0].backward_weight));
+        assert!(close(
+            again[0].backward - gap,
+            0.6 * (f0 + none[0].backward - gap)
+        ));
+        // Its forward keeps no stash: at the one graph's speed too.
+        assert!(close(again[1].forward - gap, 0.6 * f));
+    }
+}
+
+#[test]
+fn the_bytes_crossing_a_cut_are_what_the_stages_send_each_other() {
+    let rt = common::runtime();
+    let tg = PeerModel::load("tiny_gpt").training_graph(&rt);
+    // Unit ratio: the bytes at the graph's own batch.
+    let cut = pipetrain::cost::stages::Cuttable::of(&tg).measured_at(1);
+    let bytes = |names: &[String], leave: &[String]| -> f64 {
+        let sent = names.iter().filter(|n| !leave.contains(n));
+        sent.map(|n| &tg.metas[n.as_str()])
+            .map(|m| (m.numel() * m.dtype.size()) as f64)
+            .sum()
+    };
+    let mut checked = 0;
+    for at in 1..cut.live.len() {
+        if !cut.hands_on(&[at]) {
+            continue;
+        }
+        let name = tg.graph.nodes[cut.live[at - 1]].output[0].clone();
+        let a = assign_stages(&tg, &Partition::CutAt(vec![name.clone()])).unwrap();
+        let stages = build_stage_graphs(&tg, &a).unwrap();
+        // The tied weight crosses once a step, not per micro-batch: not a hop's.
+        let tied = &stages[0].io.tied;
+        let forward = bytes(&stages[0].io.fwd_send, tied);
+        let backward = bytes(&stages[1].io.bwd_send, &[]);
+        assert_eq!(cut.crossing_bytes(at, false, 1), forward, "at `{name}`");
+        assert_eq!(
+            cut.crossing_bytes(at, true, 1),
+            backward,
+            "at `{name}`: {:?} {:?} {:?}",
+            stages[1].io.bwd_send,
+            stages[0].io.fwd_send,
+            stages[0].io.tied
+        );
+        // Twice the micro-batch, twice the bytes.
+        assert_eq!(cut.crossing_bytes(at, false, 2), 2.0 * forward);
+        checked += 1;
+    }
+    assert!(checked > 20, "{checked} cuts compared");
+    // After the loss come only the accuracy's nodes, which the training step does not run:
+    // a cut there hands nothing on, and is never taken.
+    let loss = cut.live.iter().position(|&i| {
+        let outputs = &tg.graph.nodes[i].output;
+        outputs.iter().any(|o| o == pipetrain::graph::LOSS)
+    });
+    let after = loss.unwrap() + 1;
+    assert!(after < cut.live.len(), "no node after the loss");
+    assert!(!cut.hands_on(&[after]));
+    assert_eq!(cut.crossing_bytes(after, false, 1), 0.0);
+}
