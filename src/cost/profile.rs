@@ -61,9 +61,10 @@ pub struct Profile {
     pub stage_contention: Option<f64>,
     /// Share of kernel time in nodes ONNX Runtime made itself, spread by proportion.
     pub unmatched: f64,
-    /// In the split family's two-rank run (ZB-H1, cut by FLOPs), each stage's forward,
-    /// input-gradient and weight-gradient action, seconds (their medians; `None` where
-    /// not run): what the nodes' shares are set against (`plan::shares`).
+    /// In the one-rank run of the model cut in two by FLOPs (ZB-V at one rank), each
+    /// stage's forward, input-gradient and weight-gradient action, seconds (their
+    /// medians; `None` where not run): what the nodes' shares are set against
+    /// (`plan::shares`).
     #[serde(default)]
     pub stage_passes: Option<StagePasses>,
 }

@@ -208,7 +208,7 @@ pub(super) fn measure_all(
     })
 }
 
-/// Each unsplit profile's node shares set against its ZB-H1 run's stages
+/// Each unsplit profile's node shares set against its one-rank run's two stages
 /// (`shares::reshare`), then its per-action stage costs calibrated against its two-rank runs,
 /// a family at a time (a size without a run takes the nearest calibrated size's: the
 /// cost is the action's, not its values'; a family never calibrated takes its

@@ -167,7 +167,7 @@ mod tests {
         assert_eq!(m.one.periods[Family::Split], 0.0);
         // The stages' contention, read where the run overlapped its stages.
         assert_eq!(m.one.stage_contention, Some(0.6));
-        // The ZB-H1 run's stages, each action its median where the run was made.
+        // The one-rank run's stages, each action its median where the run was made.
         let p = m.one.stage_passes.unwrap();
         assert!((p[0][0] - 0.6).abs() < 1e-12 && (p[1][0] - 1.2).abs() < 1e-12);
         assert_eq!((p[0][1], p[0][2], p[1][1], p[1][2]), (0.0, 1.0, 1.0, 0.0));
