@@ -36,7 +36,16 @@ use crate::graph::BalanceBy;
 /// (its first `warmup` steps left out): the median of each, 0 for a kind a stage did not
 /// run; `None` where either stage ran no forward.
 pub(super) fn stage_passes_in(trace: &RunTrace, warmup: usize) -> Option<StagePasses> {
-    let mut times: [[Vec<f64>; 3]; 2] = Default::default();
+    let stages = stage_actions_in(trace, warmup);
+    let passes = |s: usize| stages.get(s).map(|a| [a[0], a[2], a[3]]);
+    let out = [passes(0)?, passes(1)?];
+    (out[0][0] > 0.0 && out[1][0] > 0.0).then_some(out)
+}
+
+/// Each stage's `F`, `B`, `I` and `W` actions in `trace` (its first `warmup` steps left
+/// out, every rank's): the median of each, 0 for a kind a stage did not run.
+pub(super) fn stage_actions_in(trace: &RunTrace, warmup: usize) -> Vec<[f64; 4]> {
+    let mut times: Vec<[Vec<f64>; 4]> = Vec::new();
     let events = trace
         .steps
         .iter()
@@ -46,16 +55,30 @@ pub(super) fn stage_passes_in(trace: &RunTrace, warmup: usize) -> Option<StagePa
     for e in events.filter(|e| e.end_ns > e.start_ns) {
         let part = match e.action.kind() {
             K::Forward => 0,
-            K::BackwardInput => 1,
-            K::BackwardWeight => 2,
+            K::Backward => 1,
+            K::BackwardInput => 2,
+            K::BackwardWeight => 3,
             _ => continue,
         };
-        if let Some(stage) = times.get_mut(e.action.stage()) {
-            stage[part].push((e.end_ns - e.start_ns) as f64 * 1e-9);
+        let stage = e.action.stage();
+        if times.len() <= stage {
+            times.resize_with(stage + 1, Default::default);
         }
+        times[stage][part].push((e.end_ns - e.start_ns) as f64 * 1e-9);
     }
-    let out = times.map(|stage| stage.map(|v| super::rounds::median(&v).unwrap_or(0.0)));
-    (out[0][0] > 0.0 && out[1][0] > 0.0).then_some(out)
+    let median = |v: &Vec<f64>| super::rounds::median(v).unwrap_or(0.0);
+    times
+        .iter()
+        .map(|stage| stage.each_ref().map(median))
+        .collect()
+}
+
+/// Each stage's actions in `trace` in milliseconds, for the log (`F/B/I/W`, stages
+/// apart), to read beside the simulator's.
+pub(super) fn stage_actions_text(trace: &RunTrace, warmup: usize) -> String {
+    let ms = |a: &[f64; 4]| a.map(|t| format!("{:.3}", t * 1e3)).join("/");
+    let stages = stage_actions_in(trace, warmup);
+    stages.iter().map(ms).collect::<Vec<_>>().join(" ")
 }
 
 /// Per stage, the factor on each kind's node times that brings the `predicted` passes'

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::{Error, Result};
 
-use super::machine::pass_seconds;
+use super::machine::{passes_in, read_trace};
 use super::runs::run_and_read;
 use super::{plan_error, PlanRow};
 
@@ -33,7 +33,16 @@ pub fn measure_step(
     let body = super::candidate_text(&text, (config, &path), row, (Some(steps), None))?;
     std::fs::write(&path, body).map_err(Error::io(&path))?;
     let period = run_and_read(worker, &path, "measure", |dir| {
-        pass_seconds(&dir.join("trace.json"), warmup).map(|p| p.period)
+        let path = dir.join("trace.json");
+        let trace = read_trace(&path)?;
+        tracing::debug!(
+            "measured {:?}: per stage F/B/I/W ms {}",
+            row.candidate,
+            super::shares::stage_actions_text(&trace, warmup)
+        );
+        passes_in(&trace, warmup)
+            .map(|p| p.period)
+            .map_err(|e| format!("{}: {e}", path.display()))
     })
     .map_err(|reason| plan_error("measuring a candidate", reason))?;
     match period > 0.0 {
