@@ -79,6 +79,7 @@ mod tests {
             step_overhead: 0.0,
             link: None,
             zero2_per_value: Some(2e-9),
+            update_contention: None,
         };
         let c = |zero: u8| Candidate {
             dp: 4,

@@ -1,8 +1,8 @@
 //! This machine as the planner simulates it, measured: the in-process reduction's adding
 //! rate, what a hand-off between two stage actors takes (from the profile's two-stage
-//! GPipe run's trace), how much two actions running at once slow each other, and what
-//! keeping two replicas in step costs (from a two-replica run's trace), and what ZeRO
-//! stage 2 costs a micro-batch (the same two replicas at stage 2).
+//! GPipe run's trace), how much two actions running at once slow each other (and two
+//! updates, apart), what keeping two replicas in step costs (from a two-replica run's
+//! trace), and what ZeRO stage 2 costs a micro-batch (the same two replicas at stage 2).
 
 use std::path::Path;
 use std::time::Instant;
@@ -21,22 +21,55 @@ use crate::cost::Machinery;
 pub(super) type Predict<'a> = dyn Fn(usize, u8, &Machinery) -> Option<f64> + 'a;
 
 /// A one-stage run in two replicas at once, at `alone`'s micro-batch, made `rounds`
-/// times: each of its times the median of the rounds.
-fn pair_passes(run: &ProfileRun<'_>, alone: &Profile, rounds: usize) -> Result<Passes> {
+/// times, each time just after the same run in one replica: each of its times the
+/// median of the rounds, and how much the two replicas' updates slowed each other
+/// (each round's update over the one replica's just before, their median; `None` where
+/// a run had none).
+///
+/// The pair's times are kept as measured. Scaled by how much faster the one replica
+/// just before ran than the profile's, the vocabulary GPT's two-replica layouts came out
+/// 3-12% slow in both of two benches (the one replica ran 0-10% faster than the
+/// profile's).
+fn pair_passes(
+    run: &ProfileRun<'_>,
+    alone: &Profile,
+    rounds: usize,
+) -> Result<(Passes, Option<f64>)> {
     let (run, key) = (&run.as_long_as(alone), (alone.threads, alone.micro_batch));
-    let once = || {
-        in_folder(run, key, RunKind::FusedPair, |dir| {
+    let passes = |kind| {
+        in_folder(run, key, kind, |dir| {
             pass_seconds(&dir.join("trace.json"), run.warmup)
         })
-        .map_err(|reason| Error::Plan {
-            what: "measuring two replicas at once".into(),
-            reason,
-        })
+    };
+    let once = || {
+        let one = passes(RunKind::Fused)?;
+        let pair = passes(RunKind::FusedPair)?;
+        tracing::debug!(
+            "two replicas at micro-batches of {}: {:.3} ms a step, update {:.3} ms; \
+             one alone {:.3} ms, update {:.3} ms",
+            key.1,
+            pair.period * 1e3,
+            pair.step * 1e3,
+            one.period * 1e3,
+            one.step * 1e3
+        );
+        let update = (one.step > 0.0 && pair.step > 0.0).then(|| pair.step / one.step - 1.0);
+        Ok((pair, update))
     };
     let all = (0..rounds.max(1))
-        .map(|_| once())
+        .map(|_| {
+            once().map_err(|reason: String| Error::Plan {
+                what: "measuring two replicas at once".into(),
+                reason,
+            })
+        })
         .collect::<Result<Vec<_>>>()?;
-    Ok(super::rounds::median_passes(&all))
+    let passes: Vec<Passes> = all.iter().map(|r| r.0).collect();
+    let updates: Vec<f64> = all.iter().filter_map(|r| r.1).collect();
+    Ok((
+        super::rounds::median_passes(&passes),
+        super::rounds::median(&updates),
+    ))
 }
 
 /// A one-stage run's mean seconds per micro-batch for its forward and its backward
@@ -192,6 +225,9 @@ pub(super) struct MachineRuns {
     pub add_per_value: f64,
     /// The two-replica run: its micro-batch and its passes (`None`: not made).
     pub pair: Option<(usize, Passes)>,
+    /// How much its two updates slowed each other (`None`: not measured).
+    #[serde(default)]
+    pub update_contention: Option<f64>,
     /// The same two replicas' step at ZeRO stage 2 (`None`: not made).
     pub zero2_period: Option<f64>,
 }
@@ -226,7 +262,10 @@ pub(super) fn run_machine(
         return runs;
     };
     match pair_passes(run, p, rounds) {
-        Ok(passes) => runs.pair = Some((p.micro_batch, passes)),
+        Ok((passes, update)) => {
+            runs.pair = Some((p.micro_batch, passes));
+            runs.update_contention = update;
+        }
         Err(e) => {
             tracing::warn!("{e}; replicas simulated without interference");
             return runs;
@@ -244,7 +283,8 @@ pub(super) fn run_machine(
 /// workers, from its runs and the profiles': the hand-off from the profiles' two-stage
 /// GPipe runs (the largest micro-batch's that showed one) and how much their stages'
 /// actions slowed each other; how much two actions at once slow each other (the
-/// two-replica run's forward and backward over one alone's), and what keeping two
+/// two-replica run's forward and backward over one alone's; their updates', measured
+/// apart, as the update reads and writes memory more than it computes), and what keeping two
 /// replicas in step costs a step (the cost at which the two-replica run's prediction,
 /// `predict(micro_batch, zero, machinery)`, meets its measured step); ZeRO stage 2's
 /// cost where its run was made.
@@ -266,6 +306,7 @@ pub(super) fn machinery(
         step_overhead,
         link: None,
         zero2_per_value: None,
+        update_contention: None,
     };
     if workers < 2 {
         return m;
@@ -292,6 +333,7 @@ pub(super) fn machinery(
     };
     if cores / threads >= 2 {
         m.contention = ((passes.forward + passes.backward) / p.fused - 1.0).max(0.0);
+        m.update_contention = runs.update_contention.map(|u| u.max(0.0));
     }
     m.replica_sync = replica_sync(&m, passes.period, &|m| predict(p.micro_batch, 0, m));
     m.zero2_per_value = runs
@@ -363,6 +405,7 @@ mod tests {
             step_overhead: 0.0,
             link: None,
             zero2_per_value: None,
+            update_contention: None,
         };
         // A 1 ms step whose sync runs at two replicas' shared speed (1.5 times as long).
         let predict = |m: &Machinery| Some(1e-3 + 1.5 * m.replica_sync);
