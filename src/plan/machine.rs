@@ -284,10 +284,10 @@ pub(super) fn run_machine(
 /// GPipe runs (the largest micro-batch's that showed one) and how much their stages'
 /// actions slowed each other; how much two actions at once slow each other (the
 /// two-replica run's forward and backward over one alone's; their updates', measured
-/// apart, as the update reads and writes memory more than it computes), and what keeping two
-/// replicas in step costs a step (the cost at which the two-replica run's prediction,
-/// `predict(micro_batch, zero, machinery)`, meets its measured step); ZeRO stage 2's
-/// cost where its run was made.
+/// apart, as the update reads and writes memory more than it computes), and what
+/// keeping two replicas in step costs a step (the cost at which the two-replica run's
+/// prediction, `predict(micro_batch, zero, machinery)`, meets its measured step); ZeRO
+/// stage 2's cost where its run was made.
 pub(super) fn machinery(
     runs: &MachineRuns,
     profiles: &[&Profile],
