@@ -377,22 +377,26 @@ pub fn cut_names(tg: &TrainingGraph, live: &[usize], bounds: &[usize]) -> Vec<St
 mod tests {
     use super::*;
 
-    #[test]
-    fn copies_of_the_update_pay_its_own_measured_contention_and_a_lone_update_none() {
-        let m = Machinery {
+    /// Two cores of one thread each, the stages' contention measured at 0.5.
+    fn two_cores(contention: f64, update_contention: Option<f64>) -> Machinery {
+        Machinery {
             cores: 2,
             threads: 1,
             hop: 0.0,
             add_per_value: 0.0,
-            contention: 0.1,
+            contention,
             stage_contention: Some(0.5),
             replica_sync: 0.0,
             step_overhead: 0.0,
             link: None,
             zero2_per_value: None,
-            update_contention: Some(0.76),
-        };
-        let c = |dp, tp, pp| Candidate {
+            update_contention,
+        }
+    }
+
+    /// 1F1B over two micro-batches of one sample in `dp` x `tp` x `pp`.
+    fn layout(dp: usize, tp: usize, pp: usize) -> Candidate {
+        Candidate {
             dp,
             tp,
             pp,
@@ -402,10 +406,15 @@ mod tests {
             micro_batch: 1,
             recompute: Recompute::None,
             zero: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn copies_of_the_update_pay_its_own_measured_contention_and_a_lone_update_none() {
+        let m = two_cores(0.1, Some(0.76));
         // Two replicas or two shards: the simulator slows each copy by `contention`
         // already, so the factor brings it to the update's own 1.76.
-        for copies in [c(2, 1, 1), c(1, 2, 1), c(2, 1, 2)] {
+        for copies in [layout(2, 1, 1), layout(1, 2, 1), layout(2, 1, 2)] {
             let k = m.update_factor(&copies);
             assert!(
                 (k * (1.0 + m.contention) - 1.76).abs() < 1e-12,
@@ -413,49 +422,22 @@ mod tests {
             );
         }
         // One copy of each update (stages alone) or nothing measured: as simulated.
-        assert_eq!(m.update_factor(&c(1, 1, 2)), 1.0);
-        let unmeasured = Machinery {
-            update_contention: None,
-            ..m
-        };
-        assert_eq!(unmeasured.update_factor(&c(2, 1, 1)), 1.0);
+        assert_eq!(m.update_factor(&layout(1, 1, 2)), 1.0);
+        assert_eq!(two_cores(0.1, None).update_factor(&layout(2, 1, 1)), 1.0);
     }
 
     #[test]
     fn a_pipeline_s_stages_meet_their_own_contention_and_copies_of_an_action_theirs() {
-        let m = Machinery {
-            cores: 2,
-            threads: 1,
-            hop: 0.0,
-            add_per_value: 0.0,
-            contention: 1.0,
-            stage_contention: Some(0.5),
-            replica_sync: 0.0,
-            step_overhead: 0.0,
-            link: None,
-            zero2_per_value: None,
-            update_contention: None,
-        };
-        let c = |dp, tp, pp| Candidate {
-            dp,
-            tp,
-            pp,
-            schedule: ScheduleKind::OneFOneB,
-            virtual_stages: 1,
-            micro_batches: 2,
-            micro_batch: 1,
-            recompute: Recompute::None,
-            zero: 0,
-        };
-        assert_eq!(m.contention_of(&c(1, 1, 2)), 0.5);
-        assert_eq!(m.contention_of(&c(2, 1, 1)), 1.0);
-        assert_eq!(m.contention_of(&c(1, 2, 1)), 1.0);
-        assert_eq!(m.contention_of(&c(2, 1, 2)), 1.0);
+        let m = two_cores(1.0, None);
+        assert_eq!(m.contention_of(&layout(1, 1, 2)), 0.5);
+        assert_eq!(m.contention_of(&layout(2, 1, 1)), 1.0);
+        assert_eq!(m.contention_of(&layout(1, 2, 1)), 1.0);
+        assert_eq!(m.contention_of(&layout(2, 1, 2)), 1.0);
         // Not measured: the replicas' figure.
         let unmeasured = Machinery {
             stage_contention: None,
             ..m
         };
-        assert_eq!(unmeasured.contention_of(&c(1, 1, 2)), 1.0);
+        assert_eq!(unmeasured.contention_of(&layout(1, 1, 2)), 1.0);
     }
 }
