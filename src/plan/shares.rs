@@ -179,6 +179,45 @@ mod tests {
     }
 
     #[test]
+    fn every_rank_s_stages_are_read_with_unsplit_backwards_and_written_for_the_log() {
+        // Three stages over two ranks, an unsplit backward (`B`), one step, microseconds.
+        let ev = |a, from: u64, to: u64| TraceEvent::new(a, from * 1000, to * 1000);
+        let (f, b) = (Action::forward, Action::backward);
+        let trace = RunTrace {
+            schedule: zb_v(1, 1).unwrap(),
+            replicas: 1,
+            steps: vec![vec![Trace {
+                ranks: vec![
+                    vec![
+                        ev(f(0, 0), 0, 10),
+                        ev(f(2, 0), 40, 70),
+                        ev(b(0, 0), 200, 230),
+                    ],
+                    vec![
+                        ev(f(1, 0), 10, 30),
+                        ev(b(2, 0), 70, 120),
+                        ev(b(1, 0), 120, 160),
+                    ],
+                ],
+            }]],
+        };
+        let us = |x: f64| (x * 1e6).round();
+        let stages = stage_actions_in(&trace, 0);
+        assert_eq!(
+            stages.iter().map(|s| s.map(us)).collect::<Vec<_>>(),
+            [
+                [10.0, 30.0, 0.0, 0.0],
+                [20.0, 40.0, 0.0, 0.0],
+                [30.0, 50.0, 0.0, 0.0]
+            ]
+        );
+        assert_eq!(
+            stage_actions_text(&trace, 0),
+            "0.010/0.030/0.000/0.000 0.020/0.040/0.000/0.000 0.030/0.050/0.000/0.000"
+        );
+    }
+
+    #[test]
     fn factors_bring_the_stages_to_the_measured_balance_and_keep_each_kind_s_total() {
         // Forward: predicted 4 and 6, measured 3 and 9 (the run's whole 12, the shares'
         // 10): stage 0 at 3/12 of 10, stage 1 at 9/12.
