@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use super::machine::pass_seconds;
+use super::passes::pass_seconds;
 use super::profile::{Profile, ProfileRun};
 use super::runs::{in_folder, RunKind};
 use crate::cost::Family;

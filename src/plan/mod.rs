@@ -41,6 +41,7 @@ mod machine;
 mod measured;
 mod ort_profile;
 mod overlap;
+mod passes;
 pub mod profile;
 #[cfg(feature = "cluster")]
 mod proof;

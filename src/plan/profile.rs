@@ -17,9 +17,9 @@
 
 use std::path::Path;
 
-use super::machine::{hand_off_in, pass_seconds, passes_in, read_trace, Passes};
 use super::ort_profile::{read_profile, Counting};
 use super::overlap::stage_contention;
+use super::passes::{hand_off_in, pass_seconds, passes_in, read_trace, Passes};
 use super::runs::{in_folder, RunKind};
 
 pub use crate::cost::Profile;

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use super::machine::Passes;
+use super::passes::Passes;
 use super::profile::{timings, OneStage, Profile, ProfileRun, Timings};
 use crate::cost::{Family, PerFamily, StagePasses};
 

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::{Error, Result};
 
-use super::machine::{passes_in, read_trace};
+use super::passes::{passes_in, read_trace};
 use super::runs::run_and_read;
 use super::{plan_error, PlanRow};
 
