@@ -43,11 +43,12 @@ pub struct Profile {
     /// Its actions per step (a forward and a backward per micro-batch).
     pub actions: f64,
     /// What each action of a pipeline's stage pays beside its nodes (its own session
-    /// run, the values it receives and keeps), per schedule [`Family`]: calibrated so that
-    /// the family's two-rank run ([`Profile::periods`]) simulates to its measured step
-    /// (`plan::calibrate`; 0 where not measured).
+    /// run, the values it receives and keeps), as a share of their time (0.2: a fifth
+    /// more), per schedule [`Family`]: calibrated so that the family's two-rank run
+    /// ([`Profile::periods`]) simulates to its measured step (`plan::calibrate`; 0
+    /// where not measured).
     #[serde(default)]
-    pub stage_runs: PerFamily,
+    pub stage_overheads: PerFamily,
     /// Each family's two-rank run's measured step ([`Family::run`]; 0 where not run).
     #[serde(default)]
     pub periods: PerFamily,
@@ -110,18 +111,26 @@ pub struct NamedCosts {
     pub step_per_value: f64,
     /// What each action costs beside its compute.
     pub action_gap: f64,
-    /// What each action of a pipeline's stage pays beside its nodes, in a schedule
-    /// that splits the backward, one stage a rank.
-    pub stage_run: f64,
-    /// The same, in a schedule that does not split the backward (older files: as
-    /// `stage_run`).
-    #[serde(default)]
+    /// What each action of a pipeline's stage pays beside its nodes, as a share of
+    /// their time, per schedule [`Family`] in [`Family::ALL`]'s order (unsplit, split,
+    /// interleaved, V): [`Profile::stage_overheads`]. Older files have the seconds
+    /// below instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_overheads: Option<PerFamily>,
+    /// Older files: what each action of a pipeline's stage pays beside its nodes,
+    /// seconds, in a schedule that splits the backward, one stage a rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_run: Option<f64>,
+    /// Older files: the same, in a schedule that does not split the backward (older
+    /// still: as `stage_run`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unsplit_stage_run: Option<f64>,
-    /// The same, in interleaved 1F1B (older files: as `unsplit_stage_run`).
-    #[serde(default)]
+    /// Older files: the same, in interleaved 1F1B (older still: as
+    /// `unsplit_stage_run`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interleaved_stage_run: Option<f64>,
-    /// The same, in a V-shaped schedule (older files: as `stage_run`).
-    #[serde(default)]
+    /// Older files: the same, in a V-shaped schedule (older still: as `stage_run`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub v_stage_run: Option<f64>,
     /// The machine.
     pub machinery: Machinery,
@@ -157,10 +166,11 @@ impl SavedProfile {
                 fused: profile.fused,
                 step_per_value: profile.step_per_value,
                 action_gap: profile.action_gap,
-                stage_run: profile.stage_runs[Family::Split],
-                unsplit_stage_run: Some(profile.stage_runs[Family::Unsplit]),
-                interleaved_stage_run: Some(profile.stage_runs[Family::Interleaved]),
-                v_stage_run: Some(profile.stage_runs[Family::V]),
+                stage_overheads: Some(profile.stage_overheads),
+                stage_run: None,
+                unsplit_stage_run: None,
+                interleaved_stage_run: None,
+                v_stage_run: None,
                 machinery: *machinery,
             }),
         }
@@ -168,14 +178,25 @@ impl SavedProfile {
 }
 
 impl NamedCosts {
-    /// Each family's stage cost, a family older files lack taking its kin's.
-    fn stage_runs(&self) -> PerFamily {
-        let unsplit = self.unsplit_stage_run.unwrap_or(self.stage_run);
+    /// Each family's stage overhead. Older files' seconds an action are read as a
+    /// share of an action of a two-stage cut (a quarter of a micro-batch's nodes), a
+    /// family they lack taking its kin's.
+    fn stage_overheads(&self) -> PerFamily {
+        if let Some(overheads) = self.stage_overheads {
+            return overheads;
+        }
+        let nodes: f64 = self.forward.values().chain(self.backward.values()).sum();
+        let share = |seconds: f64| match nodes > 0.0 {
+            true => seconds / (nodes / 4.0),
+            false => 0.0,
+        };
+        let split = self.stage_run.unwrap_or(0.0);
+        let unsplit = self.unsplit_stage_run.unwrap_or(split);
         let mut out = PerFamily::default();
-        out[Family::Split] = self.stage_run;
-        out[Family::Unsplit] = unsplit;
-        out[Family::Interleaved] = self.interleaved_stage_run.unwrap_or(unsplit);
-        out[Family::V] = self.v_stage_run.unwrap_or(self.stage_run);
+        out[Family::Split] = share(split);
+        out[Family::Unsplit] = share(unsplit);
+        out[Family::Interleaved] = share(self.interleaved_stage_run.unwrap_or(unsplit));
+        out[Family::V] = share(self.v_stage_run.unwrap_or(split));
         out
     }
 
@@ -208,12 +229,48 @@ impl NamedCosts {
             action_gap: self.action_gap,
             idle: 0.0,
             actions: 0.0,
-            stage_runs: self.stage_runs(),
+            stage_overheads: self.stage_overheads(),
             periods: PerFamily::default(),
             hand_off: 0.0,
             stage_contention: None,
             unmatched: 0.0,
             stage_passes: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A saved profile's costs: a micro-batch's nodes 4 ms (an action of a two-stage cut
+    /// 1 ms), with `stages` written in.
+    fn named(stages: &str) -> NamedCosts {
+        let text = format!(
+            r#"{{"forward": {{"a": 1e-3}}, "backward": {{"b": 3e-3}}, "fused": 3e-3,
+            "step_per_value": 1e-9, "action_gap": 1e-5, {stages}
+            "machinery": {{"cores": 2, "threads": 1, "hop": 1e-6, "add_per_value": 1e-9,
+            "contention": 0.5, "replica_sync": 0.0, "step_overhead": 0.0}}}}"#
+        );
+        serde_json::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn older_files_seconds_an_action_are_read_as_shares_of_a_two_stage_action() {
+        // 0.2 ms and 0.5 ms an action against 1 ms; interleaved takes unsplit's, V split's.
+        let old = named(r#""stage_run": 2e-4, "unsplit_stage_run": 5e-4,"#);
+        let read = old.stage_overheads().0;
+        let want = [0.5, 0.2, 0.5, 0.2];
+        assert!(
+            read.iter().zip(want).all(|(r, w)| (r - w).abs() < 1e-12),
+            "{read:?}"
+        );
+        // Overheads written as such are read as they are, and written back so.
+        let new = named(r#""stage_overheads": [0.3, 0.1, 0.4, 0.2],"#);
+        assert_eq!(new.stage_overheads().0, [0.3, 0.1, 0.4, 0.2]);
+        let text = serde_json::to_string(&new).unwrap();
+        assert!(!text.contains("stage_run"), "{text}");
+        // A file with neither pays none.
+        assert_eq!(named("").stage_overheads().0, [0.0; 4]);
     }
 }

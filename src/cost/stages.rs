@@ -18,9 +18,12 @@
 //! points slower, on the same measured runs). The unsplit last stage's `B` only hands on
 //! the gradient its one graph made: it pays no stage run (charged one, the calibration
 //! spread it over the other actions, and the fixtures' 1F1B layouts of two micro-batches
-//! came out up to 3 points slower). Cut, each action also pays what a stage's action was
-//! measured to cost beside its nodes, calibrated against a two-rank run of its schedule's
-//! [`Family`] ([`Profile::stage_runs`]). A pipeline of one stage runs forward and
+//! came out up to 3 points slower). Cut, each action's nodes cost a share more, what a
+//! stage's action was measured to pay beside them, calibrated against a two-rank run of
+//! its schedule's [`Family`] ([`Profile::stage_overheads`]): a share of the action's work,
+//! not a fixed cost an action (a fixed cost calibrated where the run cut the model by
+//! FLOPs charged the Llama fixture's cut by time, whose first stage holds the embedding
+//! alone, 79 us an action where its forward and backward took 11 and 21 us). A pipeline of one stage runs forward and
 //! backward as one graph: its measured [`Profile::fused`]. Each action also costs the
 //! measured [`Profile::action_gap`].
 //!
@@ -217,7 +220,8 @@ pub fn stage_costs(
         1.0
     };
     let last = bounds.len();
-    let gap = gap + profile.stage_runs[family];
+    // What a cut stage's action pays beside its nodes, in proportion to them.
+    let own = 1.0 + profile.stage_overheads[family];
     cut.passes(profile, bounds)
         .into_iter()
         .enumerate()
@@ -225,8 +229,7 @@ pub fn stage_costs(
             if s == last && !split {
                 // The last stage of an unsplit schedule: forward and backward as one graph.
                 // Its `B` only hands on the gradient the one graph made: no run of its own.
-                let send = profile.action_gap;
-                return StageCost::split((f + ig + wg) * one_graph + gap, send, 0.0);
+                return StageCost::split((f + ig + wg) * one_graph * own + gap, gap, 0.0);
             }
             let again = match recompute {
                 Recompute::Stage => f,
@@ -253,10 +256,10 @@ pub fn stage_costs(
                 false => f,
             };
             StageCost {
-                forward: forward + gap,
-                backward: again_in(i + w) + gap,
-                backward_input: input + gap,
-                backward_weight: w + gap,
+                forward: forward * own + gap,
+                backward: again_in(i + w) * own + gap,
+                backward_input: input * own + gap,
+                backward_weight: w * own + gap,
             }
         })
         .collect()

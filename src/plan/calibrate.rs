@@ -1,7 +1,8 @@
-//! What each action of a pipeline stage pays beside its nodes ([`Profile::stage_runs`]),
-//! calibrated against recorded runs: the profile's two-rank run of each schedule
-//! [`Family`] has a measured step; each family's cost is the one at which the
-//! simulator, with everything else as measured, predicts its run's step.
+//! What each action of a pipeline stage pays beside its nodes, as a share of their time
+//! ([`Profile::stage_overheads`]), calibrated against recorded runs: the profile's
+//! two-rank run of each schedule [`Family`] has a measured step; each family's overhead
+//! is the one at which the simulator, with everything else as measured, predicts its
+//! run's step.
 //!
 //! The families differ: where the backward is not split the last stage runs forward
 //! and backward as one graph, and a cut model's one graph gains less over its two
@@ -21,12 +22,16 @@ use crate::graph::{BalanceBy, Recompute};
 use super::Sharded;
 use crate::cost::{simulate_candidate, Candidate, Family, Machinery, PerFamily, Profile};
 
-/// The per-action stage cost of schedules of `family` at which `profile`'s run of that
-/// family ([`Family::run`]: on two ranks, or in the profile's own stages under ZB-H1
-/// where the model fits no worker whole; cut by FLOPs as the run cut them,
-/// micro-batches of `profile.micro_batch`) simulates to its measured step; 0 where the
-/// simulator predicts it slower even without any; `None` where the run was not made.
-pub(super) fn stage_run(
+/// The most a stage's action is taken to pay beside its nodes: four times their time.
+const MOST_OVERHEAD: f64 = 4.0;
+
+/// The overhead (a share of its nodes' time) a stage's action of schedules of `family`
+/// pays beside them, at which `profile`'s run of that family ([`Family::run`]: on two ranks, or in
+/// the profile's own stages under ZB-H1 where the model fits no worker whole; cut by
+/// FLOPs as the run cut them, micro-batches of `profile.micro_batch`) simulates to its
+/// measured step; 0 where the simulator predicts it slower even without any; `None`
+/// where the run was not made.
+pub(super) fn stage_overhead(
     profile: &Profile,
     family: Family,
     whole: &Sharded,
@@ -51,14 +56,14 @@ pub(super) fn stage_run(
         zero: 0,
     };
     let bounds = whole.balanced_bounds(c.stages(), BalanceBy::Flops)?;
-    let step_at = |cost: f64| {
+    let step_at = |overhead: f64| {
         let p = Profile {
-            stage_runs: PerFamily::all(cost),
+            stage_overheads: PerFamily::all(overhead),
             ..profile.clone()
         };
         simulate_candidate(&c, &p, whole.costs(), machinery, Some(bounds.clone())).map(|s| s.step)
     };
-    Some(solve(&step_at, period, profile.total().max(1e-6)))
+    Some(solve(&step_at, period, MOST_OVERHEAD))
 }
 
 /// The cost in `[0, most]` at which `step_at` (growing with the cost) reaches `target`:

@@ -209,12 +209,11 @@ pub(super) fn measure_all(
 }
 
 /// Each unsplit profile's node shares set against its one-rank run's two stages
-/// (`shares::reshare`), then its per-action stage costs calibrated against its two-rank runs,
-/// a family at a time (a size without a run takes the nearest calibrated size's: the
-/// cost is the action's, not its values'; a family never calibrated takes its
-/// [`Family::stand_ins`]'); a split model's profile takes the unsplit one's at its
-/// micro-batch.
-pub(super) fn calibrate_stage_runs(
+/// (`shares::reshare`), then its stage actions' overheads calibrated against its two-rank
+/// runs, a family at a time (a size without a run takes the nearest calibrated size's; a
+/// family never calibrated takes its [`Family::stand_ins`]'); a split model's profile
+/// takes the unsplit one's at its micro-batch.
+pub(super) fn calibrate_stage_overheads(
     profiles: &mut Profiles,
     whole: &Sharded,
     machinery: &Machinery,
@@ -226,22 +225,25 @@ pub(super) fn calibrate_stage_runs(
             .iter()
             .filter(|((tp, _), _)| *tp == 1)
             .filter_map(|(&(_, b), p)| {
-                Some((b, calibrate::stage_run(p, family, whole, machinery, cfg)?))
+                Some((
+                    b,
+                    calibrate::stage_overhead(p, family, whole, machinery, cfg)?,
+                ))
             })
             .collect::<BTreeMap<usize, f64>>()
     }));
     for (&(_, b), p) in profiles.iter_mut() {
-        p.stage_runs = stage_runs_at(b, &calibrated);
+        p.stage_overheads = stage_overheads_at(b, &calibrated);
     }
 }
 
-/// Each family's stage cost at micro-batches of `b`, of the costs `calibrated` at each
+/// Each family's stage overhead at micro-batches of `b`, of those `calibrated` at each
 /// size: its own at the nearest size calibrated for it; where it has none, its nearest
 /// stand-in's; 0 where no family was calibrated.
-fn stage_runs_at(b: usize, calibrated: &PerFamily<BTreeMap<usize, f64>>) -> PerFamily {
+fn stage_overheads_at(b: usize, calibrated: &PerFamily<BTreeMap<usize, f64>>) -> PerFamily {
     let nearest = |f: Family| {
         let by_distance = calibrated[f].iter().min_by_key(|(&c, _)| c.abs_diff(b));
-        by_distance.map(|(_, &cost)| cost)
+        by_distance.map(|(_, &overhead)| overhead)
     };
     PerFamily(Family::ALL.map(|f| {
         let mut own_then_stand_ins = std::iter::once(f).chain(f.stand_ins());
@@ -260,7 +262,7 @@ mod tests {
         let split = BTreeMap::from([(1, 10.0), (2, 20.0)]);
         let v = BTreeMap::from([(1, 5.0), (2, 6.0), (4, 7.0)]);
         let none = BTreeMap::new();
-        let at = |b, c| stage_runs_at(b, c).0;
+        let at = |b, c| stage_overheads_at(b, c).0;
         let all = PerFamily([unsplit, split.clone(), none.clone(), v.clone()]);
         // Interleaved was never run: unsplit's stands in.
         assert_eq!(at(4, &all), [50.0, 20.0, 50.0, 7.0]);

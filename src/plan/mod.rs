@@ -59,7 +59,7 @@ use std::time::Instant;
 
 #[cfg(feature = "cluster")]
 pub use command::{plan_command, PlanArgs};
-use measured::{calibrate_stage_runs, measure_all};
+use measured::{calibrate_stage_overheads, measure_all};
 pub(crate) use measured::{Profiles, Sharded};
 pub use profile::{Profile, ProfileRun};
 #[cfg(feature = "cluster")]
@@ -304,7 +304,7 @@ fn fitted(
         search::simulate_candidate(&c, p, (&whole.cut, &whole.values), m, None).map(|s| s.step)
     };
     let here = machine::machinery(&measured.machine, &sizes, shape, step_overhead, &predict);
-    calibrate_stage_runs(&mut profiles, whole, &here, cfg);
+    calibrate_stage_overheads(&mut profiles, whole, &here, cfg);
     (profiles, here)
 }
 

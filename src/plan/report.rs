@@ -52,8 +52,8 @@ pub fn report(plan: &Plan, top: usize) -> String {
     for p in &plan.profiles {
         out += &format!(
             "profile: micro-batch {}, {} thread(s){}: {:.3} ms per micro-batch (forward {:.3}, \
-             backward {:.3}; as one graph {:.3}; a stage's action +{:.0} us unsplit, +{:.0} split, +{:.0} interleaved, \
-             +{:.0} in a V), {:.0}% \
+             backward {:.3}; as one graph {:.3}; a stage's action +{:.0}% unsplit, +{:.0}% split, +{:.0}% interleaved, \
+             +{:.0}% in a V), {:.0}% \
              of kernel time in nodes ONNX Runtime made\n",
             p.micro_batch,
             p.threads,
@@ -66,10 +66,10 @@ pub fn report(plan: &Plan, top: usize) -> String {
             p.forward.iter().sum::<f64>() * 1e3,
             p.backward.iter().sum::<f64>() * 1e3,
             p.fused * 1e3,
-            p.stage_runs[Family::Unsplit] * 1e6,
-            p.stage_runs[Family::Split] * 1e6,
-            p.stage_runs[Family::Interleaved] * 1e6,
-            p.stage_runs[Family::V] * 1e6,
+            p.stage_overheads[Family::Unsplit] * 100.0,
+            p.stage_overheads[Family::Split] * 100.0,
+            p.stage_overheads[Family::Interleaved] * 100.0,
+            p.stage_overheads[Family::V] * 100.0,
             p.unmatched * 100.0
         );
     }

@@ -71,7 +71,7 @@ fn tiny_gpt_in_three() -> (
 }
 
 /// Every node of `tg` a millisecond, the one graph running both passes in 60% of their
-/// time, each action 0.1 ms beside its nodes and a cut stage's 0.2 ms more.
+/// time, each action 0.1 ms beside its nodes and a cut stage's nodes a fifth dearer.
 fn flat_profile(tg: &pipetrain::graph::TrainingGraph) -> pipetrain::cost::Profile {
     let forward = vec![1e-3; tg.forward_len];
     let backward = vec![1e-3; tg.graph.nodes.len() - tg.forward_len];
@@ -85,7 +85,7 @@ fn flat_profile(tg: &pipetrain::graph::TrainingGraph) -> pipetrain::cost::Profil
         backward,
         fused: 0.6 * total,
         action_gap: 1e-4,
-        stage_runs: PerFamily::all(2e-4),
+        stage_overheads: PerFamily::all(0.2),
         ..Default::default()
     }
 }
@@ -126,29 +126,32 @@ fn scaling_a_stage_s_passes_scales_that_stage_s_forward_input_and_weight_parts_a
 }
 
 #[test]
-fn each_schedule_family_pays_the_stage_cost_calibrated_on_a_run_of_its_family() {
+fn each_schedule_family_pays_the_stage_overhead_calibrated_on_a_run_of_its_family() {
     use pipetrain::cost::stages::stage_costs;
     use pipetrain::cost::Family;
     use pipetrain::graph::Recompute;
     let (tg, cut, bounds) = tiny_gpt_in_three();
     let profile = pipetrain::cost::Profile {
-        stage_runs: PerFamily([5e-4, 2e-4, 7e-4, 1e-4]),
+        stage_overheads: PerFamily([0.5, 0.2, 0.7, 0.1]),
         ..flat_profile(&tg)
     };
     let costs = |f| stage_costs(&profile, &cut, &bounds, (Recompute::None, f));
     let split = costs(Family::Split);
+    let gap = 1e-4;
     let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
-    // The same nodes, each action dearer or cheaper by its family's cost.
-    for (family, more) in [
-        (Family::Unsplit, 3e-4),
-        (Family::Interleaved, 5e-4),
-        (Family::V, -1e-4),
+    // The same nodes, each action's dearer or cheaper by its family's share.
+    for (family, ratio) in [
+        (Family::Unsplit, 1.5 / 1.2),
+        (Family::Interleaved, 1.7 / 1.2),
+        (Family::V, 1.1 / 1.2),
     ] {
         let other = costs(family);
         for s in 0..2 {
             let what = format!("{family:?}, stage {s}");
-            assert!(close(other[s].forward - split[s].forward, more), "{what}");
-            assert!(close(other[s].backward - split[s].backward, more), "{what}");
+            let (f, b) = (split[s].forward - gap, split[s].backward - gap);
+            assert!(f > 0.0 && b > 0.0, "{what}");
+            assert!(close(other[s].forward - gap, f * ratio), "{what}");
+            assert!(close(other[s].backward - gap, b * ratio), "{what}");
         }
         // The last stage of an unsplit schedule runs one graph: its `B` only hands on
         // the gradient, paying the action's gap and no stage run.
@@ -165,7 +168,8 @@ fn a_stage_that_recomputes_runs_its_forward_again_in_its_input_gradient_pass() {
     let (tg, cut, bounds) = tiny_gpt_in_three();
     let profile = flat_profile(&tg);
     let total = profile.forward.iter().chain(&profile.backward).sum::<f64>();
-    let gap = 3e-4;
+    // The action's gap; everything else scales with the stage's overhead alike.
+    let gap = 1e-4;
     let close = |a: f64, b: f64| (a - b).abs() < 1e-12 * total;
     for family in pipetrain::cost::Family::ALL {
         let none = stage_costs(&profile, &cut, &bounds, (Recompute::None, family));
@@ -247,4 +251,31 @@ fn the_bytes_crossing_a_cut_are_what_the_stages_send_each_other() {
     assert!(after < cut.live.len(), "no node after the loss");
     assert!(!cut.hands_on(&[after]));
     assert_eq!(cut.crossing_bytes(after, false, 1), 0.0);
+}
+
+#[test]
+fn a_stage_pays_its_overhead_in_proportion_to_its_nodes_so_a_small_stage_pays_little() {
+    use pipetrain::cost::stages::stage_costs;
+    use pipetrain::cost::Family;
+    use pipetrain::graph::Recompute;
+    let (tg, cut, _) = tiny_gpt_in_three();
+    let profile = flat_profile(&tg);
+    let (gap, n) = (1e-4, cut.live.len());
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    let mut first_forward = Vec::new();
+    for bounds in [vec![1], vec![n / 2]] {
+        let (f, ig, wg) = cut.passes(&profile, &bounds)[0];
+        let costs = stage_costs(&profile, &cut, &bounds, (Recompute::None, Family::Split));
+        // The first stage's forward, and its weight-gradient pass doing all its backward,
+        // each a fifth dearer than their nodes.
+        assert!(close(costs[0].forward - gap, 1.2 * f), "cut at {bounds:?}");
+        assert!(close(costs[0].backward_weight - gap, 1.2 * (ig + wg)));
+        first_forward.push(costs[0].forward - gap);
+    }
+    // One node's stage pays a fifth of that node, half the model's a fifth of half.
+    assert!(close(first_forward[0], 1.2e-3), "{first_forward:?}");
+    assert!(
+        first_forward[1] > 10.0 * first_forward[0],
+        "{first_forward:?}"
+    );
 }
