@@ -20,6 +20,7 @@ type Seen = std::result::Result<Vec<f64>, String>;
 
 /// A run measured: its name, its predicted step, its measured one (the median of its
 /// rounds) and the fastest and slowest of its rounds.
+#[derive(Debug, Clone)]
 struct Outcome {
     name: String,
     predicted: f64,
@@ -264,8 +265,9 @@ fn accuracy(runs: &[Outcome]) -> String {
             .map(|r| r.to_string())
             .collect();
         out += &format!(
-            "top 3 in measured order: {} (predicted 1 2 3)\n",
-            order.join(" ")
+            "top 3 in measured order: {} (predicted 1 2 3{})\n",
+            order.join(" "),
+            swapped_text(&ranked[..3])
         );
     }
     if let Some(pick) = ranked.first() {
@@ -287,6 +289,36 @@ fn accuracy(runs: &[Outcome]) -> String {
                 d.measured / pick.measured
             );
         }
+    }
+    out
+}
+
+/// Of `top` (in predicted order), each pair measured the other way round, said as
+/// within or beyond each other's rounds (within: the machine's noise alone could have
+/// swapped them); empty where none is.
+fn swapped_text(top: &[&Outcome]) -> String {
+    let overlap = |a: &Outcome, b: &Outcome| a.spread.0 <= b.spread.1 && b.spread.0 <= a.spread.1;
+    let (mut within, mut beyond) = (Vec::new(), Vec::new());
+    for (i, a) in top.iter().enumerate() {
+        for (j, b) in top.iter().enumerate().skip(i + 1) {
+            if a.measured > b.measured {
+                let pair = format!("{}-{}", i + 1, j + 1);
+                match overlap(a, b) {
+                    true => within.push(pair),
+                    false => beyond.push(pair),
+                }
+            }
+        }
+    }
+    let mut out = String::new();
+    if !within.is_empty() {
+        out += &format!(
+            "; swapped within each other's rounds: {}",
+            within.join(", ")
+        );
+    }
+    if !beyond.is_empty() {
+        out += &format!("; swapped beyond their rounds: {}", beyond.join(", "));
     }
     out
 }
@@ -317,6 +349,31 @@ mod tests {
         // The first predicted below its rounds, the third above; one round: not counted.
         assert!(text.contains("their own measured rounds: 1 of 3"), "{text}");
         assert!(text.contains("top 3 in measured order: 2 3 1"), "{text}");
+        // 1 measured slower than 2 and 3, its rounds overlapping theirs.
+        assert!(
+            text.contains("(predicted 1 2 3; swapped within each other's rounds: 1-2, 1-3)"),
+            "{text}"
+        );
+        let apart = [
+            run("1", 1.0e-3, 1.3e-3, (1.25e-3, 1.35e-3)),
+            runs[1].clone(),
+            run("3", 1.1e-3, 1.2e-3, (1.15e-3, 1.25e-3)),
+        ];
+        let swapped = accuracy(&apart);
+        assert!(
+            swapped.contains("(predicted 1 2 3; swapped within each other's rounds: 1-3; swapped beyond their rounds: 1-2)"),
+            "{swapped}"
+        );
+        let ordered = [runs[1].clone(), apart[2].clone(), apart[0].clone()];
+        let renamed: Vec<Outcome> = ordered
+            .iter()
+            .enumerate()
+            .map(|(i, o)| Outcome {
+                name: (i + 1).to_string(),
+                ..o.clone()
+            })
+            .collect();
+        assert!(accuracy(&renamed).contains("(predicted 1 2 3)\n"));
         // The pick (rank 1) against the fastest (rank 2): 10% slower.
         assert!(
             text.contains("1.10 ms; the fastest measured 1.00 ms (+10.0%)"),
