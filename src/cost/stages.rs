@@ -20,12 +20,12 @@
 //! spread it over the other actions, and the fixtures' 1F1B layouts of two micro-batches
 //! came out up to 3 points slower). Cut, each action's nodes cost a share more, what a
 //! stage's action was measured to pay beside them, calibrated against a two-rank run of
-//! its schedule's [`Family`] ([`Profile::stage_overheads`]): a share of the action's work,
-//! not a fixed cost an action (a fixed cost calibrated where the run cut the model by
-//! FLOPs charged the Llama fixture's cut by time, whose first stage holds the embedding
-//! alone, 79 us an action where its forward and backward took 11 and 21 us). A pipeline of one stage runs forward and
-//! backward as one graph: its measured [`Profile::fused`]. Each action also costs the
-//! measured [`Profile::action_gap`].
+//! its schedule's [`Family`] ([`Profile::stage_overheads`]): a share of the action's
+//! work, not a fixed cost an action (a fixed cost calibrated where the run cut the model
+//! by FLOPs charged the Llama fixture's cut by time, whose first stage holds the
+//! embedding alone, 79 us an action where its forward and backward took 11 and 21 us).
+//! A pipeline of one stage runs forward and backward as one graph: its measured
+//! [`Profile::fused`]. Each action also costs the measured [`Profile::action_gap`].
 //!
 //! Cuts come from the linear partition of the nodes' whole-step costs (the largest stage
 //! as small as it can be), then each cut moves while the simulated step gets shorter:

@@ -26,11 +26,11 @@ use crate::cost::{simulate_candidate, Candidate, Family, Machinery, PerFamily, P
 const MOST_OVERHEAD: f64 = 4.0;
 
 /// The overhead (a share of its nodes' time) a stage's action of schedules of `family`
-/// pays beside them, at which `profile`'s run of that family ([`Family::run`]: on two ranks, or in
-/// the profile's own stages under ZB-H1 where the model fits no worker whole; cut by
-/// FLOPs as the run cut them, micro-batches of `profile.micro_batch`) simulates to its
-/// measured step; 0 where the simulator predicts it slower even without any; `None`
-/// where the run was not made.
+/// pays beside them, at which `profile`'s run of that family ([`Family::run`]: on two
+/// ranks, or in the profile's own stages under ZB-H1 where the model fits no worker
+/// whole; cut by FLOPs as the run cut them, micro-batches of `profile.micro_batch`)
+/// simulates to its measured step; 0 where the simulator predicts it slower even without
+/// any; `None` where the run was not made.
 pub(super) fn stage_overhead(
     profile: &Profile,
     family: Family,
