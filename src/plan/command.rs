@@ -41,6 +41,10 @@ pub struct PlanArgs {
     /// Write the best layout here as a configuration `train` accepts as it is.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Write the table's layout of this rank instead of the best (`--out`): one that
+    /// holds less memory, or to run a rival by hand.
+    #[arg(long, default_value_t = 1, requires = "out", value_parser = clap::value_parser!(u64).range(1..))]
+    pub pick: u64,
     /// Also run this many of the best layouts, and the default one, for real and print
     /// each one's measured step beside its prediction; then the fastest of each
     /// (dp, tp, pp) layout not among them.
@@ -122,7 +126,11 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
     let manifest = cluster.as_ref().map(|(m, _, _)| m);
     // Processes of one machine would each take every core: the plan's threads are set.
     let threads = manifest.map(|_| p.threads);
-    if let (Some(out), Some(best)) = (&args.out, p.best()) {
+    let pick = match args.out {
+        Some(_) => p.ranked(args.pick as usize)?,
+        None => None,
+    };
+    if let (Some(out), Some(best)) = (&args.out, pick) {
         write_config(&args.config, best, threads, out)?;
         println!("wrote {}", out.display());
         if let Some(m) = manifest {

@@ -1,10 +1,12 @@
 //! `pipetrain plan --measure K`: the plan against real runs. The best layouts, the
 //! default one and the cut rivals run for real (in one process, or launched on a
 //! manifest's nodes here), in rounds taken in turn, beside a control that says how far
-//! the machine drifted since the profile (`control`); each measured step is printed
-//! beside its prediction, then how the predictions held.
+//! the machine drifted since the profile (`control`), run before each round and after
+//! the last; each measured step is printed beside its prediction, then how the
+//! predictions held, raw and with the drift at each run taken out.
 
 use std::path::Path;
+use std::time::Instant;
 
 use crate::cluster::ClusterManifest;
 use crate::config::TrainConfig;
@@ -15,31 +17,53 @@ use super::control::Control;
 use super::rounds::median;
 use super::{Plan, PlanRow};
 
+/// A step measured, and when: seconds from the first round's start to the middle of
+/// its run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Timed {
+    value: f64,
+    at: f64,
+}
+
 /// Each measured run's steps over the rounds, or why it failed.
-type Seen = std::result::Result<Vec<f64>, String>;
+type Seen = std::result::Result<Vec<Timed>, String>;
 
 /// A run measured: its name, its predicted step, its measured one (the median of its
-/// rounds) and the fastest and slowest of its rounds.
+/// rounds), the fastest and slowest of its rounds, and the median of its rounds each
+/// divided by the control's drift at the time (`None` without a control).
 #[derive(Debug, Clone)]
 struct Outcome {
     name: String,
     predicted: f64,
     measured: f64,
     spread: (f64, f64),
+    steady: Option<f64>,
 }
 
-impl Outcome {
-    /// Its prediction's error, `factor` times the predicted step against the measured.
-    fn error(&self, factor: f64) -> f64 {
-        (self.predicted * factor / self.measured - 1.0).abs()
-    }
+/// How far `predicted` is from `measured`, as a share.
+fn error(predicted: f64, measured: f64) -> f64 {
+    (predicted / measured - 1.0).abs()
 }
 
-/// The mean and the largest error of `runs`' predictions, each scaled by `factor`.
-fn mean_and_largest(runs: &[Outcome], factor: f64) -> (f64, f64) {
-    let errors: Vec<f64> = runs.iter().map(|o| o.error(factor)).collect();
+/// The mean and the largest of `errors` (zeros for none).
+fn mean_and_largest(errors: &[f64]) -> (f64, f64) {
     let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
     (mean, errors.iter().copied().fold(0.0, f64::max))
+}
+
+/// The control's drift at `at` seconds: interpolated between the controls either side
+/// of it, the nearest one's beyond them; `None` without any.
+fn drift_at(controls: &[Timed], at: f64) -> Option<f64> {
+    let after = controls.iter().position(|c| c.at >= at);
+    match after {
+        Some(0) => controls.first().map(|c| c.value),
+        Some(i) => {
+            let (a, b) = (controls[i - 1], controls[i]);
+            let share = (at - a.at) / (b.at - a.at).max(f64::MIN_POSITIVE);
+            Some(a.value + (b.value - a.value) * share)
+        }
+        None => controls.last().map(|c| c.value),
+    }
 }
 
 /// Runs `args.measure` of `p`'s best layouts (and the default, the cut rivals, the
@@ -92,54 +116,77 @@ pub(super) fn measure(
         .map_err(|e| e.to_string())
     };
     let (steps, drifts) = in_rounds(&runs, rounds, control.as_ref(), &measure);
-    let measured = print_table(runs, steps);
+    let measured = print_table(runs, steps, &drifts);
     print!("{}", accuracy(&measured));
-    if let (Some(c), Some(drift)) = (&control, median(&drifts)) {
-        print!("{}", drift_text(&measured, drift, &c.name()));
+    if let Some(c) = &control {
+        print!("{}", drift_text(&measured, &drifts, &c.name()));
     }
     Ok(())
 }
 
 /// Each of `runs` measured `rounds` times, the runs in turn each round after the
-/// control's; and the control's drift each round.
+/// control's, and the control once more after the last round; and the control's drift
+/// each time it ran.
 fn in_rounds(
     runs: &[(String, &PlanRow)],
     rounds: usize,
     control: Option<&Control<'_>>,
     measure: &dyn Fn(&PlanRow) -> std::result::Result<f64, String>,
-) -> (Vec<Seen>, Vec<f64>) {
-    let mut steps: Vec<Seen> = vec![Ok(Vec::new()); runs.len()];
+) -> (Vec<Seen>, Vec<Timed>) {
+    let start = Instant::now();
+    let timed = |run: &dyn Fn() -> std::result::Result<f64, String>| {
+        let from = start.elapsed().as_secs_f64();
+        let value = run()?;
+        let at = (from + start.elapsed().as_secs_f64()) / 2.0;
+        Ok::<Timed, String>(Timed { value, at })
+    };
     let mut drifts = Vec::new();
+    let mut control_run = || match control.map(|c| timed(&|| c.drift())) {
+        Some(Ok(d)) => drifts.push(d),
+        Some(Err(e)) => tracing::warn!("the control run failed: {e}"),
+        None => {}
+    };
+    let mut steps: Vec<Seen> = vec![Ok(Vec::new()); runs.len()];
     for _ in 0..rounds {
-        match control.map(Control::drift) {
-            Some(Ok(d)) => drifts.push(d),
-            Some(Err(e)) => tracing::warn!("the control run failed: {e}"),
-            None => {}
-        }
+        control_run();
         for ((_, row), got) in runs.iter().zip(&mut steps) {
             if let Ok(seen) = got {
-                match measure(row) {
+                match timed(&|| measure(row)) {
                     Ok(step) => seen.push(step),
                     Err(e) => *got = Err(e),
                 }
             }
         }
     }
+    control_run();
     (steps, drifts)
 }
 
-/// Prints each run's prediction, measured median and spread; returns those that ran.
-fn print_table(runs: Vec<(String, &PlanRow)>, steps: Vec<Seen>) -> Vec<Outcome> {
+/// The median of `seen`'s steps, each divided by the drift at its time; `None` without
+/// `drifts`.
+fn steady_median(seen: &[Timed], drifts: &[Timed]) -> Option<f64> {
+    let steady: Option<Vec<f64>> = seen
+        .iter()
+        .map(|s| drift_at(drifts, s.at).map(|d| s.value / d))
+        .collect();
+    median(&steady?)
+}
+
+/// Prints each run's prediction, measured median and spread; returns those that ran,
+/// each with its steps' median with the control's `drifts` taken out.
+fn print_table(runs: Vec<(String, &PlanRow)>, steps: Vec<Seen>, drifts: &[Timed]) -> Vec<Outcome> {
     println!("rank           predicted ms  measured ms  error   layout");
     let mut measured = Vec::new();
     for ((name, row), got) in runs.into_iter().zip(steps) {
-        let mut seen = match got {
+        let seen = match got {
             Ok(seen) => seen,
             Err(e) => {
                 println!("{name:<14} failed: {e}");
                 continue;
             }
         };
+        let steady = steady_median(&seen, drifts);
+        let mut seen: Vec<f64> = seen.iter().map(|s| s.value).collect();
         seen.sort_by(f64::total_cmp);
         let median = median(&seen).unwrap_or(f64::NAN);
         let spread = match seen.len() {
@@ -159,21 +206,43 @@ fn print_table(runs: Vec<(String, &PlanRow)>, steps: Vec<Seen>) -> Vec<Outcome> 
             predicted: row.simulated.step,
             measured: median,
             spread: (seen[0], seen[seen.len() - 1]),
+            steady,
         });
     }
     measured
 }
 
-/// The control run's drift, and the measured runs' errors with it taken out (each
-/// prediction scaled by it).
-fn drift_text(runs: &[Outcome], drift: f64, control: &str) -> String {
-    let (mean, worst) = mean_and_largest(runs, drift);
+/// The control's drift over the rounds, and the measured runs' errors with it taken
+/// out: their median for all, and each round's own (its step divided by the drift at
+/// its time); empty without a drift.
+fn drift_text(runs: &[Outcome], drifts: &[Timed], control: &str) -> String {
+    let values: Vec<f64> = drifts.iter().map(|d| d.value).collect();
+    let Some(middle) = median(&values) else {
+        return String::new();
+    };
+    let low = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let whole: Vec<f64> = runs
+        .iter()
+        .map(|o| error(o.predicted * middle, o.measured))
+        .collect();
+    let own: Vec<f64> = runs
+        .iter()
+        .filter_map(|o| o.steady.map(|s| error(o.predicted, s)))
+        .collect();
+    let ((mean, worst), (own_mean, own_worst)) = (mean_and_largest(&whole), mean_and_largest(&own));
     format!(
-        "control ({control}): {:+.1}% against its \
-         profile; with that drift taken out, mean absolute error {:.1}%, largest {:.1}%\n",
-        (drift - 1.0) * 100.0,
+        "control ({control}): {:+.1}% against its profile, {:+.1}% to {:+.1}% over {} runs; \
+         with their median drift taken out, mean absolute error {:.1}%, largest {:.1}%; \
+         with each run's own (between the controls either side), {:.1}%, largest {:.1}%\n",
+        (middle - 1.0) * 100.0,
+        (low - 1.0) * 100.0,
+        (high - 1.0) * 100.0,
+        values.len(),
         mean * 100.0,
-        worst * 100.0
+        worst * 100.0,
+        own_mean * 100.0,
+        own_worst * 100.0
     )
 }
 
@@ -238,7 +307,11 @@ fn rank(run: &str) -> Option<usize> {
 /// whether the measured order of the plan's top three is the predicted one, and how far
 /// the plan's pick is from the fastest measured candidate.
 fn accuracy(runs: &[Outcome]) -> String {
-    let (mean, worst) = mean_and_largest(runs, 1.0);
+    let errors: Vec<f64> = runs
+        .iter()
+        .map(|o| error(o.predicted, o.measured))
+        .collect();
+    let (mean, worst) = mean_and_largest(&errors);
     let mut out = format!(
         "mean absolute error {:.1}%, largest {:.1}% ({} runs)\n",
         mean * 100.0,
@@ -334,6 +407,7 @@ mod tests {
             predicted,
             measured,
             spread,
+            steady: None,
         };
         let runs = [
             run("1", 1.00e-3, 1.10e-3, (1.05e-3, 1.2e-3)),
@@ -380,14 +454,54 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("over the default: 2.00x"), "{text}");
-        // A machine 10% slower than when profiled: the first run's 1.00 ms predicted
-        // is 1.10, exactly its measured step.
-        let text = drift_text(&runs, 1.1, "one graph");
-        assert!(text.contains("+10.0% against its profile"), "{text}");
-        let worst = runs.iter().map(|r| r.error(1.1)).fold(0.0, f64::max);
+    }
+
+    #[test]
+    fn each_round_is_read_against_the_drift_at_its_own_time() {
+        let at = |value: f64, at: f64| Timed { value, at };
+        // The machine 20% slower ten seconds in, and so it stayed.
+        let controls = [at(1.0, 0.0), at(1.2, 10.0), at(1.2, 20.0)];
+        assert_eq!(drift_at(&controls, 5.0), Some(1.1));
+        assert_eq!(drift_at(&controls, -1.0), Some(1.0));
+        assert_eq!(drift_at(&controls, 30.0), Some(1.2));
+        assert_eq!(drift_at(&[], 5.0), None);
+        // A run of 1 ms measured halfway into the slow-down, then in it: each round is
+        // 1 ms with its own drift out, where one drift for all would misread both.
+        let rounds = [at(1.1e-3, 5.0), at(1.2e-3, 15.0)];
+        let steady = steady_median(&rounds, &controls).unwrap();
+        assert!((steady - 1.0e-3).abs() < 1e-12, "{steady}");
+        assert_eq!(steady_median(&rounds, &[]), None);
+        let run = |name: &str, steady: f64| Outcome {
+            name: name.to_string(),
+            predicted: 1.0e-3,
+            measured: 1.15e-3,
+            spread: (1.1e-3, 1.2e-3),
+            steady: Some(steady),
+        };
+        let text = drift_text(
+            &[run("1", 1.0e-3), run("2", 1.25e-3)],
+            &controls,
+            "one graph",
+        );
         assert!(
-            text.contains(&format!("largest {:.1}%", worst * 100.0)),
+            text.contains("+20.0% against its profile, +0.0% to +20.0% over 3 runs"),
             "{text}"
         );
+        // Their median, 1.2, puts both 1 ms predictions at 1.2 against 1.15 measured.
+        let whole = (1.2 / 1.15 - 1.0) * 100.0;
+        assert!(
+            text.contains(&format!(
+                "median drift taken out, mean absolute error {whole:.1}%, largest {whole:.1}%;"
+            )),
+            "{text}"
+        );
+        // Each run's own: 1.0 and 1.25 steady against 1 ms predicted.
+        assert!(
+            text.contains(
+                "each run's own (between the controls either side), 10.0%, largest 20.0%"
+            ),
+            "{text}"
+        );
+        assert_eq!(drift_text(&[run("1", 1.0e-3)], &[], "one graph"), "");
     }
 }

@@ -60,11 +60,20 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
         ],
         (&best, Some(&times)),
     );
-    // Planned again from the cache: nothing measured, the same plan.
+    // Planned again from the cache: nothing measured, the same plan; its second row
+    // written (`--pick 2`).
+    let second = dir.join("out").join("second.toml");
     let again = plan(
         &config,
-        &["--profile-rounds", "2", "--profile-cache", cache],
-        (&dir.join("again.toml"), None),
+        &[
+            "--profile-rounds",
+            "2",
+            "--profile-cache",
+            cache,
+            "--pick",
+            "2",
+        ],
+        (&second, None),
     );
     let table = |out: &str| -> Vec<String> {
         let rows = out.lines().skip_while(|l| !l.starts_with("rank"));
@@ -99,6 +108,56 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
         "{first}"
     );
     assert!(cfg.data_parallel_size > 1 || cfg.deepspeed_zero_stage == 0);
+    // `--pick 2` wrote the second row: its layout, schedule, micro-batches, recompute and
+    // ZeRO stage.
+    let row = |cols: &[&str], c: &TrainConfig| -> bool {
+        let schedule = c.pipeline.schedule.name();
+        layout(cols)
+            == [
+                c.data_parallel_size,
+                c.horizontal_parallel_size,
+                c.pipeline_parallel_size,
+            ]
+            && schedule.starts_with(cols[4].split('(').next().unwrap())
+            && cols[5..8]
+                == [
+                    c.gradient_accumulation_steps.to_string().as_str(),
+                    "x",
+                    c.batch_size.to_string().as_str(),
+                ]
+            && format!("{:?}", c.recompute).eq_ignore_ascii_case(cols[8])
+            && cols[9] == c.deepspeed_zero_stage.to_string()
+    };
+    let rank = |n: usize| -> Vec<&str> {
+        let line = stdout.lines().skip_while(|l| !l.starts_with("rank")).nth(n);
+        line.unwrap_or_else(|| panic!("no row {n}:\n{stdout}"))
+            .split_whitespace()
+            .collect()
+    };
+    let picked = TrainConfig::load(&second).unwrap();
+    assert!(row(&rank(2), &picked), "{:?}\n{stdout}", rank(2));
+    assert!(row(&rank(1), &cfg), "{:?}\n{stdout}", rank(1));
+    assert!(
+        !row(&rank(1), &picked),
+        "rows 1 and 2 alike: the test shows nothing\n{stdout}"
+    );
+    // A rank past the table's end is refused, saying how many fit; nothing is written.
+    let past = dir.join("out").join("past.toml");
+    let refused = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
+        .args(["plan", "--devices", "2", "--max-micro-batches", "2"])
+        .args(["--profile-steps", "3", "--profile-rounds", "2"])
+        .args(["--profile-cache", cache, "--pick", "999", "--out"])
+        .arg(&past)
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        stderr.contains("--pick") && stderr.contains("rank 999 asked for"),
+        "{stderr}"
+    );
+    assert!(!past.exists());
     // The GPT splits across two tensor shards: those layouts are searched, and the
     // fastest of them, written and run for real, trains.
     let table = stdout
