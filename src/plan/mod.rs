@@ -12,8 +12,10 @@
 //!    count, recompute and (with replicas) the ZeRO stage; each one's cuts balanced by time (`cost::stages`), its step simulated
 //!    on this machine's shared cores with the optimizer step and the reduction on the
 //!    timeline, its memory per rank from the memory model.
-//! 3. Those over the cap are dropped; the rest ranked by predicted step. The best is
-//!    written as a configuration `train` accepts as it is ([`write_config`]).
+//! 3. Those over the cap are dropped; the rest ranked by predicted step, a layout that
+//!    recomputes after its twin without where they tie (`rank`). The best (or the
+//!    rank `--pick` names) is written as a configuration `train` accepts as it is
+//!    ([`write_config`]).
 //! 4. [`verify`]: runs candidates for real and sets the measured step beside the
 //!    predicted one (`proof`: in rounds, beside a control run of the profile's that says
 //!    how far the machine drifted, `control`).
@@ -45,6 +47,7 @@ mod passes;
 pub mod profile;
 #[cfg(feature = "cluster")]
 mod proof;
+mod rank;
 mod report;
 mod rivals;
 mod rounds;
@@ -404,7 +407,7 @@ fn simulated_rows(
             peak,
         });
     }
-    rows.sort_by(|a, b| a.simulated.step.total_cmp(&b.simulated.step));
+    rank::rank(&mut rows);
     rows
 }
 
