@@ -4,16 +4,19 @@ use crate::graph::Recompute;
 
 use super::PlanRow;
 
-/// How close two predicted steps are for the planner to call them a tie.
-const TIE: f64 = 0.01;
+/// How close two predicted steps are for the planner to call them a tie: the
+/// simulator runs a recomputing pass at the one graph's speed, and on the BERT fixture
+/// that put GPipe with recompute 1.3% ahead of its twin (0.75 against 0.76 ms), which
+/// measured 0.68 against 0.67.
+pub(super) const TIE: f64 = 0.02;
 
 /// Sorts `rows` by predicted step, each layout that recomputes just after its twin
 /// without recompute where the twin is predicted within [`TIE`] of it. Recompute runs
 /// the stage's forward again; predicted no slower, it is because the work it adds is
-/// small or off the critical path, and measured, the twins came out the other way as
-/// often as not (GPipe on the GPT-2 and Llama fixtures: 1.04 against 1.06 ms, stage 0's
-/// forward and backward 0.279 against 0.284). Its gain is memory, and the cap already
-/// decides what fits.
+/// small or off the critical path, and measured, the twins came out either way
+/// (GPipe 1 x 4 on the fixtures, the same bench: BERT and GPT-2 faster without, Llama
+/// and ViT with, each within the other's rounds). Its gain is memory, and the cap
+/// already decides what fits.
 pub(super) fn rank(rows: &mut [PlanRow]) {
     let twin_step = |r: &PlanRow| -> Option<f64> {
         let mut twin = r.candidate.clone();
@@ -76,8 +79,8 @@ mod tests {
         use Recompute::{None as Keep, Stage};
         use ScheduleKind::{Gpipe, OneFOneB, VHalf};
         let mut rows = vec![
-            // GPipe recomputing is 0.5% faster: a tie, its twin goes first.
-            row(Gpipe, Stage, 1.000e-3),
+            // GPipe recomputing is 1.5% faster: a tie, its twin goes first.
+            row(Gpipe, Stage, 0.990e-3),
             row(Gpipe, Keep, 1.005e-3),
             // V-Half recomputing is 5% faster: it keeps its place.
             row(VHalf, Stage, 1.002e-3),
@@ -100,5 +103,12 @@ mod tests {
                 (VHalf, Keep)
             ]
         );
+        // The table says why its fourth row is faster than its third.
+        let shown: Vec<&PlanRow> = rows.iter().collect();
+        assert_eq!(
+            super::super::report::ties_text(&shown),
+            "(rank 4: recomputes, predicted within 2% of its twin without recompute, ranked after it)\n"
+        );
+        assert_eq!(super::super::report::ties_text(&shown[..3]), "");
     }
 }

@@ -114,10 +114,16 @@ pub fn report(plan: &Plan, top: usize) -> String {
         "rank  dp  tp  pp  schedule          micro-batches  recompute  zero  step ms  bubble  peak per rank ({})\n",
         unit.1
     );
-    let fitting = plan.rows.iter().filter(|r| r.fits(plan.cap));
-    for (i, r) in fitting.take(top).enumerate() {
+    let shown: Vec<&PlanRow> = plan
+        .rows
+        .iter()
+        .filter(|r| r.fits(plan.cap))
+        .take(top)
+        .collect();
+    for (i, r) in shown.iter().enumerate() {
         out += &format!("{:>4}  {}\n", i + 1, row_text(r, unit));
     }
+    out += &ties_text(&shown);
     if let Some(d) = &plan.default {
         out += &format!(
             "\ndefault (1F1B, cuts by parameters):\n   -  {}\n",
@@ -229,4 +235,24 @@ fn row_text(r: &PlanRow, (scale, _): (f64, &str)) -> String {
         r.simulated.bubble,
         peaks.join(" ")
     )
+}
+
+/// Which shown rows recompute and are ranked after a slower twin without it (`rank`):
+/// empty where none is.
+pub(super) fn ties_text(shown: &[&PlanRow]) -> String {
+    let after: Vec<String> = shown
+        .windows(2)
+        .enumerate()
+        .filter(|(_, w)| w[1].simulated.step < w[0].simulated.step)
+        .map(|(i, _)| format!("{}", i + 2))
+        .collect();
+    match after.is_empty() {
+        true => String::new(),
+        false => format!(
+            "(rank {}: recomputes, predicted within {:.0}% of its twin without recompute, \
+             ranked after it)\n",
+            after.join(", "),
+            super::rank::TIE * 100.0
+        ),
+    }
 }
