@@ -1,5 +1,5 @@
 //! A control beside `--measure`'s runs: the profile's own runs made again at the start
-//! of each round, at every size profiled in one stage: the two-stage pipeline the
+//! of each round and after the last, at every size profiled in one stage: the two-stage pipeline the
 //! stages' own cost was calibrated against (where there is one: it runs on two cores,
 //! as the measured layouts do), else the one-stage one-graph run. The simulator
 //! predicts a layout from costs measured minutes before; where the machine itself runs
@@ -7,7 +7,8 @@
 //! measured step moves with it and no model could have predicted it. The control's steps
 //! against the profile's say by how much (their median: one run alone was as noisy as
 //! the drift it measured), so a prediction's error can be read with the machine's drift
-//! taken out beside the raw one.
+//! taken out beside the raw one: their median for every run, or each round's own,
+//! interpolated between the controls either side of it (`drift_at`).
 
 use std::path::Path;
 
@@ -15,6 +16,39 @@ use super::passes::pass_seconds;
 use super::profile::{Profile, ProfileRun};
 use super::runs::{in_folder, RunKind};
 use crate::cost::Family;
+
+/// A value measured, and when: seconds from the first round's start to the middle of
+/// its run (a measured step, or the control's drift).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Timed {
+    pub value: f64,
+    pub at: f64,
+}
+
+/// The control's drift at `at` seconds: interpolated between the controls either side
+/// of it, the nearest one's beyond them; `None` without any.
+pub(super) fn drift_at(controls: &[Timed], at: f64) -> Option<f64> {
+    let after = controls.iter().position(|c| c.at >= at);
+    match after {
+        Some(0) => controls.first().map(|c| c.value),
+        Some(i) => {
+            let (a, b) = (controls[i - 1], controls[i]);
+            let share = (at - a.at) / (b.at - a.at).max(f64::MIN_POSITIVE);
+            Some(a.value + (b.value - a.value) * share)
+        }
+        None => controls.last().map(|c| c.value),
+    }
+}
+
+/// The median of `seen`'s steps, each divided by the drift at its time; `None` without
+/// `drifts`.
+pub(super) fn steady_median(seen: &[Timed], drifts: &[Timed]) -> Option<f64> {
+    let steady: Option<Vec<f64>> = seen
+        .iter()
+        .map(|s| drift_at(drifts, s.at).map(|d| s.value / d))
+        .collect();
+    super::rounds::median(&steady?)
+}
 
 /// The runs repeated, and what each measured when profiled.
 pub(super) struct Control<'a> {
@@ -131,5 +165,27 @@ impl<'a> Repeated<'a> {
             RunKind::Pipeline(f) => format!("{} on two ranks", f.run().0.name()),
             _ => "one stage, one graph".to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_round_is_read_against_the_drift_at_its_own_time() {
+        let at = |value: f64, at: f64| Timed { value, at };
+        // The machine 20% slower ten seconds in, and so it stayed.
+        let controls = [at(1.0, 0.0), at(1.2, 10.0), at(1.2, 20.0)];
+        assert_eq!(drift_at(&controls, 5.0), Some(1.1));
+        assert_eq!(drift_at(&controls, -1.0), Some(1.0));
+        assert_eq!(drift_at(&controls, 30.0), Some(1.2));
+        assert_eq!(drift_at(&[], 5.0), None);
+        // A run of 1 ms measured halfway into the slow-down, then in it: each round is
+        // 1 ms with its own drift out, where one drift for all would misread both.
+        let rounds = [at(1.1e-3, 5.0), at(1.2e-3, 15.0)];
+        let steady = steady_median(&rounds, &controls).unwrap();
+        assert!((steady - 1.0e-3).abs() < 1e-12, "{steady}");
+        assert_eq!(steady_median(&rounds, &[]), None);
     }
 }

@@ -13,17 +13,9 @@ use crate::config::TrainConfig;
 use crate::Result;
 
 use super::command::PlanArgs;
-use super::control::Control;
+use super::control::{steady_median, Control, Timed};
 use super::rounds::median;
 use super::{Plan, PlanRow};
-
-/// A step measured, and when: seconds from the first round's start to the middle of
-/// its run.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Timed {
-    value: f64,
-    at: f64,
-}
 
 /// Each measured run's steps over the rounds, or why it failed.
 type Seen = std::result::Result<Vec<Timed>, String>;
@@ -49,21 +41,6 @@ fn error(predicted: f64, measured: f64) -> f64 {
 fn mean_and_largest(errors: &[f64]) -> (f64, f64) {
     let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
     (mean, errors.iter().copied().fold(0.0, f64::max))
-}
-
-/// The control's drift at `at` seconds: interpolated between the controls either side
-/// of it, the nearest one's beyond them; `None` without any.
-fn drift_at(controls: &[Timed], at: f64) -> Option<f64> {
-    let after = controls.iter().position(|c| c.at >= at);
-    match after {
-        Some(0) => controls.first().map(|c| c.value),
-        Some(i) => {
-            let (a, b) = (controls[i - 1], controls[i]);
-            let share = (at - a.at) / (b.at - a.at).max(f64::MIN_POSITIVE);
-            Some(a.value + (b.value - a.value) * share)
-        }
-        None => controls.last().map(|c| c.value),
-    }
 }
 
 /// Runs `args.measure` of `p`'s best layouts (and the default, the cut rivals, the
@@ -160,16 +137,6 @@ fn in_rounds(
     }
     control_run();
     (steps, drifts)
-}
-
-/// The median of `seen`'s steps, each divided by the drift at its time; `None` without
-/// `drifts`.
-fn steady_median(seen: &[Timed], drifts: &[Timed]) -> Option<f64> {
-    let steady: Option<Vec<f64>> = seen
-        .iter()
-        .map(|s| drift_at(drifts, s.at).map(|d| s.value / d))
-        .collect();
-    median(&steady?)
 }
 
 /// Prints each run's prediction, measured median and spread; returns those that ran,
@@ -457,20 +424,10 @@ mod tests {
     }
 
     #[test]
-    fn each_round_is_read_against_the_drift_at_its_own_time() {
+    fn the_drift_is_taken_out_by_the_controls_median_and_by_each_round_s_own() {
         let at = |value: f64, at: f64| Timed { value, at };
         // The machine 20% slower ten seconds in, and so it stayed.
         let controls = [at(1.0, 0.0), at(1.2, 10.0), at(1.2, 20.0)];
-        assert_eq!(drift_at(&controls, 5.0), Some(1.1));
-        assert_eq!(drift_at(&controls, -1.0), Some(1.0));
-        assert_eq!(drift_at(&controls, 30.0), Some(1.2));
-        assert_eq!(drift_at(&[], 5.0), None);
-        // A run of 1 ms measured halfway into the slow-down, then in it: each round is
-        // 1 ms with its own drift out, where one drift for all would misread both.
-        let rounds = [at(1.1e-3, 5.0), at(1.2e-3, 15.0)];
-        let steady = steady_median(&rounds, &controls).unwrap();
-        assert!((steady - 1.0e-3).abs() < 1e-12, "{steady}");
-        assert_eq!(steady_median(&rounds, &[]), None);
         let run = |name: &str, steady: f64| Outcome {
             name: name.to_string(),
             predicted: 1.0e-3,
