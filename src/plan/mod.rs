@@ -172,29 +172,6 @@ pub struct Plan {
     pub shards_across_nodes: usize,
 }
 
-impl Plan {
-    /// The fastest candidate that fits.
-    pub fn best(&self) -> Option<&PlanRow> {
-        self.rows.iter().find(|r| r.fits(self.cap))
-    }
-
-    /// The `rank`-th fastest candidate that fits (1: the best); `None` where none fits.
-    ///
-    /// # Errors
-    /// `Plan` where some fit but fewer than `rank`.
-    pub fn ranked(&self, rank: usize) -> Result<Option<&PlanRow>> {
-        let fit: Vec<&PlanRow> = self.rows.iter().filter(|r| r.fits(self.cap)).collect();
-        match fit.get(rank.saturating_sub(1)) {
-            Some(r) => Ok(Some(r)),
-            None if fit.is_empty() => Ok(None),
-            None => Err(plan_error(
-                "--pick",
-                format!("rank {rank} asked for, and {} layouts fit", fit.len()),
-            )),
-        }
-    }
-}
-
 /// Plans `cfg` (read from `config_path`).
 ///
 /// # Errors
@@ -407,8 +384,7 @@ fn simulated_rows(
             peak,
         });
     }
-    rank::rank(&mut rows);
-    rows
+    rank::rank(rows)
 }
 
 /// An error of the planner's own.

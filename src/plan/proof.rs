@@ -228,7 +228,7 @@ fn measured_rows(p: &Plan, k: usize) -> Vec<(String, &PlanRow)> {
             None => runs.push((name, row)),
         }
     }
-    let fit = p.rows.iter().filter(|r| r.fits(p.cap));
+    let fit = p.fitting();
     for (i, r) in fit.take(k).enumerate() {
         push(&mut runs, format!("{}", i + 1), r);
     }
@@ -245,7 +245,7 @@ fn measured_rows(p: &Plan, k: usize) -> Vec<(String, &PlanRow)> {
             push(&mut runs, format!("by {by}"), r);
         }
     }
-    for r in p.rows.iter().filter(|r| r.fits(p.cap)) {
+    for r in p.fitting() {
         let c = &r.candidate;
         let layout = (c.dp, c.tp, c.pp);
         let seen = |t: &(String, &PlanRow)| {

@@ -1,8 +1,39 @@
 //! The plan's rows in order: by predicted step, with one rule for ties.
 
 use crate::graph::Recompute;
+use crate::Result;
 
-use super::PlanRow;
+use super::{plan_error, Plan, PlanRow};
+
+impl Plan {
+    /// The candidates that fit the cap, fastest first.
+    pub fn fitting(&self) -> impl Iterator<Item = &PlanRow> {
+        self.rows.iter().filter(|r| r.fits(self.cap))
+    }
+
+    /// The fastest candidate that fits.
+    pub fn best(&self) -> Option<&PlanRow> {
+        self.fitting().next()
+    }
+
+    /// The `rank`-th fastest candidate that fits (1: the best); `None` where none fits.
+    ///
+    /// # Errors
+    /// `Plan` where some fit but fewer than `rank`.
+    pub fn ranked(&self, rank: usize) -> Result<Option<&PlanRow>> {
+        match (
+            self.fitting().nth(rank.saturating_sub(1)),
+            self.fitting().count(),
+        ) {
+            (Some(r), _) => Ok(Some(r)),
+            (None, 0) => Ok(None),
+            (None, fit) => Err(plan_error(
+                "--pick",
+                format!("rank {rank} asked for, and {fit} layouts fit"),
+            )),
+        }
+    }
+}
 
 /// How close two predicted steps are for the planner to call them a tie: the
 /// simulator runs a recomputing pass at the one graph's speed, and on the BERT fixture
@@ -10,14 +41,14 @@ use super::PlanRow;
 /// measured 0.68 against 0.67.
 pub(super) const TIE: f64 = 0.02;
 
-/// Sorts `rows` by predicted step, each layout that recomputes just after its twin
+/// `rows` sorted by predicted step, each layout that recomputes just after its twin
 /// without recompute where the twin is predicted within [`TIE`] of it. Recompute runs
 /// the stage's forward again; predicted no slower, it is because the work it adds is
 /// small or off the critical path, and measured, the twins came out either way
 /// (GPipe 1 x 4 on the fixtures, the same bench: BERT and GPT-2 faster without, Llama
 /// and ViT with, each within the other's rounds). Its gain is memory, and the cap
 /// already decides what fits.
-pub(super) fn rank(rows: &mut [PlanRow]) {
+pub(super) fn rank(rows: Vec<PlanRow>) -> Vec<PlanRow> {
     let twin_step = |r: &PlanRow| -> Option<f64> {
         let mut twin = r.candidate.clone();
         twin.recompute = Recompute::None;
@@ -36,13 +67,9 @@ pub(super) fn rank(rows: &mut [PlanRow]) {
             }
         })
         .collect();
-    let mut order: Vec<usize> = (0..rows.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (ka, kb) = (keys[a], keys[b]);
-        ka.0.total_cmp(&kb.0).then(ka.1.cmp(&kb.1))
-    });
-    let sorted: Vec<PlanRow> = order.iter().map(|&i| rows[i].clone()).collect();
-    rows.clone_from_slice(&sorted);
+    let mut keyed: Vec<((f64, bool), PlanRow)> = keys.into_iter().zip(rows).collect();
+    keyed.sort_by(|(a, _), (b, _)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    keyed.into_iter().map(|(_, r)| r).collect()
 }
 
 #[cfg(test)]
@@ -78,7 +105,7 @@ mod tests {
     fn a_layout_that_recomputes_follows_its_twin_without_recompute_within_a_tie() {
         use Recompute::{None as Keep, Stage};
         use ScheduleKind::{Gpipe, OneFOneB, VHalf};
-        let mut rows = vec![
+        let rows = vec![
             // GPipe recomputing is 1.5% faster: a tie, its twin goes first.
             row(Gpipe, Stage, 0.990e-3),
             row(Gpipe, Keep, 1.005e-3),
@@ -88,7 +115,7 @@ mod tests {
             // 1F1B recomputing with no twin: by its step alone.
             row(OneFOneB, Stage, 1.003e-3),
         ];
-        rank(&mut rows);
+        let rows = rank(rows);
         let order: Vec<(ScheduleKind, Recompute)> = rows
             .iter()
             .map(|r| (r.candidate.schedule, r.candidate.recompute))

@@ -114,12 +114,7 @@ pub fn report(plan: &Plan, top: usize) -> String {
         "rank  dp  tp  pp  schedule          micro-batches  recompute  zero  step ms  bubble  peak per rank ({})\n",
         unit.1
     );
-    let shown: Vec<&PlanRow> = plan
-        .rows
-        .iter()
-        .filter(|r| r.fits(plan.cap))
-        .take(top)
-        .collect();
+    let shown: Vec<&PlanRow> = plan.fitting().take(top).collect();
     for (i, r) in shown.iter().enumerate() {
         out += &format!("{:>4}  {}\n", i + 1, row_text(r, unit));
     }
