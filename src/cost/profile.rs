@@ -49,6 +49,16 @@ pub struct Profile {
     /// where not measured).
     #[serde(default)]
     pub stage_overheads: PerFamily,
+    /// Where a schedule does not split the backward, what its last stage's one graph of
+    /// forward and backward pays against what its other actions pay, a factor on
+    /// `1 + stage_overheads` (0: not measured, the same): from the family's two-rank run,
+    /// its stages' actions set against their nodes (`plan::calibrate`).
+    #[serde(default)]
+    pub last_stage_factors: PerFamily,
+    /// In each family's two-rank run, its last stage's actions' time over its other
+    /// stages' (0 where not read): what [`Profile::last_stage_factors`] are set from.
+    #[serde(default)]
+    pub last_stage_ratios: PerFamily,
     /// Each family's two-rank run's measured step ([`Family::run`]; 0 where not run).
     #[serde(default)]
     pub periods: PerFamily,
@@ -117,6 +127,10 @@ pub struct NamedCosts {
     /// below instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_overheads: Option<PerFamily>,
+    /// [`Profile::last_stage_factors`] (older files: none, the last stage's one graph
+    /// paying as the other actions do).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stage_factors: Option<PerFamily>,
     /// Older files: what each action of a pipeline's stage pays beside its nodes,
     /// seconds, in a schedule that splits the backward, one stage a rank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -167,6 +181,7 @@ impl SavedProfile {
                 step_per_value: profile.step_per_value,
                 action_gap: profile.action_gap,
                 stage_overheads: Some(profile.stage_overheads),
+                last_stage_factors: Some(profile.last_stage_factors),
                 stage_run: None,
                 unsplit_stage_run: None,
                 interleaved_stage_run: None,
@@ -230,6 +245,8 @@ impl NamedCosts {
             idle: 0.0,
             actions: 0.0,
             stage_overheads: self.stage_overheads(),
+            last_stage_factors: self.last_stage_factors.unwrap_or_default(),
+            last_stage_ratios: PerFamily::default(),
             periods: PerFamily::default(),
             hand_off: 0.0,
             stage_contention: None,

@@ -24,6 +24,11 @@
 //! work, not a fixed cost an action (a fixed cost calibrated where the run cut the model
 //! by FLOPs charged the Llama fixture's cut by time, whose first stage holds the
 //! embedding alone, 79 us an action where its forward and backward took 11 and 21 us).
+//! Where the backward is not split, the last stage's one graph pays its own share,
+//! a factor on the other actions' ([`Profile::last_stage_factors`], from the balance of
+//! the family's run's stages in its trace): on the Llama fixture at micro-batches of 4
+//! the one graph paid +10% where the other actions paid +25%, and with one share for
+//! both, GPipe cut by time (its last stage all but the embedding) came out 7% slow.
 //! A pipeline of one stage runs forward and backward as one graph: its measured
 //! [`Profile::fused`]. Each action also costs the measured [`Profile::action_gap`].
 //!
@@ -220,8 +225,10 @@ pub fn stage_costs(
         1.0
     };
     let last = bounds.len();
-    // What a cut stage's action pays beside its nodes, in proportion to them.
+    // What a cut stage's action pays beside its nodes, in proportion to them; the last
+    // stage's one graph, where the backward is not split, pays its own.
     let own = 1.0 + profile.stage_overheads[family];
+    let own_last = own * last_stage_factor(profile, family);
     cut.passes(profile, bounds)
         .into_iter()
         .enumerate()
@@ -229,7 +236,7 @@ pub fn stage_costs(
             if s == last && !split {
                 // The last stage of an unsplit schedule: forward and backward as one graph.
                 // Its `B` only hands on the gradient the one graph made: no run of its own.
-                return StageCost::split((f + ig + wg) * one_graph * own + gap, gap, 0.0);
+                return StageCost::split((f + ig + wg) * one_graph * own_last + gap, gap, 0.0);
             }
             let again = match recompute {
                 Recompute::Stage => f,
@@ -263,6 +270,15 @@ pub fn stage_costs(
             }
         })
         .collect()
+}
+
+/// What the last stage's one graph of `family` pays against the other actions, a factor
+/// on their `1 + overhead` ([`Profile::last_stage_factors`]; 1 where not measured).
+pub fn last_stage_factor(profile: &Profile, family: Family) -> f64 {
+    match profile.last_stage_factors[family] {
+        f if f > 0.0 => f,
+        _ => 1.0,
+    }
 }
 
 /// The cut positions (in `cut.live`) of `stages` stages whose whole-step costs are as

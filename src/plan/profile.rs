@@ -167,6 +167,7 @@ impl Timings {
         p.step_per_value = self.timed.step / values.max(1) as f64;
         p.idle = self.one.fused.idle;
         p.periods = self.one.periods;
+        p.last_stage_ratios = self.one.last_stage_ratios;
         p.hand_off = self.one.hand_off;
         p.stage_contention = self.one.stage_contention;
         p.stage_passes = self.one.stage_passes;
@@ -202,6 +203,7 @@ pub(super) fn timings(
             OneStage {
                 fused: Passes { idle: 0.0, ..timed },
                 periods,
+                last_stage_ratios: PerFamily::default(),
                 hand_off: 0.0,
                 stage_contention: None,
                 stage_passes: None,
@@ -218,6 +220,9 @@ pub(super) struct OneStage {
     pub fused: Passes,
     /// Each schedule family's two-rank run's step ([`Family::run`]; 0 where not run).
     pub periods: PerFamily,
+    /// Each unsplit family's run's last stage's actions' time over its other stages'
+    /// (0 where not run): [`Profile::last_stage_ratios`].
+    pub last_stage_ratios: PerFamily,
     /// The GPipe run's hand-off (0 where not run).
     pub hand_off: f64,
     /// The GPipe run's contention between its stages (`None` where not read).
@@ -254,6 +259,10 @@ fn one_stage_runs(
             let trace = read_trace(&path)?;
             let in_trace = |e: String| format!("{}: {e}", path.display());
             let period = passes_in(&trace, run.warmup).map_err(in_trace)?.period;
+            let last = match family.splits_backward() {
+                true => 0.0,
+                false => super::shares::last_stage_ratio(&trace, run.warmup),
+            };
             // GPipe's hand-offs find the receiver idle: what one takes; and where its
             // micro-batches overlap, how much its stages slow each other.
             let gpipe = match family {
@@ -263,11 +272,12 @@ fn one_stage_runs(
                 )),
                 _ => None,
             };
-            Ok((period, gpipe))
+            Ok((period, last, gpipe))
         });
         match made {
-            Ok((period, gpipe)) => {
+            Ok((period, last, gpipe)) => {
                 one.periods[family] = period;
+                one.last_stage_ratios[family] = last;
                 if let Some((hand_off, contention)) = gpipe {
                     one.hand_off = hand_off;
                     one.stage_contention = contention;

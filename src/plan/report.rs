@@ -45,6 +45,17 @@ fn gb_per_s(per_byte: f64) -> f64 {
     }
 }
 
+/// A family's stage overhead, with what its last stage's one graph pays instead.
+fn with_last_stage(p: &crate::cost::Profile, family: Family) -> String {
+    let own = 1.0 + p.stage_overheads[family];
+    let last = own * crate::cost::stages::last_stage_factor(p, family);
+    format!(
+        "+{:.0}% (the last stage's one graph {:+.0}%)",
+        (own - 1.0) * 100.0,
+        (last - 1.0) * 100.0
+    )
+}
+
 /// The plan as text: the profile, the best `top` candidates that fit, the default
 /// layout, and what is short where nothing fits.
 pub fn report(plan: &Plan, top: usize) -> String {
@@ -52,7 +63,7 @@ pub fn report(plan: &Plan, top: usize) -> String {
     for p in &plan.profiles {
         out += &format!(
             "profile: micro-batch {}, {} thread(s){}: {:.3} ms per micro-batch (forward {:.3}, \
-             backward {:.3}; as one graph {:.3}; a stage's action +{:.0}% unsplit, +{:.0}% split, +{:.0}% interleaved, \
+             backward {:.3}; as one graph {:.3}; a stage's action {} unsplit, +{:.0}% split, {} interleaved, \
              +{:.0}% in a V), {:.0}% \
              of kernel time in nodes ONNX Runtime made\n",
             p.micro_batch,
@@ -66,9 +77,9 @@ pub fn report(plan: &Plan, top: usize) -> String {
             p.forward.iter().sum::<f64>() * 1e3,
             p.backward.iter().sum::<f64>() * 1e3,
             p.fused * 1e3,
-            p.stage_overheads[Family::Unsplit] * 100.0,
+            with_last_stage(p, Family::Unsplit),
             p.stage_overheads[Family::Split] * 100.0,
-            p.stage_overheads[Family::Interleaved] * 100.0,
+            with_last_stage(p, Family::Interleaved),
             p.stage_overheads[Family::V] * 100.0,
             p.unmatched * 100.0
         );

@@ -102,6 +102,9 @@ fn middle(all: &[Timings]) -> Timings {
         one: OneStage {
             fused: passes(&|t| t.one.fused),
             periods: PerFamily(Family::ALL.map(|f| median_of(all, &|t| t.one.periods[f]))),
+            last_stage_ratios: PerFamily(
+                Family::ALL.map(|f| median_of(all, &|t| t.one.last_stage_ratios[f])),
+            ),
             hand_off: median_of(all, &|t| t.one.hand_off),
             stage_contention: median(
                 &all.iter()
@@ -149,6 +152,7 @@ mod tests {
                     ..Passes::default()
                 },
                 periods: PerFamily([gpipe, 0.0, 0.0, 0.0]),
+                last_stage_ratios: PerFamily([gpipe / 4.0, 0.0, 0.0, 0.0]),
                 hand_off: 0.0,
                 stage_contention: contention,
                 stage_passes: contention.map(|c| [[c, 0.0, 1.0], [2.0 * c, 1.0, 0.0]]),
@@ -165,6 +169,8 @@ mod tests {
         // The GPipe run failed once: the median of the two made.
         assert_eq!(m.one.periods[Family::Unsplit], 2.5);
         assert_eq!(m.one.periods[Family::Split], 0.0);
+        // So did its stages' balance.
+        assert_eq!(m.one.last_stage_ratios[Family::Unsplit], 0.625);
         // The stages' contention, read where the run overlapped its stages.
         assert_eq!(m.one.stage_contention, Some(0.6));
         // The one-rank run's stages, each action its median where the run was made.

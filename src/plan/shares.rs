@@ -73,6 +73,21 @@ pub(super) fn stage_actions_in(trace: &RunTrace, warmup: usize) -> Vec<[f64; 4]>
         .collect()
 }
 
+/// In `trace` (its first `warmup` steps left out), the last stage's actions' time over
+/// the other stages' (their medians, a micro-batch's); 0 where either is none.
+pub(super) fn last_stage_ratio(trace: &RunTrace, warmup: usize) -> f64 {
+    let stages = stage_actions_in(trace, warmup);
+    let Some((last, rest)) = stages.split_last() else {
+        return 0.0;
+    };
+    let last: f64 = last.iter().sum();
+    let rest: f64 = rest.iter().flatten().sum();
+    match last > 0.0 && rest > 0.0 {
+        true => last / rest,
+        false => 0.0,
+    }
+}
+
 /// Each stage's actions in `trace` in milliseconds, for the log (`F/B/I/W`, stages
 /// apart), to read beside the simulator's.
 pub(super) fn stage_actions_text(trace: &RunTrace, warmup: usize) -> String {
@@ -215,6 +230,13 @@ mod tests {
             stage_actions_text(&trace, 0),
             "0.010/0.030/0.000/0.000 0.020/0.040/0.000/0.000 0.030/0.050/0.000/0.000"
         );
+        // The last stage's 80 us against the others' 100.
+        assert!((last_stage_ratio(&trace, 0) - 0.8).abs() < 1e-12);
+        let empty = RunTrace {
+            steps: Vec::new(),
+            ..trace
+        };
+        assert_eq!(last_stage_ratio(&empty, 0), 0.0);
     }
 
     #[test]

@@ -162,6 +162,45 @@ fn each_schedule_family_pays_the_stage_overhead_calibrated_on_a_run_of_its_famil
 }
 
 #[test]
+fn the_last_stage_s_one_graph_pays_its_own_factor_where_the_backward_is_not_split() {
+    use pipetrain::cost::stages::stage_costs;
+    use pipetrain::cost::Family;
+    use pipetrain::graph::Recompute;
+    let (tg, cut, bounds) = tiny_gpt_in_three();
+    let plain = pipetrain::cost::Profile {
+        stage_overheads: PerFamily::all(0.5),
+        ..flat_profile(&tg)
+    };
+    // Unsplit and interleaved measured their last stage's one graph at 0.6 and 0.8 of
+    // what their other actions pay; a factor on a split family has no one graph to act on.
+    let factored = pipetrain::cost::Profile {
+        last_stage_factors: PerFamily([0.6, 0.7, 0.8, 0.9]),
+        ..plain.clone()
+    };
+    let gap = 1e-4;
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    for (family, factor) in [
+        (Family::Unsplit, 0.6),
+        (Family::Split, 1.0),
+        (Family::Interleaved, 0.8),
+        (Family::V, 1.0),
+    ] {
+        let costs = |p| stage_costs(p, &cut, &bounds, (Recompute::None, family));
+        let (before, after) = (costs(&plain), costs(&factored));
+        for s in 0..3 {
+            let what = format!("{family:?}, stage {s}");
+            let k = if s == 2 { factor } else { 1.0 };
+            assert!(before[s].forward > 2.0 * gap, "{what}");
+            assert!(
+                close(after[s].forward - gap, (before[s].forward - gap) * k),
+                "{what}"
+            );
+            assert!(close(after[s].backward, before[s].backward), "{what}");
+        }
+    }
+}
+
+#[test]
 fn a_stage_that_recomputes_runs_its_forward_again_in_its_input_gradient_pass() {
     use pipetrain::cost::stages::stage_costs;
     use pipetrain::graph::Recompute;
