@@ -66,6 +66,9 @@ pub struct Profile {
     /// where its own stage was idle when the value was made (0 where not run).
     #[serde(default)]
     pub hand_off: f64,
+    /// The same for a gradient (0: as `hand_off`).
+    #[serde(default)]
+    pub hand_off_back: f64,
     /// In the GPipe run, how much its two stages' actions slowed each other where they
     /// ran at once (`plan::overlap`; `None` where they did not, or it was not run).
     #[serde(default)]
@@ -249,6 +252,7 @@ impl NamedCosts {
             last_stage_ratios: PerFamily::default(),
             periods: PerFamily::default(),
             hand_off: 0.0,
+            hand_off_back: 0.0,
             stage_contention: None,
             unmatched: 0.0,
             stage_passes: None,

@@ -72,6 +72,7 @@ mod tests {
             cores: 2,
             threads: 1,
             hop: 0.0,
+            hop_back: None,
             add_per_value: 1e-9,
             contention: 0.0,
             stage_contention: None,

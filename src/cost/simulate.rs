@@ -104,8 +104,11 @@ pub struct Machinery {
     pub cores: usize,
     /// Each session's intra-op threads at this many workers.
     pub threads: usize,
-    /// A hand-off between two actors of one process, seconds.
+    /// A hand-off of activations between two actors of one process, seconds.
     pub hop: f64,
+    /// The same for a gradient (`None`: as `hop`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hop_back: Option<f64>,
     /// Seconds to add one float32 into another (the in-process reduction's rate).
     pub add_per_value: f64,
     /// How much each further action running at once slows the others: copies of one
@@ -288,13 +291,17 @@ pub fn simulate_on_nodes(
                 _ => 0.0,
             }
         };
+        let in_memory = |forward: bool| match forward {
+            true => m.hop,
+            false => m.hop_back.unwrap_or(m.hop),
+        };
         let hop = |h: Hop| match crossing(h.stage, h.forward) {
             // The actors' hand-over, as within a node, and the link's own wait.
             Some((link, bytes)) => {
                 let wake = if h.waiting { link.wake } else { 0.0 };
-                m.hop + link.message.message(bytes) + wake
+                in_memory(h.forward) + link.message.message(bytes) + wake
             }
-            None => m.hop,
+            None => in_memory(h.forward),
         };
         let t = simulate_on(&lowered, &duration, &hop, machine).ok()?;
         Some((t.makespan() + m.step_overhead, t.bubble_fraction()))
@@ -383,6 +390,7 @@ mod tests {
             cores: 2,
             threads: 1,
             hop: 0.0,
+            hop_back: None,
             add_per_value: 0.0,
             contention,
             stage_contention: Some(0.5),

@@ -32,8 +32,9 @@ use crate::{Error, Result};
 /// The layout of the file; another is measured again (2: the profiles hold their
 /// ZB-H1 run's stages, which the nodes' shares are set against; 3: those stages from a
 /// one-rank run instead; 4: the two-replica run's updates measured against one
-/// replica's; 5: the unsplit families' runs' last stage against their other stages).
-const FORMAT: u32 = 5;
+/// replica's; 5: the unsplit families' runs' last stage against their other stages; 6:
+/// the GPipe run's hand-offs of activations and gradients apart).
+const FORMAT: u32 = 6;
 
 /// What a profile was measured for: a cache is reused only where all of it matches.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -169,6 +169,7 @@ pub(super) fn machinery(
         cores,
         threads,
         hop: 0.0,
+        hop_back: None,
         add_per_value: runs.add_per_value,
         contention: 0.0,
         stage_contention: None,
@@ -189,7 +190,10 @@ pub(super) fn machinery(
     // The hand-off from the largest micro-batch's two-stage GPipe run (a run that
     // failed leaves it out of the simulation, said).
     match profiles.iter().rev().find(|p| p.hand_off > 0.0) {
-        Some(p) => m.hop = p.hand_off,
+        Some(p) => {
+            m.hop = p.hand_off;
+            m.hop_back = (p.hand_off_back > 0.0).then_some(p.hand_off_back);
+        }
         None => tracing::warn!("no two-stage run showed a hand-off; hand-offs simulated as free"),
     }
     let pair = runs.pair.and_then(|(b, passes)| {
@@ -281,6 +285,7 @@ mod tests {
             cores: 2,
             threads: 1,
             hop: 0.0,
+            hop_back: None,
             add_per_value: 0.0,
             contention: 0.5,
             stage_contention: None,

@@ -169,6 +169,7 @@ impl Timings {
         p.periods = self.one.periods;
         p.last_stage_ratios = self.one.last_stage_ratios;
         p.hand_off = self.one.hand_off;
+        p.hand_off_back = self.one.hand_off_back;
         p.stage_contention = self.one.stage_contention;
         p.stage_passes = self.one.stage_passes;
     }
@@ -205,6 +206,7 @@ pub(super) fn timings(
                 periods,
                 last_stage_ratios: PerFamily::default(),
                 hand_off: 0.0,
+                hand_off_back: 0.0,
                 stage_contention: None,
                 stage_passes: None,
             }
@@ -223,8 +225,9 @@ pub(super) struct OneStage {
     /// Each unsplit family's run's last stage's actions' time over its other stages'
     /// (0 where not run): [`Profile::last_stage_ratios`].
     pub last_stage_ratios: PerFamily,
-    /// The GPipe run's hand-off (0 where not run).
+    /// The GPipe run's hand-off of activations, and of gradients (0 where not run).
     pub hand_off: f64,
+    pub hand_off_back: f64,
     /// The GPipe run's contention between its stages (`None` where not read).
     pub stage_contention: Option<f64>,
     /// The one-rank run's two stages' actions (`None` where not run).
@@ -278,8 +281,8 @@ fn one_stage_runs(
             Ok((period, last, gpipe)) => {
                 one.periods[family] = period;
                 one.last_stage_ratios[family] = last;
-                if let Some((hand_off, contention)) = gpipe {
-                    one.hand_off = hand_off;
+                if let Some(((hand_off, back), contention)) = gpipe {
+                    (one.hand_off, one.hand_off_back) = (hand_off, back);
                     one.stage_contention = contention;
                 }
             }

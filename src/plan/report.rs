@@ -95,12 +95,13 @@ pub fn report(plan: &Plan, top: usize) -> String {
     let m = &plan.machinery;
     let hosts = plan.nodes.as_ref().map_or(1, |n| n.hosts.max(1));
     out += &format!(
-        "machine: {} cores, {} thread(s) per session, hand-off {:.1} us, two actions at once \
+        "machine: {} cores, {} thread(s) per session, hand-off {:.1} us ({:.1} a gradient), two actions at once \
          each {:.1}% slower{}, replicas kept in step {:.1} us a step\n{} candidates \
          simulated ({})\n",
         m.cores / hosts,
         m.threads,
         m.hop * 1e6,
+        m.hop_back.unwrap_or(m.hop) * 1e6,
         m.contention * 100.0,
         m.stage_contention.map_or(String::new(), |c| format!(
             " (two stages' actions {:.1}%)",

@@ -106,6 +106,7 @@ fn middle(all: &[Timings]) -> Timings {
                 Family::ALL.map(|f| median_of(all, &|t| t.one.last_stage_ratios[f])),
             ),
             hand_off: median_of(all, &|t| t.one.hand_off),
+            hand_off_back: median_of(all, &|t| t.one.hand_off_back),
             stage_contention: median(
                 &all.iter()
                     .filter_map(|t| t.one.stage_contention)
@@ -154,6 +155,7 @@ mod tests {
                 periods: PerFamily([gpipe, 0.0, 0.0, 0.0]),
                 last_stage_ratios: PerFamily([gpipe / 4.0, 0.0, 0.0, 0.0]),
                 hand_off: 0.0,
+                hand_off_back: 0.0,
                 stage_contention: contention,
                 stage_passes: contention.map(|c| [[c, 0.0, 1.0], [2.0 * c, 1.0, 0.0]]),
             },
