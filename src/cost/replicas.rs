@@ -69,18 +69,10 @@ mod tests {
     #[test]
     fn a_sharded_state_updates_a_share_then_gathers_and_reduces_only_its_part() {
         let m = Machinery {
-            cores: 2,
-            threads: 1,
-            hop: 0.0,
-            hop_back: None,
             add_per_value: 1e-9,
-            contention: 0.0,
-            stage_contention: None,
             replica_sync: 1e-4,
-            step_overhead: 0.0,
-            link: None,
             zero2_per_value: Some(2e-9),
-            update_contention: None,
+            ..Machinery::bare(2, 1)
         };
         let c = |zero: u8| Candidate {
             dp: 4,

@@ -141,6 +141,25 @@ pub struct Machinery {
 }
 
 impl Machinery {
+    /// `cores` cores of `threads` threads per session, where nothing beside the
+    /// stages' compute costs anything: what a measured machine's figures are set on.
+    pub fn bare(cores: usize, threads: usize) -> Machinery {
+        Machinery {
+            cores,
+            threads,
+            hop: 0.0,
+            hop_back: None,
+            add_per_value: 0.0,
+            contention: 0.0,
+            stage_contention: None,
+            replica_sync: 0.0,
+            step_overhead: 0.0,
+            link: None,
+            zero2_per_value: None,
+            update_contention: None,
+        }
+    }
+
     /// The contention `c`'s actions running at once meet: where copies of each action
     /// run (replicas, shards), theirs; else the stages' where measured.
     pub fn contention_of(&self, c: &Candidate) -> f64 {
@@ -387,18 +406,10 @@ mod tests {
     /// Two cores of one thread each, the stages' contention measured at 0.5.
     fn two_cores(contention: f64, update_contention: Option<f64>) -> Machinery {
         Machinery {
-            cores: 2,
-            threads: 1,
-            hop: 0.0,
-            hop_back: None,
-            add_per_value: 0.0,
             contention,
             stage_contention: Some(0.5),
-            replica_sync: 0.0,
-            step_overhead: 0.0,
-            link: None,
-            zero2_per_value: None,
             update_contention,
+            ..Machinery::bare(2, 1)
         }
     }
 

@@ -166,18 +166,9 @@ pub(super) fn machinery(
     predict: &Predict<'_>,
 ) -> Machinery {
     let mut m = Machinery {
-        cores,
-        threads,
-        hop: 0.0,
-        hop_back: None,
         add_per_value: runs.add_per_value,
-        contention: 0.0,
-        stage_contention: None,
-        replica_sync: 0.0,
         step_overhead,
-        link: None,
-        zero2_per_value: None,
-        update_contention: None,
+        ..Machinery::bare(cores, threads)
     };
     if workers < 2 {
         return m;
@@ -282,18 +273,8 @@ mod tests {
     #[test]
     fn the_replicas_sync_is_the_cost_at_which_their_run_simulates_to_its_step() {
         let m = Machinery {
-            cores: 2,
-            threads: 1,
-            hop: 0.0,
-            hop_back: None,
-            add_per_value: 0.0,
             contention: 0.5,
-            stage_contention: None,
-            replica_sync: 0.0,
-            step_overhead: 0.0,
-            link: None,
-            zero2_per_value: None,
-            update_contention: None,
+            ..Machinery::bare(2, 1)
         };
         // A 1 ms step whose sync runs at two replicas' shared speed (1.5 times as long).
         let predict = |m: &Machinery| Some(1e-3 + 1.5 * m.replica_sync);

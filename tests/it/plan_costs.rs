@@ -342,18 +342,9 @@ fn a_gradient_s_hand_off_costs_its_own_measured_time() {
         zero: 0,
     };
     let machine = |hop_back| Machinery {
-        cores: 3,
-        threads: 1,
         hop: 1e-4,
         hop_back,
-        add_per_value: 0.0,
-        contention: 0.0,
-        stage_contention: None,
-        replica_sync: 0.0,
-        step_overhead: 0.0,
-        link: None,
-        zero2_per_value: None,
-        update_contention: None,
+        ..Machinery::bare(3, 1)
     };
     let step = |m: &Machinery| {
         simulate_candidate(&c, &profile, (&cut, &values), m, Some(bounds.to_vec()))
