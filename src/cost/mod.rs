@@ -16,6 +16,7 @@
 
 mod crossing;
 mod family;
+mod machinery;
 mod profile;
 mod replicas;
 mod simulate;
@@ -25,10 +26,10 @@ mod timed;
 mod topology;
 
 pub use family::{Family, PerFamily};
+pub use machinery::Machinery;
 pub use profile::{NamedCosts, Profile, SavedProfile, StagePasses};
 pub use simulate::{
-    cut_names, node_values, simulate_candidate, simulate_on_nodes, Candidate, Cuts, Machinery,
-    Simulated,
+    cut_names, node_values, simulate_candidate, simulate_on_nodes, Candidate, Cuts, Simulated,
 };
 pub use timed::partition;
 pub use topology::{Link, Nodes, Rate};

@@ -242,19 +242,16 @@ pub(super) fn calibrate_stage_overheads(
     };
     let (overheads, last_stages) = (part(|c| c.overhead), part(|c| c.last_stage));
     for (&(_, b), p) in profiles.iter_mut() {
-        p.stage_overheads = stage_overheads_at(b, &overheads, 0.0);
-        p.last_stage_factors = stage_overheads_at(b, &last_stages, 1.0);
+        p.stage_overheads = per_family_at(b, &overheads, 0.0);
+        p.last_stage_factors = per_family_at(b, &last_stages, 1.0);
     }
 }
 
-/// Each family's stage overhead (or last stage's factor) at micro-batches of `b`, of
-/// those `calibrated` at each size: its own at the nearest size calibrated for it; where
-/// it has none, its nearest stand-in's; `none` where no family was calibrated.
-fn stage_overheads_at(
-    b: usize,
-    calibrated: &PerFamily<BTreeMap<usize, f64>>,
-    none: f64,
-) -> PerFamily {
+/// Each family's calibrated value (a stage overhead, a last stage's factor) at
+/// micro-batches of `b`, of those `calibrated` at each size: its own at the nearest size
+/// calibrated for it; where it has none, its nearest stand-in's; `none` where no family
+/// was calibrated.
+fn per_family_at(b: usize, calibrated: &PerFamily<BTreeMap<usize, f64>>, none: f64) -> PerFamily {
     let nearest = |f: Family| {
         let by_distance = calibrated[f].iter().min_by_key(|(&c, _)| c.abs_diff(b));
         by_distance.map(|(_, &overhead)| overhead)
@@ -276,7 +273,7 @@ mod tests {
         let split = BTreeMap::from([(1, 10.0), (2, 20.0)]);
         let v = BTreeMap::from([(1, 5.0), (2, 6.0), (4, 7.0)]);
         let none = BTreeMap::new();
-        let at = |b, c| stage_overheads_at(b, c, 0.0).0;
+        let at = |b, c| per_family_at(b, c, 0.0).0;
         let all = PerFamily([unsplit, split.clone(), none.clone(), v.clone()]);
         // Interleaved was never run: unsplit's stands in.
         assert_eq!(at(4, &all), [50.0, 20.0, 50.0, 7.0]);
@@ -289,6 +286,6 @@ mod tests {
         assert_eq!(at(2, &only_v), [6.0; 4]);
         let nothing = PerFamily([none.clone(), none.clone(), none.clone(), none]);
         assert_eq!(at(8, &nothing), [0.0; 4]);
-        assert_eq!(stage_overheads_at(8, &nothing, 1.0).0, [1.0; 4]);
+        assert_eq!(per_family_at(8, &nothing, 1.0).0, [1.0; 4]);
     }
 }

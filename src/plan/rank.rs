@@ -21,13 +21,12 @@ impl Plan {
     /// # Errors
     /// `Plan` where some fit but fewer than `rank`.
     pub fn ranked(&self, rank: usize) -> Result<Option<&PlanRow>> {
-        match (
-            self.fitting().nth(rank.saturating_sub(1)),
-            self.fitting().count(),
-        ) {
-            (Some(r), _) => Ok(Some(r)),
-            (None, 0) => Ok(None),
-            (None, fit) => Err(plan_error(
+        if let Some(r) = self.fitting().nth(rank.saturating_sub(1)) {
+            return Ok(Some(r));
+        }
+        match self.fitting().count() {
+            0 => Ok(None),
+            fit => Err(plan_error(
                 "--pick",
                 format!("rank {rank} asked for, and {fit} layouts fit"),
             )),

@@ -101,7 +101,7 @@ pub fn report(plan: &Plan, top: usize) -> String {
         m.cores / hosts,
         m.threads,
         m.hop * 1e6,
-        m.hop_back.unwrap_or(m.hop) * 1e6,
+        m.gradient_hop() * 1e6,
         m.contention * 100.0,
         m.stage_contention.map_or(String::new(), |c| format!(
             " (two stages' actions {:.1}%)",
