@@ -225,13 +225,13 @@ fn fit(
     machinery: &dyn Fn(f64) -> Machinery,
     (low, high): (f64, f64),
 ) -> f64 {
-    let step_at = |extra: f64| {
-        let m = machinery(low + extra);
+    let step_at = |value: f64| {
+        let m = machinery(value);
         let on = (&m, Some(nodes));
         simulate_on_nodes(&r.c, r.profile, whole.costs(), on, r.bounds.clone().into())
             .map(|s| s.step)
     };
-    low + solve(&step_at, r.step, (high - low).max(0.0))
+    solve(&step_at, r.step, (low, high.max(low)))
 }
 
 /// `profile`'s run of `family` (one stage a rank) in as many stages as `manifest` has

@@ -219,7 +219,7 @@ fn replica_sync(m: &Machinery, period: f64, predict: &dyn Fn(&Machinery) -> Opti
             ..*m
         })
     };
-    super::calibrate::solve(&step_at, period, period)
+    super::calibrate::solve(&step_at, period, (0.0, period))
 }
 
 /// The two-replica run at ZeRO stage 2 (at `alone`'s micro-batch), made `rounds` times:
@@ -263,7 +263,7 @@ fn zero2_per_value(period: f64, b: usize, m: &Machinery, predict: &Predict<'_>) 
         predict(b, 2, &with)
     };
     // A microsecond a value a micro-batch: far more than writing and adding it costs.
-    super::calibrate::solve(&step_at, period, 1e-6)
+    super::calibrate::solve(&step_at, period, (0.0, 1e-6))
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ fn with_last_stage(p: &crate::cost::Profile, family: Family) -> String {
     let own = 1.0 + p.stage_overheads[family];
     let last = own * crate::cost::stages::last_stage_factor(p, family);
     format!(
-        "+{:.0}% (the last stage's one graph {:+.0}%)",
+        "{:+.0}% (the last stage's one graph {:+.0}%)",
         (own - 1.0) * 100.0,
         (last - 1.0) * 100.0
     )
@@ -63,8 +63,8 @@ pub fn report(plan: &Plan, top: usize) -> String {
     for p in &plan.profiles {
         out += &format!(
             "profile: micro-batch {}, {} thread(s){}: {:.3} ms per micro-batch (forward {:.3}, \
-             backward {:.3}; as one graph {:.3}; a stage's action {} unsplit, +{:.0}% split, {} interleaved, \
-             +{:.0}% in a V), {:.0}% \
+             backward {:.3}; as one graph {:.3}; a stage's action {} unsplit, {:+.0}% split, {} interleaved, \
+             {:+.0}% in a V), {:.0}% \
              of kernel time in nodes ONNX Runtime made\n",
             p.micro_batch,
             p.threads,
