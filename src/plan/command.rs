@@ -42,12 +42,15 @@ pub struct PlanArgs {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Write the table's layout of this rank instead of the best (`--out`): one that
-    /// holds less memory, or to run a rival by hand.
-    #[arg(long, default_value_t = 1, requires = "out", value_parser = clap::value_parser!(u64).range(1..))]
-    pub pick: u64,
+    /// holds less memory, or to run a rival by hand [default: 1; with `--measure`, the
+    /// fastest measured].
+    #[arg(long, requires = "out", value_parser = clap::value_parser!(u64).range(1..))]
+    pub pick: Option<u64>,
     /// Also run this many of the best layouts, and the default one, for real and print
     /// each one's measured step beside its prediction; then the fastest of each
-    /// (dp, tp, pp) layout not among them.
+    /// (dp, tp, pp) layout not among them. `--out` then writes the fastest measured
+    /// of those that fit (the way an autotuner's trial runs settle it), unless
+    /// `--pick` names a rank.
     #[arg(long, default_value_t = 0)]
     pub measure: usize,
     /// Steps of each measured run, at least (the first two not counted); more where
@@ -124,30 +127,63 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         println!("wrote {}", out.display());
     }
     let manifest = cluster.as_ref().map(|(m, _, _)| m);
-    // Processes of one machine would each take every core: the plan's threads are set.
-    let threads = manifest.map(|_| p.threads);
-    let pick = match args.out {
-        Some(_) => p.ranked(args.pick as usize)?,
-        None => None,
+    let elsewhere = manifest.filter(|m| !super::cluster::all_here(m));
+    let measuring = args.measure > 0 && elsewhere.is_none();
+    // With runs to settle it, the fastest measured is written after them.
+    let pick = match (&args.out, args.pick) {
+        (None, _) => None,
+        (Some(_), None) if measuring => None,
+        (Some(_), pick) => p.ranked(pick.unwrap_or(1) as usize)?,
     };
-    if let (Some(out), Some(best)) = (&args.out, pick) {
-        write_config(&args.config, best, threads, out)?;
-        println!("wrote {}", out.display());
-        if let Some(m) = manifest {
-            let path = super::cluster::manifest_path(out);
-            super::cluster::write_manifest(m, &best.candidate, &path)?;
-            println!("wrote {}", path.display());
-        }
+    if let Some(best) = pick {
+        write_row(args, &p, best, manifest, "")?;
     }
-    if args.measure == 0 {
-        return Ok(());
-    }
-    if let Some(m) = manifest.filter(|m| !super::cluster::all_here(m)) {
+    if let Some(m) = elsewhere.filter(|_| args.measure > 0) {
         println!(
             "\nnot measured: {}'s nodes are not all on this machine",
             m.path().display()
         );
+    }
+    if !measuring {
         return Ok(());
     }
-    super::proof::measure(&p, args, (&cfg, &worker), manifest)
+    let fastest = super::proof::measure(&p, args, (&cfg, &worker), manifest)?;
+    if let (Some(_), None) = (&args.out, args.pick) {
+        // Where no run finished, the predicted best.
+        let (best, why) = match fastest {
+            Some((best, which)) => (Some(best), format!(" (the fastest measured: {which})")),
+            None => (
+                p.ranked(1)?,
+                " (no run measured: the predicted best)".into(),
+            ),
+        };
+        if let Some(best) = best {
+            write_row(args, &p, best, manifest, &why)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes `best` to `--out` (and, over a manifest, the manifest beside it), saying so
+/// and `why`.
+fn write_row(
+    args: &PlanArgs,
+    p: &super::Plan,
+    best: &super::PlanRow,
+    manifest: Option<&crate::cluster::ClusterManifest>,
+    why: &str,
+) -> Result<()> {
+    let Some(out) = &args.out else {
+        return Ok(());
+    };
+    // Processes of one machine would each take every core: the plan's threads are set.
+    let threads = manifest.map(|_| p.threads);
+    write_config(&args.config, best, threads, out)?;
+    println!("wrote {}{why}", out.display());
+    if let Some(m) = manifest {
+        let path = super::cluster::manifest_path(out);
+        super::cluster::write_manifest(m, &best.candidate, &path)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
 }

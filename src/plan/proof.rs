@@ -46,15 +46,16 @@ fn mean_and_largest(errors: &[f64]) -> (f64, f64) {
 /// Runs `args.measure` of `p`'s best layouts (and the default, the cut rivals, the
 /// fastest of each other layout) for real, `args.measure_rounds` times each, and prints
 /// each one's measured step beside its prediction and how the predictions held.
+/// Returns the fastest measured of those that fit, with its name and measured step.
 ///
 /// # Errors
 /// None yet: a run that fails is printed as failed.
-pub(super) fn measure(
-    p: &Plan,
+pub(super) fn measure<'a>(
+    p: &'a Plan,
     args: &PlanArgs,
     (cfg, worker): (&TrainConfig, &Path),
     manifest: Option<&ClusterManifest>,
-) -> Result<()> {
+) -> Result<Option<(&'a PlanRow, String)>> {
     let runs = measured_rows(p, args.measure);
     let rounds = args.measure_rounds.max(1);
     println!(
@@ -93,12 +94,34 @@ pub(super) fn measure(
         .map_err(|e| e.to_string())
     };
     let (steps, drifts) = in_rounds(&runs, rounds, control.as_ref(), &measure);
-    let measured = print_table(runs, steps, &drifts);
+    let measured = print_table(runs.clone(), steps, &drifts);
     print!("{}", accuracy(&measured));
     if let Some(c) = &control {
         print!("{}", drift_text(&measured, &drifts, &c.name()));
     }
-    Ok(())
+    Ok(fastest_fitting(p, &runs, &measured))
+}
+
+/// Of the measured `runs` that fit (the plan's table, not the default where it does
+/// not), the fastest measured, said by its name and measured step; `None` where none
+/// ran.
+fn fastest_fitting<'a>(
+    p: &Plan,
+    runs: &[(String, &'a PlanRow)],
+    measured: &[Outcome],
+) -> Option<(&'a PlanRow, String)> {
+    let fits = |row: &PlanRow| {
+        p.fitting()
+            .any(|r| r.candidate == row.candidate && r.cuts == row.cuts)
+    };
+    let (o, row) = measured
+        .iter()
+        .filter_map(|o| {
+            let (_, row) = runs.iter().find(|(name, _)| *name == o.name)?;
+            fits(row).then_some((o, *row))
+        })
+        .min_by(|a, b| a.0.measured.total_cmp(&b.0.measured))?;
+    Some((row, format!("{}, {:.2} ms", o.name, o.measured * 1e3)))
 }
 
 /// Each of `runs` measured `rounds` times, the runs in turn each round after the

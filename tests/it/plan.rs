@@ -84,30 +84,36 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
     };
     assert!(again.contains("the profile read from"), "{again}");
     assert_eq!(table(&stdout), table(&again));
-    // The table's first row is the layout written.
+    // Measured, the layout written is the fastest measured run's (of those that fit);
+    // not measured, the table's first row.
+    let cfg = TrainConfig::load(&best).unwrap();
+    fastest_measured_is_written(&stdout, &cfg);
+    let top = dir.join("out").join("top.toml");
+    let cached = ["--profile-rounds", "2", "--profile-cache", cache];
+    assert!(plan(&config, &cached, (&top, None)).contains("wrote"));
+    let top = TrainConfig::load(&top).unwrap();
     let first = stdout
         .lines()
         .skip_while(|l| !l.starts_with("rank"))
         .nth(1)
         .unwrap_or_else(|| panic!("no table:\n{stdout}"));
     let cols: Vec<&str> = first.split_whitespace().collect();
-    let cfg = TrainConfig::load(&best).unwrap();
     let layout =
         |cols: &[&str]| -> Vec<usize> { cols[1..4].iter().map(|c| c.parse().unwrap()).collect() };
-    let hp = cfg.horizontal_parallel_size;
+    let hp = top.horizontal_parallel_size;
     assert_eq!(
         layout(&cols),
-        [cfg.data_parallel_size, hp, cfg.pipeline_parallel_size],
+        [top.data_parallel_size, hp, top.pipeline_parallel_size],
         "{first}"
     );
-    assert_eq!(cfg.data_parallel_size * hp * cfg.pipeline_parallel_size, 2);
+    assert_eq!(top.data_parallel_size * hp * top.pipeline_parallel_size, 2);
     // Its ZeRO stage too (the column after recompute), none without replicas.
     assert_eq!(
         cols[9].parse::<u8>().unwrap(),
-        cfg.deepspeed_zero_stage,
+        top.deepspeed_zero_stage,
         "{first}"
     );
-    assert!(cfg.data_parallel_size > 1 || cfg.deepspeed_zero_stage == 0);
+    assert!(top.data_parallel_size > 1 || top.deepspeed_zero_stage == 0);
     // `--pick 2` wrote the second row: its layout, schedule, micro-batches, recompute and
     // ZeRO stage.
     let row = |cols: &[&str], c: &TrainConfig| -> bool {
@@ -136,7 +142,7 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
     };
     let picked = TrainConfig::load(&second).unwrap();
     assert!(row(&rank(2), &picked), "{:?}\n{stdout}", rank(2));
-    assert!(row(&rank(1), &cfg), "{:?}\n{stdout}", rank(1));
+    assert!(row(&rank(1), &top), "{:?}\n{stdout}", rank(1));
     assert!(
         !row(&rank(1), &picked),
         "rows 1 and 2 alike: the test shows nothing\n{stdout}"
@@ -304,6 +310,49 @@ fn plan(
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     stdout
+}
+
+/// `stdout` (a plan with `--measure` and `--out`) says it wrote the fastest measured
+/// run that fits, and `written` has that run's layout and micro-batches.
+fn fastest_measured_is_written(stdout: &str, written: &TrainConfig) {
+    let said = stdout
+        .lines()
+        .find_map(|l| l.split_once("(the fastest measured: "))
+        .unwrap_or_else(|| panic!("no fastest measured written:\n{stdout}"))
+        .1;
+    let (name, ms) = said.trim_end_matches(" ms)").rsplit_once(", ").unwrap();
+    let runs: Vec<(String, f64, &str)> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("measured"))
+        .skip(2)
+        .take_while(|l| l.contains(" dp "))
+        .map(|l| {
+            let (head, layout) = l.split_once(" dp ").unwrap();
+            let cols: Vec<&str> = head.split_whitespace().collect();
+            let name = cols[..cols.len() - 3].join(" ");
+            (name, cols[cols.len() - 2].parse().unwrap(), layout)
+        })
+        .collect();
+    let (_, measured, layout) = runs
+        .iter()
+        .find(|r| r.0 == name)
+        .unwrap_or_else(|| panic!("{name} was not measured:\n{stdout}"));
+    assert_eq!(format!("{measured:.2}"), ms, "{stdout}");
+    // The fastest of the measured runs, but the default where the table does not hold it.
+    let faster = runs.iter().filter(|r| r.1 < *measured);
+    assert!(faster.clone().all(|r| r.0 == "default"), "{stdout}");
+    let c = written;
+    let cols: Vec<&str> = layout.split(", ").collect();
+    let ours = [
+        format!(
+            "{} x tp {} x pp {}",
+            c.data_parallel_size, c.horizontal_parallel_size, c.pipeline_parallel_size
+        ),
+        format!("{} x {}", c.gradient_accumulation_steps, c.batch_size),
+    ];
+    assert_eq!([cols[0], cols[2]], ours, "{layout}");
+    let schedule = cols[1].split('(').next().unwrap();
+    assert!(c.pipeline.schedule.name().starts_with(schedule), "{layout}");
 }
 
 /// `pipetrain train CONFIG` succeeds, logging at `info`: what it logged.
