@@ -50,10 +50,15 @@ fn with_last_stage(p: &crate::cost::Profile, family: Family) -> String {
     let own = 1.0 + p.stage_overheads[family];
     let last = own * crate::cost::stages::last_stage_factor(p, family);
     format!(
-        "{:+.0}% (the last stage's one graph {:+.0}%)",
-        (own - 1.0) * 100.0,
-        (last - 1.0) * 100.0
+        "{} (the last stage's one graph {})",
+        percent(own - 1.0),
+        percent(last - 1.0)
     )
+}
+
+/// A share as a signed whole percentage, never "-0%".
+fn percent(share: f64) -> String {
+    format!("{:+}%", (share * 100.0).round() + 0.0)
 }
 
 /// The plan as text: the profile, the best `top` candidates that fit, the default
@@ -63,8 +68,8 @@ pub fn report(plan: &Plan, top: usize) -> String {
     for p in &plan.profiles {
         out += &format!(
             "profile: micro-batch {}, {} thread(s){}: {:.3} ms per micro-batch (forward {:.3}, \
-             backward {:.3}; as one graph {:.3}; a stage's action {} unsplit, {:+.0}% split, {} interleaved, \
-             {:+.0}% in a V), {:.0}% \
+             backward {:.3}; as one graph {:.3}; a stage's action {} unsplit, {} split, {} interleaved, \
+             {} in a V), {:.0}% \
              of kernel time in nodes ONNX Runtime made\n",
             p.micro_batch,
             p.threads,
@@ -78,9 +83,9 @@ pub fn report(plan: &Plan, top: usize) -> String {
             p.backward.iter().sum::<f64>() * 1e3,
             p.fused * 1e3,
             with_last_stage(p, Family::Unsplit),
-            p.stage_overheads[Family::Split] * 100.0,
+            percent(p.stage_overheads[Family::Split]),
             with_last_stage(p, Family::Interleaved),
-            p.stage_overheads[Family::V] * 100.0,
+            percent(p.stage_overheads[Family::V]),
             p.unmatched * 100.0
         );
     }
@@ -261,5 +266,15 @@ pub(super) fn ties_text(shown: &[&PlanRow]) -> String {
             after.join(", "),
             super::rank::TIE * 100.0
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_share_is_a_signed_whole_percentage_and_never_minus_zero() {
+        assert_eq!(super::percent(0.254), "+25%");
+        assert_eq!(super::percent(-0.116), "-12%");
+        assert_eq!(super::percent(-0.004), "+0%");
     }
 }
