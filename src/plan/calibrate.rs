@@ -38,7 +38,8 @@ const MOST_OVERHEAD: f64 = 4.0;
 /// on a model whose working set outgrows a core's cache each part is served from nearer.
 /// On the vocabulary GPT (an 8192 x 128 head) the two stages' actions of a 1F1B run at
 /// micro-batches of 2 summed to 0.93 of the whole model's one graph (traced, the one
-/// graph run in turn on one thread); held at no overhead, its runs came out 17-19% slow.
+/// graph run in turn on one thread). Held at no overhead, its ZB-H1 layouts were
+/// predicted 9-24% slow (its three cuts traced in turn); below it, -3 to +11%.
 const LEAST_OVERHEAD: f64 = -0.5;
 
 /// The bounds of the last stage's factor (a trace's medians read wrong, or a stage of
@@ -58,9 +59,9 @@ pub(super) struct Calibrated {
 /// pays beside them, at which `profile`'s run of that family ([`Family::run`]: on two
 /// ranks, or in the profile's own stages under ZB-H1 where the model fits no worker
 /// whole; cut by FLOPs as the run cut them, micro-batches of `profile.micro_batch`)
-/// simulates to its measured step (below 0 where its stages ran faster than their nodes,
-/// down to [`LEAST_OVERHEAD`]); `None` where the run was not made. Where the backward is not split, the last
-/// stage's factor first ([`last_stage_factor`]).
+/// simulates to its measured step (below 0 where its stages ran faster than their
+/// nodes, down to [`LEAST_OVERHEAD`]); `None` where the run was not made. Where the
+/// backward is not split, the last stage's factor first ([`last_stage_factor`]).
 pub(super) fn stage_overhead(
     profile: &Profile,
     family: Family,
