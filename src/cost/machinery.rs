@@ -97,8 +97,6 @@ impl Machinery {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ScheduleKind;
-    use crate::graph::Recompute;
 
     /// Two cores of one thread each, the stages' contention measured at 0.5.
     fn two_cores(contention: f64, update_contention: Option<f64>) -> Machinery {
@@ -112,17 +110,7 @@ mod tests {
 
     /// 1F1B over two micro-batches of one sample in `dp` x `tp` x `pp`.
     fn layout(dp: usize, tp: usize, pp: usize) -> Candidate {
-        Candidate {
-            dp,
-            tp,
-            pp,
-            schedule: ScheduleKind::OneFOneB,
-            virtual_stages: 1,
-            micro_batches: 2,
-            micro_batch: 1,
-            recompute: Recompute::None,
-            zero: 0,
-        }
+        Candidate::one_f_one_b((dp, tp, pp), (2, 1))
     }
 
     #[test]

@@ -63,8 +63,6 @@ pub(super) fn update_seconds(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ScheduleKind;
-    use crate::graph::Recompute;
 
     #[test]
     fn a_sharded_state_updates_a_share_then_gathers_and_reduces_only_its_part() {
@@ -75,15 +73,8 @@ mod tests {
             ..Machinery::bare(2, 1)
         };
         let c = |zero: u8| Candidate {
-            dp: 4,
-            tp: 1,
-            pp: 1,
-            schedule: ScheduleKind::OneFOneB,
-            virtual_stages: 1,
-            micro_batches: 3,
-            micro_batch: 1,
-            recompute: Recompute::None,
             zero,
+            ..Candidate::one_f_one_b((4, 1, 1), (3, 1))
         };
         let values = 1e6;
         // Unsharded: the whole update; the reduction adds three other buffers.

@@ -55,6 +55,25 @@ impl Candidate {
         }
     }
 
+    /// 1F1B over `micro_batches` of `micro_batch` samples in `dp` x `tp` x `pp`, without
+    /// virtual stages, recompute or ZeRO: the layout a user writes by default.
+    pub fn one_f_one_b(
+        (dp, tp, pp): (usize, usize, usize),
+        (micro_batches, micro_batch): (usize, usize),
+    ) -> Candidate {
+        Candidate {
+            dp,
+            tp,
+            pp,
+            schedule: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            micro_batches,
+            micro_batch,
+            recompute: Recompute::None,
+            zero: 0,
+        }
+    }
+
     /// Pipeline stages.
     pub fn stages(&self) -> usize {
         self.schedule.stages(self.pp, self.virtual_stages)

@@ -122,21 +122,9 @@ impl Nodes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ScheduleKind;
-    use crate::graph::Recompute;
 
     fn layout(dp: usize, tp: usize, pp: usize) -> Candidate {
-        Candidate {
-            dp,
-            tp,
-            pp,
-            schedule: ScheduleKind::OneFOneB,
-            virtual_stages: 1,
-            micro_batches: 4,
-            micro_batch: 1,
-            recompute: Recompute::None,
-            zero: 0,
-        }
+        Candidate::one_f_one_b((dp, tp, pp), (4, 1))
     }
 
     #[test]

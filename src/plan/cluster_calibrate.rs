@@ -19,7 +19,6 @@
 use std::path::Path;
 
 use crate::cluster::ClusterManifest;
-use crate::config::ScheduleKind;
 use crate::cost::{simulate_on_nodes, Family, Link, Machinery, Nodes, Profile, Rate};
 use crate::graph::{BalanceBy, Recompute};
 use crate::{Error, Result};
@@ -282,17 +281,8 @@ fn replicas<'a>(
     else {
         return Ok(None);
     };
-    let c = Candidate {
-        dp,
-        tp: 1,
-        pp: 1,
-        schedule: ScheduleKind::OneFOneB,
-        virtual_stages: 1,
-        micro_batches: run.global_batch / (dp * profile.micro_batch),
-        micro_batch: profile.micro_batch,
-        recompute: Recompute::None,
-        zero: 0,
-    };
+    let b = profile.micro_batch;
+    let c = Candidate::one_f_one_b((dp, 1, 1), (run.global_batch / (dp * b), b));
     let step = launched(run, profile, manifest, &c, RunKind::FusedPair)?;
     Ok(Some(Launched {
         profile,

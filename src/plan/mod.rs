@@ -286,15 +286,8 @@ fn fitted(
     // Two replicas of one stage at micro-batches of `b`: the machine's own runs.
     let predict = |b: usize, zero: u8, m: &Machinery| {
         let c = search::Candidate {
-            dp: 2,
-            tp: 1,
-            pp: 1,
-            schedule: crate::config::ScheduleKind::OneFOneB,
-            virtual_stages: 1,
-            micro_batches: cfg.global_batch() / (2 * b),
-            micro_batch: b,
-            recompute: crate::graph::Recompute::None,
             zero,
+            ..search::Candidate::one_f_one_b((2, 1, 1), (cfg.global_batch() / (2 * b), b))
         };
         let p = profiles.get(&(1, b))?;
         search::simulate_candidate(&c, p, (&whole.cut, &whole.values), m, None).map(|s| s.step)

@@ -1,8 +1,8 @@
 //! Layouts with cuts not chosen by time, simulated with the same costs: the one a user
 //! would write by default, and the fastest pipeline layout cut by parameters or FLOPs.
 
-use crate::config::{ScheduleKind, TrainConfig};
-use crate::graph::{BalanceBy, Recompute};
+use crate::config::TrainConfig;
+use crate::graph::BalanceBy;
 
 use super::{PlanOptions, PlanRow, Profiles, Sharded};
 use crate::cost::{cut_names, simulate_on_nodes, Candidate, Cuts, Machinery, Nodes};
@@ -26,17 +26,7 @@ impl Fixed<'_> {
         let pp = opts.workers;
         let global = self.cfg.global_batch();
         let m = (pp..=opts.max_micro_batches.max(pp)).find(|m| global % m == 0)?;
-        let c = Candidate {
-            dp: 1,
-            tp: 1,
-            pp,
-            schedule: ScheduleKind::OneFOneB,
-            virtual_stages: 1,
-            micro_batches: m,
-            micro_batch: global / m,
-            recompute: Recompute::None,
-            zero: 0,
-        };
+        let c = Candidate::one_f_one_b((1, 1, pp), (m, global / m));
         self.row(&c, BalanceBy::Params)
     }
 
