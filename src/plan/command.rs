@@ -49,7 +49,8 @@ pub struct PlanArgs {
     /// Also run this many of the best layouts, and the default one, for real and print
     /// each one's measured step beside its prediction; then the fastest of each
     /// (dp, tp, pp) layout not among them. `--out` then writes the fastest measured
-    /// of those that fit (the way an autotuner's trial runs settle it), unless
+    /// of those that fit the memory cap, the default and the cut rivals included (the
+    /// way an autotuner's trial runs settle it), unless
     /// `--pick` names a rank.
     #[arg(long, default_value_t = 0)]
     pub measure: usize,

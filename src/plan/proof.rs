@@ -102,18 +102,15 @@ pub(super) fn measure<'a>(
     Ok(fastest_fitting(p, &runs, &measured))
 }
 
-/// Of the measured `runs` that fit (the plan's table, not the default where it does
-/// not), the fastest measured, said by its name and measured step; `None` where none
-/// ran.
+/// Of the measured `runs` whose predicted peak fits the memory cap (the plan's rows,
+/// and the default and the cut rivals too: a trial run settles it), the fastest
+/// measured, said by its name and measured step; `None` where none ran.
 fn fastest_fitting<'a>(
     p: &Plan,
     runs: &[(String, &'a PlanRow)],
     measured: &[Outcome],
 ) -> Option<(&'a PlanRow, String)> {
-    let fits = |row: &PlanRow| {
-        p.fitting()
-            .any(|r| r.candidate == row.candidate && r.cuts == row.cuts)
-    };
+    let fits = |row: &PlanRow| row.fits(p.cap);
     let (o, row) = measured
         .iter()
         .filter_map(|o| {

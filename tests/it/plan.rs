@@ -338,9 +338,8 @@ fn fastest_measured_is_written(stdout: &str, written: &TrainConfig) {
         .find(|r| r.0 == name)
         .unwrap_or_else(|| panic!("{name} was not measured:\n{stdout}"));
     assert_eq!(format!("{measured:.2}"), ms, "{stdout}");
-    // The fastest of the measured runs, but the default where the table does not hold it.
-    let faster = runs.iter().filter(|r| r.1 < *measured);
-    assert!(faster.clone().all(|r| r.0 == "default"), "{stdout}");
+    // No memory cap: every measured run fits, the default and the cut rivals too.
+    assert!(runs.iter().all(|r| r.1 >= *measured), "{stdout}");
     let c = written;
     let cols: Vec<&str> = layout.split(", ").collect();
     let ours = [
