@@ -87,8 +87,13 @@ impl Machinery {
     /// others running at once: where copies of it run (replicas, shards), their measured
     /// [`Machinery::update_contention`] over their `contention`; else nothing.
     pub fn update_factor(&self, c: &Candidate) -> f64 {
-        match (c.dp * c.tp, self.update_contention) {
-            (1, _) | (_, None) => 1.0,
+        self.update_factor_of(c.dp * c.tp)
+    }
+
+    /// [`Machinery::update_factor`] for `copies` of each update running at once.
+    pub fn update_factor_of(&self, copies: usize) -> f64 {
+        match (copies, self.update_contention) {
+            (0 | 1, _) | (_, None) => 1.0,
             (_, Some(u)) => (1.0 + u) / (1.0 + self.contention),
         }
     }

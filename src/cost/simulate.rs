@@ -195,6 +195,9 @@ pub fn simulate_on_nodes(
     // A split model's profile ran its shards at once: its times are each shard's slowed
     // by the others, which the simulator adds again for the shards it runs at once.
     let alone = machine.rate(profile.shards);
+    // Its update too: each shard's, slowed by the others' updating at once (what
+    // `update_factor` and the simulator would charge again).
+    let update_paid = m.update_factor_of(profile.shards) / alone;
     let cluster = nodes.zip(m.link);
     let step = |bounds: &[usize]| -> Option<(f64, f64)> {
         if !cut.hands_on(bounds) {
@@ -210,7 +213,7 @@ pub fn simulate_on_nodes(
             .iter()
             .enumerate()
             .map(|(s, &v)| {
-                let whole = v * profile.step_per_value * m.update_factor(c);
+                let whole = v * profile.step_per_value * m.update_factor(c) / update_paid;
                 update_seconds(c, m, whole, (v, on_link(s)))
             })
             .collect();

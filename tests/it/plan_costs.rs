@@ -356,3 +356,35 @@ fn a_gradient_s_hand_off_costs_its_own_measured_time() {
     // Each of the two gradients' hand-offs 0.3 ms dearer; the activations' as they were.
     assert!((apart - same - 6e-4).abs() < 1e-9, "{same} -> {apart}");
 }
+
+#[test]
+fn a_split_model_s_update_costs_what_its_profile_measured_with_the_shards_updating_at_once() {
+    use pipetrain::cost::{node_values, simulate_candidate, Candidate, Machinery};
+    let (tg, cut, _) = tiny_gpt_in_three();
+    let values = node_values(&tg);
+    let held: f64 = values.iter().sum();
+    // Two shards on two cores, each action 10% slower for the other and each update 50%
+    // slower for the other's: the profile of the two shards ran them so.
+    let m = Machinery {
+        contention: 0.1,
+        update_contention: Some(0.5),
+        ..Machinery::bare(2, 1)
+    };
+    let c = Candidate::one_f_one_b((1, 2, 1), (1, 1));
+    let step = |per_value: f64| {
+        let profile = pipetrain::cost::Profile {
+            shards: 2,
+            step_per_value: per_value,
+            ..flat_profile(&tg)
+        };
+        simulate_candidate(&c, &profile, (&cut, &values), &m, Some(vec![]))
+            .unwrap()
+            .step
+    };
+    // The update adds what the profile measured of it, its contention not charged again.
+    let update = step(2e-9) - step(0.0);
+    assert!(
+        (update / (held * 2e-9) - 1.0).abs() < 1e-9,
+        "{update} s for {held} values"
+    );
+}
