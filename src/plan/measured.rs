@@ -116,7 +116,7 @@ pub(crate) type Profiles = BTreeMap<(usize, usize), Profile>;
 
 /// Profiles every (tensor shards, micro-batch) the candidates need, largest micro-batch
 /// first, then their timed runs again in `opts.profile_rounds` rounds (`rounds`); a
-/// size whose run fails (a model exported with a fixed batch) is left out with why.
+/// size whose run fails (one the model cannot train) is left out with why.
 fn profile_all(
     run: &ProfileRun<'_>,
     (models, cfg, opts): (&[Sharded], &TrainConfig, &PlanOptions<'_>),

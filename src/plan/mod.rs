@@ -147,8 +147,9 @@ pub struct Plan {
     pub cut_rivals: Vec<(&'static str, PlanRow)>,
     /// The profiles, by (tensor shards, micro-batch).
     pub profiles: Vec<Profile>,
-    /// Micro-batch sizes whose profile run failed, and why (a model exported with a
-    /// fixed batch size trains only that size): their candidates are left out.
+    /// Micro-batch sizes whose profile run failed, and why: their candidates are left
+    /// out. (A model exported with a fixed batch is planned at that size alone:
+    /// `fixed_batch`.)
     pub skipped: Vec<(usize, String)>,
     /// Tensor-shard counts the model cannot be split into, and why.
     pub tp_skipped: Vec<(usize, String)>,
@@ -170,6 +171,9 @@ pub struct Plan {
     pub nodes: Option<Nodes>,
     /// Layouts left out because a stage's tensor shards would span nodes.
     pub shards_across_nodes: usize,
+    /// The model's input declared with a fixed batch, and that batch: the only
+    /// micro-batch size planned.
+    pub fixed_batch: Option<(String, usize)>,
 }
 
 /// Plans `cfg` (read from `config_path`).
@@ -195,6 +199,21 @@ pub fn plan(
     let (models, tp_skipped) = Sharded::all(rt, cfg, config_path, whole, opts.workers);
     let tps: Vec<usize> = models.iter().map(|m| m.tp).collect();
     let mut candidates = search::candidates(cfg, opts.workers, &tps, opts.max_micro_batches);
+    let fixed_batch = fixed_batch(cfg)?;
+    if let Some((input, n)) = &fixed_batch {
+        candidates.retain(|c| c.micro_batch == *n);
+        if candidates.is_empty() {
+            let (workers, global) = (opts.workers, cfg.global_batch());
+            return Err(plan_error(
+                "the search",
+                format!(
+                    "the model's input `{input}` has a fixed batch of {n}, and no layout of \
+                     {workers} workers cuts the global batch of {global} into micro-batches \
+                     of {n}"
+                ),
+            ));
+        }
+    }
     let before = candidates.len();
     candidates.retain(|c| nodes.is_none_or(|n| !n.splits_shards(c)));
     let shards_across_nodes = before - candidates.len();
@@ -265,6 +284,7 @@ pub fn plan(
         node_times,
         nodes: nodes.cloned(),
         shards_across_nodes,
+        fixed_batch,
     })
 }
 
@@ -378,6 +398,21 @@ fn simulated_rows(
         });
     }
     rank::rank(rows)
+}
+
+/// The first of the model's inputs declared with a fixed batch (a number as its first
+/// axis, as `pipetrain check` finds it) and that number: a model exported so trains
+/// micro-batches of that size alone.
+///
+/// # Errors
+/// The model cannot be loaded.
+fn fixed_batch(cfg: &TrainConfig) -> Result<Option<(String, usize)>> {
+    let g = crate::graph::Graph::from_model(&cfg.load_model()?)?;
+    let found = crate::graph::check::inspect(&g).fixed_batch;
+    Ok(found
+        .into_iter()
+        .next()
+        .map(|(input, n)| (input, n.max(1) as usize)))
 }
 
 /// An error of the planner's own.

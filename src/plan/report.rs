@@ -89,6 +89,12 @@ pub fn report(plan: &Plan, top: usize) -> String {
             p.unmatched * 100.0
         );
     }
+    if let Some((input, n)) = &plan.fixed_batch {
+        out += &format!(
+            "micro-batches of {n} only: the model's input `{input}` has a fixed batch of {n} \
+             (export with dynamic_axes={{\"{input}\": {{0: \"batch\"}}}} to plan other sizes)\n"
+        );
+    }
     for (b, why) in &plan.skipped {
         let first = why.lines().next().unwrap_or("");
         out += &format!("left out: micro-batches of {b}: {first}\n");

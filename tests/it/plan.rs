@@ -286,6 +286,39 @@ fn balanced_by_time_cuts_where_the_saved_times_say(
     );
 }
 
+#[test]
+fn a_model_exported_with_a_fixed_batch_is_planned_at_that_micro_batch_alone() {
+    let dir = tempfile_dir("plan-fixed-batch");
+    let config = dir.join("gpt.toml");
+    // The built-in GPT with its batch axis a number, as an export without dynamic_axes.
+    let fixed = CONFIG.replace("seq = 16\n[loss]", "seq = 16\nbatch = 8\n[loss]");
+    assert_ne!(fixed, CONFIG);
+    std::fs::write(&config, fixed).unwrap();
+    let best = dir.join("best.toml");
+    let stdout = plan(&config, &[], (&best, None));
+    assert!(
+        stdout
+            .contains("micro-batches of 8 only: the model's input `tokens` has a fixed batch of 8"),
+        "{stdout}"
+    );
+    // No run at another size was tried and failed.
+    assert!(!stdout.contains("left out: micro-batches"), "{stdout}");
+    let rows: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("rank"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|r| r.parse::<u32>().is_ok())
+        })
+        .collect();
+    assert!(rows.len() > 1, "{stdout}");
+    assert!(rows.iter().all(|r| r.contains(" x 8 ")), "{stdout}");
+    assert_eq!(TrainConfig::load(&best).unwrap().batch_size, 8);
+}
+
 /// `pipetrain plan CONFIG` on two devices, micro-batch counts up to 2, short profiles
 /// and the whole table, with `extra` arguments, the best written to `best` (and the
 /// node times to `times`): what it printed, once it succeeded.
