@@ -137,7 +137,11 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         (Some(_), pick) => p.ranked(pick.unwrap_or(1) as usize)?,
     };
     if let Some(best) = pick {
-        write_row(args, &p, best, manifest, "")?;
+        let chosen = match args.pick {
+            Some(n) if n > 1 => format!("the layout it ranked {n} by predicted step"),
+            _ => "the layout it predicted fastest".to_string(),
+        };
+        write_row(args, &p, best, manifest, (&chosen, ""))?;
     }
     if let Some(m) = elsewhere.filter(|_| args.measure > 0) {
         println!(
@@ -151,35 +155,40 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
     let fastest = super::proof::measure(&p, args, (&cfg, &worker), manifest)?;
     if let (Some(_), None) = (&args.out, args.pick) {
         // Where no run finished, the predicted best.
-        let (best, why) = match fastest {
-            Some((best, which)) => (Some(best), format!(" (the fastest measured: {which})")),
+        let (best, chosen, why) = match fastest {
+            Some((best, which)) => (
+                Some(best),
+                format!("the fastest of the layouts it ran ({which})"),
+                format!(" (the fastest measured: {which})"),
+            ),
             None => (
                 p.ranked(1)?,
+                "the layout it predicted fastest (no run finished)".into(),
                 " (no run measured: the predicted best)".into(),
             ),
         };
         if let Some(best) = best {
-            write_row(args, &p, best, manifest, &why)?;
+            write_row(args, &p, best, manifest, (&chosen, &why))?;
         }
     }
     Ok(())
 }
 
-/// Writes `best` to `--out` (and, over a manifest, the manifest beside it), saying so
-/// and `why`.
+/// Writes `best` to `--out` (and, over a manifest, the manifest beside it), its header
+/// saying how it was `chosen`, and says so on stdout with `why`.
 fn write_row(
     args: &PlanArgs,
     p: &super::Plan,
     best: &super::PlanRow,
     manifest: Option<&crate::cluster::ClusterManifest>,
-    why: &str,
+    (chosen, why): (&str, &str),
 ) -> Result<()> {
     let Some(out) = &args.out else {
         return Ok(());
     };
     // Processes of one machine would each take every core: the plan's threads are set.
     let threads = manifest.map(|_| p.threads);
-    write_config(&args.config, best, threads, out)?;
+    write_config(&args.config, best, threads, (out, chosen))?;
     println!("wrote {}{why}", out.display());
     if let Some(m) = manifest {
         let path = super::cluster::manifest_path(out);

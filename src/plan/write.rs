@@ -120,7 +120,8 @@ pub fn candidate_text(
 }
 
 /// Writes `row`'s configuration (from the user's at `config`, `threads` intra-op
-/// threads a session where given) to `out`.
+/// threads a session where given) to `out`, its first line saying how the plan chose
+/// it (`chosen`: "the layout it predicted fastest", say).
 ///
 /// # Errors
 /// `Io` when a file cannot be read or written.
@@ -128,12 +129,11 @@ pub fn write_config(
     config: &Path,
     row: &PlanRow,
     threads: Option<usize>,
-    out: &Path,
+    (out, chosen): (&Path, &str),
 ) -> Result<()> {
     let text = std::fs::read_to_string(config).map_err(Error::io(config))?;
     let body = candidate_text(&text, (config, out), row, (None, threads))?;
-    let header =
-        "# Written by `pipetrain plan`: the layout it predicted fastest on this machine.\n";
+    let header = format!("# Written by `pipetrain plan`: {chosen}.\n");
     crate::onnx::save_bytes(out, format!("{header}{body}").as_bytes())
 }
 

@@ -88,9 +88,29 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
     // not measured, the table's first row.
     let cfg = TrainConfig::load(&best).unwrap();
     fastest_measured_is_written(&stdout, &cfg);
+    // Each file's first line says how the plan chose it.
+    let header = |path: &std::path::Path| {
+        let text = std::fs::read_to_string(path).unwrap();
+        text.lines().next().unwrap_or_default().to_string()
+    };
+    let measured = header(&best);
+    assert!(
+        measured.starts_with("# Written by `pipetrain plan`: the fastest of the layouts it ran ("),
+        "{measured}"
+    );
+    let ranked = header(&second);
+    assert!(
+        ranked.ends_with("the layout it ranked 2 by predicted step."),
+        "{ranked}"
+    );
     let top = dir.join("out").join("top.toml");
     let cached = ["--profile-rounds", "2", "--profile-cache", cache];
     assert!(plan(&config, &cached, (&top, None)).contains("wrote"));
+    let predicted = header(&top);
+    assert!(
+        predicted.ends_with("the layout it predicted fastest."),
+        "{predicted}"
+    );
     let top = TrainConfig::load(&top).unwrap();
     let first = stdout
         .lines()
