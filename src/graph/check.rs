@@ -258,9 +258,19 @@ fn integer_out(n: &crate::onnx::proto::NodeProto) -> bool {
 
 /// Inputs declared with a number as their first axis.
 fn fixed_batch(g: &Graph) -> Vec<(String, i64)> {
-    g.inputs
+    fixed_batch_of(&g.inputs, &g.initializers)
+}
+
+/// Of `inputs`, those fed (not among `initializers`) and declared with a number as
+/// their first axis, with that number: what [`Findings::fixed_batch`] holds, read off
+/// a model's graph as decoded.
+pub fn fixed_batch_of(
+    inputs: &[crate::onnx::proto::ValueInfoProto],
+    initializers: &[crate::onnx::proto::TensorProto],
+) -> Vec<(String, i64)> {
+    inputs
         .iter()
-        .filter(|v| !g.initializers.iter().any(|t| t.name == v.name))
+        .filter(|v| !initializers.iter().any(|t| t.name == v.name))
         .filter_map(|v| {
             let (_, dims) = declared_type(v)?;
             let first = dims.first().copied().flatten()?;

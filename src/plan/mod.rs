@@ -402,13 +402,24 @@ fn simulated_rows(
 
 /// The first of the model's inputs declared with a fixed batch (a number as its first
 /// axis, as `pipetrain check` finds it) and that number: a model exported so trains
-/// micro-batches of that size alone.
+/// micro-batches of that size alone. A model file is decoded without its external
+/// data: the inputs are all it needs.
 ///
 /// # Errors
-/// The model cannot be loaded.
+/// The model cannot be read or decoded.
 fn fixed_batch(cfg: &TrainConfig) -> Result<Option<(String, usize)>> {
-    let g = crate::graph::Graph::from_model(&cfg.load_model()?)?;
-    let found = crate::graph::check::inspect(&g).fixed_batch;
+    let model = match &cfg.model {
+        Some(spec) => crate::models::build(spec)?,
+        None => {
+            let path = &cfg.model_path;
+            let bytes = std::fs::read(path).map_err(Error::io(path))?;
+            crate::onnx::decode_model(&bytes, path)?
+        }
+    };
+    let Some(g) = &model.graph else {
+        return Ok(None);
+    };
+    let found = crate::graph::check::fixed_batch_of(&g.input, &g.initializer);
     Ok(found
         .into_iter()
         .next()
