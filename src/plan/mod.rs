@@ -433,3 +433,41 @@ pub(crate) fn plan_error(what: &str, reason: impl Into<String>) -> Error {
         reason: reason.into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The built-in MLP, its batch axis `batch` (a number where given).
+    fn mlp(batch: &str) -> TrainConfig {
+        let text = format!(
+            "batch_size = 4\nnum_train_steps = 1\n[model]\nkind = \"mlp\"\n{batch}\
+             [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"y\"\n\
+             [data]\nsynth = {{ kind = \"teacher\", samples = 8 }}\n\
+             layout = {{ kind = \"arrays\", feeds = {{ x = \"x\", y = \"y\" }} }}\n\
+             [optimizer]\nkind = \"sgd\"\n[lr_schedule]\nkind = \"constant\"\nlr = 0.1\n"
+        );
+        TrainConfig::parse(&text, Path::new("t.toml")).unwrap()
+    }
+
+    #[test]
+    fn a_fixed_batch_is_read_off_a_model_file_as_off_a_built_in_model() {
+        let dir = std::env::temp_dir().join(format!("pipetrain-fixed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (batch, want) in [("batch = 4\n", Some(4)), ("", None)] {
+            let built_in = mlp(batch);
+            let found = fixed_batch(&built_in).unwrap();
+            assert_eq!(found.as_ref().map(|f| f.1), want, "{batch:?}");
+            // The same model as a file.
+            let path = dir.join("mlp.onnx");
+            crate::onnx::save_model(&built_in.load_model().unwrap(), &path).unwrap();
+            let from_file = TrainConfig {
+                model: None,
+                model_path: path,
+                ..built_in
+            };
+            assert_eq!(fixed_batch(&from_file).unwrap(), found, "{batch:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
