@@ -48,6 +48,7 @@ mod passes;
 pub mod profile;
 #[cfg(feature = "cluster")]
 mod proof;
+#[cfg(feature = "cluster")]
 mod proof_text;
 mod rank;
 mod report;
