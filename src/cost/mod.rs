@@ -6,6 +6,7 @@
 //!   measured on one machine; [`SavedProfile`] is the same by node name, as a file.
 //! - [`Family`]: the schedules whose stage actions pay alike, each calibrated on a run
 //!   of its own.
+//! - [`run_cuts`]: where the profile's own pipeline runs cut the model.
 //! - [`split`]: which backward nodes a stage's input-gradient pass runs for given cuts.
 //! - [`stages`]: a layout's per-stage costs, and cuts balanced by time, then moved to
 //!   shorten the simulated step.
@@ -19,6 +20,7 @@ mod family;
 mod machinery;
 mod profile;
 mod replicas;
+mod run_cuts;
 mod simulate;
 pub mod split;
 pub mod stages;
@@ -27,7 +29,8 @@ mod topology;
 
 pub use family::{Family, PerFamily};
 pub use machinery::Machinery;
-pub use profile::{NamedCosts, Profile, SavedProfile, StagePasses};
+pub use profile::{NamedCosts, Profile, RunCut, SavedProfile, StagePasses};
+pub use run_cuts::run_cuts;
 pub use simulate::{
     cut_names, node_values, simulate_candidate, simulate_on_nodes, Candidate, Cuts, Simulated,
 };

@@ -75,16 +75,33 @@ pub struct Profile {
     pub stage_contention: Option<f64>,
     /// Share of kernel time in nodes ONNX Runtime made itself, spread by proportion.
     pub unmatched: f64,
-    /// In the one-rank run of the model cut in two by FLOPs (ZB-V at one rank), each
+    /// In the one-rank run of the model cut in two ([`Profile::run_cuts`]; ZB-V at one rank), each
     /// stage's forward, input-gradient and weight-gradient action, seconds (their
     /// medians; `None` where not run): what the nodes' shares are set against
     /// (`plan::shares`).
     #[serde(default)]
     pub stage_passes: Option<StagePasses>,
+    /// The cuts the profile's pipeline runs were made at, one for each stage count
+    /// (empty: cut by FLOPs, as a configuration without a partition cuts them).
+    #[serde(default)]
+    pub run_cuts: Vec<RunCut>,
 }
 
 /// Per stage of a two-stage run, its `F`, `I` and `W` actions' seconds.
 pub type StagePasses = [[f64; 3]; 2];
+
+/// Where a profile's pipeline runs of `stages` stages were cut: balanced by the nodes'
+/// measured times (`plan::profile`), so that the runs the stages' costs are calibrated
+/// against are cut as the planned layouts are, not by FLOPs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunCut {
+    /// Stages cut.
+    pub stages: usize,
+    /// The cut positions in the live nodes (`stages::Cuttable::live`).
+    pub bounds: Vec<usize>,
+    /// The same as `partition = { cut_at = ... }` names them.
+    pub names: Vec<String>,
+}
 
 fn one() -> usize {
     1
@@ -94,6 +111,11 @@ impl Profile {
     /// Sum of every node's forward and backward: one micro-batch's compute.
     pub fn total(&self) -> f64 {
         self.forward.iter().chain(&self.backward).sum()
+    }
+
+    /// The cut its pipeline runs of `stages` stages were made at (`None`: by FLOPs).
+    pub fn run_cut(&self, stages: usize) -> Option<&RunCut> {
+        self.run_cuts.iter().find(|c| c.stages == stages)
     }
 }
 
@@ -256,6 +278,7 @@ impl NamedCosts {
             stage_contention: None,
             unmatched: 0.0,
             stage_passes: None,
+            run_cuts: Vec::new(),
         }
     }
 }

@@ -33,8 +33,9 @@ use crate::{Error, Result};
 /// ZB-H1 run's stages, which the nodes' shares are set against; 3: those stages from a
 /// one-rank run instead; 4: the two-replica run's updates measured against one
 /// replica's; 5: the unsplit families' runs' last stage against their other stages; 6:
-/// the GPipe run's hand-offs of activations and gradients apart).
-const FORMAT: u32 = 6;
+/// the GPipe run's hand-offs of activations and gradients apart; 7: the pipeline runs
+/// cut where the nodes' times balance, and the cuts kept).
+const FORMAT: u32 = 7;
 
 /// What a profile was measured for: a cache is reused only where all of it matches.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

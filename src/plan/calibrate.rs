@@ -58,7 +58,8 @@ pub(super) struct Calibrated {
 /// The overhead (a share of its nodes' time) a stage's action of schedules of `family`
 /// pays beside them, at which `profile`'s run of that family ([`Family::run`]: on two
 /// ranks, or in the profile's own stages under ZB-H1 where the model fits no worker
-/// whole; cut by FLOPs as the run cut them, micro-batches of `profile.micro_batch`)
+/// whole; cut where the run was cut, [`Profile::run_cut`], else by FLOPs; micro-batches
+/// of `profile.micro_batch`)
 /// simulates to its measured step (below 0 where its stages ran faster than their
 /// nodes, down to [`LEAST_OVERHEAD`]); `None` where the run was not made. Where the
 /// backward is not split, the last stage's factor first ([`last_stage_factor`]).
@@ -86,7 +87,10 @@ pub(super) fn stage_overhead(
         recompute: Recompute::None,
         zero: 0,
     };
-    let bounds = whole.balanced_bounds(c.stages(), BalanceBy::Flops)?;
+    let bounds = match profile.run_cut(c.stages()) {
+        Some(cut) => cut.bounds.clone(),
+        None => whole.balanced_bounds(c.stages(), BalanceBy::Flops)?,
+    };
     let last_stage = match family.splits_backward() {
         true => 1.0,
         false => last_stage_factor(profile, family, &whole.cut.passes(profile, &bounds)),

@@ -1,14 +1,15 @@
 //! A control beside `--measure`'s runs: the profile's own runs made again at the start
-//! of each round and after the last, at every size profiled in one stage: the two-stage pipeline the
-//! stages' own cost was calibrated against (where there is one: it runs on two cores,
-//! as the measured layouts do), else the one-stage one-graph run. The simulator
-//! predicts a layout from costs measured minutes before; where the machine itself runs
-//! slower or faster by then (another tenant of a shared host, a clock that moved), every
-//! measured step moves with it and no model could have predicted it. The control's steps
-//! against the profile's say by how much (their median: one run alone was as noisy as
-//! the drift it measured), so a prediction's error can be read with the machine's drift
-//! taken out beside the raw one: their median for every run, or each round's own,
-//! interpolated between the controls either side of it (`drift_at`).
+//! of each round and after the last, at every size profiled in one stage: the two-stage
+//! pipeline the stages' own cost was calibrated against, cut where the profile cut it
+//! (where there is one: it runs on two cores, as the measured layouts do), else the
+//! one-stage one-graph run. The simulator predicts a layout from costs measured minutes
+//! before; where the machine itself runs slower or faster by then (another tenant of a
+//! shared host, a clock that moved), every measured step moves with it and no model
+//! could have predicted it. The control's steps against the profile's say by how much
+//! (their median: one run alone was as noisy as the drift it measured), so a
+//! prediction's error can be read with the machine's drift taken out beside the raw
+//! one: their median for every run, or each round's own, interpolated between the
+//! controls either side of it (`drift_at`).
 
 use std::path::Path;
 
@@ -71,7 +72,7 @@ impl<'a> Control<'a> {
     /// two-stage pipeline where it was made, else its one graph; `None` where there is
     /// none. One run is as noisy as any measured layout's; their median is steadier.
     pub(super) fn of(
-        profiles: &[Profile],
+        profiles: &'a [Profile],
         worker: &'a Path,
         config: &'a Path,
         global_batch: usize,
@@ -121,7 +122,7 @@ impl<'a> Control<'a> {
 impl<'a> Repeated<'a> {
     /// `p`'s two-stage pipeline where it was made (ZB-H1's, not made for a lone
     /// micro-batch, else V-Half's), else its one graph.
-    fn of(p: &Profile, worker: &'a Path, config: &'a Path, global_batch: usize) -> Repeated<'a> {
+    fn of(p: &'a Profile, worker: &'a Path, config: &'a Path, global_batch: usize) -> Repeated<'a> {
         let made = [Family::Split, Family::V]
             .into_iter()
             .find(|&f| p.periods[f] > 0.0);
@@ -138,6 +139,7 @@ impl<'a> Repeated<'a> {
             pipelines: made.is_some(),
             shards: 1,
             stages: 1,
+            cuts: &p.run_cuts,
         };
         Repeated {
             run,

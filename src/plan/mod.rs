@@ -216,6 +216,7 @@ pub fn plan(
         pipelines: opts.workers >= 2,
         shards: 1,
         stages: 1,
+        cuts: &[],
     };
     let measure = || measure_all(&run, (&models, cfg, opts), &candidates, (threads, started));
     let (measured, read) = match opts.profile_cache {

@@ -23,7 +23,7 @@ use super::passes::{hand_off_in, pass_seconds, passes_in, read_trace, Passes};
 use super::runs::{in_folder, RunKind};
 
 pub use crate::cost::Profile;
-use crate::cost::{Family, PerFamily, StagePasses};
+use crate::cost::{Family, PerFamily, RunCut, StagePasses};
 use crate::graph::TrainingGraph;
 use crate::{Error, Result};
 
@@ -46,6 +46,8 @@ pub struct ProfileRun<'a> {
     pub shards: usize,
     /// Pipeline stages the runs cut the model into (1 unless it fits no worker whole).
     pub stages: usize,
+    /// Where its pipeline runs cut the model, by stage count (none: by FLOPs).
+    pub cuts: &'a [RunCut],
 }
 
 /// Seconds of steps a timed run lasts at least.
@@ -115,9 +117,17 @@ pub(super) fn measure(
         pass_seconds(&dir.join("trace.json"), run.warmup)
     })
     .map_err(&fail)?;
+    // The pipeline runs cut where the nodes' times balance (`cost::run_cuts`).
+    let cuts = match run.pipelines && run.stages == 1 {
+        true => crate::cost::run_cuts(tg, (&forward, &backward), (timed.forward, timed.backward)),
+        false => Vec::new(),
+    };
     // The timed runs last long enough for the clock to see their steps (a sub-millisecond
     // step over a few steps is mostly noise): the first run tells how many that takes.
-    let long = run.lengthened(timed.period);
+    let long = ProfileRun {
+        cuts: &cuts,
+        ..run.lengthened(timed.period)
+    };
     let first = (long.steps <= counting.steps).then_some(timed);
     let t = timings(&long, key, first).map_err(&fail)?;
     let mut p = Profile {
@@ -130,6 +140,7 @@ pub(super) fn measure(
         backward,
         actions: 2.0 * counting.micro_batches as f64,
         unmatched,
+        run_cuts: cuts.clone(),
         ..Profile::default()
     };
     t.apply(&mut p, parameter_values(tg));

@@ -44,6 +44,7 @@ pub(super) fn repeat(
                 shards: p.shards,
                 stages: p.stages,
                 pipelines: run.pipelines && p.shards == 1,
+                cuts: &p.run_cuts,
                 ..run.as_long_as(p)
             };
             match timings(&again, (p.threads, p.micro_batch), None) {

@@ -149,6 +149,19 @@ pub(super) fn profile_config(
         }
     };
     pipeline.insert("schedule".into(), schedule.into());
+    let cut_into = match kind {
+        RunKind::Pipeline(family) => Some(family.run()),
+        RunKind::Stages => Some((ScheduleKind::ZbV, 1)),
+        _ => None,
+    };
+    let cut_into = cut_into.map(|(schedule, v)| schedule.stages(stages, v));
+    let cut = run.cuts.iter().find(|c| Some(c.stages) == cut_into);
+    if let Some(cut) = cut {
+        let names: Vec<toml::Value> = cut.names.iter().map(|n| n.as_str().into()).collect();
+        let mut partition = toml::Table::new();
+        partition.insert("cut_at".into(), names.into());
+        pipeline.insert("partition".into(), partition.into());
+    }
     t.insert("pipeline".into(), pipeline.into());
     let runtime = t
         .entry("runtime")
@@ -202,9 +215,15 @@ mod tests {
     use crate::config::TrainConfig;
 
     #[test]
-    fn each_family_s_run_is_its_schedule_on_two_ranks_in_a_configuration_train_accepts() {
+    fn each_family_s_run_is_its_schedule_on_two_ranks_cut_where_the_profile_says() {
         let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gpt2_tiny.toml");
         let global = TrainConfig::load(&config).unwrap().global_batch();
+        let cut = |stages: usize, names: &[&str]| crate::cost::RunCut {
+            stages,
+            bounds: Vec::new(),
+            names: names.iter().map(|n| n.to_string()).collect(),
+        };
+        let cuts = [cut(2, &["h"]), cut(4, &["e", "h", "l"])];
         let run = ProfileRun {
             worker: Path::new("pipetrain"),
             config: &config,
@@ -214,18 +233,33 @@ mod tests {
             pipelines: true,
             shards: 1,
             stages: 1,
+            cuts: &cuts,
         };
-        for family in Family::ALL {
-            let kind = RunKind::Pipeline(family);
+        let written = |kind| {
             let path = profile_config(&run, (1, global / 2), kind).unwrap();
             let written = TrainConfig::load(&path);
             std::fs::remove_file(&path).unwrap();
-            let cfg = written.unwrap();
+            written.unwrap()
+        };
+        let cut_at = |cfg: &TrainConfig| match &cfg.pipeline.partition {
+            Some(crate::graph::Partition::CutAt(names)) => names.join(" "),
+            other => format!("{other:?}"),
+        };
+        for family in Family::ALL {
+            let cfg = written(RunKind::Pipeline(family));
             let (schedule, virtual_stages) = family.run();
             assert_eq!(cfg.pipeline.schedule, schedule, "{family:?}");
             assert_eq!(cfg.pipeline.virtual_stages, virtual_stages, "{family:?}");
             assert_eq!(cfg.pipeline_parallel_size, 2);
             assert_eq!(cfg.global_batch(), global);
+            let want = match cfg.stages() {
+                2 => "h",
+                _ => "e h l",
+            };
+            assert_eq!(cut_at(&cfg), want, "{family:?}");
         }
+        // The one-rank run of two stages too; the one-stage runs cut nothing.
+        assert_eq!(cut_at(&written(RunKind::Stages)), "h");
+        assert_eq!(cut_at(&written(RunKind::Timed)), "None");
     }
 }

@@ -8,8 +8,9 @@
 //! 3.55 where they said 3.23. The simulator then rated the cut that gives the head a
 //! stage of its own 5% slower than the one by time, and it measured 9% faster.
 //!
-//! The profile runs the model cut in two by FLOPs with both stages on one rank (ZB-V at
-//! one rank), so that no action runs beside another, and records each stage's `F`, `I`
+//! The profile runs the model cut in two where its nodes' times balance (as its
+//! two-rank runs are cut: `cost::run_cuts`) with both stages on one rank (ZB-V at one
+//! rank), so that no action runs beside another, and records each stage's `F`, `I`
 //! and `W`. Each kind's shares are scaled stage by stage to what that run measured, the
 //! pass's whole kept: the nodes' shares within a stage still come from the profiler,
 //! and the balance between the stages from the run. A kind a stage does not run (the
@@ -29,7 +30,7 @@ use pipetrain_schedules::ActionKind as K;
 
 use super::measured::Sharded;
 use super::Profiles;
-use crate::cost::StagePasses;
+use crate::cost::{Profile, StagePasses};
 use crate::graph::BalanceBy;
 
 /// Each stage's `F`, `I` and `W` action in the one-rank run's `trace` of two stages
@@ -124,22 +125,26 @@ pub(super) fn factors(predicted: &[(f64, f64, f64)], measured: &StagePasses) -> 
 /// a size without the run taking the nearest size's factors; profiles of a split model
 /// are left as they are.
 pub(super) fn reshare(profiles: &mut Profiles, whole: &Sharded) {
-    let Some(bounds) = whole.balanced_bounds(2, BalanceBy::Flops) else {
-        return;
+    // Each run's two stages where it cut them (`Profile::run_cut`), else by FLOPs.
+    let bounds_of = |p: &Profile| match p.run_cut(2) {
+        Some(cut) => Some(cut.bounds.clone()),
+        None => whole.balanced_bounds(2, BalanceBy::Flops),
     };
-    let measured: Vec<(usize, Vec<[f64; 3]>)> = profiles
+    type Factors = (usize, Vec<usize>, Vec<[f64; 3]>);
+    let measured: Vec<Factors> = profiles
         .iter()
         .filter(|((tp, _), _)| *tp == 1)
         .filter_map(|(&(_, b), p)| {
-            let m = p.stage_passes?;
-            Some((b, factors(&whole.cut.passes(p, &bounds), &m)))
+            let (m, bounds) = (p.stage_passes?, bounds_of(p)?);
+            let f = factors(&whole.cut.passes(p, &bounds), &m);
+            Some((b, bounds, f))
         })
         .collect();
     for (&(tp, b), p) in profiles.iter_mut() {
-        let nearest = measured.iter().min_by_key(|(at, _)| at.abs_diff(b));
-        if let (1, Some((at, f))) = (tp, nearest) {
+        let nearest = measured.iter().min_by_key(|(at, _, _)| at.abs_diff(b));
+        if let (1, Some((at, bounds, f))) = (tp, nearest) {
             tracing::debug!("node shares at micro-batches of {b}, from the run at {at}: {f:?}");
-            whole.cut.scale_passes(p, &bounds, f);
+            whole.cut.scale_passes(p, bounds, f);
         }
     }
 }

@@ -388,3 +388,44 @@ fn a_split_model_s_update_costs_what_its_profile_measured_with_the_shards_updati
         "{update} s for {held} values"
     );
 }
+
+#[test]
+fn the_profile_s_pipeline_runs_are_cut_where_the_nodes_times_balance_and_train_cuts_there() {
+    use pipetrain::graph::BalanceBy;
+    let (tg, cut, _) = tiny_gpt_in_three();
+    // Every node a millisecond but one, three quarters in, as dear as half the rest: the
+    // FLOPs cut knows nothing of its time.
+    let n = cut.live.len();
+    let mut forward = vec![1e-3; tg.forward_len];
+    forward[cut.live[3 * n / 4]] = 0.5e-3 * n as f64;
+    let backward = vec![0.0; tg.graph.nodes.len() - tg.forward_len];
+    let seconds = (forward.iter().sum(), 0.0);
+    let cuts = pipetrain::cost::run_cuts(&tg, (&forward, &backward), seconds);
+    let stages: Vec<usize> = cuts.iter().map(|c| c.stages).collect();
+    assert_eq!(stages, [2, 4], "two ranks of one stage and of two");
+    let profile = pipetrain::cost::Profile {
+        forward,
+        backward,
+        ..Default::default()
+    };
+    let slowest = |bounds: &[usize]| {
+        let passes = cut.passes(&profile, bounds);
+        passes.iter().map(|p| p.0 + p.1 + p.2).fold(0.0, f64::max)
+    };
+    for c in &cuts {
+        let by_flops = cut
+            .balanced_bounds(&tg, c.stages, BalanceBy::Flops)
+            .unwrap();
+        let (time, flops) = (slowest(&c.bounds), slowest(&by_flops));
+        assert!(
+            time < 0.95 * flops,
+            "{} stages: slowest stage {time:.4} s cut by time, {flops:.4} by FLOPs",
+            c.stages
+        );
+        // `train` cuts a configuration's `cut_at` names where the bounds are.
+        let a = assign_stages(&tg, &Partition::CutAt(c.names.clone())).unwrap();
+        let first_of = |s| cut.live.iter().position(|&i| a.stage[i] == Some(s));
+        let read: Vec<usize> = (1..c.stages).filter_map(first_of).collect();
+        assert_eq!(read, c.bounds, "{} stages", c.stages);
+    }
+}
