@@ -58,6 +58,12 @@ impl Family {
         }
     }
 
+    /// The stages of its run ([`Family::run`] on two ranks).
+    pub fn run_stages(self) -> usize {
+        let (schedule, virtual_stages) = self.run();
+        schedule.stages(2, virtual_stages)
+    }
+
     /// Whether its run can take `micro_batches` a step on two ranks (ZB-H1 needs one a
     /// stage).
     pub fn runs(self, micro_batches: usize) -> bool {

@@ -113,6 +113,18 @@ impl Profile {
         self.forward.iter().chain(&self.backward).sum()
     }
 
+    /// Its nodes' times scaled so the forward's sum to `forward` seconds and the
+    /// backward's to `backward` (the profiler gives only each node's share of its pass).
+    pub fn scale_passes_to(&mut self, forward: f64, backward: f64) {
+        let rescale = |v: &mut Vec<f64>, to: f64| {
+            let of: f64 = v.iter().sum();
+            let k = if of > 0.0 { to / of } else { 0.0 };
+            v.iter_mut().for_each(|x| *x *= k);
+        };
+        rescale(&mut self.forward, forward);
+        rescale(&mut self.backward, backward);
+    }
+
     /// The cut its pipeline runs of `stages` stages were made at (`None`: by FLOPs).
     pub fn run_cut(&self, stages: usize) -> Option<&RunCut> {
         self.run_cuts.iter().find(|c| c.stages == stages)

@@ -25,24 +25,14 @@ pub fn run_cuts(
     (forward, backward): (&[f64], &[f64]),
     seconds: (f64, f64),
 ) -> Vec<RunCut> {
-    let scaled = |v: &[f64], to: f64| -> Vec<f64> {
-        let of: f64 = v.iter().sum();
-        let k = if of > 0.0 { to / of } else { 0.0 };
-        v.iter().map(|x| x * k).collect()
-    };
-    let profile = Profile {
-        forward: scaled(forward, seconds.0),
-        backward: scaled(backward, seconds.1),
+    let mut profile = Profile {
+        forward: forward.to_vec(),
+        backward: backward.to_vec(),
         ..Profile::default()
     };
+    profile.scale_passes_to(seconds.0, seconds.1);
     let cut = Cuttable::of(tg);
-    let mut counts: Vec<usize> = Family::ALL
-        .iter()
-        .map(|f| {
-            let (schedule, virtual_stages) = f.run();
-            schedule.stages(2, virtual_stages)
-        })
-        .collect();
+    let mut counts: Vec<usize> = Family::ALL.iter().map(|f| f.run_stages()).collect();
     counts.sort_unstable();
     counts.dedup();
     counts

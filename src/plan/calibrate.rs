@@ -25,7 +25,7 @@
 //! twice.
 
 use crate::config::TrainConfig;
-use crate::graph::{BalanceBy, Recompute};
+use crate::graph::Recompute;
 
 use super::Sharded;
 use crate::cost::{simulate_candidate, Candidate, Family, Machinery, PerFamily, Profile};
@@ -87,10 +87,7 @@ pub(super) fn stage_overhead(
         recompute: Recompute::None,
         zero: 0,
     };
-    let bounds = match profile.run_cut(c.stages()) {
-        Some(cut) => cut.bounds.clone(),
-        None => whole.balanced_bounds(c.stages(), BalanceBy::Flops)?,
-    };
+    let bounds = whole.run_bounds(profile, c.stages())?;
     let last_stage = match family.splits_backward() {
         true => 1.0,
         false => last_stage_factor(profile, family, &whole.cut.passes(profile, &bounds)),

@@ -69,6 +69,16 @@ impl Sharded {
         (models, refused)
     }
 
+    /// The cut positions (in `cut.live`) at which `profile`'s pipeline runs of `stages`
+    /// stages were made: its own cut ([`Profile::run_cut`]), else by FLOPs, as a
+    /// configuration without a partition cuts them.
+    pub(super) fn run_bounds(&self, profile: &Profile, stages: usize) -> Option<Vec<usize>> {
+        match profile.run_cut(stages) {
+            Some(cut) => Some(cut.bounds.clone()),
+            None => self.balanced_bounds(stages, BalanceBy::Flops),
+        }
+    }
+
     /// The cut positions (in `cut.live`) of `stages` stages balanced by `by`, as a
     /// configuration's `partition = { balanced = ... }` cuts them.
     pub fn balanced_bounds(&self, stages: usize, by: BalanceBy) -> Option<Vec<usize>> {

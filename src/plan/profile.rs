@@ -167,13 +167,7 @@ impl Timings {
     /// (the profiler gave only their shares), the one graph, the update per value (of
     /// `values`), and the two-rank runs.
     pub(super) fn apply(&self, p: &mut Profile, values: usize) {
-        let rescale = |v: &mut Vec<f64>, to: f64| {
-            let of: f64 = v.iter().sum();
-            let k = if of > 0.0 { to / of } else { 0.0 };
-            v.iter_mut().for_each(|x| *x *= k);
-        };
-        rescale(&mut p.forward, self.timed.forward);
-        rescale(&mut p.backward, self.timed.backward);
+        p.scale_passes_to(self.timed.forward, self.timed.backward);
         p.fused = self.one.fused.forward + self.one.fused.backward;
         p.step_per_value = self.timed.step / values.max(1) as f64;
         p.idle = self.one.fused.idle;

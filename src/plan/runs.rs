@@ -150,11 +150,10 @@ pub(super) fn profile_config(
     };
     pipeline.insert("schedule".into(), schedule.into());
     let cut_into = match kind {
-        RunKind::Pipeline(family) => Some(family.run()),
-        RunKind::Stages => Some((ScheduleKind::ZbV, 1)),
+        RunKind::Pipeline(family) => Some(family.run_stages()),
+        RunKind::Stages => Some(ScheduleKind::ZbV.stages(stages, 1)),
         _ => None,
     };
-    let cut_into = cut_into.map(|(schedule, v)| schedule.stages(stages, v));
     let cut = run.cuts.iter().find(|c| Some(c.stages) == cut_into);
     if let Some(cut) = cut {
         let names: Vec<toml::Value> = cut.names.iter().map(|n| n.as_str().into()).collect();

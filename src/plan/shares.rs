@@ -37,8 +37,7 @@ use pipetrain_schedules::ActionKind as K;
 
 use super::measured::Sharded;
 use super::Profiles;
-use crate::cost::{Profile, StagePasses};
-use crate::graph::BalanceBy;
+use crate::cost::StagePasses;
 
 /// Each stage's `F`, `I` and `W` action in the one-rank run's `trace` of two stages
 /// (its first `warmup` steps left out): the median of each, 0 for a kind a stage did not
@@ -141,17 +140,12 @@ pub(super) fn factors(predicted: &[(f64, f64, f64)], measured: &StagePasses) -> 
 /// a size without the run taking the nearest size's factors; profiles of a split model
 /// are left as they are.
 pub(super) fn reshare(profiles: &mut Profiles, whole: &Sharded) {
-    // Each run's two stages where it cut them (`Profile::run_cut`), else by FLOPs.
-    let bounds_of = |p: &Profile| match p.run_cut(2) {
-        Some(cut) => Some(cut.bounds.clone()),
-        None => whole.balanced_bounds(2, BalanceBy::Flops),
-    };
     type Factors = (usize, Vec<usize>, Vec<[f64; 3]>);
     let measured: Vec<Factors> = profiles
         .iter()
         .filter(|((tp, _), _)| *tp == 1)
         .filter_map(|(&(_, b), p)| {
-            let (m, bounds) = (p.stage_passes?, bounds_of(p)?);
+            let (m, bounds) = (p.stage_passes?, whole.run_bounds(p, 2)?);
             let f = factors(&whole.cut.passes(p, &bounds), &m);
             Some((b, bounds, f))
         })
