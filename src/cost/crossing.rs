@@ -3,7 +3,7 @@
 //! the nodes of forward nodes after it that a backward node of a forward node before it
 //! reads (the partial gradients cross unsummed where their sum is the earlier stage's).
 //! As the stage builder hands them on (`graph::stages`), from the training graph alone:
-//! `tests/it/plan.rs` compares them at every cut of the tiny GPT.
+//! `tests/it/plan_costs.rs` compares them at every cut of the tiny GPT.
 //!
 //! The training step runs only what the loss, the running statistics' updates and the
 //! backward need: the accuracy's nodes after the loss are evaluation's, and a cut before

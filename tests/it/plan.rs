@@ -1,16 +1,15 @@
 //! `pipetrain plan`: a plan's written configuration is one `train` runs as it is, with
-//! the layout the plan ranked first; a model no worker holds whole is profiled in stages;
-//! cuts balanced by time follow the saved times; a plan over a manifest trains on its
-//! nodes. (The stage costs themselves: `plan_costs`.)
+//! the layout the plan ranked first; cuts balanced by time follow the saved times. (The
+//! sizes a plan profiles: `plan_sizes`; over a manifest: `plan_cluster`; the stage
+//! costs themselves: `plan_costs`.)
 
 use std::process::Command;
 
-use crate::common;
 use pipetrain::config::TrainConfig;
 use pipetrain::graph::{NodeTimes, Partition};
 
 /// A small built-in GPT with a vocabulary head larger than its blocks.
-const CONFIG: &str = r#"
+pub(crate) const CONFIG: &str = r#"
 batch_size = 8
 num_train_steps = 4
 display_loss_steps = 4
@@ -228,27 +227,6 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// Under a cap one worker cannot train the model within (its profile run, one stage,
-/// ZB-H1, is predicted over it), the profile runs it in two pipeline stages, reads both
-/// stages' ONNX Runtime profiles, and plans layouts that fit; the best is written and
-/// trains.
-#[test]
-fn a_model_no_worker_holds_whole_under_the_cap_is_profiled_in_stages() {
-    let dir = tempfile_dir("plan-stages");
-    let config = dir.join("gpt.toml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let best = dir.join("best.toml");
-    let cap_gib = 0.001.to_string();
-    let stdout = plan(&config, &["--memory-per-device", &cap_gib], (&best, None));
-    let staged = stdout
-        .lines()
-        .filter(|l| l.starts_with("profile:") && l.contains("as 2 pipeline stages"));
-    assert!(staged.count() >= 1, "{stdout}");
-    let cfg = TrainConfig::load(&best).unwrap();
-    assert_eq!(cfg.global_batch(), 8, "the global batch is kept");
-    trains(&best);
-}
-
 /// `partition = { balanced = { by = "time" } }` with the profile the plan saved: the
 /// configuration reads exactly its times (by node name); with the passes saved apart,
 /// `train` cuts on the schedule's critical path, and with the times alone (a profile of
@@ -306,43 +284,10 @@ fn balanced_by_time_cuts_where_the_saved_times_say(
     );
 }
 
-#[test]
-fn a_model_exported_with_a_fixed_batch_is_planned_at_that_micro_batch_alone() {
-    let dir = tempfile_dir("plan-fixed-batch");
-    let config = dir.join("gpt.toml");
-    // The built-in GPT with its batch axis a number, as an export without dynamic_axes.
-    let fixed = CONFIG.replace("seq = 16\n[loss]", "seq = 16\nbatch = 8\n[loss]");
-    assert_ne!(fixed, CONFIG);
-    std::fs::write(&config, fixed).unwrap();
-    let best = dir.join("best.toml");
-    let stdout = plan(&config, &[], (&best, None));
-    assert!(
-        stdout
-            .contains("micro-batches of 8 only: the model's input `tokens` has a fixed batch of 8"),
-        "{stdout}"
-    );
-    // No run at another size was tried and failed.
-    assert!(!stdout.contains("left out: micro-batches"), "{stdout}");
-    let rows: Vec<&str> = stdout
-        .lines()
-        .skip_while(|l| !l.starts_with("rank"))
-        .skip(1)
-        .take_while(|l| !l.trim().is_empty())
-        .filter(|l| {
-            l.split_whitespace()
-                .next()
-                .is_some_and(|r| r.parse::<u32>().is_ok())
-        })
-        .collect();
-    assert!(rows.len() > 1, "{stdout}");
-    assert!(rows.iter().all(|r| r.contains(" x 8 ")), "{stdout}");
-    assert_eq!(TrainConfig::load(&best).unwrap().batch_size, 8);
-}
-
 /// `pipetrain plan CONFIG` on two devices, micro-batch counts up to 2, short profiles
 /// and the whole table, with `extra` arguments, the best written to `best` (and the
 /// node times to `times`): what it printed, once it succeeded.
-fn plan(
+pub(crate) fn plan(
     config: &std::path::Path,
     extra: &[&str],
     (best, times): (&std::path::Path, Option<&std::path::Path>),
@@ -421,7 +366,7 @@ fn trains_logging(config: &std::path::Path) -> String {
 }
 
 /// `pipetrain train CONFIG` succeeds.
-fn trains(config: &std::path::Path) {
+pub(crate) fn trains(config: &std::path::Path) {
     let run = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
         .arg("train")
         .arg(config)
@@ -431,114 +376,9 @@ fn trains(config: &std::path::Path) {
     assert!(run.status.success(), "{}: {stderr}", config.display());
 }
 
-fn tempfile_dir(name: &str) -> std::path::PathBuf {
+pub(crate) fn tempfile_dir(name: &str) -> std::path::PathBuf {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("plan-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// Over a cluster manifest of two nodes on this machine's loopback: the plan weighs the
-/// link between them (measured, and calibrated against a launched job), measures its
-/// best layout as a launched job, writes the configuration with the manifest beside it
-/// holding the chosen layout, and the two nodes launched with those files train.
-#[test]
-fn a_plan_over_a_manifest_is_written_with_its_manifest_and_the_nodes_train_it() {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile_dir("plan-manifest");
-    let config = dir.join("gpt.toml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let secret = dir.join("job.secret");
-    std::fs::write(&secret, "0123456789abcdef0123456789abcdef").unwrap();
-    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let rendezvous = common::launch::free_port();
-    let port = std::iter::repeat_with(common::launch::free_port)
-        .find(|&p| p.abs_diff(rendezvous) > 1)
-        .unwrap();
-    let manifest = dir.join("cluster.toml");
-    std::fs::write(
-        &manifest,
-        format!(
-            "[job]\nname = \"plan\"\nrendezvous = \"127.0.0.1:{rendezvous}\"\n\
-             secret_file = \"job.secret\"\n[layout]\ndata_parallel = 2\npipeline_parallel = 1\n\
-             [[nodes]]\nname = \"a\"\naddress = \"127.0.0.1\"\nport = {port}\ncpu_slots = 1\n\
-             [[nodes]]\nname = \"b\"\naddress = \"127.0.0.2\"\nport = {port}\ncpu_slots = 1\n"
-        ),
-    )
-    .unwrap();
-    let best = dir.join("out").join("best.toml");
-    std::fs::create_dir_all(best.parent().unwrap()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
-        .args(["plan", "--max-micro-batches", "2", "--profile-steps", "3"])
-        .args(["--measure", "1", "--measure-steps", "4", "--manifest"])
-        .arg(&manifest)
-        .arg(&config)
-        .arg("--out")
-        .arg(&best)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains("cluster: 2 nodes of 1 + 1 slots on this machine"),
-        "{stdout}"
-    );
-    // Tensor shards split over the two nodes are not searched.
-    assert!(
-        stdout.contains("layouts whose tensor shards would span nodes"),
-        "{stdout}"
-    );
-    let measured: Vec<&str> = stdout
-        .lines()
-        .skip_while(|l| !l.starts_with("measured"))
-        .collect();
-    assert!(
-        measured[0].contains("`pipetrain launch` process"),
-        "{stdout}"
-    );
-    assert!(measured.iter().any(|l| l.starts_with("1 ")), "{stdout}");
-    assert!(!stdout.contains("failed"), "{stdout}");
-    // The manifest beside the configuration holds its layout, and the sessions' threads
-    // are set (each process would take every core).
-    let cfg = TrainConfig::load(&best).unwrap();
-    let written =
-        pipetrain::cluster::ClusterManifest::load(&dir.join("out").join("best.cluster.toml"))
-            .unwrap();
-    let layout = written.layout();
-    assert_eq!(
-        (
-            layout.data_parallel,
-            layout.pipeline_parallel,
-            layout.tensor_parallel
-        ),
-        (
-            cfg.data_parallel_size,
-            cfg.pipeline_parallel_size,
-            cfg.horizontal_parallel_size
-        )
-    );
-    assert!(cfg.runtime.intra_op_threads.is_some());
-    // Its nodes launched with the written files train.
-    let nodes: Vec<_> = ["a", "b"]
-        .iter()
-        .map(|n| {
-            Command::new(env!("CARGO_BIN_EXE_pipetrain"))
-                .args(["launch", "--manifest"])
-                .arg(written.path())
-                .args(["--node", n])
-                .arg(&best)
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for (n, node) in ["a", "b"].iter().zip(nodes) {
-        let run = node.wait_with_output().unwrap();
-        assert!(
-            run.status.success(),
-            "node {n}: {}",
-            String::from_utf8_lossy(&run.stderr)
-        );
-    }
 }
