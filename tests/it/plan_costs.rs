@@ -3,7 +3,8 @@
 //! stage's `I` graph; a stage's passes scale alone; each schedule family pays its own
 //! calibrated stage cost; recompute runs the forward again where the runtime does; and
 //! the bytes crossing a cut are what the stages send each other; a gradient's hand-off
-//! costs its own measured time.
+//! costs its own measured time; a split model's update is charged once; the profile's
+//! pipeline runs are cut where the nodes' times balance.
 
 use std::collections::HashSet;
 
