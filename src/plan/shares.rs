@@ -17,11 +17,11 @@
 //! pass here: the timed run measures the backward whole, and only the profiler splits it
 //! into input- and weight-gradient nodes. Kept apart, the input gradient was never set
 //! at all, since the first stage has none (hands no gradient back) and a part with a
-//! stage without it kept its shares: on the vocabulary GPT the second stage's `I`
-//! actions ran 22-26% over their shares (ZB-H1, 8 x 2, cut by time and by parameters,
-//! traced three times each) and the rows cut by parameters, whose second stage holds
-//! four layers and the head, came out 9-11% fast. The first stage's empty `I` takes no
-//! part.
+//! stage without it kept its shares: on the vocabulary GPT cut by parameters (ZB-H1,
+//! 8 x 2, traced three times) the second stage's `I` actions, two and a half layers'
+//! and the head's, ran 21% over their shares, and those rows came out 9-11% fast. The
+//! first stage's empty `I` takes no part. (What is left of that miss is the two ranks
+//! beside each other, not the stages' balance: `benches/plan/RESULTS.md`.)
 //!
 //! Why one rank: read off a two-rank run (ZB-H1), the stages' actions ran beside the
 //! other rank's. Every action read, the other rank's slowing came in (on the Llama
