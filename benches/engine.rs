@@ -3,8 +3,9 @@
 //! 1. dp = pp = 1: the actor runtime driving one `OrtStage` vs a bare loop calling the same
 //!    stage's forward, backward and update (same sessions, same host work), interleaved
 //!    in windows so machine noise hits both alike.
-//! 2. pp = 2 (1F1B, 4 micro-batches): each stage's measured idle time in the recorded
-//!    trace vs the simulator's prediction for the measured F/B times.
+//! 2. pp = 2 (4 micro-batches; 1F1B, ZB-H1, and on the V's placement, two stages a
+//!    rank, ZB-V, DualPipeV, V-Half and V-Min): each rank's measured idle time in the
+//!    recorded trace vs the simulator's prediction for the measured action times.
 //!
 //! `cargo bench --bench engine`
 
@@ -15,7 +16,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use pipetrain::compute::Runtime;
-use pipetrain::config::TrainConfig;
+use pipetrain::config::{ScheduleKind, TrainConfig};
 use pipetrain_actors::schedules::simulate_with;
 use pipetrain_actors::{BackwardPart, StageCompute};
 
@@ -23,6 +24,17 @@ const WINDOWS: usize = 7;
 const STEPS: usize = 60;
 /// Steps left out of the timing at the start of each window (first runs, arenas).
 const WARMUP: usize = 10;
+
+/// The schedules whose idle time is set against the simulator's: one stage a rank, then
+/// the V's placement, two stages a rank.
+const IDLE_SCHEDULES: [ScheduleKind; 6] = [
+    ScheduleKind::OneFOneB,
+    ScheduleKind::ZbH1,
+    ScheduleKind::ZbV,
+    ScheduleKind::DualPipeV,
+    ScheduleKind::VHalf,
+    ScheduleKind::VMin,
+];
 
 fn config(model: &str, pp: usize, accum: usize, batch: usize, steps: usize) -> TrainConfig {
     let (label, layout) = if model == "mlp" {
@@ -114,18 +126,14 @@ fn main() {
         );
     }
 
-    println!("\n## Idle time per stage at pp = 2 (4 micro-batches): measured vs simulated with each action's own measured time\n");
+    println!("\n## Idle time per rank at pp = 2 (4 micro-batches): measured vs simulated with each action's own measured time\n");
     println!("The simulation takes every step's recorded compute and update times and no transfer cost: the difference is what the engine adds (hand-offs, wake-ups, the step boundary).\n");
-    println!("| model | schedule | stage | idle measured ms/step | idle simulated ms/step | difference | bubble measured |\n|---|---|---|---|---|---|---|");
+    println!("| model | schedule | rank | idle measured ms/step | idle simulated ms/step | difference | bubble measured |\n|---|---|---|---|---|---|---|");
     let mut bubbles = Vec::new();
     for (model, batch) in [("mlp", 16), ("tiny_gpt", 8)] {
-        for kind in ["1f1b", "zb_h1", "zb_v"] {
-            let mut cfg = config(model, 2, 4, batch, 30);
-            cfg.pipeline.schedule = match kind {
-                "1f1b" => pipetrain::config::ScheduleKind::OneFOneB,
-                "zb_h1" => pipetrain::config::ScheduleKind::ZbH1,
-                _ => pipetrain::config::ScheduleKind::ZbV,
-            };
+        for schedule in IDLE_SCHEDULES {
+            let (mut cfg, kind) = (config(model, 2, 4, batch, 30), schedule.name());
+            cfg.pipeline.schedule = schedule;
             let s =
                 pipetrain::train::train(&rt, &cfg, Path::new("bench.toml"), true, |_| {}).unwrap();
             let trace = s.trace.unwrap();
