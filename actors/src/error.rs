@@ -2,6 +2,8 @@
 
 use pipetrain_schedules::{Action, ScheduleError};
 
+use crate::places::replica_name;
+
 /// A boxed error from the compute or data source a caller plugs in.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -20,10 +22,13 @@ pub enum ActorError {
         reason: String,
     },
     /// A stage's compute failed.
-    #[error("replica {replica} stage {stage}: {action} failed: {source}")]
+    #[error("{} stage {stage}: {action} failed: {source}", replica_name(*.replica, *.shards))]
     Compute {
-        /// Data-parallel replica.
+        /// The engine's replica: tensor shard `replica % shards` of data-parallel replica
+        /// `replica / shards`.
         replica: usize,
+        /// Tensor shards a data-parallel replica (1: none).
+        shards: usize,
         /// Pipeline stage.
         stage: usize,
         /// The action that failed.

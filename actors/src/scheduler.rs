@@ -15,6 +15,7 @@ use crate::checkpoint::{CheckpointSettings, SaveJob};
 use crate::coordinator::{CoordinatorHandle, StepResult};
 use crate::decide::{checkpoint_due, evaluation_due, GradStats};
 use crate::error::ActorError;
+use crate::places::replica_name;
 use crate::requests::{RunControl, SaveWaiter};
 use crate::stage::{Answer, Status, StepOutcome, StepPlan, Work};
 
@@ -73,6 +74,8 @@ pub(crate) struct SchedulerActor<P> {
     pub progress: Arc<AtomicU64>,
     pub watchdog: Duration,
     pub replicas: usize,
+    /// Tensor shards a data-parallel replica (1: none), for naming members.
+    pub shards: usize,
     pub ranks: usize,
     pub evaluation: Option<Evaluation<P>>,
     pub checkpoint: Option<CheckpointSettings>,
@@ -343,13 +346,10 @@ impl<P: Send + 'static> SchedulerActor<P> {
     fn report(&self) -> String {
         let mut lines = Vec::new();
         for m in &self.members {
-            let who = if m.stages.len() == 1 {
-                format!("replica {} stage {}", m.replica, m.stages[0])
-            } else {
-                format!(
-                    "replica {} rank {} (stages {:?})",
-                    m.replica, m.rank, m.stages
-                )
+            let replica = replica_name(m.replica, self.shards);
+            let who = match m.stages.as_slice() {
+                [stage] => format!("{replica} stage {stage}"),
+                stages => format!("{replica} rank {} (stages {stages:?})", m.rank),
             };
             let what = match &*m.status.borrow() {
                 Status::Idle => "is idle (its step is done)".to_string(),
@@ -366,7 +366,7 @@ impl<P: Send + 'static> SchedulerActor<P> {
 
     fn gone(&self, m: &Member<P>) -> ActorError {
         ActorError::ActorGone {
-            actor: format!("replica {} rank {}", m.replica, m.rank),
+            actor: format!("{} rank {}", replica_name(m.replica, self.shards), m.rank),
         }
     }
 }

@@ -59,7 +59,7 @@ pub struct Stall {
     pub step: u64,
     /// Pipeline stage.
     pub stage: usize,
-    /// Data-parallel replica.
+    /// Data-parallel replica (all of its tensor shards).
     #[serde(default)]
     pub replica: usize,
     /// How long it is held.
@@ -74,7 +74,7 @@ pub struct FaultAt {
     pub step: u64,
     /// Pipeline stage.
     pub stage: usize,
-    /// Data-parallel replica.
+    /// Data-parallel replica (all of its tensor shards).
     #[serde(default)]
     pub replica: usize,
 }

@@ -296,17 +296,19 @@ pub(super) fn make_computes(
             ranks: cfg.data_parallel_size,
             gradients: cfg.shards_gradients(),
         });
+        // The test aids name a data-parallel replica: every tensor shard of it.
+        let dp = replica / cfg.horizontal_parallel_size.max(1);
         st.overflow_at = cfg
             .debug
             .inject_grad_overflow
             .iter()
-            .filter(|f| f.stage == s && f.replica == replica)
+            .filter(|f| f.stage == s && f.replica == dp)
             .map(|f| f.step - 1)
             .collect();
         st.stall = cfg
             .debug
             .stall
-            .filter(|f| f.stage == s && f.replica == replica)
+            .filter(|f| f.stage == s && f.replica == dp)
             .map(|f| (f.step - 1, Duration::from_secs(f.seconds)));
         let mut stage = OrtStage::new(rt, &built.tg, &built.stages[s], session_opts, &st)?;
         if let Some(pool) = &pool {

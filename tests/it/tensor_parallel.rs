@@ -126,6 +126,34 @@ fn eight_actors_at_dp2_hp2_pp2_with_split_backward_recompute_and_buckets() {
     assert_close("(2, 2, 2) vs 1f1b", &split, &one, 1e-5);
 }
 
+/// A stalled run's who-waits-on-whom report names each member by its data-parallel
+/// replica and tensor shard (the engine's replicas are the shards of every data-parallel
+/// replica): `dp 1 tp 0 stage 1`, not `replica 2 stage 1`.
+#[test]
+fn the_watchdog_names_a_member_by_its_data_parallel_replica_and_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let held = "watchdog_seconds = 1\n[debug]\nstall = { step = 2, stage = 0, seconds = 4 }\n";
+    let cfg = config(dir.path(), "stalled", (2, 2, 2), held);
+    let err = train(
+        &common::runtime(),
+        &cfg,
+        &dir.path().join("x.toml"),
+        false,
+        |_| {},
+    )
+    .expect_err("the stalled run ends in the watchdog's error");
+    let text = err.to_string();
+    for dp in 0..2 {
+        for tp in 0..2 {
+            for stage in 0..2 {
+                let who = format!("dp {dp} tp {tp} stage {stage}");
+                assert!(text.contains(&who), "{who} in: {text}");
+            }
+        }
+    }
+    assert!(!text.contains("replica 3"), "{text}");
+}
+
 #[test]
 fn a_checkpoint_written_at_two_shards_resumes_at_one_and_at_four() {
     let dir = tempfile::tempdir().unwrap();

@@ -105,6 +105,7 @@ where
         progress,
         watchdog: settings.watchdog,
         replicas: settings.replicas,
+        shards: settings.shards.max(1),
         ranks: schedule.num_ranks(),
         evaluation: evaluation(settings, &data, schedule.placement()),
         checkpoint: settings.checkpoint.clone(),
@@ -251,7 +252,10 @@ fn mailboxes<P: Send + 'static>(
     (
         peers,
         inboxes,
-        Arc::new(Places::new(settings.replicas, places)),
+        Arc::new(Places::new(
+            (settings.replicas, settings.shards.max(1)),
+            places,
+        )),
     )
 }
 

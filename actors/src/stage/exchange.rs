@@ -93,7 +93,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             })
             .await
             .map_err(|_| ActorError::ActorGone {
-                actor: format!("replica {} rank {peer}", self.replica),
+                actor: format!("{} rank {peer}", self.places.name(self.replica)),
             })
     }
 
@@ -113,7 +113,10 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             from: "its data".into(),
         });
         let gone = || ActorError::ActorGone {
-            actor: format!("data actor of replica {} stage {stage}", self.replica),
+            actor: format!(
+                "data actor of {} stage {stage}",
+                self.places.name(self.replica)
+            ),
         };
         let rx = self.data.get(&stage).ok_or_else(gone)?;
         let batch = recv_spinning(rx, self.spin).await.map_err(|_| gone())?;
@@ -153,7 +156,11 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                 recv_spinning(&self.inbox, self.spin)
                     .await
                     .map_err(|_| ActorError::ActorGone {
-                        actor: format!("every peer of replica {} rank {}", self.replica, self.rank),
+                        actor: format!(
+                            "every peer of {} rank {}",
+                            self.places.name(self.replica),
+                            self.rank
+                        ),
                     })?;
             if (t.flow, t.stage, t.mb) == (flow, s, mb) {
                 self.progress.fetch_add(1, Ordering::Relaxed);

@@ -320,6 +320,7 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
     pub(crate) fn failed(&self, action: Action, source: crate::error::BoxError) -> ActorError {
         ActorError::Compute {
             replica: self.replica,
+            shards: self.shards,
             stage: action.stage(),
             action,
             source,

@@ -356,6 +356,7 @@ fn payload(batch: &TensorMap) -> Payload {
 fn boxed(e: pipetrain_actors::BoxError) -> Error {
     Error::runtime(pipetrain_actors::ActorError::Compute {
         replica: 0,
+        shards: 1,
         stage: 0,
         action: pipetrain_actors::schedules::Action::forward(0, 0),
         source: e,
