@@ -282,6 +282,8 @@ pub(super) fn make_computes(
     let pool = (session_opts.device == crate::compute::Device::Cpu)
         .then(|| HostPool::new(HOST_POOL_BYTES));
     for &(replica, s) in owned {
+        // The data-parallel replica this engine replica is a tensor shard of.
+        let dp = replica / cfg.horizontal_parallel_size.max(1);
         let mut st = settings.clone();
         st.shard = links.remove(&(replica, s));
         if replica == 0 {
@@ -292,12 +294,11 @@ pub(super) fn make_computes(
             replicas: cfg.data_parallel_size,
         });
         st.zero = cfg.shards_optimizer_state().then_some(ZeroSlot {
-            rank: replica / cfg.horizontal_parallel_size,
+            rank: dp,
             ranks: cfg.data_parallel_size,
             gradients: cfg.shards_gradients(),
         });
         // The test aids name a data-parallel replica: every tensor shard of it.
-        let dp = replica / cfg.horizontal_parallel_size.max(1);
         st.overflow_at = cfg
             .debug
             .inject_grad_overflow

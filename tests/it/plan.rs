@@ -36,9 +36,7 @@ lr = 1e-2
 
 #[test]
 fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
-    let dir = tempfile_dir("plan-writes");
-    let config = dir.join("gpt.toml");
-    std::fs::write(&config, CONFIG).unwrap();
+    let (dir, config) = config_in("plan-writes");
     let best = dir.join("out").join("best.toml");
     std::fs::create_dir_all(best.parent().unwrap()).unwrap();
     let times = dir.join("times.json");
@@ -374,6 +372,14 @@ pub(crate) fn trains(config: &std::path::Path) {
         .unwrap();
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{}: {stderr}", config.display());
+}
+
+/// A fresh folder `name` holding [`CONFIG`] as `gpt.toml`: the folder and the file.
+pub(crate) fn config_in(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile_dir(name);
+    let config = dir.join("gpt.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    (dir, config)
 }
 
 pub(crate) fn tempfile_dir(name: &str) -> std::path::PathBuf {

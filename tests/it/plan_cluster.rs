@@ -5,7 +5,7 @@ use std::process::Command;
 use crate::common;
 use pipetrain::config::TrainConfig;
 
-use super::plan::{tempfile_dir, CONFIG};
+use super::plan::config_in;
 
 /// Over a cluster manifest of two nodes on this machine's loopback: the plan weighs the
 /// link between them (measured, and calibrated against a launched job), measures its
@@ -14,9 +14,7 @@ use super::plan::{tempfile_dir, CONFIG};
 #[test]
 fn a_plan_over_a_manifest_is_written_with_its_manifest_and_the_nodes_train_it() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile_dir("plan-manifest");
-    let config = dir.join("gpt.toml");
-    std::fs::write(&config, CONFIG).unwrap();
+    let (dir, config) = config_in("plan-manifest");
     let secret = dir.join("job.secret");
     std::fs::write(&secret, "0123456789abcdef0123456789abcdef").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();

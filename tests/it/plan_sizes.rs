@@ -3,7 +3,7 @@
 
 use pipetrain::config::TrainConfig;
 
-use super::plan::{plan, tempfile_dir, trains, CONFIG};
+use super::plan::{config_in, plan, tempfile_dir, trains, CONFIG};
 
 /// Under a cap one worker cannot train the model within (its profile run, one stage,
 /// ZB-H1, is predicted over it), the profile runs it in two pipeline stages, reads both
@@ -11,9 +11,7 @@ use super::plan::{plan, tempfile_dir, trains, CONFIG};
 /// trains.
 #[test]
 fn a_model_no_worker_holds_whole_under_the_cap_is_profiled_in_stages() {
-    let dir = tempfile_dir("plan-stages");
-    let config = dir.join("gpt.toml");
-    std::fs::write(&config, CONFIG).unwrap();
+    let (dir, config) = config_in("plan-stages");
     let best = dir.join("best.toml");
     let cap_gib = 0.001.to_string();
     let stdout = plan(&config, &["--memory-per-device", &cap_gib], (&best, None));
