@@ -91,7 +91,7 @@ impl Nodes {
 
     /// The node of `c`'s member (data-parallel replica `dp`, pipeline rank `pp`, tensor
     /// shard `tp`).
-    fn member(&self, c: &Candidate, (dp, pp, tp): (usize, usize, usize)) -> usize {
+    pub fn member(&self, c: &Candidate, (dp, pp, tp): (usize, usize, usize)) -> usize {
         self.node_of((dp * c.pp + pp) * c.tp + tp)
     }
 

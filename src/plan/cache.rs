@@ -15,8 +15,10 @@
 //! file that is not such a cache is refused, and left as it is. The memory cap is not
 //! part of it: it ranks the layouts, and only where one worker cannot hold the model
 //! does it decide how a profile's runs are cut (a profile in one stage serves any cap).
-//! Over a cluster manifest, the link and the launched jobs it is calibrated against are
-//! measured again each time: they are the cluster's, not the model's.
+//! What a process holds beside its ranks is kept with the profile, so a plan from the
+//! cache prints the same table. Over a cluster manifest, the link and the launched jobs
+//! it is calibrated against are measured again each time: they are the cluster's, not
+//! the model's.
 
 use std::path::Path;
 
@@ -143,6 +145,11 @@ pub(super) struct Measured {
     /// When it finished, seconds since the Unix epoch (0: not said).
     #[serde(default)]
     pub finished: u64,
+    /// What a process held beside its ranks when it was measured (`process`), so that a
+    /// plan from the cache is the same plan (`None` in a cache written before it was
+    /// kept: measured again).
+    #[serde(default)]
+    pub process: Option<super::process::ProcessBase>,
 }
 
 impl Measured {
@@ -266,6 +273,7 @@ mod tests {
             machine: MachineRuns::default(),
             seconds: 1.5,
             finished: now_unix_s(),
+            process: None,
         }
     }
 

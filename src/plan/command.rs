@@ -29,9 +29,16 @@ pub struct PlanArgs {
     /// The bandwidth between two nodes, gigabits per second (with `--link-latency-us`).
     #[arg(long, requires = "link_latency_us")]
     pub link_gbps: Option<f64>,
-    /// Each worker's memory, GiB: layouts predicted to need more on a rank are dropped.
+    /// Each worker's memory, GiB: layouts predicted to need more on a rank (its state,
+    /// constants and activations) are dropped.
     #[arg(long)]
     pub memory_per_device: Option<f64>,
+    /// Each process's memory, GiB: layouts whose process (its ranks, and ONNX Runtime,
+    /// the libraries and the training graph beside them) is predicted to need more are
+    /// dropped [default: the cap `train` refuses a run over: `runtime.memory_limit_gb`
+    /// or this machine's cgroup limit].
+    #[arg(long)]
+    pub memory_per_process: Option<f64>,
     /// The most micro-batches per step to try.
     #[arg(long, default_value_t = 8)]
     pub max_micro_batches: usize,
@@ -103,9 +110,17 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
     let opts = PlanOptions {
         worker: &worker,
         workers,
-        memory_per_worker: args
-            .memory_per_device
-            .map(|g| (g * (1u64 << 30) as f64) as u64),
+        caps: super::Caps {
+            device: args.memory_per_device.map(gib),
+            process: match args.memory_per_process {
+                Some(g) => Some((gib(g), "--memory-per-process".into())),
+                // An address-space limit counts what is reserved and never touched,
+                // which the plan does not predict.
+                None => crate::train::memory_cap(cfg.runtime.memory_limit_gb)
+                    .filter(|c| !c.address_space)
+                    .map(|c| (c.bytes, c.source)),
+            },
+        },
         max_micro_batches: args.max_micro_batches,
         profile_steps: args.profile_steps,
         profile_rounds: args.profile_rounds.max(1),
@@ -172,6 +187,11 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `g` GiB in bytes.
+fn gib(g: f64) -> u64 {
+    (g * (1u64 << 30) as f64) as u64
 }
 
 /// Writes `best` to `--out` (and, over a manifest, the manifest beside it), its header

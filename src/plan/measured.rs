@@ -8,7 +8,7 @@ use std::path::Path;
 
 use crate::compute::Runtime;
 use crate::config::TrainConfig;
-use crate::graph::BalanceBy;
+use crate::graph::{BalanceBy, TrainingGraph};
 use crate::Result;
 
 use super::cache::Measured;
@@ -42,12 +42,17 @@ impl Sharded {
         let mut c = cfg.clone();
         c.horizontal_parallel_size = tp;
         let tg = crate::train::graph_of(rt, &c, config_path)?;
-        Ok(Sharded {
+        Ok(Sharded::from_graph(tg, tp, cfg.batch_size))
+    }
+
+    /// `tg`, the training graph of `tp` shards built at micro-batches of `batch_size`.
+    pub(super) fn from_graph(tg: TrainingGraph, tp: usize, batch_size: usize) -> Sharded {
+        Sharded {
             tp,
-            cut: costs::Cuttable::of(&tg).measured_at(cfg.batch_size),
+            cut: costs::Cuttable::of(&tg).measured_at(batch_size),
             values: search::node_values(&tg),
             tg,
-        })
+        }
     }
 
     /// `whole` and the model split at every shard count above 1 that divides `workers`
@@ -100,7 +105,7 @@ fn stages_that_fit(
     (cfg, opts): (&TrainConfig, &PlanOptions<'_>),
     micro_batch: usize,
 ) -> usize {
-    let Some(cap) = opts.memory_per_worker else {
+    let Some(cap) = opts.caps.device else {
         return 1;
     };
     let workers = opts.workers.max(1);
@@ -215,6 +220,7 @@ pub(super) fn measure_all(
         machine,
         seconds: started.elapsed().as_secs_f64(),
         finished: crate::checkpoint::now_unix_s(),
+        process: None,
     })
 }
 

@@ -45,6 +45,7 @@ mod measured;
 mod ort_profile;
 mod overlap;
 mod passes;
+mod process;
 pub mod profile;
 #[cfg(feature = "cluster")]
 mod proof;
@@ -87,8 +88,8 @@ pub struct PlanOptions<'a> {
     pub worker: &'a Path,
     /// Workers (stage actors of one process) to lay out.
     pub workers: usize,
-    /// Each worker's memory cap, bytes.
-    pub memory_per_worker: Option<u64>,
+    /// The memory caps each layout must fit.
+    pub caps: Caps,
     /// The most micro-batches per step to try.
     pub max_micro_batches: usize,
     /// Steps each profile runs (the first two not counted).
@@ -128,13 +129,34 @@ pub struct PlanRow {
     pub simulated: Simulated,
     /// Predicted peak bytes per pipeline rank.
     pub peak: Vec<u64>,
+    /// Predicted peak bytes per process: the ranks it holds and what it holds beside
+    /// them (`process`).
+    pub processes: Vec<u64>,
 }
 
 impl PlanRow {
-    /// Whether every rank fits `cap`.
-    pub fn fits(&self, cap: Option<u64>) -> bool {
-        cap.is_none_or(|c| self.peak.iter().all(|&p| p <= c))
+    /// Whether every rank fits the device cap and every process the process cap.
+    pub fn fits(&self, caps: &Caps) -> bool {
+        let ranks = caps
+            .device
+            .is_none_or(|c| self.peak.iter().all(|&p| p <= c));
+        let processes = caps
+            .process
+            .as_ref()
+            .is_none_or(|(c, _)| self.processes.iter().all(|p| p <= c));
+        ranks && processes
     }
+}
+
+/// The memory caps a layout must fit.
+#[derive(Debug, Clone, Default)]
+pub struct Caps {
+    /// Each rank's, bytes (`--memory-per-device`): what the memory model predicts of
+    /// its state, constants and activations.
+    pub device: Option<u64>,
+    /// Each process's, bytes, and where it comes from (`--memory-per-process`, else the
+    /// cap `train` refuses a run over: `runtime.memory_limit_gb` or the cgroup's limit).
+    pub process: Option<(u64, String)>,
 }
 
 /// A finished plan: every candidate that could be simulated, fastest first, and the
@@ -158,8 +180,10 @@ pub struct Plan {
     pub tp_skipped: Vec<(usize, String)>,
     /// Intra-op threads per session at these workers.
     pub threads: usize,
-    /// The cap each rank must fit.
-    pub cap: Option<u64>,
+    /// The caps each layout must fit.
+    pub cap: Caps,
+    /// What each process holds beside its ranks, as measured here.
+    pub process_base: process::ProcessBase,
     /// Seconds spent profiling.
     pub profile_seconds: f64,
     /// The profile cache the measurements were read from, and how many seconds before
@@ -189,7 +213,13 @@ pub fn plan(
     config_path: &Path,
     opts: &PlanOptions<'_>,
 ) -> Result<Plan> {
-    let whole = Sharded::of(rt, cfg, config_path, 1)?;
+    // Built as `train` builds it, what the process holds measured beside it.
+    let (tg, process_base) = process::ProcessBase::measure(
+        || crate::train::graph_of(rt, cfg, config_path),
+        cfg.batch_size,
+    )?;
+    process_base.check_room(opts.caps.process.as_ref())?;
+    let whole = Sharded::from_graph(tg, 1, cfg.batch_size);
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let nodes = opts.cluster.as_ref().map(|c| &c.nodes);
     // Workers on each machine: nodes on other machines bring cores of their own.
@@ -218,7 +248,13 @@ pub fn plan(
         stages: 1,
         cuts: &[],
     };
-    let measure = || measure_all(&run, (&models, cfg, opts), &candidates, (threads, started));
+    let measure = || {
+        let m = measure_all(&run, (&models, cfg, opts), &candidates, (threads, started))?;
+        Ok(cache::Measured {
+            process: Some(process_base),
+            ..m
+        })
+    };
     let (measured, read) = match opts.profile_cache {
         Some(path) => {
             let made_for =
@@ -227,6 +263,8 @@ pub fn plan(
         }
         None => (measure()?, false),
     };
+    // The cache's where it kept one: a plan from it is the same plan.
+    let process_base = measured.process.unwrap_or(process_base);
     let whole = &models[0];
     let (profiles, here) = fitted(&measured, whole, cfg, (cores, threads, opts.workers));
     // ZeRO stage 2 where its cost was measured.
@@ -246,6 +284,7 @@ pub fn plan(
         &models,
         &profiles,
         (&machinery, nodes),
+        &process_base,
     );
     let fixed = rivals::Fixed {
         cfg,
@@ -253,11 +292,12 @@ pub fn plan(
         machinery: &machinery,
         profiles: &profiles,
         nodes,
+        process_base: &process_base,
     };
     let default = fixed.default_row(opts);
     let best_pipeline = rows
         .iter()
-        .find(|r| r.candidate.pp > 1 && r.fits(opts.memory_per_worker));
+        .find(|r| r.candidate.pp > 1 && r.fits(&opts.caps));
     let cut_rivals = best_pipeline.map_or_else(Vec::new, |r| fixed.cut_rivals(&r.candidate));
     Ok(Plan {
         rows,
@@ -267,7 +307,8 @@ pub fn plan(
         skipped: measured.skipped.clone(),
         tp_skipped,
         threads,
-        cap: opts.memory_per_worker,
+        cap: opts.caps.clone(),
+        process_base,
         profile_seconds,
         profile_read,
         machinery,
@@ -354,6 +395,7 @@ fn simulated_rows(
     models: &[Sharded],
     profiles: &Profiles,
     on: (&Machinery, Option<&Nodes>),
+    base: &process::ProcessBase,
 ) -> Vec<PlanRow> {
     let scale_of = |mb: usize| mb as f64 / cfg.batch_size as f64;
     let mut rows = Vec::new();
@@ -380,11 +422,13 @@ fn simulated_rows(
         }
         let peak = crate::train::rank_bytes(&model.tg, &applied, scale_of(c.micro_batch))
             .unwrap_or_default();
+        let processes = process::process_peaks(&c, &peak, base, on.1);
         rows.push(PlanRow {
             candidate: c,
             cuts,
             simulated: sim,
             peak,
+            processes,
         });
     }
     rank::rank(rows)

@@ -88,7 +88,7 @@ fn fastest_fitting<'a>(
     runs: &[(String, &'a PlanRow)],
     measured: &[Outcome],
 ) -> Option<(&'a PlanRow, String)> {
-    let fits = |row: &PlanRow| row.fits(p.cap);
+    let fits = |row: &PlanRow| row.fits(&p.cap);
     let (o, row) = measured
         .iter()
         .filter_map(|o| {

@@ -8,7 +8,7 @@ use super::{plan_error, Plan, PlanRow};
 impl Plan {
     /// The candidates that fit the cap, fastest first.
     pub fn fitting(&self) -> impl Iterator<Item = &PlanRow> {
-        self.rows.iter().filter(|r| r.fits(self.cap))
+        self.rows.iter().filter(|r| r.fits(&self.cap))
     }
 
     /// The fastest candidate that fits.
@@ -97,6 +97,7 @@ mod tests {
                 bounds: Vec::new(),
             },
             peak: Vec::new(),
+            processes: Vec::new(),
         }
     }
 

@@ -38,6 +38,20 @@ fn cluster_text(plan: &Plan) -> String {
     out
 }
 
+/// What a process holds beside its ranks, and the process cap.
+fn process_text(plan: &Plan) -> String {
+    let cap = match &plan.cap.process {
+        Some((cap, from)) => format!("the process cap {} ({from})", gb(*cap)),
+        None => "no process cap".into(),
+    };
+    format!(
+        "memory: beside its ranks a process holds {} at micro-batches of {} (measured \
+         here, scaled to each layout's); {cap}\n",
+        plan.process_base.describe(),
+        plan.process_base.micro_batch
+    )
+}
+
 fn gb_per_s(per_byte: f64) -> f64 {
     match per_byte > 0.0 {
         true => 1e-9 / per_byte,
@@ -131,10 +145,11 @@ pub fn report(plan: &Plan, top: usize) -> String {
         }
     );
     out += &cluster_text(plan);
+    out += &process_text(plan);
     out += "\n";
     let unit = unit_of(plan);
     out += &format!(
-        "rank  dp  tp  pp  schedule          micro-batches  recompute  zero  step ms  bubble  peak per rank ({})\n",
+        "rank  dp  tp  pp  schedule          micro-batches  recompute  zero  step ms  bubble  process  peak per rank ({})\n",
         unit.1
     );
     let shown: Vec<&PlanRow> = plan.fitting().take(top).collect();
@@ -171,22 +186,46 @@ pub fn report(plan: &Plan, top: usize) -> String {
         out += "\n";
     }
     if plan.best().is_none() {
-        let least = plan
-            .rows
-            .iter()
-            .map(|r| r.peak.iter().copied().max().unwrap_or(0))
-            .min();
-        out += &match (least, plan.cap) {
-            (Some(need), Some(cap)) => format!(
-                "\nnothing fits: the smallest layout needs {} on its largest rank, {} over the cap of {}\n",
-                gb(need),
-                gb(need.saturating_sub(cap)),
-                gb(cap)
-            ),
-            _ => "\nno candidate could be simulated\n".to_string(),
-        };
+        out += &nothing_fits(plan);
     }
     out
+}
+
+/// Why no layout fits: the smallest need against each cap it exceeds.
+fn nothing_fits(plan: &Plan) -> String {
+    let least = |of: fn(&PlanRow) -> u64| plan.rows.iter().map(of).min();
+    let largest_rank = least(|r| r.peak.iter().copied().max().unwrap_or(0));
+    let largest_process = least(|r| r.processes.iter().copied().max().unwrap_or(0));
+    let mut short = Vec::new();
+    if let (Some(need), Some(cap)) = (largest_rank, plan.cap.device) {
+        if need > cap {
+            short.push(format!(
+                "the smallest layout needs {} on its largest rank, {} over the cap of {}",
+                gb(need),
+                gb(need - cap),
+                gb(cap)
+            ));
+        }
+    }
+    if let (Some(need), Some((cap, from))) = (largest_process, &plan.cap.process) {
+        if need > *cap {
+            short.push(format!(
+                "the smallest layout needs {} in a process (its ranks and {} beside them), \
+                 {} over the process cap of {} ({from})",
+                gb(need),
+                gb(plan.process_base.fixed),
+                gb(need - cap),
+                gb(*cap)
+            ));
+        }
+    }
+    match (plan.rows.is_empty(), short.is_empty()) {
+        (true, _) => "\nno candidate could be simulated\n".to_string(),
+        (false, true) => {
+            "\nnothing fits: no layout fits the rank cap and the process cap at once\n".into()
+        }
+        (false, false) => format!("\nnothing fits: {}\n", short.join("; ")),
+    }
 }
 
 /// `dp 1 x pp 2, zb_h1, 4 x 4, recompute none`.
@@ -225,7 +264,10 @@ fn recompute_name(r: crate::graph::Recompute) -> &'static str {
 /// Gigabytes, or megabytes where no rank of any layout reaches a gigabyte.
 fn unit_of(plan: &Plan) -> (f64, &'static str) {
     let rows = plan.rows.iter().chain(&plan.default);
-    match rows.flat_map(|r| &r.peak).any(|&p| p >= 1_000_000_000) {
+    match rows
+        .flat_map(|r| r.peak.iter().chain(&r.processes))
+        .any(|&p| p >= 1_000_000_000)
+    {
         true => (1e9, "GB"),
         false => (1e6, "MB"),
     }
@@ -239,8 +281,9 @@ fn row_text(r: &PlanRow, (scale, _): (f64, &str)) -> String {
         .iter()
         .map(|p| format!("{:.2}", *p as f64 / scale))
         .collect();
+    let process = r.processes.iter().copied().max().unwrap_or(0);
     format!(
-        "{:>2}  {:>2}  {:>2}  {:<17} {:>2} x {:<8}  {:<9}  {:>4}  {:>7.2}  {:>6.3}  {}",
+        "{:>2}  {:>2}  {:>2}  {:<17} {:>2} x {:<8}  {:<9}  {:>4}  {:>7.2}  {:>6.3}  {:>7.2}  {}",
         c.dp,
         c.tp,
         c.pp,
@@ -251,6 +294,7 @@ fn row_text(r: &PlanRow, (scale, _): (f64, &str)) -> String {
         c.zero,
         r.simulated.step * 1e3,
         r.simulated.bubble,
+        process as f64 / scale,
         peaks.join(" ")
     )
 }

@@ -17,6 +17,8 @@ pub(super) struct Fixed<'a> {
     pub profiles: &'a Profiles,
     /// The cluster's nodes, where the workers span several.
     pub nodes: Option<&'a Nodes>,
+    /// What each process holds beside its ranks.
+    pub process_base: &'a super::process::ProcessBase,
 }
 
 impl Fixed<'_> {
@@ -50,11 +52,13 @@ impl Fixed<'_> {
         let scale = c.micro_batch as f64 / self.cfg.batch_size as f64;
         let applied = c.apply(self.cfg, &cuts);
         let peak = crate::train::rank_bytes(&model.tg, &applied, scale).unwrap_or_default();
+        let processes = super::process::process_peaks(c, &peak, self.process_base, self.nodes);
         Some(PlanRow {
             candidate: c.clone(),
             cuts,
             simulated: sim,
             peak,
+            processes,
         })
     }
 }
