@@ -43,7 +43,7 @@ mod zero_grads;
 
 pub use adasum::{adasum_pair, AdasumSlot};
 pub use data::{StepData, LOSS_COUNT};
-pub use settings::{HistogramTap, StageSettings};
+pub use settings::{HistogramTap, StageSettings, Tapped};
 pub use shard::{whole_parameters, StageShard};
 pub use stage::{OrtStage, Payload};
 pub use zero::{ZeroPart, ZeroSlot};

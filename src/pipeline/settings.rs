@@ -48,14 +48,30 @@ pub struct StageSettings {
 }
 
 /// Where a stage sends copies of the parameters (and gradients) named for TensorBoard
-/// histograms: `("param/<name>" | "grad/<name>", step, values)`. Only replica 0's stages
-/// send (every replica holds the same values).
+/// histograms. Only data-parallel replica 0's stages send (every replica holds the same
+/// values): its first tensor shard's, or each of its `shards` where the model is split
+/// and they run in this process (the log puts a split parameter's parts together).
 #[derive(Debug, Clone)]
 pub struct HistogramTap {
     /// Parameter names to copy.
     pub names: Vec<String>,
+    /// The tensor shards that send, from shard 0 (1: shard 0 alone).
+    pub shards: usize,
     /// Where the copies go.
-    pub tx: flume::Sender<(String, u64, Vec<f32>)>,
+    pub tx: flume::Sender<Tapped>,
+}
+
+/// A copy of a named tensor, from one tensor shard.
+#[derive(Debug, Clone)]
+pub struct Tapped {
+    /// `"param/<name>"` or `"grad/<name>"`.
+    pub tag: String,
+    /// The step (0-based).
+    pub step: u64,
+    /// The tensor shard it came from (0 where the model is not split).
+    pub shard: usize,
+    /// Its values (the shard's part of a split parameter).
+    pub values: Vec<f32>,
 }
 
 impl StageSettings {

@@ -73,11 +73,16 @@ impl OrtStage {
         let Some(tap) = &self.settings.histograms else {
             return;
         };
+        let shard = self.settings.shard.as_ref().map_or(0, |l| l.0.rank());
         for name in &tap.names {
             if let Some(i) = self.layout.index_of(name).filter(|i| tensors.contains(i)) {
-                let values = self.layout.slice(buf, i).to_vec();
                 // The receiver only goes away when the run ends.
-                let _ = tap.tx.send((format!("{kind}/{name}"), step, values));
+                let _ = tap.tx.send(super::Tapped {
+                    tag: format!("{kind}/{name}"),
+                    step,
+                    shard,
+                    values: self.layout.slice(buf, i).to_vec(),
+                });
             }
         }
     }

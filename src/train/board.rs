@@ -1,9 +1,14 @@
 //! A run's TensorBoard log (`log_dir`): the chosen scalars of every step, and histograms
 //! of the parameters (and their gradients) named in `histogram_names`, which replica 0's
-//! stages copy out as they update.
+//! stages copy out as they update. A parameter split across tensor shards is put
+//! together from every shard's part (where the shards run in this process) before its
+//! histogram is written.
+
+use std::collections::{BTreeMap, HashMap};
 
 use crate::config::{TrainConfig, SCALAR_NAMES};
-use crate::pipeline::HistogramTap;
+use crate::graph::tensor_parallel::ShardSpec;
+use crate::pipeline::{HistogramTap, Tapped};
 use crate::telemetry::TensorBoardWriter;
 use crate::{Error, Result};
 
@@ -13,12 +18,20 @@ use super::StepReport;
 pub(super) struct Board {
     writer: TensorBoardWriter,
     scalars: Vec<String>,
-    histograms: flume::Receiver<(String, u64, Vec<f32>)>,
+    histograms: flume::Receiver<Tapped>,
+    /// The split parameters whose shards' parts are put together: how each is split,
+    /// and its whole shape (empty where only shard 0 sends).
+    split: BTreeMap<String, (ShardSpec, Vec<usize>)>,
+    /// Parts of split tensors waiting for the other shards', by tag and step.
+    parts: HashMap<(String, u64), Vec<Option<Vec<f32>>>>,
+    /// The shards that send.
+    shards: usize,
 }
 
 impl Board {
     /// The log of `cfg`'s run (none without `log_dir`), and the tap replica 0's stages
-    /// send histogram values to (none without `histogram_names`).
+    /// send histogram values to (none without `histogram_names`). `split`: the split
+    /// parameters, where every shard of replica 0 runs in this process.
     ///
     /// # Errors
     /// `Config` naming a histogram name that is not a trainable parameter; `Io` when the
@@ -27,6 +40,7 @@ impl Board {
         cfg: &TrainConfig,
         config_path: &std::path::Path,
         params: &[String],
+        split: Option<&BTreeMap<String, (ShardSpec, Vec<usize>)>>,
     ) -> Result<Option<(Board, Option<HistogramTap>)>> {
         let Some(dir) = &cfg.log_dir else {
             return Ok(None);
@@ -41,8 +55,13 @@ impl Board {
             }
         }
         let (tx, histograms) = flume::unbounded();
+        let shards = match split {
+            Some(_) => cfg.horizontal_parallel_size.max(1),
+            None => 1,
+        };
         let tap = (!cfg.histogram_names.is_empty()).then(|| HistogramTap {
             names: cfg.histogram_names.clone(),
+            shards,
             tx,
         });
         let scalars = match &cfg.scalar_names {
@@ -53,6 +72,9 @@ impl Board {
             writer: TensorBoardWriter::create(dir)?,
             scalars,
             histograms,
+            split: split.cloned().unwrap_or_default(),
+            parts: HashMap::new(),
+            shards,
         };
         Ok(Some((board, tap)))
     }
@@ -80,9 +102,37 @@ impl Board {
                 self.writer.scalar(name, step, v)?;
             }
         }
-        for (tag, s, values) in self.histograms.drain() {
-            self.writer.histogram(&tag, s + 1, &values)?;
+        let arrived: Vec<Tapped> = self.histograms.drain().collect();
+        for t in arrived {
+            if let Some(values) = self.whole(t) {
+                let (tag, step, values) = values;
+                self.writer.histogram(&tag, step + 1, &values)?;
+            }
         }
         self.writer.flush()
+    }
+
+    /// The whole tensor `t` is of, once every shard's part has arrived (a tensor not
+    /// split comes whole from shard 0; the other shards' copies of it are left out).
+    fn whole(&mut self, t: Tapped) -> Option<(String, u64, Vec<f32>)> {
+        let name = t.tag.split_once('/').map_or("", |(_, n)| n);
+        let Some((spec, full)) = self.split.get(name) else {
+            return (t.shard == 0).then_some((t.tag, t.step, t.values));
+        };
+        let key = (t.tag, t.step);
+        let parts = self
+            .parts
+            .entry(key.clone())
+            .or_insert_with(|| vec![None; self.shards]);
+        *parts.get_mut(t.shard)? = Some(t.values);
+        if parts.iter().any(Option::is_none) {
+            return None;
+        }
+        let parts = self.parts.remove(&key)?;
+        let mut values = vec![0.0; full.iter().product()];
+        for (rank, part) in parts.iter().enumerate() {
+            spec.place(part.as_deref()?, full, rank, &mut values);
+        }
+        Some((key.0, key.1, values))
     }
 }

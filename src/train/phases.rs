@@ -286,7 +286,8 @@ pub(super) fn make_computes(
         let dp = replica / cfg.horizontal_parallel_size.max(1);
         let mut st = settings.clone();
         st.shard = links.remove(&(replica, s));
-        if replica == 0 {
+        // Data-parallel replica 0's shards that send (engine replica = dp x hp + shard).
+        if replica < tap.as_ref().map_or(0, |t| t.shards.max(1)) {
             st.histograms = tap.clone();
         }
         st.adasum = cfg.enable_adasum.then_some(AdasumSlot {

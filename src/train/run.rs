@@ -73,7 +73,7 @@ pub(super) async fn run_training<K: Collective>(
     // Only the process that reports the run writes TensorBoard's log.
     let reports = cluster.as_ref().is_none_or(|c| c.node == 0);
     let cluster_node = cluster.as_ref().map(|c| c.node);
-    let (board, tap) = open_board(cfg, config_path, &built, reports)?;
+    let (board, tap) = open_board(cfg, config_path, (&built, &owned), reports)?;
     let scaler = starting_scaler(cfg, prepared.resume.as_ref());
     let local_actors = cluster
         .as_ref()
@@ -192,14 +192,31 @@ fn owned_computes<K: Collective>(
 fn open_board(
     cfg: &TrainConfig,
     config_path: &Path,
-    built: &Built,
+    (built, owned): (&Built, &[(usize, usize)]),
     reports: bool,
 ) -> Result<(Option<super::board::Board>, Option<HistogramTap>)> {
     if !reports {
         return Ok((None, None));
     }
     let names: Vec<String> = built.tg.params.iter().map(|p| p.name.clone()).collect();
-    Ok(super::board::Board::open(cfg, config_path, &names)?
+    // A split parameter's parts put together where every shard of replica 0's stages
+    // runs here; else shard 0's part alone.
+    let hp = cfg.horizontal_parallel_size;
+    let stages_of = |r: usize| -> Vec<usize> {
+        owned
+            .iter()
+            .filter(|&&(o, _)| o == r)
+            .map(|&(_, s)| s)
+            .collect()
+    };
+    let all_here = (1..hp).all(|r| stages_of(r) == stages_of(0));
+    let split = built
+        .tg
+        .shards
+        .as_ref()
+        .filter(|_| all_here)
+        .map(|p| &p.specs);
+    Ok(super::board::Board::open(cfg, config_path, &names, split)?
         .map_or((None, None), |(b, tap)| (Some(b), tap)))
 }
 

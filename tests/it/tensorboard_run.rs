@@ -50,9 +50,23 @@ print(json.dumps(out))
 
 #[test]
 fn tensorboard_holds_what_the_metrics_file_holds() {
+    holds_what_the_metrics_file_holds("");
+}
+
+/// Under tensor parallelism a split parameter's histograms are of the whole tensor, its
+/// shards' parts put together (`fc1.weight` is split by columns, `fc2.bias` is not: it
+/// comes from shard 0 alone, not once per shard).
+#[test]
+fn a_split_parameter_s_histograms_hold_the_whole_tensor() {
+    holds_what_the_metrics_file_holds("horizontal_parallel_size = 2\n");
+}
+
+/// A run of `CONFIG` with `extra` keys: its TensorBoard log holds its metrics file's
+/// scalars, and every step's histograms of the whole named tensors.
+fn holds_what_the_metrics_file_holds(extra: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("run.toml");
-    std::fs::write(&config, CONFIG).unwrap();
+    std::fs::write(&config, format!("{extra}{CONFIG}")).unwrap();
     let metrics = tmp.path().join("metrics.jsonl");
     crate::common::launch::one_process(&config, &metrics);
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
