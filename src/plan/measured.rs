@@ -205,8 +205,15 @@ pub(super) fn measure_all(
 ) -> Result<Measured> {
     let (profiles, skipped) = profile_all(run, (models, cfg, opts), candidates, threads);
     if profiles.is_empty() {
-        let why: Vec<String> = skipped.iter().map(|(_, e)| e.clone()).collect();
-        return Err(super::plan_error("profiling", why.join("; ")));
+        // Each reason is a plan error's own text: said once.
+        let why: Vec<&str> = skipped
+            .iter()
+            .map(|(_, e)| e.strip_prefix("plan: ").unwrap_or(e))
+            .collect();
+        return Err(super::plan_error(
+            "profiling",
+            format!("no micro-batch size could be profiled: {}", why.join("; ")),
+        ));
     }
     let sizes: Vec<&Profile> = profiles.values().filter(|p| p.shards == 1).collect();
     // ZeRO stage 2's run only where some candidate would use it.
