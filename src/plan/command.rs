@@ -95,6 +95,8 @@ pub struct PlanArgs {
 pub fn plan_command(args: &PlanArgs) -> Result<()> {
     let cfg = TrainConfig::load(&args.config)?;
     let rt = Runtime::from_env()?;
+    // Before the link of a manifest's nodes is measured in this process.
+    let baseline = super::process::Baseline::now();
     let worker = std::env::current_exe().map_err(crate::Error::io(&args.config))?;
     let given = args.link_latency_us.zip(args.link_gbps);
     let cluster = match &args.manifest {
@@ -110,6 +112,7 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
     let opts = PlanOptions {
         worker: &worker,
         workers,
+        baseline: Some(baseline),
         caps: super::Caps {
             device: args.memory_per_device.map(gib),
             process: match args.memory_per_process {

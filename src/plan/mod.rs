@@ -45,7 +45,7 @@ mod measured;
 mod ort_profile;
 mod overlap;
 mod passes;
-mod process;
+pub mod process;
 pub mod profile;
 #[cfg(feature = "cluster")]
 mod proof;
@@ -90,6 +90,8 @@ pub struct PlanOptions<'a> {
     pub workers: usize,
     /// The memory caps each layout must fit.
     pub caps: Caps,
+    /// What this process held when it started, with ONNX Runtime loaded (`None`: now).
+    pub baseline: Option<process::Baseline>,
     /// The most micro-batches per step to try.
     pub max_micro_batches: usize,
     /// Steps each profile runs (the first two not counted).
@@ -217,6 +219,7 @@ pub fn plan(
     let (tg, process_base) = process::ProcessBase::measure(
         || crate::train::graph_of(rt, cfg, config_path),
         cfg.batch_size,
+        opts.baseline.unwrap_or_else(process::Baseline::now),
     )?;
     process_base.check_room(opts.caps.process.as_ref())?;
     let whole = Sharded::from_graph(tg, 1, cfg.batch_size);

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::cost::{Candidate, Nodes};
 use crate::graph::TrainingGraph;
 use crate::train::peak::gb;
+use crate::train::release_freed_memory;
 use crate::Result;
 
 /// A process's memory before its sessions open, as `train` counts it.
@@ -29,33 +30,54 @@ pub struct ProcessBase {
     pub micro_batch: usize,
 }
 
+/// What a process held before anything of the plan's own: resident and anonymous bytes.
+/// The plan's process does more than a training process before it builds the graph (it
+/// measures the link of a manifest's nodes), so what building adds is counted from here.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Baseline {
+    resident: u64,
+    anon: u64,
+}
+
+impl Baseline {
+    /// This process now.
+    pub fn now() -> Baseline {
+        Baseline {
+            resident: crate::train::resident_now(),
+            anon: crate::telemetry::anon_resident_bytes().unwrap_or(0),
+        }
+    }
+}
+
 impl ProcessBase {
     /// Runs `build` (which builds the training graph at micro-batches of `micro_batch`)
-    /// in this process and measures what the process holds after it, and its peak while
-    /// it ran.
+    /// in this process and measures what it adds to the process, and to its peak, over
+    /// what the process held at `start` (as a training process holds when it starts to
+    /// build).
     ///
     /// # Errors
     /// What `build` returns.
     pub fn measure(
         build: impl FnOnce() -> Result<TrainingGraph>,
         micro_batch: usize,
+        start: Baseline,
     ) -> Result<(TrainingGraph, ProcessBase)> {
+        release_freed_memory();
+        let before = Baseline::now();
         let sampler = crate::telemetry::AnonPeak::start();
         let tg = build()?;
-        let building = sampler
-            .peak()
-            .or_else(crate::telemetry::peak_resident_bytes)
-            .unwrap_or(0);
+        let peak = sampler.peak().unwrap_or(before.anon);
         // As `train` does after building: glibc keeps freed heap unless asked.
-        crate::train::release_freed_memory();
+        release_freed_memory();
         let initial: u64 = tg
             .params
             .iter()
             .map(|p| (p.init.len() * p.meta.dtype.size()) as u64)
             .sum();
+        let added = crate::train::resident_now().saturating_sub(before.resident);
         let base = ProcessBase {
-            fixed: crate::train::resident_now().saturating_sub(initial),
-            building,
+            fixed: (start.resident + added).saturating_sub(initial),
+            building: start.anon + peak.saturating_sub(before.anon),
             params: initial,
             micro_batch,
         };
