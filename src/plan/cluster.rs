@@ -113,7 +113,7 @@ pub fn measure_launched(
         period(&dir.join("metrics.jsonl"), warmup).map_err(failed)
     })();
     let _ = std::fs::remove_dir_all(&dir);
-    outcome.map(|step| Measured { step })
+    outcome.map(|step| Measured { step, peak: None })
 }
 
 /// The job of `config` on `manifest`'s nodes with `c`'s layout, each node a process

@@ -5,6 +5,7 @@
 //! the last; each measured step is printed beside its prediction, then how the
 //! predictions held, raw and with the drift at each run taken out.
 
+use std::cell::RefCell;
 use std::path::Path;
 use std::time::Instant;
 
@@ -54,6 +55,8 @@ pub(super) fn measure<'a>(
         .is_none()
         .then(|| Control::of(&p.profiles, worker, &args.config, cfg.global_batch()))
         .flatten();
+    // Each run's process peak, the highest of its rounds, by the row it ran.
+    let peaks: RefCell<Vec<(*const PlanRow, u64)>> = RefCell::new(Vec::new());
     let measure = |row: &PlanRow| {
         // Long enough for the clock to see the steps.
         let steps = super::profile::steps_lasting(
@@ -68,11 +71,17 @@ pub(super) fn measure<'a>(
             }
             None => super::measure_step(worker, &args.config, row, (steps, 2)),
         }
-        .map(|m| m.step)
+        .map(|m| {
+            if let Some(peak) = m.peak {
+                peaks.borrow_mut().push((row as *const PlanRow, peak));
+            }
+            m.step
+        })
         .map_err(|e| e.to_string())
     };
     let (steps, drifts) = in_rounds(&runs, rounds, control.as_ref(), &measure);
     let measured = print_table(runs.clone(), steps, &drifts);
+    print!("{}", memory_text(&runs, &peaks.into_inner()));
     print!("{}", accuracy(&measured));
     if let Some(c) = &control {
         print!("{}", drift_text(&measured, &drifts, &c.name()));
@@ -175,6 +184,28 @@ fn print_table(runs: Vec<(String, &PlanRow)>, steps: Vec<Seen>, drifts: &[Timed]
         });
     }
     measured
+}
+
+/// Each run's measured process peak (the highest of its rounds) beside the largest
+/// process the plan predicted for it, in GB: empty where no run said.
+fn memory_text(runs: &[(String, &PlanRow)], peaks: &[(*const PlanRow, u64)]) -> String {
+    let gb = |b: u64| b as f64 / 1e9;
+    let said: Vec<String> = runs
+        .iter()
+        .filter_map(|(name, row)| {
+            let ran = peaks.iter().filter(|(r, _)| std::ptr::eq(*r, *row));
+            let peak = ran.map(|&(_, b)| b).max()?;
+            let predicted = row.processes.iter().copied().max().unwrap_or(0);
+            Some(format!("{name} {:.3}/{:.3}", gb(peak), gb(predicted)))
+        })
+        .collect();
+    match said.is_empty() {
+        true => String::new(),
+        false => format!(
+            "peak memory of each run's process, measured/predicted GB: {}\n",
+            said.join(", ")
+        ),
+    }
 }
 
 /// What `--measure K` runs, named: the best `k` that fit, the default layout, the

@@ -184,7 +184,7 @@ pub(super) fn profile_config(
     Ok(path)
 }
 
-/// Runs `pipetrain train CONFIG --trace trace.json` in `dir`.
+/// Runs `pipetrain train CONFIG --trace trace.json --metrics metrics.jsonl` in `dir`.
 fn run_worker(worker: &Path, config: &Path, dir: &Path) -> std::result::Result<(), String> {
     let config = std::path::absolute(config).map_err(|e| e.to_string())?;
     let out = Command::new(worker)
@@ -192,6 +192,8 @@ fn run_worker(worker: &Path, config: &Path, dir: &Path) -> std::result::Result<(
         .arg(&config)
         .arg("--trace")
         .arg("trace.json")
+        .arg("--metrics")
+        .arg("metrics.jsonl")
         .current_dir(dir)
         .output()
         .map_err(|e| format!("{}: {e}", worker.display()))?;

@@ -14,6 +14,8 @@ use super::{plan_error, PlanRow};
 pub struct Measured {
     /// Mean seconds from one step's start to the next's, after the warm-up steps.
     pub step: f64,
+    /// The process's peak resident bytes (`None`: not said, or a launched job's).
+    pub peak: Option<u64>,
 }
 
 /// Runs `row`'s configuration (the user's at `config`, with `row`'s layout) for `steps`
@@ -40,16 +42,26 @@ pub fn measure_step(
             row.candidate,
             super::shares::stage_actions_text(&trace, warmup)
         );
-        passes_in(&trace, warmup)
+        let period = passes_in(&trace, warmup)
             .map(|p| p.period)
-            .map_err(|e| format!("{}: {e}", path.display()))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok((period, last_peak(&dir.join("metrics.jsonl"))))
     })
     .map_err(|reason| plan_error("measuring a candidate", reason))?;
+    let (period, peak) = period;
     match period > 0.0 {
-        true => Ok(Measured { step: period }),
+        true => Ok(Measured { step: period, peak }),
         false => Err(plan_error(
             "measuring a candidate",
             format!("{steps} steps, {warmup} not counted: 2 or more must be counted"),
         )),
     }
+}
+
+/// The peak memory the last step of a metrics file reports, bytes.
+fn last_peak(metrics: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(metrics).ok()?;
+    let last = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    let m: crate::telemetry::StepMetrics = serde_json::from_str(last).ok()?;
+    m.peak_memory_gb.map(|gb| (gb * 1e9) as u64)
 }

@@ -70,6 +70,10 @@ pub struct StepMetrics {
     /// went on with fewer nodes says so on its first step after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<String>,
+    /// The peak resident memory of the process writing the file so far, GB (Linux's
+    /// `VmHWM`; node 0's process in a launched job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_gb: Option<f64>,
 }
 
 /// Reads `null` as NaN: see [`StepMetrics`].

@@ -185,6 +185,7 @@ fn metrics_lines_round_trip_and_are_flushed_as_written() {
             skipped: true,
             samples: Some(128),
             event: Some("elastic: 3 of 4 nodes are left".into()),
+            peak_memory_gb: Some(0.25),
         },
     ];
     let mut w = MetricsWriter::create(&path).unwrap();

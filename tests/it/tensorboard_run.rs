@@ -86,6 +86,15 @@ fn holds_what_the_metrics_file_holds(extra: &str) {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(rows.len(), 6);
+    // The process's peak memory so far: there, and never falling.
+    let peaks: Vec<f64> = rows
+        .iter()
+        .map(|r| r["peak_memory_gb"].as_f64().expect("peak_memory_gb"))
+        .collect();
+    assert!(
+        peaks[0] > 0.0 && peaks.windows(2).all(|w| w[0] <= w[1]),
+        "{peaks:?}"
+    );
     for (tag, key) in [
         ("loss", "loss"),
         ("lr", "lr"),
