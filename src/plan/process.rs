@@ -164,21 +164,9 @@ pub fn process_peaks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ScheduleKind;
-    use crate::graph::Recompute;
 
     fn candidate(dp: usize, tp: usize, pp: usize) -> Candidate {
-        Candidate {
-            dp,
-            tp,
-            pp,
-            schedule: ScheduleKind::OneFOneB,
-            virtual_stages: 1,
-            micro_batches: 4,
-            micro_batch: 8,
-            recompute: Recompute::None,
-            zero: 0,
-        }
+        Candidate::one_f_one_b((dp, tp, pp), (4, 8))
     }
 
     const BASE: ProcessBase = ProcessBase {

@@ -166,16 +166,22 @@ fn a_plan_is_written_as_a_configuration_train_runs_as_it_is() {
     );
     // A rank past the table's end is refused, saying how many fit; nothing is written.
     let past = dir.join("out").join("past.toml");
-    let refused = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
-        .args(["plan", "--devices", "2", "--max-micro-batches", "2"])
-        .args(["--profile-steps", "3", "--profile-rounds", "2"])
-        .args(["--profile-cache", cache, "--pick", "999", "--out"])
-        .arg(&past)
-        .arg(&config)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success());
+    let stderr = plan_refused(
+        &config,
+        &[
+            "--max-micro-batches",
+            "2",
+            "--profile-steps",
+            "3",
+            "--profile-rounds",
+            "2",
+            "--profile-cache",
+            cache,
+            "--pick",
+            "999",
+        ],
+        &past,
+    );
     assert!(
         stderr.contains("--pick") && stderr.contains("rank 999 asked for"),
         "{stderr}"
@@ -306,6 +312,25 @@ pub(crate) fn plan(
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     stdout
+}
+
+/// `pipetrain plan CONFIG` on two devices with `extra`, writing to `out`, fails: its
+/// stderr.
+pub(crate) fn plan_refused(
+    config: &std::path::Path,
+    extra: &[&str],
+    out: &std::path::Path,
+) -> String {
+    let refused = Command::new(env!("CARGO_BIN_EXE_pipetrain"))
+        .args(["plan", "--devices", "2"])
+        .args(extra)
+        .arg("--out")
+        .arg(out)
+        .arg(config)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    String::from_utf8_lossy(&refused.stderr).to_string()
 }
 
 /// `stdout` (a plan with `--measure` and `--out`) says it wrote the fastest measured

@@ -3,7 +3,7 @@
 
 use pipetrain::config::TrainConfig;
 
-use super::plan::{config_in, plan, tempfile_dir, trains, CONFIG};
+use super::plan::{config_in, plan, plan_refused, tempfile_dir, trains, CONFIG};
 
 /// Under a cap one worker cannot train the model within (its profile run, one stage,
 /// ZB-H1, is predicted over it), the profile runs it in two pipeline stages, reads both
@@ -137,14 +137,7 @@ fn a_layout_whose_process_is_over_the_process_cap_is_dropped() {
     )
     .unwrap();
     let none = dir.join("none.toml");
-    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_pipetrain"))
-        .args(["plan", "--devices", "2", "--out"])
-        .arg(&none)
-        .arg(&config)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success());
+    let stderr = plan_refused(&config, &[], &none);
     assert!(
         stderr.contains("nothing fits: every process holds at least")
             && stderr.contains("over the process cap of 0.01 GB ([runtime] memory_limit_gb)"),
