@@ -39,7 +39,9 @@ mod settings;
 #[cfg(feature = "cli")]
 mod signals;
 
-pub(crate) use cap::{memory_cap, resident_now};
+#[cfg(feature = "cluster")]
+pub(crate) use cap::memory_cap;
+pub(crate) use cap::resident_now;
 pub use check::{check_model, CheckReport};
 pub use checkpointing::{claim_checkpoints_dir, latest_checkpoint};
 pub use cluster::ClusterPart;
