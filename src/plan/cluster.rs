@@ -86,7 +86,7 @@ pub fn write_manifest(manifest: &ClusterManifest, c: &Candidate, path: &Path) ->
 /// Runs `row`'s configuration (the user's at `config`, `threads` intra-op threads a
 /// session) for `steps` steps as a launched job: one `pipetrain launch` process per node
 /// of `manifest` (every node on this machine), on free ports and a fresh secret, and
-/// measures its step from node 0's metrics.
+/// measures its step (and node 0's process peak) from node 0's metrics.
 ///
 /// # Errors
 /// `Plan` when a node fails or the metrics show too few steps.
@@ -110,10 +110,15 @@ pub fn measure_launched(
         let ran = launch_here(worker, &path, manifest, &row.candidate, &dir);
         let _ = std::fs::remove_file(&path);
         ran.map_err(failed)?;
-        period(&dir.join("metrics.jsonl"), warmup).map_err(failed)
+        let metrics = dir.join("metrics.jsonl");
+        let step = period(&metrics, warmup).map_err(failed)?;
+        Ok(Measured {
+            step,
+            peak: super::verify::last_peak(&metrics),
+        })
     })();
     let _ = std::fs::remove_dir_all(&dir);
-    outcome.map(|step| Measured { step, peak: None })
+    outcome
 }
 
 /// The job of `config` on `manifest`'s nodes with `c`'s layout, each node a process

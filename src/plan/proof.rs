@@ -186,8 +186,9 @@ fn print_table(runs: Vec<(String, &PlanRow)>, steps: Vec<Seen>, drifts: &[Timed]
     measured
 }
 
-/// Each run's measured process peak (the highest of its rounds) beside the largest
-/// process the plan predicted for it, in GB: empty where no run said.
+/// Each run's measured process peak (the highest of its rounds) beside the plan's
+/// prediction for that process (node 0's in a launched job), in GB: empty where no run
+/// said.
 fn memory_text(runs: &[(String, &PlanRow)], peaks: &[(*const PlanRow, u64)]) -> String {
     let gb = |b: u64| b as f64 / 1e9;
     let said: Vec<String> = runs
@@ -195,14 +196,15 @@ fn memory_text(runs: &[(String, &PlanRow)], peaks: &[(*const PlanRow, u64)]) -> 
         .filter_map(|(name, row)| {
             let ran = peaks.iter().filter(|(r, _)| std::ptr::eq(*r, *row));
             let peak = ran.map(|&(_, b)| b).max()?;
-            let predicted = row.processes.iter().copied().max().unwrap_or(0);
+            let predicted = row.processes.first().copied().unwrap_or(0);
             Some(format!("{name} {:.3}/{:.3}", gb(peak), gb(predicted)))
         })
         .collect();
     match said.is_empty() {
         true => String::new(),
         false => format!(
-            "peak memory of each run's process, measured/predicted GB: {}\n",
+            "peak memory of each run's process (node 0's when launched), measured/predicted \
+             GB: {}\n",
             said.join(", ")
         ),
     }

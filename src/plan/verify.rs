@@ -14,7 +14,7 @@ use super::{plan_error, PlanRow};
 pub struct Measured {
     /// Mean seconds from one step's start to the next's, after the warm-up steps.
     pub step: f64,
-    /// The process's peak resident bytes (`None`: not said, or a launched job's).
+    /// The process's peak resident bytes, node 0's in a launched job (`None`: not said).
     pub peak: Option<u64>,
 }
 
@@ -59,7 +59,7 @@ pub fn measure_step(
 }
 
 /// The peak memory the last step of a metrics file reports, bytes.
-fn last_peak(metrics: &Path) -> Option<u64> {
+pub(super) fn last_peak(metrics: &Path) -> Option<u64> {
     let text = std::fs::read_to_string(metrics).ok()?;
     let last = text.lines().rev().find(|l| !l.trim().is_empty())?;
     let m: crate::telemetry::StepMetrics = serde_json::from_str(last).ok()?;
