@@ -185,6 +185,31 @@ fn four_nodes_shard_the_optimizer_state_exactly_as_one_unsharded_process() {
     job_equals_one_process(dir.path(), &[cfg.as_path(); 4], &single, steps, &model);
 }
 
+/// A launched pipeline's memory does not grow with its steps: the activations and
+/// gradients decoded from the wire are not kept for reuse beside the stages' own buffers
+/// (`compute::HostPool`), which they filled towards its 256 MB bound at tens of KB a step.
+#[test]
+fn a_launched_pipeline_s_memory_does_not_grow_with_its_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 400;
+    let cfg = train_config(dir.path(), "cluster", steps, "");
+    let single = train_config(dir.path(), "single", steps, "");
+    let model = dir.path().join("cluster/model.onnx");
+    job_equals_one_process(dir.path(), &[cfg.as_path(); 4], &single, steps, &model);
+    let peak = |step: usize| -> f64 {
+        let text = fs::read_to_string(dir.path().join("cluster.jsonl")).unwrap();
+        let row: serde_json::Value =
+            serde_json::from_str(text.lines().nth(step - 1).unwrap()).unwrap();
+        row["peak_memory_gb"].as_f64().expect("peak_memory_gb")
+    };
+    let grown = peak(steps) - peak(50);
+    assert!(
+        grown < 0.005,
+        "node 0 grew {:.1} MB from step 50 to {steps}",
+        grown * 1e3
+    );
+}
+
 /// `deepspeed_zero_stage = 2`: every micro-batch's gradient buckets are reduce-scattered
 /// round the ring (16 KiB buckets: several per stage), each replica adding its own part;
 /// the job trains bitwise as one process of the same layout, sharded the same way.
