@@ -188,7 +188,7 @@ pub struct TrainConfig {
 }
 
 /// The scalars a run can write to TensorBoard.
-pub const SCALAR_NAMES: [&str; 8] = [
+pub const SCALAR_NAMES: [&str; 9] = [
     "loss",
     "lr",
     "grad_norm",
@@ -197,6 +197,7 @@ pub const SCALAR_NAMES: [&str; 8] = [
     "samples_per_s",
     "eval_loss",
     "eval_accuracy",
+    "peak_memory_gb",
 ];
 
 fn one() -> usize {

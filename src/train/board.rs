@@ -96,6 +96,7 @@ impl Board {
                 "samples_per_s" => Some(r.samples_per_s),
                 "eval_loss" => r.eval_loss,
                 "eval_accuracy" => r.eval_accuracy,
+                "peak_memory_gb" => r.peak_memory.map(|b| b as f64 / 1e9),
                 _ => None,
             };
             if let Some(v) = value {

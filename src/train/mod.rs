@@ -82,6 +82,8 @@ pub struct StepReport {
     pub samples_per_s: f64,
     /// Time since training started.
     pub elapsed: Duration,
+    /// This process's peak resident bytes so far (Linux's `VmHWM`; `None` elsewhere).
+    pub peak_memory: Option<u64>,
 }
 
 impl StepReport {

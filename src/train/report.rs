@@ -108,7 +108,7 @@ impl<W: Write> Reporter<W> {
                 skipped: r.skipped,
                 samples: Some((r.step + 1) * self.global as u64),
                 event: self.event.take(),
-                peak_memory_gb: crate::telemetry::peak_resident_bytes().map(|b| b as f64 / 1e9),
+                peak_memory_gb: r.peak_memory.map(|b| b as f64 / 1e9),
                 ..Default::default()
             };
             if let Err(e) = w.write(&m) {

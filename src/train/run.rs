@@ -380,6 +380,7 @@ fn step_reporter<'a>(
             saved: r.saved.clone(),
             samples_per_s: cfg.global_batch() as f64 / step_s,
             elapsed,
+            peak_memory: crate::telemetry::peak_resident_bytes(),
         };
         if let Some(b) = board.as_mut() {
             if let Err(e) = b.step(&report) {

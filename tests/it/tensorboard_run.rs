@@ -102,6 +102,7 @@ fn holds_what_the_metrics_file_holds(extra: &str) {
         ("clip_coef", "clip_coef"),
         ("eval_loss", "eval_loss"),
         ("eval_accuracy", "eval_accuracy"),
+        ("peak_memory_gb", "peak_memory_gb"),
     ] {
         let want: Vec<(u64, f32)> = rows
             .iter()
