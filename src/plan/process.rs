@@ -69,11 +69,7 @@ impl ProcessBase {
         let peak = sampler.peak().unwrap_or(before.anon);
         // As `train` does after building: glibc keeps freed heap unless asked.
         release_freed_memory();
-        let initial: u64 = tg
-            .params
-            .iter()
-            .map(|p| (p.init.len() * p.meta.dtype.size()) as u64)
-            .sum();
+        let initial = tg.initial_value_bytes();
         let added = crate::train::resident_now().saturating_sub(before.resident);
         let base = ProcessBase {
             fixed: (start.resident + added).saturating_sub(initial),

@@ -221,12 +221,7 @@ pub(super) fn check_fits(
     let per_stage = stage_memory(cfg, &built.tg, &built.stages, &built.predicted);
     // The initial values the graph holds move into the stages' buffers and are freed
     // once the sessions exist: counted in the stages' state, not twice.
-    let initial: u64 = built
-        .tg
-        .params
-        .iter()
-        .map(|p| (p.init.len() * p.meta.dtype.size()) as u64)
-        .sum();
+    let initial = built.tg.initial_value_bytes();
     let need = ProcessMemory {
         stages: owned.iter().map(|&(_, s)| per_stage[s]).collect(),
         fixed: cap::resident_now().saturating_sub(initial),

@@ -121,6 +121,14 @@ impl TrainingGraph {
         g.to_model()
     }
 
+    /// Bytes of the parameters' initial values the graph holds.
+    pub fn initial_value_bytes(&self) -> u64 {
+        self.params
+            .iter()
+            .map(|p| (p.init.len() * p.meta.dtype.size()) as u64)
+            .sum()
+    }
+
     /// Frees the parameters' initial values (their types and shapes stay): what a run does
     /// once its stages hold them. Graphs built from here on carry no initial values.
     pub fn release_initial_values(&mut self) {
