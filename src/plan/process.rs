@@ -115,10 +115,10 @@ impl ProcessBase {
         held + (self.building.saturating_sub(held) as f64 * scale) as u64
     }
 
-    /// A process of these `ranks` (bytes each) at micro-batches of `micro_batch`: the
-    /// training's peak, or graph building's where that is higher.
-    pub fn with_ranks(&self, ranks: impl Iterator<Item = u64>, micro_batch: usize) -> u64 {
-        (self.fixed + ranks.sum::<u64>()).max(self.building_at(micro_batch))
+    /// A process whose ranks hold `ranks` bytes in all, at micro-batches of
+    /// `micro_batch`: the training's peak, or graph building's where that is higher.
+    pub fn with_ranks(&self, ranks: u64, micro_batch: usize) -> u64 {
+        (self.fixed + ranks).max(self.building_at(micro_batch))
     }
 
     /// `"0.05 GB (ONNX Runtime, the libraries, the training graph), graph building's
@@ -141,19 +141,17 @@ pub fn process_peaks(
     base: &ProcessBase,
     nodes: Option<&Nodes>,
 ) -> Vec<u64> {
-    let members = (0..c.dp)
-        .flat_map(|dp| (0..c.pp).flat_map(move |pp| (0..c.tp).map(move |tp| (dp, pp, tp))));
-    let Some(nodes) = nodes else {
-        let all = members.map(|(_, pp, _)| ranks.get(pp).copied().unwrap_or(0));
-        return vec![base.with_ranks(all, c.micro_batch)];
-    };
-    let mut held = vec![Vec::new(); nodes.slots.len()];
-    for m in members {
-        let node = nodes.member(c, m);
-        held[node].push(ranks.get(m.1).copied().unwrap_or(0));
+    let mut held = vec![0u64; nodes.map_or(1, |n| n.slots.len())];
+    for dp in 0..c.dp {
+        for pp in 0..c.pp {
+            for tp in 0..c.tp {
+                let process = nodes.map_or(0, |n| n.member(c, (dp, pp, tp)));
+                held[process] += ranks.get(pp).copied().unwrap_or(0);
+            }
+        }
     }
     held.into_iter()
-        .map(|r| base.with_ranks(r.into_iter(), c.micro_batch))
+        .map(|ranks| base.with_ranks(ranks, c.micro_batch))
         .collect()
 }
 
