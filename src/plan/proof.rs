@@ -5,7 +5,7 @@
 //! the last; each measured step is printed beside its prediction, then how the
 //! predictions held, raw and with the drift at each run taken out.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::path::Path;
 use std::time::Instant;
 
@@ -55,8 +55,6 @@ pub(super) fn measure<'a>(
         .is_none()
         .then(|| Control::of(&p.profiles, worker, &args.config, cfg.global_batch()))
         .flatten();
-    // Each run's process peak, the highest of its rounds, by the row it ran.
-    let peaks: RefCell<Vec<(*const PlanRow, u64)>> = RefCell::new(Vec::new());
     let measure = |row: &PlanRow| {
         // Long enough for the clock to see the steps.
         let steps = super::profile::steps_lasting(
@@ -71,17 +69,11 @@ pub(super) fn measure<'a>(
             }
             None => super::measure_step(worker, &args.config, row, (steps, 2)),
         }
-        .map(|m| {
-            if let Some(peak) = m.peak {
-                peaks.borrow_mut().push((row as *const PlanRow, peak));
-            }
-            m.step
-        })
         .map_err(|e| e.to_string())
     };
-    let (steps, drifts) = in_rounds(&runs, rounds, control.as_ref(), &measure);
+    let (steps, peaks, drifts) = in_rounds(&runs, rounds, control.as_ref(), &measure);
     let measured = print_table(runs.clone(), steps, &drifts);
-    print!("{}", memory_text(&runs, &peaks.into_inner()));
+    print!("{}", memory_text(&runs, &peaks));
     print!("{}", accuracy(&measured));
     if let Some(c) = &control {
         print!("{}", drift_text(&measured, &drifts, &c.name()));
@@ -109,14 +101,14 @@ fn fastest_fitting<'a>(
 }
 
 /// Each of `runs` measured `rounds` times, the runs in turn each round after the
-/// control's, and the control once more after the last round; and the control's drift
-/// each time it ran.
+/// control's, and the control once more after the last round; each run's process peak
+/// (the highest of its rounds); and the control's drift each time it ran.
 fn in_rounds(
     runs: &[(String, &PlanRow)],
     rounds: usize,
     control: Option<&Control<'_>>,
-    measure: &dyn Fn(&PlanRow) -> std::result::Result<f64, String>,
-) -> (Vec<Seen>, Vec<Timed>) {
+    measure: &dyn Fn(&PlanRow) -> std::result::Result<super::Measured, String>,
+) -> (Vec<Seen>, Vec<Option<u64>>, Vec<Timed>) {
     let start = Instant::now();
     let timed = |run: &dyn Fn() -> std::result::Result<f64, String>| {
         let from = start.elapsed().as_secs_f64();
@@ -131,19 +123,28 @@ fn in_rounds(
         None => {}
     };
     let mut steps: Vec<Seen> = vec![Ok(Vec::new()); runs.len()];
+    // Each run's process peak, the highest of its rounds.
+    let mut peaks: Vec<Option<u64>> = vec![None; runs.len()];
     for _ in 0..rounds {
         control_run();
-        for ((_, row), got) in runs.iter().zip(&mut steps) {
+        for (((_, row), got), most) in runs.iter().zip(&mut steps).zip(&mut peaks) {
             if let Ok(seen) = got {
-                match timed(&|| measure(row)) {
+                let peak = Cell::new(None);
+                let run = || {
+                    let m = measure(row)?;
+                    peak.set(m.peak);
+                    Ok(m.step)
+                };
+                match timed(&run) {
                     Ok(step) => seen.push(step),
                     Err(e) => *got = Err(e),
                 }
+                *most = (*most).max(peak.get());
             }
         }
     }
     control_run();
-    (steps, drifts)
+    (steps, peaks, drifts)
 }
 
 /// Prints each run's prediction, measured median and spread; returns those that ran,
@@ -189,13 +190,13 @@ fn print_table(runs: Vec<(String, &PlanRow)>, steps: Vec<Seen>, drifts: &[Timed]
 /// Each run's measured process peak (the highest of its rounds) beside the plan's
 /// prediction for that process (node 0's in a launched job), in GB: empty where no run
 /// said.
-fn memory_text(runs: &[(String, &PlanRow)], peaks: &[(*const PlanRow, u64)]) -> String {
+fn memory_text(runs: &[(String, &PlanRow)], peaks: &[Option<u64>]) -> String {
     let gb = |b: u64| b as f64 / 1e9;
     let said: Vec<String> = runs
         .iter()
-        .filter_map(|(name, row)| {
-            let ran = peaks.iter().filter(|(r, _)| std::ptr::eq(*r, *row));
-            let peak = ran.map(|&(_, b)| b).max()?;
+        .zip(peaks)
+        .filter_map(|((name, row), peak)| {
+            let peak = (*peak)?;
             let predicted = row.processes.first().copied().unwrap_or(0);
             Some(format!("{name} {:.3}/{:.3}", gb(peak), gb(predicted)))
         })
