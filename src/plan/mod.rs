@@ -37,6 +37,7 @@ mod cluster_calibrate;
 mod command;
 #[cfg(feature = "cluster")]
 mod control;
+mod fits;
 mod fixed_batch;
 #[cfg(feature = "cluster")]
 mod link;
@@ -66,6 +67,7 @@ use std::time::Instant;
 
 #[cfg(feature = "cluster")]
 pub use command::{plan_command, PlanArgs};
+pub use fits::Caps;
 use measured::{calibrate_stage_overheads, measure_all};
 pub(crate) use measured::{Profiles, Sharded};
 pub use profile::{Profile, ProfileRun};
@@ -79,7 +81,7 @@ pub use write::{candidate_text, write_config};
 use crate::compute::{intra_threads_for, Runtime};
 use crate::config::TrainConfig;
 use crate::cost::{Link, Nodes};
-use crate::graph::{flops_per_node, BalanceBy};
+use crate::graph::flops_per_node;
 use crate::{Error, Result};
 
 /// What to plan for.
@@ -134,31 +136,6 @@ pub struct PlanRow {
     /// Predicted peak bytes per process: the ranks it holds and what it holds beside
     /// them (`process`).
     pub processes: Vec<u64>,
-}
-
-impl PlanRow {
-    /// Whether every rank fits the device cap and every process the process cap.
-    pub fn fits(&self, caps: &Caps) -> bool {
-        let ranks = caps
-            .device
-            .is_none_or(|c| self.peak.iter().all(|&p| p <= c));
-        let processes = caps
-            .process
-            .as_ref()
-            .is_none_or(|(c, _)| self.processes.iter().all(|p| p <= c));
-        ranks && processes
-    }
-}
-
-/// The memory caps a layout must fit.
-#[derive(Debug, Clone, Default)]
-pub struct Caps {
-    /// Each rank's, bytes (`--memory-per-device`): what the memory model predicts of
-    /// its state, constants and activations.
-    pub device: Option<u64>,
-    /// Each process's, bytes, and where it comes from (`--memory-per-process`, else the
-    /// cap `train` refuses a run over: `runtime.memory_limit_gb` or the cgroup's limit).
-    pub process: Option<(u64, String)>,
 }
 
 /// A finished plan: every candidate that could be simulated, fastest first, and the
@@ -281,7 +258,7 @@ pub fn plan(
         .min_by_key(|p| p.micro_batch.abs_diff(cfg.batch_size));
     let node_times = nearest.map(|p| crate::cost::SavedProfile::of(p, &whole.tg, &here));
     let machinery = on_cluster(&run, opts, (&profiles, whole), &here, hosts);
-    let rows = simulated_rows(
+    let rows = search::simulated_rows(
         candidates,
         (cfg, config_path),
         &models,
@@ -386,55 +363,6 @@ fn on_cluster(
         replica_sync,
         ..*here
     }
-}
-
-/// Each candidate simulated on `on` at its profiled size, its cuts refined from those
-/// by time, parameters and FLOPs, with its peak memory per rank; fastest first.
-/// Candidates `train` would refuse (1F1B with fewer micro-batches than stages, say) or
-/// without a profile are left out.
-fn simulated_rows(
-    candidates: Vec<Candidate>,
-    (cfg, config_path): (&TrainConfig, &Path),
-    models: &[Sharded],
-    profiles: &Profiles,
-    on: (&Machinery, Option<&Nodes>),
-    base: &process::ProcessBase,
-) -> Vec<PlanRow> {
-    let scale_of = |mb: usize| mb as f64 / cfg.batch_size as f64;
-    let mut rows = Vec::new();
-    for c in candidates {
-        let (Some(model), Some(p)) = (
-            models.iter().find(|m| m.tp == c.tp),
-            profiles.get(&(c.tp, c.micro_batch)),
-        ) else {
-            continue;
-        };
-        // Refined from the cuts by time, by parameters and by FLOPs: the moves are local.
-        let starts = [BalanceBy::Params, BalanceBy::Flops]
-            .into_iter()
-            .filter_map(|by| model.balanced_bounds(c.stages(), by))
-            .collect();
-        let cuts = crate::cost::Cuts::Refined(starts);
-        let Some(sim) = search::simulate_on_nodes(&c, p, model.costs(), on, cuts) else {
-            continue;
-        };
-        let cuts = search::cut_names(&model.tg, &model.cut.live, &sim.bounds);
-        let applied = c.apply(cfg, &cuts);
-        if applied.validate(config_path).is_err() {
-            continue;
-        }
-        let peak = crate::train::rank_bytes(&model.tg, &applied, scale_of(c.micro_batch))
-            .unwrap_or_default();
-        let processes = process::process_peaks(&c, &peak, base, on.1);
-        rows.push(PlanRow {
-            candidate: c,
-            cuts,
-            simulated: sim,
-            peak,
-            processes,
-        });
-    }
-    rank::rank(rows)
 }
 
 /// An error of the planner's own.

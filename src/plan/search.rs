@@ -10,12 +10,66 @@
 //! ([`crate::cost`]); its memory per rank comes from the memory model that refuses runs
 //! over a cap (`train::memory`).
 
+use std::path::Path;
+
 use crate::config::{ScheduleKind, TrainConfig};
-use crate::graph::Recompute;
+use crate::cost::Nodes;
+use crate::graph::{BalanceBy, Recompute};
+
+use super::{PlanRow, Profiles, Sharded};
 
 pub use crate::cost::{
     cut_names, node_values, simulate_candidate, simulate_on_nodes, Candidate, Machinery, Simulated,
 };
+
+/// Each candidate simulated on `on` at its profiled size, its cuts refined from those
+/// by time, parameters and FLOPs, with its peak memory per rank; fastest first.
+/// Candidates `train` would refuse (1F1B with fewer micro-batches than stages, say) or
+/// without a profile are left out.
+pub(super) fn simulated_rows(
+    candidates: Vec<Candidate>,
+    (cfg, config_path): (&TrainConfig, &Path),
+    models: &[Sharded],
+    profiles: &Profiles,
+    on: (&Machinery, Option<&Nodes>),
+    base: &super::process::ProcessBase,
+) -> Vec<PlanRow> {
+    let scale_of = |mb: usize| mb as f64 / cfg.batch_size as f64;
+    let mut rows = Vec::new();
+    for c in candidates {
+        let (Some(model), Some(p)) = (
+            models.iter().find(|m| m.tp == c.tp),
+            profiles.get(&(c.tp, c.micro_batch)),
+        ) else {
+            continue;
+        };
+        // Refined from the cuts by time, by parameters and by FLOPs: the moves are local.
+        let starts = [BalanceBy::Params, BalanceBy::Flops]
+            .into_iter()
+            .filter_map(|by| model.balanced_bounds(c.stages(), by))
+            .collect();
+        let cuts = crate::cost::Cuts::Refined(starts);
+        let Some(sim) = simulate_on_nodes(&c, p, model.costs(), on, cuts) else {
+            continue;
+        };
+        let cuts = cut_names(&model.tg, &model.cut.live, &sim.bounds);
+        let applied = c.apply(cfg, &cuts);
+        if applied.validate(config_path).is_err() {
+            continue;
+        }
+        let peak = crate::train::rank_bytes(&model.tg, &applied, scale_of(c.micro_batch))
+            .unwrap_or_default();
+        let processes = super::process::process_peaks(&c, &peak, base, on.1);
+        rows.push(PlanRow {
+            candidate: c,
+            cuts,
+            simulated: sim,
+            peak,
+            processes,
+        });
+    }
+    super::rank::rank(rows)
+}
 
 /// Every layout of `workers` workers for `cfg`'s global batch: tensor shards of `tps`
 /// (1 and those the model splits into), micro-batch counts up to `max_micro_batches`, the
