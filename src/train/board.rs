@@ -105,8 +105,7 @@ impl Board {
         }
         let arrived: Vec<Tapped> = self.histograms.drain().collect();
         for t in arrived {
-            if let Some(values) = self.whole(t) {
-                let (tag, step, values) = values;
+            if let Some((tag, step, values)) = self.whole(t) {
                 self.writer.histogram(&tag, step + 1, &values)?;
             }
         }
