@@ -300,6 +300,26 @@ pub fn string_attr(name: &str, v: &str) -> AttributeProto {
     }
 }
 
+/// A list-of-strings attribute (an RNN's `activations`).
+pub fn strings_attr(name: &str, v: &[&str]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Strings as i32,
+        strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(),
+        ..Default::default()
+    }
+}
+
+/// The list-of-strings attribute `name`.
+pub fn attr_strings(n: &NodeProto, name: &str) -> Option<Vec<String>> {
+    n.attribute.iter().find(|a| a.name == name).map(|a| {
+        a.strings
+            .iter()
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect()
+    })
+}
+
 /// A tensor attribute.
 pub fn tensor_attr(name: &str, t: TensorProto) -> AttributeProto {
     AttributeProto {

@@ -9,8 +9,8 @@ use crate::common::exported::{
     assert_within_sensitivity, assert_within_spread, first_batch, fixture, layout_matches_pytorch,
     matches_pytorch, piped, reference, train_fixture, train_model, train_options, train_run,
     Family, Layout, Run, BART, BERT, BERT_CLASSIFIER, CONVNEXT, CONVNEXT_V2, DEBERTA_V2, GEMMA,
-    GPT2, GPTJ, LLAMA, MARIAN, MBART, MISTRAL, MOBILENET_V2, MOBILENET_V3, MOBILEVIT, ONE, PHI,
-    QWEN2, RESNET18, RESNET18_64, SWIN, VIT, WAV2VEC2,
+    GPT2, GPTJ, GRU, LLAMA, LSTM, MARIAN, MBART, MISTRAL, MOBILENET_V2, MOBILENET_V3, MOBILEVIT,
+    ONE, PHI, QWEN2, RESNET18, RESNET18_64, SWIN, VIT, WAV2VEC2,
 };
 use pipetrain::checkpoint::folder_name;
 
@@ -349,4 +349,21 @@ fn models_that_need_the_training_builds_rules_train_as_pytorch() {
         matches_pytorch(f);
         layout_matches_pytorch(f, piped(2, 2, "1f1b"));
     }
+}
+
+/// Recurrent nets as `torch.onnx.export` writes `torch.nn`'s: a two-layer LSTM (weights
+/// reordered by `Slice`/`Concat` from PyTorch's, `batch_first` as transposes), and a
+/// bidirectional GRU (`linear_before_reset`) feeding a ReLU RNN. ONNX Runtime's training
+/// build differentiates LSTM and GRU with its own kernels; here the backward is standard
+/// ops. At pp = 1 (SGD and AdamW) and pp = 2; the LSTM also as the dynamo exporter
+/// writes it.
+#[test]
+fn recurrent_nets_train_as_pytorch() {
+    for f in [&LSTM, &GRU] {
+        matches_pytorch(f);
+        layout_matches_pytorch(f, piped(2, 2, "1f1b"));
+    }
+    let (f64s, f32s, lr) = reference(&LSTM, "sgd");
+    let ours = train_model(&LSTM, "model.dynamo.onnx", "sgd", lr, ONE, f64s.len());
+    assert_within_spread("lstm (dynamo export) sgd", &ours, &f64s, &f32s, 4.0);
 }

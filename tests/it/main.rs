@@ -32,6 +32,7 @@ mod grad_ort_cases;
 mod grad_policy;
 mod grad_pool;
 mod grad_reach;
+mod grad_recurrent;
 mod grad_upsampling;
 mod intermediate_models;
 mod launch;

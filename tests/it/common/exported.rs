@@ -331,6 +331,16 @@ pub const GPT2: Family = Family {
     steps: 20,
     batch: 4,
 };
+/// `torch.nn` recurrent nets (`tools/fixtures/export_models.py`): a two-layer LSTM, and a
+/// bidirectional GRU then a ReLU RNN.
+pub const LSTM: Family = Family {
+    name: "lstm",
+    ..GPT2
+};
+pub const GRU: Family = Family {
+    name: "gru",
+    ..GPT2
+};
 pub const LLAMA: Family = Family {
     name: "llama",
     inputs: &["input_ids"],

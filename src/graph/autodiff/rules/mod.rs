@@ -17,6 +17,7 @@ mod nn;
 mod norm;
 mod pad;
 mod pool;
+mod recurrent;
 mod reduce;
 mod resize;
 mod rows_add;
@@ -146,6 +147,9 @@ const RULES: &[(&str, Rule)] = &[
     ("MaxPool", pool::max_pool),
     ("AveragePool", pool::average_pool),
     ("GlobalAveragePool", pool::global_average_pool),
+    ("LSTM", recurrent::lstm),
+    ("GRU", recurrent::gru),
+    ("RNN", recurrent::rnn),
 ];
 
 /// The gradient rule of a default-domain operator, if it has one.
