@@ -64,7 +64,23 @@ def distilbert() -> em.Family:
                         ignore_index=em.IGNORE_INDEX)
 
 
-FAMILIES = {**em.FAMILIES, "distilbert": distilbert}
+def lstm_ptb() -> em.Family:
+    """Zaremba et al.'s medium PTB language model at its size (vocabulary 10,000, embedding
+    and hidden 650, two LSTM layers, 35 steps, batch 20 by `--batch`): 19.8 M parameters,
+    on random tokens (the speed does not depend on them)."""
+    vocab, width, seq, rows = 10_000, 650, 35, 200
+    torch.manual_seed(em.WEIGHT_SEED)
+    model = em.RecurrentLM([torch.nn.LSTM(width, width, num_layers=2, batch_first=True)],
+                           width, vocab=vocab, embed=width)
+    tokens = np.random.default_rng(em.DATA_SEED).integers(0, vocab, (rows, seq + 1))
+    data = dict(input_ids=tokens[:, :seq].copy(), labels=tokens[:, 1:].copy())
+    return em.Family(name="lstm_ptb", library="torch.nn", cls="RecurrentLM",
+                     construction="PTB medium", config={}, model=model, data=data,
+                     inputs=["input_ids"], dynamic_axes=em.TEXT_AXES,
+                     output_names=["logits"], lr_sgd=1.0)
+
+
+FAMILIES = {**em.FAMILIES, "distilbert": distilbert, "lstm_ptb": lstm_ptb}
 
 
 def rows(fam, step: int, batch: int) -> dict:
@@ -162,14 +178,18 @@ def ratio(values: list[float]) -> str:
 
 
 def main() -> None:
+    global STEPS, WARMUP
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--families", default="bert,distilbert,vit,convnext")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=STEPS, help="steps a window")
+    ap.add_argument("--warmup", type=int, default=WARMUP, help="steps not timed")
     ap.add_argument("--ort-python", default=None,
                     help="a Python with onnxruntime-training (the peers'); none: no ORT column")
     a = ap.parse_args()
+    STEPS, WARMUP = a.steps, a.warmup
     torch.set_num_threads(a.threads)
     scratch = Path(tempfile.mkdtemp(prefix="exported_side_by_side_"))
     ort = a.ort_python

@@ -37,6 +37,9 @@ pub struct Emitter {
     /// Each emitted `Reshape`'s output to its input and anchor, so that a reshape of it
     /// under the same anchor reads that input instead (one node, not two).
     reshaped: HashMap<String, (String, usize)>,
+    /// Each `Pad` a gradient rule emitted through [`Emitter::pad`] (a `Slice`'s
+    /// gradient), so that a sum of them can be a `Concat` (`super::sums`).
+    pub(super) padded: HashMap<String, super::sums::Padded>,
 }
 
 impl Emitter {

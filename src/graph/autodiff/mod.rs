@@ -10,6 +10,7 @@ mod emit;
 mod fold;
 pub(crate) mod gelu;
 mod rules;
+mod sums;
 mod walk;
 
 use std::collections::{BTreeMap, HashMap};
@@ -235,9 +236,7 @@ fn gradient_outputs(
         let first_use = consumers.get(w.as_str()).and_then(|c| c.first());
         e.set_anchor(first_use.copied().unwrap_or(0), w);
         let name = format!("{w}_grad");
-        let refs: Vec<&str> = c.iter().map(String::as_str).collect();
-        let op = if c.len() == 1 { "Identity" } else { "Sum" };
-        e.node(op, "", &refs, &[&name], vec![]);
+        e.sum_into(&c, &name);
         grads.push((w.clone(), name));
     }
     (grads, no_grad)
@@ -262,12 +261,8 @@ fn no_gradient_error(missing: Vec<(String, String, String)>) -> Option<Error> {
     })
 }
 
-/// One gradient from several contributions: their `Sum`, anchored at the current node
-/// (the value's producer).
-fn accumulate(e: &mut Emitter, mut c: Vec<String>) -> String {
-    if c.len() == 1 {
-        return c.pop().expect("one element");
-    }
-    let refs: Vec<&str> = c.iter().map(String::as_str).collect();
-    e.op("Sum", &refs, vec![])
+/// One gradient from several contributions: their sum (`Emitter::sum`), anchored at the
+/// current node (the value's producer).
+fn accumulate(e: &mut Emitter, c: Vec<String>) -> String {
+    e.sum(&c)
 }

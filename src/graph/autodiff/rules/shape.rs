@@ -135,10 +135,7 @@ pub fn slice(ctx: &mut RuleCtx) -> Result<Grads> {
     let mut grads = vec![None; ctx.node.input.len()];
     grads[0] = Some(match pads.iter().all(|&p| p == 0) {
         true => g,
-        false => {
-            let p = ctx.e.ints(&pads);
-            ctx.e.op("Pad", &[&g, &p], vec![])
-        }
+        false => ctx.e.pad(&g, &pads, &sx),
     });
     Ok(grads)
 }

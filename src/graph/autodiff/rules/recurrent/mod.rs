@@ -193,25 +193,36 @@ fn recurrent(ctx: &mut RuleCtx, cell: Cell) -> Result<Grads> {
     }
     let mut grads = Vec::new();
     for (k, &reverse) in dirs.iter().enumerate() {
-        let dir = direction(ctx, &d, cell, k, reverse);
+        let dir = direction(ctx, &d, cell, (k, dirs.len()), reverse);
         let cg = cells::backward(ctx.e, &d, cell, &dir);
         grads.push(finish(ctx, &d, &dir, cg, reverse));
     }
     assemble(ctx, &d, cell, grads)
 }
 
-/// Direction `k`'s values, in its processing order.
-fn direction(ctx: &mut RuleCtx, d: &Dims, cell: Cell, k: usize, reverse: bool) -> Direction {
+/// Direction `k`'s values (of `dirs`), in its processing order.
+fn direction(
+    ctx: &mut RuleCtx,
+    d: &Dims,
+    cell: Cell,
+    (k, dirs): (usize, usize),
+    reverse: bool,
+) -> Direction {
     let (t, b, h, gh) = (d.seq, d.batch, d.hidden, d.gates * d.hidden);
     let e = &mut *ctx.e;
+    // Direction k's part of a value: a view where there is one direction, else a copy.
+    let pick = |e: &mut Emitter, v: &str, axis: i64, part: &[usize]| match dirs {
+        1 => e.reshape(v, part),
+        _ => pick(e, v, k, axis),
+    };
     let in_order = |e: &mut Emitter, v: String| if reverse { flip(e, &v, t) } else { v };
     let state = |e: &mut Emitter, v: &str| {
-        let v = pick(e, v, k, 0);
+        let v = pick(e, v, 0, &[b, h]);
         e.reshape(&v, &[1, b, h])
     };
 
     let x = in_order(e, ctx.node.input[0].clone());
-    let y = pick(e, &ctx.node.output[0], k, 1);
+    let y = pick(e, &ctx.node.output[0], 1, &[t, b, h]);
     let y = in_order(e, y);
     let h0 = match ctx.node.input.get(5).filter(|s| !s.is_empty()) {
         Some(h0) => state(e, h0),
@@ -224,13 +235,16 @@ fn direction(ctx: &mut RuleCtx, d: &Dims, cell: Cell, k: usize, reverse: bool) -
             concat(e, &[h0, earlier], 0)
         }
     };
-    let w = pick(e, &ctx.node.input[1], k, 0);
-    let r = pick(e, &ctx.node.input[2], k, 0);
+    let w = pick(e, &ctx.node.input[1], 0, &[gh, d.input]);
+    let r = pick(e, &ctx.node.input[2], 0, &[gh, h]);
     let (wb, rb) = match ctx.node.input.get(3).filter(|s| !s.is_empty()) {
         Some(bias) => {
-            let bk = pick(e, bias, k, 0);
+            let bk = pick(e, bias, 0, &[2 * gh]);
             let halves = e.reshape(&bk, &[2, gh]);
-            (Some(pick(e, &halves, 0, 0)), Some(pick(e, &halves, 1, 0)))
+            (
+                Some(self::pick(e, &halves, 0, 0)),
+                Some(self::pick(e, &halves, 1, 0)),
+            )
         }
         None => (None, None),
     };
@@ -239,7 +253,7 @@ fn direction(ctx: &mut RuleCtx, d: &Dims, cell: Cell, k: usize, reverse: bool) -
         _ => None,
     };
     let dy = ctx.dy.first().cloned().flatten().map(|g| {
-        let g = pick(e, &g, k, 1);
+        let g = pick(e, &g, 1, &[t, b, h]);
         in_order(e, g)
     });
     let dy_last = ctx.dy.get(1).cloned().flatten().map(|g| state(e, &g));
