@@ -232,6 +232,11 @@ fn node_cost(tg: &TrainingGraph, i: usize, by: BalanceBy) -> f64 {
                         w.map_or(1.0, |m| m.shape[1..].iter().product::<usize>() as f64);
                     2.0 * out * per_out
                 }
+                // A product of every step's input and hidden state by W and R.
+                "LSTM" | "GRU" | "RNN" => {
+                    let steps = numel(&n.input[0]) / inner(&n.input[0], 1);
+                    2.0 * steps * (numel(&n.input[1]) + numel(&n.input[2]))
+                }
                 _ => out,
             }
         }
