@@ -9,8 +9,8 @@ use crate::common::exported::{
     assert_within_sensitivity, assert_within_spread, first_batch, fixture, layout_matches_pytorch,
     matches_pytorch, piped, reference, train_fixture, train_model, train_options, train_run,
     Family, Layout, Run, BART, BERT, BERT_CLASSIFIER, CONVNEXT, CONVNEXT_V2, DEBERTA_V2, GEMMA,
-    GPT2, GPTJ, GRU, LLAMA, LSTM, MARIAN, MBART, MISTRAL, MOBILENET_V2, MOBILENET_V3, MOBILEVIT,
-    ONE, PHI, QWEN2, RESNET18, RESNET18_64, SWIN, VIT, WAV2VEC2,
+    GPT2, GPTJ, GRID_SAMPLE, GRU, LLAMA, LSTM, MARIAN, MBART, MISTRAL, MOBILENET_V2, MOBILENET_V3,
+    MOBILEVIT, ONE, PHI, QWEN2, RESNET18, RESNET18_64, SWIN, VIT, WAV2VEC2,
 };
 use pipetrain::checkpoint::folder_name;
 
@@ -366,4 +366,24 @@ fn recurrent_nets_train_as_pytorch() {
     let (f64s, f32s, lr) = reference(&LSTM, "sgd");
     let ours = train_model(&LSTM, "model.dynamo.onnx", "sgd", lr, ONE, f64s.len());
     assert_within_spread("lstm (dynamo export) sgd", &ours, &f64s, &f32s, 4.0);
+}
+
+/// `F.grid_sample` as both exporters write it (`GridSample`, which ONNX Runtime's training
+/// build cannot differentiate): features sampled at a learned offset from the identity
+/// grid, with border padding; the offsets train through the grid's gradient. At pp = 1
+/// (SGD and AdamW), pp = 2, and the dynamo export.
+#[test]
+fn a_grid_sampling_net_trains_as_pytorch() {
+    matches_pytorch(&GRID_SAMPLE);
+    layout_matches_pytorch(&GRID_SAMPLE, piped(2, 2, "1f1b"));
+    let (f64s, f32s, lr) = reference(&GRID_SAMPLE, "sgd");
+    let ours = train_model(
+        &GRID_SAMPLE,
+        "model.dynamo.onnx",
+        "sgd",
+        lr,
+        ONE,
+        f64s.len(),
+    );
+    assert_within_spread("grid_sample (dynamo export) sgd", &ours, &f64s, &f32s, 4.0);
 }

@@ -27,6 +27,7 @@ mod fused_kernels;
 mod fused_tanh_gelu;
 mod grad_buckets;
 mod grad_exported_ops;
+mod grad_grid_sample;
 mod grad_ops;
 mod grad_ort_cases;
 mod grad_policy;

@@ -341,6 +341,11 @@ pub const GRU: Family = Family {
     name: "gru",
     ..GPT2
 };
+/// A learned deformation sampled by `F.grid_sample` (`tools/fixtures/export_models.py`).
+pub const GRID_SAMPLE: Family = Family {
+    name: "grid_sample",
+    ..VIT
+};
 pub const LLAMA: Family = Family {
     name: "llama",
     inputs: &["input_ids"],

@@ -10,6 +10,7 @@ mod conv;
 mod einsum;
 mod elementwise;
 mod fused;
+mod grid_sample;
 mod index;
 mod layout;
 mod linalg;
@@ -150,6 +151,7 @@ const RULES: &[(&str, Rule)] = &[
     ("LSTM", recurrent::lstm),
     ("GRU", recurrent::gru),
     ("RNN", recurrent::rnn),
+    ("GridSample", grid_sample::grid_sample),
 ];
 
 /// The gradient rule of a default-domain operator, if it has one.
