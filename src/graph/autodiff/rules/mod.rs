@@ -14,6 +14,7 @@ mod grid_sample;
 mod index;
 mod layout;
 mod linalg;
+mod lp_pool;
 mod nn;
 mod norm;
 mod pad;
@@ -152,6 +153,9 @@ const RULES: &[(&str, Rule)] = &[
     ("GRU", recurrent::gru),
     ("RNN", recurrent::rnn),
     ("GridSample", grid_sample::grid_sample),
+    ("LpPool", lp_pool::lp_pool),
+    ("GlobalLpPool", lp_pool::global_lp_pool),
+    ("ReduceProd", reduce::reduce_prod),
 ];
 
 /// The gradient rule of a default-domain operator, if it has one.

@@ -297,18 +297,36 @@ pub fn average_pool(ctx: &mut RuleCtx) -> Result<Grads> {
         .e
         .scale(&share, if uniform > 0.0 { 1.0 / uniform } else { 0.0 }, t);
 
-    // Spread each share over its window: ConvTranspose by an all-ones kernel, with every
-    // (batch, channel) plane as its own one-channel image.
+    Ok(vec![Some(spread(
+        ctx,
+        &share,
+        (&sx, &sy),
+        &kernel,
+        &axes,
+        t,
+    ))])
+}
+
+/// Each output's `share` added to every input of its window: ConvTranspose by an
+/// all-ones kernel, with every (batch, channel) plane as its own one-channel image.
+pub(super) fn spread(
+    ctx: &mut RuleCtx,
+    share: &str,
+    (sx, sy): (&[usize], &[usize]),
+    kernel: &[usize],
+    axes: &[Axis],
+    t: DType,
+) -> String {
     let (n, c) = (sx[0], sx[1]);
     let mut planes = vec![n * c, 1];
     planes.extend(&sy[2..]);
-    let flat = ctx.e.reshape(&share, &planes);
+    let flat = ctx.e.reshape(share, &planes);
     let mut kdims = vec![1, 1];
-    kdims.extend(&kernel);
+    kdims.extend(kernel);
     let count = kernel.iter().product();
     let ones = ctx.e.constant(float_tensor(t, kdims, vec![1.0; count]));
-    let spread = transpose_walk(ctx, &flat, &ones, &axes, 1);
-    Ok(vec![Some(ctx.e.reshape(&spread, &sx))])
+    let spread = transpose_walk(ctx, &flat, &ones, axes, 1);
+    ctx.e.reshape(&spread, sx)
 }
 
 pub fn global_average_pool(ctx: &mut RuleCtx) -> Result<Grads> {

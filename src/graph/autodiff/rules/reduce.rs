@@ -1,10 +1,10 @@
 //! The reductions: ReduceMean, ReduceSum, ReduceMax and ReduceMin, ReduceL1, ReduceL2,
-//! ReduceSumSquare, ReduceLogSum and ReduceLogSumExp.
+//! ReduceSumSquare, ReduceLogSum, ReduceLogSumExp and ReduceProd.
 
 use super::elementwise::{dtype, shape};
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
-use crate::graph::ir::{attr_i, attr_ints, int_attr};
+use crate::graph::ir::{attr_i, attr_ints, int_attr, ints_attr};
 use crate::Result;
 
 /// The axes a reduction of a value of rank `rank` reduces, non-negative; `None` when it
@@ -159,4 +159,46 @@ pub fn reduce_pointwise(ctx: &mut RuleCtx, kind: &str) -> Result<Grads> {
         }
     };
     Ok(vec![Some(ctx.e.mul(&factor, &dy_kept)), None])
+}
+
+/// ReduceProd: each input's gradient is `dY` times the product of the others, written
+/// without dividing by a zero (ONNX Runtime's training build has none): with `P` the
+/// product of the nonzero inputs and `z` how many are zero, an input gets `P / x` where
+/// `z` is 0, `P` where it is the one zero, and 0 otherwise (PyTorch's `prod` backward).
+pub fn reduce_prod(ctx: &mut RuleCtx) -> Result<Grads> {
+    let Some(Kept {
+        x,
+        t,
+        axes,
+        dy_kept,
+        ..
+    }) = kept(ctx)?
+    else {
+        return Ok(vec![Some(ctx.dy(0)?), None]);
+    };
+    let ax: Vec<i64> = axes.iter().map(|&a| a as i64).collect();
+    let e = &mut *ctx.e;
+    let (zero, one) = (e.scalar(0.0, t), e.scalar(1.0, t));
+    let is_zero = e.op("Equal", &[&x, &zero], vec![]);
+    let zeros = e.op("Cast", &[&is_zero], vec![int_attr("to", t.onnx() as i64)]);
+    let zeros = e.reduce_sum(&zeros, &ax, true);
+    let nonzero = e.op("Where", &[&is_zero, &one, &x], vec![]);
+    let product = match ctx.opset >= 18 {
+        true => {
+            let a = e.ints(&ax);
+            e.op("ReduceProd", &[&nonzero, &a], vec![int_attr("keepdims", 1)])
+        }
+        false => e.op(
+            "ReduceProd",
+            &[&nonzero],
+            vec![ints_attr("axes", &ax), int_attr("keepdims", 1)],
+        ),
+    };
+    let none = e.op("Equal", &[&zeros, &zero], vec![]);
+    let only = e.op("Equal", &[&zeros, &one], vec![]);
+    let others = e.op("Div", &[&product, &nonzero], vec![]);
+    let for_nonzero = e.op("Where", &[&none, &others, &zero], vec![]);
+    let for_zero = e.op("Where", &[&only, &product, &zero], vec![]);
+    let factor = e.op("Where", &[&is_zero, &for_zero, &for_nonzero], vec![]);
+    Ok(vec![Some(e.mul(&factor, &dy_kept)), None])
 }

@@ -1,0 +1,117 @@
+//! Operators ONNX Runtime's training build cannot differentiate, against finite
+//! differences: GridSample (`torch.nn.functional.grid_sample`), LpPool and GlobalLpPool,
+//! ReduceProd (with zeros among its inputs). Float32 where ONNX Runtime has no float64
+//! kernel.
+
+use crate::common::gradcheck::{check, ints, GradCheck, Rng, Tol, F32, F64};
+use pipetrain::graph::{int_attr, ints_attr, string_attr};
+use pipetrain::tensor::{DType, Tensor, TensorData};
+
+const D: DType = DType::F32;
+
+/// A grid whose pixel coordinates are an integer plus 0.2-0.8 (never within a finite
+/// difference's step of a corner, where the bilinear weights' slopes jump), from one
+/// pixel before the input to one after it, so that corners fall outside.
+fn grid(r: &mut Rng, ho: usize, wo: usize, (h, w): (usize, usize), align: bool) -> Tensor {
+    let mut v = Vec::with_capacity(ho * wo * 2);
+    for _ in 0..ho * wo {
+        for size in [w, h] {
+            let pixel = r.uniform(-1.0, size as f64).floor() + r.uniform(0.2, 0.8);
+            // The inverse of ix = a g + (size - 1) / 2.
+            let a = if align {
+                (size as f64 - 1.0) / 2.0
+            } else {
+                size as f64 / 2.0
+            };
+            v.push(((pixel - (size as f64 - 1.0) / 2.0) / a) as f32);
+        }
+    }
+    Tensor::new(vec![1, ho, wo, 2], TensorData::F32(v)).unwrap()
+}
+
+/// GridSample (bilinear; `zeros` and `border` padding, either `align_corners`), which
+/// ONNX Runtime's training build cannot differentiate: the input's gradient and the
+/// grid's against finite differences.
+#[test]
+fn grid_sample_matches_finite_differences() {
+    let mut r = Rng::new(41);
+    for padding in ["zeros", "border"] {
+        for align in [0, 1] {
+            let g = grid(&mut r, 3, 4, (5, 6), align == 1);
+            let c = GradCheck::new(17)
+                .param("X", r.tensor(D, &[1, 2, 5, 6], -1.0, 1.0))
+                .param("G", g)
+                .node(
+                    "GridSample",
+                    &["X", "G"],
+                    &["Y"],
+                    vec![
+                        string_attr("padding_mode", padding),
+                        int_attr("align_corners", align),
+                    ],
+                );
+            let fine = Tol {
+                step: 1e-3,
+                rtol: 5e-3,
+                atol: 5e-3,
+            };
+            check(
+                &format!("GridSample {padding} align_corners {align}"),
+                c,
+                fine,
+            );
+        }
+    }
+}
+
+/// LpPool (p 1, 2 and 3; strides and pads) and GlobalLpPool (p 1, 2, 3), inputs away
+/// from 0 (where `|x|` bends).
+#[test]
+fn lp_pools_match_finite_differences() {
+    let mut r = Rng::new(43);
+    for p in [1, 2, 3] {
+        let c = GradCheck::new(18)
+            .param("X", r.away_from_zero(D, &[1, 2, 5, 6], 0.05))
+            .node(
+                "LpPool",
+                &["X"],
+                &["Y"],
+                vec![
+                    int_attr("p", p),
+                    ints_attr("kernel_shape", &[3, 2]),
+                    ints_attr("strides", &[2, 1]),
+                    ints_attr("pads", &[1, 0, 1, 1]),
+                ],
+            );
+        check(&format!("LpPool p {p}"), c, F32);
+        let c = GradCheck::new(17)
+            .param("X", r.away_from_zero(D, &[2, 3, 4, 3], 0.05))
+            .node("GlobalLpPool", &["X"], &["Y"], vec![int_attr("p", p)]);
+        check(&format!("GlobalLpPool p {p}"), c, F32);
+    }
+}
+
+/// ReduceProd over inputs without zeros, with one zero in a group (its gradient is the
+/// product of the others) and with two (all 0), at opset 17 (axes an attribute) and 18
+/// (an input).
+#[test]
+fn reduce_prod_matches_finite_differences_with_zeros() {
+    let mut r = Rng::new(47);
+    let mut x = r.away_from_zero(DType::F64, &[3, 4], 0.3).to_f64_vec();
+    x[5] = 0.0; // row 1: one zero
+    x[8] = 0.0; // row 2: two zeros
+    x[10] = 0.0;
+    let x = Tensor::f64(vec![3, 4], x).unwrap();
+    let c = GradCheck::new(17).param("X", x.clone()).node(
+        "ReduceProd",
+        &["X"],
+        &["Y"],
+        vec![ints_attr("axes", &[1]), int_attr("keepdims", 0)],
+    );
+    check("ReduceProd opset 17, axis 1", c, F64);
+    let c = GradCheck::new(18)
+        .param("X", x)
+        .constant("A", ints(&[0]))
+        .node("ReduceProd", &["X", "A"], &["Y"], vec![]);
+    check("ReduceProd opset 18, axis 0", c, F64);
+}
