@@ -1,6 +1,6 @@
 //! Operators ONNX Runtime's training build cannot differentiate, against finite
 //! differences: GridSample (`torch.nn.functional.grid_sample`), LpPool and GlobalLpPool,
-//! ReduceProd (with zeros among its inputs). Float32 where ONNX Runtime has no float64
+//! ReduceProd (with zeros among its inputs), LRN. Float32 where ONNX Runtime has no float64
 //! kernel.
 
 use crate::common::gradcheck::{check, ints, GradCheck, Rng, Tol, F32, F64};
@@ -114,4 +114,27 @@ fn reduce_prod_matches_finite_differences_with_zeros() {
         .constant("A", ints(&[0]))
         .node("ReduceProd", &["X", "A"], &["Y"], vec![]);
     check("ReduceProd opset 18, axis 0", c, F64);
+}
+
+/// LRN with windows of 1, 3 and 5 channels and one wider than the channels (ONNX
+/// Runtime's kernel takes odd sizes only).
+#[test]
+fn lrn_matches_finite_differences() {
+    let mut r = Rng::new(53);
+    for size in [1, 3, 5, 7] {
+        let c = GradCheck::new(17)
+            .param("X", r.tensor(D, &[2, 5, 3, 2], -2.0, 2.0))
+            .node(
+                "LRN",
+                &["X"],
+                &["Y"],
+                vec![
+                    int_attr("size", size),
+                    pipetrain::graph::float_attr("alpha", 0.3),
+                    pipetrain::graph::float_attr("beta", 0.75),
+                    pipetrain::graph::float_attr("bias", 1.5),
+                ],
+            );
+        check(&format!("LRN size {size}"), c, F32);
+    }
 }

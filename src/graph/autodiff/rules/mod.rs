@@ -15,6 +15,7 @@ mod index;
 mod layout;
 mod linalg;
 mod lp_pool;
+mod lrn;
 mod nn;
 mod norm;
 mod pad;
@@ -156,6 +157,7 @@ const RULES: &[(&str, Rule)] = &[
     ("LpPool", lp_pool::lp_pool),
     ("GlobalLpPool", lp_pool::global_lp_pool),
     ("ReduceProd", reduce::reduce_prod),
+    ("LRN", lrn::lrn),
 ];
 
 /// The gradient rule of a default-domain operator, if it has one.
