@@ -8,8 +8,7 @@ use std::path::PathBuf;
 use crate::common::PeerModel;
 use pipetrain::compute::{GraphSession, SessionOptions, TrainSession};
 use pipetrain::graph::{
-    build_training_graph, export_inference_model, int_attr, ints_attr, make_node, LossSpec,
-    TrainOptions,
+    build_training_graph, export_inference_model, int_attr, make_node, LossSpec, TrainOptions,
 };
 use pipetrain::onnx::proto::{
     tensor_proto::DataLocation, GraphProto, ModelProto, OperatorSetIdProto, StringStringEntryProto,
@@ -274,24 +273,28 @@ fn bad_models_and_names_get_typed_errors() {
     let y = Tensor::f32(vec![3, 2], vec![0.5; 6]).unwrap();
     let example = [("x", &x), ("target", &y)];
 
-    // An op with no gradient rule on the path from W to the loss: ReduceProd along the
-    // rows, kept (pipetrain has no rule for it).
+    // An op with no gradient rule on the path from W to the loss: Compress keeping the
+    // first column (a condition shorter than the axis drops the rest; pipetrain has no
+    // rule for it).
     let prod = |name: &str, from: &str, to: &str| {
         make_node(
-            "ReduceProd",
+            "Compress",
             name,
-            &[from],
+            &[from, "keep"],
             &[to],
-            vec![ints_attr("axes", &[1]), int_attr("keepdims", 1)],
+            vec![int_attr("axis", 1)],
         )
     };
     let mut one = tiny_model("Tanh", 17);
-    one.graph.as_mut().unwrap().node[1] = prod("the_node", "h", "y");
+    let g = one.graph.as_mut().unwrap();
+    g.node[1] = prod("the_node", "h", "y");
+    let keep = Tensor::new(vec![1], pipetrain::tensor::TensorData::Bool(vec![true])).unwrap();
+    g.initializer.push(keep.to_proto("keep"));
     let column = Tensor::f32(vec![3, 1], vec![0.5; 3]).unwrap();
     let by_row = [("x", &x), ("target", &column)];
     let err = build_training_graph(&rt, &one, &mse("y", "target"), &by_row).unwrap_err();
     assert!(
-        matches!(&err, Error::NoGradient { node, op_type, param, .. } if node == "the_node" && op_type == "ReduceProd" && param == "W"),
+        matches!(&err, Error::NoGradient { node, op_type, param, .. } if node == "the_node" && op_type == "Compress" && param == "W"),
         "{err}"
     );
     // Two such ops: both named in the one error, nearest the loss first.
@@ -302,7 +305,7 @@ fn bad_models_and_names_get_typed_errors() {
     let err = build_training_graph(&rt, &two, &mse("y", "target"), &by_row).unwrap_err();
     assert!(
         matches!(&err, Error::NoGradient { node, also, .. }
-            if node == "second_node" && also.contains("`the_node` (ReduceProd)")),
+            if node == "second_node" && also.contains("`the_node` (Compress)")),
         "{err}"
     );
     // The same model trains with an op that has one (and MSE works end to end).

@@ -4,10 +4,10 @@
 //! that window is 0). ONNX Runtime's training build has no gradient for them.
 
 use super::elementwise::{dtype, shape};
-use super::pool::{geometry, spread};
+use super::pool::{geometry, kernel_shape, spread};
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
-use crate::graph::ir::{attr_i, attr_ints};
+use crate::graph::ir::attr_i;
 use crate::tensor::DType;
 use crate::Result;
 
@@ -16,13 +16,7 @@ pub fn lp_pool(ctx: &mut RuleCtx) -> Result<Grads> {
     let sx = shape(ctx, &x)?;
     let sy = shape(ctx, ctx.output(0))?;
     let t = dtype(ctx, &x)?;
-    let Some(kernel) = attr_ints(ctx.node, "kernel_shape") else {
-        return Err(ctx.unsupported("no kernel_shape"));
-    };
-    if kernel.iter().any(|&k| k < 1) {
-        return Err(ctx.unsupported(format!("kernel_shape={kernel:?}")));
-    }
-    let kernel: Vec<usize> = kernel.into_iter().map(|k| k as usize).collect();
+    let kernel = kernel_shape(ctx)?;
     let axes = geometry(ctx, &sx, &kernel, &sy)?;
     let p = power(ctx)?;
     let share = share(ctx, p, t)?;

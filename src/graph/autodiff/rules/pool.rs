@@ -148,6 +148,17 @@ pub(super) fn geometry(
     Ok(axes)
 }
 
+/// A pooling node's `kernel_shape`, every entry at least 1.
+pub(super) fn kernel_shape(ctx: &RuleCtx) -> Result<Vec<usize>> {
+    let Some(kernel) = attr_ints(ctx.node, "kernel_shape") else {
+        return Err(ctx.unsupported("no kernel_shape"));
+    };
+    if kernel.iter().any(|&k| k < 1) {
+        return Err(ctx.unsupported(format!("kernel_shape={kernel:?}")));
+    }
+    Ok(kernel.into_iter().map(|k| k as usize).collect())
+}
+
 /// `[begin..., end...]` pads of the axes.
 pub(super) fn pads_of(axes: &[Axis]) -> Vec<i64> {
     let begins = axes.iter().map(|a| a.begin as i64);
@@ -261,13 +272,7 @@ pub fn average_pool(ctx: &mut RuleCtx) -> Result<Grads> {
     let sx = shape(ctx, &x)?;
     let sy = shape(ctx, ctx.output(0))?;
     let t = dtype(ctx, &x)?;
-    let Some(kernel) = attr_ints(ctx.node, "kernel_shape") else {
-        return Err(ctx.unsupported("no kernel_shape"));
-    };
-    if kernel.iter().any(|&k| k < 1) {
-        return Err(ctx.unsupported(format!("kernel_shape={kernel:?}")));
-    }
-    let kernel: Vec<usize> = kernel.into_iter().map(|k| k as usize).collect();
+    let kernel = kernel_shape(ctx)?;
     let axes = geometry(ctx, &sx, &kernel, &sy)?;
     let include_pad = attr_i(ctx.node, "count_include_pad").unwrap_or(0) != 0;
 

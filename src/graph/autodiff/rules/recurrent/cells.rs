@@ -89,6 +89,26 @@ impl Ops<'_> {
         parts.reverse();
         concat(self.e, &parts, 0)
     }
+    /// A GRU's gates from their pre-activations `z, r` and the candidate's, less
+    /// what `r` scales: `(z, r, n)` and the factors `kz = (h[t-1] - n) z'` and
+    /// `kn = (1 - z) n'` that turn `dh` into the update gate's and the candidate's
+    /// pre-activation gradients.
+    fn gru_gates(
+        &mut self,
+        [az, ar]: [&str; 2],
+        h_prev: &str,
+        scaled: impl FnOnce(&mut Self, &str) -> String,
+    ) -> GruGates {
+        let (z, r) = (self.op("Sigmoid", &[az]), self.op("Sigmoid", &[ar]));
+        let an = scaled(self, &r);
+        let n = self.op("Tanh", &[&an]);
+        let (sz, sn) = (self.sigmoid_slope(&z), self.tanh_slope(&n));
+        let diff = self.op("Sub", &[h_prev, &n]);
+        let kz = self.mul(&diff, &sz);
+        let one_z = self.one_minus(&z);
+        let kn = self.mul(&one_z, &sn);
+        GruGates { z, r, kz, kn }
+    }
     /// `sum_t a[t]^T b[t]` over `[T, B, M]` and `[T, B, N]`: `[M, N]`.
     fn outer_sum(&mut self, a: &str, m: usize, b: &str, n: usize) -> String {
         let rows = self.d.seq * self.d.batch;
@@ -97,6 +117,14 @@ impl Ops<'_> {
         self.e
             .matmul_t((&a2, 2), (&b2, 2), true, false, 1.0, self.d.dtype)
     }
+}
+
+/// What both forms of GRU share of their gates (see [`Ops::gru_gates`]).
+struct GruGates {
+    z: String,
+    r: String,
+    kz: String,
+    kn: String,
 }
 
 /// The biases of both sides summed (`None` when the node has none).
@@ -201,19 +229,14 @@ fn gru_linear_before_reset(e: &mut Emitter, d: &Dims, dir: &Direction) -> CellGr
     let (xs, hs) = (o.gates(&xw, 3), o.gates(&hr, 3));
     let az = o.add(&xs[0], &hs[0]);
     let ar = o.add(&xs[1], &hs[1]);
-    let (z, r) = (o.op("Sigmoid", &[&az]), o.op("Sigmoid", &[&ar]));
     let q = &hs[2];
-    let rq = o.mul(&r, q);
-    let an = o.add(&xs[2], &rq);
-    let n = o.op("Tanh", &[&an]);
+    let GruGates { z, r, kz, kn } = o.gru_gates([&az, &ar], &dir.h_prev, |o, r| {
+        let rq = o.mul(r, q);
+        o.add(&xs[2], &rq)
+    });
 
-    // dn's pre-activation: dh (1 - z) (1 - n^2) = dh kn; the recurrence side gets
-    // [dh kz, dh kr, dh kn r] = dh * [kz, kr, kq].
-    let (sz, sr, sn) = (o.sigmoid_slope(&z), o.sigmoid_slope(&r), o.tanh_slope(&n));
-    let diff = o.op("Sub", &[&dir.h_prev, &n]);
-    let kz = o.mul(&diff, &sz);
-    let one_z = o.one_minus(&z);
-    let kn = o.mul(&one_z, &sn);
+    // The recurrence side gets [dh kz, dh kr, dh kn r] = dh * [kz, kr, kq].
+    let sr = o.sigmoid_slope(&r);
     let knq = o.mul(&kn, q);
     let kr = o.mul(&knq, &sr);
     let kq = o.mul(&kn, &r);
@@ -266,18 +289,15 @@ fn gru(e: &mut Emitter, d: &Dims, dir: &Direction) -> CellGrads {
     let hs = o.gates(&hzr, 2);
     let az = o.add(&xs[0], &hs[0]);
     let ar = o.add(&xs[1], &hs[1]);
-    let (z, r) = (o.op("Sigmoid", &[&az]), o.op("Sigmoid", &[&ar]));
-    let p = o.mul(&r, &dir.h_prev);
-    let pn = o.affine(&p, r_n, None);
-    let an = o.add(&xs[2], &pn);
-    let n = o.op("Tanh", &[&an]);
+    let mut p = String::new();
+    let GruGates { z, r, kz, kn } = o.gru_gates([&az, &ar], &dir.h_prev, |o, r| {
+        p = o.mul(r, &dir.h_prev);
+        let pn = o.affine(&p, r_n, None);
+        o.add(&xs[2], &pn)
+    });
 
     // dn's pre-activation dh kn; dp = (dh kn) Rn; r's pre-activation dp h r'.
-    let (sz, sr, sn) = (o.sigmoid_slope(&z), o.sigmoid_slope(&r), o.tanh_slope(&n));
-    let diff = o.op("Sub", &[&dir.h_prev, &n]);
-    let kz = o.mul(&diff, &sz);
-    let one_z = o.one_minus(&z);
-    let kn = o.mul(&one_z, &sn);
+    let sr = o.sigmoid_slope(&r);
     let kr = o.mul(&dir.h_prev, &sr);
     let (kzs, kns, krs) = (o.steps(&kz), o.steps(&kn), o.steps(&kr));
     let (zs, rsteps) = (o.steps(&z), o.steps(&r));

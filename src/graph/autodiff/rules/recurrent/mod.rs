@@ -52,7 +52,7 @@ impl Cell {
     }
 }
 
-/// The sizes of one node, and the values it reads, in layout 0.
+/// The sizes of one node: `X` is `[seq, batch, input]`, the states `[batch, hidden]`.
 pub(super) struct Dims {
     pub seq: usize,
     pub batch: usize,
