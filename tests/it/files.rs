@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use crate::common::PeerModel;
 use pipetrain::compute::{GraphSession, SessionOptions, TrainSession};
 use pipetrain::graph::{
-    build_training_graph, export_inference_model, int_attr, make_node, LossSpec, TrainOptions,
+    build_training_graph, export_inference_model, make_node, LossSpec, TrainOptions,
 };
 use pipetrain::onnx::proto::{
     tensor_proto::DataLocation, GraphProto, ModelProto, OperatorSetIdProto, StringStringEntryProto,
@@ -273,39 +273,29 @@ fn bad_models_and_names_get_typed_errors() {
     let y = Tensor::f32(vec![3, 2], vec![0.5; 6]).unwrap();
     let example = [("x", &x), ("target", &y)];
 
-    // An op with no gradient rule on the path from W to the loss: Compress keeping the
-    // first column (a condition shorter than the axis drops the rest; pipetrain has no
-    // rule for it).
-    let prod = |name: &str, from: &str, to: &str| {
-        make_node(
-            "Compress",
-            name,
-            &[from, "keep"],
-            &[to],
-            vec![int_attr("axis", 1)],
-        )
-    };
+    // An op with no gradient rule on the path from W to the loss (`Det`).
     let mut one = tiny_model("Tanh", 17);
     let g = one.graph.as_mut().unwrap();
-    g.node[1] = prod("the_node", "h", "y");
-    let keep = Tensor::new(vec![1], pipetrain::tensor::TensorData::Bool(vec![true])).unwrap();
-    g.initializer.push(keep.to_proto("keep"));
-    let column = Tensor::f32(vec![3, 1], vec![0.5; 3]).unwrap();
-    let by_row = [("x", &x), ("target", &column)];
-    let err = build_training_graph(&rt, &one, &mse("y", "target"), &by_row).unwrap_err();
+    g.node.pop();
+    let (nodes, init) = common::no_rule_nodes("the_node", "h", "y");
+    g.node.extend(nodes);
+    g.initializer.push(init);
+    let err = build_training_graph(&rt, &one, &mse("y", "target"), &example).unwrap_err();
     assert!(
-        matches!(&err, Error::NoGradient { node, op_type, param, .. } if node == "the_node" && op_type == "Compress" && param == "W"),
+        matches!(&err, Error::NoGradient { node, op_type, param, .. } if node == "the_node" && op_type == "Det" && param == "W"),
         "{err}"
     );
     // Two such ops: both named in the one error, nearest the loss first.
     let mut two = one.clone();
     let g = two.graph.as_mut().unwrap();
-    g.node[1].output[0] = "a".into();
-    g.node.push(prod("second_node", "a", "y"));
-    let err = build_training_graph(&rt, &two, &mse("y", "target"), &by_row).unwrap_err();
+    g.node.last_mut().unwrap().output[0] = "a".into();
+    let (nodes, init) = common::no_rule_nodes("second_node", "a", "y");
+    g.node.extend(nodes);
+    g.initializer.push(init);
+    let err = build_training_graph(&rt, &two, &mse("y", "target"), &example).unwrap_err();
     assert!(
         matches!(&err, Error::NoGradient { node, also, .. }
-            if node == "second_node" && also.contains("`the_node` (Compress)")),
+            if node == "second_node" && also.contains("`the_node` (Det)")),
         "{err}"
     );
     // The same model trains with an op that has one (and MSE works end to end).

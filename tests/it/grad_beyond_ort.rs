@@ -1,6 +1,6 @@
 //! Operators ONNX Runtime's training build cannot differentiate, against finite
 //! differences: GridSample (`torch.nn.functional.grid_sample`), LpPool and GlobalLpPool,
-//! ReduceProd (with zeros among its inputs), LRN. Float32 where ONNX Runtime has no float64
+//! ReduceProd (with zeros among its inputs), LRN, MaxUnpool, Compress, CenterCropPad. Float32 where ONNX Runtime has no float64
 //! kernel.
 
 use crate::common::gradcheck::{check, ints, GradCheck, Rng, Tol, F32, F64};
@@ -136,5 +136,61 @@ fn lrn_matches_finite_differences() {
                 ],
             );
         check(&format!("LRN size {size}"), c, F32);
+    }
+}
+
+/// MaxUnpool at indices a 2 x 2 MaxPool would give; Compress of a constant condition
+/// along an axis, shorter than it, and of the flattened input; CenterCropPad cropping one
+/// axis, padding another, leaving a third.
+#[test]
+fn unpooling_compressing_and_cropping_match_finite_differences() {
+    let mut r = Rng::new(59);
+    let mut picks = Vec::new();
+    for plane in 0..2i64 {
+        for (i, j) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+            let (di, dj) = ((plane + i) % 2, (plane + j + 1) % 2);
+            picks.push(plane * 16 + (2 * i + di) * 4 + 2 * j + dj);
+        }
+    }
+    let c = GradCheck::new(17)
+        .param("X", r.tensor(D, &[1, 2, 2, 2], -1.0, 1.0))
+        .constant("I", Tensor::i64(vec![1, 2, 2, 2], picks).unwrap())
+        .node(
+            "MaxUnpool",
+            &["X", "I"],
+            &["Y"],
+            vec![
+                ints_attr("kernel_shape", &[2, 2]),
+                ints_attr("strides", &[2, 2]),
+            ],
+        );
+    check("MaxUnpool", c, F32);
+    let keep = |v: &[bool]| Tensor::new(vec![v.len()], TensorData::Bool(v.to_vec())).unwrap();
+    for (name, cond, axis) in [
+        ("axis 0", keep(&[true, false, true]), Some(0)),
+        (
+            "axis 1, a shorter condition",
+            keep(&[false, true, true]),
+            Some(1),
+        ),
+        (
+            "flattened",
+            keep(&[true, false, false, true, true, false, true]),
+            None,
+        ),
+    ] {
+        let attrs = axis.map(|a| vec![int_attr("axis", a)]).unwrap_or_default();
+        let c = GradCheck::new(17)
+            .param("X", r.tensor(DType::F64, &[3, 4], -1.0, 1.0))
+            .constant("C", cond)
+            .node("Compress", &["X", "C"], &["Y"], attrs);
+        check(&format!("Compress {name}"), c, F64);
+    }
+    for target in [[2, 7, 3], [5, 2, 3]] {
+        let c = GradCheck::new(18)
+            .param("X", r.tensor(DType::F64, &[4, 5, 3], -1.0, 1.0))
+            .constant("S", ints(&target))
+            .node("CenterCropPad", &["X", "S"], &["Y"], vec![]);
+        check(&format!("CenterCropPad to {target:?}"), c, F64);
     }
 }

@@ -224,24 +224,17 @@ fn a_scalar_takes_its_value_from_inputs_and_without_one_is_named() {
 fn check_fails_on_each_error_and_passes_on_warnings() {
     let dir = tempfile::tempdir().unwrap();
     // An operator without a gradient rule on a parameter's way to the output.
-    // (Compress keeping the first class: a condition shorter than the axis drops the rest.)
     let mut no_rule_model = plain();
     let g = no_rule_model.graph.as_mut().unwrap();
     g.node.last_mut().unwrap().output = vec!["pre".into()];
-    let keep = Tensor::new(vec![1], pipetrain::tensor::TensorData::Bool(vec![true])).unwrap();
-    g.initializer.push(keep.to_proto("keep"));
-    g.node.push(make_node(
-        "Compress",
-        "no_rule",
-        &["pre", "keep"],
-        &["logits"],
-        vec![pipetrain::graph::int_attr("axis", 2)],
-    ));
+    let (nodes, init) = common::no_rule_nodes("no_rule", "pre", "logits");
+    g.node.extend(nodes);
+    g.initializer.push(init);
     let path = dir.path().join("no_rule_model.onnx");
     save_model(&no_rule_model, &path).unwrap();
     let out = check(&[&path]);
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
-    assert!(stdout(&out).contains("error: 1 nodes on the way from a parameter to an output have no gradient rule: `no_rule` (Compress)"));
+    assert!(stdout(&out).contains("error: 1 nodes on the way from a parameter to an output have no gradient rule: `no_rule` (Det)"));
     // A training graph that does not build: the loss reads a value the model lacks.
     let cfg = setup(dir.path(), "plain", &plain(), "");
     let text = std::fs::read_to_string(&cfg)

@@ -203,3 +203,37 @@ pub fn sgd(params: &mut TensorMap, grads: &TensorMap, lr: f32) {
         }
     }
 }
+
+/// Nodes computing `to` from `from` (same shape) through an operator without a gradient
+/// rule, `Det` of each value as a 1 x 1 matrix (the shape folded back), named `name`;
+/// with the initializer they read.
+pub fn no_rule_nodes(
+    name: &str,
+    from: &str,
+    to: &str,
+) -> (
+    Vec<pipetrain::onnx::proto::NodeProto>,
+    pipetrain::onnx::proto::TensorProto,
+) {
+    use pipetrain::graph::make_node;
+    let (shape, square, det, one) = (
+        format!("{name}/shape"),
+        format!("{name}/square"),
+        format!("{name}/det"),
+        format!("{name}/one_by_one"),
+    );
+    let nodes = vec![
+        make_node("Shape", &shape, &[from], &[&shape], vec![]),
+        make_node("Reshape", &square, &[from, &one], &[&square], vec![]),
+        make_node("Det", name, &[&square], &[&det], vec![]),
+        make_node(
+            "Reshape",
+            &format!("{name}/back"),
+            &[&det, &shape],
+            &[to],
+            vec![],
+        ),
+    ];
+    let init = Tensor::i64(vec![3], vec![-1, 1, 1]).unwrap().to_proto(&one);
+    (nodes, init)
+}

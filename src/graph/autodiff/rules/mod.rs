@@ -26,6 +26,7 @@ mod resize;
 mod rows_add;
 mod shape;
 mod unary;
+mod unpool_crop;
 
 use super::RuleCtx;
 use crate::Result;
@@ -158,6 +159,9 @@ const RULES: &[(&str, Rule)] = &[
     ("GlobalLpPool", lp_pool::global_lp_pool),
     ("ReduceProd", reduce::reduce_prod),
     ("LRN", lrn::lrn),
+    ("MaxUnpool", unpool_crop::max_unpool),
+    ("Compress", unpool_crop::compress),
+    ("CenterCropPad", unpool_crop::center_crop_pad),
 ];
 
 /// The gradient rule of a default-domain operator, if it has one.
