@@ -1,6 +1,7 @@
 //! Operators ONNX Runtime's training build cannot differentiate, against finite
 //! differences: GridSample (`torch.nn.functional.grid_sample`), LpPool and GlobalLpPool,
-//! ReduceProd (with zeros among its inputs), LRN, MaxUnpool, Compress, CenterCropPad. Float32 where ONNX Runtime has no float64
+//! ReduceProd (with zeros among its inputs), LRN, MaxUnpool, Compress, CenterCropPad,
+//! Col2Im. Float32 where ONNX Runtime has no float64
 //! kernel.
 
 use crate::common::gradcheck::{check, ints, GradCheck, Rng, Tol, F32, F64};
@@ -193,4 +194,34 @@ fn unpooling_compressing_and_cropping_match_finite_differences() {
             .node("CenterCropPad", &["X", "S"], &["Y"], vec![]);
         check(&format!("CenterCropPad to {target:?}"), c, F64);
     }
+}
+
+/// Col2Im (`F.fold`): blocks that overlap (stride 1), and blocks spread by dilation,
+/// stride and pads.
+#[test]
+fn col2im_matches_finite_differences() {
+    let mut r = Rng::new(61);
+    // image 5 x 4, block 2 x 3, stride 1: 4 x 2 = 8 blocks.
+    let plain = GradCheck::new(18)
+        .param("X", r.tensor(D, &[2, 2 * 6, 8], -1.0, 1.0))
+        .constant("I", ints(&[5, 4]))
+        .constant("B", ints(&[2, 3]))
+        .node("Col2Im", &["X", "I", "B"], &["Y"], vec![]);
+    check("Col2Im, overlapping blocks", plain, F32);
+    // image 6 x 7, block 2 x 2, dilation 2, stride 2, pads 1: 3 x 4 = 12 blocks.
+    let spread = GradCheck::new(18)
+        .param("X", r.tensor(D, &[1, 3 * 4, 12], -1.0, 1.0))
+        .constant("I", ints(&[6, 7]))
+        .constant("B", ints(&[2, 2]))
+        .node(
+            "Col2Im",
+            &["X", "I", "B"],
+            &["Y"],
+            vec![
+                ints_attr("dilations", &[2, 2]),
+                ints_attr("strides", &[2, 2]),
+                ints_attr("pads", &[1, 1, 1, 1]),
+            ],
+        );
+    check("Col2Im, dilated, strided, padded", spread, F32);
 }

@@ -162,6 +162,7 @@ const RULES: &[(&str, Rule)] = &[
     ("MaxUnpool", unpool_crop::max_unpool),
     ("Compress", unpool_crop::compress),
     ("CenterCropPad", unpool_crop::center_crop_pad),
+    ("Col2Im", unpool_crop::col2im),
 ];
 
 /// The gradient rule of a default-domain operator, if it has one.

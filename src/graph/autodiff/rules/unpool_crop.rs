@@ -1,5 +1,5 @@
-//! MaxUnpool, Compress and CenterCropPad: each moves its input's values to other places
-//! (or drops some), so each gradient reads `dY` back from those places. ONNX Runtime's
+//! MaxUnpool, Compress, CenterCropPad and Col2Im: each moves its input's values to other
+//! places (or drops or adds some), so each gradient reads `dY` back from those places. ONNX Runtime's
 //! training build has no gradient for them.
 
 use super::elementwise::{dtype, shape};
@@ -101,5 +101,47 @@ pub fn center_crop_pad(ctx: &mut RuleCtx) -> Result<Grads> {
             ctx.e.op("Pad", &[&dy, &p], vec![])
         }
     });
+    Ok(g)
+}
+
+/// Col2Im (`F.fold`) adds each column of `X` into its block of the image; its gradient
+/// reads every block back out (`F.unfold`): a grouped `Conv` of `dY` whose filters pick
+/// one position of the block each, with Col2Im's strides, dilations and pads. Output
+/// channel `c K + k` is channel `c` at block position `k`, as Col2Im's input orders them.
+pub fn col2im(ctx: &mut RuleCtx) -> Result<Grads> {
+    let dy = ctx.dy(0)?;
+    let sx = shape(ctx, ctx.input(0))?;
+    let sy = shape(ctx, ctx.output(0))?;
+    let t = dtype(ctx, ctx.input(0))?;
+    let Some(block) = ctx.const_ints(2)? else {
+        return Err(ctx.unsupported("no block_shape"));
+    };
+    if sy.len() != block.len() + 2 || sx.len() != 3 {
+        return Err(ctx.unsupported(format!("X {sx:?}, image {sy:?}, block {block:?}")));
+    }
+    let (n, c) = (sy[0], sy[1]);
+    let k: usize = block.iter().map(|&b| b as usize).product();
+    let mut ones = vec![0.0; c * k * k];
+    for ch in 0..c {
+        for pos in 0..k {
+            ones[(ch * k + pos) * k + pos] = 1.0;
+        }
+    }
+    let mut wdims = vec![c * k, 1];
+    wdims.extend(block.iter().map(|&b| b as usize));
+    let data = match t {
+        crate::tensor::DType::F64 => TensorData::F64(ones),
+        _ => TensorData::F32(ones.into_iter().map(|v| v as f32).collect()),
+    };
+    let w = ctx.e.constant(Tensor::new(wdims, data)?);
+    let mut attrs = vec![int_attr("group", c as i64)];
+    for name in ["dilations", "pads", "strides"] {
+        if let Some(a) = ctx.node.attribute.iter().find(|a| a.name == name) {
+            attrs.push(a.clone());
+        }
+    }
+    let cols = ctx.e.op("Conv", &[&dy, &w], attrs);
+    let mut g = vec![None; ctx.node.input.len()];
+    g[0] = Some(ctx.e.reshape(&cols, &[n, c * k, sx[2]]));
     Ok(g)
 }
