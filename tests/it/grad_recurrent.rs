@@ -192,3 +192,23 @@ fn unsupported_recurrent_forms_are_refused_by_name() {
     let err = c.run(&rt, F32).unwrap_err();
     assert!(err.contains("sequence_lens"), "{err}");
 }
+
+/// Nodes with no optional input at all (`X, W, R`), their input a constant: the
+/// weights' gradients alone, in every cell.
+#[test]
+fn nodes_without_optional_inputs_and_a_constant_input_match_finite_differences() {
+    for (op, gates) in [("LSTM", 4), ("GRU", 3), ("RNN", 1)] {
+        let mut r = Rng::new(17);
+        let c = GradCheck::new(17)
+            .constant("X", r.tensor(D, &[SEQ, BATCH, INPUT], -1.0, 1.0))
+            .param("W", r.tensor(D, &[1, gates * HIDDEN, INPUT], -0.6, 0.6))
+            .param("R", r.tensor(D, &[1, gates * HIDDEN, HIDDEN], -0.6, 0.6))
+            .node(
+                op,
+                &["X", "W", "R"],
+                &["Y"],
+                vec![int_attr("hidden_size", HIDDEN as i64)],
+            );
+        check(&format!("{op} of X, W, R alone"), c, F32);
+    }
+}

@@ -310,6 +310,24 @@ impl Emitter {
         self.scale(&y, alpha, dtype)
     }
 
+    /// `x` split on `axis` into parts of `sizes`; one part is `x` itself.
+    pub fn split(&mut self, x: &str, axis: i64, sizes: &[usize]) -> Vec<String> {
+        if sizes.len() == 1 {
+            return vec![x.to_string()];
+        }
+        let s = self.ints(&sizes.iter().map(|&n| n as i64).collect::<Vec<_>>());
+        self.op_n("Split", &[x, &s], sizes.len(), vec![int_attr("axis", axis)])
+    }
+
+    /// `parts` joined on `axis`; one part is itself.
+    pub fn concat(&mut self, parts: &[String], axis: i64) -> String {
+        if let [one] = parts {
+            return one.clone();
+        }
+        let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+        self.op("Concat", &refs, vec![int_attr("axis", axis)])
+    }
+
     /// Transposes the last two axes of a value of rank `rank`.
     pub fn swap_last(&mut self, x: &str, rank: usize) -> String {
         let mut perm: Vec<i64> = (0..rank as i64).collect();

@@ -88,8 +88,8 @@ pub fn grid_sample(ctx: &mut RuleCtx) -> Result<Grads> {
                 e.reshape(&u, &[n, c, ho * wo])
             })
             .collect();
-        let all_idx = concat(e, &idx, 2);
-        let all_upd = concat(e, &updates, 2);
+        let all_idx = e.concat(&idx, 2);
+        let all_upd = e.concat(&updates, 2);
         let zeros = e.zeros(&[n, c, h * w], t);
         let dx = e.op(
             "ScatterElements",
@@ -131,7 +131,7 @@ pub fn grid_sample(ctx: &mut RuleCtx) -> Result<Grads> {
         };
         let gx_grad = to_grid(e, &d_ix, &ax);
         let gy_grad = to_grid(e, &d_iy, &ay);
-        g[1] = Some(concat(e, &[gx_grad, gy_grad], 3));
+        g[1] = Some(e.concat(&[gx_grad, gy_grad], 3));
     }
     Ok(g)
 }
@@ -184,9 +184,4 @@ fn axis(e: &mut Emitter, g: &str, size: usize, align: bool, border: bool, t: DTy
         raw: [w_lo, w_hi],
         inside: [in_lo, in_hi],
     }
-}
-
-fn concat(e: &mut Emitter, parts: &[String], axis: i64) -> String {
-    let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
-    e.op("Concat", &refs, vec![int_attr("axis", axis)])
 }

@@ -55,10 +55,12 @@ fn share(ctx: &mut RuleCtx, p: i64, t: DType) -> Result<String> {
     let e = &mut *ctx.e;
     let zero = e.scalar(0.0, t);
     let at_zero = e.op("Equal", &[&y, &zero], vec![]);
-    let exponent = e.scalar((p - 1) as f64, t);
     let powered = match p {
         2 => y.clone(),
-        _ => e.op("Pow", &[&y, &exponent], vec![]),
+        _ => {
+            let exponent = e.scalar((p - 1) as f64, t);
+            e.op("Pow", &[&y, &exponent], vec![])
+        }
     };
     let ratio = e.op("Div", &[&dy, &powered], vec![]);
     Ok(e.op("Where", &[&at_zero, &zero, &ratio], vec![]))

@@ -2,7 +2,7 @@
 //! `z r h`). The factors that depend on the forward alone are computed for all steps
 //! at once; the loop carries `dh` (and an LSTM's `dc`) from the last step to the first.
 
-use super::{concat, split, Cell, CellGrads, Dims, Direction};
+use super::{Cell, CellGrads, Dims, Direction};
 use crate::graph::autodiff::emit::Emitter;
 
 pub(super) fn backward(e: &mut Emitter, d: &Dims, cell: Cell, dir: &Direction) -> CellGrads {
@@ -61,11 +61,11 @@ impl Ops<'_> {
     }
     /// `x` split into its `n` gates on the last axis.
     fn gates(&mut self, x: &str, n: usize) -> Vec<String> {
-        split(self.e, x, 2, &vec![self.d.hidden; n])
+        self.e.split(x, 2, &vec![self.d.hidden; n])
     }
     /// `x` split into its `T` steps, each `[1, B, ...]`.
     fn steps(&mut self, x: &str) -> Vec<String> {
-        split(self.e, x, 0, &vec![1; self.d.seq])
+        self.e.split(x, 0, &vec![1; self.d.seq])
     }
     /// `a + b` where either may be absent (zero).
     fn add_opt(&mut self, a: Option<&String>, b: Option<&String>) -> Option<String> {
@@ -87,7 +87,7 @@ impl Ops<'_> {
     /// `parts` (computed last step first) joined in time order.
     fn in_time_order(&mut self, mut parts: Vec<String>) -> String {
         parts.reverse();
-        concat(self.e, &parts, 0)
+        self.e.concat(&parts, 0)
     }
     /// A GRU's gates from their pre-activations `z, r` and the candidate's, less
     /// what `r` scales: `(z, r, n)` and the factors `kz = (h[t-1] - n) z'` and
@@ -108,14 +108,6 @@ impl Ops<'_> {
         let one_z = self.one_minus(&z);
         let kn = self.mul(&one_z, &sn);
         GruGates { z, r, kz, kn }
-    }
-    /// `sum_t a[t]^T b[t]` over `[T, B, M]` and `[T, B, N]`: `[M, N]`.
-    fn outer_sum(&mut self, a: &str, m: usize, b: &str, n: usize) -> String {
-        let rows = self.d.seq * self.d.batch;
-        let a2 = self.e.reshape(a, &[rows, m]);
-        let b2 = self.e.reshape(b, &[rows, n]);
-        self.e
-            .matmul_t((&a2, 2), (&b2, 2), true, false, 1.0, self.d.dtype)
     }
 }
 
@@ -171,8 +163,8 @@ fn lstm(e: &mut Emitter, d: &Dims, dir: &Direction) -> CellGrads {
         .unwrap_or_else(|| o.e.zeros(&[1, d.batch, d.hidden], d.dtype));
     let mut before = vec![c0];
     before.extend_from_slice(&cs[..d.seq - 1]);
-    let c_prev = concat(o.e, &before, 0);
-    let c = concat(o.e, &cs, 0);
+    let c_prev = o.e.concat(&before, 0);
+    let c = o.e.concat(&cs, 0);
     let tc = o.op("Tanh", &[&c]);
 
     // dc[t] = dc[t+1] f[t+1] + dh[t] o (1 - tc^2); the gates' pre-activations get
@@ -190,7 +182,7 @@ fn lstm(e: &mut Emitter, d: &Dims, dir: &Direction) -> CellGrads {
         let ko = o.mul(&tc, &so);
         let kf = o.mul(&c_prev, &sf);
         let kg = o.mul(&i, &sg);
-        concat(o.e, &[ki, ko, kf, kg], 2)
+        o.e.concat(&[ki, ko, kf, kg], 2)
     };
     let (to_cs, ks) = (o.steps(&to_c), o.steps(&k));
     let dys = dir.dy.as_ref().map(|dy| o.steps(dy));
@@ -203,17 +195,17 @@ fn lstm(e: &mut Emitter, d: &Dims, dir: &Direction) -> CellGrads {
             Some(carried) => o.add(carried, &via_h),
             None => via_h,
         };
-        let spread = concat(o.e, &[dc_t.clone(), dh_t, dc_t.clone(), dc_t.clone()], 2);
+        let spread =
+            o.e.concat(&[dc_t.clone(), dh_t, dc_t.clone(), dc_t.clone()], 2);
         let da = o.mul(&spread, &ks[t]);
         dc = Some(o.mul(&dc_t, &fs[t]));
         dh = Some(o.e.matmul_t((&da, 3), (&dir.r, 2), false, false, 1.0, d.dtype));
         das.push(da);
     }
     let da = o.in_time_order(das);
-    let dr = o.outer_sum(&da, 4 * d.hidden, &dir.h_prev, d.hidden);
     CellGrads {
+        dr: vec![(da.clone(), dir.h_prev.clone())],
         da_x: da,
-        dr,
         drb: None,
         dh0: dh.expect("one step at least"),
         dc0: dc,
@@ -240,14 +232,14 @@ fn gru_linear_before_reset(e: &mut Emitter, d: &Dims, dir: &Direction) -> CellGr
     let knq = o.mul(&kn, q);
     let kr = o.mul(&knq, &sr);
     let kq = o.mul(&kn, &r);
-    let k = concat(o.e, &[kz.clone(), kr.clone(), kq], 2);
+    let k = o.e.concat(&[kz.clone(), kr.clone(), kq], 2);
     let (ks, zs) = (o.steps(&k), o.steps(&z));
     let dys = dir.dy.as_ref().map(|dy| o.steps(dy));
     let mut dh = dir.dy_last.clone();
     let (mut dhs, mut gs) = (Vec::with_capacity(d.seq), Vec::with_capacity(d.seq));
     for t in (0..d.seq).rev() {
         let dh_t = o.dh_at(&dys, t, dh.as_ref());
-        let spread = concat(o.e, &[dh_t.clone(), dh_t.clone(), dh_t.clone()], 2);
+        let spread = o.e.concat(&[dh_t.clone(), dh_t.clone(), dh_t.clone()], 2);
         let g = o.mul(&spread, &ks[t]);
         let direct = o.mul(&dh_t, &zs[t]);
         let through_r =
@@ -263,14 +255,11 @@ fn gru_linear_before_reset(e: &mut Emitter, d: &Dims, dir: &Direction) -> CellGr
         o.mul(&dh_all, &kr),
         o.mul(&dh_all, &kn),
     );
-    let da_x = concat(o.e, &[dz, dr_gate, dn], 2);
-    let gh = 3 * d.hidden;
-    let dr = o.outer_sum(&g, gh, &dir.h_prev, d.hidden);
-    let drb = o.e.sum_leading(&g, &[d.seq, d.batch, gh], 2, d.dtype);
+    let da_x = o.e.concat(&[dz, dr_gate, dn], 2);
     CellGrads {
         da_x,
-        dr,
-        drb: Some(drb),
+        dr: vec![(g.clone(), dir.h_prev.clone())],
+        drb: Some(g),
         dh0: dh.expect("one step at least"),
         dc0: None,
     }
@@ -283,7 +272,7 @@ fn gru(e: &mut Emitter, d: &Dims, dir: &Direction) -> CellGrads {
     let b = bias(&mut o, dir);
     let xw = o.affine(&dir.x, &dir.w, b.as_deref());
     let xs = o.gates(&xw, 3);
-    let rs = split(o.e, &dir.r, 0, &[2 * h, h]);
+    let rs = o.e.split(&dir.r, 0, &[2 * h, h]);
     let (r_zr, r_n) = (&rs[0], &rs[1]);
     let hzr = o.affine(&dir.h_prev, r_zr, None);
     let hs = o.gates(&hzr, 2);
@@ -310,7 +299,7 @@ fn gru(e: &mut Emitter, d: &Dims, dir: &Direction) -> CellGrads {
         let dp = o.e.matmul_t((&dn, 3), (r_n, 2), false, false, 1.0, d.dtype);
         let dz = o.mul(&dh_t, &kzs[t]);
         let dr_gate = o.mul(&dp, &krs[t]);
-        let zr = concat(o.e, &[dz, dr_gate], 2);
+        let zr = o.e.concat(&[dz, dr_gate], 2);
         let direct = o.mul(&dh_t, &zs[t]);
         let through_p = o.mul(&dp, &rsteps[t]);
         let through_zr =
@@ -322,13 +311,10 @@ fn gru(e: &mut Emitter, d: &Dims, dir: &Direction) -> CellGrads {
     }
     let zr = o.in_time_order(zrs);
     let dn = o.in_time_order(dns);
-    let da_x = concat(o.e, &[zr.clone(), dn.clone()], 2);
-    let dr_zr = o.outer_sum(&zr, 2 * h, &dir.h_prev, h);
-    let dr_n = o.outer_sum(&dn, h, &p, h);
-    let dr = concat(o.e, &[dr_zr, dr_n], 0);
+    let da_x = o.e.concat(&[zr.clone(), dn.clone()], 2);
     CellGrads {
         da_x,
-        dr,
+        dr: vec![(zr, dir.h_prev.clone()), (dn, p)],
         drb: None,
         dh0: dh.expect("one step at least"),
         dc0: None,
@@ -353,10 +339,9 @@ fn rnn(e: &mut Emitter, d: &Dims, dir: &Direction, relu: bool) -> CellGrads {
         das.push(da);
     }
     let da = o.in_time_order(das);
-    let dr = o.outer_sum(&da, d.hidden, &dir.h_prev, d.hidden);
     CellGrads {
+        dr: vec![(da.clone(), dir.h_prev.clone())],
         da_x: da,
-        dr,
         drb: None,
         dh0: dh.expect("one step at least"),
         dc0: None,

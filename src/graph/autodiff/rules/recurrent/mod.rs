@@ -18,14 +18,16 @@
 //! activations other than the defaults (RNN: `Tanh` or `Relu`).
 
 mod cells;
+mod direction;
 
 use super::elementwise::{dtype, shape};
 use super::Grads;
 use crate::graph::autodiff::{emit::Emitter, RuleCtx};
 use crate::graph::ir::{attr_i, attr_s, attr_strings, int_attr};
 use crate::onnx::proto::NodeProto;
-use crate::tensor::{DType, Tensor, TensorData};
+use crate::tensor::DType;
 use crate::Result;
+use direction::{direction, flip};
 
 /// Which recurrent operator a node is.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -89,8 +91,10 @@ pub(super) struct Direction {
 pub(super) struct CellGrads {
     /// The gradient of the input side's pre-activations `X W^T + Wb`: `[T, B, G*H]`.
     pub da_x: String,
-    /// `R`'s gradient, `[G*H, H]`, and `Rb`'s (`None`: the same as `Wb`'s).
-    pub dr: String,
+    /// `R`'s gradient as `sum_t a[t]^T b[t]` of each `(a, b)`, the parts stacked on
+    /// the gates' axis (`a` is `[T, B, gates of the part]`, `b` `[T, B, H]`).
+    pub dr: Vec<(String, String)>,
+    /// What sums to `Rb`'s gradient over time and batch (`None`: the same as `Wb`'s).
     pub drb: Option<String>,
     /// The initial states' gradients, `[1, B, H]`.
     pub dh0: String,
@@ -191,212 +195,122 @@ fn recurrent(ctx: &mut RuleCtx, cell: Cell) -> Result<Grads> {
             )));
         }
     }
+    let needs: Vec<bool> = (0..ctx.node.input.len()).map(|i| ctx.needs(i)).collect();
     let mut grads = Vec::new();
     for (k, &reverse) in dirs.iter().enumerate() {
         let dir = direction(ctx, &d, cell, (k, dirs.len()), reverse);
         let cg = cells::backward(ctx.e, &d, cell, &dir);
-        grads.push(finish(ctx, &d, &dir, cg, reverse));
+        grads.push(finish(ctx.e, &d, &dir, cg, (reverse, &needs)));
     }
-    assemble(ctx, &d, cell, grads)
+    Ok(assemble(ctx.e, &d, grads, &needs))
 }
 
-/// Direction `k`'s values (of `dirs`), in its processing order.
-fn direction(
-    ctx: &mut RuleCtx,
-    d: &Dims,
-    cell: Cell,
-    (k, dirs): (usize, usize),
-    reverse: bool,
-) -> Direction {
-    let (t, b, h, gh) = (d.seq, d.batch, d.hidden, d.gates * d.hidden);
-    let e = &mut *ctx.e;
-    // Direction k's part of a value: a view where there is one direction, else a copy.
-    let pick = |e: &mut Emitter, v: &str, axis: i64, part: &[usize]| match dirs {
-        1 => e.reshape(v, part),
-        _ => pick(e, v, k, axis),
-    };
-    let in_order = |e: &mut Emitter, v: String| if reverse { flip(e, &v, t) } else { v };
-    let state = |e: &mut Emitter, v: &str| {
-        let v = pick(e, v, 0, &[b, h]);
-        e.reshape(&v, &[1, b, h])
-    };
-
-    let x = in_order(e, ctx.node.input[0].clone());
-    let y = pick(e, &ctx.node.output[0], 1, &[t, b, h]);
-    let y = in_order(e, y);
-    let h0 = match ctx.node.input.get(5).filter(|s| !s.is_empty()) {
-        Some(h0) => state(e, h0),
-        None => e.zeros(&[1, b, h], d.dtype),
-    };
-    let h_prev = match t {
-        1 => h0,
-        _ => {
-            let earlier = gather(e, &y, &(0..t as i64 - 1).collect::<Vec<_>>(), 0);
-            concat(e, &[h0, earlier], 0)
-        }
-    };
-    let w = pick(e, &ctx.node.input[1], 0, &[gh, d.input]);
-    let r = pick(e, &ctx.node.input[2], 0, &[gh, h]);
-    let (wb, rb) = match ctx.node.input.get(3).filter(|s| !s.is_empty()) {
-        Some(bias) => {
-            let bk = pick(e, bias, 0, &[2 * gh]);
-            let halves = e.reshape(&bk, &[2, gh]);
-            (
-                Some(self::pick(e, &halves, 0, 0)),
-                Some(self::pick(e, &halves, 1, 0)),
-            )
-        }
-        None => (None, None),
-    };
-    let c0 = match ctx.node.input.get(6).filter(|s| !s.is_empty()) {
-        Some(c0) if cell == Cell::Lstm => Some(state(e, c0)),
-        _ => None,
-    };
-    let dy = ctx.dy.first().cloned().flatten().map(|g| {
-        let g = pick(e, &g, 1, &[t, b, h]);
-        in_order(e, g)
-    });
-    let dy_last = ctx.dy.get(1).cloned().flatten().map(|g| state(e, &g));
-    let dc_last = match cell {
-        Cell::Lstm => ctx.dy.get(2).cloned().flatten().map(|g| state(e, &g)),
-        _ => None,
-    };
-    Direction {
-        x,
-        h_prev,
-        y,
-        w,
-        r,
-        wb,
-        rb,
-        c0,
-        dy,
-        dy_last,
-        dc_last,
-    }
-}
-
-/// One direction's gradients of the node's inputs, in the node's time order.
+/// One direction's gradients of the node's inputs (those asked for), in the node's
+/// time order.
 struct DirGrads {
-    dx: String,
-    dw: String,
-    dr: String,
-    db: String,
+    dx: Option<String>,
+    dw: Option<String>,
+    dr: Option<String>,
+    db: Option<String>,
     dh0: String,
     dc0: Option<String>,
 }
 
-/// The input side's gradients from `da_x`: `dX = da_x W`, `dW = da_x^T X`, `dWb = sum da_x`.
-fn finish(ctx: &mut RuleCtx, d: &Dims, dir: &Direction, cg: CellGrads, reverse: bool) -> DirGrads {
-    let e = &mut *ctx.e;
-    let rows = d.seq * d.batch;
+/// The products that make the inputs' gradients, each only where `needs` asks for it:
+/// `dX = da_x W`, `dW = da_x^T X`, `dR` from the cell's parts, and the biases' sums.
+fn finish(
+    e: &mut Emitter,
+    d: &Dims,
+    dir: &Direction,
+    cg: CellGrads,
+    (reverse, needs): (bool, &[bool]),
+) -> DirGrads {
+    let asked = |i: usize| needs.get(i) == Some(&true);
     let gh = d.gates * d.hidden;
-    let dx = e.matmul_t((&cg.da_x, 3), (&dir.w, 2), false, false, 1.0, d.dtype);
-    let dx = if reverse { flip(e, &dx, d.seq) } else { dx };
-    let da2 = e.reshape(&cg.da_x, &[rows, gh]);
-    let x2 = e.reshape(&dir.x, &[rows, d.input]);
-    let dw = e.matmul_t((&da2, 2), (&x2, 2), true, false, 1.0, d.dtype);
-    let dwb = e.sum_leading(&cg.da_x, &[d.seq, d.batch, gh], 2, d.dtype);
-    let drb = cg.drb.unwrap_or_else(|| dwb.clone());
-    let db = e.op("Concat", &[&dwb, &drb], vec![int_attr("axis", 0)]);
+    let dx = asked(0).then(|| {
+        let dx = e.matmul_t((&cg.da_x, 3), (&dir.w, 2), false, false, 1.0, d.dtype);
+        if reverse {
+            flip(e, &dx, d.seq)
+        } else {
+            dx
+        }
+    });
+    let dw = asked(1).then(|| outer_sum(e, d, (&cg.da_x, gh), (&dir.x, d.input)));
+    let dr = asked(2).then(|| {
+        let parts: Vec<String> = (cg.dr.iter())
+            .map(|(a, b)| outer_sum(e, d, (a, 0), (b, d.hidden)))
+            .collect();
+        e.concat(&parts, 0)
+    });
+    let db = asked(3).then(|| {
+        let dwb = e.sum_leading(&cg.da_x, &[d.seq, d.batch, gh], 2, d.dtype);
+        let drb = match &cg.drb {
+            Some(r) => e.sum_leading(r, &[d.seq, d.batch, gh], 2, d.dtype),
+            None => dwb.clone(),
+        };
+        e.concat(&[dwb, drb], 0)
+    });
     DirGrads {
         dx,
         dw,
-        dr: cg.dr,
+        dr,
         db,
         dh0: cg.dh0,
         dc0: cg.dc0,
     }
 }
 
+/// `sum_t a[t]^T b[t]` over `[T, B, M]` and `[T, B, N]`: `[M, N]` (`M` 0: whatever is
+/// left of `a` once `T B` rows are taken).
+fn outer_sum(e: &mut Emitter, d: &Dims, (a, m): (&str, usize), (b, n): (&str, usize)) -> String {
+    let rows = d.seq * d.batch;
+    let a2 = match m {
+        0 => e.op("Flatten", &[a], vec![int_attr("axis", 2)]),
+        _ => e.reshape(a, &[rows, m]),
+    };
+    let b2 = e.reshape(b, &[rows, n]);
+    e.matmul_t((&a2, 2), (&b2, 2), true, false, 1.0, d.dtype)
+}
+
 /// The gradients of the node's inputs, directions stacked on axis 0.
-fn assemble(ctx: &mut RuleCtx, d: &Dims, cell: Cell, grads: Vec<DirGrads>) -> Result<Grads> {
-    let mut g: Grads = vec![None; ctx.node.input.len()];
-    let needs: Vec<bool> = (0..ctx.node.input.len()).map(|i| ctx.needs(i)).collect();
-    let e = &mut *ctx.e;
+fn assemble(e: &mut Emitter, d: &Dims, grads: Vec<DirGrads>, needs: &[bool]) -> Grads {
+    let mut g: Grads = vec![None; needs.len()];
     let (gh, b, h) = (d.gates * d.hidden, d.batch, d.hidden);
-    let stack = |e: &mut Emitter, parts: Vec<String>, each: &[usize]| {
+    let mut stack = |parts: Vec<Option<String>>, each: &[usize]| -> Option<String> {
         let mut one = vec![1];
         one.extend_from_slice(each);
-        let parts: Vec<String> = parts.iter().map(|p| e.reshape(p, &one)).collect();
-        concat(e, &parts, 0)
+        let parts: Option<Vec<String>> = parts.into_iter().collect();
+        let parts: Vec<String> = parts?.iter().map(|p| e.reshape(p, &one)).collect();
+        Some(e.concat(&parts, 0))
     };
-    if needs[0] {
-        let mut dx = grads[0].dx.clone();
-        for other in &grads[1..] {
-            dx = e.op("Add", &[&dx, &other.dx], vec![]);
-        }
-        g[0] = Some(dx);
-    }
-    if needs.get(1) == Some(&true) {
-        g[1] = Some(stack(
-            e,
+    let asked = |i: usize| needs.get(i) == Some(&true);
+    let stacked = [
+        (
+            1,
             grads.iter().map(|x| x.dw.clone()).collect(),
-            &[gh, d.input],
-        ));
-    }
-    if needs.get(2) == Some(&true) {
-        g[2] = Some(stack(
-            e,
-            grads.iter().map(|x| x.dr.clone()).collect(),
-            &[gh, h],
-        ));
-    }
-    if needs.get(3) == Some(&true) {
-        g[3] = Some(stack(
-            e,
+            vec![gh, d.input],
+        ),
+        (2, grads.iter().map(|x| x.dr.clone()).collect(), vec![gh, h]),
+        (
+            3,
             grads.iter().map(|x| x.db.clone()).collect(),
-            &[2 * gh],
-        ));
-    }
-    if needs.get(5) == Some(&true) {
-        let dh0 = stack(e, grads.iter().map(|x| x.dh0.clone()).collect(), &[b, h]);
-        g[5] = Some(dh0);
-    }
-    if needs.get(6) == Some(&true) && cell == Cell::Lstm {
-        let dc0: Vec<String> = grads.iter().filter_map(|x| x.dc0.clone()).collect();
-        let dc0 = stack(e, dc0, &[b, h]);
-        g[6] = Some(dc0);
-    }
-    Ok(g)
-}
-
-/// `Gather(x, k)` on `axis`: index `k` of that axis, the axis dropped.
-pub(super) fn pick(e: &mut Emitter, x: &str, k: usize, axis: i64) -> String {
-    let i = e.constant(Tensor {
-        shape: vec![],
-        data: TensorData::I64(vec![k as i64]),
-    });
-    e.op("Gather", &[x, &i], vec![int_attr("axis", axis)])
-}
-
-/// `Gather(x, indices)` on `axis`.
-fn gather(e: &mut Emitter, x: &str, indices: &[i64], axis: i64) -> String {
-    let i = e.ints(indices);
-    e.op("Gather", &[x, &i], vec![int_attr("axis", axis)])
-}
-
-/// `x` with its first axis (time, `len` steps) reversed.
-fn flip(e: &mut Emitter, x: &str, len: usize) -> String {
-    gather(e, x, &(0..len as i64).rev().collect::<Vec<_>>(), 0)
-}
-
-/// `x` split on `axis` into parts of `sizes`; one part is `x` itself.
-pub(super) fn split(e: &mut Emitter, x: &str, axis: i64, sizes: &[usize]) -> Vec<String> {
-    if sizes.len() == 1 {
-        return vec![x.to_string()];
-    }
-    let s = e.ints(&sizes.iter().map(|&n| n as i64).collect::<Vec<_>>());
-    e.op_n("Split", &[x, &s], sizes.len(), vec![int_attr("axis", axis)])
-}
-
-/// `parts` joined on `axis`; one part is itself.
-pub(super) fn concat(e: &mut Emitter, parts: &[String], axis: i64) -> String {
-    match parts {
-        [one] => one.clone(),
-        _ => {
-            let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
-            e.op("Concat", &refs, vec![int_attr("axis", axis)])
+            vec![2 * gh],
+        ),
+        (
+            5,
+            grads.iter().map(|x| Some(x.dh0.clone())).collect(),
+            vec![b, h],
+        ),
+        (6, grads.iter().map(|x| x.dc0.clone()).collect(), vec![b, h]),
+    ];
+    for (i, parts, each) in stacked {
+        if asked(i) {
+            g[i] = stack(parts, &each);
         }
     }
+    let mut dx = grads.iter().filter_map(|x| x.dx.clone());
+    g[0] = dx
+        .next()
+        .map(|first| dx.fold(first, |acc, other| e.op("Add", &[&acc, &other], vec![])));
+    g
 }
