@@ -5,7 +5,10 @@
 //! handshake, summing with `MeshCollective`) then a gloo window (N processes of
 //! `benches/comm_gloo.py`), so drift between minutes lands in both; each window reports
 //! the median of its iterations, and the table shows per-round ratios (gloo time /
-//! pipetrain time: above 1 is pipetrain faster), their median and range.
+//! pipetrain time: above 1 is pipetrain faster), their median and range. At 3 processes
+//! or more the window also times the chain in replica order (`runtime.all_reduce =
+//! "chain"`), its iterations alternating with the ring's, and the table adds its per-round
+//! ratios to the ring (chain time / ring time).
 //!
 //! `cargo bench --bench comm [-- ROUNDS]` (default 3 rounds). The peer needs `torch`:
 //! `PEERS_PYTHON` (default `~/.cache/pipetrain-peers/venv/bin/python`, the venv that
@@ -18,7 +21,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pipetrain::comm::{Mesh, MeshBus, MeshCollective, MeshTimeouts};
+use pipetrain::comm::{AllReduce, Mesh, MeshBus, MeshCollective, MeshTimeouts};
 use pipetrain_actors::{Bus, Collective};
 
 const MB: usize = 1 << 20;
@@ -62,6 +65,7 @@ fn main() {
             eprintln!("world {world}: round {} of {rounds} done", round + 1);
         }
         report(world, &ours, &theirs);
+        chain_to_ring(&ours);
     }
 }
 
@@ -146,6 +150,23 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// Per-round ratios of the chain's time to the ring's, by size: median (range).
+fn chain_to_ring(ours: &[Timings]) {
+    for (key, _) in ours[0].iter().filter(|(k, _)| k.0 == "chain") {
+        let ring = ("allreduce".to_string(), key.1);
+        let r: Vec<f64> = ours.iter().map(|t| t[key] / t[&ring]).collect();
+        let (lo, hi) = (
+            r.iter().copied().fold(f64::MAX, f64::min),
+            r.iter().copied().fold(0.0, f64::max),
+        );
+        let mb = key.1 as f64 / MB as f64;
+        println!(
+            "chain / ring at {mb} MB: {:.2}x ({lo:.2}-{hi:.2})",
+            median(r)
+        );
+    }
+}
+
 fn report(world: usize, ours: &[Timings], theirs: &[Timings]) {
     println!("\n{world} processes on loopback ({} rounds)", ours.len());
     println!(
@@ -203,8 +224,9 @@ fn worker(rank: usize) {
             .await
             .expect("join the mesh");
         let bus = Arc::new(MeshBus::new(mesh.clone()));
-        let placement = (0..world).map(|r| vec![r]).collect();
-        let ring = MeshCollective::new(mesh.clone(), placement);
+        let placement: Vec<Vec<usize>> = (0..world).map(|r| vec![r]).collect();
+        let ring = MeshCollective::new(mesh.clone(), placement.clone());
+        let chain = MeshCollective::new(mesh.clone(), placement).with_algorithm(AllReduce::Chain);
         let mut barrier = 0u64;
         let mut sync = || {
             barrier += 1;
@@ -213,7 +235,7 @@ fn worker(rank: usize) {
         };
         for (size, iters) in SIZES.into_iter().zip(ITERS) {
             let mut buf: Vec<f32> = (0..size / 4).map(|i| (i % 97 + rank) as f32).collect();
-            let mut times = Vec::new();
+            let (mut times, mut chained) = (Vec::new(), Vec::new());
             for i in 0..=iters {
                 sync().await;
                 let start = Instant::now();
@@ -221,9 +243,20 @@ fn worker(rank: usize) {
                 if i > 0 {
                     times.push(start.elapsed().as_secs_f64());
                 }
+                if world >= 3 {
+                    sync().await;
+                    let start = Instant::now();
+                    buf = chain.all_reduce_sum(0, rank, buf).await.expect("chain");
+                    if i > 0 {
+                        chained.push(start.elapsed().as_secs_f64());
+                    }
+                }
             }
             if rank == 0 {
                 println!("allreduce {size} {}", median(times));
+                if world >= 3 {
+                    println!("chain {size} {}", median(chained));
+                }
             }
         }
         if world == 2 {

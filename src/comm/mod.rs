@@ -16,6 +16,8 @@
 //!   all-gathers).
 //! - `ring`: [`MeshCollective`], ring all-reduce (reduce-scatter + all-gather) for the
 //!   actors' [`pipetrain_actors::Collective`].
+//! - `chain`: its sums in replica order instead (`runtime.all_reduce = "chain"`), bitwise
+//!   one process's.
 //! - `shards`: [`MeshShardGroups`], the tensor shards' all-reduce between nodes.
 //! - `wire`: activations and gradients as bytes, and [`link_transfers`], the mailboxes of
 //!   other nodes' stage actors.
@@ -27,6 +29,7 @@
 //! nodes pipeline jobs span).
 
 mod bus;
+mod chain;
 mod conn;
 pub mod frame;
 pub mod handshake;
@@ -36,6 +39,7 @@ mod ring;
 mod shards;
 pub mod wire;
 
+pub use crate::config::AllReduce;
 pub use bus::MeshBus;
 pub use lobby::{host_lobby, join_lobby, Gathered};
 pub use mesh::{Mesh, MeshTimeouts};
@@ -48,8 +52,12 @@ pub(crate) const HEARTBEAT: u32 = 2;
 pub(crate) const GOODBYE: u32 = 3;
 pub(crate) const BUS: u32 = 4;
 pub(crate) const DATA: u32 = 5;
-/// Ring segments: `RING + stage * replicas + receiving replica`.
+/// Ring segments: `RING + stage * replicas + receiving replica` (also the chain's
+/// running sums, from the previous replica).
 pub(crate) const RING: u32 = 16;
+/// The chain's totals (see `chain`): `RING_UP + stage * replicas + receiving replica`
+/// (below `RING_UP`, ring channels for up to a quarter million stage members).
+pub(crate) const RING_UP: u32 = 1 << 18;
 /// Ring readiness: `RING_READY + stage * replicas + replica`, the channel on which a
 /// replica hears that the next one is ready for its segment (see `ring`).
 pub(crate) const RING_READY: u32 = 1 << 19;

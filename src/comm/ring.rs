@@ -17,8 +17,9 @@ use std::sync::Arc;
 
 use pipetrain_actors::{ActorError, Collective};
 
+use super::chain::Chain;
 use super::mesh::Mesh;
-use super::{RING, RING_READY};
+use super::{AllReduce, RING, RING_READY, RING_UP};
 
 /// The ring collective of one worker.
 pub struct MeshCollective {
@@ -28,6 +29,8 @@ pub struct MeshCollective {
     /// Tensor shards per data-parallel replica: the same shard of every data-parallel
     /// replica forms one ring.
     shards: usize,
+    /// The ring, or the chain in replica order (at three replicas or more).
+    algorithm: AllReduce,
 }
 
 impl MeshCollective {
@@ -38,7 +41,15 @@ impl MeshCollective {
             mesh,
             placement,
             shards: 1,
+            algorithm: AllReduce::Ring,
         }
+    }
+
+    /// Sums (all-reduces and reduce-scatters) by `algorithm`; all-gathers always go round
+    /// the ring (copies, the same bits either way).
+    pub fn with_algorithm(mut self, algorithm: AllReduce) -> MeshCollective {
+        self.algorithm = algorithm;
+        self
     }
 
     /// Replicas are `shards` consecutive tensor shards of each data-parallel replica;
@@ -58,11 +69,35 @@ impl MeshCollective {
     fn ready_channel(&self, stage: usize, replica: usize) -> u32 {
         RING_READY + (stage * self.placement.len() + replica) as u32
     }
+
+    /// `replica`'s place in the chain of `stage` when sums go by the chain and it has
+    /// three members or more (at two the ring's `a + b` is already exact).
+    fn chain(&self, stage: usize, replica: usize) -> Option<Chain<'_>> {
+        let shards = self.shards;
+        let n = self.placement.len() / shards;
+        if self.algorithm != AllReduce::Chain || n < 3 {
+            return None;
+        }
+        let replica_at = |p: usize| p * shards + replica % shards;
+        let at_stage =
+            |base: u32, p: usize| base + (stage * self.placement.len() + replica_at(p)) as u32;
+        Some(Chain {
+            mesh: &self.mesh,
+            at: replica / shards,
+            n,
+            nodes: (0..n)
+                .map(|p| self.placement[replica_at(p)][stage])
+                .collect(),
+            down: (0..n).map(|p| at_stage(RING, p)).collect(),
+            ready: (0..n).map(|p| at_stage(RING_READY, p)).collect(),
+            up: (0..n).map(|p| at_stage(RING_UP, p)).collect(),
+        })
+    }
 }
 
 /// Values per frame: a segment goes as pieces of this many, so a replica adds one
 /// piece while the next is on the wire, and no frame nears the mesh's maximum.
-const PIECE: usize = 1 << 20;
+pub(super) const PIECE: usize = 1 << 20;
 
 /// One replica's two ring neighbours, for one round.
 struct Link<'a> {
@@ -133,6 +168,10 @@ impl Collective for MeshCollective {
         replica: usize,
         mut buf: Vec<f32>,
     ) -> Result<Vec<f32>, ActorError> {
+        if let Some(chain) = self.chain(stage, replica) {
+            chain.all_reduce(&mut buf).await?;
+            return Ok(buf);
+        }
         let n = self.placement.len() / self.shards;
         let len = buf.len();
         // Position p ends the reduce-scatter holding the full sum of segment p + 1.
@@ -155,9 +194,14 @@ impl Collective for MeshCollective {
         &self,
         stage: usize,
         replica: usize,
-        buf: Vec<f32>,
+        mut buf: Vec<f32>,
         parts: &[std::ops::Range<usize>],
     ) -> Result<Vec<f32>, ActorError> {
+        if let Some(chain) = self.chain(stage, replica) {
+            self.check_parts(stage, replica, parts, buf.len())?;
+            chain.reduce_scatter(&mut buf, parts).await?;
+            return Ok(buf);
+        }
         self.over_parts(stage, replica, buf, parts, Round::Scatter)
             .await
     }
@@ -216,16 +260,7 @@ impl MeshCollective {
         if n <= 1 {
             return Ok(None);
         }
-        let mut sorted = parts.to_vec();
-        sorted.sort_by_key(|p| p.start);
-        let disjoint = sorted.windows(2).all(|w| w[0].end <= w[1].start);
-        if parts.len() != n || !disjoint || parts.iter().any(|p| p.start > p.end || p.end > len) {
-            return Err(ActorError::Protocol {
-                replica,
-                rank: stage,
-                reason: format!("parts {parts:?} are not {n} disjoint ranges within {len} values"),
-            });
-        }
+        self.check_parts(stage, replica, parts, len)?;
         let (shard, at) = (replica % shards, replica / shards);
         let next = ((at + 1) % n) * shards + shard;
         let prev = ((at + n - 1) % n) * shards + shard;
@@ -239,6 +274,30 @@ impl MeshCollective {
             ready_from_next: self.ready_channel(stage, replica),
         };
         Ok(Some((link, at)))
+    }
+}
+
+impl MeshCollective {
+    /// Refuses `parts` that are not one disjoint range per member within `len` values.
+    fn check_parts(
+        &self,
+        stage: usize,
+        replica: usize,
+        parts: &[std::ops::Range<usize>],
+        len: usize,
+    ) -> Result<(), ActorError> {
+        let n = self.placement.len() / self.shards;
+        let mut sorted = parts.to_vec();
+        sorted.sort_by_key(|p| p.start);
+        let disjoint = sorted.windows(2).all(|w| w[0].end <= w[1].start);
+        if parts.len() != n || !disjoint || parts.iter().any(|p| p.start > p.end || p.end > len) {
+            return Err(ActorError::Protocol {
+                replica,
+                rank: stage,
+                reason: format!("parts {parts:?} are not {n} disjoint ranges within {len} values"),
+            });
+        }
+        Ok(())
     }
 }
 

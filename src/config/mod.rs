@@ -26,7 +26,9 @@ mod sections;
 mod validate;
 use field::field_at;
 pub use run_state::{DebugConfig, DynamicScalerConfig, FaultAt};
-pub use sections::{DataConfig, DataLayout, PipelineConfig, RuntimeConfig, ScheduleKind};
+pub use sections::{
+    AllReduce, DataConfig, DataLayout, PipelineConfig, RuntimeConfig, ScheduleKind,
+};
 
 /// A training run.
 #[derive(Debug, Clone, Deserialize)]

@@ -217,6 +217,28 @@ pub struct RuntimeConfig {
     /// goes on (the prediction is within about 20% of the measured peak, either way).
     #[serde(default = "on")]
     pub refuse_over_memory_cap: bool,
+    /// How a launched job's data-parallel replicas sum their gradients across nodes:
+    /// the bandwidth-optimal ring (default), or a chain in replica order, bitwise one
+    /// process's sum at any number of replicas (see [`AllReduce`]).
+    #[serde(default)]
+    pub all_reduce: AllReduce,
+}
+
+/// The algorithm of a launched job's gradient sum across nodes. In one process the
+/// replicas always sum in replica order, `((g0 + g1) + g2) + ...`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AllReduce {
+    /// Reduce-scatter then all-gather round a ring: `2 (n - 1) / n` of the buffer in and
+    /// out of each node. Each segment's sum starts at another replica, so at three
+    /// replicas or more its bits differ from one process's (two are exact: `a + b` is
+    /// `b + a`).
+    #[default]
+    Ring,
+    /// The running sum passes replica 0 -> 1 -> ... -> n - 1, each adding its own, and
+    /// the total comes back down the chain, piece by piece in both directions at once:
+    /// one process's sum bit for bit, for `n / (n - 1)` of the ring's bytes a node.
+    Chain,
 }
 
 fn on() -> bool {
@@ -237,6 +259,7 @@ impl Default for RuntimeConfig {
             cuda_kernels: true,
             memory_limit_gb: None,
             refuse_over_memory_cap: true,
+            all_reduce: AllReduce::Ring,
         }
     }
 }

@@ -44,7 +44,10 @@ pub(super) fn cluster_part(
         let groups = MeshShardGroups::new(mesh.clone(), by_stage.clone(), hp, patience);
         Arc::new(groups) as Arc<dyn crate::compute::ShardGroups>
     });
-    let collective = Arc::new(MeshCollective::new(mesh.clone(), by_stage).with_shards(hp));
+    let collective = MeshCollective::new(mesh.clone(), by_stage)
+        .with_shards(hp)
+        .with_algorithm(cfg.runtime.all_reduce);
+    let collective = Arc::new(collective);
     let places = places(manifest, &owner, me);
     let (peers, deliver) = link_transfers(mesh.clone(), owner);
     Ok(ClusterPart {

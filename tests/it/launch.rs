@@ -33,25 +33,41 @@ fn job_with_env_equals_one_process(
     env: &[(&str, &str)],
 ) -> Vec<std::process::Output> {
     let m = manifest(dir, "0123456789abcdef0123456789abcdef", "");
+    let outs = run_job(dir, &m, configs, env);
+    one_process(single, &dir.join("single.jsonl"));
+    // Two replicas sum their gradients as a + b whichever way the ring goes, so the
+    // job's arithmetic is the one process's, bit for bit.
+    let (job, one) = (
+        losses(&dir.join("cluster.jsonl")),
+        losses(&dir.join("single.jsonl")),
+    );
+    assert_eq!(job.len(), steps);
+    assert!(job.iter().all(|(_, l)| l.is_finite()));
+    assert_eq!(job, one);
+    assert_eq!(weights(model), weights(&dir.join("single/model.onnx")));
+    outs
+}
+
+/// Runs the job of manifest `m` on the four nodes (node `i` with `configs[i]`, started
+/// with `env` set), node 0 writing its metrics to `dir/cluster.jsonl`; checks that every
+/// node succeeded and returns their outputs.
+fn run_job(
+    dir: &Path,
+    m: &Path,
+    configs: &[&Path],
+    env: &[(&str, &str)],
+) -> Vec<std::process::Output> {
     let metrics = dir.join("cluster.jsonl");
     let metrics_arg = metrics.to_str().unwrap().to_owned();
     let children: Vec<Child> = NODES
         .iter()
         .zip(configs)
-        .map(|(n, cfg)| launch(&m, n, cfg, &["--metrics", &metrics_arg], env))
+        .map(|(n, cfg)| launch(m, n, cfg, &["--metrics", &metrics_arg], env))
         .collect();
     let outs = wait_all(children);
     for (n, o) in NODES.iter().zip(&outs) {
         assert!(o.status.success(), "node {n} failed:\n{}", stderr(o));
     }
-    one_process(single, &dir.join("single.jsonl"));
-    // Two replicas sum their gradients as a + b whichever way the ring goes, so the
-    // job's arithmetic is the one process's, bit for bit.
-    let (job, one) = (losses(&metrics), losses(&dir.join("single.jsonl")));
-    assert_eq!(job.len(), steps);
-    assert!(job.iter().all(|(_, l)| l.is_finite()));
-    assert_eq!(job, one);
-    assert_eq!(weights(model), weights(&dir.join("single/model.onnx")));
     outs
 }
 
@@ -183,6 +199,69 @@ fn four_nodes_shard_the_optimizer_state_exactly_as_one_unsharded_process() {
     let single = train_config(dir.path(), "single", steps, "");
     let model = dir.path().join("cluster/model.onnx");
     job_equals_one_process(dir.path(), &[cfg.as_path(); 4], &single, steps, &model);
+}
+
+/// `runtime.all_reduce = "chain"` at dp 4 x pp 1 (one replica a node): the replicas'
+/// gradients sum in replica order down the chain, and the job trains bitwise as one
+/// process, which sums in that order; with the default ring the same job does not.
+#[test]
+fn four_replicas_summing_down_the_chain_train_exactly_as_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = dp4_run(dir.path(), None, "");
+    let chain = dp4_run(dir.path(), Some("chain"), "");
+    let ring = dp4_run(dir.path(), Some("ring"), "");
+    assert!(chain == one, "the chain's job is not one process's");
+    assert!(ring.1 != one.1, "the ring's sums came out in replica order");
+}
+
+/// The same under `deepspeed_zero_stage = 2` with 16 KiB buckets: each bucket of every
+/// micro-batch is reduce-scattered down the chain, each replica's part summed in replica
+/// order, bitwise as one process sharded the same way.
+#[test]
+fn four_replicas_reduce_scatter_down_the_chain_exactly_as_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let zero = "deepspeed_zero_stage = 2\ngradient_bucket_mb = 0.015625\n";
+    let one = dp4_run(dir.path(), None, zero);
+    let chain = dp4_run(dir.path(), Some("chain"), zero);
+    assert!(chain == one, "the chain's job is not one process's");
+}
+
+/// The MLP job at dp 4 x pp 1 for 6 steps with `extra` keys: on the four nodes with
+/// `runtime.all_reduce = algorithm`, or in one process (`None`); its losses and
+/// trained weights.
+type Ends = (Vec<(u64, f64)>, Vec<(String, Vec<u8>)>);
+fn dp4_run(dir: &Path, algorithm: Option<&str>, extra: &str) -> Ends {
+    let steps = 6;
+    let four = |path: &Path, runtime: &str| {
+        let text = fs::read_to_string(path).unwrap();
+        let text = text
+            .replace("data_parallel_size = 2", "data_parallel_size = 4")
+            .replace("pipeline_parallel_size = 2", "pipeline_parallel_size = 1")
+            .replace("data_parallel = 2\n", "data_parallel = 4\n")
+            .replace("pipeline_parallel = 2\n", "pipeline_parallel = 1\n")
+            .replace("[runtime]\n", &format!("[runtime]\n{runtime}"));
+        fs::write(path, text).unwrap();
+    };
+    let name = algorithm.unwrap_or("single");
+    let cfg = train_config(dir, name, steps, extra);
+    let metrics = match algorithm {
+        None => {
+            four(&cfg, "");
+            let metrics = dir.join("single.jsonl");
+            one_process(&cfg, &metrics);
+            metrics
+        }
+        Some(a) => {
+            four(&cfg, &format!("all_reduce = \"{a}\"\n"));
+            let m = manifest(dir, "0123456789abcdef0123456789abcdef", "");
+            four(&m, "");
+            run_job(dir, &m, &[cfg.as_path(); 4], &[]);
+            dir.join("cluster.jsonl")
+        }
+    };
+    let job = losses(&metrics);
+    assert_eq!(job.len(), steps);
+    (job, weights(&dir.join(name).join("model.onnx")))
 }
 
 /// A launched pipeline's memory does not grow with its steps: the activations and
