@@ -169,7 +169,8 @@ pub(crate) fn custom_domain(
         .add(super::fused::ATTENTION_GRAD_OP.with_blas(heads_blas.clone()))?
         .add(super::fused::PACKED_ATTENTION_OP.with_blas(heads_blas.clone()))?
         .add(super::fused::PACKED_ATTENTION_GRAD_OP.with_blas(heads_blas))?
-        .add(super::fused::RowsAdd)?;
+        .add(super::fused::RowsAdd)?
+        .add(super::fused::KeyedDropout)?;
     let domain = match blas {
         Some((blas, threads)) => domain.add(super::fused::BlasMatMul {
             blas: blas.clone(),

@@ -122,6 +122,10 @@ pub struct TrainConfig {
     /// ONNX Runtime settings.
     #[serde(default)]
     pub runtime: RuntimeConfig,
+    /// What training-mode dropouts draw their masks from, with the step, the replica and
+    /// the micro-batch (`graph::keyed_dropout`; ONNX Runtime's TrainingRunner's `seed`).
+    #[serde(default)]
+    pub seed: u64,
     /// Evaluate every this many optimizer steps (ORT's `evaluation_period`); none: never.
     #[serde(default)]
     pub evaluation_period: Option<usize>,

@@ -63,6 +63,11 @@ pub const PACKED_ATTENTION_GRAD: &str = "PackedAttentionGrad";
 /// from +0 (the bits of `ScatterElements(reduction = add)` into zeros on the CPU). A CUDA
 /// kernel (`compute/cuda_ops.rs`); `graph::scatter_adds_as_rows_add` writes it.
 pub const ROWS_ADD: &str = "RowsAdd";
+/// A training-mode `Dropout` drawing its mask from a key (float32): `X, ratio, key` in
+/// (`key` int64, fed with each micro-batch: seed, step, replica, micro-batch), `Y, mask`
+/// out as `Dropout`'s; attribute `salt` tells the nodes apart. `graph::keyed_dropout`
+/// writes it; kernel in `compute/fused/dropout.rs`.
+pub const KEYED_DROPOUT: &str = "KeyedDropout";
 /// A float32 matrix product by a CBLAS (MKL or OpenBLAS) on the CPU: `A, B[, C]` in,
 /// `Y = alpha op(A) op(B) + beta C` out, attributes `transA`, `transB`, `alpha`, `beta` as `Gemm`'s; `B` a
 /// matrix, `A` a matrix or (untransposed) rows `[..., M, K]`; `C` `[N]`, `[1, N]` or

@@ -12,6 +12,7 @@ mod export;
 mod fusion;
 mod gathers;
 mod ir;
+mod keyed_dropout;
 mod loss;
 mod loss_metas;
 mod model_inputs;
@@ -36,6 +37,7 @@ pub use deterministic::{rows_add_reference, scatter_adds_as_products, scatter_ad
 pub use export::{export_inference_model, mark_trained_steps, COMPLETE_KEY, STEPS_KEY, TOTAL_KEY};
 pub use fusion::{blas_products, tanh_gelu, tanh_gelu_slope};
 pub use ir::*;
+pub use keyed_dropout::{dropouts_for_inference, key_dropouts, DROPOUT_KEY};
 pub use loss::{attach_loss, LossNormalize, LossSpec, ACC_CORRECT, ACC_COUNTED, LOSS};
 pub use params::ParamOptions;
 pub use partition::{

@@ -7,6 +7,7 @@ use pipetrain_actors::{BoxError, DataSource};
 
 use crate::compute::TensorMap;
 use crate::data::StepBatches;
+use crate::graph::DROPOUT_KEY;
 use crate::pipeline::stage::Payload;
 use crate::tensor::Tensor;
 
@@ -29,6 +30,8 @@ pub struct StepData {
     reads: Vec<Vec<String>>,
     /// `(label, ignore_index)`: send [`LOSS_COUNT`] with this label.
     count_labels: Option<(String, Option<i64>)>,
+    /// The run's seed, first of the training micro-batches' [`DROPOUT_KEY`]s.
+    seed: u64,
 }
 
 impl StepData {
@@ -47,7 +50,15 @@ impl StepData {
             shards: 1,
             reads,
             count_labels: None,
+            seed: 0,
         }
+    }
+
+    /// Keys the training-mode dropouts of the stages that read [`DROPOUT_KEY`] with
+    /// `seed`, and each micro-batch's step, data-parallel replica and index.
+    pub fn with_seed(mut self, seed: u64) -> StepData {
+        self.seed = seed;
+        self
     }
 
     /// The engine's replicas are `shards` tensor shards of each data-parallel replica:
@@ -122,7 +133,15 @@ impl DataSource for StepData {
         let all = self
             .batches
             .part(step as usize, replica * self.micro_batches + mb, parts)?;
-        self.pick(all, stage, || self.batches.batch(step as usize))
+        let mut out = self.pick(all, stage, || self.batches.batch(step as usize))?;
+        if self.reads[stage].iter().any(|r| r == DROPOUT_KEY) {
+            let key = [self.seed as i64, step as i64, replica as i64, mb as i64];
+            out.insert(
+                DROPOUT_KEY.into(),
+                Arc::new(Tensor::i64(vec![4], key.to_vec())?),
+            );
+        }
+        Ok(out)
     }
 
     fn eval_micro_batch(

@@ -328,7 +328,9 @@ fn step_data(
 ) -> Result<(Arc<StepData>, Option<pipetrain_actors::EvalSettings>)> {
     let (d, m) = (cfg.data_parallel_size, cfg.gradient_accumulation_steps);
     let reads = built.stages.iter().map(|s| s.io.data.clone()).collect();
-    let mut data = StepData::new(batches, m, d, reads).with_shards(cfg.horizontal_parallel_size);
+    let mut data = StepData::new(batches, m, d, reads)
+        .with_shards(cfg.horizontal_parallel_size)
+        .with_seed(cfg.seed);
     if cfg.loss.normalize() == LossNormalize::Tokens {
         if let Some(label) = cfg.loss.label() {
             data = data.with_token_count(label, cfg.loss.ignore_index());

@@ -139,6 +139,14 @@ pub(crate) fn training_graph(
         let n = crate::graph::scatter_adds_as_rows_add(&mut tg.graph);
         tracing::debug!("{n} embedding gradients as RowsAdd");
     }
+    // On the CPU, training-mode dropouts whose masks are drawn from the step and the
+    // micro-batch, so that a run repeats and resumes bit for bit (`graph::keyed_dropout`).
+    if opts.fused_kernels {
+        let n = crate::graph::key_dropouts(&mut tg);
+        if n > 0 {
+            tracing::debug!("{n} dropouts drawn from the step's key");
+        }
+    }
     // On the CPU, float32 products by OpenBLAS where the process has it (faster than
     // ONNX Runtime's MLAS at real sizes: `compute/blas`); mixed precision casts the
     // standard products instead.

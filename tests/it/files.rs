@@ -441,6 +441,42 @@ fn dropout_gradient_uses_the_forward_mask() {
             "dX = dY * mask / (1 - ratio) with dY = 1"
         );
     }
+    // The same with the dropout keyed (`graph::keyed_dropout`): the gradient reads the
+    // keyed mask, which a key draws again and another key draws anew.
+    assert_eq!(pipetrain::graph::key_dropouts(&mut tg), 1);
+    let mut session =
+        GraphSession::new(&rt, &tg.graph, &SessionOptions::default(), "keyed").unwrap();
+    let names = session.output_names().to_vec();
+    let mut keyed = |key: Vec<i64>| {
+        let key = Tensor::i64(vec![4], key).unwrap();
+        let feeds = [
+            ("W", &w),
+            ("loss_grad", &seed),
+            (pipetrain::graph::DROPOUT_KEY, &key),
+        ];
+        let out = session.run(&feeds).unwrap();
+        let get = |n: &str| out[names.iter().position(|x| x == n).unwrap()].to_f64_vec();
+        (get("W_grad"), get("mask"))
+    };
+    let (grad, mask) = keyed(vec![0, 3, 0, 1]);
+    let kept = mask.iter().filter(|&&m| m != 0.0).count();
+    assert!(
+        kept > 300 && kept < 470,
+        "about 3/4 of 512 kept, got {kept}"
+    );
+    for (g, m) in grad.iter().zip(&mask) {
+        assert_eq!(
+            *g,
+            (m / 0.75) as f32 as f64,
+            "keyed: dX = dY * mask / (1 - ratio)"
+        );
+    }
+    assert_eq!(keyed(vec![0, 3, 0, 1]).1, mask, "one key, one mask");
+    assert_ne!(
+        keyed(vec![0, 3, 0, 2]).1,
+        mask,
+        "another micro-batch, another mask"
+    );
 }
 
 /// Graph building runs nothing itself: the caller measures shapes (`ShapeProbe`). Shapes

@@ -310,6 +310,28 @@ fn four_nodes_shard_the_gradients_exactly_as_one_process() {
 #[test]
 fn four_nodes_hand_a_tied_embedding_on_once_a_step_exactly_as_one_process() {
     let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/gpt2");
+    let outs = gpt2_job_equals_one_process(dir.path(), &fixture.join("model.onnx"));
+    assert!(
+        stderr(&outs[0]).contains("is read by stages {0, 1}"),
+        "the embedding is tied across the stages:\n{}",
+        stderr(&outs[0])
+    );
+}
+
+/// GPT-2 with dropout 0.1 at dp 2 x pp 2: each node draws the masks of its replicas'
+/// micro-batches from the step's key, as one process draws them, so the job trains
+/// bitwise as one process.
+#[test]
+fn four_nodes_draw_the_dropout_masks_of_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = crate::dropout::gpt2_with_dropout(dir.path(), 0.1);
+    gpt2_job_equals_one_process(dir.path(), &model);
+}
+
+/// GPT-2 `model` (the fixture's data) at dp 2 x pp 2 for 4 steps on the four nodes,
+/// bitwise as in one process; the nodes' outputs.
+fn gpt2_job_equals_one_process(dir: &Path, model: &Path) -> Vec<std::process::Output> {
     let steps = 4;
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/gpt2");
     let config = |name: &str| {
@@ -331,22 +353,17 @@ label = "labels"
 path = "{data}"
 layout = {{ kind = "arrays", feeds = {{ input_ids = "input_ids", labels = "labels" }} }}
 {COMMON}"#,
-            model = fixture.join("model.onnx").display(),
+            model = model.display(),
             data = fixture.join("data.npz").display(),
             passes = steps * 2
         );
-        let path = dir.path().join(format!("{name}.toml"));
+        let path = dir.join(format!("{name}.toml"));
         fs::write(&path, text).unwrap();
         path
     };
     let (cfg, single) = (config("cluster"), config("single"));
-    let model = dir.path().join("cluster/model.onnx");
+    let trained = dir.join("cluster/model.onnx");
     let env = [("RUST_LOG", "info,onnxruntime=error")];
-    let run = (single.as_path(), steps, model.as_path());
-    let outs = job_with_env_equals_one_process(dir.path(), &[cfg.as_path(); 4], run, &env);
-    assert!(
-        stderr(&outs[0]).contains("is read by stages {0, 1}"),
-        "the embedding is tied across the stages:\n{}",
-        stderr(&outs[0])
-    );
+    let run = (single.as_path(), steps, trained.as_path());
+    job_with_env_equals_one_process(dir, &[cfg.as_path(); 4], run, &env)
 }

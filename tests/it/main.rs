@@ -16,6 +16,7 @@ mod crash;
 mod deterministic;
 mod device;
 mod direct_outputs;
+mod dropout;
 mod embed;
 mod equivalence;
 mod evaluation;

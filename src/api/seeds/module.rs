@@ -11,7 +11,7 @@ use crate::checkpoint::{self, LoadedCheckpoint};
 use crate::compute::{intra_threads_for, Runtime, SessionOptions};
 use crate::graph::{
     assign_stages, build_stage_graphs, build_training_graph, export_inference_model,
-    flops_per_node, BalanceBy, LossSpec, Partition, TrainOptions, LOSS,
+    flops_per_node, BalanceBy, LossSpec, Partition, TrainOptions, DROPOUT_KEY, LOSS,
 };
 use crate::onnx::proto::ModelProto;
 use crate::onnx::{load_model, save_model};
@@ -40,6 +40,9 @@ pub struct Module {
     pub(super) pending: Option<LoadedCheckpoint>,
     /// Optimizer steps taken.
     pub(super) steps: u64,
+    /// Training steps since the last optimizer step: with `steps`, what its training-mode
+    /// dropouts draw from (as `pipetrain train`'s micro-batches at seed 0, one replica).
+    pub(super) micro_batch: u64,
 }
 
 impl Module {
@@ -73,6 +76,7 @@ impl Module {
         let mut tg = build_training_graph(rt, &model, &opts, &feeds)?;
         // The CPU's own kernels, as `pipetrain train` writes them (`train::settings`).
         crate::graph::scatter_adds_as_rows_add(&mut tg.graph);
+        crate::graph::key_dropouts(&mut tg);
         if let Some(blas) = rt.blas() {
             crate::graph::blas_products(&mut tg.graph, &tg.metas, blas.smallest_products());
         }
@@ -111,6 +115,7 @@ impl Module {
             training: true,
             pending: state.loaded,
             steps,
+            micro_batch: 0,
         })
         .and_then(|m| {
             // Parameters come from the checkpoint now; the optimizer's state when the
@@ -145,7 +150,7 @@ impl Module {
     /// `Config` in evaluation mode; ONNX Runtime's errors naming the input.
     pub async fn train_step(&mut self, batch: &TensorMap) -> Result<f64> {
         self.check_training()?;
-        let (stage, data) = (self.stage.clone(), payload(batch));
+        let (stage, data) = (self.stage.clone(), self.training_payload(batch)?);
         off_runtime(move || train_on(&mut lock(&stage), data)).await
     }
 
@@ -155,7 +160,8 @@ impl Module {
     /// As [`Module::train_step`].
     pub fn train_step_blocking(&mut self, batch: &TensorMap) -> Result<f64> {
         self.check_training()?;
-        train_on(&mut self.stage(), payload(batch))
+        let data = self.training_payload(batch)?;
+        train_on(&mut self.stage(), data)
     }
 
     /// The loss of `batch` without gradients (ORT's `EvalStep`). Computes on a blocking
@@ -174,6 +180,15 @@ impl Module {
     /// As [`Module::eval_step`].
     pub fn eval_step_blocking(&mut self, batch: &TensorMap) -> Result<f64> {
         eval_on(&mut self.stage(), payload(batch))
+    }
+
+    /// `batch` for a training step, with the key its dropouts draw from; counts the step.
+    fn training_payload(&mut self, batch: &TensorMap) -> Result<Payload> {
+        let mut data = payload(batch);
+        let key = vec![0, self.steps as i64, 0, self.micro_batch as i64];
+        data.insert(DROPOUT_KEY.into(), Arc::new(Tensor::i64(vec![4], key)?));
+        self.micro_batch += 1;
+        Ok(data)
     }
 
     fn check_training(&self) -> Result<()> {
@@ -239,6 +254,7 @@ impl Optimizer {
         let (stage, steps, lr) = (module.stage.clone(), module.steps, self.lr);
         off_runtime(move || update_on(&mut lock(&stage), steps, lr)).await?;
         module.steps += 1;
+        module.micro_batch = 0;
         Ok(())
     }
 
@@ -249,6 +265,7 @@ impl Optimizer {
     pub fn step_blocking(&mut self, module: &mut Module) -> Result<()> {
         update_on(&mut module.stage(), module.steps, self.lr)?;
         module.steps += 1;
+        module.micro_batch = 0;
         Ok(())
     }
 

@@ -12,6 +12,7 @@ mod activation;
 mod attention;
 mod cross_entropy;
 mod depthwise;
+mod dropout;
 mod layer_norm;
 mod math;
 mod pointwise;
@@ -32,6 +33,7 @@ pub(crate) use attention::{
 };
 pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
 pub(crate) use depthwise::{DepthwiseConv, DepthwiseConvGrad};
+pub(crate) use dropout::KeyedDropout;
 pub(crate) use layer_norm::LayerNormGrad;
 pub(crate) use product::BlasMatMul;
 pub(crate) use rows_add::RowsAdd;

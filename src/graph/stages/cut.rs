@@ -148,6 +148,7 @@ impl<'g> Cut<'g> {
         let eval_outputs = eval_outputs(&fwd_send, &fwd_made, has_loss);
         let mut evaluate = graph(&n.fwd_full, &eval_outputs, "evaluate")?;
         inference_mode(&mut evaluate, &tg.buffers);
+        crate::graph::dropouts_for_inference(&mut evaluate);
         let input_outputs = [split.targets, split.i_to_w.clone()].concat();
         Ok(StageGraphs {
             stage: s,

@@ -218,8 +218,13 @@ pub fn train_reports(f: &Family, run: &Run) -> (Vec<StepReport>, TrainSummary) {
         schedule = layout.schedule,
     );
     static RUNS: AtomicUsize = AtomicUsize::new(0);
+    // A model given by its path (outside the fixture) is named by its file.
+    let model_file = std::path::Path::new(model)
+        .file_name()
+        .unwrap()
+        .to_string_lossy();
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "exported_{}_{model}_{optimizer}_pp{}_dp{}_{}_{}.toml",
+        "exported_{}_{model_file}_{optimizer}_pp{}_dp{}_{}_{}.toml",
         f.name,
         layout.pp,
         layout.dp,
