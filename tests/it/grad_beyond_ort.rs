@@ -1,7 +1,7 @@
 //! Operators ONNX Runtime's training build cannot differentiate, against finite
 //! differences: GridSample (`torch.nn.functional.grid_sample`), LpPool and GlobalLpPool,
 //! ReduceProd (with zeros among its inputs), LRN, MaxUnpool, Compress, CenterCropPad,
-//! Col2Im. Float32 where ONNX Runtime has no float64
+//! Col2Im, Det. Float32 where ONNX Runtime has no float64
 //! kernel.
 
 use crate::common::gradcheck::{check, ints, GradCheck, Rng, Tol, F32, F64};
@@ -224,4 +224,44 @@ fn col2im_matches_finite_differences() {
             ],
         );
     check("Col2Im, dilated, strided, padded", spread, F32);
+}
+
+/// Det: the cofactors, batched, of a singular matrix (rank 2 of 3: the gradient is not
+/// zero), of 1 x 1 and 2 x 2 matrices; above 16 x 16, det(X) inverse(X)^T through ONNX
+/// Runtime's contrib `Inverse`, and refused without contrib ops.
+#[test]
+fn det_matches_finite_differences() {
+    let mut r = Rng::new(59);
+    for shape in [vec![2, 3, 3], vec![4, 1, 1], vec![2, 2], vec![2, 1, 5, 5]] {
+        let c = GradCheck::new(17)
+            .param("X", r.tensor(D, &shape, -1.0, 1.0))
+            .node("Det", &["X"], &["Y"], vec![]);
+        check(&format!("Det {shape:?}"), c, F32);
+    }
+    // Row 2 = row 0 + row 1: det 0, cofactors not all 0.
+    let mut x = r.tensor(D, &[3, 3], -1.0, 1.0).to_f64_vec();
+    for j in 0..3 {
+        x[6 + j] = x[j] + x[3 + j];
+    }
+    let singular = Tensor::f32(vec![3, 3], x.iter().map(|&v| v as f32).collect()).unwrap();
+    let c = GradCheck::new(17)
+        .param("X", singular)
+        .node("Det", &["X"], &["Y"], vec![]);
+    check("Det of a singular matrix", c, F32);
+    // 17 x 17 near the identity (a determinant of moderate size).
+    let n = 17;
+    let mut big = r.tensor(D, &[n, n], -0.05, 0.05).to_f64_vec();
+    for i in 0..n {
+        big[i * n + i] += 1.0;
+    }
+    let big = Tensor::f32(vec![n, n], big.iter().map(|&v| v as f32).collect()).unwrap();
+    let case = || {
+        GradCheck::new(17)
+            .param("X", big.clone())
+            .node("Det", &["X"], &["Y"], vec![])
+    };
+    check("Det 17 x 17 by the inverse", case(), F32);
+    let rt = crate::common::runtime();
+    let err = case().without_contrib().run(&rt, F32).unwrap_err();
+    assert!(err.contains("need an inverse"), "{err}");
 }

@@ -229,12 +229,12 @@ fn check_fails_on_each_error_and_passes_on_warnings() {
     g.node.last_mut().unwrap().output = vec!["pre".into()];
     let (nodes, init) = common::no_rule_nodes("no_rule", "pre", "logits");
     g.node.extend(nodes);
-    g.initializer.push(init);
+    g.initializer.extend(init);
     let path = dir.path().join("no_rule_model.onnx");
     save_model(&no_rule_model, &path).unwrap();
     let out = check(&[&path]);
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
-    assert!(stdout(&out).contains("error: 1 nodes on the way from a parameter to an output have no gradient rule: `no_rule` (Det)"));
+    assert!(stdout(&out).contains("error: 1 nodes on the way from a parameter to an output have no gradient rule: `no_rule` (MaxRoiPool)"));
     // A training graph that does not build: the loss reads a value the model lacks.
     let cfg = setup(dir.path(), "plain", &plain(), "");
     let text = std::fs::read_to_string(&cfg)

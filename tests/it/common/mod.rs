@@ -205,35 +205,73 @@ pub fn sgd(params: &mut TensorMap, grads: &TensorMap, lr: f32) {
 }
 
 /// Nodes computing `to` from `from` (same shape) through an operator without a gradient
-/// rule, `Det` of each value as a 1 x 1 matrix (the shape folded back), named `name`;
-/// with the initializer they read.
+/// rule, named `name`: `MaxRoiPool` over each value as a 1 x 1 image of its own, one
+/// region of interest per value (the regions computed from `from`'s size); with the
+/// initializers they read.
 pub fn no_rule_nodes(
     name: &str,
     from: &str,
     to: &str,
 ) -> (
     Vec<pipetrain::onnx::proto::NodeProto>,
-    pipetrain::onnx::proto::TensorProto,
+    Vec<pipetrain::onnx::proto::TensorProto>,
 ) {
-    use pipetrain::graph::make_node;
-    let (shape, square, det, one) = (
-        format!("{name}/shape"),
-        format!("{name}/square"),
-        format!("{name}/det"),
-        format!("{name}/one_by_one"),
-    );
+    use pipetrain::graph::{int_attr, ints_attr, make_node};
+    let v = |what: &str| format!("{name}/{what}");
+    let (images, zero, one, axis, nothing) = (v("images"), v("zero"), v("one"), v("axis"), v("0f"));
+    let node = |op: &str, what: &str, inputs: &[&str]| {
+        make_node(op, &v(what), inputs, &[&v(what)], vec![])
+    };
     let nodes = vec![
-        make_node("Shape", &shape, &[from], &[&shape], vec![]),
-        make_node("Reshape", &square, &[from, &one], &[&square], vec![]),
-        make_node("Det", name, &[&square], &[&det], vec![]),
+        node("Shape", "shape", &[from]),
+        node("Reshape", "x", &[from, &images]),
+        node("Size", "n", &[from]),
+        node("Range", "ids", &[&zero, &v("n"), &one]),
+        make_node(
+            "Cast",
+            &v("fids"),
+            &[&v("ids")],
+            &[&v("fids")],
+            vec![int_attr("to", 1)],
+        ),
+        node("Unsqueeze", "column", &[&v("fids"), &axis]),
+        node("Mul", "zeros", &[&v("column"), &nothing]),
+        make_node(
+            "Concat",
+            &v("rois"),
+            &[
+                &v("column"),
+                &v("zeros"),
+                &v("zeros"),
+                &v("zeros"),
+                &v("zeros"),
+            ],
+            &[&v("rois")],
+            vec![int_attr("axis", 1)],
+        ),
+        make_node(
+            "MaxRoiPool",
+            name,
+            &[&v("x"), &v("rois")],
+            &[&v("pooled")],
+            vec![ints_attr("pooled_shape", &[1, 1])],
+        ),
         make_node(
             "Reshape",
-            &format!("{name}/back"),
-            &[&det, &shape],
+            &v("back"),
+            &[&v("pooled"), &v("shape")],
             &[to],
             vec![],
         ),
     ];
-    let init = Tensor::i64(vec![3], vec![-1, 1, 1]).unwrap().to_proto(&one);
-    (nodes, init)
+    let inits = vec![
+        Tensor::i64(vec![4], vec![-1, 1, 1, 1])
+            .unwrap()
+            .to_proto(&images),
+        Tensor::i64(vec![], vec![0]).unwrap().to_proto(&zero),
+        Tensor::i64(vec![], vec![1]).unwrap().to_proto(&one),
+        Tensor::i64(vec![1], vec![1]).unwrap().to_proto(&axis),
+        Tensor::f32(vec![], vec![0.0]).unwrap().to_proto(&nothing),
+    ];
+    (nodes, inits)
 }

@@ -7,6 +7,7 @@
 
 mod activation;
 mod conv;
+mod det;
 mod einsum;
 mod elementwise;
 mod fused;
@@ -61,6 +62,7 @@ const RULES: &[(&str, Rule)] = &[
     ("Identity", elementwise::identity),
     ("Dropout", elementwise::dropout),
     ("MatMul", linalg::matmul),
+    ("Det", det::det),
     ("Einsum", einsum::einsum),
     ("Gemm", linalg::gemm),
     ("Softmax", |c| nn::softmax(c, false)),
