@@ -8,7 +8,8 @@
 #   all-reduce; without a GPU it says so and stops (exit 0);
 # - kernels: the library's device tests (`compute::cuda_state`, `compute::cuda_ops`: the
 #   NVRTC-compiled update bitwise the CPU's, the gradient norm repeatable, the embedding
-#   gradient bitwise its formula), from the lib test executable in --bin;
+#   gradient bitwise its formula, `compute::cuda_dropout`: the keyed dropout the CPU's
+#   masks), from the lib test executable in --bin;
 # - the peers' MLP and tiny GPT (SGD, AdamW) trained on the GPU and on the CPU, the loss
 #   curves judged against PyTorch float64 (TF32 off; --peers names peers/data);
 # - a 2-stage pipeline on one GPU with its Chrome trace (how long both stages computed
@@ -91,7 +92,7 @@ for l in sys.stdin:
   fi
   if [ -n "$lib" ] && PIPETRAIN_REQUIRE_NVRTC=1 "$lib" --test-threads 1 --nocapture compute::cuda_ > "$out/kernels.log" 2>&1 \
       && ! grep -q 'skipped' "$out/kernels.log"; then
-    say "kernels: $(grep -c '\.\.\. ok' "$out/kernels.log") device tests passed (update bitwise the CPU's, norm repeatable, RowsAdd bitwise its formula, TanhGelu/SoftmaxGrad their formulas, LayerNormGrad the CPU kernel's, NVRTC compiles)"
+    say "kernels: $(grep -c '\.\.\. ok' "$out/kernels.log") device tests passed (update bitwise the CPU's, norm repeatable, RowsAdd bitwise its formula, TanhGelu/SoftmaxGrad their formulas, LayerNormGrad the CPU kernel's, KeyedDropout the CPU's masks, NVRTC compiles)"
   else
     fail "kernels (see kernels.log)"; tail -5 "$out/kernels.log"
   fi

@@ -139,6 +139,7 @@ mod tests {
             "ln_grad_rows",
             "ln_grad_cols",
             "ln_grad_finish",
+            "keyed_dropout",
         ];
         for name in entries {
             assert!(

@@ -183,6 +183,9 @@ pub(crate) fn custom_domain(
     let domain = {
         let mut domain = domain.add(super::cuda_ops::RowsAdd)?;
         let module = super::cuda_fused::Shared::default();
+        domain = domain.add(super::cuda_dropout::CudaKeyedDropout {
+            module: module.clone(),
+        })?;
         for op in super::cuda_fused::operators(&module) {
             domain = domain.add(op)?;
         }

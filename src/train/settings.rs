@@ -139,9 +139,10 @@ pub(crate) fn training_graph(
         let n = crate::graph::scatter_adds_as_rows_add(&mut tg.graph);
         tracing::debug!("{n} embedding gradients as RowsAdd");
     }
-    // On the CPU, training-mode dropouts whose masks are drawn from the step and the
-    // micro-batch, so that a run repeats and resumes bit for bit (`graph::keyed_dropout`).
-    if opts.fused_kernels {
+    // Training-mode dropouts whose masks are drawn from the step and the micro-batch, so
+    // that a run repeats and resumes bit for bit (`graph::keyed_dropout`): on the CPU with
+    // pipetrain's kernels, on a GPU with its CUDA kernels (the same draw there).
+    if opts.fused_kernels || opts.cuda_kernels {
         let n = crate::graph::key_dropouts(&mut tg);
         if n > 0 {
             tracing::debug!("{n} dropouts drawn from the step's key");

@@ -66,6 +66,12 @@ impl Operator for KeyedDropout {
             })?;
             let key = input(ctx, KEYED_DROPOUT, 2)?;
             let (_, key) = key.try_extract_tensor::<i64>()?;
+            if key.len() != 4 {
+                let got = key.len();
+                return Err(ort::Error::new(format!(
+                    "{KEYED_DROPOUT}: a key of {got} values, not 4"
+                )));
+            }
             let base = base(key, salt);
             let mut y = output(ctx, KEYED_DROPOUT, 0, &shape)?;
             let (_, y) = y.try_extract_tensor_mut::<f32>()?;

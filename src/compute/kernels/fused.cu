@@ -126,3 +126,32 @@ extern "C" __global__ void ln_grad_finish(const float* part_s, const float* part
     ds[c] = s;
     db[c] = t;
 }
+
+// KeyedDropout (compute/fused/dropout.rs): element i kept where the top 24 bits of
+// splitmix64(base + i * GOLDEN) reach ratio * 2^24 (rounded up), base the key's four values
+// and the node's salt mixed in turn; kept values times 1 / (1 - ratio), in float32 as the
+// CPU kernel computes them, so the same bits. `mask` may be null (no mask output).
+#define GOLDEN 0x9e3779b97f4a7c15ULL
+
+__device__ unsigned long long splitmix(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+extern "C" __global__ void keyed_dropout(const float* x, const float* ratio,
+                                         const long long* key, float* y, unsigned char* mask,
+                                         long long n, long long salt) {
+    unsigned long long base = splitmix((unsigned long long)salt + GOLDEN);
+    for (int k = 0; k < 4; ++k) base = splitmix(base ^ ((unsigned long long)key[k] + GOLDEN));
+    float r = ratio[0];
+    unsigned int threshold = (unsigned int)ceil((double)r * 16777216.0);
+    float scale = 1.0f / (1.0f - r);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        unsigned int draw = (unsigned int)(splitmix(base + (unsigned long long)i * GOLDEN) >> 40);
+        bool keep = draw >= threshold;
+        y[i] = keep ? x[i] * scale : 0.0f;
+        if (mask) mask[i] = keep;
+    }
+}
