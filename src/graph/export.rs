@@ -1,7 +1,8 @@
 //! Exporting the trained inference model: the original forward model with the trained
 //! values in its initializers (no loss, no gradient nodes). A training-mode
 //! `BatchNormalization` whose running statistics were trained along is put in inference
-//! mode, normalizing with them, as PyTorch's `eval()` does.
+//! mode, normalizing with them, as PyTorch's `eval()` does, and so is a training-mode
+//! `Dropout` whose mask nothing reads (an identity then, as `eval()` makes it).
 
 use std::collections::HashSet;
 
@@ -75,6 +76,11 @@ pub fn export_inference_model(
         let unread = n.output.iter().skip(1).all(|o| !read.contains(o));
         if training && with_stats && unread {
             n.attribute.retain(|a| a.name != "training_mode");
+            n.output.truncate(1);
+        }
+        let dropout = n.op_type == "Dropout" && (n.domain.is_empty() || n.domain == "ai.onnx");
+        if dropout && n.input.len() > 2 && unread {
+            n.input.truncate(2);
             n.output.truncate(1);
         }
     }

@@ -151,3 +151,34 @@ fn a_module_s_dropouts_repeat() {
     // Each training step of a step draws its own masks.
     assert_ne!(first[0], first[1]);
 }
+
+/// The trained inference model computes no dropout: its training-mode `Dropout`s are put
+/// in inference mode, as PyTorch's `eval()` does (two runs of ONNX Runtime with its
+/// graph optimizations off give the same logits).
+#[test]
+fn the_exported_model_computes_no_dropout() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = pipetrain::onnx::load_model(&gpt2_with_dropout(dir.path(), 0.5)).unwrap();
+    let exported = pipetrain::graph::export_inference_model(&model, &[]).unwrap();
+    let g = exported.graph.as_ref().unwrap();
+    let dropouts: Vec<_> = g.node.iter().filter(|n| n.op_type == "Dropout").collect();
+    assert!(!dropouts.is_empty());
+    assert!(dropouts
+        .iter()
+        .all(|n| n.input.len() == 2 && n.output.len() == 1));
+    let rt = crate::common::runtime();
+    let opts = pipetrain::compute::SessionOptions {
+        optimize: false,
+        ..Default::default()
+    };
+    let g = pipetrain::graph::Graph::from_model(&exported).unwrap();
+    let mut session = pipetrain::compute::GraphSession::new(&rt, &g, &opts, "exported").unwrap();
+    let batch = crate::common::exported::first_batch(&GPT2);
+    let feeds: Vec<(&str, &Tensor)> = (batch.iter())
+        .filter(|(n, _)| *n == "input_ids")
+        .map(|(n, t)| (*n, t))
+        .collect();
+    let a = session.run(&feeds).unwrap();
+    let b = session.run(&feeds).unwrap();
+    assert_eq!(a[0].as_f32(), b[0].as_f32());
+}
