@@ -6,7 +6,7 @@
 use ort::operator::{
     BoxedKernel, ComputeContext, KernelContext, Operator, OperatorInput, OperatorOutput,
 };
-use ort::value::{DynTensorValueType, TensorElementType};
+use ort::value::DynTensorValueType;
 
 use super::cuda_fused::{fail, function, Shared};
 use super::cuda_launch::{blocks_for, launch, Arg::*};
@@ -29,18 +29,11 @@ impl Operator for CudaKeyedDropout {
     }
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
-        [
-            OperatorInput::required(TensorElementType::Float32),
-            OperatorInput::required(TensorElementType::Float32),
-            OperatorInput::required(TensorElementType::Int64),
-        ]
+        super::fused::keyed_dropout_inputs()
     }
 
     fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
-        [
-            OperatorOutput::required(TensorElementType::Float32),
-            OperatorOutput::optional(TensorElementType::Bool),
-        ]
+        super::fused::keyed_dropout_outputs()
     }
 
     fn create_kernel<'attr>(

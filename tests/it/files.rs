@@ -429,18 +429,7 @@ fn dropout_gradient_uses_the_forward_mask() {
     let names = session.output_names().to_vec();
     let get = |n: &str| &out[names.iter().position(|x| x == n).unwrap()];
     let (grad, mask) = (get("W_grad").to_f64_vec(), get("mask").to_f64_vec());
-    let kept = mask.iter().filter(|&&m| m != 0.0).count();
-    assert!(
-        kept > 300 && kept < 470,
-        "about 3/4 of 512 kept, got {kept}"
-    );
-    for (g, m) in grad.iter().zip(&mask) {
-        assert_eq!(
-            *g,
-            (m / 0.75) as f32 as f64,
-            "dX = dY * mask / (1 - ratio) with dY = 1"
-        );
-    }
+    gradient_is_the_masked_seed(&grad, &mask);
     // The same with the dropout keyed (`graph::keyed_dropout`): the gradient reads the
     // keyed mask, which a key draws again and another key draws anew.
     assert_eq!(pipetrain::graph::key_dropouts(&mut tg), 1);
@@ -459,24 +448,26 @@ fn dropout_gradient_uses_the_forward_mask() {
         (get("W_grad"), get("mask"))
     };
     let (grad, mask) = keyed(vec![0, 3, 0, 1]);
-    let kept = mask.iter().filter(|&&m| m != 0.0).count();
-    assert!(
-        kept > 300 && kept < 470,
-        "about 3/4 of 512 kept, got {kept}"
-    );
-    for (g, m) in grad.iter().zip(&mask) {
-        assert_eq!(
-            *g,
-            (m / 0.75) as f32 as f64,
-            "keyed: dX = dY * mask / (1 - ratio)"
-        );
-    }
+    gradient_is_the_masked_seed(&grad, &mask);
     assert_eq!(keyed(vec![0, 3, 0, 1]).1, mask, "one key, one mask");
     assert_ne!(
         keyed(vec![0, 3, 0, 2]).1,
         mask,
         "another micro-batch, another mask"
     );
+}
+
+/// About 3/4 of 512 values kept by `mask` (ratio 0.25), and `grad` = dY * mask / (1 -
+/// ratio) with dY = 1.
+fn gradient_is_the_masked_seed(grad: &[f64], mask: &[f64]) {
+    let kept = mask.iter().filter(|&&m| m != 0.0).count();
+    assert!(
+        kept > 300 && kept < 470,
+        "about 3/4 of 512 kept, got {kept}"
+    );
+    for (g, m) in grad.iter().zip(mask) {
+        assert_eq!(*g, (m / 0.75) as f32 as f64, "dX = dY * mask / (1 - ratio)");
+    }
 }
 
 /// Graph building runs nothing itself: the caller measures shapes (`ShapeProbe`). Shapes

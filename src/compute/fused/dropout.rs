@@ -36,18 +36,11 @@ impl Operator for KeyedDropout {
     }
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
-        [
-            OperatorInput::required(TensorElementType::Float32),
-            OperatorInput::required(TensorElementType::Float32),
-            OperatorInput::required(TensorElementType::Int64),
-        ]
+        inputs()
     }
 
     fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
-        [
-            OperatorOutput::required(TensorElementType::Float32),
-            OperatorOutput::optional(TensorElementType::Bool),
-        ]
+        outputs()
     }
 
     fn create_kernel<'attr>(
@@ -84,6 +77,23 @@ impl Operator for KeyedDropout {
             par_draw(ctx, x, y, mask, &draw)
         }))
     }
+}
+
+/// `KeyedDropout`'s inputs (on the CPU and on CUDA): `X`, the ratio, the key.
+pub(crate) fn inputs() -> [OperatorInput; 3] {
+    [
+        OperatorInput::required(TensorElementType::Float32),
+        OperatorInput::required(TensorElementType::Float32),
+        OperatorInput::required(TensorElementType::Int64),
+    ]
+}
+
+/// Its outputs: `Y` and, where asked for, the mask.
+pub(crate) fn outputs() -> [OperatorOutput; 2] {
+    [
+        OperatorOutput::required(TensorElementType::Float32),
+        OperatorOutput::optional(TensorElementType::Bool),
+    ]
 }
 
 /// The odd constant splitmix64 steps by (2^64 / the golden ratio).
