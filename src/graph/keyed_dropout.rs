@@ -6,8 +6,9 @@
 //! last run left it, so a resumed run draws other masks than the uninterrupted one, and
 //! a backward that recomputes the forward would draw other masks than the forward did.
 //!
-//! On the CPU with pipetrain's kernels, [`key_dropouts`] writes each training-mode
-//! `Dropout` of the forward as `KeyedDropout` (`compute/fused/dropout.rs`), whose mask is
+//! With pipetrain's kernels (the CPU's, or the CUDA ones on a GPU: `train::settings`),
+//! [`key_dropouts`] writes each training-mode `Dropout` of the forward as `KeyedDropout`
+//! (`compute/fused/dropout.rs`, `compute/cuda_dropout.rs`), whose mask is
 //! a function of the node and of [`DROPOUT_KEY`], a data input `[seed, step, replica,
 //! micro-batch]` the data source feeds with each micro-batch (`pipeline::data`). It
 //! keeps the node's place, name and outputs, so the gradient (which reads the mask) and
