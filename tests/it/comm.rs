@@ -575,3 +575,32 @@ async fn bulk_frames_arrive_whole_and_in_order_through_reused_buffers() {
     assert!(why.contains("n1") && why.contains("abandoned"), "{why}");
     assert!(meshes[0].send_slice(1, 40, b"x").await.is_err());
 }
+
+/// Under tensor parallelism the chain runs per shard: six engine replicas, three
+/// data-parallel replicas of two shards (replica `2 d + s` on worker `d`); each shard sums
+/// its data-parallel replicas' buffers in their order, bitwise, apart from the other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_of_tensor_shards_sums_each_shard_in_replica_order() {
+    let meshes = mesh_of(3, Duration::from_secs(5)).await;
+    let placement: Vec<Vec<usize>> = (0..6).map(|r| vec![r / 2]).collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let inputs: Vec<Vec<f32>> = (0..6).map(|_| full_mantissas(&mut rng, 300_001)).collect();
+    let tasks: Vec<_> = (0..6)
+        .map(|r| {
+            let c = MeshCollective::new(meshes[r / 2].clone(), placement.clone())
+                .with_shards(2)
+                .with_algorithm(AllReduce::Chain);
+            let buf = inputs[r].clone();
+            tokio::spawn(async move { c.all_reduce_sum(0, r, buf).await.unwrap() })
+        })
+        .collect();
+    for (r, t) in tasks.into_iter().enumerate() {
+        let got = tokio::time::timeout(Duration::from_secs(60), t).await;
+        let got = got.expect("the round ends").unwrap();
+        let shard: Vec<Vec<f32>> = (0..3).map(|d| inputs[2 * d + r % 2].clone()).collect();
+        assert!(bits(&got) == bits(&sum_in_order(&shard)), "replica {r}");
+    }
+    for m in &meshes {
+        m.shutdown().await;
+    }
+}
