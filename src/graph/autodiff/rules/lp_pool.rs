@@ -4,7 +4,7 @@
 //! that window is 0). ONNX Runtime's training build has no gradient for them.
 
 use super::elementwise::{dtype, shape};
-use super::pool::{geometry, kernel_shape, spread};
+use super::pool::{spread, windows};
 use super::Grads;
 use crate::graph::autodiff::RuleCtx;
 use crate::graph::ir::attr_i;
@@ -12,16 +12,11 @@ use crate::tensor::DType;
 use crate::Result;
 
 pub fn lp_pool(ctx: &mut RuleCtx) -> Result<Grads> {
-    let x = ctx.input(0).to_string();
-    let sx = shape(ctx, &x)?;
-    let sy = shape(ctx, ctx.output(0))?;
-    let t = dtype(ctx, &x)?;
-    let kernel = kernel_shape(ctx)?;
-    let axes = geometry(ctx, &sx, &kernel, &sy)?;
+    let w = windows(ctx)?;
     let p = power(ctx)?;
-    let share = share(ctx, p, t)?;
-    let spread = spread(ctx, &share, (&sx, &sy), &kernel, &axes, t);
-    Ok(vec![Some(times_slope(ctx, &spread, &x, p, t))])
+    let share = share(ctx, p, w.t)?;
+    let spread = spread(ctx, &share, &w);
+    Ok(vec![Some(times_slope(ctx, &spread, &w.x, p, w.t))])
 }
 
 pub fn global_lp_pool(ctx: &mut RuleCtx) -> Result<Grads> {

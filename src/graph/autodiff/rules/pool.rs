@@ -266,14 +266,39 @@ fn disjoint_windows(ctx: &RuleCtx) -> Result<bool> {
     }))
 }
 
-pub fn average_pool(ctx: &mut RuleCtx) -> Result<Grads> {
-    let dy = ctx.dy(0)?;
+/// What the gradient of a pool over windows (AveragePool, LpPool) reads of its node:
+/// X, its shape and Y's, X's type, the kernel and each spatial axis's windows.
+pub(super) struct Windows {
+    pub x: String,
+    pub sx: Vec<usize>,
+    pub sy: Vec<usize>,
+    pub t: DType,
+    pub kernel: Vec<usize>,
+    pub axes: Vec<Axis>,
+}
+
+/// The node's [`Windows`].
+pub(super) fn windows(ctx: &RuleCtx) -> Result<Windows> {
     let x = ctx.input(0).to_string();
     let sx = shape(ctx, &x)?;
     let sy = shape(ctx, ctx.output(0))?;
     let t = dtype(ctx, &x)?;
     let kernel = kernel_shape(ctx)?;
     let axes = geometry(ctx, &sx, &kernel, &sy)?;
+    Ok(Windows {
+        x,
+        sx,
+        sy,
+        t,
+        kernel,
+        axes,
+    })
+}
+
+pub fn average_pool(ctx: &mut RuleCtx) -> Result<Grads> {
+    let dy = ctx.dy(0)?;
+    let w = windows(ctx)?;
+    let (sx, axes, t) = (&w.sx, &w.axes, w.t);
     let include_pad = attr_i(ctx.node, "count_include_pad").unwrap_or(0) != 0;
 
     // Each output's share is dY / (its window's count). Windows are boxes, so the count
@@ -302,26 +327,13 @@ pub fn average_pool(ctx: &mut RuleCtx) -> Result<Grads> {
         .e
         .scale(&share, if uniform > 0.0 { 1.0 / uniform } else { 0.0 }, t);
 
-    Ok(vec![Some(spread(
-        ctx,
-        &share,
-        (&sx, &sy),
-        &kernel,
-        &axes,
-        t,
-    ))])
+    Ok(vec![Some(spread(ctx, &share, &w))])
 }
 
 /// Each output's `share` added to every input of its window: ConvTranspose by an
 /// all-ones kernel, with every (batch, channel) plane as its own one-channel image.
-pub(super) fn spread(
-    ctx: &mut RuleCtx,
-    share: &str,
-    (sx, sy): (&[usize], &[usize]),
-    kernel: &[usize],
-    axes: &[Axis],
-    t: DType,
-) -> String {
+pub(super) fn spread(ctx: &mut RuleCtx, share: &str, w: &Windows) -> String {
+    let (sx, sy, kernel, axes, t) = (&w.sx, &w.sy, &w.kernel, &w.axes, w.t);
     let (n, c) = (sx[0], sx[1]);
     let mut planes = vec![n * c, 1];
     planes.extend(&sy[2..]);
