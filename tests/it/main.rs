@@ -11,6 +11,7 @@ mod chrome_trace;
 mod cli;
 mod cluster_manifest;
 mod comm;
+mod comm_chain;
 mod config;
 mod crash;
 mod deterministic;
