@@ -8,7 +8,9 @@
 # - OpenBLAS (PyPI scipy-openblas32), which runs the CPU's large float32 products where
 #   it is faster than ONNX Runtime's own (`compute/blas`; pipetrain runs without it);
 # - NVRTC (PyPI nvidia-cuda-nvrtc, CUDA 13), with which the tests compile the GPU path's
-#   kernels on a machine without a GPU (`compute::cuda_state`; `.ci/run` requires it).
+#   kernels on a machine without a GPU (`compute::cuda_state`; `.ci/run` requires it);
+# - a C++ compiler (g++, from apt where none is found), with which the tests run the
+#   same kernels' sources on the CPU (`compute/kernels/emu.rs`).
 #
 # - Intel MKL (PyPI mkl, 221 MB to download, 656 MB installed, without its OpenMP and
 #   TBB: pipetrain runs it sequentially, one block per intra-op thread) where the CPU is
@@ -44,6 +46,10 @@ if [ "${1:-}" = "--cuda" ]; then
   echo "setup: ONNX Runtime's CUDA build at $lib"
   echo "setup: now 'source $venv/pipetrain-env.sh' and build with 'cargo build --release --features cli,cuda'"
   exit 0
+fi
+if ! command -v "${CXX:-g++}" >/dev/null 2>&1; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq && $sudo apt-get install -y -qq g++ >/dev/null
 fi
 venv=.venv
 # name==version, one per line: what the project's venv must hold.

@@ -9,7 +9,8 @@ use ort::operator::{
 use ort::value::DynTensorValueType;
 
 use super::cuda_fused::{fail, function, Shared};
-use super::cuda_launch::{blocks_for, launch, Arg::*};
+use super::cuda_launch::launch_planned;
+use super::kernels::{keyed_dropout, KeyedDropoutAt};
 use crate::graph::custom_ops::KEYED_DROPOUT;
 
 /// The operator, sharing the fused kernels' module.
@@ -80,24 +81,26 @@ fn run(ctx: &ComputeContext, salt: i64, module: &Shared) -> ort::Result<()> {
     if n == 0 {
         return Ok(());
     }
-    let (cuda, f) = function(module, device, op, "keyed_dropout")?;
+    let plan = keyed_dropout(
+        KeyedDropoutAt {
+            x,
+            ratio,
+            key,
+            y,
+            mask,
+        },
+        n,
+        salt,
+    );
+    let (cuda, f) = function(module, device, op, plan.kernel)?;
     let raw = ctx
         .stream()?
         .ok_or_else(|| ort::Error::new(format!("{op}: no CUDA stream")))?;
     // SAFETY: ONNX Runtime's compute stream of this session, alive through the call.
     let stream = unsafe { cuda.wrap_borrowed_stream(raw.as_ptr().cast()) };
-    let args = [
-        Ptr(x),
-        Ptr(ratio),
-        Ptr(key),
-        Ptr(y),
-        Ptr(mask),
-        I64(n as i64),
-        I64(salt),
-    ];
-    // SAFETY: `keyed_dropout`'s signature; x, y and the mask (or null) hold n values, the
-    // ratio one and the key four (checked above).
-    unsafe { launch(&stream, &f, (blocks_for(n), 1), &args) }.map_err(|e| fail(op, "launching", e))
+    // SAFETY: the plan was made for these buffers: x, y and the mask (or null) hold n
+    // values, the ratio one and the key four (checked above).
+    unsafe { launch_planned(&stream, &f, &plan) }.map_err(|e| fail(op, "launching", e))
 }
 
 #[cfg(test)]

@@ -22,11 +22,9 @@ use ort::operator::{
 };
 use ort::value::{DynTensorValueType, TensorElementType};
 
-use super::cuda_launch::{blocks_for, compile, launch, Arg::*};
+use super::cuda_launch::{compile, launch_planned};
+use super::kernels::{self, FUSED_SOURCE};
 use crate::graph::custom_ops::{SOFTMAX_GRAD, TANH_GELU, TANH_GELU_GRAD};
-
-/// The source of these kernels.
-pub const FUSED_SOURCE: &str = include_str!("kernels/fused.cu");
 
 /// Which kernel an operator runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,14 +40,6 @@ impl Kind {
             Kind::TanhGelu => TANH_GELU,
             Kind::TanhGeluGrad => TANH_GELU_GRAD,
             Kind::SoftmaxGrad => SOFTMAX_GRAD,
-        }
-    }
-
-    fn entry(self) -> &'static str {
-        match self {
-            Kind::TanhGelu => "tanh_gelu",
-            Kind::TanhGeluGrad => "tanh_gelu_grad",
-            Kind::SoftmaxGrad => "softmax_grad",
         }
     }
 
@@ -190,38 +180,34 @@ fn run(
     for v in &values {
         let t = v.view().downcast::<DynTensorValueType>()?;
         device = t.memory_info().device_id() as usize;
-        ptrs.push(Ptr(t.data_ptr() as u64));
+        ptrs.push(t.data_ptr() as u64);
     }
     let out = ctx
         .output(0, shape.clone())?
         .ok_or_else(|| ort::Error::new(format!("{op}: no output")))?;
-    ptrs.push(Ptr(
-        out.view().downcast::<DynTensorValueType>()?.data_ptr() as u64
-    ));
+    ptrs.push(out.view().downcast::<DynTensorValueType>()?.data_ptr() as u64);
     let n: usize = shape.iter().map(|&d| d.max(0) as usize).product();
     if n == 0 {
         return Ok(());
     }
-    let (cuda, f) = function(module, device, op, kind.entry())?;
+    let plan = match kind {
+        Kind::TanhGelu => kernels::tanh_gelu(ptrs[0], ptrs[1], n, (scale, coef)),
+        Kind::TanhGeluGrad => kernels::tanh_gelu_grad(ptrs[0], ptrs[1], ptrs[2], n, (scale, coef)),
+        Kind::SoftmaxGrad => {
+            let m = shape.last().copied().unwrap_or(1).max(1) as usize;
+            kernels::softmax_grad(ptrs[0], ptrs[1], ptrs[2], n, m)
+        }
+    };
+    let (cuda, f) = function(module, device, op, plan.kernel)?;
     let raw = ctx
         .stream()?
         .ok_or_else(|| ort::Error::new(format!("{op}: no CUDA stream")))?;
     // SAFETY: ONNX Runtime's compute stream of this session, alive through the call; the
     // kernel is queued on it, in order with the session's other kernels.
     let stream = unsafe { cuda.wrap_borrowed_stream(raw.as_ptr().cast()) };
-    let (grid, mut args) = match kind {
-        Kind::SoftmaxGrad => {
-            let m = shape.last().copied().unwrap_or(1).max(1) as usize;
-            let rows = n / m;
-            let grid = rows.clamp(1, 1 << 20) as u32;
-            (grid, vec![I64(rows as i64), I32(m as i32)])
-        }
-        _ => (blocks_for(n), vec![I64(n as i64), F32(scale), F32(coef)]),
-    };
-    ptrs.append(&mut args);
-    // SAFETY: the arguments are `fused.cu`'s signatures: the inputs and the output hold
-    // n values each (checked above: one shape).
-    unsafe { launch(&stream, &f, (grid, 1), &ptrs) }.map_err(|e| fail(op, "launching", e))
+    // SAFETY: the plan was made for these buffers: the inputs and the output hold n
+    // values each (checked above: one shape).
+    unsafe { launch_planned(&stream, &f, &plan) }.map_err(|e| fail(op, "launching", e))
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! pipetrain's CUDA kernels with cudarc: compiled by NVRTC as they run (no FMA
 //! contraction, IEEE division and square root, so the CPU's formulas give the same bits),
-//! and launched with arguments as device addresses and scalars (the kernels' buffers
-//! never move while launched), grid-strided or on a grid.
+//! and launched as `compute::kernels` plans them, with arguments as device addresses and
+//! scalars (the kernels' buffers never move while launched).
 
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
@@ -26,40 +26,27 @@ pub(crate) fn compile(source: &str, name: &str) -> Result<Ptx, String> {
     compile_ptx_with_opts(source, opts).map_err(|e| format!("NVRTC: {e}"))
 }
 
-/// Threads per block of pipetrain's kernels.
-pub(crate) const THREADS: u32 = 256;
+pub(crate) use super::kernels::{Arg, Launch, THREADS};
 
-/// A kernel argument.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Arg {
-    /// A device address.
-    Ptr(u64),
-    /// `long long`.
-    I64(i64),
-    /// `int`.
-    I32(i32),
-    /// `float`.
-    F32(f32),
-}
-
-/// Launches `f` on `stream` over a grid of (x, y) blocks of [`THREADS`] threads.
+/// Launches `l` (a plan of `compute::kernels`; its kernel is `f`) on `stream`: a grid of
+/// (x, y) blocks of [`THREADS`] threads.
 ///
 /// # Safety
-/// `args` must match the kernel's parameters, in order and type, and every address must
-/// reach as far as the kernel indexes on that grid.
-pub(crate) unsafe fn launch(
+/// `l`'s arguments must match the kernel's parameters, in order and type (the emulator's
+/// tests check the plans against the sources), and every address must reach as far as
+/// the kernel indexes on that grid.
+pub(crate) unsafe fn launch_planned(
     stream: &CudaStream,
     f: &CudaFunction,
-    grid: (u32, u32),
-    args: &[Arg],
+    l: &Launch,
 ) -> Result<(), DriverError> {
     let cfg = LaunchConfig {
-        grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+        grid_dim: (l.grid.0.max(1), l.grid.1.max(1), 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     let mut b = stream.launch_builder(f);
-    for a in args {
+    for a in &l.args {
         match a {
             Arg::Ptr(p) => b.arg(p),
             Arg::I64(n) => b.arg(n),
@@ -71,17 +58,10 @@ pub(crate) unsafe fn launch(
     unsafe { b.launch(cfg) }.map(|_| ())
 }
 
-/// Blocks for a grid-strided kernel over `n` values (at least one, at most 65,535).
-pub(crate) fn blocks_for(n: usize) -> u32 {
-    n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::cuda_fused::FUSED_SOURCE;
-    use crate::compute::cuda_ops::ROWS_ADD_SOURCE;
-    use crate::compute::cuda_state::UPDATE_SOURCE;
+    use crate::compute::kernels::{FUSED_SOURCE, ROWS_ADD_SOURCE, UPDATE_SOURCE};
 
     /// `source` compiled, as PTX text; `None` (the test passes, saying so) where NVRTC
     /// is missing, unless `PIPETRAIN_REQUIRE_NVRTC` is set (CI sets it, after

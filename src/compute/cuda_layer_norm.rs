@@ -8,7 +8,9 @@
 //!
 //! Registered, but no graph for a GPU holds it yet: it was written after that lease, so
 //! the autodiff's LayerNorm rule emits it on the CPU only (`OpChoice::fused`) until a GPU
-//! has run `on_a_gpu_layer_norm_grad_is_its_formula` below.
+//! has run `on_a_gpu_layer_norm_grad_is_its_formula` below. Its source and launch plan
+//! (`compute::kernels::layer_norm_grad`) already run on the CPU in the emulator's tests,
+//! against float64.
 
 use std::sync::Mutex;
 
@@ -19,11 +21,9 @@ use ort::operator::{
 use ort::value::{DynTensorValueType, TensorElementType};
 
 use super::cuda_fused::{fail, function, Shared};
-use super::cuda_launch::{launch, Arg::*, THREADS};
+use super::cuda_launch::launch_planned;
+use super::kernels::{layer_norm_grad, layer_norm_grad_scratch, LayerNormGradAt};
 use crate::graph::custom_ops::LAYER_NORM_GRAD;
-
-/// Chunks of rows the column sums are cut into (the grid's second dimension).
-const CHUNKS: usize = 64;
 
 /// `LayerNormGrad` on the CUDA provider.
 pub(crate) struct CudaLayerNormGrad {
@@ -103,60 +103,39 @@ fn run(
         out(2, &scale_shape)?,
     );
     let [dy, x, scale, mean, inv] = [ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4]];
-    let (cuda, rows_f) = function(module, device, OP, "ln_grad_rows")?;
-    let (_, cols_f) = function(module, device, OP, "ln_grad_cols")?;
-    let (_, finish_f) = function(module, device, OP, "ln_grad_finish")?;
     let raw = ctx
         .stream()?
         .ok_or_else(|| ort::Error::new(format!("{OP}: no CUDA stream")))?;
+    let (cuda, _) = function(module, device, OP, "ln_grad_rows")?;
     // SAFETY: ONNX Runtime's compute stream of this session, alive through the call; the
     // kernels are queued on it, in order with the session's other kernels.
     let stream = unsafe { cuda.wrap_borrowed_stream(raw.as_ptr().cast()) };
-    let parts = CHUNKS.min(rows.max(1));
-    let chunk = rows.div_ceil(parts).max(1);
-    if scratch.as_ref().is_none_or(|s| s.len() < 2 * parts * cols) {
+    let need = layer_norm_grad_scratch(rows, cols);
+    if scratch.as_ref().is_none_or(|s| s.len() < need) {
         *scratch = Some(
             stream
-                .alloc_zeros::<f32>(2 * parts * cols)
+                .alloc_zeros::<f32>(need)
                 .map_err(|e| fail(OP, "allocating", e))?,
         );
     }
     let (base, _sync) = scratch.as_ref().expect("made above").device_ptr(&stream);
-    let (part_s, part_b) = (Ptr(base), Ptr(base + 4 * (parts * cols) as u64));
-    let column_blocks = cols.div_ceil(THREADS as usize) as u32;
-    let (rows64, cols32) = (I64(rows as i64), I32(cols as i32));
-    // SAFETY: the arguments are `fused.cu`'s signatures; dY, X and dX hold rows x cols
-    // values, scale, dscale and dbias cols, the statistics rows (checked above), the
-    // scratch 2 x parts x cols.
-    unsafe {
-        let grid = (rows.clamp(1, 1 << 20) as u32, 1);
-        let args = [
-            Ptr(dy),
-            Ptr(x),
-            Ptr(scale),
-            Ptr(mean),
-            Ptr(inv),
-            Ptr(dx),
-            rows64,
-            cols32,
-        ];
-        launch(&stream, &rows_f, grid, &args).map_err(|e| fail(OP, "launching", e))?;
-        let args = [
-            Ptr(dy),
-            Ptr(x),
-            Ptr(mean),
-            Ptr(inv),
-            part_s,
-            part_b,
-            rows64,
-            cols32,
-            I64(chunk as i64),
-        ];
-        launch(&stream, &cols_f, (column_blocks, parts as u32), &args)
-            .map_err(|e| fail(OP, "launching", e))?;
-        let args = [part_s, part_b, Ptr(ds), Ptr(db), I32(parts as i32), cols32];
-        launch(&stream, &finish_f, (column_blocks, 1), &args)
-            .map_err(|e| fail(OP, "launching", e))?;
+    let at = LayerNormGradAt {
+        dy,
+        x,
+        scale,
+        mean,
+        inv,
+        dx,
+        dscale: ds,
+        dbias: db,
+        scratch: base,
+    };
+    for l in layer_norm_grad(at, rows, cols) {
+        let (_, f) = function(module, device, OP, l.kernel)?;
+        // SAFETY: the plan was made for these buffers: dY, X and dX hold rows x cols
+        // values, scale, dscale and dbias cols, the statistics rows (checked above), the
+        // scratch what the plan asks for.
+        unsafe { launch_planned(&stream, &f, &l) }.map_err(|e| fail(OP, "launching", e))?;
     }
     Ok(())
 }

@@ -18,11 +18,9 @@ use ort::operator::{
 };
 use ort::value::{DynTensorValueType, TensorElementType};
 
-use super::cuda_launch::{blocks_for, compile, launch, Arg::*, THREADS};
+use super::cuda_launch::{compile, launch_planned};
+use super::kernels::{rows_add_scratch, RowsAddAt, ROWS_ADD_SOURCE};
 use crate::graph::custom_ops::ROWS_ADD;
-
-/// The source of `RowsAdd`'s kernels.
-pub const ROWS_ADD_SOURCE: &str = include_str!("kernels/rows_add.cu");
 
 /// `RowsAdd` on the CUDA provider.
 pub(crate) struct RowsAdd;
@@ -124,43 +122,31 @@ fn rows_add(ctx: &ComputeContext, rows: i64, state: &mut Option<Loaded>) -> ort:
     // SAFETY: ONNX Runtime's compute stream of this session, alive through the call; all
     // work here is queued on it, in order with the session's other kernels.
     let stream = unsafe { s.ctx.wrap_borrowed_stream(raw.as_ptr().cast()) };
-    if s.scratch.as_ref().is_none_or(|b| b.len() < 2 * n) {
+    let need = rows_add_scratch(n);
+    if s.scratch.as_ref().is_none_or(|b| b.len() < need) {
         s.scratch = Some(
             stream
-                .alloc_zeros::<i32>(2 * n)
+                .alloc_zeros::<i32>(need)
                 .map_err(fail("allocating"))?,
         );
     }
     let (scratch, _sync) = s.scratch.as_ref().expect("made above").device_ptr(&stream);
-    let (next, first) = (Ptr(scratch), Ptr(scratch + 4 * n as u64));
-    let len = rows as usize * row_len;
-    let (n32, rows, row32) = (I32(n as i32), I64(rows), I32(row_len as i32));
-    let (idx, upd, table) = (Ptr(idx), Ptr(upd), Ptr(table));
-    // SAFETY: the argument lists are `rows_add.cu`'s signatures; `indices` holds n values,
-    // `updates` n x row_len, the table rows x row_len, the scratch 2 n.
-    unsafe {
-        launch(
-            &stream,
-            &s.chain,
-            (blocks_for(n), 1),
-            &[idx, n32, rows, next, first],
-        )
-        .map_err(fail("launching rows_chain"))?;
-        launch(
-            &stream,
-            &s.zero,
-            (blocks_for(len), 1),
-            &[table, I64(len as i64)],
-        )
-        .map_err(fail("launching rows_zero"))?;
-        let grid = (row_len.div_ceil(THREADS as usize) as u32, n as u32);
-        launch(
-            &stream,
-            &s.sum,
-            grid,
-            &[idx, upd, next, first, n32, row32, rows, table],
-        )
-        .map_err(fail("launching rows_sum"))?;
+    let at = RowsAddAt {
+        indices: idx,
+        updates: upd,
+        table,
+        scratch,
+    };
+    for l in super::kernels::rows_add(at, n, rows, row_len) {
+        let f = match l.kernel {
+            "rows_chain" => &s.chain,
+            "rows_zero" => &s.zero,
+            _ => &s.sum,
+        };
+        // SAFETY: the plan was made for these buffers: `indices` holds n values,
+        // `updates` n x row_len, the table rows x row_len, the scratch what the plan
+        // asks for.
+        unsafe { launch_planned(&stream, f, &l) }.map_err(fail("launching"))?;
     }
     Ok(())
 }

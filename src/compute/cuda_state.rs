@@ -11,16 +11,11 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError};
 
-use super::cuda_launch::{blocks_for, compile, launch, Arg};
+use super::cuda_launch::{compile, launch_planned, Launch};
+use super::kernels::{self, SUM_BLOCKS, UPDATE_SOURCE};
 use super::resident::{Buffer, DeviceSpan, DeviceState};
-use crate::optim::{ElementwiseStep, Rule};
+use crate::optim::ElementwiseStep;
 use crate::{Error, Result};
-
-/// The kernels' source.
-pub const UPDATE_SOURCE: &str = include_str!("kernels/update.cu");
-
-/// Blocks of the sums of squares: fixed, so that the order of the additions is.
-const SUM_BLOCKS: u32 = 1024;
 
 struct Kernels {
     sgd: CudaFunction,
@@ -140,17 +135,30 @@ impl CudaState {
         self.stream.synchronize().map_err(self.err("synchronizing"))
     }
 
-    /// Launches the grid-strided `f` over `n` values with `args`.
-    fn launch(&self, f: &CudaFunction, n: usize, args: &[Arg]) -> Result<()> {
-        // SAFETY: the argument lists match `update.cu`'s signatures (pointers to
-        // buffers of at least `n` values, then the scalars), checked by the kernel tests.
-        unsafe { launch(&self.stream, f, (blocks_for(n), 1), args) }
-            .map_err(self.err("launching a kernel"))
+    /// Queues `plan`, made by `compute::kernels` for this state's buffers.
+    fn launch(&self, plan: &[Launch]) -> Result<()> {
+        for l in plan {
+            let k = &self.kernels;
+            let f = match l.kernel {
+                "sgd" => &k.sgd,
+                "sgd_momentum" => &k.sgd_momentum,
+                "adam" => &k.adam,
+                "add_into" => &k.add_into,
+                "sum_sq_blocks" => &k.sum_sq_blocks,
+                _ => &k.sum_blocks,
+            };
+            // SAFETY: the plans are made for this state's buffers, whose lengths they
+            // reach; the emulator's tests hold them to `update.cu`'s signatures.
+            unsafe { launch_planned(&self.stream, f, l) }
+                .map_err(self.err("launching a kernel"))?;
+        }
+        Ok(())
     }
 }
 
-fn ptr_at(base: usize, offset: usize) -> Arg {
-    Arg::Ptr((base + offset * size_of::<f32>()) as u64)
+/// The address of value `offset` of the buffer at `base`.
+fn at(base: usize, offset: usize) -> u64 {
+    (base + offset * size_of::<f32>()) as u64
 }
 
 impl DeviceState for CudaState {
@@ -178,13 +186,9 @@ impl DeviceState for CudaState {
         let from = self.scratch()?.addr;
         let to = self.addr(&self.grads);
         for (r, add) in ranges {
-            let (acc, x) = (ptr_at(to, r.start), ptr_at(from, r.start));
+            let (acc, x) = (at(to, r.start), at(from, r.start));
             match add {
-                true => self.launch(
-                    &self.kernels.add_into,
-                    r.len(),
-                    &[acc, x, Arg::I64(r.len() as i64)],
-                )?,
+                true => self.launch(&[kernels::add_into(acc, x, r.len())])?,
                 false => {
                     let scratch = self.scratch.as_ref().expect("made above");
                     let src = scratch.slice(r.clone());
@@ -215,30 +219,10 @@ impl DeviceState for CudaState {
     }
 
     fn grad_sum_sq(&mut self) -> Result<f64> {
-        let g = Arg::Ptr(self.addr(&self.grads) as u64);
+        let g = self.addr(&self.grads) as u64;
         let (partial, _s) = self.partial.device_ptr(&self.stream);
         let (total, _t) = self.total.device_ptr(&self.stream);
-        let (partial, total) = (Arg::Ptr(partial), Arg::Ptr(total));
-        let n = Arg::I64(self.grads.len() as i64);
-        // SAFETY: `sum_sq_blocks(const float*, long long, double*)` into SUM_BLOCKS
-        // partials, then `sum_blocks(const double*, int, double*)` into one value.
-        unsafe {
-            launch(
-                &self.stream,
-                &self.kernels.sum_sq_blocks,
-                (SUM_BLOCKS, 1),
-                &[g, n, partial],
-            )
-            .map_err(self.err("launching a kernel"))?;
-            let blocks = Arg::I32(SUM_BLOCKS as i32);
-            launch(
-                &self.stream,
-                &self.kernels.sum_blocks,
-                (1, 1),
-                &[partial, blocks, total],
-            )
-            .map_err(self.err("launching a kernel"))?;
-        }
+        self.launch(&kernels::grad_sum_sq(g, self.grads.len(), partial, total))?;
         let mut out = [0f64];
         self.stream
             .memcpy_dtoh(&self.total, &mut out)
@@ -248,32 +232,16 @@ impl DeviceState for CudaState {
     }
 
     fn apply(&mut self, step: &ElementwiseStep, scale: f32) -> Result<()> {
-        // Each rule's kernel, state buffers and constants (see `update.cu`).
-        let (kernel, states, constants) = match step.rule {
-            Rule::Sgd => (&self.kernels.sgd, 0, 2),
-            Rule::SgdMomentum => (&self.kernels.sgd_momentum, 1, 6),
-            Rule::Adam => (&self.kernels.adam, 2, 8),
-        };
-        if self.state.len() != states {
-            return Err(Error::Device {
-                device: format!("cuda:{}", self.index),
-                reason: format!(
-                    "{:?} keeps {states} state buffers, the device {}",
-                    step.rule,
-                    self.state.len()
-                ),
-            });
-        }
-        let (p, g) = (self.addr(&self.params), self.addr(&self.grads));
-        let st: Vec<usize> = self.state.iter().map(|b| self.addr(b)).collect();
-        for (r, k) in &step.segments {
-            let o = r.start;
-            let mut args = vec![ptr_at(p, o), ptr_at(g, o)];
-            args.extend(st.iter().map(|&b| ptr_at(b, o)));
-            args.extend([Arg::I64(r.len() as i64), Arg::F32(scale)]);
-            args.extend(k[..constants].iter().map(|&c| Arg::F32(c)));
-            self.launch(kernel, r.len(), &args)?;
-        }
+        let (p, g) = (
+            self.addr(&self.params) as u64,
+            self.addr(&self.grads) as u64,
+        );
+        let st: Vec<u64> = self.state.iter().map(|b| self.addr(b) as u64).collect();
+        let plan = kernels::update(step, scale, (p, g), &st).map_err(|reason| Error::Device {
+            device: format!("cuda:{}", self.index),
+            reason,
+        })?;
+        self.launch(&plan)?;
         self.sync()
     }
 

@@ -21,6 +21,7 @@ mod device;
 mod direct;
 mod fused;
 mod host_pool;
+pub mod kernels;
 mod lifted;
 mod local_shards;
 mod open;

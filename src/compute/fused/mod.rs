@@ -34,6 +34,8 @@ pub(crate) use attention::{
 pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
 pub(crate) use depthwise::{DepthwiseConv, DepthwiseConvGrad};
 pub(crate) use dropout::KeyedDropout;
+#[cfg(test)]
+pub(crate) use dropout::{base as keyed_dropout_base, Draw as KeyedDraw};
 #[cfg(feature = "cuda")]
 pub(crate) use dropout::{inputs as keyed_dropout_inputs, outputs as keyed_dropout_outputs};
 pub(crate) use layer_norm::LayerNormGrad;

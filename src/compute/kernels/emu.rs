@@ -1,0 +1,200 @@
+//! The CUDA kernels' sources run on the CPU, for tests: a source is compiled by the
+//! system's C++ compiler with `emu.hpp` (CUDA's thread indices, shared memory and
+//! `__syncthreads` as user-level threads, a block at a time), and a [`Launch`] plan runs
+//! on host buffers exactly as the device path queues it.
+//!
+//! What this checks without a GPU: a kernel's arithmetic, its indexing over the grid the
+//! plan gives it, its barriers (each live thread of a block reaches the same ones), and the
+//! plan's arguments against the kernel's parameter list (count and type: a `float` passed
+//! where the kernel reads an `int` is garbage on the device, silently). What it cannot
+//! check: the device's own math library (`tanhf` is glibc's here), races between threads
+//! of a block (they run one at a time between barriers) and memory the device cannot
+//! reach. No crate runs CUDA C on the CPU, so the ~100 lines of `emu.hpp` are ours.
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::Mutex;
+
+use super::{Arg, Launch, THREADS};
+
+/// One kernel parameter's kind, as the source declares it.
+#[derive(Debug, Clone, PartialEq)]
+enum Param {
+    /// A pointer, with its C type (`const float*`).
+    Ptr(String),
+    I64,
+    I32,
+    F32,
+}
+
+/// A kernel source compiled for the CPU.
+pub struct Emulator {
+    library: libloading::Library,
+    kernels: HashMap<String, Vec<Param>>,
+    _dir: tempfile::TempDir,
+}
+
+/// Launches share the emulator's globals (the current block, shared memory): one at a
+/// time in the test process.
+static LAUNCH: Mutex<()> = Mutex::new(());
+
+type Entry = unsafe extern "C" fn(u32, u32, u32, *const u64) -> i32;
+
+impl Emulator {
+    /// `source` (named `name`) compiled with `emu.hpp` and a wrapper per kernel.
+    ///
+    /// # Panics
+    /// Where no C++ compiler runs (`scripts/setup.sh` installs one) or the source does
+    /// not compile: a test's failure, with the compiler's message.
+    pub fn compile(source: &str, name: &str) -> Emulator {
+        let kernels = signatures(source);
+        let mut unit = String::from(include_str!("emu.hpp"));
+        unit.push_str(&format!("#line 1 \"{name}\"\n{source}\n"));
+        for (kernel, params) in &kernels {
+            unit.push_str(&wrapper(kernel, params));
+        }
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let (cpp, lib) = (dir.path().join("unit.cpp"), dir.path().join("unit.so"));
+        std::fs::write(&cpp, unit).expect("writing the unit");
+        let out = Command::new(std::env::var("CXX").unwrap_or_else(|_| "g++".into()))
+            .args([
+                "-std=c++17",
+                "-O1",
+                "-shared",
+                "-fPIC",
+                "-ffp-contract=off",
+                "-w",
+            ])
+            .arg(&cpp)
+            .arg("-o")
+            .arg(&lib)
+            .output()
+            .expect("a C++ compiler (g++, or $CXX; scripts/setup.sh installs g++)");
+        assert!(
+            out.status.success(),
+            "{name} does not compile for the CPU:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // SAFETY: the library is the unit just compiled; its initializers are the
+        // emulator's globals only.
+        let library = unsafe { libloading::Library::new(&lib) }.expect("loading the unit");
+        Emulator {
+            library,
+            kernels: kernels.into_iter().collect(),
+            _dir: dir,
+        }
+    }
+
+    /// Runs `plan` in order on host buffers.
+    ///
+    /// # Errors
+    /// An unknown kernel, arguments that do not match its parameters, or a barrier not
+    /// every live thread of a block reached.
+    ///
+    /// # Safety
+    /// Every pointer argument must reach as far as the kernel indexes on its grid.
+    pub unsafe fn run(&self, plan: &[Launch]) -> Result<(), String> {
+        let _one = LAUNCH.lock().unwrap_or_else(|e| e.into_inner());
+        for l in plan {
+            let params = self
+                .kernels
+                .get(l.kernel)
+                .ok_or_else(|| format!("no kernel {}", l.kernel))?;
+            let words = words(l, params)?;
+            let symbol = format!("emu__{}", l.kernel);
+            // SAFETY: the wrapper `wrapper` wrote for this kernel.
+            let entry = unsafe { self.library.get::<Entry>(symbol.as_bytes()) }
+                .map_err(|e| format!("{symbol}: {e}"))?;
+            // SAFETY: the caller's (the buffers reach as far as the kernel reads).
+            if unsafe { entry(l.grid.0, l.grid.1, THREADS, words.as_ptr()) } != 0 {
+                let error = unsafe {
+                    self.library
+                        .get::<unsafe extern "C" fn() -> *const i8>(b"emu_error")
+                }
+                .map_err(|e| e.to_string())?;
+                // SAFETY: a NUL-terminated static buffer.
+                let text = unsafe { std::ffi::CStr::from_ptr(error()) };
+                return Err(format!("{}: {}", l.kernel, text.to_string_lossy()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `l`'s arguments as the wrapper reads them, checked against `params`.
+fn words(l: &Launch, params: &[Param]) -> Result<Vec<u64>, String> {
+    if l.args.len() != params.len() {
+        return Err(format!(
+            "{}: {} arguments for {} parameters",
+            l.kernel,
+            l.args.len(),
+            params.len()
+        ));
+    }
+    let word = |(k, (a, p)): (usize, (&Arg, &Param))| match (a, p) {
+        (Arg::Ptr(v), Param::Ptr(_)) => Ok(*v),
+        (Arg::I64(v), Param::I64) => Ok(*v as u64),
+        (Arg::I32(v), Param::I32) => Ok(*v as u32 as u64),
+        (Arg::F32(v), Param::F32) => Ok(v.to_bits() as u64),
+        _ => Err(format!(
+            "{}: argument {k} is {a:?}, the parameter {p:?}",
+            l.kernel
+        )),
+    };
+    l.args.iter().zip(params).enumerate().map(word).collect()
+}
+
+/// Every `extern "C" __global__ void NAME(PARAMS)` of `source`, in order.
+fn signatures(source: &str) -> Vec<(String, Vec<Param>)> {
+    const HEAD: &str = "extern \"C\" __global__ void";
+    let mut found = Vec::new();
+    let mut rest = source;
+    while let Some(at) = rest.find(HEAD) {
+        rest = &rest[at + HEAD.len()..];
+        let open = rest.find('(').expect("a parameter list");
+        let close = rest.find(')').expect("a parameter list's end");
+        let name = rest[..open].trim().to_string();
+        let params = rest[open + 1..close]
+            .split(',')
+            .map(|p| param(&name, p))
+            .collect();
+        found.push((name, params));
+    }
+    found
+}
+
+/// One declared parameter (`const float* x`, `long long n`).
+fn param(kernel: &str, declared: &str) -> Param {
+    let words: Vec<&str> = declared.split_whitespace().collect();
+    let ty = words[..words.len() - 1].join(" ");
+    let ty = ty.replace(" __restrict__", "");
+    if ty.ends_with('*') || declared.contains('*') {
+        let ty = declared[..declared.rfind('*').expect("a pointer") + 1].trim();
+        return Param::Ptr(ty.replace(" __restrict__", ""));
+    }
+    match ty.as_str() {
+        "long long" => Param::I64,
+        "int" => Param::I32,
+        "float" => Param::F32,
+        other => panic!("{kernel}: a parameter of type {other} (the emulator knows pointers, long long, int and float)"),
+    }
+}
+
+/// The C wrapper that launches `kernel` from a word array.
+fn wrapper(kernel: &str, params: &[Param]) -> String {
+    let args: Vec<String> = params
+        .iter()
+        .enumerate()
+        .map(|(k, p)| match p {
+            Param::Ptr(ty) => format!("({ty})(uintptr_t)a[{k}]"),
+            Param::I64 => format!("(long long)a[{k}]"),
+            Param::I32 => format!("(int)(uint32_t)a[{k}]"),
+            Param::F32 => format!("emu::f32(a[{k}])"),
+        })
+        .collect();
+    format!(
+        "extern \"C\" int emu__{kernel}(unsigned gx, unsigned gy, unsigned bx, const uint64_t* a) {{\n\
+         \x20   return emu::launch(dim3{{gx, gy, 1}}, dim3{{bx, 1, 1}}, [a] {{ {kernel}({}); }});\n}}\n",
+        args.join(", ")
+    )
+}
