@@ -9,7 +9,8 @@
 # - kernels: the library's device tests (`compute::cuda_state`, `compute::cuda_ops`: the
 #   NVRTC-compiled update bitwise the CPU's, the gradient norm repeatable, the embedding
 #   gradient bitwise its formula, `compute::cuda_dropout`: the keyed dropout the CPU's
-#   masks), from the lib test executable in --bin;
+#   masks, `compute::cuda_attention`: the attention operators the CPU's), from the lib
+#   test executable in --bin;
 # - the peers' MLP and tiny GPT (SGD, AdamW) trained on the GPU and on the CPU, the loss
 #   curves judged against PyTorch float64 (TF32 off; --peers names peers/data);
 # - a 2-stage pipeline on one GPU with its Chrome trace (how long both stages computed
@@ -23,6 +24,8 @@
 #   and ONNX Runtime's profile of four steps (GPT2_PROFILE=0: not); GPT2_HALF=bf16|f16
 #   adds a mixed-precision run against PyTorch eager under torch.autocast; GPT2_HOST=1
 #   adds the run with the state on the host (`runtime.state_on_device = false`);
+#   GPT2_ATTENTION=0 leaves out the run with attention as one operator each way
+#   (`runtime.cuda_attention = true`, `compute/cuda_attention.rs`);
 #   GPT2_ONEHOT=1 the run without pipetrain's CUDA kernels (`runtime.cuda_kernels = false`:
 #   standard ops instead of `RowsAdd`, `TanhGelu` and `SoftmaxGrad`). Every GPU run has
 #   `cuda_kernels = true` unless GPU_CHECK_CUDA_KERNELS=false.
@@ -251,6 +254,12 @@ EOF
     && gpt2_variant onehot 's/^cuda_kernels = .*/cuda_kernels = false/' "standard ops (cuda_kernels = false: one-hot embedding gradient, GELU and softmax backward node by node)" \
     && python3 "$root/benches/gpu/losses_diff.py" "gpt2, pipetrain's CUDA kernels (RowsAdd, TanhGelu, SoftmaxGrad) against standard ops" \
       "$out/gpt2_small.jsonl" "$out/gpt2_onehot.jsonl" >> "$summary"
+  # Attention as one operator each way (runtime.cuda_attention, off by default until
+  # measured here): its speed, and its losses against the standard ops' (float32 noise).
+  [ "${GPT2_ATTENTION:-1}" = 1 ] \
+    && gpt2_variant attention 's/^cuda_kernels = .*/cuda_kernels = true\ncuda_attention = true/' "attention as one kernel (cuda_attention = true)" \
+    && python3 "$root/benches/gpu/losses_diff.py" "gpt2, cuda_attention against the standard attention" \
+      "$out/gpt2_small.jsonl" "$out/gpt2_attention.jsonl" >> "$summary"
   # The price of runtime.deterministic (on by default): the same run with it off.
   [ "${GPT2_UNORDERED:-1}" = 1 ] \
     && gpt2_variant unordered 's/^\[runtime\]/[runtime]\ndeterministic = false/' "deterministic = false"

@@ -117,10 +117,22 @@ pub(super) fn fail(op: &str, what: &str, e: impl std::fmt::Display) -> ort::Erro
     ort::Error::new(format!("{op}: {what}: {e}"))
 }
 
-/// The kernel `entry` (for operator `op`) on `device`, compiling and loading the
-/// module there first.
+/// The kernel `entry` (for operator `op`) of `fused.cu` on `device`, compiling and
+/// loading the module there first.
 pub(super) fn function(
     module: &Shared,
+    device: usize,
+    op: &str,
+    entry: &'static str,
+) -> ort::Result<(Arc<CudaContext>, CudaFunction)> {
+    function_in(module, (FUSED_SOURCE, "fused.cu"), device, op, entry)
+}
+
+/// The kernel `entry` (for operator `op`) of `source` (named as NVRTC names it) on
+/// `device`, compiling and loading the module there first.
+pub(super) fn function_in(
+    module: &Shared,
+    (source, name): (&str, &str),
     device: usize,
     op: &str,
     entry: &'static str,
@@ -130,7 +142,7 @@ pub(super) fn function(
         .map_err(|_| ort::Error::new(format!("{op}: a kernel call panicked before")))?;
     if m.as_ref().is_none_or(|l| l.device != device) {
         let ctx = CudaContext::new(device).map_err(|e| fail(op, "opening the device", e))?;
-        let ptx = compile(FUSED_SOURCE, "fused.cu").map_err(|e| fail(op, "compiling", e))?;
+        let ptx = compile(source, name).map_err(|e| fail(op, "compiling", e))?;
         let module = ctx
             .load_module(ptx)
             .map_err(|e| fail(op, "loading the kernels", e))?;

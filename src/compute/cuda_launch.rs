@@ -61,7 +61,7 @@ pub(crate) unsafe fn launch_planned(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::kernels::{FUSED_SOURCE, ROWS_ADD_SOURCE, UPDATE_SOURCE};
+    use crate::compute::kernels::{ATTENTION_SOURCE, FUSED_SOURCE, ROWS_ADD_SOURCE, UPDATE_SOURCE};
 
     /// `source` compiled, as PTX text; `None` (the test passes, saying so) where NVRTC
     /// is missing, unless `PIPETRAIN_REQUIRE_NVRTC` is set (CI sets it, after
@@ -124,6 +124,13 @@ mod tests {
         for name in entries {
             assert!(
                 fused.contains(&format!(".entry {name}(")),
+                "no entry {name}"
+            );
+        }
+        let attention = compiled(ATTENTION_SOURCE, "attention.cu").expect("NVRTC was found above");
+        for name in ["attn_softmax", "attn_softmax_grad", "attn_zero"] {
+            assert!(
+                attention.contains(&format!(".entry {name}(")),
                 "no entry {name}"
             );
         }

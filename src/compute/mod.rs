@@ -6,6 +6,8 @@ mod chain;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "cuda")]
+mod cuda_attention;
+#[cfg(feature = "cuda")]
 mod cuda_dropout;
 #[cfg(feature = "cuda")]
 mod cuda_fused;

@@ -189,6 +189,10 @@ pub(crate) fn custom_domain(
         for op in super::cuda_fused::operators(&module) {
             domain = domain.add(op)?;
         }
+        let attention = super::cuda_fused::Shared::default();
+        for op in super::cuda_attention::CudaAttention::all(&attention) {
+            domain = domain.add(op)?;
+        }
         domain.add(super::cuda_layer_norm::CudaLayerNormGrad { module })?
     };
     Ok(domain)

@@ -122,6 +122,12 @@ pub(crate) fn training_graph(
             && cfg.runtime.cuda_kernels
             && !cfg.runtime.standard_ops_only
             && cfg.runtime.device != crate::compute::Device::Cpu,
+        // With them, attention as one kernel each way, where asked (`cuda_attention.rs`).
+        cuda_attention: cfg!(feature = "cuda")
+            && cfg.runtime.cuda_attention
+            && cfg.runtime.cuda_kernels
+            && !cfg.runtime.standard_ops_only
+            && cfg.runtime.device != crate::compute::Device::Cpu,
         params: cfg.params.clone(),
     };
     let mut tg =

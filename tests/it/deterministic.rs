@@ -46,6 +46,7 @@ fn options() -> TrainOptions {
         contrib_ops: false,
         fused_kernels: false,
         cuda_kernels: false,
+        cuda_attention: false,
         params: Default::default(),
     }
 }

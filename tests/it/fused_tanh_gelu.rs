@@ -34,6 +34,102 @@ fn tanh_gelu_kernels_give_finite_differences() {
     check("tanh GELU float32, fused", case, F32);
 }
 
+/// The built-in GPT-2 (batch 2) with random tokens and targets, its training graph built
+/// with some of pipetrain's kernel choices, and one step of it on the CPU.
+struct Gpt2Case {
+    cfg: pipetrain::models::Gpt2Config,
+    model: pipetrain::onnx::proto::ModelProto,
+    tokens: Tensor,
+    targets: Tensor,
+}
+
+/// Which of pipetrain's kernels a graph is built with.
+#[derive(Clone, Copy)]
+struct Kernels {
+    cuda: bool,
+    fused: bool,
+    attention: bool,
+}
+
+const PLAIN: Kernels = Kernels {
+    cuda: false,
+    fused: false,
+    attention: false,
+};
+
+impl Gpt2Case {
+    fn new() -> Gpt2Case {
+        use pipetrain::models::{build, Gpt2Config, ModelSpec};
+        let cfg = Gpt2Config {
+            batch: Some(2),
+            ..Gpt2Config::DEFAULT
+        };
+        let model = build(&ModelSpec::Gpt2(cfg.clone())).unwrap();
+        let mut rng = Rng::new(5);
+        let mut ids = || {
+            let v = (0..2 * cfg.seq).map(|_| (rng.next() * cfg.vocab as f64) as i64);
+            Tensor::i64(vec![2, cfg.seq], v.collect()).unwrap()
+        };
+        let (tokens, targets) = (ids(), ids());
+        Gpt2Case {
+            cfg,
+            model,
+            tokens,
+            targets,
+        }
+    }
+
+    fn graph(&self, k: Kernels) -> TrainingGraph {
+        let loss = LossSpec::SoftmaxCrossEntropy {
+            prediction: "logits".into(),
+            label: "targets".into(),
+            ignore_index: None,
+            class_axis: None,
+            normalize: Default::default(),
+        };
+        let rt = common::runtime();
+        let opts = pipetrain::graph::TrainOptions {
+            inputs: Default::default(),
+            loss,
+            trainable: None,
+            contrib_ops: true,
+            fused_kernels: k.fused,
+            cuda_kernels: k.cuda,
+            cuda_attention: k.attention,
+            params: Default::default(),
+        };
+        let feeds = [("tokens", &self.tokens), ("targets", &self.targets)];
+        pipetrain::graph::build_training_graph(&rt, &self.model, &opts, &feeds).unwrap()
+    }
+
+    fn step(&self, tg: &TrainingGraph) -> pipetrain::compute::StepOutput {
+        let rt = common::runtime();
+        let opts = pipetrain::compute::SessionOptions::default();
+        let mut s = pipetrain::compute::TrainSession::new(&rt, tg, &opts).unwrap();
+        let data = [
+            ("tokens".to_string(), self.tokens.clone()),
+            ("targets".into(), self.targets.clone()),
+        ];
+        let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
+        s.step(&common::initial_params(tg), &data.into(), &seed)
+            .unwrap()
+    }
+
+    /// The loss and every gradient of `a`'s step are `b`'s within float32 rounding.
+    fn assert_same_step(&self, what: &str, a: &TrainingGraph, b: &TrainingGraph) {
+        let (a, b) = (self.step(a), self.step(b));
+        assert!(
+            (a.loss - b.loss).abs() < 1e-6 * b.loss.abs(),
+            "{what}: {} {}",
+            a.loss,
+            b.loss
+        );
+        let wrt: Vec<&str> = b.grads.keys().map(String::as_str).collect();
+        assert!(wrt.len() > 20);
+        assert_same(what, &a.grads, &b.grads, &wrt, 1e-5);
+    }
+}
+
 /// The kernels a graph built for a GPU holds (`TrainOptions::cuda_kernels`), run here by
 /// their CPU twins (on the CPU, `fused_kernels` makes the same GELU nodes): on the built-in GPT-2 every tanh GELU is one `TanhGelu` (its backward
 /// one `TanhGeluGrad`) and every attention softmax's backward one `SoftmaxGrad`, and the
@@ -41,71 +137,70 @@ fn tanh_gelu_kernels_give_finite_differences() {
 #[test]
 fn gpu_graphs_tanh_gelu_and_softmax_grad_give_the_standard_op_graphs_gradients() {
     use pipetrain::graph::custom_ops::{TANH_GELU, TANH_GELU_GRAD};
-    use pipetrain::models::{build, Gpt2Config, ModelSpec};
-    let cfg = Gpt2Config {
-        batch: Some(2),
-        ..Gpt2Config::DEFAULT
+    let case = Gpt2Case::new();
+    let layers = case.cfg.layers;
+    let cuda = Kernels {
+        cuda: true,
+        ..PLAIN
     };
-    let model = build(&ModelSpec::Gpt2(cfg.clone())).unwrap();
-    let mut rng = Rng::new(5);
-    let mut ids = || {
-        let v = (0..2 * cfg.seq).map(|_| (rng.next() * cfg.vocab as f64) as i64);
-        Tensor::i64(vec![2, cfg.seq], v.collect()).unwrap()
-    };
-    let (tokens, targets) = (ids(), ids());
-    let loss = LossSpec::SoftmaxCrossEntropy {
-        prediction: "logits".into(),
-        label: "targets".into(),
-        ignore_index: None,
-        class_axis: None,
-        normalize: Default::default(),
-    };
-    let graph_with = |cuda: bool, fused: bool| {
-        let rt = common::runtime();
-        let opts = pipetrain::graph::TrainOptions {
-            inputs: Default::default(),
-            loss: loss.clone(),
-            trainable: None,
-            contrib_ops: true,
-            fused_kernels: fused,
-            cuda_kernels: cuda,
-            params: Default::default(),
-        };
-        let feeds = [("tokens", &tokens), ("targets", &targets)];
-        pipetrain::graph::build_training_graph(&rt, &model, &opts, &feeds).unwrap()
-    };
-    let (gpu, plain) = (graph_with(true, false), graph_with(false, false));
+    let (gpu, plain) = (case.graph(cuda), case.graph(PLAIN));
     for op in [TANH_GELU, TANH_GELU_GRAD, SOFTMAX_GRAD] {
-        assert_eq!(fused_nodes(&gpu, op), cfg.layers, "{op}");
+        assert_eq!(fused_nodes(&gpu, op), layers, "{op}");
         assert_eq!(fused_nodes(&plain, op), 0, "{op}");
     }
-    let cpu = graph_with(false, true);
+    let cpu = case.graph(Kernels {
+        fused: true,
+        ..PLAIN
+    });
     assert_eq!(
         fused_nodes(&cpu, TANH_GELU),
-        cfg.layers,
+        layers,
         "fused_kernels: TanhGelu"
     );
     assert!(!gpu.graph.nodes.iter().any(|n| n.op_type == "Tanh"));
-    let step = |tg: &TrainingGraph| {
-        let rt = common::runtime();
-        let opts = pipetrain::compute::SessionOptions::default();
-        let mut s = pipetrain::compute::TrainSession::new(&rt, tg, &opts).unwrap();
-        let data = [
-            ("tokens".to_string(), tokens.clone()),
-            ("targets".into(), targets.clone()),
-        ];
-        let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
-        s.step(&common::initial_params(tg), &data.into(), &seed)
-            .unwrap()
+    case.assert_same_step("gpt2, GPU kernels", &gpu, &plain);
+}
+
+/// A graph built for a GPU with `cuda_attention` (`compute/cuda_attention.rs`), run here
+/// by the operators' CPU twins: each of GPT-2's causal attentions is one node each way,
+/// with its causal mask the kernel's own (no softmax, mask or transposes left), and the
+/// loss and every gradient are the standard-op graph's within float32 rounding. Without
+/// `cuda_attention`, the attention stays standard ops.
+#[test]
+fn gpu_graphs_attention_as_one_node_gives_the_standard_op_graphs_gradients() {
+    use pipetrain::graph::custom_ops::{PACKED_ATTENTION, PACKED_ATTENTION_GRAD};
+    let case = Gpt2Case::new();
+    let layers = case.cfg.layers;
+    let cuda = Kernels {
+        cuda: true,
+        ..PLAIN
     };
-    let (a, b) = (step(&gpu), step(&plain));
-    assert!(
-        (a.loss - b.loss).abs() < 1e-6 * b.loss.abs(),
-        "{} {}",
-        a.loss,
-        b.loss
+    let attention = Kernels {
+        attention: true,
+        ..cuda
+    };
+    let (gpu, without, plain) = (case.graph(attention), case.graph(cuda), case.graph(PLAIN));
+    for op in [PACKED_ATTENTION, PACKED_ATTENTION_GRAD] {
+        assert_eq!(fused_nodes(&gpu, op), layers, "{op}");
+        assert_eq!(fused_nodes(&without, op), 0, "{op} without cuda_attention");
+    }
+    let node = gpu
+        .graph
+        .nodes
+        .iter()
+        .find(|n| n.op_type == PACKED_ATTENTION)
+        .unwrap();
+    let causal = node
+        .attribute
+        .iter()
+        .find(|a| a.name == "causal")
+        .map(|a| a.i);
+    assert_eq!(causal, Some(1), "the causal mask is the kernel's own");
+    assert_eq!(node.input.len(), 1, "no mask input");
+    assert_eq!(
+        fused_nodes(&gpu, SOFTMAX_GRAD),
+        0,
+        "the softmax went into the node"
     );
-    let wrt: Vec<&str> = b.grads.keys().map(String::as_str).collect();
-    assert!(wrt.len() > 20);
-    assert_same("gpt2, GPU kernels", &a.grads, &b.grads, &wrt, 1e-5);
+    case.assert_same_step("gpt2, attention as one node", &gpu, &plain);
 }

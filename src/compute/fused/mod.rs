@@ -28,6 +28,10 @@ use ort::value::{ValueRef, ValueRefMut};
 
 pub(crate) use accumulate::Accumulate;
 pub(crate) use activation::{Gelu, RELU_GRAD_OP};
+#[cfg(any(test, feature = "cuda"))]
+pub(crate) use attention::View;
+#[cfg(feature = "cuda")]
+pub(crate) use attention::{views as attention_views, Attributes as AttentionAttributes};
 pub(crate) use attention::{
     ATTENTION_GRAD_OP, ATTENTION_OP, PACKED_ATTENTION_GRAD_OP, PACKED_ATTENTION_OP,
 };

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::sync::Mutex;
 
-use super::{Arg, Launch, THREADS};
+use super::{Arg, Gemm, Launch, Step, THREADS};
 
 /// One kernel parameter's kind, as the source declares it.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,6 +119,75 @@ impl Emulator {
         }
         Ok(())
     }
+}
+
+impl Emulator {
+    /// Runs `steps` in order: our kernels from this source, the products as cuBLAS
+    /// defines `cublasSgemmStridedBatched` (column-major), with its checks of the
+    /// leading dimensions.
+    ///
+    /// # Errors
+    /// As [`Emulator::run`], and a product cuBLAS would refuse.
+    ///
+    /// # Safety
+    /// As [`Emulator::run`], for the products' matrices too.
+    pub unsafe fn run_steps(&self, steps: &[Step]) -> Result<(), String> {
+        for step in steps {
+            match step {
+                // SAFETY: the caller's.
+                Step::Kernel(l) => unsafe { self.run(std::slice::from_ref(l)) }?,
+                // SAFETY: the caller's.
+                Step::Gemm(g) => unsafe { gemm(g) }?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `cublasSgemmStridedBatched(g)` on host memory, each value's sum in `k` order.
+///
+/// # Safety
+/// The matrices must reach as far as `g` says.
+unsafe fn gemm(g: &Gemm) -> Result<(), String> {
+    let (m, n, k) = (g.m as i64, g.n as i64, g.k as i64);
+    let rows_a = if g.trans_a { k } else { m };
+    let rows_b = if g.trans_b { n } else { k };
+    if m < 0 || n < 0 || k < 0 || g.batch < 0 {
+        return Err(format!("a product of negative size: {g:?}"));
+    }
+    if (g.lda as i64) < rows_a.max(1) || (g.ldb as i64) < rows_b.max(1) || (g.ldc as i64) < m.max(1)
+    {
+        return Err(format!("leading dimensions cuBLAS refuses: {g:?}"));
+    }
+    let (lda, ldb, ldc) = (g.lda as i64, g.ldb as i64, g.ldc as i64);
+    for batch in 0..g.batch as i64 {
+        let a = g.a as *const f32;
+        let b = g.b as *const f32;
+        let c = g.c as *mut f32;
+        let (a, b, c) = (
+            a.wrapping_offset((batch * g.stride_a) as isize),
+            b.wrapping_offset((batch * g.stride_b) as isize),
+            c.wrapping_offset((batch * g.stride_c) as isize),
+        );
+        for j in 0..n {
+            for i in 0..m {
+                let mut acc = 0f32;
+                for l in 0..k {
+                    let ai = if g.trans_a { l + i * lda } else { i + l * lda };
+                    let bi = if g.trans_b { j + l * ldb } else { l + j * ldb };
+                    // SAFETY: the caller's (inside the matrices).
+                    acc += unsafe { *a.offset(ai as isize) * *b.offset(bi as isize) };
+                }
+                // SAFETY: the caller's.
+                let out = unsafe { &mut *c.offset((i + j * ldc) as isize) };
+                *out = match g.beta == 0.0 {
+                    true => g.alpha * acc,
+                    false => g.alpha * acc + g.beta * *out,
+                };
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `l`'s arguments as the wrapper reads them, checked against `params`.

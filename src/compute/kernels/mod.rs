@@ -7,6 +7,7 @@
 //! kernels' arithmetic and indexing, their grids and their argument lists are checked on
 //! machines without a GPU, against the CPU kernels' formulas.
 
+mod attention;
 #[cfg(test)]
 mod emu;
 #[cfg(test)]
@@ -15,6 +16,11 @@ mod emu_tests;
 use std::ops::Range;
 
 use crate::optim::{ElementwiseStep, Rule};
+
+pub use attention::{
+    attention, attention_grad, attention_grad_scratch, AttentionAt, AttentionGradAt, Gemm, Mat,
+    Step, ATTENTION_SOURCE,
+};
 
 /// The fused operators' kernels (`TanhGelu`, `SoftmaxGrad`, `LayerNormGrad`,
 /// `KeyedDropout`).

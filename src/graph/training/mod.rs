@@ -41,6 +41,10 @@ pub struct TrainOptions {
     /// for a GPU): tanh GELU whole (as `fused_kernels` does on the CPU), and softmax's
     /// backward (`compute/cuda_fused.rs`).
     pub cuda_kernels: bool,
+    /// With `cuda_kernels`, scaled dot-product attention as pipetrain's `Attention` (or
+    /// `PackedAttention`) and its backward as one node each, for the CUDA kernel
+    /// (`compute/cuda_attention.rs`; `runtime.cuda_attention`).
+    pub cuda_attention: bool,
     /// Initializers not to train, and embedding rows whose lookups give them no
     /// gradient (padding rows).
     pub params: ParamOptions,
@@ -314,6 +318,10 @@ pub fn build_sharded_training_graph(
     if opts.fused_kernels {
         let fused = super::fusion::fuse_forward(&mut g, &loss_metas, &trained);
         tracing::debug!("fused forward kernels: {fused:?}");
+    }
+    if opts.cuda_attention && !opts.fused_kernels {
+        let n = super::fusion::fuse_attention_for_cuda(&mut g, &loss_metas, &trained);
+        tracing::debug!("{n} attentions as one kernel each for the GPU");
     }
     if opts.fused_kernels || opts.cuda_kernels {
         let n = super::fusion::fuse_tanh_gelu(&mut g, &loss_metas);

@@ -156,6 +156,7 @@ impl PeerModel {
             contrib_ops: true,
             fused_kernels: true,
             cuda_kernels: false,
+            cuda_attention: false,
             params: Default::default(),
         }
     }

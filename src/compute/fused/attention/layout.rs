@@ -5,16 +5,16 @@
 /// A tensor read (or written) as the logical `[B, H, rows, cols]` tensor
 /// `Transpose(tensor, perm)`: its dimensions and the strides into the tensor's values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct View {
-    pub(super) dims: [usize; 4],
-    pub(super) strides: [usize; 4],
+pub(crate) struct View {
+    pub(crate) dims: [usize; 4],
+    pub(crate) strides: [usize; 4],
     /// Where the tensor starts in the values (a part of a packed tensor).
-    pub(super) offset: usize,
+    pub(crate) offset: usize,
 }
 
 impl View {
     /// `Transpose(x, perm)` of a row-major `x` of `shape`, `None` unless rank 4.
-    pub(super) fn of(shape: &[i64], perm: [usize; 4]) -> Option<View> {
+    pub(crate) fn of(shape: &[i64], perm: [usize; 4]) -> Option<View> {
         let shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
         if shape.len() != 4 {
             return None;
@@ -43,7 +43,7 @@ impl View {
     /// `Transpose(x, perm)` of the `[B, T, heads, d]` tensor `x` that is the values
     /// `offset..offset + heads d` of the last axis of the packed `[B, T, W]` tensor of
     /// `shape` (as `Reshape(Split(packed))` makes it); `None` where that does not fit.
-    pub(super) fn part(
+    pub(crate) fn part(
         shape: &[i64],
         [heads, d]: [usize; 2],
         offset: usize,
@@ -64,7 +64,7 @@ impl View {
 
     /// The row-major tensor `Transpose(logical, perm)` for a logical tensor of `dims`:
     /// its shape and the view of it as `dims`.
-    pub(super) fn made(dims: [usize; 4], perm: [usize; 4]) -> (Vec<i64>, View) {
+    pub(crate) fn made(dims: [usize; 4], perm: [usize; 4]) -> (Vec<i64>, View) {
         let shape: Vec<i64> = perm.iter().map(|&a| dims[a] as i64).collect();
         let mut inverse = [0usize; 4];
         for (j, &a) in perm.iter().enumerate() {

@@ -50,27 +50,28 @@ use crate::graph::custom_ops::{
     ATTENTION, ATTENTION_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD,
 };
 use head::{Mask, Pair};
-use layout::{mask_strides, Shared, View};
+pub(crate) use layout::View;
+use layout::{mask_strides, Shared};
 
 /// At most this many tasks a call (each a run of (batch, head) pairs).
 const TASKS: usize = 16;
 
 /// The attributes of a call (see the module doc).
 #[derive(Debug, Clone, Copy)]
-struct Attributes {
-    scale: f32,
-    causal: bool,
+pub(crate) struct Attributes {
+    pub(crate) scale: f32,
+    pub(crate) causal: bool,
     q: [usize; 4],
     k: [usize; 4],
     v: [usize; 4],
-    out: [usize; 4],
+    pub(crate) out: [usize; 4],
     /// Q, K and V as parts of one packed `[B, T, W]` tensor (`PackedAttention`): heads
     /// and head size, and where each part starts on the last axis.
-    packed: Option<([usize; 2], [usize; 3])>,
+    pub(crate) packed: Option<([usize; 2], [usize; 3])>,
 }
 
 impl Attributes {
-    fn of(info: &KernelContext<'_>, op: &str) -> ort::Result<Self> {
+    pub(crate) fn of(info: &KernelContext<'_>, op: &str) -> ort::Result<Self> {
         let perm = |name: &str| -> ort::Result<[usize; 4]> {
             let v = info
                 .get::<Vec<i64>>(name)
@@ -147,7 +148,7 @@ fn per_pair(
 
 /// The logical views of `Q`, `K` (turned), `V` and their agreement: `[B, H, T, D]`,
 /// `[B, H, D, S]`, `[B, H, S, E]`.
-fn views(op: &str, a: &Attributes, shapes: [&[i64]; 3]) -> ort::Result<[View; 3]> {
+pub(crate) fn views(op: &str, a: &Attributes, shapes: [&[i64]; 3]) -> ort::Result<[View; 3]> {
     let bad = || {
         ort::Error::new(format!(
             "{op}: Q {:?}, K {:?}, V {:?} with permutations {:?}, {:?}, {:?} are not \

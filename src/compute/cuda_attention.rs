@@ -1,0 +1,420 @@
+//! `Attention`, `PackedAttention` and their backward on ONNX Runtime's CUDA provider:
+//! the plan of `compute::kernels::attention` (the products on cuBLAS, reading and writing
+//! the tensors where they lie; `attention.cu`'s row kernels between them), all on the
+//! session's compute stream.
+//!
+//! In the standard-op graph GPT-2's attention is, per layer, the transposes of Q, K and V,
+//! the two batched products, the scale, the causal `Where` and the softmax, and about
+//! twice as many kernels in the backward, several of them passes over the probabilities
+//! `[B, H, T, T]` (on an H200, 16 ms of the products and ~6 ms of element-wise passes
+//! over them in GPT-2 small's 96 ms step; `benches/gpu/RESULTS.md`). Here the forward is
+//! two products a batch entry and one row kernel, the backward four products and one row
+//! kernel.
+//!
+//! Only for graphs built with `runtime.cuda_attention` (a GPU run, no mask input: a
+//! causal mask is the kernel's own), until a lent GPU has measured it. Its plan runs on
+//! the CPU in the emulator's tests, against float64.
+
+use std::sync::Mutex;
+
+use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use ort::operator::{
+    BoxedKernel, ComputeContext, KernelContext, Operator, OperatorInput, OperatorOutput,
+};
+use ort::value::{DynTensorValueType, TensorElementType};
+
+use super::cuda_fused::{fail, function_in, Shared};
+use super::cuda_launch::launch_planned;
+use super::fused::{attention_views, AttentionAttributes, View};
+use super::kernels::{self, AttentionAt, AttentionGradAt, Gemm, Mat, Step, ATTENTION_SOURCE};
+use crate::graph::custom_ops::{
+    ATTENTION, ATTENTION_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD,
+};
+
+/// One of the four operators on the CUDA provider.
+pub(crate) struct CudaAttention {
+    pub backward: bool,
+    pub packed: bool,
+    /// `attention.cu`, compiled once for every node of the session.
+    pub module: Shared,
+}
+
+impl CudaAttention {
+    /// The four, sharing `module`.
+    pub(crate) fn all(module: &Shared) -> [CudaAttention; 4] {
+        [(false, false), (false, true), (true, false), (true, true)].map(|(packed, backward)| {
+            CudaAttention {
+                backward,
+                packed,
+                module: module.clone(),
+            }
+        })
+    }
+
+    fn parts(&self) -> usize {
+        if self.packed {
+            1
+        } else {
+            3
+        }
+    }
+}
+
+impl Operator for CudaAttention {
+    type Kernel<'attr> = BoxedKernel<'attr>;
+
+    fn name(&self) -> &str {
+        match (self.packed, self.backward) {
+            (false, false) => ATTENTION,
+            (false, true) => ATTENTION_GRAD,
+            (true, false) => PACKED_ATTENTION,
+            (true, true) => PACKED_ATTENTION_GRAD,
+        }
+    }
+
+    fn execution_provider_type(&self) -> Option<&str> {
+        Some("CUDAExecutionProvider")
+    }
+
+    fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
+        let f32 = TensorElementType::Float32;
+        let (required, optional) = match self.backward {
+            true => (self.parts() + 2, 0),
+            false => (self.parts(), 1),
+        };
+        let required = (0..required).map(move |_| OperatorInput::required(f32));
+        required.chain((0..optional).map(move |_| OperatorInput::optional(f32)))
+    }
+
+    fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
+        let n = if self.backward { self.parts() } else { 2 };
+        (0..n).map(|_| OperatorOutput::required(TensorElementType::Float32))
+    }
+
+    fn create_kernel<'attr>(
+        &self,
+        info: &KernelContext<'attr>,
+    ) -> ort::Result<Self::Kernel<'attr>> {
+        let op = Call {
+            name: self.name().to_string(),
+            attrs: AttentionAttributes::of(info, self.name())?,
+            parts: self.parts(),
+            backward: self.backward,
+            module: self.module.clone(),
+        };
+        let state: Mutex<State> = Mutex::new(State::default());
+        Ok(Box::new(move |ctx: &ComputeContext| {
+            let mut state = state.lock().map_err(|_| {
+                ort::Error::new(format!("{}: a kernel call panicked before", op.name))
+            })?;
+            op.run(ctx, &mut state)
+        }))
+    }
+}
+
+/// What a node's kernel knows from its attributes.
+struct Call {
+    name: String,
+    attrs: AttentionAttributes,
+    parts: usize,
+    backward: bool,
+    module: Shared,
+}
+
+/// What a node's kernel keeps from call to call: its cuBLAS handle and the backward's
+/// scratch.
+#[derive(Default)]
+struct State {
+    blas: Option<Handle>,
+    scratch: Option<CudaSlice<f32>>,
+}
+
+/// A cuBLAS handle, destroyed with it.
+struct Handle(blas_sys::cublasHandle_t);
+
+// SAFETY: the handle is used by one thread at a time (behind the kernel's mutex), as
+// cuBLAS allows.
+unsafe impl Send for Handle {}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_handle` and destroyed once, here.
+        let _ = unsafe { blas::destroy_handle(self.0) };
+    }
+}
+
+/// An input tensor: its address, shape and device.
+fn input(ctx: &ComputeContext, i: usize, op: &str) -> ort::Result<(u64, Vec<i64>, usize)> {
+    let v = ctx
+        .input(i)?
+        .ok_or_else(|| ort::Error::new(format!("{op}: no input {i}")))?;
+    let t = v.view().downcast::<DynTensorValueType>()?;
+    let device = t.memory_info().device_id() as usize;
+    Ok((t.data_ptr() as u64, v.shape().to_vec(), device))
+}
+
+/// Output `i` of `shape`: its address.
+fn output(ctx: &ComputeContext, i: usize, shape: Vec<i64>, op: &str) -> ort::Result<u64> {
+    let v = ctx
+        .output(i, shape)?
+        .ok_or_else(|| ort::Error::new(format!("{op}: no output {i}")))?;
+    Ok(v.view().downcast::<DynTensorValueType>()?.data_ptr() as u64)
+}
+
+impl Call {
+    fn run(&self, ctx: &ComputeContext, state: &mut State) -> ort::Result<()> {
+        let op = self.name.as_str();
+        let first = usize::from(self.backward);
+        let tensors = (first..first + self.parts)
+            .map(|i| input(ctx, i, op))
+            .collect::<ort::Result<Vec<_>>>()?;
+        if !self.backward && ctx.input(self.parts)?.is_some() {
+            return Err(ort::Error::new(format!(
+                "{op}: a mask input, which the CUDA kernel does not take (a causal mask is its own)"
+            )));
+        }
+        let part = |i: usize| &tensors[i.min(self.parts - 1)];
+        let shapes = [0, 1, 2].map(|i| part(i).1.as_slice());
+        let [q, kt, v] = attention_views(op, &self.attrs, shapes)?;
+        let [b, h, t, _] = q.dims;
+        let (s, e) = (kt.dims[3], v.dims[3]);
+        let (o_shape, o_view) = View::made([b, h, t, e], self.attrs.out);
+        let device = tensors[0].2;
+        let mut x = AttentionAt {
+            batch: b,
+            heads: h,
+            q: Mat::of(&q, part(0).0),
+            kt: Mat::of(&kt, part(1).0),
+            v: Mat::of(&v, part(2).0),
+            o: Mat::of(&o_view, 0),
+            p: 0,
+        };
+        let raw = ctx
+            .stream()?
+            .ok_or_else(|| ort::Error::new(format!("{op}: no CUDA stream")))?;
+        let (cuda, _) = function_in(
+            &self.module,
+            (ATTENTION_SOURCE, "attention.cu"),
+            device,
+            op,
+            "attn_softmax",
+        )?;
+        // SAFETY: ONNX Runtime's compute stream of this session, alive through the call;
+        // everything here is queued on it, in order with the session's other kernels.
+        let stream = unsafe { cuda.wrap_borrowed_stream(raw.as_ptr().cast()) };
+        let plan = if self.backward {
+            x.o.at = input(ctx, 0, op)?.0;
+            x.p = input(ctx, self.parts + 1, op)?.0;
+            let need = kernels::attention_grad_scratch(&x);
+            if state.scratch.as_ref().is_none_or(|b| b.len() < need) {
+                let fresh = stream.alloc_zeros::<f32>(need.max(1));
+                state.scratch = Some(fresh.map_err(|e| fail(op, "allocating", e))?);
+            }
+            let (scratch, _sync) = state
+                .scratch
+                .as_ref()
+                .expect("made above")
+                .device_ptr(&stream);
+            let outs = (0..self.parts)
+                .map(|i| output(ctx, i, tensors[i].1.clone(), op))
+                .collect::<ort::Result<Vec<_>>>()?;
+            let out = |i: usize| outs[i.min(self.parts - 1)];
+            let g = AttentionGradAt {
+                dq: Mat::of(&q, out(0)),
+                dkt: Mat::of(&kt, out(1)),
+                dv: Mat::of(&v, out(2)),
+                zero: self.uncovered(&tensors[0].1).map(|n| (outs[0], n)),
+                scratch,
+            };
+            kernels::attention_grad(&x, &g, self.attrs.scale)
+        } else {
+            x.o.at = output(ctx, 0, o_shape, op)?;
+            x.p = output(ctx, 1, [b, h, t, s].map(|d| d as i64).to_vec(), op)?;
+            kernels::attention(&x, self.attrs.scale, self.attrs.causal)
+        };
+        let plan = plan.map_err(|e| ort::Error::new(format!("{op}: {e}")))?;
+        self.execute(&plan, &stream, device, state)
+    }
+
+    /// Where the packed gradient has values no part covers: all of them, to zero.
+    fn uncovered(&self, shape: &[i64]) -> Option<usize> {
+        let (hd, offsets) = self.attrs.packed?;
+        let w = shape.last().copied().unwrap_or(0).max(0) as usize;
+        let part = hd[0] * hd[1];
+        let mut starts = offsets;
+        starts.sort_unstable();
+        let covered = starts == [0, part, 2 * part] && w == 3 * part;
+        (!covered).then(|| shape.iter().map(|&d| d.max(0) as usize).product())
+    }
+
+    /// Queues `plan` on `stream`.
+    fn execute(
+        &self,
+        plan: &[Step],
+        stream: &std::sync::Arc<CudaStream>,
+        device: usize,
+        state: &mut State,
+    ) -> ort::Result<()> {
+        let op = self.name.as_str();
+        for step in plan {
+            match step {
+                Step::Kernel(l) => {
+                    let source = (ATTENTION_SOURCE, "attention.cu");
+                    let (_, f) = function_in(&self.module, source, device, op, l.kernel)?;
+                    // SAFETY: the plan was made for this call's tensors and scratch.
+                    unsafe { launch_planned(stream, &f, l) }
+                        .map_err(|e| fail(op, "launching", e))?;
+                }
+                Step::Gemm(g) => {
+                    let handle = handle(state, stream, op)?;
+                    // SAFETY: the plan's matrices lie in this call's tensors and scratch,
+                    // on this stream.
+                    unsafe { gemm(handle, g) }
+                        .map_err(|e| fail(op, "cublasSgemmStridedBatched", e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The kernel's cuBLAS handle, made on first use, set to `stream`.
+fn handle(
+    state: &mut State,
+    stream: &CudaStream,
+    op: &str,
+) -> ort::Result<blas_sys::cublasHandle_t> {
+    if state.blas.is_none() {
+        // SAFETY: only tries to open the library.
+        if !unsafe { blas_sys::is_culib_present() } {
+            return Err(ort::Error::new(format!(
+                "{op}: cuBLAS not found (PyPI's nvidia-cublas wheel; `scripts/setup.sh --cuda`)"
+            )));
+        }
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| fail(op, "binding the device", e))?;
+        let h = blas::create_handle().map_err(|e| fail(op, "cublasCreate", e))?;
+        state.blas = Some(Handle(h));
+    }
+    let h = state.blas.as_ref().expect("made above").0;
+    // SAFETY: a live handle and the session's live stream.
+    unsafe { blas::set_stream(h, stream.cu_stream() as blas_sys::cudaStream_t) }
+        .map_err(|e| fail(op, "cublasSetStream", e))?;
+    Ok(h)
+}
+
+/// One planned product.
+///
+/// # Safety
+/// `g`'s matrices must be device memory reachable on the handle's stream.
+unsafe fn gemm(h: blas_sys::cublasHandle_t, g: &Gemm) -> Result<(), blas::CublasError> {
+    if g.m == 0 || g.n == 0 || g.batch == 0 {
+        return Ok(());
+    }
+    let op = |t: bool| match t {
+        true => blas_sys::cublasOperation_t::CUBLAS_OP_T,
+        false => blas_sys::cublasOperation_t::CUBLAS_OP_N,
+    };
+    // SAFETY: the caller's; alpha and beta are host values read during the call.
+    unsafe {
+        blas::sgemm_strided_batched(
+            h,
+            op(g.trans_a),
+            op(g.trans_b),
+            g.m,
+            g.n,
+            g.k,
+            &g.alpha,
+            g.a as *const f32,
+            g.lda,
+            g.stride_a,
+            g.b as *const f32,
+            g.ldb,
+            g.stride_b,
+            &g.beta,
+            g.c as *mut f32,
+            g.ldc,
+            g.stride_c,
+            g.batch,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::compute::{Device, GraphSession, Runtime, SessionOptions};
+    use crate::graph::custom_ops::{PACKED_ATTENTION, PACKED_ATTENTION_GRAD};
+    use crate::graph::{float_attr, int_attr, ints_attr, make_node, ValueMeta};
+    use crate::tensor::Tensor;
+
+    /// On a GPU (skipped without one): GPT-2's packed causal attention forward and
+    /// backward, `[2, 300, 3 x 4 x 32]` (rows longer than a block), on the CUDA operators
+    /// against the CPU's, within float32 reordering; the same bits twice.
+    #[test]
+    fn on_a_gpu_packed_attention_is_the_cpus() {
+        if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
+            eprintln!("skipped: no GPU");
+            return;
+        }
+        let (b, t, h, d) = (2usize, 300usize, 4usize, 32usize);
+        let w = 3 * h * d;
+        let attrs = || {
+            vec![
+                float_attr("scale", 1.0 / (d as f32).sqrt()),
+                int_attr("causal", 1),
+                ints_attr("q_perm", &[0, 2, 1, 3]),
+                ints_attr("k_perm", &[0, 2, 3, 1]),
+                ints_attr("v_perm", &[0, 2, 1, 3]),
+                ints_attr("out_perm", &[0, 2, 1, 3]),
+                ints_attr("heads_dim", &[h as i64, d as i64]),
+                ints_attr("offsets", &[0, (h * d) as i64, (2 * h * d) as i64]),
+            ]
+        };
+        let nodes = vec![
+            make_node(PACKED_ATTENTION, "att", &["qkv"], &["o", "p"], attrs()),
+            make_node(
+                PACKED_ATTENTION_GRAD,
+                "grad",
+                &["do", "qkv", "p"],
+                &["dqkv"],
+                attrs(),
+            ),
+        ];
+        let inputs = [
+            ("qkv", ValueMeta::f32(&[b, t, w])),
+            ("do", ValueMeta::f32(&[b, t, h, d])),
+        ];
+        let model = crate::compute::test_model::model("att", nodes, &inputs, &["o", "p", "dqkv"]);
+        let wave = |n: usize, k: f32| {
+            (0..n)
+                .map(|i| (i as f32 * 0.37 + k).sin())
+                .collect::<Vec<_>>()
+        };
+        let qkv = Tensor::f32(vec![b, t, w], wave(b * t * w, 0.1)).unwrap();
+        let d_o = Tensor::f32(vec![b, t, h, d], wave(b * t * h * d, 0.7)).unwrap();
+        let feeds = [("qkv", &qkv), ("do", &d_o)];
+        let rt = Runtime::from_env().unwrap();
+        let run = |device| {
+            let opts = SessionOptions {
+                device,
+                ..SessionOptions::default()
+            };
+            let mut s = GraphSession::from_model(&rt, &model, &opts, "att").unwrap();
+            s.run(&feeds).unwrap()
+        };
+        let (cpu, gpu, again) = (run(Device::Cpu), run(Device::Cuda(0)), run(Device::Cuda(0)));
+        for (k, name) in ["O", "P", "dQKV"].iter().enumerate() {
+            let (a, g) = (cpu[k].as_f32().unwrap(), gpu[k].as_f32().unwrap());
+            let scale = a.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+            let worst = a.iter().zip(g).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+            assert!(worst <= 1e-4 * scale, "{name}: {worst} of {scale}");
+            assert!(
+                gpu[k].as_f32() == again[k].as_f32(),
+                "{name}: a second run differs"
+            );
+        }
+    }
+}
