@@ -269,7 +269,7 @@ fn single_stage(
         contrib_ops: true,
         fused_kernels: true,
         cuda_kernels: false,
-        cuda_attention: false,
+        cuda_kernels_untried: false,
         params: Default::default(),
     };
     let tg = pipetrain::graph::build_training_graph(rt, &model, &opts, &example).unwrap();

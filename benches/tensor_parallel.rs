@@ -58,7 +58,7 @@ fn held(cfg: &TrainConfig, hp: usize) -> (usize, usize) {
         contrib_ops: true,
         fused_kernels: true,
         cuda_kernels: false,
-        cuda_attention: false,
+        cuda_kernels_untried: false,
         params: cfg.params.clone(),
     };
     let tg = build_sharded_training_graph(&common::runtime(), &model, &opts, &example, hp).unwrap();

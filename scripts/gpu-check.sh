@@ -24,8 +24,9 @@
 #   and ONNX Runtime's profile of four steps (GPT2_PROFILE=0: not); GPT2_HALF=bf16|f16
 #   adds a mixed-precision run against PyTorch eager under torch.autocast; GPT2_HOST=1
 #   adds the run with the state on the host (`runtime.state_on_device = false`);
-#   GPT2_ATTENTION=0 leaves out the run with attention as one operator each way
-#   (`runtime.cuda_attention = true`, `compute/cuda_attention.rs`);
+#   GPT2_UNTRIED=0 leaves out the run with the kernels not yet run on a GPU
+#   (`runtime.cuda_kernels_untried = true`: attention as one operator each way,
+#   `compute/cuda_attention.rs`, and `LayerNormGrad`);
 #   GPT2_ONEHOT=1 the run without pipetrain's CUDA kernels (`runtime.cuda_kernels = false`:
 #   standard ops instead of `RowsAdd`, `TanhGelu` and `SoftmaxGrad`). Every GPU run has
 #   `cuda_kernels = true` unless GPU_CHECK_CUDA_KERNELS=false.
@@ -254,12 +255,13 @@ EOF
     && gpt2_variant onehot 's/^cuda_kernels = .*/cuda_kernels = false/' "standard ops (cuda_kernels = false: one-hot embedding gradient, GELU and softmax backward node by node)" \
     && python3 "$root/benches/gpu/losses_diff.py" "gpt2, pipetrain's CUDA kernels (RowsAdd, TanhGelu, SoftmaxGrad) against standard ops" \
       "$out/gpt2_small.jsonl" "$out/gpt2_onehot.jsonl" >> "$summary"
-  # Attention as one operator each way (runtime.cuda_attention, off by default until
-  # measured here): its speed, and its losses against the standard ops' (float32 noise).
-  [ "${GPT2_ATTENTION:-1}" = 1 ] \
-    && gpt2_variant attention 's/^cuda_kernels = .*/cuda_kernels = true\ncuda_attention = true/' "attention as one kernel (cuda_attention = true)" \
-    && python3 "$root/benches/gpu/losses_diff.py" "gpt2, cuda_attention against the standard attention" \
-      "$out/gpt2_small.jsonl" "$out/gpt2_attention.jsonl" >> "$summary"
+  # The kernels not yet run on a GPU (runtime.cuda_kernels_untried, off by default until
+  # measured here: attention as one operator each way, LayerNormGrad): their speed, and
+  # their losses against the default run's (float32 noise).
+  [ "${GPT2_UNTRIED:-1}" = 1 ] \
+    && gpt2_variant untried 's/^cuda_kernels = .*/cuda_kernels = true\ncuda_kernels_untried = true/' "untried kernels (cuda_kernels_untried = true: attention, LayerNormGrad)" \
+    && python3 "$root/benches/gpu/losses_diff.py" "gpt2, cuda_kernels_untried against the default kernels" \
+      "$out/gpt2_small.jsonl" "$out/gpt2_untried.jsonl" >> "$summary"
   # The price of runtime.deterministic (on by default): the same run with it off.
   [ "${GPT2_UNORDERED:-1}" = 1 ] \
     && gpt2_variant unordered 's/^\[runtime\]/[runtime]\ndeterministic = false/' "deterministic = false"

@@ -11,9 +11,10 @@
 //! two products a batch entry and one row kernel, the backward four products and one row
 //! kernel.
 //!
-//! Only for graphs built with `runtime.cuda_attention` (a GPU run, no mask input: a
-//! causal mask is the kernel's own), until a lent GPU has measured it. Its plan runs on
-//! the CPU in the emulator's tests, against float64.
+//! Only for graphs built with `runtime.cuda_kernels_untried` (a GPU run, no mask input: a
+//! causal mask is the kernel's own), until a lent GPU has run it (the device test below)
+//! and measured GPT-2 with it (`scripts/gpu-check.sh`). Its plan runs on the CPU in the
+//! emulator's tests, against float64.
 
 use std::sync::Mutex;
 

@@ -6,9 +6,10 @@
 //! row for `dX` (`ln_grad_rows`), the column sums of chunks of rows (`ln_grad_cols`),
 //! then of the chunks (`ln_grad_finish`).
 //!
-//! Registered, but no graph for a GPU holds it yet: it was written after that lease, so
-//! the autodiff's LayerNorm rule emits it on the CPU only (`OpChoice::fused`) until a GPU
-//! has run `on_a_gpu_layer_norm_grad_is_its_formula` below. Its source and launch plan
+//! It was written after that lease, so the autodiff's LayerNorm rule emits it in a graph
+//! for a GPU only with `runtime.cuda_kernels_untried` (`OpChoice::cuda_untried`) until a
+//! GPU has run `on_a_gpu_layer_norm_grad_is_its_formula` below and measured GPT-2 with
+//! it (`scripts/gpu-check.sh`). Its source and launch plan
 //! (`compute::kernels::layer_norm_grad`) already run on the CPU in the emulator's tests,
 //! against float64.
 

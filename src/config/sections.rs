@@ -208,12 +208,14 @@ pub struct RuntimeConfig {
     /// (`compute/cuda_ops.rs`, `compute/cuda_fused.rs`). Off: standard ops only there.
     #[serde(default = "on")]
     pub cuda_kernels: bool,
-    /// On a GPU with `cuda_kernels`, scaled dot-product attention and its backward as one
-    /// operator each (products on cuBLAS where the tensors lie, the softmax and its
-    /// backward as one row kernel; `compute/cuda_attention.rs`). Default off until a lent
-    /// GPU has measured it against the standard ops.
+    /// On a GPU with `cuda_kernels`, also those of pipetrain's CUDA kernels that have not
+    /// yet run on a GPU (default off, until a lent GPU has measured them against the
+    /// standard ops): scaled dot-product attention and its backward as one operator each
+    /// (products on cuBLAS where the tensors lie, the softmax and its backward as one row
+    /// kernel each; `compute/cuda_attention.rs`), and LayerNorm's backward as one
+    /// `LayerNormGrad` (`compute/cuda_layer_norm.rs`).
     #[serde(default)]
-    pub cuda_attention: bool,
+    pub cuda_kernels_untried: bool,
     /// The most memory (GB, resident) each process may use, where the machine sets no
     /// tighter cap (a cgroup's limit or `RLIMIT_AS`, which are read): a run predicted to
     /// need more is refused before it trains, saying what would fit.
@@ -263,7 +265,7 @@ impl Default for RuntimeConfig {
             deterministic: true,
             state_on_device: true,
             cuda_kernels: true,
-            cuda_attention: false,
+            cuda_kernels_untried: false,
             memory_limit_gb: None,
             refuse_over_memory_cap: true,
             all_reduce: AllReduce::Ring,

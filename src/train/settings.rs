@@ -122,9 +122,9 @@ pub(crate) fn training_graph(
             && cfg.runtime.cuda_kernels
             && !cfg.runtime.standard_ops_only
             && cfg.runtime.device != crate::compute::Device::Cpu,
-        // With them, attention as one kernel each way, where asked (`cuda_attention.rs`).
-        cuda_attention: cfg!(feature = "cuda")
-            && cfg.runtime.cuda_attention
+        // With them, those not yet run on a GPU, where asked (attention, LayerNormGrad).
+        cuda_kernels_untried: cfg!(feature = "cuda")
+            && cfg.runtime.cuda_kernels_untried
             && cfg.runtime.cuda_kernels
             && !cfg.runtime.standard_ops_only
             && cfg.runtime.device != crate::compute::Device::Cpu,

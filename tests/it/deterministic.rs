@@ -46,7 +46,7 @@ fn options() -> TrainOptions {
         contrib_ops: false,
         fused_kernels: false,
         cuda_kernels: false,
-        cuda_attention: false,
+        cuda_kernels_untried: false,
         params: Default::default(),
     }
 }

@@ -262,7 +262,7 @@ fn mse(prediction: &str, label: &str) -> TrainOptions {
         contrib_ops: true,
         fused_kernels: true,
         cuda_kernels: false,
-        cuda_attention: false,
+        cuda_kernels_untried: false,
         params: Default::default(),
     }
 }
@@ -417,7 +417,7 @@ fn dropout_gradient_uses_the_forward_mask() {
         contrib_ops: true,
         fused_kernels: true,
         cuda_kernels: false,
-        cuda_attention: false,
+        cuda_kernels_untried: false,
         params: Default::default(),
     };
     let mut tg = build_training_graph(&rt, &model, &opts, &[]).unwrap();

@@ -48,13 +48,13 @@ struct Gpt2Case {
 struct Kernels {
     cuda: bool,
     fused: bool,
-    attention: bool,
+    untried: bool,
 }
 
 const PLAIN: Kernels = Kernels {
     cuda: false,
     fused: false,
-    attention: false,
+    untried: false,
 };
 
 impl Gpt2Case {
@@ -95,7 +95,7 @@ impl Gpt2Case {
             contrib_ops: true,
             fused_kernels: k.fused,
             cuda_kernels: k.cuda,
-            cuda_attention: k.attention,
+            cuda_kernels_untried: k.untried,
             params: Default::default(),
         };
         let feeds = [("tokens", &self.tokens), ("targets", &self.targets)];
@@ -161,28 +161,37 @@ fn gpu_graphs_tanh_gelu_and_softmax_grad_give_the_standard_op_graphs_gradients()
     case.assert_same_step("gpt2, GPU kernels", &gpu, &plain);
 }
 
-/// A graph built for a GPU with `cuda_attention` (`compute/cuda_attention.rs`), run here
-/// by the operators' CPU twins: each of GPT-2's causal attentions is one node each way,
-/// with its causal mask the kernel's own (no softmax, mask or transposes left), and the
-/// loss and every gradient are the standard-op graph's within float32 rounding. Without
-/// `cuda_attention`, the attention stays standard ops.
+/// A graph built for a GPU with `cuda_kernels_untried` (`compute/cuda_attention.rs`,
+/// `compute/cuda_layer_norm.rs`), run here by the operators' CPU twins: each of GPT-2's
+/// causal attentions is one node each way, with its causal mask the kernel's own (no
+/// softmax, mask or transposes left), each LayerNorm's backward one `LayerNormGrad`, and
+/// the loss and every gradient are the standard-op graph's within float32 rounding.
+/// Without `cuda_kernels_untried`, both stay standard ops.
 #[test]
-fn gpu_graphs_attention_as_one_node_gives_the_standard_op_graphs_gradients() {
-    use pipetrain::graph::custom_ops::{PACKED_ATTENTION, PACKED_ATTENTION_GRAD};
+fn gpu_graphs_untried_kernels_give_the_standard_op_graphs_gradients() {
+    use pipetrain::graph::custom_ops::{LAYER_NORM_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD};
     let case = Gpt2Case::new();
     let layers = case.cfg.layers;
     let cuda = Kernels {
         cuda: true,
         ..PLAIN
     };
-    let attention = Kernels {
-        attention: true,
+    let untried = Kernels {
+        untried: true,
         ..cuda
     };
-    let (gpu, without, plain) = (case.graph(attention), case.graph(cuda), case.graph(PLAIN));
-    for op in [PACKED_ATTENTION, PACKED_ATTENTION_GRAD] {
-        assert_eq!(fused_nodes(&gpu, op), layers, "{op}");
-        assert_eq!(fused_nodes(&without, op), 0, "{op} without cuda_attention");
+    let (gpu, without, plain) = (case.graph(untried), case.graph(cuda), case.graph(PLAIN));
+    for (op, n) in [
+        (PACKED_ATTENTION, layers),
+        (PACKED_ATTENTION_GRAD, layers),
+        (LAYER_NORM_GRAD, 2 * layers + 1),
+    ] {
+        assert_eq!(fused_nodes(&gpu, op), n, "{op}");
+        assert_eq!(
+            fused_nodes(&without, op),
+            0,
+            "{op} without cuda_kernels_untried"
+        );
     }
     let node = gpu
         .graph
@@ -202,5 +211,5 @@ fn gpu_graphs_attention_as_one_node_gives_the_standard_op_graphs_gradients() {
         0,
         "the softmax went into the node"
     );
-    case.assert_same_step("gpt2, attention as one node", &gpu, &plain);
+    case.assert_same_step("gpt2, untried GPU kernels", &gpu, &plain);
 }

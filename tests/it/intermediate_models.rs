@@ -58,7 +58,7 @@ fn stock_onnx_runtime_runs_the_training_graph_file() {
             contrib_ops: true,
             fused_kernels,
             cuda_kernels: false,
-            cuda_attention: false,
+            cuda_kernels_untried: false,
             params: Default::default(),
         };
         let model = cfg.load_model().unwrap();

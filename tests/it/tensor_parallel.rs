@@ -258,7 +258,7 @@ fn the_split_is_megatrons_heads_and_hidden_width_with_two_all_reduces_per_layer_
         contrib_ops: true,
         fused_kernels: true,
         cuda_kernels: false,
-        cuda_attention: false,
+        cuda_kernels_untried: false,
         params: cfg.params.clone(),
     };
     let rt = common::runtime();

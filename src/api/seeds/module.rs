@@ -71,7 +71,7 @@ impl Module {
             contrib_ops: true,
             fused_kernels: true,
             cuda_kernels: false,
-            cuda_attention: false,
+            cuda_kernels_untried: false,
             params: Default::default(),
         };
         let mut tg = build_training_graph(rt, &model, &opts, &feeds)?;

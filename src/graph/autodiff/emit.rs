@@ -28,6 +28,9 @@ pub struct Emitter {
     /// Emit those of pipetrain's kernels that run on ONNX Runtime's CUDA provider
     /// (softmax's backward).
     pub cuda: bool,
+    /// Emit too those not yet run on a GPU (LayerNorm's backward;
+    /// `runtime.cuda_kernels_untried`).
+    pub cuda_untried: bool,
     /// Whether one of pipetrain's own nodes was emitted (its domain must be imported).
     pub used_custom: bool,
     /// Each `Reshape` emitted: `(input, shape)` to its output, so that the same reshape

@@ -51,6 +51,9 @@ pub struct OpChoice {
     /// Those of pipetrain's kernels that run on ONNX Runtime's CUDA provider
     /// (`ai.pipetrain.SoftmaxGrad`).
     pub cuda: bool,
+    /// With `cuda`, those not yet run on a GPU too (`ai.pipetrain.LayerNormGrad`;
+    /// `runtime.cuda_kernels_untried`).
+    pub cuda_untried: bool,
 }
 
 /// What a gradient rule sees of its node.
@@ -191,6 +194,7 @@ pub fn differentiate(
     let mut e = Emitter::new(ops.contrib);
     e.fused = ops.fused;
     e.cuda = ops.cuda;
+    e.cuda_untried = ops.cuda && ops.cuda_untried;
     let walk = Walk {
         fwd,
         metas,

@@ -143,7 +143,7 @@ pub fn fuse_forward(g: &mut Graph, metas: &Metas, trainable: &HashSet<&str>) -> 
 }
 
 /// Scaled dot-product attention alone as pipetrain's `Attention` (or `PackedAttention`),
-/// for a graph whose session runs on a GPU with `runtime.cuda_attention`: those the CUDA
+/// for a graph whose session runs on a GPU with `runtime.cuda_kernels_untried`: those the CUDA
 /// kernel takes, with no mask input (a causal mask is the kernel's own) and each tensor
 /// read with its rows or its columns contiguous (`compute/cuda_attention.rs`). Returns how
 /// many were replaced.

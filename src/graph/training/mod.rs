@@ -41,10 +41,12 @@ pub struct TrainOptions {
     /// for a GPU): tanh GELU whole (as `fused_kernels` does on the CPU), and softmax's
     /// backward (`compute/cuda_fused.rs`).
     pub cuda_kernels: bool,
-    /// With `cuda_kernels`, scaled dot-product attention as pipetrain's `Attention` (or
-    /// `PackedAttention`) and its backward as one node each, for the CUDA kernel
-    /// (`compute/cuda_attention.rs`; `runtime.cuda_attention`).
-    pub cuda_attention: bool,
+    /// With `cuda_kernels`, those of pipetrain's CUDA kernels not yet run on a GPU too
+    /// (`runtime.cuda_kernels_untried`): scaled dot-product attention as pipetrain's
+    /// `Attention` (or `PackedAttention`) and its backward as one node each
+    /// (`compute/cuda_attention.rs`), LayerNorm's backward as `LayerNormGrad`
+    /// (`compute/cuda_layer_norm.rs`).
+    pub cuda_kernels_untried: bool,
     /// Initializers not to train, and embedding rows whose lookups give them no
     /// gradient (padding rows).
     pub params: ParamOptions,
@@ -319,7 +321,7 @@ pub fn build_sharded_training_graph(
         let fused = super::fusion::fuse_forward(&mut g, &loss_metas, &trained);
         tracing::debug!("fused forward kernels: {fused:?}");
     }
-    if opts.cuda_attention && !opts.fused_kernels {
+    if opts.cuda_kernels_untried && !opts.fused_kernels {
         let n = super::fusion::fuse_attention_for_cuda(&mut g, &loss_metas, &trained);
         tracing::debug!("{n} attentions as one kernel each for the GPU");
     }
@@ -342,6 +344,7 @@ pub fn build_sharded_training_graph(
             contrib: opts.contrib_ops,
             fused: opts.fused_kernels,
             cuda: opts.cuda_kernels,
+            cuda_untried: opts.cuda_kernels_untried,
         },
         &frozen,
     )?;

@@ -57,7 +57,7 @@ pub fn train_options(f: &Family) -> pipetrain::graph::TrainOptions {
         contrib_ops: true,
         fused_kernels: true,
         cuda_kernels: false,
-        cuda_attention: false,
+        cuda_kernels_untried: false,
         params: Default::default(),
     }
 }

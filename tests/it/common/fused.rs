@@ -32,7 +32,7 @@ pub fn gradients_with(
         contrib_ops: true,
         fused_kernels: fused,
         cuda_kernels: false,
-        cuda_attention: false,
+        cuda_kernels_untried: false,
         params: Default::default(),
     };
     let tg = build_training_graph(&rt, model, &opts, feeds).unwrap();

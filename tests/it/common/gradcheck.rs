@@ -231,7 +231,7 @@ impl GradCheck {
             contrib_ops: self.contrib,
             fused_kernels: self.contrib,
             cuda_kernels: false,
-            cuda_attention: false,
+            cuda_kernels_untried: false,
             params: Default::default(),
         };
         let tg = build_training_graph(rt, &model, &opts, &[]).map_err(|e| e.to_string())?;

@@ -156,7 +156,7 @@ impl PeerModel {
             contrib_ops: true,
             fused_kernels: true,
             cuda_kernels: false,
-            cuda_attention: false,
+            cuda_kernels_untried: false,
             params: Default::default(),
         }
     }

@@ -132,12 +132,12 @@ pub fn softmax(ctx: &mut RuleCtx, axis: usize) -> Result<Option<String>> {
     Ok(Some(ctx.e.custom_op(SOFTMAX_GRAD, &[&dy, &y], vec![])))
 }
 
-/// LayerNormalization's backward as `LayerNormGrad`, when fused kernels are on and the
-/// node fits the kernel: float32, the forward's statistics saved (its `Mean` and
+/// LayerNormalization's backward as `LayerNormGrad`, when fused kernels are on (on a
+/// GPU, with `runtime.cuda_kernels_untried`) and the node fits the kernel: float32, the forward's statistics saved (its `Mean` and
 /// `InvStdDev` outputs), and `scale` (and `B`) spanning exactly the normalized axes
 /// from `axis` on. `None`: emit the standard ops.
 pub fn layer_norm(ctx: &mut RuleCtx, axis: usize) -> Result<Option<Grads>> {
-    if !ctx.e.fused {
+    if !(ctx.e.fused || ctx.e.cuda_untried) {
         return Ok(None);
     }
     let (x, scale, mean, inv) = (ctx.input(0), ctx.input(1), ctx.output(1), ctx.output(2));
