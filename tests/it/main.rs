@@ -27,6 +27,7 @@ mod files;
 mod fused_attention;
 mod fused_kernels;
 mod fused_tanh_gelu;
+mod gpu_graphs;
 mod grad_beyond_ort;
 mod grad_buckets;
 mod grad_exported_ops;

@@ -6,23 +6,23 @@ use super::emu::Emulator;
 use super::*;
 
 /// `n` values spread over about [-3, 3], different for each `k`.
-fn wave(n: usize, k: u32) -> Vec<f32> {
+pub(super) fn wave(n: usize, k: u32) -> Vec<f32> {
     (0..n)
         .map(|i| 3.0 * ((i as f32 * 0.731 + k as f32 * 1.37).sin()))
         .collect()
 }
 
 /// Where a kernel reads `v`.
-fn at<T>(v: &[T]) -> u64 {
+pub(super) fn at<T>(v: &[T]) -> u64 {
     v.as_ptr() as u64
 }
 
 /// Where a kernel writes `v`.
-fn to<T>(v: &mut [T]) -> u64 {
+pub(super) fn to<T>(v: &mut [T]) -> u64 {
     v.as_mut_ptr() as u64
 }
 
-fn close(got: &[f32], want: &[f64], tol: f64, what: &str) {
+pub(super) fn close(got: &[f32], want: &[f64], tol: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let err = (g as f64 - w).abs() / w.abs().max(1.0);
@@ -281,197 +281,4 @@ fn the_emulator_refuses_wrong_arguments_and_divergent_barriers() {
     // SAFETY: x holds a block's values.
     let err = unsafe { emu.run(&[plan]) }.unwrap_err();
     assert!(err.contains("barrier"), "{err}");
-}
-
-/// One attention case: the tensors' views (from the CPU kernel's layouts), values and a
-/// float64 reference of the forward and backward.
-struct AttentionCase {
-    dims: [usize; 5], // B, H, T, S, D (= E)
-    causal: bool,
-    scale: f32,
-    /// q, kt, v: (tensor index, view); one tensor when packed.
-    views: [(usize, crate::compute::fused::View); 3],
-    out: crate::compute::fused::View,
-    out_len: usize,
-    tensors: Vec<Vec<f32>>,
-}
-
-impl AttentionCase {
-    fn value(&self, i: usize, [b, h, r, c]: [usize; 4]) -> f64 {
-        let (t, v) = self.views[i];
-        let at =
-            v.offset + b * v.strides[0] + h * v.strides[1] + r * v.strides[2] + c * v.strides[3];
-        self.tensors[t][at] as f64
-    }
-
-    fn index(v: &crate::compute::fused::View, [b, h, r, c]: [usize; 4]) -> usize {
-        v.offset + b * v.strides[0] + h * v.strides[1] + r * v.strides[2] + c * v.strides[3]
-    }
-
-    /// P, O, and the gradients of the tensors for `d_o` (in O's layout), in float64.
-    fn reference(&self, d_o: &[f32]) -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
-        let [bn, hn, t, s, d] = self.dims;
-        let mut p = vec![0f64; bn * hn * t * s];
-        let mut o = vec![0f64; self.out_len];
-        let mut grads: Vec<Vec<f64>> = self.tensors.iter().map(|x| vec![0.0; x.len()]).collect();
-        for b in 0..bn {
-            for h in 0..hn {
-                let pp = |i: usize, j: usize| ((b * hn + h) * t + i) * s + j;
-                for i in 0..t {
-                    let seen = if self.causal { i + s - t + 1 } else { s };
-                    let sc: Vec<f64> = (0..seen)
-                        .map(|j| {
-                            self.scale as f64
-                                * (0..d)
-                                    .map(|e| {
-                                        self.value(0, [b, h, i, e]) * self.value(1, [b, h, e, j])
-                                    })
-                                    .sum::<f64>()
-                        })
-                        .collect();
-                    let top = sc.iter().cloned().fold(f64::MIN, f64::max);
-                    let total: f64 = sc.iter().map(|x| (x - top).exp()).sum();
-                    (0..seen).for_each(|j| p[pp(i, j)] = (sc[j] - top).exp() / total);
-                    for e in 0..d {
-                        let at = Self::index(&self.out, [b, h, i, e]);
-                        o[at] = (0..s)
-                            .map(|j| p[pp(i, j)] * self.value(2, [b, h, j, e]))
-                            .sum();
-                    }
-                }
-                let dov = |i: usize, e: usize| d_o[Self::index(&self.out, [b, h, i, e])] as f64;
-                let mut ds = vec![0f64; t * s];
-                for i in 0..t {
-                    let dp: Vec<f64> = (0..s)
-                        .map(|j| {
-                            (0..d)
-                                .map(|e| dov(i, e) * self.value(2, [b, h, j, e]))
-                                .sum()
-                        })
-                        .collect();
-                    let dot: f64 = (0..s).map(|j| dp[j] * p[pp(i, j)]).sum();
-                    (0..s).for_each(|j| {
-                        ds[i * s + j] = self.scale as f64 * p[pp(i, j)] * (dp[j] - dot)
-                    });
-                }
-                for e in 0..d {
-                    for j in 0..s {
-                        let (tv, vv) = self.views[2];
-                        grads[tv][Self::index(&vv, [b, h, j, e])] +=
-                            (0..t).map(|i| p[pp(i, j)] * dov(i, e)).sum::<f64>();
-                        let (tk, kv) = self.views[1];
-                        grads[tk][Self::index(&kv, [b, h, e, j])] += (0..t)
-                            .map(|i| self.value(0, [b, h, i, e]) * ds[i * s + j])
-                            .sum::<f64>();
-                    }
-                    for i in 0..t {
-                        let (tq, qv) = self.views[0];
-                        grads[tq][Self::index(&qv, [b, h, i, e])] += (0..s)
-                            .map(|j| ds[i * s + j] * self.value(1, [b, h, e, j]))
-                            .sum::<f64>();
-                    }
-                }
-            }
-        }
-        (p, o, grads)
-    }
-
-    /// The plan's P, O and gradients, run on the emulator.
-    fn planned(&self, emu: &Emulator, d_o: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<Vec<f32>>) {
-        let [bn, hn, t, s, _] = self.dims;
-        let mut p = vec![f32::NAN; bn * hn * t * s];
-        let mut o = vec![f32::NAN; self.out_len];
-        let mut grads: Vec<Vec<f32>> = self
-            .tensors
-            .iter()
-            .map(|x| vec![f32::NAN; x.len()])
-            .collect();
-        let mat = |i: usize, base: u64| Mat::of(&self.views[i].1, base);
-        let bases: Vec<u64> = self.tensors.iter().map(|x| at(x)).collect();
-        let mut x = AttentionAt {
-            batch: bn,
-            heads: hn,
-            q: mat(0, bases[self.views[0].0]),
-            kt: mat(1, bases[self.views[1].0]),
-            v: mat(2, bases[self.views[2].0]),
-            o: Mat::of(&self.out, to(&mut o)),
-            p: to(&mut p),
-        };
-        let plan = attention(&x, self.scale, self.causal).unwrap();
-        // SAFETY: the buffers hold what the views index.
-        unsafe { emu.run_steps(&plan) }.unwrap();
-        x.o = Mat::of(&self.out, at(d_o));
-        let mut scratch = vec![f32::NAN; attention_grad_scratch(&x)];
-        let gbase: Vec<u64> = grads.iter_mut().map(|g| to(g)).collect();
-        let packed = self.tensors.len() == 1;
-        let g = AttentionGradAt {
-            dq: mat(0, gbase[self.views[0].0]),
-            dkt: mat(1, gbase[self.views[1].0]),
-            dv: mat(2, gbase[self.views[2].0]),
-            zero: packed.then(|| (gbase[0], grads[0].len())),
-            scratch: to(&mut scratch),
-        };
-        let plan = attention_grad(&x, &g, self.scale).unwrap();
-        // SAFETY: as above.
-        unsafe { emu.run_steps(&plan) }.unwrap();
-        (p, o, grads)
-    }
-}
-
-/// Attention's plan (the products as cuBLAS defines them, on the views the CPU kernel
-/// reads, and `attention.cu`'s row kernels) against float64, forward and backward:
-/// GPT-2's packed causal layout (with a gap no part covers, zeroed in the gradient), and
-/// three tensors, queries fewer than keys, K given as `[B, H, S, D]`, O left
-/// `[B, H, T, E]`.
-#[test]
-fn attention_plan_is_its_formula() {
-    use crate::compute::fused::View;
-    let emu = Emulator::compile(ATTENTION_SOURCE, "attention.cu");
-    let (bn, hn, t, d) = (2, 3, 6, 4);
-    let w = 3 * hn * d + 3;
-    let shape = [bn as i64, t as i64, w as i64];
-    let part = |off: usize, perm| View::part(&shape, [hn, d], off, perm).unwrap();
-    let gpt2 = AttentionCase {
-        dims: [bn, hn, t, t, d],
-        causal: true,
-        scale: 0.5,
-        views: [
-            (0, part(1, [0, 2, 1, 3])),
-            (0, part(1 + hn * d, [0, 2, 3, 1])),
-            (0, part(3 + 2 * hn * d, [0, 2, 1, 3])),
-        ],
-        out: View::made([bn, hn, t, d], [0, 2, 1, 3]).1,
-        out_len: bn * t * hn * d,
-        tensors: vec![wave(bn * t * w, 30)],
-    };
-    let s = 9;
-    let q = [bn as i64, hn as i64, t as i64, d as i64];
-    let k = [bn as i64, hn as i64, s as i64, d as i64];
-    let three = AttentionCase {
-        dims: [bn, hn, t, s, d],
-        causal: false,
-        scale: 0.3,
-        views: [
-            (0, View::of(&q, [0, 1, 2, 3]).unwrap()),
-            (1, View::of(&k, [0, 1, 3, 2]).unwrap()),
-            (2, View::of(&k, [0, 1, 2, 3]).unwrap()),
-        ],
-        out: View::made([bn, hn, t, d], [0, 1, 2, 3]).1,
-        out_len: bn * hn * t * d,
-        tensors: vec![
-            wave(bn * hn * t * d, 31),
-            wave(bn * hn * s * d, 32),
-            wave(bn * hn * s * d, 33),
-        ],
-    };
-    for (name, case) in [("packed causal", gpt2), ("three tensors", three)] {
-        let d_o = wave(case.out_len, 34);
-        let (p, o, grads) = case.planned(&emu, &d_o);
-        let (want_p, want_o, want_grads) = case.reference(&d_o);
-        close(&p, &want_p, 1e-5, &format!("{name}: P"));
-        close(&o, &want_o, 1e-5, &format!("{name}: O"));
-        for (k, (g, want)) in grads.iter().zip(&want_grads).enumerate() {
-            close(g, want, 1e-4, &format!("{name}: gradient {k}"));
-        }
-    }
 }

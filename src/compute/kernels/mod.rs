@@ -11,6 +11,8 @@ mod attention;
 #[cfg(test)]
 mod emu;
 #[cfg(test)]
+mod emu_attention;
+#[cfg(test)]
 mod emu_tests;
 
 use std::ops::Range;
