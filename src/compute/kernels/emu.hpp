@@ -6,7 +6,10 @@
 // one block's shared memory at a time (launches are serialized by the caller). A thread
 // that waits at a barrier another thread of its block does not reach (another
 // `__syncthreads`, or none: it has ended) is reported, as CUDA allows a barrier in
-// conditional code only where the condition is the same across the block.
+// conditional code only where the condition is the same across the block. Within a
+// phase the threads run in ascending order, or descending (`emu_set_descending`): a
+// kernel whose results differ between the two reads what another thread of its block
+// writes without a barrier between (a race on the GPU).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -29,6 +32,7 @@ static std::vector<ucontext_t> contexts;
 static std::vector<char> stacks;
 static std::vector<int> done, lines;
 static int current = 0;
+static int descending = 0;
 static const std::function<void()>* body = nullptr;
 static char error[256] = "";
 constexpr size_t STACK = 64 * 1024;
@@ -68,7 +72,8 @@ inline int launch(dim3 grid, dim3 block, const std::function<void()>& kernel) {
                 }
                 for (;;) {
                     int live = 0, ended = -1, at = -1;
-                    for (int t = 0; t < n; ++t) {
+                    for (int k = 0; k < n; ++k) {
+                        int t = descending ? n - 1 - k : k;
                         if (done[t]) continue;
                         current = t;
                         thread_idx = dim3{t % block.x, (t / block.x) % block.y,
@@ -129,3 +134,4 @@ inline std::common_type_t<A, B> max(A a, B b) {
 }
 
 extern "C" const char* emu_error() { return emu::error; }
+extern "C" void emu_set_descending(int on) { emu::descending = on; }

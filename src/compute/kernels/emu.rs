@@ -6,10 +6,13 @@
 //! What this checks without a GPU: a kernel's arithmetic, its indexing over the grid the
 //! plan gives it, its barriers (each live thread of a block reaches the same ones), and the
 //! plan's arguments against the kernel's parameter list (count and type: a `float` passed
-//! where the kernel reads an `int` is garbage on the device, silently). What it cannot
-//! check: the device's own math library (`tanhf` is glibc's here), races between threads
-//! of a block (they run one at a time between barriers) and memory the device cannot
-//! reach. No crate runs CUDA C on the CPU, so the ~100 lines of `emu.hpp` are ours.
+//! where the kernel reads an `int` is garbage on the device, silently), and races within
+//! a block as far as the order shows them: a block's threads run one at a time between
+//! barriers, ascending ([`Emulator::run`]) or descending ([`Emulator::run_descending`]),
+//! and a thread reading what another writes without a barrier between gets other values
+//! one way than the other. What it cannot check: the device's own math library (`tanhf`
+//! is glibc's here), races between blocks, and memory the device cannot reach. No crate
+//! runs CUDA C on the CPU, so the ~130 lines of `emu.hpp` are ours.
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -85,7 +88,8 @@ impl Emulator {
         }
     }
 
-    /// Runs `plan` in order on host buffers.
+    /// Runs `plan` in order on host buffers, each block's threads in ascending order
+    /// between barriers.
     ///
     /// # Errors
     /// An unknown kernel, arguments that do not match its parameters, or a barrier not
@@ -94,7 +98,35 @@ impl Emulator {
     /// # Safety
     /// Every pointer argument must reach as far as the kernel indexes on its grid.
     pub unsafe fn run(&self, plan: &[Launch]) -> Result<(), String> {
+        // SAFETY: the caller's.
+        unsafe { self.run_ordered(plan, false) }
+    }
+
+    /// [`Emulator::run`] with each block's threads in descending order between barriers:
+    /// a kernel that gives other results this way races (a thread reads what another
+    /// writes in the same phase).
+    ///
+    /// # Errors
+    /// As [`Emulator::run`].
+    ///
+    /// # Safety
+    /// As [`Emulator::run`].
+    pub unsafe fn run_descending(&self, plan: &[Launch]) -> Result<(), String> {
+        // SAFETY: the caller's.
+        unsafe { self.run_ordered(plan, true) }
+    }
+
+    /// `plan` with the threads in ascending or `descending` order.
+    unsafe fn run_ordered(&self, plan: &[Launch], descending: bool) -> Result<(), String> {
         let _one = LAUNCH.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the unit's own setter of a flag.
+        let order = unsafe {
+            self.library
+                .get::<unsafe extern "C" fn(i32)>(b"emu_set_descending")
+        }
+        .map_err(|e| e.to_string())?;
+        // SAFETY: a plain store, under the launch lock.
+        unsafe { order(i32::from(descending)) };
         for l in plan {
             let params = self
                 .kernels
@@ -122,20 +154,23 @@ impl Emulator {
 }
 
 impl Emulator {
-    /// Runs `steps` in order: our kernels from this source, the products as cuBLAS
-    /// defines `cublasSgemmStridedBatched` (column-major), with its checks of the
-    /// leading dimensions.
+    /// Runs `steps` in order: our kernels from this source (each block's threads in
+    /// `descending` order or not), the products as cuBLAS defines
+    /// `cublasSgemmStridedBatched` (column-major), with its checks of the leading
+    /// dimensions.
     ///
     /// # Errors
     /// As [`Emulator::run`], and a product cuBLAS would refuse.
     ///
     /// # Safety
     /// As [`Emulator::run`], for the products' matrices too.
-    pub unsafe fn run_steps(&self, steps: &[Step]) -> Result<(), String> {
+    pub unsafe fn run_steps(&self, steps: &[Step], descending: bool) -> Result<(), String> {
         for step in steps {
             match step {
                 // SAFETY: the caller's.
-                Step::Kernel(l) => unsafe { self.run(std::slice::from_ref(l)) }?,
+                Step::Kernel(l) => {
+                    unsafe { self.run_ordered(std::slice::from_ref(l), descending) }?
+                }
                 // SAFETY: the caller's.
                 Step::Gemm(g) => unsafe { gemm(g) }?,
             }

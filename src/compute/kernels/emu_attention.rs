@@ -2,7 +2,7 @@
 //! on the views the CPU kernel reads, and `attention.cu`'s row kernels, against float64.
 
 use super::emu::Emulator;
-use super::emu_tests::{at, close, to, wave};
+use super::emu_tests::{at, bits, close, to, wave};
 use super::*;
 use crate::compute::fused::View;
 
@@ -100,7 +100,12 @@ impl AttentionCase {
     }
 
     /// The plan's P, O and gradients, run on the emulator.
-    fn planned(&self, emu: &Emulator, d_o: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<Vec<f32>>) {
+    fn planned(
+        &self,
+        emu: &Emulator,
+        d_o: &[f32],
+        descending: bool,
+    ) -> (Vec<f32>, Vec<f32>, Vec<Vec<f32>>) {
         let [bn, hn, t, s, _] = self.dims;
         let mut p = vec![f32::NAN; bn * hn * t * s];
         let mut o = vec![f32::NAN; self.out_len];
@@ -122,7 +127,7 @@ impl AttentionCase {
         };
         let plan = attention(&x, self.scale, self.causal).unwrap();
         // SAFETY: the buffers hold what the views index.
-        unsafe { emu.run_steps(&plan) }.unwrap();
+        unsafe { emu.run_steps(&plan, descending) }.unwrap();
         x.o = Mat::of(&self.out, at(d_o));
         let mut scratch = vec![f32::NAN; attention_grad_scratch(&x)];
         let gbase: Vec<u64> = grads.iter_mut().map(|g| to(g)).collect();
@@ -136,7 +141,7 @@ impl AttentionCase {
         };
         let plan = attention_grad(&x, &g, self.scale).unwrap();
         // SAFETY: as above.
-        unsafe { emu.run_steps(&plan) }.unwrap();
+        unsafe { emu.run_steps(&plan, descending) }.unwrap();
         (p, o, grads)
     }
 }
@@ -145,7 +150,7 @@ impl AttentionCase {
 /// reads, and `attention.cu`'s row kernels) against float64, forward and backward:
 /// GPT-2's packed causal layout (with a gap no part covers, zeroed in the gradient), and
 /// three tensors, queries fewer than keys, K given as `[B, H, S, D]`, O left
-/// `[B, H, T, E]`.
+/// `[B, H, T, E]`. The same bits with each block's threads in the other order.
 #[test]
 fn attention_plan_is_its_formula() {
     let emu = Emulator::compile(ATTENTION_SOURCE, "attention.cu");
@@ -188,7 +193,10 @@ fn attention_plan_is_its_formula() {
     };
     for (name, case) in [("packed causal", gpt2), ("three tensors", three)] {
         let d_o = wave(case.out_len, 34);
-        let (p, o, grads) = case.planned(&emu, &d_o);
+        let (p, o, grads) = case.planned(&emu, &d_o, false);
+        let other = case.planned(&emu, &d_o, true);
+        let same = bits(&p) == bits(&other.0) && bits(&o) == bits(&other.1);
+        assert!(same, "{name}: no race, the same bits in either order");
         let (want_p, want_o, want_grads) = case.reference(&d_o);
         close(&p, &want_p, 1e-5, &format!("{name}: P"));
         close(&o, &want_o, 1e-5, &format!("{name}: O"));

@@ -22,6 +22,11 @@ pub(super) fn to<T>(v: &mut [T]) -> u64 {
     v.as_mut_ptr() as u64
 }
 
+/// The bits of `v`'s values.
+pub(super) fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 pub(super) fn close(got: &[f32], want: &[f64], tol: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
@@ -65,9 +70,19 @@ fn softmax_grad_is_its_formula() {
         let rows = 5;
         let n = rows * m;
         let (dy, y) = (wave(n, 3), wave(n, 4));
-        let mut dx = vec![f32::NAN; n];
+        let (mut dx, mut other) = (vec![f32::NAN; n], vec![f32::NAN; n]);
         // SAFETY: every buffer holds n values.
-        unsafe { emu.run(&[softmax_grad(at(&dy), at(&y), to(&mut dx), n, m)]) }.unwrap();
+        unsafe {
+            emu.run(&[softmax_grad(at(&dy), at(&y), to(&mut dx), n, m)])
+                .unwrap();
+            emu.run_descending(&[softmax_grad(at(&dy), at(&y), to(&mut other), n, m)])
+                .unwrap();
+        }
+        assert_eq!(
+            bits(&dx),
+            bits(&other),
+            "no race: the same bits in either order"
+        );
         let mut want = vec![0f64; n];
         for r in 0..rows {
             let row = r * m..(r + 1) * m;
@@ -80,7 +95,7 @@ fn softmax_grad_is_its_formula() {
 
 /// `LayerNormGrad` (never run on a GPU yet): `dx`, `dscale` and `dbias` against float64,
 /// on rows longer than a block, more rows than chunks and a row count the chunks do not
-/// divide; and the same bits twice.
+/// divide; and the same bits with each block's threads in the other order (no race).
 #[test]
 fn layer_norm_grad_is_its_formula() {
     let emu = fused();
@@ -89,7 +104,7 @@ fn layer_norm_grad_is_its_formula() {
     let (dy, x, scale) = (wave(n, 5), wave(n, 6), wave(cols, 7));
     let mean: Vec<f32> = (0..rows).map(|r| 0.1 * (r as f32).sin()).collect();
     let inv: Vec<f32> = (0..rows).map(|r| 0.5 + 0.01 * r as f32).collect();
-    let run = || {
+    let run = |descending: bool| {
         let (mut dx, mut ds, mut db) = (
             vec![f32::NAN; n],
             vec![f32::NAN; cols],
@@ -107,11 +122,16 @@ fn layer_norm_grad_is_its_formula() {
             dbias: to(&mut db),
             scratch: to(&mut scratch),
         };
+        let plan = layer_norm_grad(b, rows, cols);
         // SAFETY: the buffers hold what `layer_norm_grad` indexes.
-        unsafe { emu.run(&layer_norm_grad(b, rows, cols)) }.unwrap();
+        match descending {
+            false => unsafe { emu.run(&plan) },
+            true => unsafe { emu.run_descending(&plan) },
+        }
+        .unwrap();
         (dx, ds, db)
     };
-    let (dx, ds, db) = run();
+    let (dx, ds, db) = run(false);
     let (mut want_dx, mut want_ds, mut want_db) =
         (vec![0f64; n], vec![0f64; cols], vec![0f64; cols]);
     for r in 0..rows {
@@ -128,10 +148,17 @@ fn layer_norm_grad_is_its_formula() {
     close(&dx, &want_dx, 1e-5, "dx");
     close(&ds, &want_ds, 1e-5, "dscale");
     close(&db, &want_db, 1e-5, "dbias");
-    let again = run();
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&again.0), bits(&dx), "dx repeats");
-    assert_eq!(bits(&again.1), bits(&ds), "dscale repeats");
+    let other = run(true);
+    assert_eq!(
+        bits(&other.0),
+        bits(&dx),
+        "dx: no race, the same bits in either order"
+    );
+    assert_eq!(
+        bits(&other.1),
+        bits(&ds),
+        "dscale: the same bits in either order"
+    );
 }
 
 /// `KeyedDropout` (never run on a GPU yet): the CPU kernel's mask and values, bit for bit,
@@ -194,8 +221,15 @@ fn rows_add_sums_in_position_order_bitwise() {
     // SAFETY: the buffers hold what `rows_add` indexes.
     unsafe { emu.run(&rows_add(b, n, rows, row_len)) }.unwrap();
     let want = crate::graph::rows_add_reference(&indices, &updates, rows as usize);
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&table), bits(&want));
+    table.fill(f32::NAN);
+    // SAFETY: as above.
+    unsafe { emu.run_descending(&rows_add(b, n, rows, row_len)) }.unwrap();
+    assert_eq!(
+        bits(&table),
+        bits(&want),
+        "no race: the same bits in either order"
+    );
 }
 
 /// The update kernels: bitwise the optimizers' host loop for each rule over two
@@ -220,7 +254,6 @@ fn update_kernels_are_the_host_loop_bitwise() {
         let plan = update(&step, 0.5, (to(&mut p), at(&g)), &bufs).unwrap();
         // SAFETY: every buffer holds n values.
         unsafe { emu.run(&plan) }.unwrap();
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&p), bits(&want_p), "{rule:?} parameters");
         for (s, w) in state.iter().zip(&want_state) {
             assert_eq!(bits(s), bits(w), "{rule:?} state");
@@ -241,22 +274,30 @@ fn update_kernels_are_the_host_loop_bitwise() {
 }
 
 /// The gradients' sum of squares: within float64 rounding of a float64 sum, and the same
-/// bits again.
+/// bits with each block's threads in the other order (no race).
 #[test]
-fn grad_sum_of_squares_is_float64s_and_repeats() {
+fn grad_sum_of_squares_is_float64s_in_either_order() {
     let emu = Emulator::compile(UPDATE_SOURCE, "update.cu");
     let g = wave(300_007, 13);
     let want: f64 = g.iter().map(|&x| x as f64 * x as f64).sum();
-    let run = || {
+    let run = |descending: bool| {
         let (mut partial, mut total) = (vec![f64::NAN; SUM_BLOCKS as usize], [f64::NAN]);
         let plan = grad_sum_sq(at(&g), g.len(), to(&mut partial), to(&mut total));
         // SAFETY: the partials hold SUM_BLOCKS values, the total one.
-        unsafe { emu.run(&plan) }.unwrap();
+        match descending {
+            false => unsafe { emu.run(&plan) },
+            true => unsafe { emu.run_descending(&plan) },
+        }
+        .unwrap();
         total[0]
     };
-    let got = run();
+    let got = run(false);
     assert!((got - want).abs() <= 1e-12 * want, "{got} against {want}");
-    assert_eq!(run().to_bits(), got.to_bits());
+    assert_eq!(
+        run(true).to_bits(),
+        got.to_bits(),
+        "the same bits in either order"
+    );
 }
 
 /// The checks can fail: arguments of the wrong type or count are refused before a
@@ -281,4 +322,41 @@ fn the_emulator_refuses_wrong_arguments_and_divergent_barriers() {
     // SAFETY: x holds a block's values.
     let err = unsafe { emu.run(&[plan]) }.unwrap_err();
     assert!(err.contains("barrier"), "{err}");
+}
+
+/// A race shows: a block's tree sum without its barrier inside the loop gives other
+/// bits with the threads in the other order (and the sum is wrong); with the barrier,
+/// the same bits and the right sum.
+#[test]
+fn a_race_gives_other_results_in_the_other_order() {
+    let source = |barrier: &str| {
+        format!(
+            "extern \"C\" __global__ void tree(const float* x, float* out) {{\n\
+             __shared__ float part[256];\n part[threadIdx.x] = x[threadIdx.x];\n\
+             __syncthreads();\n\
+             for (int w = 128; w > 0; w >>= 1) {{\n\
+             if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];\n {barrier}\n}}\n\
+             if (threadIdx.x == 0) out[0] = part[0];\n}}\n"
+        )
+    };
+    let x: Vec<f32> = (0..THREADS).map(|i| i as f32).collect();
+    let want = x.iter().sum::<f32>();
+    for (barrier, racy) in [("", true), ("__syncthreads();", false)] {
+        let emu = Emulator::compile(&source(barrier), "tree.cu");
+        let (mut a, mut b) = ([f32::NAN], [f32::NAN]);
+        let plan = |out: u64| {
+            [Launch::new(
+                "tree",
+                (1, 1),
+                vec![Arg::Ptr(at(&x)), Arg::Ptr(out)],
+            )]
+        };
+        // SAFETY: x holds a block's values, the output one.
+        unsafe {
+            emu.run(&plan(to(&mut a))).unwrap();
+            emu.run_descending(&plan(to(&mut b))).unwrap();
+        }
+        assert_eq!(a[0] != b[0], racy, "{barrier:?}: {} and {}", a[0], b[0]);
+        assert_eq!(a[0] == want && b[0] == want, !racy, "{barrier:?}: the sum");
+    }
 }
