@@ -18,17 +18,17 @@
 
 use std::sync::Mutex;
 
-use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use ort::operator::{
     BoxedKernel, ComputeContext, KernelContext, Operator, OperatorInput, OperatorOutput,
 };
 use ort::value::{DynTensorValueType, TensorElementType};
 
+use super::cuda_blas::{gemm, handle, Handle};
 use super::cuda_fused::{fail, function_in, Shared};
 use super::cuda_launch::launch_planned;
 use super::fused::{attention_views, AttentionAttributes, View};
-use super::kernels::{self, AttentionAt, AttentionGradAt, Gemm, Mat, Step, ATTENTION_SOURCE};
+use super::kernels::{self, AttentionAt, AttentionGradAt, Mat, Step, ATTENTION_SOURCE};
 use crate::graph::custom_ops::{
     ATTENTION, ATTENTION_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD,
 };
@@ -131,20 +131,6 @@ struct State {
     scratch: Option<CudaSlice<f32>>,
 }
 
-/// A cuBLAS handle, destroyed with it.
-struct Handle(blas_sys::cublasHandle_t);
-
-// SAFETY: the handle is used by one thread at a time (behind the kernel's mutex), as
-// cuBLAS allows.
-unsafe impl Send for Handle {}
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        // SAFETY: created by `create_handle` and destroyed once, here.
-        let _ = unsafe { blas::destroy_handle(self.0) };
-    }
-}
-
 /// An input tensor: its address, shape and device.
 fn input(ctx: &ComputeContext, i: usize, op: &str) -> ort::Result<(u64, Vec<i64>, usize)> {
     let v = ctx
@@ -163,11 +149,14 @@ fn output(ctx: &ComputeContext, i: usize, shape: Vec<i64>, op: &str) -> ort::Res
     Ok(v.view().downcast::<DynTensorValueType>()?.data_ptr() as u64)
 }
 
+/// An input tensor's address and shape.
+type Input = (u64, Vec<i64>);
+
 impl Call {
     fn run(&self, ctx: &ComputeContext, state: &mut State) -> ort::Result<()> {
         let op = self.name.as_str();
         let first = usize::from(self.backward);
-        let tensors = (first..first + self.parts)
+        let inputs = (first..first + self.parts)
             .map(|i| input(ctx, i, op))
             .collect::<ort::Result<Vec<_>>>()?;
         if !self.backward && ctx.input(self.parts)?.is_some() {
@@ -175,67 +164,105 @@ impl Call {
                 "{op}: a mask input, which the CUDA kernel does not take (a causal mask is its own)"
             )));
         }
-        let part = |i: usize| &tensors[i.min(self.parts - 1)];
-        let shapes = [0, 1, 2].map(|i| part(i).1.as_slice());
-        let [q, kt, v] = attention_views(op, &self.attrs, shapes)?;
-        let [b, h, t, _] = q.dims;
-        let (s, e) = (kt.dims[3], v.dims[3]);
-        let (o_shape, o_view) = View::made([b, h, t, e], self.attrs.out);
-        let device = tensors[0].2;
-        let mut x = AttentionAt {
-            batch: b,
-            heads: h,
-            q: Mat::of(&q, part(0).0),
-            kt: Mat::of(&kt, part(1).0),
-            v: Mat::of(&v, part(2).0),
-            o: Mat::of(&o_view, 0),
-            p: 0,
-        };
+        let device = inputs[0].2;
+        let tensors: Vec<Input> = inputs
+            .into_iter()
+            .map(|(at, shape, _)| (at, shape))
+            .collect();
         let raw = ctx
             .stream()?
             .ok_or_else(|| ort::Error::new(format!("{op}: no CUDA stream")))?;
-        let (cuda, _) = function_in(
-            &self.module,
-            (ATTENTION_SOURCE, "attention.cu"),
-            device,
-            op,
-            "attn_softmax",
-        )?;
+        let source = (ATTENTION_SOURCE, "attention.cu");
+        let (cuda, _) = function_in(&self.module, source, device, op, "attn_softmax")?;
         // SAFETY: ONNX Runtime's compute stream of this session, alive through the call;
         // everything here is queued on it, in order with the session's other kernels.
         let stream = unsafe { cuda.wrap_borrowed_stream(raw.as_ptr().cast()) };
-        let plan = if self.backward {
-            x.o.at = input(ctx, 0, op)?.0;
-            x.p = input(ctx, self.parts + 1, op)?.0;
-            let need = kernels::attention_grad_scratch(&x);
-            if state.scratch.as_ref().is_none_or(|b| b.len() < need) {
-                let fresh = stream.alloc_zeros::<f32>(need.max(1));
-                state.scratch = Some(fresh.map_err(|e| fail(op, "allocating", e))?);
-            }
-            let (scratch, _sync) = state
-                .scratch
-                .as_ref()
-                .expect("made above")
-                .device_ptr(&stream);
-            let outs = (0..self.parts)
-                .map(|i| output(ctx, i, tensors[i].1.clone(), op))
-                .collect::<ort::Result<Vec<_>>>()?;
-            let out = |i: usize| outs[i.min(self.parts - 1)];
-            let g = AttentionGradAt {
-                dq: Mat::of(&q, out(0)),
-                dkt: Mat::of(&kt, out(1)),
-                dv: Mat::of(&v, out(2)),
-                zero: self.uncovered(&tensors[0].1).map(|n| (outs[0], n)),
-                scratch,
-            };
-            kernels::attention_grad(&x, &g, self.attrs.scale)
-        } else {
-            x.o.at = output(ctx, 0, o_shape, op)?;
-            x.p = output(ctx, 1, [b, h, t, s].map(|d| d as i64).to_vec(), op)?;
-            kernels::attention(&x, self.attrs.scale, self.attrs.causal)
+        let plan = match self.backward {
+            true => self.backward_plan(ctx, &tensors, &stream, state)?,
+            false => self.forward_plan(ctx, &tensors)?,
         };
         let plan = plan.map_err(|e| ort::Error::new(format!("{op}: {e}")))?;
         self.execute(&plan, &stream, device, state)
+    }
+
+    /// The views of q, kt, v and of O (its stored shape too), and where they are, the
+    /// output (or its gradient) at `o` and the probabilities at `p`.
+    fn layout(
+        &self,
+        tensors: &[Input],
+        (o, p): (u64, u64),
+    ) -> ort::Result<(AttentionAt, [View; 3])> {
+        let part = |i: usize| &tensors[i.min(self.parts - 1)];
+        let shapes = [0, 1, 2].map(|i| part(i).1.as_slice());
+        let views = attention_views(&self.name, &self.attrs, shapes)?;
+        let [q, kt, v] = &views;
+        let [b, h, t, _] = q.dims;
+        let o_view = View::made([b, h, t, v.dims[3]], self.attrs.out).1;
+        let x = AttentionAt {
+            batch: b,
+            heads: h,
+            q: Mat::of(q, part(0).0),
+            kt: Mat::of(kt, part(1).0),
+            v: Mat::of(v, part(2).0),
+            o: Mat::of(&o_view, o),
+            p,
+        };
+        Ok((x, views))
+    }
+
+    /// The forward: O and P made as outputs, and the plan that fills them.
+    fn forward_plan(
+        &self,
+        ctx: &ComputeContext,
+        tensors: &[Input],
+    ) -> ort::Result<Result<Vec<Step>, String>> {
+        let op = self.name.as_str();
+        let (shape, _) = self.layout(tensors, (0, 0))?;
+        let (b, h, t, s, e) = (
+            shape.batch,
+            shape.heads,
+            shape.q.rows,
+            shape.kt.cols,
+            shape.v.cols,
+        );
+        let (o_shape, _) = View::made([b, h, t, e], self.attrs.out);
+        let o = output(ctx, 0, o_shape, op)?;
+        let p = output(ctx, 1, [b, h, t, s].map(|d| d as i64).to_vec(), op)?;
+        let (x, _) = self.layout(tensors, (o, p))?;
+        Ok(kernels::attention(&x, self.attrs.scale, self.attrs.causal))
+    }
+
+    /// The backward: the gradients made as outputs (each its input's shape), the scratch
+    /// grown to size, and the plan that fills them.
+    fn backward_plan(
+        &self,
+        ctx: &ComputeContext,
+        tensors: &[Input],
+        stream: &std::sync::Arc<CudaStream>,
+        state: &mut State,
+    ) -> ort::Result<Result<Vec<Step>, String>> {
+        let op = self.name.as_str();
+        let (d_o, p) = (input(ctx, 0, op)?.0, input(ctx, self.parts + 1, op)?.0);
+        let (x, [q, kt, v]) = self.layout(tensors, (d_o, p))?;
+        let need = kernels::attention_grad_scratch(&x);
+        if state.scratch.as_ref().is_none_or(|b| b.len() < need) {
+            let fresh = stream.alloc_zeros::<f32>(need.max(1));
+            state.scratch = Some(fresh.map_err(|e| fail(op, "allocating", e))?);
+        }
+        let scratch = state.scratch.as_ref().expect("made above");
+        let (scratch, _sync) = scratch.device_ptr(stream);
+        let outs = (0..self.parts)
+            .map(|i| output(ctx, i, tensors[i].1.clone(), op))
+            .collect::<ort::Result<Vec<_>>>()?;
+        let out = |i: usize| outs[i.min(self.parts - 1)];
+        let g = AttentionGradAt {
+            dq: Mat::of(&q, out(0)),
+            dkt: Mat::of(&kt, out(1)),
+            dv: Mat::of(&v, out(2)),
+            zero: self.uncovered(&tensors[0].1).map(|n| (outs[0], n)),
+            scratch,
+        };
+        Ok(kernels::attention_grad(&x, &g, self.attrs.scale))
     }
 
     /// Where the packed gradient has values no part covers: all of them, to zero.
@@ -268,7 +295,7 @@ impl Call {
                         .map_err(|e| fail(op, "launching", e))?;
                 }
                 Step::Gemm(g) => {
-                    let handle = handle(state, stream, op)?;
+                    let handle = handle(&mut state.blas, stream, op)?;
                     // SAFETY: the plan's matrices lie in this call's tensors and scratch,
                     // on this stream.
                     unsafe { gemm(handle, g) }
@@ -277,70 +304,6 @@ impl Call {
             }
         }
         Ok(())
-    }
-}
-
-/// The kernel's cuBLAS handle, made on first use, set to `stream`.
-fn handle(
-    state: &mut State,
-    stream: &CudaStream,
-    op: &str,
-) -> ort::Result<blas_sys::cublasHandle_t> {
-    if state.blas.is_none() {
-        // SAFETY: only tries to open the library.
-        if !unsafe { blas_sys::is_culib_present() } {
-            return Err(ort::Error::new(format!(
-                "{op}: cuBLAS not found (PyPI's nvidia-cublas wheel; `scripts/setup.sh --cuda`)"
-            )));
-        }
-        stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| fail(op, "binding the device", e))?;
-        let h = blas::create_handle().map_err(|e| fail(op, "cublasCreate", e))?;
-        state.blas = Some(Handle(h));
-    }
-    let h = state.blas.as_ref().expect("made above").0;
-    // SAFETY: a live handle and the session's live stream.
-    unsafe { blas::set_stream(h, stream.cu_stream() as blas_sys::cudaStream_t) }
-        .map_err(|e| fail(op, "cublasSetStream", e))?;
-    Ok(h)
-}
-
-/// One planned product.
-///
-/// # Safety
-/// `g`'s matrices must be device memory reachable on the handle's stream.
-unsafe fn gemm(h: blas_sys::cublasHandle_t, g: &Gemm) -> Result<(), blas::CublasError> {
-    if g.m == 0 || g.n == 0 || g.batch == 0 {
-        return Ok(());
-    }
-    let op = |t: bool| match t {
-        true => blas_sys::cublasOperation_t::CUBLAS_OP_T,
-        false => blas_sys::cublasOperation_t::CUBLAS_OP_N,
-    };
-    // SAFETY: the caller's; alpha and beta are host values read during the call.
-    unsafe {
-        blas::sgemm_strided_batched(
-            h,
-            op(g.trans_a),
-            op(g.trans_b),
-            g.m,
-            g.n,
-            g.k,
-            &g.alpha,
-            g.a as *const f32,
-            g.lda,
-            g.stride_a,
-            g.b as *const f32,
-            g.ldb,
-            g.stride_b,
-            &g.beta,
-            g.c as *mut f32,
-            g.ldc,
-            g.stride_c,
-            g.batch,
-        )
     }
 }
 

@@ -8,6 +8,8 @@ pub mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_attention;
 #[cfg(feature = "cuda")]
+mod cuda_blas;
+#[cfg(feature = "cuda")]
 mod cuda_dropout;
 #[cfg(feature = "cuda")]
 mod cuda_fused;
