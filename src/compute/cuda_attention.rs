@@ -11,8 +11,8 @@
 //! two products a batch entry and one row kernel, the backward four products and one row
 //! kernel.
 //!
-//! Only for graphs built with `runtime.cuda_kernels_untried` (a GPU run, no mask input: a
-//! causal mask is the kernel's own), until a lent GPU has run it (the device test below)
+//! Only for graphs built with `runtime.cuda_kernels_untried` (a GPU run; an additive mask
+//! is read with its broadcast strides, a causal one is the kernel's own), until a lent GPU has run it (the device test below)
 //! and measured GPT-2 with it (`scripts/gpu-check.sh`). Its plan runs on the CPU in the
 //! emulator's tests, against float64.
 
@@ -27,7 +27,7 @@ use ort::value::{DynTensorValueType, TensorElementType};
 use super::cuda_blas::{gemm, handle, Handle};
 use super::cuda_fused::{fail, function_in, Shared};
 use super::cuda_launch::launch_planned;
-use super::fused::{attention_views, AttentionAttributes, View};
+use super::fused::{attention_mask_strides, attention_views, AttentionAttributes, View};
 use super::kernels::{self, AttentionAt, AttentionGradAt, Mat, Step, ATTENTION_SOURCE};
 use crate::graph::custom_ops::{
     ATTENTION, ATTENTION_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD,
@@ -159,11 +159,6 @@ impl Call {
         let inputs = (first..first + self.parts)
             .map(|i| input(ctx, i, op))
             .collect::<ort::Result<Vec<_>>>()?;
-        if !self.backward && ctx.input(self.parts)?.is_some() {
-            return Err(ort::Error::new(format!(
-                "{op}: a mask input, which the CUDA kernel does not take (a causal mask is its own)"
-            )));
-        }
         let device = inputs[0].2;
         let tensors: Vec<Input> = inputs
             .into_iter()
@@ -206,6 +201,7 @@ impl Call {
             v: Mat::of(v, part(2).0),
             o: Mat::of(&o_view, o),
             p,
+            mask: None,
         };
         Ok((x, views))
     }
@@ -228,7 +224,16 @@ impl Call {
         let (o_shape, _) = View::made([b, h, t, e], self.attrs.out);
         let o = output(ctx, 0, o_shape, op)?;
         let p = output(ctx, 1, [b, h, t, s].map(|d| d as i64).to_vec(), op)?;
-        let (x, _) = self.layout(tensors, (o, p))?;
+        let (mut x, _) = self.layout(tensors, (o, p))?;
+        if ctx.input(self.parts)?.is_some() {
+            let (at, mask_shape, _) = input(ctx, self.parts, op)?;
+            let strides = attention_mask_strides(&mask_shape, [b, h, t, s]).ok_or_else(|| {
+                ort::Error::new(format!(
+                    "{op}: a mask of shape {mask_shape:?} for scores [{b}, {h}, {t}, {s}]"
+                ))
+            })?;
+            x.mask = Some((at, strides));
+        }
         Ok(kernels::attention(&x, self.attrs.scale, self.attrs.causal))
     }
 
@@ -315,8 +320,9 @@ mod tests {
     use crate::tensor::Tensor;
 
     /// On a GPU (skipped without one): GPT-2's packed causal attention forward and
-    /// backward, `[2, 300, 3 x 4 x 32]` (rows longer than a block), on the CUDA operators
-    /// against the CPU's, within float32 reordering; the same bits twice.
+    /// backward, `[2, 300, 3 x 4 x 32]` (rows longer than a block) with an additive
+    /// padding mask `[2, 1, 1, 300]`, on the CUDA operators against the CPU's, within
+    /// float32 reordering; the same bits twice.
     #[test]
     fn on_a_gpu_packed_attention_is_the_cpus() {
         if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
@@ -338,7 +344,13 @@ mod tests {
             ]
         };
         let nodes = vec![
-            make_node(PACKED_ATTENTION, "att", &["qkv"], &["o", "p"], attrs()),
+            make_node(
+                PACKED_ATTENTION,
+                "att",
+                &["qkv", "mask"],
+                &["o", "p"],
+                attrs(),
+            ),
             make_node(
                 PACKED_ATTENTION_GRAD,
                 "grad",
@@ -350,6 +362,7 @@ mod tests {
         let inputs = [
             ("qkv", ValueMeta::f32(&[b, t, w])),
             ("do", ValueMeta::f32(&[b, t, h, d])),
+            ("mask", ValueMeta::f32(&[b, 1, 1, t])),
         ];
         let model = crate::compute::test_model::model("att", nodes, &inputs, &["o", "p", "dqkv"]);
         let wave = |n: usize, k: f32| {
@@ -359,7 +372,9 @@ mod tests {
         };
         let qkv = Tensor::f32(vec![b, t, w], wave(b * t * w, 0.1)).unwrap();
         let d_o = Tensor::f32(vec![b, t, h, d], wave(b * t * h * d, 0.7)).unwrap();
-        let feeds = [("qkv", &qkv), ("do", &d_o)];
+        let padding = (0..b * t).map(|k| if k >= t && k % t >= t - 7 { -1e4 } else { 0.0 });
+        let mask = Tensor::f32(vec![b, 1, 1, t], padding.collect()).unwrap();
+        let feeds = [("qkv", &qkv), ("do", &d_o), ("mask", &mask)];
         let rt = Runtime::from_env().unwrap();
         let run = |device| {
             let opts = SessionOptions {

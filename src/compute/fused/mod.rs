@@ -31,7 +31,10 @@ pub(crate) use activation::{Gelu, RELU_GRAD_OP};
 #[cfg(any(test, feature = "cuda"))]
 pub(crate) use attention::View;
 #[cfg(feature = "cuda")]
-pub(crate) use attention::{views as attention_views, Attributes as AttentionAttributes};
+pub(crate) use attention::{
+    mask_strides as attention_mask_strides, views as attention_views,
+    Attributes as AttentionAttributes,
+};
 pub(crate) use attention::{
     ATTENTION_GRAD_OP, ATTENTION_OP, PACKED_ATTENTION_GRAD_OP, PACKED_ATTENTION_OP,
 };

@@ -5,14 +5,23 @@
 
 #define ROW_THREADS 256
 
-// The probabilities in place: each row of `s` scaled scores becomes its softmax. With
-// `causal`, query i (the row's index within its head's t rows) sees keys up to i + s - t;
-// the others get 0.
-extern "C" __global__ void attn_softmax(float* p, long long rows, int s, int t, int causal) {
+// The probabilities in place: each row of `s` scaled scores, plus the additive mask where
+// there is one (`mask` null: none; element (b, h, i, j) at b mb + h mh + i mt + j, a
+// stride 0 where it is broadcast; `heads` rows of t a batch entry), becomes its softmax.
+// With `causal`, query i (the row's index within its head's t rows) sees keys up to
+// i + s - t; the others get 0.
+extern "C" __global__ void attn_softmax(float* p, long long rows, int s, int t, int causal,
+                                        const float* mask, int heads, long long mb,
+                                        long long mh, long long mt, long long ms) {
     __shared__ float red[ROW_THREADS];
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
         float* x = p + r * s;
         int seen = causal ? (int)(r % t) + s - t + 1 : s;
+        if (mask) {
+            long long i = r % t, h = (r / t) % heads, b = r / ((long long)t * heads);
+            const float* m = mask + b * mb + h * mh + i * mt;
+            for (int j = threadIdx.x; j < seen; j += ROW_THREADS) x[j] += m[j * ms];
+        }
         float m = -3.402823466e38f;
         for (int j = threadIdx.x; j < seen; j += ROW_THREADS) m = fmaxf(m, x[j]);
         red[threadIdx.x] = m;

@@ -5,7 +5,8 @@
 //! kernels between them. The formulas are the CPU kernel's (`compute/fused/attention`):
 //!
 //! ```text
-//! forward   S = scale q kt;  P = softmax(S) (causal: query i sees keys up to i + S - T);
+//! forward   S = scale q kt [+ mask];  P = softmax(S) (causal: query i sees keys up to
+//!           i + S - T);
 //!           O = P v
 //! backward  dP = dO v^T;  dS = scale P (dP - rowsum(dP P));  dv = P^T dO;
 //!           dq = dS kt^T;  dkt = q^T dS
@@ -199,6 +200,9 @@ pub struct AttentionAt {
     pub o: Mat,
     /// The probabilities, `[B, H, T, S]` row-major.
     pub p: u64,
+    /// An additive mask over `[B, H, T, S]`: where, and its strides (0 where it is
+    /// broadcast). Read by the forward only.
+    pub mask: Option<(u64, [usize; 4])>,
 }
 
 impl AttentionAt {
@@ -224,13 +228,17 @@ pub fn attention(x: &AttentionAt, scale: f32, causal: bool) -> Result<Vec<Step>,
         let (q, kt) = (x.q.entry(b), x.kt.entry(b));
         steps.push(Step::Gemm(product(p.entry(b), q, kt, scale, x.heads)?));
     }
-    let args = vec![
+    let (mask, [mb, mh, mt, ms]) = x.mask.unwrap_or((0, [0; 4]));
+    let mut args = vec![
         Arg::Ptr(x.p),
         Arg::I64(rows as i64),
         Arg::I32(s as i32),
         Arg::I32(t as i32),
         Arg::I32(causal as i32),
+        Arg::Ptr(mask),
+        Arg::I32(x.heads as i32),
     ];
+    args.extend([mb, mh, mt, ms].map(|v| Arg::I64(v as i64)));
     steps.push(Step::Kernel(x.row_launch("attn_softmax", rows, args)));
     for b in 0..x.batch {
         let (o, v) = (x.o.entry(b), x.v.entry(b));

@@ -17,6 +17,8 @@ struct AttentionCase {
     out: View,
     out_len: usize,
     tensors: Vec<Vec<f32>>,
+    /// An additive mask: its values and strides over `[B, H, T, S]`.
+    mask: Option<(Vec<f32>, [usize; 4])>,
 }
 
 impl AttentionCase {
@@ -25,6 +27,14 @@ impl AttentionCase {
         let at =
             v.offset + b * v.strides[0] + h * v.strides[1] + r * v.strides[2] + c * v.strides[3];
         self.tensors[t][at] as f64
+    }
+
+    /// The mask's value at (b, h, i, j), 0 without one.
+    fn masked(&self, at: [usize; 4]) -> f64 {
+        let Some((values, strides)) = &self.mask else {
+            return 0.0;
+        };
+        values[(0..4).map(|a| at[a] * strides[a]).sum::<usize>()] as f64
     }
 
     fn index(v: &View, [b, h, r, c]: [usize; 4]) -> usize {
@@ -50,6 +60,7 @@ impl AttentionCase {
                                         self.value(0, [b, h, i, e]) * self.value(1, [b, h, e, j])
                                     })
                                     .sum::<f64>()
+                                + self.masked([b, h, i, j])
                         })
                         .collect();
                     let top = sc.iter().cloned().fold(f64::MIN, f64::max);
@@ -124,6 +135,7 @@ impl AttentionCase {
             v: mat(2, bases[self.views[2].0]),
             o: Mat::of(&self.out, to(&mut o)),
             p: to(&mut p),
+            mask: self.mask.as_ref().map(|(v, strides)| (at(v), *strides)),
         };
         let plan = attention(&x, self.scale, self.causal).unwrap();
         // SAFETY: the buffers hold what the views index.
@@ -149,8 +161,9 @@ impl AttentionCase {
 /// Attention's plan (the products as cuBLAS defines them, on the views the CPU kernel
 /// reads, and `attention.cu`'s row kernels) against float64, forward and backward:
 /// GPT-2's packed causal layout (with a gap no part covers, zeroed in the gradient), and
-/// three tensors, queries fewer than keys, K given as `[B, H, S, D]`, O left
-/// `[B, H, T, E]`. The same bits with each block's threads in the other order.
+/// three tensors with an additive padding mask `[B, 1, 1, S]`, queries fewer than keys,
+/// K given as `[B, H, S, D]`, O left `[B, H, T, E]`. The same bits with each block's
+/// threads in the other order.
 #[test]
 fn attention_plan_is_its_formula() {
     let emu = Emulator::compile(ATTENTION_SOURCE, "attention.cu");
@@ -170,6 +183,7 @@ fn attention_plan_is_its_formula() {
         out: View::made([bn, hn, t, d], [0, 2, 1, 3]).1,
         out_len: bn * t * hn * d,
         tensors: vec![wave(bn * t * w, 30)],
+        mask: None,
     };
     let s = 9;
     let q = [bn as i64, hn as i64, t as i64, d as i64];
@@ -190,6 +204,19 @@ fn attention_plan_is_its_formula() {
             wave(bn * hn * s * d, 32),
             wave(bn * hn * s * d, 33),
         ],
+        // Padding as BERT masks it: [B, 1, 1, S], the last keys of entry 1 left out.
+        mask: Some((
+            (0..bn * s)
+                .map(|k| {
+                    if k >= s && k % s >= s - 3 {
+                        -1e4
+                    } else {
+                        0.1 * (k % 5) as f32
+                    }
+                })
+                .collect(),
+            [s, 0, 0, 1],
+        )),
     };
     for (name, case) in [("packed causal", gpt2), ("three tensors", three)] {
         let d_o = wave(case.out_len, 34);

@@ -143,25 +143,19 @@ pub fn fuse_forward(g: &mut Graph, metas: &Metas, trainable: &HashSet<&str>) -> 
 }
 
 /// Scaled dot-product attention alone as pipetrain's `Attention` (or `PackedAttention`),
-/// for a graph whose session runs on a GPU with `runtime.cuda_kernels_untried`: those the CUDA
-/// kernel takes, with no mask input (a causal mask is the kernel's own) and each tensor
-/// read with its rows or its columns contiguous (`compute/cuda_attention.rs`). Returns how
-/// many were replaced.
+/// for a graph whose session runs on a GPU with `runtime.cuda_kernels_untried`: those the
+/// CUDA kernel takes, each tensor read with its rows or its columns contiguous
+/// (`compute/cuda_attention.rs`). Returns how many were replaced.
 pub fn fuse_attention_for_cuda(g: &mut Graph, metas: &Metas, trainable: &HashSet<&str>) -> usize {
     let constants = g.constants();
     let mut replace: HashMap<usize, NodeProto> = HashMap::new();
     let mut drop: HashSet<usize> = HashSet::new();
     for found in attention::find(g, metas, &constants, trainable) {
-        let parts = if found.node.op_type == PACKED_ATTENTION {
-            1
-        } else {
-            3
-        };
         let contiguous = ["q_perm", "k_perm", "v_perm"].iter().all(|a| {
             attr_ints(&found.node, a).is_none_or(|p| p.len() == 4 && (p[2] == 3 || p[3] == 3))
         });
         let out = attr_ints(&found.node, "out_perm").is_none_or(|p| p.len() == 4 && p[3] >= 2);
-        if found.node.input.len() == parts && contiguous && out {
+        if contiguous && out {
             replace.insert(found.at, found.node);
             drop.extend(found.drop);
         }

@@ -97,7 +97,7 @@ impl View {
 
 /// The mask's strides over `[B, H, T, S]` (0 where it is broadcast), `None` where its
 /// shape does not broadcast to `dims`.
-pub(super) fn mask_strides(shape: &[i64], dims: [usize; 4]) -> Option<[usize; 4]> {
+pub(crate) fn mask_strides(shape: &[i64], dims: [usize; 4]) -> Option<[usize; 4]> {
     if shape.len() > 4 {
         return None;
     }

@@ -50,8 +50,8 @@ use crate::graph::custom_ops::{
     ATTENTION, ATTENTION_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD,
 };
 use head::{Mask, Pair};
-pub(crate) use layout::View;
-use layout::{mask_strides, Shared};
+use layout::Shared;
+pub(crate) use layout::{mask_strides, View};
 
 /// At most this many tasks a call (each a run of (batch, head) pairs).
 const TASKS: usize = 16;
