@@ -64,7 +64,7 @@ if [ "$device" = cuda ] && ! grep -q '^cuda:0:' "$out/doctor.txt"; then
   exit 0
 fi
 say "device: $(grep -m1 '^cuda:0:' "$out/doctor.txt" || echo "$device")"
-grep -E '^(provider|nccl|gpu path):' "$out/doctor.txt" >> "$summary"
+grep -E '^(provider|nccl|cublas|gpu path):' "$out/doctor.txt" >> "$summary"
 grep -q 'nccl:.*ok' "$out/doctor.txt" || [ "$device" != cuda ] || fail "nccl self-check"
 
 # A configuration from examples/NAME.toml on DEVICE: the peers' files from $peers, runs
@@ -261,7 +261,9 @@ EOF
   [ "${GPT2_UNTRIED:-1}" = 1 ] \
     && gpt2_variant untried 's/^cuda_kernels = .*/cuda_kernels = true\ncuda_kernels_untried = true/' "untried kernels (cuda_kernels_untried = true: attention, LayerNormGrad)" \
     && python3 "$root/benches/gpu/losses_diff.py" "gpt2, cuda_kernels_untried against the default kernels" \
-      "$out/gpt2_small.jsonl" "$out/gpt2_untried.jsonl" >> "$summary"
+      "$out/gpt2_small.jsonl" "$out/gpt2_untried.jsonl" >> "$summary" \
+    && sed 's/\x1b\[[0-9;]*m//g' "$out/gpt2_untried.log" | grep -o '[0-9]* attentions as one CUDA operator' \
+      | head -1 | sed 's/^/gpt2 untried: /' >> "$summary"
   # The price of runtime.deterministic (on by default): the same run with it off.
   [ "${GPT2_UNORDERED:-1}" = 1 ] \
     && gpt2_variant unordered 's/^\[runtime\]/[runtime]\ndeterministic = false/' "deterministic = false"

@@ -283,7 +283,8 @@ fn doctor() -> Result<()> {
 }
 
 /// What `doctor` says of the GPU path on a machine with a GPU: whether this build has it,
-/// whether the library has ONNX Runtime's CUDA provider, and whether NCCL reduces.
+/// whether the library has ONNX Runtime's CUDA provider, whether NCCL reduces, and
+/// whether cuBLAS loads (`runtime.cuda_kernels_untried`'s attention needs it).
 fn gpu_checks(provider: bool) {
     if !cfg!(feature = "cuda") {
         println!("gpu path:  not in this build (build with `--features cuda`)");
@@ -298,9 +299,12 @@ fn gpu_checks(provider: bool) {
         }
     );
     #[cfg(feature = "cuda")]
-    match pipetrain::compute::cuda::nccl_self_check(0) {
-        Ok(()) => println!("nccl:      one-rank all-reduce on cuda:0 ok"),
-        Err(why) => println!("nccl:      {why}"),
+    {
+        match pipetrain::compute::cuda::nccl_self_check(0) {
+            Ok(()) => println!("nccl:      one-rank all-reduce on cuda:0 ok"),
+            Err(why) => println!("nccl:      {why}"),
+        }
+        println!("cublas:    {}", pipetrain::compute::cuda::cublas_found());
     }
 }
 

@@ -42,6 +42,15 @@ impl DeviceStream {
     }
 }
 
+/// Whether cuBLAS loads (pipetrain's CUDA attention runs its products there), in words.
+pub fn cublas_found() -> &'static str {
+    // SAFETY: only tries to open the library.
+    match unsafe { cudarc::cublas::sys::is_culib_present() } {
+        true => "found",
+        false => "not found (PyPI's nvidia-cublas wheel: put its lib folder on LD_LIBRARY_PATH)",
+    }
+}
+
 /// An NCCL unique id as text (hex), the form in which the rendezvous carries it from the
 /// rank that made it to the others.
 pub fn id_to_hex(id: &Id) -> String {

@@ -323,7 +323,7 @@ pub fn build_sharded_training_graph(
     }
     if opts.cuda_kernels_untried && !opts.fused_kernels {
         let n = super::fusion::fuse_attention_for_cuda(&mut g, &loss_metas, &trained);
-        tracing::debug!("{n} attentions as one kernel each for the GPU");
+        tracing::info!("{n} attentions as one CUDA operator each way (cuda_kernels_untried)");
     }
     if opts.fused_kernels || opts.cuda_kernels {
         let n = super::fusion::fuse_tanh_gelu(&mut g, &loss_metas);
