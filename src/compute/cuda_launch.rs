@@ -26,10 +26,10 @@ pub(crate) fn compile(source: &str, name: &str) -> Result<Ptx, String> {
     compile_ptx_with_opts(source, opts).map_err(|e| format!("NVRTC: {e}"))
 }
 
-pub(crate) use super::kernels::{Arg, Launch, THREADS};
+pub(crate) use super::kernels::{Arg, Launch};
 
 /// Launches `l` (a plan of `compute::kernels`; its kernel is `f`) on `stream`: a grid of
-/// (x, y) blocks of [`THREADS`] threads.
+/// (x, y) blocks of `l.threads` threads.
 ///
 /// # Safety
 /// `l`'s arguments must match the kernel's parameters, in order and type (the emulator's
@@ -42,7 +42,7 @@ pub(crate) unsafe fn launch_planned(
 ) -> Result<(), DriverError> {
     let cfg = LaunchConfig {
         grid_dim: (l.grid.0.max(1), l.grid.1.max(1), 1),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (l.threads, 1, 1),
         shared_mem_bytes: 0,
     };
     let mut b = stream.launch_builder(f);
@@ -128,7 +128,18 @@ mod tests {
             );
         }
         let attention = compiled(ATTENTION_SOURCE, "attention.cu").expect("NVRTC was found above");
-        for name in ["attn_softmax", "attn_softmax_grad", "attn_zero"] {
+        let mut names = vec![
+            "attn_softmax",
+            "attn_softmax_grad",
+            "attn_zero",
+            "attn_flash_delta",
+        ];
+        let flash: Vec<String> = super::super::kernels::FLASH_HEAD_SIZES
+            .iter()
+            .flat_map(|d| ["forward", "keys", "queries"].map(|k| format!("attn_flash_{k}_{d}")))
+            .collect();
+        names.extend(flash.iter().map(String::as_str));
+        for name in names {
             assert!(
                 attention.contains(&format!(".entry {name}(")),
                 "no entry {name}"

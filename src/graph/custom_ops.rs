@@ -47,15 +47,22 @@ pub const DEPTHWISE_CONV_GRAD: &str = "DepthwiseConvGrad";
 /// Scaled dot-product attention (float32): `Q, K, V[, mask]` in, `O, P` out; attributes
 /// `scale`, `causal` and `q_perm`, `k_perm`, `v_perm`, `out_perm` (the transposes around
 /// the products, read through strides). See `compute::fused` (attention).
+/// With attribute `lse = 1` the second output is each query row's log-sum-exp of its
+/// scores, `L` (`[B, H, T]`), instead of `P`.
 pub const ATTENTION: &str = "Attention";
-/// Its backward: `dO, Q, K, V, P` in, `dQ, dK, dV` out (same attributes).
+/// Its backward: `dO, Q, K, V, P` in (with `lse`: `dO, Q, K, V, L, O[, mask]`), `dQ, dK,
+/// dV` out (same attributes).
 pub const ATTENTION_GRAD: &str = "AttentionGrad";
+/// The head sizes the GPU's `lse` attention (the flash kernels) is compiled for; the
+/// queries' and the values' must be equal.
+pub const FLASH_HEAD_SIZES: [usize; 4] = [16, 32, 64, 128];
 /// `Attention` on one packed `[B, T, W]` tensor whose last axis holds Q, K and V (as a
 /// fused projection's output before its `Split`): `QKV[, mask]` in, `O, P` out; also
 /// attributes `heads_dim` (`[H, D]`) and `offsets` (where Q, K, V start on the last
 /// axis, each `[B, T, H, D]` before its permutation).
 pub const PACKED_ATTENTION: &str = "PackedAttention";
-/// Its backward: `dO, QKV, P` in, `dQKV` out (same attributes).
+/// Its backward: `dO, QKV, P` in (with `lse`: `dO, QKV, L, O[, mask]`), `dQKV` out (same
+/// attributes).
 pub const PACKED_ATTENTION_GRAD: &str = "PackedAttentionGrad";
 /// An embedding (`Gather`) gradient that sums in a fixed order on a GPU: `indices`
 /// (int64, n values) and `updates` (float32, n rows) in, attribute `rows`; out the table

@@ -17,8 +17,8 @@
 
 use super::{Arg, Launch};
 
-/// Attention's row kernels.
-pub const ATTENTION_SOURCE: &str = include_str!("attention.cu");
+/// Attention's row kernels, and the flash kernels (`flash.cu`, planned by `flash.rs`).
+pub const ATTENTION_SOURCE: &str = concat!(include_str!("attention.cu"), include_str!("flash.cu"));
 
 /// A matrix of each (batch entry, head): `rows` x `cols` float32 values, element (i, j)
 /// at `at + 4 (i rs + j cs)` for batch entry 0 and head 0, each head `hs` values on and

@@ -25,6 +25,10 @@ struct dim3 {
     unsigned int x = 1, y = 1, z = 1;
 };
 
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+
 namespace emu {
 static dim3 thread_idx, block_idx, grid_dim, block_dim;
 static ucontext_t scheduler;

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::sync::Mutex;
 
-use super::{Arg, Gemm, Launch, Step, THREADS};
+use super::{Arg, Gemm, Launch, Step};
 
 /// One kernel parameter's kind, as the source declares it.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,7 +138,7 @@ impl Emulator {
             let entry = unsafe { self.library.get::<Entry>(symbol.as_bytes()) }
                 .map_err(|e| format!("{symbol}: {e}"))?;
             // SAFETY: the caller's (the buffers reach as far as the kernel reads).
-            if unsafe { entry(l.grid.0, l.grid.1, THREADS, words.as_ptr()) } != 0 {
+            if unsafe { entry(l.grid.0, l.grid.1, l.threads, words.as_ptr()) } != 0 {
                 let error = unsafe {
                     self.library
                         .get::<unsafe extern "C" fn() -> *const i8>(b"emu_error")
@@ -248,9 +248,11 @@ fn words(l: &Launch, params: &[Param]) -> Result<Vec<u64>, String> {
     l.args.iter().zip(params).enumerate().map(word).collect()
 }
 
-/// Every `extern "C" __global__ void NAME(PARAMS)` of `source`, in order.
+/// Every `extern "C" __global__ void NAME(PARAMS)` of `source`, in order (object-like
+/// macros of the source in `PARAMS` expanded).
 fn signatures(source: &str) -> Vec<(String, Vec<Param>)> {
     const HEAD: &str = "extern \"C\" __global__ void";
+    let macros = defines(source);
     let mut found = Vec::new();
     let mut rest = source;
     while let Some(at) = rest.find(HEAD) {
@@ -258,13 +260,65 @@ fn signatures(source: &str) -> Vec<(String, Vec<Param>)> {
         let open = rest.find('(').expect("a parameter list");
         let close = rest.find(')').expect("a parameter list's end");
         let name = rest[..open].trim().to_string();
-        let params = rest[open + 1..close]
+        let params = expand(&rest[open + 1..close], &macros)
             .split(',')
             .map(|p| param(&name, p))
             .collect();
         found.push((name, params));
     }
     found
+}
+
+/// The object-like `#define NAME TEXT` of `source` (continued lines joined).
+fn defines(source: &str) -> HashMap<String, String> {
+    let mut macros = HashMap::new();
+    let mut lines = source.lines();
+    while let Some(line) = lines.next() {
+        let Some(rest) = line.trim_start().strip_prefix("#define ") else {
+            continue;
+        };
+        let mut text = rest.to_string();
+        while text.ends_with('\\') {
+            text.pop();
+            text.push(' ');
+            text.push_str(lines.next().unwrap_or(""));
+        }
+        let end = text
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(text.len());
+        if !text[end..].starts_with('(') {
+            macros.insert(text[..end].to_string(), text[end..].trim().to_string());
+        }
+    }
+    macros
+}
+
+/// `text` with each macro of `macros` replaced by its text, until none is left.
+fn expand(text: &str, macros: &HashMap<String, String>) -> String {
+    let mut out = text.to_string();
+    for _ in 0..16 {
+        let words: Vec<&str> = out
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|w| macros.contains_key(*w))
+            .collect();
+        if words.is_empty() {
+            break;
+        }
+        let mut next = String::new();
+        let mut word = String::new();
+        for c in out.chars().chain(std::iter::once(' ')) {
+            if c.is_alphanumeric() || c == '_' {
+                word.push(c);
+                continue;
+            }
+            next.push_str(macros.get(&word).map_or(&word, |m| m));
+            word.clear();
+            next.push(c);
+        }
+        next.pop();
+        out = next;
+    }
+    out
 }
 
 /// One declared parameter (`const float* x`, `long long n`).

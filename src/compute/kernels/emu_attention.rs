@@ -8,18 +8,22 @@ use crate::compute::fused::View;
 
 /// One attention case: the tensors' views (from the CPU kernel's layouts), values and a
 /// float64 reference of the forward and backward.
-struct AttentionCase {
-    dims: [usize; 5], // B, H, T, S, D (= E)
-    causal: bool,
-    scale: f32,
+pub(super) struct AttentionCase {
+    pub(super) dims: [usize; 5], // B, H, T, S, D (= E)
+    pub(super) causal: bool,
+    pub(super) scale: f32,
     /// q, kt, v: (tensor index, view); one tensor when packed.
-    views: [(usize, View); 3],
-    out: View,
-    out_len: usize,
-    tensors: Vec<Vec<f32>>,
+    pub(super) views: [(usize, View); 3],
+    pub(super) out: View,
+    pub(super) out_len: usize,
+    pub(super) tensors: Vec<Vec<f32>>,
     /// An additive mask: its values and strides over `[B, H, T, S]`.
-    mask: Option<(Vec<f32>, [usize; 4])>,
+    pub(super) mask: Option<(Vec<f32>, [usize; 4])>,
 }
+
+/// The reference's results: P, O, the tensors' gradients and each query row's
+/// log-sum-exp of its scores.
+pub(super) type Reference = (Vec<f64>, Vec<f64>, Vec<Vec<f64>>, Vec<f64>);
 
 impl AttentionCase {
     fn value(&self, i: usize, [b, h, r, c]: [usize; 4]) -> f64 {
@@ -41,10 +45,12 @@ impl AttentionCase {
         v.offset + b * v.strides[0] + h * v.strides[1] + r * v.strides[2] + c * v.strides[3]
     }
 
-    /// P, O, and the gradients of the tensors for `d_o` (in O's layout), in float64.
-    fn reference(&self, d_o: &[f32]) -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
+    /// P, O, the gradients of the tensors for `d_o` (in O's layout) and the rows'
+    /// log-sum-exps, in float64.
+    pub(super) fn reference(&self, d_o: &[f32]) -> Reference {
         let [bn, hn, t, s, d] = self.dims;
         let mut p = vec![0f64; bn * hn * t * s];
+        let mut lse = vec![0f64; bn * hn * t];
         let mut o = vec![0f64; self.out_len];
         let mut grads: Vec<Vec<f64>> = self.tensors.iter().map(|x| vec![0.0; x.len()]).collect();
         for b in 0..bn {
@@ -65,6 +71,7 @@ impl AttentionCase {
                         .collect();
                     let top = sc.iter().cloned().fold(f64::MIN, f64::max);
                     let total: f64 = sc.iter().map(|x| (x - top).exp()).sum();
+                    lse[(b * hn + h) * t + i] = top + total.ln();
                     (0..seen).for_each(|j| p[pp(i, j)] = (sc[j] - top).exp() / total);
                     for e in 0..d {
                         let at = Self::index(&self.out, [b, h, i, e]);
@@ -107,7 +114,7 @@ impl AttentionCase {
                 }
             }
         }
-        (p, o, grads)
+        (p, o, grads, lse)
     }
 
     /// The plan's P, O and gradients, run on the emulator.
@@ -167,11 +174,32 @@ impl AttentionCase {
 #[test]
 fn attention_plan_is_its_formula() {
     let emu = Emulator::compile(ATTENTION_SOURCE, "attention.cu");
-    let (bn, hn, t, d) = (2, 3, 6, 4);
+    let cases = [
+        ("packed causal", gpt2_case([2, 3, 6], 4)),
+        ("three tensors", three_case([2, 3, 6, 9], 4)),
+    ];
+    for (name, case) in cases {
+        let d_o = wave(case.out_len, 34);
+        let (p, o, grads) = case.planned(&emu, &d_o, false);
+        let other = case.planned(&emu, &d_o, true);
+        let same = bits(&p) == bits(&other.0) && bits(&o) == bits(&other.1);
+        assert!(same, "{name}: no race, the same bits in either order");
+        let (want_p, want_o, want_grads, _) = case.reference(&d_o);
+        close(&p, &want_p, 1e-5, &format!("{name}: P"));
+        close(&o, &want_o, 1e-5, &format!("{name}: O"));
+        for (k, (g, want)) in grads.iter().zip(&want_grads).enumerate() {
+            close(g, want, 1e-4, &format!("{name}: gradient {k}"));
+        }
+    }
+}
+
+/// GPT-2's packed causal layout: `[B, T, 3 H D + 3]` (a gap of one value before each part),
+/// Q, K, V parts read through their permutations, O `[B, T, H, D]`.
+pub(super) fn gpt2_case([bn, hn, t]: [usize; 3], d: usize) -> AttentionCase {
     let w = 3 * hn * d + 3;
     let shape = [bn as i64, t as i64, w as i64];
     let part = |off: usize, perm| View::part(&shape, [hn, d], off, perm).unwrap();
-    let gpt2 = AttentionCase {
+    AttentionCase {
         dims: [bn, hn, t, t, d],
         causal: true,
         scale: 0.5,
@@ -184,11 +212,15 @@ fn attention_plan_is_its_formula() {
         out_len: bn * t * hn * d,
         tensors: vec![wave(bn * t * w, 30)],
         mask: None,
-    };
-    let s = 9;
+    }
+}
+
+/// Three tensors with an additive padding mask `[B, 1, 1, S]` (BERT's: entry 1's last three
+/// keys left out), `s` keys for `t` queries, K given as `[B, H, S, D]`, O `[B, H, T, E]`.
+pub(super) fn three_case([bn, hn, t, s]: [usize; 4], d: usize) -> AttentionCase {
     let q = [bn as i64, hn as i64, t as i64, d as i64];
     let k = [bn as i64, hn as i64, s as i64, d as i64];
-    let three = AttentionCase {
+    AttentionCase {
         dims: [bn, hn, t, s, d],
         causal: false,
         scale: 0.3,
@@ -204,7 +236,6 @@ fn attention_plan_is_its_formula() {
             wave(bn * hn * s * d, 32),
             wave(bn * hn * s * d, 33),
         ],
-        // Padding as BERT masks it: [B, 1, 1, S], the last keys of entry 1 left out.
         mask: Some((
             (0..bn * s)
                 .map(|k| {
@@ -217,18 +248,5 @@ fn attention_plan_is_its_formula() {
                 .collect(),
             [s, 0, 0, 1],
         )),
-    };
-    for (name, case) in [("packed causal", gpt2), ("three tensors", three)] {
-        let d_o = wave(case.out_len, 34);
-        let (p, o, grads) = case.planned(&emu, &d_o, false);
-        let other = case.planned(&emu, &d_o, true);
-        let same = bits(&p) == bits(&other.0) && bits(&o) == bits(&other.1);
-        assert!(same, "{name}: no race, the same bits in either order");
-        let (want_p, want_o, want_grads) = case.reference(&d_o);
-        close(&p, &want_p, 1e-5, &format!("{name}: P"));
-        close(&o, &want_o, 1e-5, &format!("{name}: O"));
-        for (k, (g, want)) in grads.iter().zip(&want_grads).enumerate() {
-            close(g, want, 1e-4, &format!("{name}: gradient {k}"));
-        }
     }
 }

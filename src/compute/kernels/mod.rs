@@ -13,7 +13,10 @@ mod emu;
 #[cfg(test)]
 mod emu_attention;
 #[cfg(test)]
+mod emu_flash;
+#[cfg(test)]
 mod emu_tests;
+mod flash;
 
 use std::ops::Range;
 
@@ -22,6 +25,10 @@ use crate::optim::{ElementwiseStep, Rule};
 pub use attention::{
     attention, attention_grad, attention_grad_scratch, AttentionAt, AttentionGradAt, Gemm, Mat,
     Step, ATTENTION_SOURCE,
+};
+pub use flash::{
+    flash_attention, flash_attention_grad, flash_fits, flash_grad_scratch, FlashGradAt,
+    FLASH_HEAD_SIZES,
 };
 
 /// The fused operators' kernels (`TanhGelu`, `SoftmaxGrad`, `LayerNormGrad`,
@@ -58,13 +65,16 @@ pub enum Arg {
 
 use Arg::{Ptr, F32, I32, I64};
 
-/// One kernel launch: a grid of (x, y) blocks of [`THREADS`] threads.
+/// One kernel launch: a grid of (x, y) blocks of `threads` threads ([`THREADS`] unless
+/// the kernel says otherwise).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Launch {
     /// The kernel's name in its source.
     pub kernel: &'static str,
     /// Blocks along x and y (each at least one).
     pub grid: (u32, u32),
+    /// Threads per block.
+    pub threads: u32,
     /// The kernel's arguments, in order.
     pub args: Vec<Arg>,
 }
@@ -74,8 +84,14 @@ impl Launch {
         Launch {
             kernel,
             grid: (grid.0.max(1), grid.1.max(1)),
+            threads: THREADS,
             args,
         }
+    }
+
+    /// This launch with `threads` threads per block.
+    fn with_threads(self, threads: u32) -> Launch {
+        Launch { threads, ..self }
     }
 }
 
