@@ -9,7 +9,9 @@
 //! `[B, H, T, T]` (on an H200, 16 ms of the products and ~6 ms of element-wise passes
 //! over them in GPT-2 small's 96 ms step; `benches/gpu/RESULTS.md`). Here the forward is
 //! two products a batch entry and one row kernel, the backward four products and one row
-//! kernel.
+//! kernel. With `lse = 1` (`runtime.cuda_flash_attention`) it is `flash.rs`'s plan
+//! instead: one kernel forward, three backward, and no `[B, H, T, S]` probabilities kept
+//! or computed in global memory.
 //!
 //! Only for graphs built with `runtime.cuda_kernels_untried` (a GPU run; an additive mask
 //! is read with its broadcast strides, a causal one is the kernel's own), until a lent GPU has run it (the device test below)
@@ -28,7 +30,9 @@ use super::cuda_blas::{gemm, handle, Handle};
 use super::cuda_fused::{fail, function_in, Shared};
 use super::cuda_launch::launch_planned;
 use super::fused::{attention_mask_strides, attention_views, AttentionAttributes, View};
-use super::kernels::{self, AttentionAt, AttentionGradAt, Mat, Step, ATTENTION_SOURCE};
+use super::kernels::{
+    self, AttentionAt, AttentionGradAt, FlashGradAt, Mat, Step, ATTENTION_SOURCE,
+};
 use crate::graph::custom_ops::{
     ATTENTION, ATTENTION_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD,
 };
@@ -80,8 +84,10 @@ impl Operator for CudaAttention {
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
         let f32 = TensorElementType::Float32;
+        // As the CPU operator's (`compute/fused/attention`): with `lse`, the backward's
+        // `O` and mask are its optional inputs.
         let (required, optional) = match self.backward {
-            true => (self.parts() + 2, 0),
+            true => (self.parts() + 2, 2),
             false => (self.parts(), 1),
         };
         let required = (0..required).map(move |_| OperatorInput::required(f32));
@@ -223,18 +229,39 @@ impl Call {
         );
         let (o_shape, _) = View::made([b, h, t, e], self.attrs.out);
         let o = output(ctx, 0, o_shape, op)?;
-        let p = output(ctx, 1, [b, h, t, s].map(|d| d as i64).to_vec(), op)?;
+        let kept = match self.attrs.lse {
+            true => vec![b, h, t],
+            false => vec![b, h, t, s],
+        };
+        let p = output(ctx, 1, kept.iter().map(|&d| d as i64).collect(), op)?;
         let (mut x, _) = self.layout(tensors, (o, p))?;
-        if ctx.input(self.parts)?.is_some() {
-            let (at, mask_shape, _) = input(ctx, self.parts, op)?;
-            let strides = attention_mask_strides(&mask_shape, [b, h, t, s]).ok_or_else(|| {
-                ort::Error::new(format!(
-                    "{op}: a mask of shape {mask_shape:?} for scores [{b}, {h}, {t}, {s}]"
-                ))
-            })?;
-            x.mask = Some((at, strides));
+        x.mask = self.mask(ctx, self.parts, [b, h, t, s])?;
+        let (scale, causal) = (self.attrs.scale, self.attrs.causal);
+        Ok(match self.attrs.lse {
+            true => kernels::flash_attention(&x, scale, causal),
+            false => kernels::attention(&x, scale, causal),
+        })
+    }
+
+    /// The additive mask at input `i` where there is one: where, and its strides over
+    /// the scores `[b, h, t, s]`.
+    fn mask(
+        &self,
+        ctx: &ComputeContext,
+        i: usize,
+        [b, h, t, s]: [usize; 4],
+    ) -> ort::Result<Option<(u64, [usize; 4])>> {
+        let op = self.name.as_str();
+        if ctx.num_inputs()? <= i || ctx.input(i)?.is_none() {
+            return Ok(None);
         }
-        Ok(kernels::attention(&x, self.attrs.scale, self.attrs.causal))
+        let (at, mask_shape, _) = input(ctx, i, op)?;
+        let strides = attention_mask_strides(&mask_shape, [b, h, t, s]).ok_or_else(|| {
+            ort::Error::new(format!(
+                "{op}: a mask of shape {mask_shape:?} for scores [{b}, {h}, {t}, {s}]"
+            ))
+        })?;
+        Ok(Some((at, strides)))
     }
 
     /// The backward: the gradients made as outputs (each its input's shape), the scratch
@@ -248,8 +275,11 @@ impl Call {
     ) -> ort::Result<Result<Vec<Step>, String>> {
         let op = self.name.as_str();
         let (d_o, p) = (input(ctx, 0, op)?.0, input(ctx, self.parts + 1, op)?.0);
-        let (x, [q, kt, v]) = self.layout(tensors, (d_o, p))?;
-        let need = kernels::attention_grad_scratch(&x);
+        let (mut x, [q, kt, v]) = self.layout(tensors, (d_o, p))?;
+        let need = match self.attrs.lse {
+            true => kernels::flash_grad_scratch(&x),
+            false => kernels::attention_grad_scratch(&x),
+        };
         if state.scratch.as_ref().is_none_or(|b| b.len() < need) {
             let fresh = stream.alloc_zeros::<f32>(need.max(1));
             state.scratch = Some(fresh.map_err(|e| fail(op, "allocating", e))?);
@@ -260,11 +290,30 @@ impl Call {
             .map(|i| output(ctx, i, tensors[i].1.clone(), op))
             .collect::<ort::Result<Vec<_>>>()?;
         let out = |i: usize| outs[i.min(self.parts - 1)];
+        let zero = self.uncovered(&tensors[0].1).map(|n| (outs[0], n));
+        if self.attrs.lse {
+            let (b, h, t, s) = (x.batch, x.heads, x.q.rows, x.kt.cols);
+            x.mask = self.mask(ctx, self.parts + 3, [b, h, t, s])?;
+            let o = input(ctx, self.parts + 2, op)?.0;
+            let g = FlashGradAt {
+                out: Mat {
+                    at: o + (x.o.at - d_o),
+                    ..x.o
+                },
+                dq: Mat::of(&q, out(0)),
+                dkt: Mat::of(&kt, out(1)),
+                dv: Mat::of(&v, out(2)),
+                zero,
+                delta: scratch,
+            };
+            let (scale, causal) = (self.attrs.scale, self.attrs.causal);
+            return Ok(kernels::flash_attention_grad(&x, &g, scale, causal));
+        }
         let g = AttentionGradAt {
             dq: Mat::of(&q, out(0)),
             dkt: Mat::of(&kt, out(1)),
             dv: Mat::of(&v, out(2)),
-            zero: self.uncovered(&tensors[0].1).map(|n| (outs[0], n)),
+            zero,
             scratch,
         };
         Ok(kernels::attention_grad(&x, &g, self.attrs.scale))
@@ -325,6 +374,17 @@ mod tests {
     /// float32 reordering; the same bits twice.
     #[test]
     fn on_a_gpu_packed_attention_is_the_cpus() {
+        packed_attention_on_both(false);
+    }
+
+    /// The same with `lse` (the flash kernels, `compute/kernels/flash.rs`): O, each row's
+    /// log-sum-exp and the gradient against the CPU operator's `lse` form.
+    #[test]
+    fn on_a_gpu_flash_attention_is_the_cpus() {
+        packed_attention_on_both(true);
+    }
+
+    fn packed_attention_on_both(lse: bool) {
         if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
             eprintln!("skipped: no GPU");
             return;
@@ -335,6 +395,7 @@ mod tests {
             vec![
                 float_attr("scale", 1.0 / (d as f32).sqrt()),
                 int_attr("causal", 1),
+                int_attr("lse", i64::from(lse)),
                 ints_attr("q_perm", &[0, 2, 1, 3]),
                 ints_attr("k_perm", &[0, 2, 3, 1]),
                 ints_attr("v_perm", &[0, 2, 1, 3]),
@@ -342,6 +403,10 @@ mod tests {
                 ints_attr("heads_dim", &[h as i64, d as i64]),
                 ints_attr("offsets", &[0, (h * d) as i64, (2 * h * d) as i64]),
             ]
+        };
+        let grad_inputs: &[&str] = match lse {
+            true => &["do", "qkv", "p", "o", "mask"],
+            false => &["do", "qkv", "p"],
         };
         let nodes = vec![
             make_node(
@@ -354,7 +419,7 @@ mod tests {
             make_node(
                 PACKED_ATTENTION_GRAD,
                 "grad",
-                &["do", "qkv", "p"],
+                grad_inputs,
                 &["dqkv"],
                 attrs(),
             ),
@@ -385,7 +450,8 @@ mod tests {
             s.run(&feeds).unwrap()
         };
         let (cpu, gpu, again) = (run(Device::Cpu), run(Device::Cuda(0)), run(Device::Cuda(0)));
-        for (k, name) in ["O", "P", "dQKV"].iter().enumerate() {
+        let kept = if lse { "L" } else { "P" };
+        for (k, name) in ["O", kept, "dQKV"].iter().enumerate() {
             let (a, g) = (cpu[k].as_f32().unwrap(), gpu[k].as_f32().unwrap());
             let scale = a.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
             let worst = a.iter().zip(g).fold(0f32, |m, (p, q)| m.max((p - q).abs()));

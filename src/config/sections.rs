@@ -216,6 +216,12 @@ pub struct RuntimeConfig {
     /// `LayerNormGrad` (`compute/cuda_layer_norm.rs`).
     #[serde(default)]
     pub cuda_kernels_untried: bool,
+    /// With `cuda_kernels_untried`, attention keeps each query row's log-sum-exp
+    /// (`[B, H, T]`) instead of its probabilities (`[B, H, T, S]`) between the forward
+    /// and the backward, both on the flash kernels (`compute/kernels/flash.rs`; heads of
+    /// 16, 32, 64 or 128 values, the others stay on the products).
+    #[serde(default)]
+    pub cuda_flash_attention: bool,
     /// The most memory (GB, resident) each process may use, where the machine sets no
     /// tighter cap (a cgroup's limit or `RLIMIT_AS`, which are read): a run predicted to
     /// need more is refused before it trains, saying what would fit.
@@ -266,6 +272,7 @@ impl Default for RuntimeConfig {
             state_on_device: true,
             cuda_kernels: true,
             cuda_kernels_untried: false,
+            cuda_flash_attention: false,
             memory_limit_gb: None,
             refuse_over_memory_cap: true,
             all_reduce: AllReduce::Ring,

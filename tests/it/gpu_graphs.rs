@@ -26,12 +26,14 @@ struct Kernels {
     cuda: bool,
     fused: bool,
     untried: bool,
+    flash: bool,
 }
 
 const PLAIN: Kernels = Kernels {
     cuda: false,
     fused: false,
     untried: false,
+    flash: false,
 };
 
 impl Gpt2Case {
@@ -73,6 +75,7 @@ impl Gpt2Case {
             fused_kernels: k.fused,
             cuda_kernels: k.cuda,
             cuda_kernels_untried: k.untried,
+            cuda_flash_attention: k.flash,
             params: Default::default(),
         };
         let feeds = [("tokens", &self.tokens), ("targets", &self.targets)];
@@ -189,4 +192,109 @@ fn gpu_graphs_untried_kernels_give_the_standard_op_graphs_gradients() {
         "the softmax went into the node"
     );
     case.assert_same_step("gpt2, untried GPU kernels", &gpu, &plain);
+}
+
+/// With `cuda_flash_attention` too (`compute/kernels/flash.rs`), each attention keeps its
+/// rows' log-sum-exps (attribute `lse`, a second output of its own name) and its backward
+/// reads them with the forward's output; run here by the CPU operator's `lse` form (the
+/// probabilities computed again), the loss and every gradient are the standard-op graph's
+/// within float32 rounding.
+#[test]
+fn gpu_graphs_flash_attention_gives_the_standard_op_graphs_gradients() {
+    use pipetrain::graph::custom_ops::{PACKED_ATTENTION, PACKED_ATTENTION_GRAD};
+    let case = Gpt2Case::new();
+    let layers = case.cfg.layers;
+    let flash = Kernels {
+        cuda: true,
+        untried: true,
+        flash: true,
+        ..PLAIN
+    };
+    let (gpu, plain) = (case.graph(flash), case.graph(PLAIN));
+    let nodes = |op: &str| -> Vec<&pipetrain::onnx::proto::NodeProto> {
+        gpu.graph.nodes.iter().filter(|n| n.op_type == op).collect()
+    };
+    let (forward, backward) = (nodes(PACKED_ATTENTION), nodes(PACKED_ATTENTION_GRAD));
+    assert_eq!((forward.len(), backward.len()), (layers, layers));
+    for (f, b) in forward.iter().zip(&backward) {
+        let lse = f.attribute.iter().find(|a| a.name == "lse").map(|a| a.i);
+        assert_eq!(lse, Some(1), "{}", f.name);
+        assert!(f.output[1].ends_with("/lse"), "{:?}", f.output);
+        let kept = [f.output[1].as_str(), f.output[0].as_str()];
+        assert!(
+            backward.iter().any(|b| b.input[2..] == kept),
+            "a backward reads {kept:?}"
+        );
+        assert_eq!(b.input.len(), 4, "dO, QKV, L, O: {:?}", b.input);
+    }
+    case.assert_same_step("gpt2, flash attention", &gpu, &plain);
+}
+
+/// Hugging Face's BERT as `torch.onnx.export` writes it (the fixture: heads of 16, a
+/// padding mask), built for a GPU with `cuda_flash_attention`: each attention keeps its
+/// rows' log-sum-exps and its backward reads the padding mask too (to compute the
+/// probabilities again); one step on the CPU gives the standard-op graph's loss and
+/// gradients within float32 rounding.
+#[test]
+fn gpu_graphs_flash_attention_reads_berts_padding_mask_in_the_backward() {
+    use crate::common::exported::{first_batch, fixture, train_options, BERT};
+    use pipetrain::graph::custom_ops::{ATTENTION, ATTENTION_GRAD};
+    let batch = first_batch(&BERT);
+    let mask = &batch
+        .iter()
+        .find(|(n, _)| *n == "attention_mask")
+        .unwrap()
+        .1;
+    assert!(mask.to_f64_vec().contains(&0.0), "the batch has padding");
+    let example: Vec<(&str, &Tensor)> = batch.iter().map(|(n, t)| (*n, t)).collect();
+    let model = pipetrain::onnx::load_model(&fixture("bert").join("model.onnx")).unwrap();
+    let rt = common::runtime();
+    let build = |flash: bool| {
+        let opts = pipetrain::graph::TrainOptions {
+            fused_kernels: false,
+            cuda_kernels: flash,
+            cuda_kernels_untried: flash,
+            cuda_flash_attention: flash,
+            ..train_options(&BERT)
+        };
+        pipetrain::graph::build_training_graph(&rt, &model, &opts, &example).unwrap()
+    };
+    let (gpu, plain) = (build(true), build(false));
+    let backward: Vec<_> = gpu
+        .graph
+        .nodes
+        .iter()
+        .filter(|n| n.op_type == ATTENTION_GRAD)
+        .collect();
+    assert_eq!(fused_nodes(&gpu, ATTENTION), 2, "one per layer");
+    assert_eq!(backward.len(), 2);
+    for b in backward {
+        // dO, Q, K, V, L, O, mask.
+        assert_eq!(b.input.len(), 7, "{:?}", b.input);
+    }
+    let step = |tg: &TrainingGraph| {
+        let opts = pipetrain::compute::SessionOptions::default();
+        let mut s = pipetrain::compute::TrainSession::new(&rt, tg, &opts).unwrap();
+        let data: Vec<(String, Tensor)> = batch
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.clone()))
+            .collect();
+        let seed = Tensor::f32(vec![], vec![1.0]).unwrap();
+        s.step(
+            &common::initial_params(tg),
+            &data.into_iter().collect(),
+            &seed,
+        )
+        .unwrap()
+    };
+    let (a, b) = (step(&gpu), step(&plain));
+    assert!(
+        (a.loss - b.loss).abs() < 1e-6 * b.loss.abs(),
+        "{} {}",
+        a.loss,
+        b.loss
+    );
+    let wrt: Vec<&str> = b.grads.keys().map(String::as_str).collect();
+    assert!(wrt.len() > 20);
+    assert_same("bert, flash attention", &a.grads, &b.grads, &wrt, 1e-5);
 }

@@ -34,9 +34,10 @@ pub(crate) const SOFTMAX_GRAD_OP: Pointwise = Pointwise {
     block: |i, dx, cols| softmax_grad(i[0], i[1], cols, dx),
 };
 
-/// One row of `Softmax`.
+/// One row of `Softmax`; returns the row's log-sum-exp, `max + ln(sum exp(x - max))`
+/// (what attention without its probabilities keeps).
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma"))]
-pub(crate) fn softmax_row(x: &[f32], y: &mut [f32]) {
+pub(crate) fn softmax_row(x: &[f32], y: &mut [f32]) -> f32 {
     let mut m = [f32::NEG_INFINITY; LANES];
     let whole = x.len() / LANES * LANES;
     for x in x[..whole].chunks_exact(LANES) {
@@ -52,8 +53,10 @@ pub(crate) fn softmax_row(x: &[f32], y: &mut [f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
         *y = math::exp(x - max);
     }
-    let inv = 1.0 / super::lane_sum(y);
+    let sum = super::lane_sum(y);
+    let inv = 1.0 / sum;
     y.iter_mut().for_each(|y| *y *= inv);
+    max + sum.ln()
 }
 
 /// Softmax's backward over rows of `cols`: `dx = y * (dy - sum(dy * y))`.

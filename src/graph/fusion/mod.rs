@@ -27,7 +27,8 @@ use std::collections::{HashMap, HashSet};
 use super::autodiff::gelu;
 
 use super::custom_ops::{
-    DEPTHWISE_CONV, DOMAIN, ERF_GELU, PACKED_ATTENTION, SOFTMAX, SOFTMAX_CROSS_ENTROPY,
+    DEPTHWISE_CONV, DOMAIN, ERF_GELU, FLASH_HEAD_SIZES, PACKED_ATTENTION, SOFTMAX,
+    SOFTMAX_CROSS_ENTROPY,
 };
 use super::ir::{
     attr_i, attr_ints, attr_s, float_attr, int_attr, ints_attr, make_node, Graph, Metas,
@@ -145,26 +146,59 @@ pub fn fuse_forward(g: &mut Graph, metas: &Metas, trainable: &HashSet<&str>) -> 
 /// Scaled dot-product attention alone as pipetrain's `Attention` (or `PackedAttention`),
 /// for a graph whose session runs on a GPU with `runtime.cuda_kernels_untried`: those the
 /// CUDA kernel takes, each tensor read with its rows or its columns contiguous
-/// (`compute/cuda_attention.rs`). Returns how many were replaced.
-pub fn fuse_attention_for_cuda(g: &mut Graph, metas: &Metas, trainable: &HashSet<&str>) -> usize {
+/// (`compute/cuda_attention.rs`). With `flash` (`runtime.cuda_flash_attention`), those
+/// whose heads the flash kernels take keep each row's log-sum-exp instead of the
+/// probabilities (attribute `lse`, second output `<probabilities>/lse`). Returns how many
+/// were replaced, and how many of them keep the log-sum-exp.
+pub fn fuse_attention_for_cuda(
+    g: &mut Graph,
+    metas: &Metas,
+    trainable: &HashSet<&str>,
+    flash: bool,
+) -> (usize, usize) {
     let constants = g.constants();
     let mut replace: HashMap<usize, NodeProto> = HashMap::new();
     let mut drop: HashSet<usize> = HashSet::new();
-    for found in attention::find(g, metas, &constants, trainable) {
+    let mut lse = 0;
+    for mut found in attention::find(g, metas, &constants, trainable) {
         let contiguous = ["q_perm", "k_perm", "v_perm"].iter().all(|a| {
             attr_ints(&found.node, a).is_none_or(|p| p.len() == 4 && (p[2] == 3 || p[3] == 3))
         });
         let out = attr_ints(&found.node, "out_perm").is_none_or(|p| p.len() == 4 && p[3] >= 2);
-        if contiguous && out {
-            replace.insert(found.at, found.node);
-            drop.extend(found.drop);
+        if !(contiguous && out) {
+            continue;
         }
+        let fits = head_sizes(&found.node, metas)
+            .is_some_and(|(d, e)| d == e && FLASH_HEAD_SIZES.contains(&d));
+        if flash && fits {
+            let node = &mut found.node;
+            node.attribute.push(int_attr("lse", 1));
+            node.output[1] = format!("{}/lse", node.output[1]);
+            lse += 1;
+        }
+        replace.insert(found.at, found.node);
+        drop.extend(found.drop);
     }
     let n = replace.len();
     if n > 0 {
         apply(g, replace, &drop);
     }
-    n
+    (n, lse)
+}
+
+/// The head sizes (the queries', the values') of a fused attention node: its packed
+/// `heads_dim`, else its Q and V inputs' last axis after their permutations.
+fn head_sizes(node: &NodeProto, metas: &Metas) -> Option<(usize, usize)> {
+    if let Some(hd) = attr_ints(node, "heads_dim") {
+        let d = usize::try_from(*hd.get(1)?).ok()?;
+        return Some((d, d));
+    }
+    let last = |i: usize, perm: &str| -> Option<usize> {
+        let shape = &metas.get(node.input.get(i)?)?.shape;
+        let axis = attr_ints(node, perm).map_or(Some(3), |p| p.get(3).copied())?;
+        shape.get(usize::try_from(axis).ok()?).copied()
+    };
+    Some((last(0, "q_perm")?, last(2, "v_perm")?))
 }
 
 /// Puts each node of `replace` at its index, drops the nodes at `drop`, and imports

@@ -33,6 +33,7 @@ pub fn gradients_with(
         fused_kernels: fused,
         cuda_kernels: false,
         cuda_kernels_untried: false,
+        cuda_flash_attention: false,
         params: Default::default(),
     };
     let tg = build_training_graph(&rt, model, &opts, feeds).unwrap();

@@ -6,6 +6,7 @@
 use super::layout::{Shared, View};
 use super::Attributes;
 use crate::compute::blas::Blas;
+use crate::compute::fused::math;
 use crate::compute::fused::softmax::{softmax_grad, softmax_row};
 
 /// The fewest multiply-adds of a head's product that runs on the BLAS: BERT-base's and
@@ -114,74 +115,108 @@ impl Pair<'_> {
         }
     }
 
-    /// The forward of pair `bh` (see the module doc); `row` is scratch of `S` values.
+    /// Scores `scale q kt` of pair `bh`'s row block `(r0, r1, keys)` into rows `r0..r1` of
+    /// `p` (the pair's `[T, S]`), the first `keys` of each.
+    fn score_block(&self, bh: usize, (r0, r1, keys): (usize, usize, usize), p: *mut f32) {
+        let (qv, kv) = (self.q.1, self.k.1);
+        let ([_, _, _, d], s) = (qv.dims, kv.dims[3]);
+        let q = Self::at(self.q.0, &qv, bh, r0, false);
+        let k = Self::at(self.k.0, &kv, bh, 0, false);
+        // SAFETY: the views are the tensors' own shapes and strides; the rows of `p` are
+        // this task's alone.
+        unsafe {
+            gemm(
+                self.blas,
+                (r1 - r0, d, keys),
+                (self.a.scale, 0.0),
+                q,
+                k,
+                (p.wrapping_add(r0 * s), s as isize, 1),
+            )
+        };
+    }
+
+    /// The forward of pair `bh` (see the module doc): `O`, the probabilities in `p` (the
+    /// pair's `[T, S]`), and where `lse` is given each query row's log-sum-exp there;
+    /// `row` is scratch of `S` values.
     pub(super) fn forward(
         &self,
         bh: usize,
         mask: Option<&Mask>,
         (out, ov): (Shared, View),
-        probs: Shared,
+        (p, lse): (*mut f32, Option<*mut f32>),
         row: &mut [f32],
     ) {
-        let (qv, kv) = (self.q.1, self.k.1);
-        let ([_, _, t, d], s, e) = (qv.dims, kv.dims[3], self.v.1.dims[3]);
-        let p = probs.get().wrapping_add(bh * t * s);
+        let ([_, _, t, _], s, e) = (self.q.1.dims, self.k.1.dims[3], self.v.1.dims[3]);
         let (one, st) = (1isize, s as isize);
         for (r0, r1, keys) in row_blocks(t, s, self.a.causal) {
-            let q = Self::at(self.q.0, &qv, bh, r0, false);
-            let k = Self::at(self.k.0, &kv, bh, 0, false);
-            let p0 = p.wrapping_add(r0 * s);
-            // SAFETY: the views are the tensors' own shapes and strides; `P`'s rows and
-            // `O`'s elements of this pair are written by this task alone.
-            unsafe {
-                gemm(
-                    self.blas,
-                    (r1 - r0, d, keys),
-                    (self.a.scale, 0.0),
-                    q,
-                    k,
-                    (p0, st, one),
-                )
-            };
+            self.score_block(bh, (r0, r1, keys), p);
             for i in r0..r1 {
-                // SAFETY: row `i` of this pair's `P` block, this task's alone.
+                // SAFETY: row `i` of this pair's `P`, this task's alone.
                 let y = unsafe { std::slice::from_raw_parts_mut(p.add(i * s), s) };
                 self.scores(bh, i, mask, &y[..keys], row);
-                softmax_row(row, y);
+                let l = softmax_row(row, y);
+                if let Some(lse) = lse {
+                    // SAFETY: this pair's `L` row `i`, this task's alone.
+                    unsafe { *lse.add(i) = l };
+                }
             }
             let v = Self::at(self.v.0, &self.v.1, bh, 0, false);
             let o = out.matrix(&ov, bh, r0, false);
-            // SAFETY: as above.
+            // SAFETY: the views are the tensors' own; `O`'s elements of this pair are
+            // written by this task alone.
             unsafe {
                 gemm(
                     self.blas,
                     (r1 - r0, keys, e),
                     (1.0, 0.0),
-                    (p0, st, one),
+                    (p.wrapping_add(r0 * s), st, one),
                     v,
                     o,
                 )
             };
         }
     }
+
+    /// Pair `bh`'s probabilities again from its rows' log-sum-exps `lse`:
+    /// `P = exp(S - L)`, into `p` (`[T, S]`); `row` is scratch of `S` values.
+    pub(super) fn probabilities(
+        &self,
+        bh: usize,
+        mask: Option<&Mask>,
+        lse: &[f32],
+        p: &mut [f32],
+        row: &mut [f32],
+    ) {
+        let ([_, _, t, _], s) = (self.q.1.dims, self.k.1.dims[3]);
+        for (r0, r1, keys) in row_blocks(t, s, self.a.causal) {
+            self.score_block(bh, (r0, r1, keys), p.as_mut_ptr());
+            for i in r0..r1 {
+                let y = &mut p[i * s..(i + 1) * s];
+                self.scores(bh, i, mask, &y[..keys], row);
+                for (y, &x) in y.iter_mut().zip(row.iter()) {
+                    *y = math::exp(x - lse[i]);
+                }
+            }
+        }
+    }
 }
 
 impl Pair<'_> {
-    /// The backward of pair `bh` (see the module doc): `dO` in its view, the kept
-    /// probabilities `P`, the gradients of `Q`, `K`, `V` (written in their views); `scratch`
-    /// of `2 T S` values.
+    /// The backward of pair `bh` (see the module doc): `dO` in its view, the pair's
+    /// probabilities `pb` (`[T, S]`), the gradients of `Q`, `K`, `V` (written in their
+    /// views); `scratch` of `2 T S` values.
     pub(super) fn backward(
         &self,
         bh: usize,
         (d_out, ov): (&[f32], View),
-        p: &[f32],
+        pb: &[f32],
         [dq, dk, dv]: [Shared; 3],
         scratch: &mut [f32],
     ) {
         let (qv, kv, vv) = (self.q.1, self.k.1, self.v.1);
         let ([_, _, t, d], s, e) = (qv.dims, kv.dims[3], vv.dims[3]);
         let (dp, ds) = scratch.split_at_mut(t * s);
-        let pb = &p[bh * t * s..(bh + 1) * t * s];
         let (st, one) = (s as isize, 1isize);
         let scale = self.a.scale;
         for (r0, r1, keys) in row_blocks(t, s, self.a.causal) {

@@ -22,8 +22,14 @@
 //! `heads_dim` (`[H, D]`) and `offsets` (where each part starts), each part read as
 //! `[B, T, H, D]` before its permutation: no `Split`, `Reshape` or (backward) `Concat`.
 //!
+//! With `lse = 1` the forward's second output is each query row's log-sum-exp of its
+//! scores, `L`, `[B, H, T]`, instead of `P` (the flash kernels' form on a GPU,
+//! `compute/kernels/flash.rs`: no `[B, H, T, S]` kept between forward and backward).
+//!
 //! `AttentionGrad(dO, Q, K, V, P)`, same attributes: `dQ, dK, dV`, each in its input's
-//! layout (`PackedAttentionGrad(dO, QKV, P)`: one `dQKV`). Per head: `dP = dO v^T`, `dS = P * (dP - rowsum(dP * P))`, `dv = P^T dO`,
+//! layout (`PackedAttentionGrad(dO, QKV, P)`: one `dQKV`). With `lse`:
+//! `AttentionGrad(dO, Q, K, V, L, O[, mask])`, `P = exp(S - L)` computed again (here a
+//! pair at a time; `O` is the GPU kernels' `rowsum(dP P) = rowsum(dO O)`). Per head: `dP = dO v^T`, `dS = P * (dP - rowsum(dP * P))`, `dv = P^T dO`,
 //! `dq = scale * dS k`, `dk = scale * dS^T q`.
 //!
 //! Each (batch, head) pair is computed by one task on ONNX Runtime's intra-op threads and
@@ -61,6 +67,9 @@ const TASKS: usize = 16;
 pub(crate) struct Attributes {
     pub(crate) scale: f32,
     pub(crate) causal: bool,
+    /// `lse = 1`: the forward's second output is each query row's log-sum-exp of its
+    /// scores, `[B, H, T]`, not `P`; the backward takes it and `O` (see the module doc).
+    pub(crate) lse: bool,
     q: [usize; 4],
     k: [usize; 4],
     v: [usize; 4],
@@ -94,6 +103,7 @@ impl Attributes {
         Ok(Self {
             scale: info.get::<f32>("scale").unwrap_or(1.0),
             causal: info.get::<i64>("causal").unwrap_or(0) != 0,
+            lse: info.get::<i64>("lse").unwrap_or(0) != 0,
             q: perm("q_perm")?,
             k: perm("k_perm")?,
             v: perm("v_perm")?,
@@ -240,9 +250,10 @@ impl Operator for AttentionOp {
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
         let f32 = TensorElementType::Float32;
-        // `Q, K, V[, mask]`; backward `dO, Q, K, V, P` (a packed `QKV` for `Q, K, V`).
+        // `Q, K, V[, mask]`; backward `dO, Q, K, V, P`, or with `lse` `dO, Q, K, V, L, O
+        // [, mask]` (a packed `QKV` for `Q, K, V`).
         let (required, optional) = match self.backward {
-            true => (self.parts() + 2, 0),
+            true => (self.parts() + 2, 2),
             false => (self.parts(), 1),
         };
         let required = (0..required).map(move |_| OperatorInput::required(f32));
@@ -321,29 +332,18 @@ fn forward(
     let ([q, k, v], [qv, kv, vv], _) = parts(name, a, &tensors)?;
     let [b, h, t, _] = qv.dims;
     let (s, e) = (kv.dims[3], vv.dims[3]);
-    let mask_in = match ctx.num_inputs()? > op.parts() {
-        true => ctx.input(op.parts())?,
-        false => None,
-    };
-    let mask = match &mask_in {
-        Some(m) => {
-            let (shape, values) = m.try_extract_tensor::<f32>()?;
-            let strides = mask_strides(shape, [b, h, t, s]).ok_or_else(|| {
-                ort::Error::new(format!(
-                    "{name}: a mask of {shape:?} for scores [{b}, {h}, {t}, {s}]"
-                ))
-            })?;
-            Some((strides, values))
-        }
-        None => None,
-    };
+    let mask_in = optional(ctx, op.parts())?;
+    let mask = mask_of(name, mask_in.as_ref(), [b, h, t, s])?;
     let (out_shape, ov) = View::made([b, h, t, e], a.out);
     let mut out = output(ctx, name, 0, &out_shape)?;
     let (_, out) = out.try_extract_tensor_mut::<f32>()?;
-    let mut probs = output(ctx, name, 1, &[b as i64, h as i64, t as i64, s as i64])?;
-    let (_, probs) = probs.try_extract_tensor_mut::<f32>()?;
-    let (out, probs) = (Shared(out.as_mut_ptr()), Shared(probs.as_mut_ptr()));
-    let mask = mask.map(|(strides, values)| Mask { strides, values });
+    let kept = match a.lse {
+        true => vec![b as i64, h as i64, t as i64],
+        false => vec![b as i64, h as i64, t as i64, s as i64],
+    };
+    let mut kept = output(ctx, name, 1, &kept)?;
+    let (_, kept) = kept.try_extract_tensor_mut::<f32>()?;
+    let (out, kept) = (Shared(out.as_mut_ptr()), Shared(kept.as_mut_ptr()));
     let pair = Pair {
         a,
         blas: heads_blas(op, a),
@@ -351,9 +351,43 @@ fn forward(
         k: (k, kv),
         v: (v, vv),
     };
-    per_pair(ctx, (scratch, s), b * h, |bh, row| {
-        pair.forward(bh, mask.as_ref(), (out, ov), probs, row)
+    // With `lse`, each task's P is scratch after its row; else the output's.
+    let len = if a.lse { s + t * s } else { s };
+    per_pair(ctx, (scratch, len), b * h, |bh, buffer| {
+        let (row, own) = buffer.split_at_mut(s);
+        let at = match a.lse {
+            true => (own.as_mut_ptr(), Some(kept.get().wrapping_add(bh * t))),
+            false => (kept.get().wrapping_add(bh * t * s), None),
+        };
+        pair.forward(bh, mask.as_ref(), (out, ov), at, row)
     })
+}
+
+/// The mask input `at` of a call (`None`: absent), as read over scores `[b, h, t, s]`.
+fn mask_of<'a>(
+    name: &str,
+    m: Option<&'a ort::value::ValueRef<'a>>,
+    [b, h, t, s]: [usize; 4],
+) -> ort::Result<Option<Mask<'a>>> {
+    let Some(m) = m else { return Ok(None) };
+    let (shape, values) = m.try_extract_tensor::<f32>()?;
+    let strides = mask_strides(shape, [b, h, t, s]).ok_or_else(|| {
+        ort::Error::new(format!(
+            "{name}: a mask of {shape:?} for scores [{b}, {h}, {t}, {s}]"
+        ))
+    })?;
+    Ok(Some(Mask { strides, values }))
+}
+
+/// Input `i` of a call, `None` where it is absent.
+fn optional<'a>(
+    ctx: &'a ComputeContext,
+    i: usize,
+) -> ort::Result<Option<ort::value::ValueRef<'a>>> {
+    match ctx.num_inputs()? > i {
+        true => ctx.input(i),
+        false => Ok(None),
+    }
 }
 
 fn backward(
@@ -373,12 +407,22 @@ fn backward(
     let [b, h, t, _] = qv.dims;
     let (s, e) = (kv.dims[3], vv.dims[3]);
     let (want_do, ov) = View::made([b, h, t, e], a.out);
-    let want_p = [b, h, t, s].map(|x| x as i64);
+    let want_p: Vec<i64> = match a.lse {
+        true => vec![b as i64, h as i64, t as i64],
+        false => vec![b as i64, h as i64, t as i64, s as i64],
+    };
     if do_shape[..] != want_do[..] || p_shape[..] != want_p[..] {
+        let kept = if a.lse { "L" } else { "P" };
         return Err(ort::Error::new(format!(
-            "{name}: dO {do_shape:?} and P {p_shape:?} (want {want_do:?} and {want_p:?})"
+            "{name}: dO {do_shape:?} and {kept} {p_shape:?} (want {want_do:?} and {want_p:?})"
         )));
     }
+    // With `lse`: `O` (input n, read by the GPU's kernels only), then the mask.
+    let mask_in = match a.lse {
+        true => optional(ctx, n + 1)?,
+        false => None,
+    };
+    let mask = mask_of(name, mask_in.as_ref(), [b, h, t, s])?;
     // One gradient per input tensor: with a packed input, its three parts' views write
     // disjoint parts of the one gradient.
     let mut grads = Vec::with_capacity(3);
@@ -398,7 +442,17 @@ fn backward(
         k: (k, kv),
         v: (v, vv),
     };
-    per_pair(ctx, (scratch, 2 * t * s), b * h, |bh, buffer| {
-        pair.backward(bh, (d_out, ov), p, grads, buffer)
+    // With `lse`, each task computes its P again into scratch (after a row of scores).
+    let len = if a.lse { 3 * t * s + s } else { 2 * t * s };
+    per_pair(ctx, (scratch, len), b * h, |bh, buffer| {
+        let (buffer, own) = buffer.split_at_mut(2 * t * s);
+        if !a.lse {
+            let pb = &p[bh * t * s..(bh + 1) * t * s];
+            return pair.backward(bh, (d_out, ov), pb, grads, buffer);
+        }
+        let (pb, row) = own.split_at_mut(t * s);
+        let lse = &p[bh * t..(bh + 1) * t];
+        pair.probabilities(bh, mask.as_ref(), lse, pb, row);
+        pair.backward(bh, (d_out, ov), pb, grads, buffer)
     })
 }

@@ -10,6 +10,7 @@ use crate::graph::custom_ops::{
     LAYER_NORM_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD, RELU_GRAD, SOFTMAX,
     SOFTMAX_CROSS_ENTROPY, SOFTMAX_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD, TANH_GELU, TANH_GELU_GRAD,
 };
+use crate::graph::ir::attr_i;
 use crate::tensor::DType;
 use crate::Result;
 
@@ -82,6 +83,13 @@ fn attention(c: &mut RuleCtx, packed: bool) -> Result<Grads> {
     let mut inputs = vec![c.dy(0)?];
     inputs.extend((0..parts).map(|i| c.input(i).to_string()));
     inputs.push(c.output(1).to_string());
+    // Keeping the rows' log-sum-exps instead of P: the backward also reads O and the mask.
+    if attr_i(c.node, "lse") == Some(1) {
+        inputs.push(c.output(0).to_string());
+        if c.node.input.len() > parts {
+            inputs.push(c.input(parts).to_string());
+        }
+    }
     let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
     let outputs: Vec<String> = ["dQ", "dK", "dV"][..parts]
         .iter()
