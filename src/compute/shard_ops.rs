@@ -143,6 +143,8 @@ pub(crate) fn custom_domain(
     blas: Option<(&std::sync::Arc<super::blas::Blas>, usize)>,
 ) -> ort::Result<OperatorDomain> {
     let heads_blas = blas.map(|(b, _)| b.clone());
+    // One session's attention nodes share their tasks' scratch (they run one at a time).
+    let scratch = super::fused::attention_scratch();
     let domain = OperatorDomain::new(DOMAIN)?
         .add(Collective {
             link: link.clone(),
@@ -165,10 +167,26 @@ pub(crate) fn custom_domain(
         .add(super::fused::SoftmaxCrossEntropyGrad)?
         .add(super::fused::DepthwiseConv)?
         .add(super::fused::DepthwiseConvGrad)?
-        .add(super::fused::ATTENTION_OP.with_blas(heads_blas.clone()))?
-        .add(super::fused::ATTENTION_GRAD_OP.with_blas(heads_blas.clone()))?
-        .add(super::fused::PACKED_ATTENTION_OP.with_blas(heads_blas.clone()))?
-        .add(super::fused::PACKED_ATTENTION_GRAD_OP.with_blas(heads_blas))?
+        .add(
+            super::fused::ATTENTION_OP
+                .with_blas(heads_blas.clone())
+                .sharing(&scratch),
+        )?
+        .add(
+            super::fused::ATTENTION_GRAD_OP
+                .with_blas(heads_blas.clone())
+                .sharing(&scratch),
+        )?
+        .add(
+            super::fused::PACKED_ATTENTION_OP
+                .with_blas(heads_blas.clone())
+                .sharing(&scratch),
+        )?
+        .add(
+            super::fused::PACKED_ATTENTION_GRAD_OP
+                .with_blas(heads_blas)
+                .sharing(&scratch),
+        )?
         .add(super::fused::RowsAdd)?
         .add(super::fused::KeyedDropout)?;
     let domain = match blas {

@@ -30,13 +30,14 @@ pub(crate) use accumulate::Accumulate;
 pub(crate) use activation::{Gelu, RELU_GRAD_OP};
 #[cfg(any(test, feature = "cuda"))]
 pub(crate) use attention::View;
+pub(crate) use attention::{
+    attention_scratch, ATTENTION_GRAD_OP, ATTENTION_OP, PACKED_ATTENTION_GRAD_OP,
+    PACKED_ATTENTION_OP,
+};
 #[cfg(feature = "cuda")]
 pub(crate) use attention::{
     mask_strides as attention_mask_strides, views as attention_views,
     Attributes as AttentionAttributes,
-};
-pub(crate) use attention::{
-    ATTENTION_GRAD_OP, ATTENTION_OP, PACKED_ATTENTION_GRAD_OP, PACKED_ATTENTION_OP,
 };
 pub(crate) use cross_entropy::{SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad};
 pub(crate) use depthwise::{DepthwiseConv, DepthwiseConvGrad};
