@@ -270,7 +270,7 @@ fn single_stage(
         fused_kernels: true,
         cuda_kernels: false,
         cuda_kernels_untried: false,
-        cuda_flash_attention: false,
+        flash_attention: false,
         params: Default::default(),
     };
     let tg = pipetrain::graph::build_training_graph(rt, &model, &opts, &example).unwrap();

@@ -59,7 +59,7 @@ fn held(cfg: &TrainConfig, hp: usize) -> (usize, usize) {
         fused_kernels: true,
         cuda_kernels: false,
         cuda_kernels_untried: false,
-        cuda_flash_attention: false,
+        flash_attention: false,
         params: cfg.params.clone(),
     };
     let tg = build_sharded_training_graph(&common::runtime(), &model, &opts, &example, hp).unwrap();

@@ -27,7 +27,7 @@
 #   GPT2_UNTRIED=0 leaves out the run with the kernels not yet run on a GPU
 #   (`runtime.cuda_kernels_untried = true`: attention as one operator each way,
 #   `compute/cuda_attention.rs`, and `LayerNormGrad`); GPT2_FLASH=0 the run with attention
-#   on the flash kernels (`runtime.cuda_flash_attention = true`, `compute/kernels/flash.rs`);
+#   on the flash kernels (`runtime.flash_attention = true`, `compute/kernels/flash.rs`);
 #   GPT2_ONEHOT=1 the run without pipetrain's CUDA kernels (`runtime.cuda_kernels = false`:
 #   standard ops instead of `RowsAdd`, `TanhGelu` and `SoftmaxGrad`). Every GPU run has
 #   `cuda_kernels = true` unless GPU_CHECK_CUDA_KERNELS=false.
@@ -265,11 +265,11 @@ EOF
       "$out/gpt2_small.jsonl" "$out/gpt2_untried.jsonl" >> "$summary" \
     && sed 's/\x1b\[[0-9;]*m//g' "$out/gpt2_untried.log" | grep -o '[0-9]* attentions as one CUDA operator' \
       | head -1 | sed 's/^/gpt2 untried: /' >> "$summary"
-  # Attention on the flash kernels (runtime.cuda_flash_attention, with the untried ones):
+  # Attention on the flash kernels (runtime.flash_attention, with the untried ones):
   # its speed, and its losses against the default run's.
   [ "${GPT2_FLASH:-1}" = 1 ] \
-    && gpt2_variant flash 's/^cuda_kernels = .*/cuda_kernels = true\ncuda_kernels_untried = true\ncuda_flash_attention = true/' "flash attention (cuda_flash_attention = true, with the untried kernels)" \
-    && python3 "$root/benches/gpu/losses_diff.py" "gpt2, cuda_flash_attention against the default kernels" \
+    && gpt2_variant flash 's/^cuda_kernels = .*/cuda_kernels = true\ncuda_kernels_untried = true\nflash_attention = true/' "flash attention (flash_attention = true, with the untried kernels)" \
+    && python3 "$root/benches/gpu/losses_diff.py" "gpt2, flash_attention against the default kernels" \
       "$out/gpt2_small.jsonl" "$out/gpt2_flash.jsonl" >> "$summary" \
     && sed 's/\x1b\[[0-9;]*m//g' "$out/gpt2_flash.log" | grep -o '[0-9]* of them on the flash kernels' \
       | head -1 | sed 's/^/gpt2 flash: /' >> "$summary"

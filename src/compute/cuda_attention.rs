@@ -9,7 +9,7 @@
 //! `[B, H, T, T]` (on an H200, 16 ms of the products and ~6 ms of element-wise passes
 //! over them in GPT-2 small's 96 ms step; `benches/gpu/RESULTS.md`). Here the forward is
 //! two products a batch entry and one row kernel, the backward four products and one row
-//! kernel. With `lse = 1` (`runtime.cuda_flash_attention`) it is `flash.rs`'s plan
+//! kernel. With `lse = 1` (`runtime.flash_attention`) it is `flash.rs`'s plan
 //! instead: one kernel forward, three backward, and no `[B, H, T, S]` probabilities kept
 //! or computed in global memory.
 //!

@@ -216,12 +216,14 @@ pub struct RuntimeConfig {
     /// `LayerNormGrad` (`compute/cuda_layer_norm.rs`).
     #[serde(default)]
     pub cuda_kernels_untried: bool,
-    /// With `cuda_kernels_untried`, attention keeps each query row's log-sum-exp
-    /// (`[B, H, T]`) instead of its probabilities (`[B, H, T, S]`) between the forward
-    /// and the backward, both on the flash kernels (`compute/kernels/flash.rs`; heads of
-    /// 16, 32, 64 or 128 values, the others stay on the products).
+    /// Fused attention keeps each query row's log-sum-exp (`[B, H, T]`) instead of its
+    /// probabilities (`[B, H, T, S]`) between the forward and the backward, which
+    /// computes them again: on the CPU with `fused_kernels` (a pair of batch entry and
+    /// head at a time), on a GPU with `cuda_kernels_untried` (the flash kernels,
+    /// `compute/kernels/flash.rs`; heads of 16, 32, 64 or 128 values, the others keep
+    /// their probabilities).
     #[serde(default)]
-    pub cuda_flash_attention: bool,
+    pub flash_attention: bool,
     /// The most memory (GB, resident) each process may use, where the machine sets no
     /// tighter cap (a cgroup's limit or `RLIMIT_AS`, which are read): a run predicted to
     /// need more is refused before it trains, saying what would fit.
@@ -272,7 +274,7 @@ impl Default for RuntimeConfig {
             state_on_device: true,
             cuda_kernels: true,
             cuda_kernels_untried: false,
-            cuda_flash_attention: false,
+            flash_attention: false,
             memory_limit_gb: None,
             refuse_over_memory_cap: true,
             all_reduce: AllReduce::Ring,

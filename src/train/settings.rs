@@ -128,7 +128,7 @@ pub(crate) fn training_graph(
             && cfg.runtime.cuda_kernels
             && !cfg.runtime.standard_ops_only
             && cfg.runtime.device != crate::compute::Device::Cpu,
-        cuda_flash_attention: cfg.runtime.cuda_flash_attention,
+        flash_attention: cfg.runtime.flash_attention,
         params: cfg.params.clone(),
     };
     let mut tg =

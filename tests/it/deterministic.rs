@@ -47,7 +47,7 @@ fn options() -> TrainOptions {
         fused_kernels: false,
         cuda_kernels: false,
         cuda_kernels_untried: false,
-        cuda_flash_attention: false,
+        flash_attention: false,
         params: Default::default(),
     }
 }

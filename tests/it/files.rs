@@ -263,7 +263,7 @@ fn mse(prediction: &str, label: &str) -> TrainOptions {
         fused_kernels: true,
         cuda_kernels: false,
         cuda_kernels_untried: false,
-        cuda_flash_attention: false,
+        flash_attention: false,
         params: Default::default(),
     }
 }
@@ -419,7 +419,7 @@ fn dropout_gradient_uses_the_forward_mask() {
         fused_kernels: true,
         cuda_kernels: false,
         cuda_kernels_untried: false,
-        cuda_flash_attention: false,
+        flash_attention: false,
         params: Default::default(),
     };
     let mut tg = build_training_graph(&rt, &model, &opts, &[]).unwrap();

@@ -75,7 +75,7 @@ impl Gpt2Case {
             fused_kernels: k.fused,
             cuda_kernels: k.cuda,
             cuda_kernels_untried: k.untried,
-            cuda_flash_attention: k.flash,
+            flash_attention: k.flash,
             params: Default::default(),
         };
         let feeds = [("tokens", &self.tokens), ("targets", &self.targets)];
@@ -194,7 +194,7 @@ fn gpu_graphs_untried_kernels_give_the_standard_op_graphs_gradients() {
     case.assert_same_step("gpt2, untried GPU kernels", &gpu, &plain);
 }
 
-/// With `cuda_flash_attention` too (`compute/kernels/flash.rs`), each attention keeps its
+/// With `flash_attention` too (`compute/kernels/flash.rs`), each attention keeps its
 /// rows' log-sum-exps (attribute `lse`, a second output of its own name) and its backward
 /// reads them with the forward's output; run here by the CPU operator's `lse` form (the
 /// probabilities computed again), the loss and every gradient are the standard-op graph's
@@ -231,7 +231,7 @@ fn gpu_graphs_flash_attention_gives_the_standard_op_graphs_gradients() {
 }
 
 /// Hugging Face's BERT as `torch.onnx.export` writes it (the fixture: heads of 16, a
-/// padding mask), built for a GPU with `cuda_flash_attention`: each attention keeps its
+/// padding mask), built for a GPU with `flash_attention`: each attention keeps its
 /// rows' log-sum-exps and its backward reads the padding mask too (to compute the
 /// probabilities again); one step on the CPU gives the standard-op graph's loss and
 /// gradients within float32 rounding.
@@ -254,7 +254,7 @@ fn gpu_graphs_flash_attention_reads_berts_padding_mask_in_the_backward() {
             fused_kernels: false,
             cuda_kernels: flash,
             cuda_kernels_untried: flash,
-            cuda_flash_attention: flash,
+            flash_attention: flash,
             ..train_options(&BERT)
         };
         pipetrain::graph::build_training_graph(&rt, &model, &opts, &example).unwrap()

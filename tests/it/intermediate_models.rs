@@ -59,7 +59,7 @@ fn stock_onnx_runtime_runs_the_training_graph_file() {
             fused_kernels,
             cuda_kernels: false,
             cuda_kernels_untried: false,
-            cuda_flash_attention: false,
+            flash_attention: false,
             params: Default::default(),
         };
         let model = cfg.load_model().unwrap();

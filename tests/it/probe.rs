@@ -104,7 +104,7 @@ fn the_loss_alone_measures_what_the_whole_graph_does() {
         fused_kernels: true,
         cuda_kernels: false,
         cuda_kernels_untried: false,
-        cuda_flash_attention: false,
+        flash_attention: false,
         params: Default::default(),
     };
     let probe = |whole_only| Probe {
@@ -162,7 +162,7 @@ fn work_per_node_is_the_steps_products_over_its_nodes() {
         fused_kernels: false,
         cuda_kernels: false,
         cuda_kernels_untried: false,
-        cuda_flash_attention: false,
+        flash_attention: false,
         params: Default::default(),
     };
     let tg = build_training_graph(&rt, &model, &opts, &[("x", &x), ("y", &y)]).unwrap();

@@ -259,7 +259,7 @@ fn the_split_is_megatrons_heads_and_hidden_width_with_two_all_reduces_per_layer_
         fused_kernels: true,
         cuda_kernels: false,
         cuda_kernels_untried: false,
-        cuda_flash_attention: false,
+        flash_attention: false,
         params: cfg.params.clone(),
     };
     let rt = common::runtime();

@@ -72,7 +72,7 @@ impl Module {
             fused_kernels: true,
             cuda_kernels: false,
             cuda_kernels_untried: false,
-            cuda_flash_attention: false,
+            flash_attention: false,
             params: Default::default(),
         };
         let mut tg = build_training_graph(rt, &model, &opts, &feeds)?;

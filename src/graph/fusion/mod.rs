@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 use super::autodiff::gelu;
 
 use super::custom_ops::{
-    DEPTHWISE_CONV, DOMAIN, ERF_GELU, FLASH_HEAD_SIZES, PACKED_ATTENTION, SOFTMAX,
+    ATTENTION, DEPTHWISE_CONV, DOMAIN, ERF_GELU, FLASH_HEAD_SIZES, PACKED_ATTENTION, SOFTMAX,
     SOFTMAX_CROSS_ENTROPY,
 };
 use super::ir::{
@@ -146,44 +146,49 @@ pub fn fuse_forward(g: &mut Graph, metas: &Metas, trainable: &HashSet<&str>) -> 
 /// Scaled dot-product attention alone as pipetrain's `Attention` (or `PackedAttention`),
 /// for a graph whose session runs on a GPU with `runtime.cuda_kernels_untried`: those the
 /// CUDA kernel takes, each tensor read with its rows or its columns contiguous
-/// (`compute/cuda_attention.rs`). With `flash` (`runtime.cuda_flash_attention`), those
-/// whose heads the flash kernels take keep each row's log-sum-exp instead of the
-/// probabilities (attribute `lse`, second output `<probabilities>/lse`). Returns how many
-/// were replaced, and how many of them keep the log-sum-exp.
-pub fn fuse_attention_for_cuda(
-    g: &mut Graph,
-    metas: &Metas,
-    trainable: &HashSet<&str>,
-    flash: bool,
-) -> (usize, usize) {
+/// (`compute/cuda_attention.rs`). Returns how many were replaced.
+pub fn fuse_attention_for_cuda(g: &mut Graph, metas: &Metas, trainable: &HashSet<&str>) -> usize {
     let constants = g.constants();
     let mut replace: HashMap<usize, NodeProto> = HashMap::new();
     let mut drop: HashSet<usize> = HashSet::new();
-    let mut lse = 0;
-    for mut found in attention::find(g, metas, &constants, trainable) {
+    for found in attention::find(g, metas, &constants, trainable) {
         let contiguous = ["q_perm", "k_perm", "v_perm"].iter().all(|a| {
             attr_ints(&found.node, a).is_none_or(|p| p.len() == 4 && (p[2] == 3 || p[3] == 3))
         });
         let out = attr_ints(&found.node, "out_perm").is_none_or(|p| p.len() == 4 && p[3] >= 2);
-        if !(contiguous && out) {
-            continue;
+        if contiguous && out {
+            replace.insert(found.at, found.node);
+            drop.extend(found.drop);
         }
-        let fits = head_sizes(&found.node, metas)
-            .is_some_and(|(d, e)| d == e && FLASH_HEAD_SIZES.contains(&d));
-        if flash && fits {
-            let node = &mut found.node;
-            node.attribute.push(int_attr("lse", 1));
-            node.output[1] = format!("{}/lse", node.output[1]);
-            lse += 1;
-        }
-        replace.insert(found.at, found.node);
-        drop.extend(found.drop);
     }
     let n = replace.len();
     if n > 0 {
         apply(g, replace, &drop);
     }
-    (n, lse)
+    n
+}
+
+/// `runtime.flash_attention`: each fused attention keeps its query rows' log-sum-exps
+/// instead of its probabilities (attribute `lse`, second output `<probabilities>/lse`;
+/// see `graph::custom_ops::ATTENTION`). For a GPU (`flash_heads`) only those whose heads
+/// the flash kernels take ([`FLASH_HEAD_SIZES`]); on the CPU every one. Returns how many.
+pub fn keep_log_sum_exp(g: &mut Graph, metas: &Metas, flash_heads: bool) -> usize {
+    let mut n = 0;
+    for node in &mut g.nodes {
+        let attention = [ATTENTION, PACKED_ATTENTION].contains(&node.op_type.as_str());
+        if node.domain != DOMAIN || !attention || attr_i(node, "lse").is_some() {
+            continue;
+        }
+        let fits =
+            head_sizes(node, metas).is_some_and(|(d, e)| d == e && FLASH_HEAD_SIZES.contains(&d));
+        if flash_heads && !fits {
+            continue;
+        }
+        node.attribute.push(int_attr("lse", 1));
+        node.output[1] = format!("{}/lse", node.output[1]);
+        n += 1;
+    }
+    n
 }
 
 /// The head sizes (the queries', the values') of a fused attention node: its packed

@@ -47,10 +47,11 @@ pub struct TrainOptions {
     /// (`compute/cuda_attention.rs`), LayerNorm's backward as `LayerNormGrad`
     /// (`compute/cuda_layer_norm.rs`).
     pub cuda_kernels_untried: bool,
-    /// With `cuda_kernels_untried`, attention keeps each query row's log-sum-exp instead
-    /// of its probabilities, forward and backward on the flash kernels
-    /// (`runtime.cuda_flash_attention`; `compute/kernels/flash.rs`).
-    pub cuda_flash_attention: bool,
+    /// Fused attention (`fused_kernels` on the CPU, `cuda_kernels_untried` on a GPU) keeps
+    /// each query row's log-sum-exp instead of its probabilities, and its backward
+    /// computes them again (`runtime.flash_attention`; on a GPU the flash kernels,
+    /// `compute/kernels/flash.rs`).
+    pub flash_attention: bool,
     /// Initializers not to train, and embedding rows whose lookups give them no
     /// gradient (padding rows).
     pub params: ParamOptions,
@@ -326,11 +327,16 @@ pub fn build_sharded_training_graph(
         tracing::debug!("fused forward kernels: {fused:?}");
     }
     if opts.cuda_kernels_untried && !opts.fused_kernels {
-        let flash = opts.cuda_flash_attention;
-        let (n, lse) = super::fusion::fuse_attention_for_cuda(&mut g, &loss_metas, &trained, flash);
+        let n = super::fusion::fuse_attention_for_cuda(&mut g, &loss_metas, &trained);
+        tracing::info!("{n} attentions as one CUDA operator each way (cuda_kernels_untried)");
+    }
+    if opts.flash_attention {
+        let gpu = opts.cuda_kernels;
+        let n = super::fusion::keep_log_sum_exp(&mut g, &loss_metas, gpu);
         tracing::info!(
-            "{n} attentions as one CUDA operator each way (cuda_kernels_untried), {lse} of \
-             them on the flash kernels (cuda_flash_attention)"
+            "{n} attentions keep their rows' log-sum-exps, not their probabilities \
+             (flash_attention{})",
+            if gpu { ": the flash kernels" } else { "" }
         );
     }
     if opts.fused_kernels || opts.cuda_kernels {

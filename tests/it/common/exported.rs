@@ -58,7 +58,7 @@ pub fn train_options(f: &Family) -> pipetrain::graph::TrainOptions {
         fused_kernels: true,
         cuda_kernels: false,
         cuda_kernels_untried: false,
-        cuda_flash_attention: false,
+        flash_attention: false,
         params: Default::default(),
     }
 }

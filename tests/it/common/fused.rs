@@ -24,6 +24,25 @@ pub fn gradients_with(
     fused: bool,
     wrt: &[&str],
 ) -> (TrainingGraph, TensorMap) {
+    gradients_of(model, loss, feeds, (fused, false), wrt)
+}
+
+/// [`gradients`] with fused kernels and `flash_attention` (attention keeps its rows'
+/// log-sum-exps, not its probabilities).
+pub fn gradients_flash(model: &ModelProto, wrt: &[&str]) -> (TrainingGraph, TensorMap) {
+    let loss = LossSpec::Output {
+        name: "total".into(),
+    };
+    gradients_of(model, loss, &[], (true, true), wrt)
+}
+
+fn gradients_of(
+    model: &ModelProto,
+    loss: LossSpec,
+    feeds: &[(&str, &Tensor)],
+    (fused, flash): (bool, bool),
+    wrt: &[&str],
+) -> (TrainingGraph, TensorMap) {
     let rt = super::runtime();
     let opts = TrainOptions {
         inputs: Default::default(),
@@ -33,7 +52,7 @@ pub fn gradients_with(
         fused_kernels: fused,
         cuda_kernels: false,
         cuda_kernels_untried: false,
-        cuda_flash_attention: false,
+        flash_attention: flash,
         params: Default::default(),
     };
     let tg = build_training_graph(&rt, model, &opts, feeds).unwrap();

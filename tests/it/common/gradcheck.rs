@@ -232,7 +232,7 @@ impl GradCheck {
             fused_kernels: self.contrib,
             cuda_kernels: false,
             cuda_kernels_untried: false,
-            cuda_flash_attention: false,
+            flash_attention: false,
             params: Default::default(),
         };
         let tg = build_training_graph(rt, &model, &opts, &[]).map_err(|e| e.to_string())?;

@@ -157,7 +157,7 @@ impl PeerModel {
             fused_kernels: true,
             cuda_kernels: false,
             cuda_kernels_untried: false,
-            cuda_flash_attention: false,
+            flash_attention: false,
             params: Default::default(),
         }
     }
