@@ -65,7 +65,7 @@ if [ "$device" = cuda ] && ! grep -q '^cuda:0:' "$out/doctor.txt"; then
   exit 0
 fi
 say "device: $(grep -m1 '^cuda:0:' "$out/doctor.txt" || echo "$device")"
-grep -E '^(provider|nccl|cublas|gpu path):' "$out/doctor.txt" >> "$summary"
+grep -E '^(provider|nccl|cublas|flash|gpu path):' "$out/doctor.txt" >> "$summary"
 grep -q 'nccl:.*ok' "$out/doctor.txt" || [ "$device" != cuda ] || fail "nccl self-check"
 
 # A configuration from examples/NAME.toml on DEVICE: the peers' files from $peers, runs

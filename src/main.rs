@@ -284,7 +284,8 @@ fn doctor() -> Result<()> {
 
 /// What `doctor` says of the GPU path on a machine with a GPU: whether this build has it,
 /// whether the library has ONNX Runtime's CUDA provider, whether NCCL reduces, and
-/// whether cuBLAS loads (`runtime.cuda_kernels_untried`'s attention needs it).
+/// whether cuBLAS loads (`runtime.cuda_kernels_untried`'s attention needs it), and what
+/// the flash attention kernels take on the device (registers, spills, blocks an SM holds).
 fn gpu_checks(provider: bool) {
     if !cfg!(feature = "cuda") {
         println!("gpu path:  not in this build (build with `--features cuda`)");
@@ -305,6 +306,10 @@ fn gpu_checks(provider: bool) {
             Err(why) => println!("nccl:      {why}"),
         }
         println!("cublas:    {}", pipetrain::compute::cuda::cublas_found());
+        match pipetrain::compute::cuda::flash_kernels(0) {
+            Ok(use_) => println!("flash:     {use_}"),
+            Err(why) => println!("flash:     {why}"),
+        }
     }
 }
 

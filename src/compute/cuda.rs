@@ -51,6 +51,44 @@ pub fn cublas_found() -> &'static str {
     }
 }
 
+/// What the driver made of the flash attention kernels (`compute/kernels/flash.rs`) on
+/// device `index`, for GPT-2's head size (64) and the emulator's (32): per kernel its
+/// registers, local memory (spills) a thread and blocks of 64 threads an SM can hold, in
+/// words. NVRTC compiles them here; the machine that builds cannot run ptxas.
+///
+/// # Errors
+/// Where NVRTC or the device is missing, or a kernel does not load.
+pub fn flash_kernels(index: usize) -> Result<String, String> {
+    let ptx = super::cuda_launch::compile(super::kernels::ATTENTION_SOURCE, "attention.cu")?;
+    let ctx = CudaContext::new(index).map_err(|e| format!("cuda:{index}: {e}"))?;
+    let module = ctx
+        .load_module(ptx)
+        .map_err(|e| format!("loading attention.cu: {e}"))?;
+    let mut parts = Vec::new();
+    for d in [32, 64] {
+        for kind in ["forward", "keys", "queries"] {
+            let name = format!("attn_flash_{kind}_{d}");
+            let f = module
+                .load_function(&name)
+                .map_err(|e| format!("{name}: {e}"))?;
+            let (regs, local, blocks) = (
+                f.num_regs(),
+                f.local_size_bytes(),
+                f.occupancy_max_active_blocks_per_multiprocessor(64, 0, None),
+            );
+            let (regs, local, blocks) = (
+                regs.map_err(|e| e.to_string())?,
+                local.map_err(|e| e.to_string())?,
+                blocks.map_err(|e| e.to_string())?,
+            );
+            parts.push(format!(
+                "{kind}_{d} {regs} regs {local} B local {blocks} blocks/SM"
+            ));
+        }
+    }
+    Ok(parts.join("; "))
+}
+
 /// An NCCL unique id as text (hex), the form in which the rendezvous carries it from the
 /// rank that made it to the others.
 pub fn id_to_hex(id: &Id) -> String {
