@@ -117,6 +117,45 @@ impl AttentionCase {
         (p, o, grads, lse)
     }
 
+    /// Buffers for O and the gradients of the tensors, NaN until a plan writes them.
+    pub(super) fn outputs(&self) -> (Vec<f32>, Vec<Vec<f32>>) {
+        let o = vec![f32::NAN; self.out_len];
+        let grads = self.tensors.iter().map(|x| vec![f32::NAN; x.len()]);
+        (o, grads.collect())
+    }
+
+    /// q, kt and v's matrices in the tensors (or their gradients) at `bases`.
+    pub(super) fn mats(&self, bases: &[u64]) -> [Mat; 3] {
+        [0, 1, 2].map(|i| Mat::of(&self.views[i].1, bases[self.views[i].0]))
+    }
+
+    /// Where a forward plan reads the case's tensors and writes O (`o`) and what it keeps
+    /// (`kept`: P, or each row's log-sum-exp).
+    pub(super) fn at(&self, o: &mut [f32], kept: &mut [f32]) -> AttentionAt {
+        let bases: Vec<u64> = self.tensors.iter().map(|x| at(x)).collect();
+        let [q, kt, v] = self.mats(&bases);
+        AttentionAt {
+            batch: self.dims[0],
+            heads: self.dims[1],
+            q,
+            kt,
+            v,
+            o: Mat::of(&self.out, to(o)),
+            p: to(kept),
+            mask: self.mask.as_ref().map(|(v, strides)| (at(v), *strides)),
+        }
+    }
+
+    /// The gradients' matrices in `grads`, and (packed) the one gradient to zero first.
+    pub(super) fn grads_at(&self, grads: &mut [Vec<f32>]) -> ([Mat; 3], Option<(u64, usize)>) {
+        let bases: Vec<u64> = grads.iter_mut().map(|g| to(g)).collect();
+        let packed = self.tensors.len() == 1;
+        (
+            self.mats(&bases),
+            packed.then(|| (bases[0], grads[0].len())),
+        )
+    }
+
     /// The plan's P, O and gradients, run on the emulator.
     fn planned(
         &self,
@@ -126,36 +165,19 @@ impl AttentionCase {
     ) -> (Vec<f32>, Vec<f32>, Vec<Vec<f32>>) {
         let [bn, hn, t, s, _] = self.dims;
         let mut p = vec![f32::NAN; bn * hn * t * s];
-        let mut o = vec![f32::NAN; self.out_len];
-        let mut grads: Vec<Vec<f32>> = self
-            .tensors
-            .iter()
-            .map(|x| vec![f32::NAN; x.len()])
-            .collect();
-        let mat = |i: usize, base: u64| Mat::of(&self.views[i].1, base);
-        let bases: Vec<u64> = self.tensors.iter().map(|x| at(x)).collect();
-        let mut x = AttentionAt {
-            batch: bn,
-            heads: hn,
-            q: mat(0, bases[self.views[0].0]),
-            kt: mat(1, bases[self.views[1].0]),
-            v: mat(2, bases[self.views[2].0]),
-            o: Mat::of(&self.out, to(&mut o)),
-            p: to(&mut p),
-            mask: self.mask.as_ref().map(|(v, strides)| (at(v), *strides)),
-        };
+        let (mut o, mut grads) = self.outputs();
+        let mut x = self.at(&mut o, &mut p);
         let plan = attention(&x, self.scale, self.causal).unwrap();
         // SAFETY: the buffers hold what the views index.
         unsafe { emu.run_steps(&plan, descending) }.unwrap();
         x.o = Mat::of(&self.out, at(d_o));
         let mut scratch = vec![f32::NAN; attention_grad_scratch(&x)];
-        let gbase: Vec<u64> = grads.iter_mut().map(|g| to(g)).collect();
-        let packed = self.tensors.len() == 1;
+        let ([dq, dkt, dv], zero) = self.grads_at(&mut grads);
         let g = AttentionGradAt {
-            dq: mat(0, gbase[self.views[0].0]),
-            dkt: mat(1, gbase[self.views[1].0]),
-            dv: mat(2, gbase[self.views[2].0]),
-            zero: packed.then(|| (gbase[0], grads[0].len())),
+            dq,
+            dkt,
+            dv,
+            zero,
             scratch: to(&mut scratch),
         };
         let plan = attention_grad(&x, &g, self.scale).unwrap();

@@ -16,38 +16,21 @@ impl AttentionCase {
     ) -> (Vec<f32>, Vec<f32>, Vec<Vec<f32>>) {
         let [bn, hn, t, _, _] = self.dims;
         let mut lse = vec![f32::NAN; bn * hn * t];
-        let mut o = vec![f32::NAN; self.out_len];
-        let mut grads: Vec<Vec<f32>> = self
-            .tensors
-            .iter()
-            .map(|x| vec![f32::NAN; x.len()])
-            .collect();
-        let mat = |i: usize, base: u64| Mat::of(&self.views[i].1, base);
-        let bases: Vec<u64> = self.tensors.iter().map(|x| at(x)).collect();
-        let mut x = AttentionAt {
-            batch: bn,
-            heads: hn,
-            q: mat(0, bases[self.views[0].0]),
-            kt: mat(1, bases[self.views[1].0]),
-            v: mat(2, bases[self.views[2].0]),
-            o: Mat::of(&self.out, to(&mut o)),
-            p: to(&mut lse),
-            mask: self.mask.as_ref().map(|(v, strides)| (at(v), *strides)),
-        };
+        let (mut o, mut grads) = self.outputs();
+        let mut x = self.at(&mut o, &mut lse);
         let plan = flash_attention(&x, self.scale, self.causal).unwrap();
         // SAFETY: the buffers hold what the views index.
         unsafe { emu.run_steps(&plan, descending) }.unwrap();
         let out = x.o;
         x.o = Mat::of(&self.out, at(d_o));
         let mut delta = vec![f32::NAN; flash_grad_scratch(&x)];
-        let gbase: Vec<u64> = grads.iter_mut().map(|g| to(g)).collect();
-        let packed = self.tensors.len() == 1;
+        let ([dq, dkt, dv], zero) = self.grads_at(&mut grads);
         let g = FlashGradAt {
             out,
-            dq: mat(0, gbase[self.views[0].0]),
-            dkt: mat(1, gbase[self.views[1].0]),
-            dv: mat(2, gbase[self.views[2].0]),
-            zero: packed.then(|| (gbase[0], grads[0].len())),
+            dq,
+            dkt,
+            dv,
+            zero,
             delta: to(&mut delta),
         };
         let plan = flash_attention_grad(&x, &g, self.scale, self.causal).unwrap();

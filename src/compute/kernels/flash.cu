@@ -21,6 +21,25 @@ __device__ __forceinline__ int fa_seen(int i, int t, int s, int causal) {
     return causal ? min(i + s - t + 1, s) : s;
 }
 
+// A query-row thread's place: its (batch entry, head) pair, its row, whether the row
+// exists, the keys it sees and the keys any row of its block sees.
+struct FaQuery {
+    int bh, b, h, i, live, seen, block_seen;
+};
+
+__device__ __forceinline__ FaQuery fa_query(int heads, int t, int s, int causal) {
+    FaQuery at;
+    at.bh = blockIdx.y;
+    at.b = at.bh / heads;
+    at.h = at.bh % heads;
+    int first = blockIdx.x * blockDim.x;
+    at.i = first + threadIdx.x;
+    at.live = at.i < t;
+    at.seen = fa_seen(at.i, t, s, causal);
+    at.block_seen = fa_seen(min(first + (int)blockDim.x, t) - 1, t, s, causal);
+    return at;
+}
+
 // Score (i, j) from its dot product: scaled, plus the additive mask where there is one.
 __device__ __forceinline__ float fa_score(float dot, float scale, const float* mask,
                                           long long mt, long long ms, int i, int j) {
@@ -79,11 +98,8 @@ __device__ void fa_forward(const float* q, long long qb, long long qh, long long
                            long long ms, int heads, int t, int s, float scale, int causal) {
     __shared__ float4 ks[FA_TILE][D / 4];
     __shared__ float4 vs[FA_TILE][D / 4];
-    int bh = blockIdx.y, b = bh / heads, h = bh % heads;
-    int first = blockIdx.x * blockDim.x, i = first + threadIdx.x;
-    int live = i < t;
-    int seen = fa_seen(i, t, s, causal);
-    int block_seen = fa_seen(min(first + (int)blockDim.x, t) - 1, t, s, causal);
+    FaQuery at = fa_query(heads, t, s, causal);
+    int bh = at.bh, b = at.b, h = at.h, i = at.i, live = at.live, seen = at.seen;
     const float* mrow = mask ? mask + b * mb + h * mh : 0;
     float qv[D], acc[D];
     for (int c = 0; c < D; ++c) {
@@ -91,7 +107,7 @@ __device__ void fa_forward(const float* q, long long qb, long long qh, long long
         acc[c] = 0.0f;
     }
     float m = -3.402823466e38f, l = 0.0f;
-    for (int j0 = 0; j0 < block_seen; j0 += FA_TILE) {
+    for (int j0 = 0; j0 < at.block_seen; j0 += FA_TILE) {
         fa_tile<D>(ks, k + b * kb + h * kh, kr, kc, j0, s);
         fa_tile<D>(vs, v + b * vb + h * vh, vr, vc, j0, s);
         __syncthreads();
@@ -199,11 +215,8 @@ __device__ void fa_queries(const float* q, long long qb, long long qh, long long
                            int t, int s, float scale, int causal) {
     __shared__ float4 ks[FA_TILE][D / 4];
     __shared__ float4 vs[FA_TILE][D / 4];
-    int bh = blockIdx.y, b = bh / heads, h = bh % heads;
-    int first = blockIdx.x * blockDim.x, i = first + threadIdx.x;
-    int live = i < t;
-    int seen = fa_seen(i, t, s, causal);
-    int block_seen = fa_seen(min(first + (int)blockDim.x, t) - 1, t, s, causal);
+    FaQuery at = fa_query(heads, t, s, causal);
+    int bh = at.bh, b = at.b, h = at.h, i = at.i, live = at.live, seen = at.seen;
     const float* mrow = mask ? mask + b * mb + h * mh : 0;
     float qv[D], dov[D], gq[D];
     for (int c = 0; c < D; ++c) {
@@ -213,7 +226,7 @@ __device__ void fa_queries(const float* q, long long qb, long long qh, long long
     }
     float li = live ? lse[(long long)bh * t + i] : 0.0f;
     float di = live ? delta[(long long)bh * t + i] : 0.0f;
-    for (int j0 = 0; j0 < block_seen; j0 += FA_TILE) {
+    for (int j0 = 0; j0 < at.block_seen; j0 += FA_TILE) {
         fa_tile<D>(ks, k + b * kb + h * kh, kr, kc, j0, s);
         fa_tile<D>(vs, v + b * vb + h * vh, vr, vc, j0, s);
         __syncthreads();
