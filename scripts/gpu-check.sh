@@ -9,7 +9,8 @@
 # - kernels: the library's device tests (`compute::cuda_state`, `compute::cuda_ops`: the
 #   NVRTC-compiled update bitwise the CPU's, the gradient norm repeatable, the embedding
 #   gradient bitwise its formula, `compute::cuda_dropout`: the keyed dropout the CPU's
-#   masks, `compute::cuda_attention`: the attention operators the CPU's), from the lib
+#   masks, `compute::cuda_attention`: the attention operators the CPU's; then attention's
+#   two GPU forms timed side by side, KERNELS_ATTENTION_TIMING=0: not), from the lib
 #   test executable in --bin;
 # - the peers' MLP and tiny GPT (SGD, AdamW) trained on the GPU and on the CPU, the loss
 #   curves judged against PyTorch float64 (TF32 off; --peers names peers/data);
@@ -100,6 +101,13 @@ for l in sys.stdin:
     say "kernels: $(grep -c '\.\.\. ok' "$out/kernels.log") device tests passed (update bitwise the CPU's, norm repeatable, RowsAdd bitwise its formula, TanhGelu/SoftmaxGrad their formulas, LayerNormGrad the CPU kernel's, KeyedDropout the CPU's masks, NVRTC compiles)"
   else
     fail "kernels (see kernels.log)"; tail -5 "$out/kernels.log"
+  fi
+  # Attention alone, its two GPU forms side by side (a measurement the tests leave out).
+  if [ -n "$lib" ] && [ "${KERNELS_ATTENTION_TIMING:-1}" = 1 ]; then
+    timeout 120 "$lib" --test-threads 1 --nocapture --ignored \
+      compute::cuda_attention::tests::on_a_gpu_time_the_attention_forms > "$out/attention_timing.log" 2>&1
+    grep -h 'attention timing' "$out/attention_timing.log" >> "$summary" \
+      || fail "attention timing (see attention_timing.log)"
   fi
 fi
 
