@@ -66,7 +66,7 @@ pub fn flash_kernels(index: usize) -> Result<String, String> {
         .map_err(|e| format!("loading attention.cu: {e}"))?;
     let mut parts = Vec::new();
     for d in [32, 64] {
-        for kind in ["forward", "keys", "queries"] {
+        for kind in ["forward", "keys", "values", "queries"] {
             let name = format!("attn_flash_{kind}_{d}");
             let f = module
                 .load_function(&name)

@@ -10,7 +10,7 @@
 //! over them in GPT-2 small's 96 ms step; `benches/gpu/RESULTS.md`). Here the forward is
 //! two products a batch entry and one row kernel, the backward four products and one row
 //! kernel. With `lse = 1` (`runtime.flash_attention`) it is `flash.rs`'s plan
-//! instead: one kernel forward, three backward, and no `[B, H, T, S]` probabilities kept
+//! instead: one kernel forward, four backward, and no `[B, H, T, S]` probabilities kept
 //! or computed in global memory.
 //!
 //! Only for graphs built with `runtime.cuda_kernels_untried` (a GPU run; an additive mask

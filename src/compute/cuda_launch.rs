@@ -136,7 +136,9 @@ mod tests {
         ];
         let flash: Vec<String> = super::super::kernels::FLASH_HEAD_SIZES
             .iter()
-            .flat_map(|d| ["forward", "keys", "queries"].map(|k| format!("attn_flash_{k}_{d}")))
+            .flat_map(|d| {
+                ["forward", "keys", "values", "queries"].map(|k| format!("attn_flash_{k}_{d}"))
+            })
             .collect();
         names.extend(flash.iter().map(String::as_str));
         for name in names {

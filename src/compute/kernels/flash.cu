@@ -147,9 +147,10 @@ __device__ void fa_forward(const float* q, long long qb, long long qh, long long
 }
 
 // The keys' gradients: grid (key blocks, B H), a thread a key j, over the queries that see
-// it, a tile at a time. dV_j = sum_i P_ij dO_i, dK_j = scale sum_i dS_ij q_i with
-// dS_ij = P_ij (dO_i . v_j - delta_i).
-template <int D>
+// it, a tile at a time: with VALUES dV_j = sum_i P_ij dO_i, else
+// dK_j = scale sum_i dS_ij q_i with dS_ij = P_ij (dO_i . v_j - delta_i). Two kernels, so
+// that a thread holds two rows of D values (three for dK), not four.
+template <int D, int VALUES>
 __device__ void fa_keys(const float* q, long long qb, long long qh, long long qr, long long qc,
                         const float* k, long long kb, long long kh, long long kr, long long kc,
                         const float* v, long long vb, long long vh, long long vr, long long vc,
@@ -167,12 +168,11 @@ __device__ void fa_keys(const float* q, long long qb, long long qh, long long qr
     int from = causal ? max(j - (s - t), 0) : 0;
     int block_from = causal ? max(first - (s - t), 0) : 0;
     const float* mrow = mask ? mask + b * mb + h * mh : 0;
-    float kv[D], vv[D], gk[D], gv[D];
+    float kv[D], vv[D], acc[D];
     for (int c = 0; c < D; ++c) {
         kv[c] = live ? k[b * kb + h * kh + j * kr + c * kc] : 0.0f;
-        vv[c] = live ? v[b * vb + h * vh + j * vr + c * vc] : 0.0f;
-        gk[c] = 0.0f;
-        gv[c] = 0.0f;
+        vv[c] = live && !VALUES ? v[b * vb + h * vh + j * vr + c * vc] : 0.0f;
+        acc[c] = 0.0f;
     }
     for (int i0 = block_from; i0 < t; i0 += FA_TILE) {
         fa_tile<D>(qs, q + b * qb + h * qh, qr, qc, i0, t);
@@ -186,18 +186,24 @@ __device__ void fa_keys(const float* q, long long qb, long long qh, long long qr
         for (int r = 0; live && r < FA_TILE; ++r) {
             int i = i0 + r;
             if (i >= t || i < from) continue;
-            float dot = fa_dot<D>(kv, qs[r], 0.0f), dp = fa_dot<D>(vv, dos[r], 0.0f);
+            float dot = fa_dot<D>(kv, qs[r], 0.0f);
             float p = expf(fa_score(dot, scale, mrow, mt, ms, i, j) - ls[r]);
-            float g = p * (dp - ds[r]);
-            fa_axpy<D>(gv, p, dos[r]);
-            fa_axpy<D>(gk, g, qs[r]);
+            if (VALUES) {
+                fa_axpy<D>(acc, p, dos[r]);
+            } else {
+                float dp = fa_dot<D>(vv, dos[r], 0.0f);
+                fa_axpy<D>(acc, p * (dp - ds[r]), qs[r]);
+            }
         }
         __syncthreads();
     }
     if (live) {
         for (int c = 0; c < D; ++c) {
-            dk[b * kb + h * kh + j * kr + c * kc] = scale * gk[c];
-            dv[b * vb + h * vh + j * vr + c * vc] = gv[c];
+            if (VALUES) {
+                dv[b * vb + h * vh + j * vr + c * vc] = acc[c];
+            } else {
+                dk[b * kb + h * kh + j * kr + c * kc] = scale * acc[c];
+            }
         }
     }
 }
@@ -282,9 +288,10 @@ extern "C" __global__ void attn_flash_delta(const float* o, const float* d_o, lo
 #define FA_FORWARD(D)                                                                          \
     fa_forward<D>(q, qb, qh, qr, qc, k, kb, kh, kr, kc, v, vb, vh, vr, vc, o, ob, oh, orow, oc, \
                   lse, mask, mb, mh, mt, ms, heads, t, s, scale, causal)
-#define FA_KEYS(D)                                                                             \
-    fa_keys<D>(q, qb, qh, qr, qc, k, kb, kh, kr, kc, v, vb, vh, vr, vc, d_o, ob, oh, orow, oc, \
-               lse, delta, dk, dv, mask, mb, mh, mt, ms, heads, t, s, scale, causal)
+#define FA_KEYS(D, VALUES)                                                                     \
+    fa_keys<D, VALUES>(q, qb, qh, qr, qc, k, kb, kh, kr, kc, v, vb, vh, vr, vc, d_o, ob, oh,    \
+                       orow, oc, lse, delta, dk, dv, mask, mb, mh, mt, ms, heads, t, s, scale, \
+                       causal)
 #define FA_QUERIES(D)                                                                          \
     fa_queries<D>(q, qb, qh, qr, qc, k, kb, kh, kr, kc, v, vb, vh, vr, vc, d_o, ob, oh, orow,  \
                   oc, lse, delta, dq, mask, mb, mh, mt, ms, heads, t, s, scale, causal)
@@ -294,10 +301,14 @@ extern "C" __global__ void attn_flash_forward_16(FA_FORWARD_PARAMS) { FA_FORWARD
 extern "C" __global__ void attn_flash_forward_32(FA_FORWARD_PARAMS) { FA_FORWARD(32); }
 extern "C" __global__ void attn_flash_forward_64(FA_FORWARD_PARAMS) { FA_FORWARD(64); }
 extern "C" __global__ void attn_flash_forward_128(FA_FORWARD_PARAMS) { FA_FORWARD(128); }
-extern "C" __global__ void attn_flash_keys_16(FA_KEYS_PARAMS) { FA_KEYS(16); }
-extern "C" __global__ void attn_flash_keys_32(FA_KEYS_PARAMS) { FA_KEYS(32); }
-extern "C" __global__ void attn_flash_keys_64(FA_KEYS_PARAMS) { FA_KEYS(64); }
-extern "C" __global__ void attn_flash_keys_128(FA_KEYS_PARAMS) { FA_KEYS(128); }
+extern "C" __global__ void attn_flash_keys_16(FA_KEYS_PARAMS) { FA_KEYS(16, 0); }
+extern "C" __global__ void attn_flash_values_16(FA_KEYS_PARAMS) { FA_KEYS(16, 1); }
+extern "C" __global__ void attn_flash_keys_32(FA_KEYS_PARAMS) { FA_KEYS(32, 0); }
+extern "C" __global__ void attn_flash_values_32(FA_KEYS_PARAMS) { FA_KEYS(32, 1); }
+extern "C" __global__ void attn_flash_keys_64(FA_KEYS_PARAMS) { FA_KEYS(64, 0); }
+extern "C" __global__ void attn_flash_values_64(FA_KEYS_PARAMS) { FA_KEYS(64, 1); }
+extern "C" __global__ void attn_flash_keys_128(FA_KEYS_PARAMS) { FA_KEYS(128, 0); }
+extern "C" __global__ void attn_flash_values_128(FA_KEYS_PARAMS) { FA_KEYS(128, 1); }
 extern "C" __global__ void attn_flash_queries_16(FA_QUERIES_PARAMS) { FA_QUERIES(16); }
 extern "C" __global__ void attn_flash_queries_32(FA_QUERIES_PARAMS) { FA_QUERIES(32); }
 extern "C" __global__ void attn_flash_queries_64(FA_QUERIES_PARAMS) { FA_QUERIES(64); }

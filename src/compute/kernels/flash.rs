@@ -6,7 +6,7 @@
 //! ```text
 //! forward   S = scale q kt [+ mask];  O = softmax(S) v;  L = logsumexp(S)   (one kernel)
 //! backward  delta = rowsum(dO O);  dS = P (dO v^T - delta);
-//!           dv = P^T dO, dk = scale dS^T q  (a kernel over the keys);
+//!           dv = P^T dO  (a kernel over the keys);  dk = scale dS^T q  (another);
 //!           dq = scale dS k  (a kernel over the queries)
 //! ```
 //!
@@ -35,6 +35,12 @@ const KEYS: [&str; 4] = [
     "attn_flash_keys_32",
     "attn_flash_keys_64",
     "attn_flash_keys_128",
+];
+const VALUES: [&str; 4] = [
+    "attn_flash_values_16",
+    "attn_flash_values_32",
+    "attn_flash_values_64",
+    "attn_flash_values_128",
 ];
 const QUERIES: [&str; 4] = [
     "attn_flash_queries_16",
@@ -148,7 +154,7 @@ pub fn flash_attention_grad(
     scale: f32,
     causal: bool,
 ) -> Result<Vec<Step>, String> {
-    let (keys, queries) = (entry(KEYS, x)?, entry(QUERIES, x)?);
+    let (keys, values, queries) = (entry(KEYS, x)?, entry(VALUES, x)?, entry(QUERIES, x)?);
     let same = |a: Mat, b: Mat| Mat { at: 0, ..a } == Mat { at: 0, ..b };
     if !(same(g.dq, x.q) && same(g.dkt, x.kt) && same(g.dv, x.v) && same(g.out, x.o)) {
         return Err("the flash backward writes each gradient in its tensor's layout".into());
@@ -180,6 +186,7 @@ pub fn flash_attention_grad(
     let mut args = read.clone();
     args.extend([Ptr(g.dkt.at), Ptr(g.dv.at)]);
     args.extend(tail(x, scale, causal));
+    steps.push(launch(values, x, x.kt.cols, args.clone()));
     steps.push(launch(keys, x, x.kt.cols, args));
     let mut args = read;
     args.push(Ptr(g.dq.at));
