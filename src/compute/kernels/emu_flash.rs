@@ -72,7 +72,8 @@ fn flash_plan_is_attentions_formula() {
     }
 }
 
-/// Head sizes the kernels are not compiled for, or unequal ones, are refused.
+/// Head sizes the kernels are not compiled for, unequal ones, and more (batch entry, head)
+/// pairs than a grid holds are refused.
 #[test]
 fn flash_plan_refuses_other_head_sizes() {
     let case = gpt2_case([1, 1, 4], 8);
@@ -89,5 +90,17 @@ fn flash_plan_refuses_other_head_sizes() {
     };
     let refused = flash_attention(&x, 1.0, true).unwrap_err();
     assert!(refused.contains("[16, 32, 64, 128]"), "{refused}");
+    let many = AttentionAt {
+        batch: 65_536,
+        q: Mat { cols: 16, ..x.q },
+        kt: Mat { rows: 16, ..x.kt },
+        v: Mat { cols: 16, ..x.v },
+        ..x
+    };
+    let refused = flash_attention(&many, 1.0, true).unwrap_err();
+    assert!(
+        refused.contains("65536 (batch entry, head) pairs"),
+        "{refused}"
+    );
     assert!(flash_fits(64, 64) && !flash_fits(64, 32) && !flash_fits(48, 48));
 }

@@ -62,7 +62,17 @@ fn rows(m: Mat) -> [Arg; 5] {
 }
 
 /// The entry of `table` for `x`'s head size.
+///
+/// # Errors
+/// Head sizes the kernels do not take, or more (batch entry, head) pairs than a grid's
+/// second axis holds.
 fn entry(table: [&'static str; 4], x: &AttentionAt) -> Result<&'static str, String> {
+    let pairs = x.batch * x.heads;
+    if pairs > 65_535 {
+        return Err(format!(
+            "{pairs} (batch entry, head) pairs: the flash kernels take at most 65,535 a call"
+        ));
+    }
     let (d, e) = (x.q.cols, x.v.cols);
     let at = FLASH_HEAD_SIZES.iter().position(|&n| n == d);
     match at {
