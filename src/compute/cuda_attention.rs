@@ -384,6 +384,21 @@ mod tests {
         packed_attention_on_both(true);
     }
 
+    /// The attributes of GPT-2's packed causal attention, `h` heads of `d`.
+    fn packed_causal(h: usize, d: usize, lse: bool) -> Vec<crate::onnx::proto::AttributeProto> {
+        vec![
+            float_attr("scale", 1.0 / (d as f32).sqrt()),
+            int_attr("causal", 1),
+            int_attr("lse", i64::from(lse)),
+            ints_attr("q_perm", &[0, 2, 1, 3]),
+            ints_attr("k_perm", &[0, 2, 3, 1]),
+            ints_attr("v_perm", &[0, 2, 1, 3]),
+            ints_attr("out_perm", &[0, 2, 1, 3]),
+            ints_attr("heads_dim", &[h as i64, d as i64]),
+            ints_attr("offsets", &[0, (h * d) as i64, (2 * h * d) as i64]),
+        ]
+    }
+
     fn packed_attention_on_both(lse: bool) {
         if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
             eprintln!("skipped: no GPU");
@@ -391,19 +406,7 @@ mod tests {
         }
         let (b, t, h, d) = (2usize, 300usize, 4usize, 32usize);
         let w = 3 * h * d;
-        let attrs = || {
-            vec![
-                float_attr("scale", 1.0 / (d as f32).sqrt()),
-                int_attr("causal", 1),
-                int_attr("lse", i64::from(lse)),
-                ints_attr("q_perm", &[0, 2, 1, 3]),
-                ints_attr("k_perm", &[0, 2, 3, 1]),
-                ints_attr("v_perm", &[0, 2, 1, 3]),
-                ints_attr("out_perm", &[0, 2, 1, 3]),
-                ints_attr("heads_dim", &[h as i64, d as i64]),
-                ints_attr("offsets", &[0, (h * d) as i64, (2 * h * d) as i64]),
-            ]
-        };
+        let attrs = || packed_causal(h, d, lse);
         let grad_inputs: &[&str] = match lse {
             true => &["do", "qkv", "p", "o", "mask"],
             false => &["do", "qkv", "p"],
@@ -479,19 +482,7 @@ mod tests {
         let (b, t, h, d, layers) = (4usize, 1024usize, 12usize, 64usize, 12usize);
         let w = 3 * h * d;
         let session = |rt: &Runtime, lse: bool| {
-            let attrs = || {
-                vec![
-                    float_attr("scale", 1.0 / (d as f32).sqrt()),
-                    int_attr("causal", 1),
-                    int_attr("lse", i64::from(lse)),
-                    ints_attr("q_perm", &[0, 2, 1, 3]),
-                    ints_attr("k_perm", &[0, 2, 3, 1]),
-                    ints_attr("v_perm", &[0, 2, 1, 3]),
-                    ints_attr("out_perm", &[0, 2, 1, 3]),
-                    ints_attr("heads_dim", &[h as i64, d as i64]),
-                    ints_attr("offsets", &[0, (h * d) as i64, (2 * h * d) as i64]),
-                ]
-            };
+            let attrs = || packed_causal(h, d, lse);
             let mut nodes = Vec::new();
             let names: Vec<[String; 3]> = (0..layers)
                 .map(|l| [format!("o{l}"), format!("p{l}"), format!("g{l}")])
