@@ -24,6 +24,7 @@ mod evaluation;
 mod examples;
 mod exported_models;
 mod files;
+mod flash_attention;
 mod fused_attention;
 mod fused_kernels;
 mod fused_tanh_gelu;

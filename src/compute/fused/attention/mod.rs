@@ -47,6 +47,7 @@ use ort::operator::{
 };
 use ort::value::TensorElementType;
 
+mod attributes;
 mod head;
 mod layout;
 
@@ -55,82 +56,13 @@ use crate::compute::blas::Blas;
 use crate::graph::custom_ops::{
     ATTENTION, ATTENTION_GRAD, PACKED_ATTENTION, PACKED_ATTENTION_GRAD,
 };
+pub(crate) use attributes::{views, Attributes};
 use head::{Mask, Pair};
 use layout::Shared;
 pub(crate) use layout::{mask_strides, View};
 
 /// At most this many tasks a call (each a run of (batch, head) pairs).
 const TASKS: usize = 16;
-
-/// The attributes of a call (see the module doc).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Attributes {
-    pub(crate) scale: f32,
-    pub(crate) causal: bool,
-    /// `lse = 1`: the forward's second output is each query row's log-sum-exp of its
-    /// scores, `[B, H, T]`, not `P`; the backward takes it and `O` (see the module doc).
-    pub(crate) lse: bool,
-    q: [usize; 4],
-    k: [usize; 4],
-    v: [usize; 4],
-    pub(crate) out: [usize; 4],
-    /// Q, K and V as parts of one packed `[B, T, W]` tensor (`PackedAttention`): heads
-    /// and head size, and where each part starts on the last axis.
-    pub(crate) packed: Option<([usize; 2], [usize; 3])>,
-}
-
-impl Attributes {
-    pub(crate) fn of(info: &KernelContext<'_>, op: &str) -> ort::Result<Self> {
-        let perm = |name: &str| -> ort::Result<[usize; 4]> {
-            let v = info
-                .get::<Vec<i64>>(name)
-                .unwrap_or_else(|| vec![0, 1, 2, 3]);
-            let mut p = [0usize; 4];
-            let mut seen = [false; 4];
-            for (i, &a) in v.iter().enumerate().take(4) {
-                if (0..4).contains(&a) && !seen[a as usize] {
-                    seen[a as usize] = true;
-                    p[i] = a as usize;
-                }
-            }
-            if v.len() != 4 || seen.contains(&false) {
-                return Err(ort::Error::new(format!(
-                    "{op}: attribute {name} = {v:?} (want a permutation of 0..4)"
-                )));
-            }
-            Ok(p)
-        };
-        Ok(Self {
-            scale: info.get::<f32>("scale").unwrap_or(1.0),
-            causal: info.get::<i64>("causal").unwrap_or(0) != 0,
-            lse: info.get::<i64>("lse").unwrap_or(0) != 0,
-            q: perm("q_perm")?,
-            k: perm("k_perm")?,
-            v: perm("v_perm")?,
-            out: perm("out_perm")?,
-            packed: Self::packed(info, op)?,
-        })
-    }
-
-    /// The `heads_dim` and `offsets` attributes of `PackedAttention`, `None` elsewhere.
-    fn packed(info: &KernelContext<'_>, op: &str) -> ort::Result<Option<([usize; 2], [usize; 3])>> {
-        let (Some(hd), Some(offsets)) = (
-            info.get::<Vec<i64>>("heads_dim"),
-            info.get::<Vec<i64>>("offsets"),
-        ) else {
-            return Ok(None);
-        };
-        match (&hd[..], &offsets[..]) {
-            (&[h, d], &[q, k, v]) if [h, d, q, k, v].iter().all(|&x| x >= 0) => Ok(Some((
-                [h as usize, d as usize],
-                [q as usize, k as usize, v as usize],
-            ))),
-            _ => Err(ort::Error::new(format!(
-                "{op}: heads_dim {hd:?} and offsets {offsets:?} (want 2 and 3 values >= 0)"
-            ))),
-        }
-    }
-}
 
 /// Scratch values of the attention kernels' tasks, one buffer per task, kept from call to
 /// call (no allocation per call once they have grown to size) and shared by every
@@ -169,35 +101,6 @@ fn per_pair(
             task(bh, &mut buffer[..len]);
         }
     })
-}
-
-/// The logical views of `Q`, `K` (turned), `V` and their agreement: `[B, H, T, D]`,
-/// `[B, H, D, S]`, `[B, H, S, E]`.
-pub(crate) fn views(op: &str, a: &Attributes, shapes: [&[i64]; 3]) -> ort::Result<[View; 3]> {
-    let bad = || {
-        ort::Error::new(format!(
-            "{op}: Q {:?}, K {:?}, V {:?} with permutations {:?}, {:?}, {:?} are not \
-             [B, H, T, D], [B, H, D, S], [B, H, S, E] (S >= T if causal)",
-            shapes[0], shapes[1], shapes[2], a.q, a.k, a.v
-        ))
-    };
-    let view = |i: usize, perm: [usize; 4]| match a.packed {
-        Some((hd, offsets)) => View::part(shapes[i], hd, offsets[i], perm),
-        None => View::of(shapes[i], perm),
-    };
-    let (Some(q), Some(k), Some(v)) = (view(0, a.q), view(1, a.k), view(2, a.v)) else {
-        return Err(bad());
-    };
-    // A causal mask needs a key for every query (query `i` sees keys up to `i + S - T`).
-    let agree = q.dims[..2] == k.dims[..2]
-        && k.dims[..2] == v.dims[..2]
-        && q.dims[3] == k.dims[2]
-        && k.dims[3] == v.dims[2]
-        && (!a.causal || k.dims[3] >= q.dims[2]);
-    if !agree {
-        return Err(bad());
-    }
-    Ok([q, k, v])
 }
 
 /// `Attention` or its backward `AttentionGrad`, each also on one packed `Q, K, V`
@@ -365,11 +268,7 @@ fn forward(
     let (out_shape, ov) = View::made([b, h, t, e], a.out);
     let mut out = output(ctx, name, 0, &out_shape)?;
     let (_, out) = out.try_extract_tensor_mut::<f32>()?;
-    let kept = match a.lse {
-        true => vec![b as i64, h as i64, t as i64],
-        false => vec![b as i64, h as i64, t as i64, s as i64],
-    };
-    let mut kept = output(ctx, name, 1, &kept)?;
+    let mut kept = output(ctx, name, 1, &a.kept([b, h, t, s]))?;
     let (_, kept) = kept.try_extract_tensor_mut::<f32>()?;
     let (out, kept) = (Shared(out.as_mut_ptr()), Shared(kept.as_mut_ptr()));
     let pair = Pair {
@@ -435,10 +334,7 @@ fn backward(
     let [b, h, t, _] = qv.dims;
     let (s, e) = (kv.dims[3], vv.dims[3]);
     let (want_do, ov) = View::made([b, h, t, e], a.out);
-    let want_p: Vec<i64> = match a.lse {
-        true => vec![b as i64, h as i64, t as i64],
-        false => vec![b as i64, h as i64, t as i64, s as i64],
-    };
+    let want_p = a.kept([b, h, t, s]);
     if do_shape[..] != want_do[..] || p_shape[..] != want_p[..] {
         let kept = if a.lse { "L" } else { "P" };
         return Err(ort::Error::new(format!(
