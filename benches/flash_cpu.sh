@@ -14,6 +14,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 rounds=${1:-2} batch=${2:-1} seq=${3:-1024} steps=${4:-4}
 bin=$root/target/release/pipetrain
+[ -x /usr/bin/time ] || { echo "flash_cpu.sh: needs GNU time at /usr/bin/time (apt-get install time)" >&2; exit 1; }
 [ -x "$bin" ] || cargo build --release --features cli --manifest-path "$root/Cargo.toml" -q
 export ORT_DYLIB_PATH=${ORT_DYLIB_PATH:-$(ls "$root"/.venv/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so* | head -1)}
 scratch=$(mktemp -d)
