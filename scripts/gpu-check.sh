@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, in one command, for a machine with an NVIDIA GPU:
 #   bash scripts/gpu-check.sh [--bin DIR] [--peers DIR] [--out DIR] [--quick]
-#                             [--checks kernels,curves,pipeline,resume,precision,gpt2]
+#                             [--checks kernels,curves,pipeline,replicas,resume,precision,gpt2]
 # - builds pipetrain with `--features cuda` (or takes the binary from --bin DIR, for a
 #   machine without cargo);
 # - `pipetrain doctor`: the library, its CUDA provider, the devices, a one-rank NCCL
@@ -16,6 +16,9 @@
 #   curves judged against PyTorch float64 (TF32 off; --peers names peers/data);
 # - a 2-stage pipeline on one GPU with its Chrome trace (how long both stages computed
 #   at once);
+# - two data-parallel replicas on one GPU summing their gradients in device memory
+#   (`compute/replicas.rs`) against the same run reducing on the host: bitwise the same
+#   losses, and each step's host traffic;
 # - checkpoint and resume on the GPU: 20 steps straight against 10 + 10 resumed, bitwise;
 # - mixed precision: float16 and bfloat16 curves against float32 (PRECISION_TOL, default
 #   0.05 in the loss), and an injected float16 overflow skipping its step, scale halved;
@@ -36,14 +39,14 @@
 # Everything lands in --out (default gpu-check/); the summary is printed at the end.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bin="" peers="$root/peers/data" out="gpu-check" checks=kernels,curves,pipeline,resume,precision,gpt2
+bin="" peers="$root/peers/data" out="gpu-check" checks=kernels,curves,pipeline,replicas,resume,precision,gpt2
 device=${PIPETRAIN_GPU_CHECK_DEVICE:-cuda}
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
     --peers) peers=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    --quick) checks=curves,pipeline,resume,precision; shift ;;
+    --quick) checks=curves,pipeline,replicas,resume,precision; shift ;;
     --checks) checks=$2; shift 2 ;;
     *) echo "gpu-check: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -131,6 +134,28 @@ if want pipeline && train mlp_pipeline_gpu "$(config mlp_pipeline "$device" mlp_
   train mlp_pipeline_host "$host" && python3 "$root/benches/gpu/losses_diff.py" \
     "pp=2, 4 micro-batches, state on the device against the host" \
     "$out/mlp_pipeline_gpu.jsonl" "$out/mlp_pipeline_host.jsonl" >> "$summary"
+fi
+
+# Two data-parallel replicas on one GPU: their gradients summed in device memory against
+# the same run with the state (and the sum) on the host; and what each step copied.
+if want replicas; then
+  dp2=$(config tiny_gpt_adamw "$device" dp2_gpu "data_parallel_size = 2")
+  dp2_host=$(config tiny_gpt_adamw "$device" dp2_host "data_parallel_size = 2")
+  sed -i 's/^\[runtime\]/[runtime]\nstate_on_device = false/' "$dp2_host"
+  if RUST_LOG=info,pipetrain::device=debug train dp2_gpu "$dp2" && train dp2_host "$dp2_host"; then
+    grep -q 'sum their gradients in device memory' "$out/dp2_gpu.log" \
+      || fail "dp=2: the replicas did not sum in device memory (see dp2_gpu.log)"
+    python3 "$root/benches/gpu/losses_diff.py" \
+      "dp=2 on one GPU, gradients summed in device memory against on the host" \
+      "$out/dp2_gpu.jsonl" "$out/dp2_host.jsonl" >> "$summary"
+    python3 - "$out/dp2_gpu.log" <<'PY' >> "$summary"
+import re, sys
+steps = [l for l in open(sys.argv[1], errors="replace") if "host traffic of the step" in l]
+last = steps[-1] if steps else ""
+field = lambda k: (re.search(k + r"=(\d+)", last) or [None, "?"])[1]
+print(f"dp=2 host traffic of a step, per replica: {field('to_device')} bytes in, {field('to_host')} out ({len(steps)} lines)")
+PY
+  fi
 fi
 
 # Checkpoint and resume on the GPU: steps 11-20 resumed equal steps 11-20 straight.

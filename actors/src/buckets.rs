@@ -90,6 +90,10 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
             // (a stage keeping them on a device would copy them out and in for nothing).
             return Ok(());
         }
+        if self.compute(s)?.reduces_own_grads() {
+            let summed = self.compute(s)?.all_reduce_own().await;
+            return summed.map_err(|source| self.failed(action, source));
+        }
         let grads = self.compute(s)?.take_grads();
         // A replica updating its part of the stage needs only that part summed.
         let sum = match self.compute(s)?.update_parts() {

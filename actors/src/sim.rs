@@ -4,6 +4,7 @@
 //! recorded runs replayed without tensors.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +26,7 @@ pub struct SimStage {
     step: u64,
     cost: CostFn,
     hang_in_forward: Option<usize>,
+    reduced_own: Option<Arc<AtomicUsize>>,
 }
 
 impl SimStage {
@@ -37,7 +39,16 @@ impl SimStage {
             step: 0,
             cost,
             hang_in_forward: None,
+            reduced_own: None,
         }
+    }
+
+    /// Makes the stage sum its gradients with its replicas' itself (as a stage keeping
+    /// them on a device does), counting each such reduction in `count`; handing them
+    /// out then panics.
+    pub fn reducing_its_own(mut self, count: Arc<AtomicUsize>) -> SimStage {
+        self.reduced_own = Some(count);
+        self
     }
 
     /// Makes the forward of micro-batch `mb` never finish (so nothing is ever sent on):
@@ -120,7 +131,21 @@ impl StageCompute for SimStage {
     }
 
     fn take_grads(&mut self) -> Vec<f32> {
+        assert!(
+            self.reduced_own.is_none(),
+            "a stage reducing its own gradients was asked for them"
+        );
         vec![self.replica as f32]
+    }
+
+    fn reduces_own_grads(&self) -> bool {
+        self.reduced_own.is_some()
+    }
+
+    async fn all_reduce_own(&mut self) -> Result<(), BoxError> {
+        let count = self.reduced_own.as_ref().ok_or("hands its gradients out")?;
+        count.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     fn put_grads(&mut self, _grads: Vec<f32>) {}

@@ -71,6 +71,22 @@ pub trait StageCompute: Send + 'static {
     /// Takes back the (reduced) gradients.
     fn put_grads(&mut self, grads: Vec<f32>);
 
+    /// Whether this compute sums its gradients with its data-parallel replicas' itself,
+    /// where they live (in device memory), instead of handing them out: the stage
+    /// actor's all-reduce then calls [`StageCompute::all_reduce_own`] and leaves its
+    /// collective out. By default it hands them out ([`StageCompute::take_grads`]).
+    fn reduces_own_grads(&self) -> bool {
+        false
+    }
+
+    /// Sums the step's gradients with the other replicas' in place; each replica of the
+    /// stage calls it once a step.
+    fn all_reduce_own(&mut self) -> impl Future<Output = Result<(), BoxError>> + Send {
+        std::future::ready(Err::<(), BoxError>(
+            "this stage hands its gradients out for reduction".into(),
+        ))
+    }
+
     /// Where this replica updates only its part of the stage's parameters (its
     /// optimizer state sharded across the data-parallel replicas, ZeRO stage 1): every
     /// data-parallel rank's part of the flat parameters, in rank order. The stage actor

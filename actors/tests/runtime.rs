@@ -148,6 +148,39 @@ async fn data_parallel_replicas_reduce_and_interleaved_ranks_hold_two_stages() {
     assert_eq!(zb.steps.len(), 1);
 }
 
+/// A stage that sums its gradients with its replicas' itself (on its device) is asked to,
+/// once a step per replica, and never to hand them out (`SimStage` panics then).
+#[tokio::test(start_paused = true)]
+async fn stages_that_reduce_their_own_gradients_are_left_to_it() {
+    let (p, replicas, steps) = (2, 3, 4);
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let computes = (0..replicas)
+        .map(|r| {
+            (0..p)
+                .map(|s| SimStage::new(s, p, r, costs()).reducing_its_own(count.clone()))
+                .collect()
+        })
+        .collect();
+    let settings = EngineSettings {
+        watchdog: Duration::from_secs(5),
+        threads: ActorThreads::Tasks,
+        ..EngineSettings::new(one_f_one_b(p, 4).unwrap(), replicas)
+    };
+    let out = run(
+        &settings,
+        computes,
+        Arc::new(SimData { stages: p }),
+        Box::new(|_| 0.1),
+        0..steps,
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.steps.len(), steps as usize);
+    let reduced = count.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(reduced, replicas * p * steps as usize);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_stage_that_never_sends_fails_the_run_with_who_waits_on_whom() {
     let (p, m) = (4, 8);

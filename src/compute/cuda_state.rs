@@ -13,7 +13,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr
 
 use super::cuda_launch::{compile, launch_planned, Launch};
 use super::kernels::{self, SUM_BLOCKS, UPDATE_SOURCE};
-use super::resident::{Buffer, DeviceSpan, DeviceState};
+use super::resident::{Buffer, DeviceSpan, DeviceState, GradBuffer};
 use crate::optim::ElementwiseStep;
 use crate::{Error, Result};
 
@@ -22,6 +22,7 @@ struct Kernels {
     sgd_momentum: CudaFunction,
     adam: CudaFunction,
     add_into: CudaFunction,
+    sum_replicas: CudaFunction,
     sum_sq_blocks: CudaFunction,
     sum_blocks: CudaFunction,
 }
@@ -45,6 +46,9 @@ pub(crate) struct CudaState {
     state: Vec<CudaSlice<f32>>,
     partial: CudaSlice<f64>,
     total: CudaSlice<f64>,
+    /// The addresses a replica sum reads (`sum_replicas`), as last uploaded: the same
+    /// every step, so uploaded once.
+    sources: Option<(Vec<u64>, CudaSlice<u64>)>,
 }
 
 impl CudaState {
@@ -71,6 +75,7 @@ impl CudaState {
             sgd_momentum: f("sgd_momentum")?,
             adam: f("adam")?,
             add_into: f("add_into")?,
+            sum_replicas: f("sum_replicas")?,
             sum_sq_blocks: f("sum_sq_blocks")?,
             sum_blocks: f("sum_blocks")?,
         };
@@ -92,6 +97,7 @@ impl CudaState {
                 .alloc_zeros::<f64>(SUM_BLOCKS as usize)
                 .map_err(fail("allocating"))?,
             total: stream.alloc_zeros::<f64>(1).map_err(fail("allocating"))?,
+            sources: None,
             kernels,
             stream,
         };
@@ -144,6 +150,7 @@ impl CudaState {
                 "sgd_momentum" => &k.sgd_momentum,
                 "adam" => &k.adam,
                 "add_into" => &k.add_into,
+                "sum_replicas" => &k.sum_replicas,
                 "sum_sq_blocks" => &k.sum_sq_blocks,
                 _ => &k.sum_blocks,
             };
@@ -161,13 +168,91 @@ fn at(base: usize, offset: usize) -> u64 {
     (base + offset * size_of::<f32>()) as u64
 }
 
+impl CudaState {
+    /// The device address of a table holding `addrs`, uploaded where it changed.
+    fn source_table(&mut self, addrs: Vec<u64>) -> Result<u64> {
+        let fresh = match &self.sources {
+            Some((kept, _)) => *kept != addrs,
+            None => true,
+        };
+        if fresh {
+            let table = self
+                .stream
+                .clone_htod(addrs.as_slice())
+                .map_err(self.err("copying the replicas' addresses"))?;
+            self.sources = Some((addrs, table));
+        }
+        let (_, table) = self.sources.as_ref().expect("made above");
+        let (ptr, _sync) = table.device_ptr(&self.stream);
+        Ok(ptr)
+    }
+
+    /// Refuses a span on another device or of another length than the gradients.
+    fn check_peer(&self, span: &DeviceSpan) -> Result<()> {
+        if span.device == self.index && span.len == self.grads.len() {
+            return Ok(());
+        }
+        Err(Error::Device {
+            device: format!("cuda:{}", self.index),
+            reason: format!(
+                "a replica's gradients are {} values on cuda:{}, these {} on cuda:{}",
+                span.len,
+                span.device,
+                self.grads.len(),
+                self.index
+            ),
+        })
+    }
+}
+
+impl GradBuffer for CudaState {
+    fn grads(&self) -> DeviceSpan {
+        self.span(&self.grads)
+    }
+
+    fn sum_grads(&mut self, sources: &[DeviceSpan], range: Range<usize>) -> Result<()> {
+        sources.iter().try_for_each(|s| self.check_peer(s))?;
+        if sources.is_empty() || range.is_empty() {
+            return Ok(());
+        }
+        let addrs = sources.iter().map(|s| at(s.addr, range.start)).collect();
+        let table = self.source_table(addrs)?;
+        let dst = at(self.addr(&self.grads), range.start);
+        self.launch(&[kernels::sum_replicas(
+            dst,
+            table,
+            sources.len(),
+            range.len(),
+        )])?;
+        self.sync()
+    }
+
+    fn copy_grads(&mut self, source: DeviceSpan, range: Range<usize>) -> Result<()> {
+        self.check_peer(&source)?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        let dst = at(self.addr(&self.grads), range.start);
+        let bytes = range.len() * size_of::<f32>();
+        // SAFETY: both spans hold `range` (checked against the gradients' length), on
+        // this device; the replica that owns `source` does not write it during the
+        // round (`compute/replicas.rs`).
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                dst,
+                at(source.addr, range.start),
+                bytes,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(self.err("copying a replica's gradients"))?;
+        self.sync()
+    }
+}
+
 impl DeviceState for CudaState {
     fn params(&self) -> DeviceSpan {
         self.span(&self.params)
-    }
-
-    fn grads(&self) -> DeviceSpan {
-        self.span(&self.grads)
     }
 
     fn scratch(&mut self) -> Result<DeviceSpan> {

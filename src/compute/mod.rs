@@ -32,6 +32,7 @@ mod open;
 mod ort_log;
 mod pinned;
 mod probe;
+mod replicas;
 mod resident;
 mod runtime;
 mod session;
@@ -47,7 +48,8 @@ pub use local_shards::LocalShards;
 pub use open::{intra_threads_for, SessionOptions};
 pub use pinned::PinnedBuffers;
 pub use probe::probe_values;
-pub use resident::{open as open_device_state, Buffer, DeviceSpan, DeviceState};
+pub use replicas::{ReplicaGroup, ReplicaLink};
+pub use resident::{open as open_device_state, Buffer, DeviceSpan, DeviceState, GradBuffer};
 pub use runtime::{find_library, Runtime, RuntimeInfo, ORT_VERSION};
 pub use session::GraphSession;
 #[cfg(feature = "cluster")]

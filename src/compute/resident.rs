@@ -58,13 +58,32 @@ impl DeviceSpan {
     }
 }
 
+/// A stage's gradients in device memory, as a reduction across its data-parallel
+/// replicas uses them (`compute/replicas.rs`). Every method returns once the device has
+/// done it.
+pub trait GradBuffer {
+    /// The step's gradients (the accumulators), laid out as the stage's flat buffer.
+    fn grads(&self) -> DeviceSpan;
+    /// Writes over `range` of the gradients the sum of `range` of each of `sources` (on
+    /// this state's device, each as long as the gradients; this state's own among
+    /// them), added in their order.
+    ///
+    /// # Errors
+    /// `Device` on a failed launch or copy.
+    fn sum_grads(&mut self, sources: &[DeviceSpan], range: Range<usize>) -> Result<()>;
+    /// Copies `range` of `source` (on this state's device) over the same range of the
+    /// gradients.
+    ///
+    /// # Errors
+    /// `Device` on a failed copy.
+    fn copy_grads(&mut self, source: DeviceSpan, range: Range<usize>) -> Result<()>;
+}
+
 /// A stage's parameters, gradients and optimizer state in device memory, and what the
 /// stage does with them. Every method returns once the device has done it.
-pub trait DeviceState: Send {
+pub trait DeviceState: GradBuffer + Send {
     /// The parameters, laid out as the stage's flat buffer.
     fn params(&self) -> DeviceSpan;
-    /// The step's gradients (the accumulators), laid out likewise.
-    fn grads(&self) -> DeviceSpan;
     /// A second gradient buffer for a later micro-batch's gradients, made on first use.
     ///
     /// # Errors

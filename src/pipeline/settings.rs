@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::compute::ShardLink;
+use crate::compute::{ReplicaLink, ShardLink};
 use crate::graph::LossNormalize;
 use crate::optim::{OptimizerConfig, ParamGroup};
 
@@ -45,6 +45,10 @@ pub struct StageSettings {
     /// This replica's part of the optimizer state, sharded across the data-parallel
     /// replicas (`deepspeed_zero_stage = 1`; `None`: each replica keeps all of it).
     pub zero: Option<super::ZeroSlot>,
+    /// This stage's place among its data-parallel replicas where they all run in this
+    /// process on its device and sum their gradients in device memory
+    /// (`compute/replicas.rs`; `None`: through the engine's collective).
+    pub replicas: Option<ReplicaLink>,
 }
 
 /// Where a stage sends copies of the parameters (and gradients) named for TensorBoard
@@ -94,6 +98,7 @@ impl StageSettings {
             adasum: None,
             shard: None,
             zero: None,
+            replicas: None,
         }
     }
 }

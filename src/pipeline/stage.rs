@@ -155,6 +155,17 @@ impl OrtStage {
             true => super::stage_device::open_state(opts.device, &params, optimizer.as_ref())?,
             false => None,
         };
+        if let (Some(link), None) = (&settings.replicas, &device_state) {
+            // Its replicas would wait for it in device memory while it reduced on the host.
+            return Err(Error::Device {
+                device: opts.device.to_string(),
+                reason: format!(
+                    "stage {}, {link:?}, is to sum its gradients in device memory but keeps \
+                     its state on the host",
+                    graphs.stage
+                ),
+            });
+        }
         Ok(OrtStage {
             zero,
             tied_handoffs: Default::default(),

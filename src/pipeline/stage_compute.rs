@@ -301,6 +301,24 @@ impl StageCompute for OrtStage {
         }
     }
 
+    fn reduces_own_grads(&self) -> bool {
+        self.settings.replicas.is_some() && self.device_state.is_some()
+    }
+
+    async fn all_reduce_own(&mut self) -> Result<(), BoxError> {
+        // A failure still takes part in the round, so that no replica waits for ever.
+        self.complete_grads();
+        let link = self.settings.replicas.clone();
+        let summed = match (link, self.device_state.as_mut()) {
+            (Some(link), Some(state)) => link.all_reduce(state.as_mut()).await,
+            _ => return Err("this stage has no replicas on its device to reduce with".into()),
+        };
+        match self.device_error.take() {
+            Some(e) => Err(e.into()),
+            None => Ok(summed?),
+        }
+    }
+
     fn update_parts(&self) -> Option<Vec<std::ops::Range<usize>>> {
         self.zero.as_ref().map(|z| z.values().to_vec())
     }

@@ -27,10 +27,17 @@ pub(super) fn keeps_state_on_device(
     settings: &StageSettings,
     chain: &Option<Chain>,
 ) -> bool {
+    state_fits_device(opts, settings) && chain.is_none()
+}
+
+/// Whether a stage opened with `opts` and `settings`, without gradient buckets, keeps
+/// its state on its device ([`keeps_state_on_device`]): where every data-parallel
+/// replica of a stage does, in one process, they sum their gradients there
+/// (`StageSettings::replicas`).
+pub fn state_fits_device(opts: &SessionOptions, settings: &StageSettings) -> bool {
     opts.device != Device::Cpu
         && opts.state_on_device
         && settings.shard.is_none()
-        && chain.is_none()
         && settings.adasum.is_none()
         && settings.zero.is_none()
         && settings.histograms.is_none()

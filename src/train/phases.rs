@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use pipetrain_schedules::Schedule;
 
-use super::settings::{stage_settings, training_graph, warn_about_model};
+use super::settings::{
+    join_device_replicas, replica_settings, stage_settings, training_graph, warn_about_model,
+};
 use super::{apply_init, checkpointing, RunEvent};
 use crate::checkpoint::{model_fingerprint, LoadedCheckpoint};
 use crate::compute::{check_device, HostPool, LocalShards, Runtime, SessionOptions, ShardLink};
@@ -24,7 +26,7 @@ use crate::graph::{
 use crate::onnx::proto::ModelProto;
 use crate::onnx::save_model;
 use crate::pipeline::OrtStage;
-use crate::pipeline::{AdasumSlot, HistogramTap, ZeroSlot};
+use crate::pipeline::{HistogramTap, StageSettings};
 use crate::{Error, Result};
 
 /// The model as it trains, and where it starts.
@@ -276,42 +278,21 @@ pub(super) fn make_computes(
         }
         _ => shard_links(cfg, owned)?,
     };
+    let mut planned: Vec<((usize, usize), StageSettings)> = owned
+        .iter()
+        .map(|&(replica, s)| {
+            let mut st = replica_settings(cfg, &settings, (replica, s), tap.as_ref());
+            st.shard = links.remove(&(replica, s));
+            ((replica, s), st)
+        })
+        .collect();
+    join_device_replicas(cfg, session_opts, &mut planned);
     let mut computes = HashMap::new();
     // The stages' outputs, freed a few actions after they are made, come back for the
     // next micro-batch's (`compute::HostPool`); on the host only.
     let pool = (session_opts.device == crate::compute::Device::Cpu)
         .then(|| HostPool::new(HOST_POOL_BYTES));
-    for &(replica, s) in owned {
-        // The data-parallel replica this engine replica is a tensor shard of.
-        let dp = replica / cfg.horizontal_parallel_size.max(1);
-        let mut st = settings.clone();
-        st.shard = links.remove(&(replica, s));
-        // Data-parallel replica 0's shards that send (engine replica = dp x hp + shard).
-        if replica < tap.as_ref().map_or(0, |t| t.shards.max(1)) {
-            st.histograms = tap.clone();
-        }
-        st.adasum = cfg.enable_adasum.then_some(AdasumSlot {
-            replica,
-            replicas: cfg.data_parallel_size,
-        });
-        st.zero = cfg.shards_optimizer_state().then_some(ZeroSlot {
-            rank: dp,
-            ranks: cfg.data_parallel_size,
-            gradients: cfg.shards_gradients(),
-        });
-        // The test aids name a data-parallel replica: every tensor shard of it.
-        st.overflow_at = cfg
-            .debug
-            .inject_grad_overflow
-            .iter()
-            .filter(|f| f.stage == s && f.replica == dp)
-            .map(|f| f.step - 1)
-            .collect();
-        st.stall = cfg
-            .debug
-            .stall
-            .filter(|f| f.stage == s && f.replica == dp)
-            .map(|f| (f.step - 1, Duration::from_secs(f.seconds)));
+    for ((replica, s), st) in planned {
         let mut stage = OrtStage::new(rt, &built.tg, &built.stages[s], session_opts, &st)?;
         if let Some(pool) = &pool {
             stage.use_host_pool(pool);

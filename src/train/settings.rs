@@ -11,7 +11,7 @@ use crate::config::TrainConfig;
 use crate::data::StepBatches;
 use crate::graph::{build_sharded_training_graph, TrainOptions, TrainingGraph};
 use crate::onnx::proto::ModelProto;
-use crate::pipeline::StageSettings;
+use crate::pipeline::{AdasumSlot, HistogramTap, StageSettings, ZeroSlot};
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -182,6 +182,80 @@ pub(super) fn warn_about_model(cfg: &TrainConfig, model: &ModelProto) -> Result<
     Ok(())
 }
 
+/// The settings of engine replica `replica`'s stage `s`, from those every stage shares
+/// (all but its tensor shard's link).
+pub(super) fn replica_settings(
+    cfg: &TrainConfig,
+    shared: &StageSettings,
+    (replica, s): (usize, usize),
+    tap: Option<&HistogramTap>,
+) -> StageSettings {
+    // The data-parallel replica this engine replica is a tensor shard of.
+    let dp = replica / cfg.horizontal_parallel_size.max(1);
+    let mut st = shared.clone();
+    // Data-parallel replica 0's shards that send (engine replica = dp x hp + shard).
+    if replica < tap.map_or(0, |t| t.shards.max(1)) {
+        st.histograms = tap.cloned();
+    }
+    st.adasum = cfg.enable_adasum.then_some(AdasumSlot {
+        replica,
+        replicas: cfg.data_parallel_size,
+    });
+    st.zero = cfg.shards_optimizer_state().then_some(ZeroSlot {
+        rank: dp,
+        ranks: cfg.data_parallel_size,
+        gradients: cfg.shards_gradients(),
+    });
+    // The test aids name a data-parallel replica: every tensor shard of it.
+    st.overflow_at = cfg
+        .debug
+        .inject_grad_overflow
+        .iter()
+        .filter(|f| f.stage == s && f.replica == dp)
+        .map(|f| f.step - 1)
+        .collect();
+    st.stall = cfg
+        .debug
+        .stall
+        .filter(|f| f.stage == s && f.replica == dp)
+        .map(|f| (f.step - 1, Duration::from_secs(f.seconds)));
+    st
+}
+
+/// Each stage whose data-parallel replicas all run in this process, on its device, each
+/// keeping its state there, sums their gradients in device memory: they join one group
+/// (`compute::ReplicaGroup`) and go without gradient buckets (a stage with buckets keeps
+/// its state on the host). The others reduce through the engine's collective.
+pub(super) fn join_device_replicas(
+    cfg: &TrainConfig,
+    opts: &SessionOptions,
+    planned: &mut [((usize, usize), StageSettings)],
+) {
+    let d = cfg.data_parallel_size;
+    if d < 2 || cfg.horizontal_parallel_size > 1 {
+        return;
+    }
+    let stages: std::collections::BTreeSet<usize> = planned.iter().map(|((_, s), _)| *s).collect();
+    for s in stages {
+        let members: Vec<usize> = (0..planned.len())
+            .filter(|&i| planned[i].0 .1 == s)
+            .collect();
+        let fits = |i: &usize| crate::pipeline::state_fits_device(opts, &planned[*i].1);
+        if members.len() != d || !members.iter().all(fits) {
+            continue;
+        }
+        let group = crate::compute::ReplicaGroup::new(d);
+        for i in members {
+            let ((replica, _), st) = &mut planned[i];
+            st.replicas = Some(group.link(*replica));
+            st.bucket_bytes = 0;
+        }
+        tracing::info!(
+            "stage {s}: its {d} data-parallel replicas sum their gradients in device memory"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,5 +282,47 @@ mod tests {
         let set = config("[runtime]\nintra_op_threads = 3\n");
         assert_eq!(intra_op_threads(&set, 1, 0.05e6), 3);
         assert_eq!(intra_op_threads(&set, 4, 7.5e6), 3);
+    }
+
+    /// Where every data-parallel replica of a stage runs in this process on a GPU, each
+    /// keeping its state there, they join one group and go without gradient buckets;
+    /// a replica elsewhere, histograms on replica 0 (whose state then stays on the host)
+    /// or the state on the host keep them all on the engine's collective.
+    #[test]
+    fn replicas_on_one_gpu_sum_there_only_where_all_of_them_can() {
+        let dp2 = |runtime: &str| {
+            let mut cfg = config(&format!("[runtime]\ndevice = \"cuda\"\n{runtime}"));
+            cfg.data_parallel_size = 2;
+            cfg
+        };
+        let plan = |cfg: &TrainConfig, owned: &[(usize, usize)], tap: Option<&HistogramTap>| {
+            let (opts, shared) = (session_options(cfg, 2, 1), stage_settings(cfg, 1.0));
+            assert!(shared.bucket_bytes > 0, "buckets by default");
+            let mut planned: Vec<_> = owned
+                .iter()
+                .map(|&(r, s)| ((r, s), replica_settings(cfg, &shared, (r, s), tap)))
+                .collect();
+            join_device_replicas(cfg, &opts, &mut planned);
+            let ranks: Vec<_> = planned
+                .iter()
+                .map(|(_, st)| st.replicas.as_ref().map(|l| l.rank()))
+                .collect();
+            let buckets: Vec<bool> = planned.iter().map(|(_, st)| st.bucket_bytes > 0).collect();
+            (ranks, buckets)
+        };
+        let cfg = dp2("");
+        let (ranks, buckets) = plan(&cfg, &[(0, 0), (1, 0)], None);
+        assert_eq!(ranks, [Some((0, 2)), Some((1, 2))]);
+        assert_eq!(buckets, [false, false]);
+        assert_eq!(plan(&cfg, &[(1, 0)], None), (vec![None], vec![true]));
+        let tap = HistogramTap {
+            names: vec!["w".into()],
+            shards: 1,
+            tx: flume::unbounded().0,
+        };
+        let none = (vec![None, None], vec![true, true]);
+        assert_eq!(plan(&cfg, &[(0, 0), (1, 0)], Some(&tap)), none);
+        let host = dp2("state_on_device = false\n");
+        assert_eq!(plan(&host, &[(0, 0), (1, 0)], None), none);
     }
 }

@@ -15,6 +15,8 @@ mod emu_attention;
 #[cfg(test)]
 mod emu_flash;
 #[cfg(test)]
+mod emu_replicas;
+#[cfg(test)]
 mod emu_tests;
 mod flash;
 
@@ -275,6 +277,16 @@ pub fn add_into(acc: u64, x: u64, n: usize) -> Launch {
         "add_into",
         (blocks_for(n), 1),
         vec![Ptr(acc), Ptr(x), I64(n as i64)],
+    )
+}
+
+/// `dst = sources[0] + sources[1] + ...` (in that order) over `n` values, where
+/// `sources` is the address of a table of `count` addresses (`dst` may be one of them).
+pub fn sum_replicas(dst: u64, sources: u64, count: usize, n: usize) -> Launch {
+    Launch::new(
+        "sum_replicas",
+        (blocks_for(n), 1),
+        vec![Ptr(dst), Ptr(sources), I32(count as i32), I64(n as i64)],
     )
 }
 

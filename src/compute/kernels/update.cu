@@ -56,6 +56,19 @@ extern "C" __global__ void add_into(float* acc, const float* x, long long n) {
     FOR_EACH(i, n) { acc[i] += x[i]; }
 }
 
+// The data-parallel replicas' gradients summed in replica order, (g0 + g1) + g2 ..., as
+// the host's in-process all-reduce sums them: `sources` holds the addresses of `count`
+// runs of `n` values. `dst` may be one of them: every source's value is read before the
+// sum is written over it.
+extern "C" __global__ void sum_replicas(float* dst, const unsigned long long* sources,
+                                        int count, long long n) {
+    FOR_EACH(i, n) {
+        float s = ((const float*)sources[0])[i];
+        for (int k = 1; k < count; ++k) s += ((const float*)sources[k])[i];
+        dst[i] = s;
+    }
+}
+
 #define SUM_THREADS 256
 
 // Sums of squares in float64, one per block, in a fixed order: each thread its

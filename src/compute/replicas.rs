@@ -1,0 +1,137 @@
+//! Data-parallel replicas of a stage that share one device and one process sum their
+//! gradients in device memory ([`ReplicaLink::all_reduce`]): nothing goes through the
+//! host, and the sum is bitwise the host's in-process all-reduce
+//! (`pipetrain_actors::LocalCollective`).
+//!
+//! The same protocol as that all-reduce, on device spans: every replica lends its
+//! gradient buffer to the round; replica `r` writes over chunk `r` of its own buffer the
+//! sum of chunk `r` of every buffer, in replica order (`kernels::sum_replicas`); after a
+//! barrier each replica copies every other chunk from the replica that summed it; a last
+//! barrier keeps every buffer unwritten until no one reads it. Each device call returns
+//! once the device has done it ([`GradBuffer`]), so a barrier orders the replicas'
+//! streams as it orders their threads.
+//!
+//! Replicas on different devices, or in other processes, reduce through the host's
+//! collectives as before: NCCL in the step is not built (issue 38, item 4).
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Barrier;
+
+use super::resident::{DeviceSpan, GradBuffer};
+use crate::{Error, Result};
+
+/// One stage's data-parallel replicas reducing together in device memory.
+pub struct ReplicaGroup {
+    members: usize,
+    /// The gradient buffers lent for the round in progress, by replica.
+    lent: Mutex<Vec<Option<DeviceSpan>>>,
+    /// Everyone has lent; everyone has summed its chunk; everyone has copied the rest.
+    lent_all: Barrier,
+    summed_all: Barrier,
+    gathered_all: Barrier,
+}
+
+/// One replica's place in a [`ReplicaGroup`].
+#[derive(Clone)]
+pub struct ReplicaLink {
+    group: Arc<ReplicaGroup>,
+    rank: usize,
+}
+
+impl std::fmt::Debug for ReplicaLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "replica {} of {}", self.rank, self.group.members)
+    }
+}
+
+/// The half-open range of chunk `r` of `d` chunks over `n` values (the host
+/// all-reduce's chunks).
+fn chunk(n: usize, d: usize, r: usize) -> Range<usize> {
+    (n * r / d)..(n * (r + 1) / d)
+}
+
+impl ReplicaGroup {
+    /// A group of `members` replicas.
+    pub fn new(members: usize) -> Arc<ReplicaGroup> {
+        Arc::new(ReplicaGroup {
+            members,
+            lent: Mutex::new(vec![None; members]),
+            lent_all: Barrier::new(members),
+            summed_all: Barrier::new(members),
+            gathered_all: Barrier::new(members),
+        })
+    }
+
+    /// Replica `rank`'s link to the group.
+    pub fn link(self: &Arc<Self>, rank: usize) -> ReplicaLink {
+        ReplicaLink {
+            group: self.clone(),
+            rank,
+        }
+    }
+
+    fn failed(&self, rank: usize, reason: String) -> Error {
+        Error::Device {
+            device: format!("data-parallel replica {rank} of {}", self.members),
+            reason,
+        }
+    }
+
+    fn lent(&self) -> std::sync::MutexGuard<'_, Vec<Option<DeviceSpan>>> {
+        // A replica that panicked holding the lock left nothing half-written in it.
+        self.lent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl ReplicaLink {
+    /// This replica's place and the group's size.
+    pub fn rank(&self) -> (usize, usize) {
+        (self.rank, self.group.members)
+    }
+
+    /// Sums `grads` with the other replicas' in place: every replica then holds the
+    /// sum, added in replica order. Every member must call it once a round.
+    ///
+    /// # Errors
+    /// `Device` when a replica's gradients differ in length or device from these, when
+    /// this replica lent twice, or on a failed device call (the round still completes,
+    /// so that no replica waits for ever).
+    pub async fn all_reduce<G: GradBuffer + Send + ?Sized>(&self, grads: &mut G) -> Result<()> {
+        let (g, rank) = (&*self.group, self.rank);
+        let own = grads.grads();
+        {
+            let mut lent = g.lent();
+            if rank >= g.members || lent[rank].is_some() {
+                return Err(g.failed(rank, "lent its gradients twice to one round".into()));
+            }
+            lent[rank] = Some(own);
+        }
+        g.lent_all.wait().await;
+        let all: Vec<DeviceSpan> = g.lent().iter().flatten().copied().collect();
+        let uneven = all
+            .iter()
+            .position(|s| s.len != own.len || s.device != own.device);
+        let n = own.len;
+        let mut result = match uneven {
+            Some(r) => Err(g.failed(
+                rank,
+                format!(
+                    "replica {r}'s gradients are {} values on cuda:{}, these {n} on cuda:{}",
+                    all[r].len, all[r].device, own.device
+                ),
+            )),
+            None => grads.sum_grads(&all, chunk(n, g.members, rank)),
+        };
+        g.summed_all.wait().await;
+        if result.is_ok() {
+            result = (0..g.members)
+                .filter(|&s| s != rank)
+                .try_for_each(|s| grads.copy_grads(all[s], chunk(n, g.members, s)));
+        }
+        g.gathered_all.wait().await;
+        g.lent()[rank] = None;
+        result
+    }
+}
