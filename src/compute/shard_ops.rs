@@ -190,10 +190,9 @@ pub(crate) fn custom_domain(
         .add(super::fused::RowsAdd)?
         .add(super::fused::KeyedDropout)?;
     let domain = match blas {
-        Some((blas, threads)) => domain.add(super::fused::BlasMatMul {
-            blas: blas.clone(),
-            threads,
-        })?,
+        Some((blas, threads)) => {
+            domain.add(super::fused::BlasMatMul::new(blas.clone(), threads))?
+        }
         None => domain,
     };
     // Kernels on ONNX Runtime's CUDA provider; a session on the CPU never picks them.

@@ -165,6 +165,13 @@ pub(crate) fn training_graph(
         let n = crate::graph::blas_products(&mut tg.graph, &tg.metas, blas.smallest_products());
         if n > 0 {
             tracing::info!("{n} float32 products by {}", blas.name());
+            if !blas.cut_keeps_bits() {
+                tracing::info!(
+                    "{} here changes a row's bits with the rows computed beside it: each \
+                     product is cut into one block per core, whatever the threads",
+                    blas.name()
+                );
+            }
         }
     }
     Ok(tg)

@@ -6,9 +6,13 @@
 //! (`graph::fusion::blas_products` writes it only where the shapes fit).
 //!
 //! The product is cut into one block per intra-op thread, along the longer of `Y`'s two
-//! axes: each thread packs the other operand once, as OpenBLAS's own threads would. A
-//! value of `Y` sums the same products in the same order whatever the cut (tested in
-//! `compute::blas`), so results do not depend on the thread count.
+//! axes: each thread packs the other operand once, as OpenBLAS's own threads would. Where
+//! the library sums a value of `Y` in the same order whatever block it is in (MKL,
+//! OpenBLAS on Intel's cores: `compute/blas/cut.rs` asks it), results then do not depend
+//! on the thread count. Where it does not (OpenBLAS's Haswell kernels, on AMD's cores),
+//! the product is cut into one block per core of the machine instead, whatever the
+//! session's threads, so that they still do not: a session with fewer threads than
+//! cores runs several blocks on each, packing the other operand once per block.
 
 use std::sync::Arc;
 
@@ -23,8 +27,23 @@ use crate::graph::custom_ops::BLAS_MATMUL;
 
 /// The operator, with the library it calls and how many blocks a product is cut into.
 pub(crate) struct BlasMatMul {
-    pub blas: Arc<Blas>,
-    pub threads: usize,
+    blas: Arc<Blas>,
+    /// How many blocks a product is cut into (see the module's notes).
+    blocks: usize,
+}
+
+impl BlasMatMul {
+    /// The operator calling `blas`, in a session of `threads` intra-op threads.
+    pub(crate) fn new(blas: Arc<Blas>, threads: usize) -> BlasMatMul {
+        let blocks = match blas.cut_keeps_bits() {
+            true => threads,
+            false => std::thread::available_parallelism().map_or(threads, |n| n.get()),
+        };
+        BlasMatMul {
+            blas,
+            blocks: blocks.max(1),
+        }
+    }
 }
 
 /// The smallest block (rows or columns): OpenBLAS's register tiles are 16 wide.
@@ -70,15 +89,15 @@ impl Operator for BlasMatMul {
             alpha: info.get::<f32>("alpha").unwrap_or(1.0),
             beta: info.get::<f32>("beta").unwrap_or(1.0),
         };
-        let (blas, threads) = (self.blas.clone(), self.threads.max(1));
+        let (blas, blocks) = (self.blas.clone(), self.blocks);
         Ok(Box::new(move |ctx: &ComputeContext| {
-            compute(ctx, &blas, threads, attrs)
+            compute(ctx, &blas, blocks, attrs)
         }))
     }
 }
 
 /// One call: checks the shapes, writes the bias, runs the blocks.
-fn compute(ctx: &ComputeContext, blas: &Blas, threads: usize, at: Attrs) -> ort::Result<()> {
+fn compute(ctx: &ComputeContext, blas: &Blas, blocks: usize, at: Attrs) -> ort::Result<()> {
     let op = BLAS_MATMUL;
     let a = input(ctx, op, 0)?;
     let b = input(ctx, op, 1)?;
@@ -134,7 +153,7 @@ fn compute(ctx: &ComputeContext, blas: &Blas, threads: usize, at: Attrs) -> ort:
         if at.trans_b { k } else { n },
     );
     let c = c.map(|c| (c, at.beta));
-    run_blocks(ctx, blas, threads, &p, (a, lda), (b, ldb), (y, c))
+    run_blocks(ctx, blas, blocks, &p, (a, lda), (b, ldb), (y, c))
 }
 
 /// `C`'s values, a row of `n` (broadcast over the rows) or all `m x n`.
@@ -163,13 +182,13 @@ impl Out {
     }
 }
 
-/// Cuts the product into at most `threads` blocks of whole rows (`m >= n`) or columns
-/// of `y` and runs them on ONNX Runtime's intra-op threads; with `c` (`C` and `beta`),
+/// Cuts the product into at most `cut` blocks of whole rows (`m >= n`) or columns of
+/// `y` and runs them on ONNX Runtime's intra-op threads; with `c` (`C` and `beta`),
 /// each block first writes its part of `beta C` into `y`, which the product adds to.
 fn run_blocks(
     ctx: &ComputeContext,
     blas: &Blas,
-    threads: usize,
+    cut: usize,
     p: &Product,
     (a, lda): (&[f32], usize),
     (b, ldb): (&[f32], usize),
@@ -177,7 +196,7 @@ fn run_blocks(
 ) -> ort::Result<()> {
     let by_rows = p.m >= p.n;
     let len = if by_rows { p.m } else { p.n };
-    let per = len.div_ceil(threads).div_ceil(ALIGN).max(1) * ALIGN;
+    let per = len.div_ceil(cut).div_ceil(ALIGN).max(1) * ALIGN;
     let blocks = len.div_ceil(per).max(1);
     let (n, y_len, out) = (p.n, y.len(), Out(y.as_mut_ptr()));
     let block = |i: usize| {
