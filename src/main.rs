@@ -259,13 +259,20 @@ fn doctor() -> Result<()> {
     println!("providers: {}", info.providers.join(", "));
     match (&info.blas, info.blas_name) {
         (Some(path), Some(name)) => println!(
-            "blas:      {} ({name}: large float32 products on the CPU)",
-            path.display()
+            "blas:      {} ({name}{}: large float32 products on the CPU)",
+            path.display(),
+            info.blas_kernels
+                .as_deref()
+                .map(|k| format!(", {k} kernels"))
+                .unwrap_or_default()
         ),
-        _ => println!(
-            "blas:      none (bash scripts/setup.sh installs OpenBLAS, and MKL on an Intel \
-             CPU; or set PIPETRAIN_BLAS: large float32 products run faster on it)"
-        ),
+        _ => match &info.blas_declined {
+            Some(why) => println!("blas:      none: {why}"),
+            None => println!(
+                "blas:      none (bash scripts/setup.sh installs OpenBLAS, and MKL on an Intel \
+                 CPU; or set PIPETRAIN_BLAS: large float32 products run faster on it)"
+            ),
+        },
     }
     match pipetrain::compute::cuda_devices() {
         Ok(found) if found.names.is_empty() => {

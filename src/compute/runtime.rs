@@ -28,6 +28,10 @@ pub struct RuntimeInfo {
     pub blas: Option<PathBuf>,
     /// That library's name: `MKL` or `OpenBLAS`.
     pub blas_name: Option<&'static str>,
+    /// The kernels an OpenBLAS runs (`Haswell`, `SkylakeX`), where it says.
+    pub blas_kernels: Option<String>,
+    /// Why the BLAS found was not used, where it was not.
+    pub blas_declined: Option<String>,
 }
 
 /// Finds the library: `explicit` (from `ORT_DYLIB_PATH` or a config) when given; else a
@@ -172,7 +176,7 @@ impl Runtime {
             .map_err(Error::ort("creating the environment"))?;
         super::ort_log::set_level(&env)?;
         super::arena::register(&env)?;
-        let blas =
+        let (blas, declined) =
             super::blas::Blas::find(&library).map_err(|reason| Error::RuntimeLibrary { reason })?;
         let info = RuntimeInfo {
             version: version(&library),
@@ -181,6 +185,8 @@ impl Runtime {
             found_by,
             blas: blas.as_ref().map(|b| b.path().to_path_buf()),
             blas_name: blas.as_ref().map(|b| b.name()),
+            blas_kernels: blas.as_ref().and_then(|b| b.kernels().map(str::to_string)),
+            blas_declined: declined,
         };
         let rt = Runtime {
             env,

@@ -164,7 +164,12 @@ pub(crate) fn training_graph(
     {
         let n = crate::graph::blas_products(&mut tg.graph, &tg.metas, blas.smallest_products());
         if n > 0 {
-            tracing::info!("{n} float32 products by {}", blas.name());
+            let kernels = blas.kernels().map(|k| format!(" ({k} kernels)"));
+            tracing::info!(
+                "{n} float32 products by {}{}",
+                blas.name(),
+                kernels.unwrap_or_default()
+            );
             if !blas.cut_keeps_bits() {
                 tracing::info!(
                     "{} here changes a row's bits with the rows computed beside it: each \

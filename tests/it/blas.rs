@@ -47,17 +47,30 @@ fn losses(metrics: &Path) -> Vec<f64> {
         .collect()
 }
 
-/// Whether this checkout's ONNX Runtime has OpenBLAS beside it (`scripts/setup.sh`).
-fn has_blas() -> bool {
-    text(&pipetrain(&["doctor"], &[])).contains("blas:      /")
+/// The BLAS beside this checkout's ONNX Runtime (`scripts/setup.sh`), as `PIPETRAIN_BLAS`
+/// names one: what `doctor` says it uses, or the OpenBLAS it declined where its kernels
+/// leave the CPU's AVX-512 unused (`compute/blas/core.rs`).
+fn venv_blas() -> Option<String> {
+    let said = text(&pipetrain(&["doctor"], &[]));
+    let line = said.lines().find(|l| l.starts_with("blas:"))?;
+    let path = line.split_whitespace().find(|w| w.starts_with('/'))?;
+    Some(path.to_string())
+}
+
+/// Whether this CPU has AVX-512 (Linux's flags).
+fn cpu_has_avx512() -> bool {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    info.lines()
+        .find(|l| l.starts_with("flags"))
+        .is_some_and(|l| l.split_whitespace().any(|f| f == "avx512f"))
 }
 
 #[test]
 fn products_on_openblas_train_as_onnx_runtimes_do() {
-    if !has_blas() {
+    let Some(lib) = venv_blas() else {
         eprintln!("skipped: no scipy-openblas32 beside ONNX Runtime (scripts/setup.sh)");
         return;
-    }
+    };
     let dir = dir();
     let cfg = config(&dir);
     let run = |name: &str, env: &[(&str, &str)]| {
@@ -73,12 +86,12 @@ fn products_on_openblas_train_as_onnx_runtimes_do() {
         assert!(out.status.success(), "{}", text(&out));
         (text(&out), losses(&metrics))
     };
-    let (log, blas) = run("blas", &[]);
+    let (log, blas) = run("blas", &[("PIPETRAIN_BLAS", &lib)]);
     let (plain_log, plain) = run("mlas", &[("PIPETRAIN_BLAS", "off")]);
     // The middle layer's product, its input gradient and the two large weight
     // gradients are OpenBLAS's (4 products; the rest are under its sizes); MKL, which
     // beats ONNX Runtime's products from half that size, also takes the first layer's.
-    let mkl = text(&pipetrain(&["doctor"], &[])).contains("libmkl_rt");
+    let mkl = lib.contains("libmkl_rt");
     let expected = match mkl {
         true => "5 float32 products by MKL",
         false => "4 float32 products by OpenBLAS",
@@ -112,4 +125,42 @@ fn a_library_that_does_not_load_is_refused_by_name() {
         log.contains("PIPETRAIN_BLAS") && log.contains("no_such_libopenblas.so"),
         "{log}"
     );
+}
+
+/// An OpenBLAS running kernels that leave the CPU's AVX-512 unused (Haswell's, as
+/// `OPENBLAS_CORETYPE=Haswell` asks) is declined with why, ONNX Runtime's products being
+/// faster; its AVX-512 kernels (Skylake-X's) are used. On a CPU without AVX-512, Haswell's
+/// kernels are used.
+#[test]
+fn openblas_kernels_that_idle_avx512_are_declined_saying_why() {
+    let Some(lib) = venv_blas().filter(|l| l.contains("openblas")) else {
+        eprintln!("skipped: no scipy-openblas32 beside ONNX Runtime (scripts/setup.sh)");
+        return;
+    };
+    let doctor = |core: &str| {
+        let said = text(&pipetrain(&["doctor"], &[("OPENBLAS_CORETYPE", core)]));
+        said.lines()
+            .find(|l| l.starts_with("blas:"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let haswell = doctor("Haswell");
+    match cpu_has_avx512() {
+        true => {
+            assert!(haswell.starts_with("blas:      none: "), "{haswell}");
+            assert!(
+                haswell.contains("Haswell kernels") && haswell.contains("AVX-512"),
+                "{haswell}"
+            );
+            let skylake = doctor("SkylakeX");
+            assert!(
+                skylake.contains(&format!("{lib} (OpenBLAS, SkylakeX kernels")),
+                "{skylake}"
+            );
+        }
+        false => assert!(
+            haswell.contains(&format!("{lib} (OpenBLAS, Haswell kernels")),
+            "{haswell}"
+        ),
+    }
 }

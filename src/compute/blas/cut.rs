@@ -2,16 +2,18 @@
 //! any size: what lets `BlasMatMul` (`compute/fused/product.rs`) cut a product into one
 //! block per intra-op thread and still compute the same bits on any thread count.
 //!
-//! MKL does (sequential), and so does OpenBLAS with its Sandy Bridge, Skylake-X and
-//! Sapphire Rapids kernels at these sizes; OpenBLAS with its Haswell kernels (which it
-//! also runs on AMD's Zen cores) does not: on an AMD EPYC, every split of a 128 x 256 x
-//! 64 product below changed 348-2,657 of its values. It is asked once, when the library
-//! loads, by running the product whole and cut.
+//! It is asked once, when the library loads, by running a 128 x 256 x 64 product whole
+//! and cut: its rows 16.., 32.., 48.., 120.. and 125.. alone, and its columns 16.. and
+//! 56.. alone. On an AMD EPYC (2026-12-02), OpenBLAS's Haswell kernels changed 348-2,657
+//! values at every cut of the first four; its Skylake-X kernels and MKL (sequential) kept
+//! the large blocks' bits but not those of blocks of a few rows (their small-matrix
+//! paths), and the last block of a cut can be that small; its Sandy Bridge kernels kept
+//! them all.
 
 use super::{Blas, Product};
 
-/// Whether `blas` computes the rows 16.., 32.. and 48.. of a 128 x 256 x 64 product, and
-/// its columns 16.., bitwise as the whole product does.
+/// Whether `blas` computes the rows 16.., 32.., 48.., 120.. and 125.. of a 128 x 256 x 64
+/// product, and its columns 16.. and 56.., bitwise as the whole product does.
 pub(super) fn keeps_bits(blas: &Blas) -> bool {
     let (m, k, n) = (128, 256, 64);
     let value = |i: usize, p: usize, q: usize| ((i * p) % q) as f32 / q as f32 - 0.5;
@@ -32,15 +34,16 @@ pub(super) fn keeps_bits(blas: &Blas) -> bool {
     };
     let mut whole = vec![0.0; m * n];
     run(&p, &a, &b, &mut whole);
-    let rows_keep = [16, 32, 48].into_iter().all(|s| {
+    let rows_keep = [16, 32, 48, 120, 125].into_iter().all(|s| {
         let mut part = vec![0.0; (m - s) * n];
         run(&Product { m: m - s, ..p }, &a[s * k..], &b, &mut part);
         bits(&part) == bits(&whole[s * n..])
     });
-    let mut cols = vec![0.0; m * n];
-    run(&Product { n: n - 16, ..p }, &a, &b[16..], &mut cols[16..]);
-    let cols_keep = (0..m)
-        .all(|i| bits(&cols[i * n + 16..(i + 1) * n]) == bits(&whole[i * n + 16..(i + 1) * n]));
+    let cols_keep = [16, 56].into_iter().all(|s| {
+        let mut cols = vec![0.0; m * n];
+        run(&Product { n: n - s, ..p }, &a, &b[s..], &mut cols[s..]);
+        (0..m).all(|i| bits(&cols[i * n + s..(i + 1) * n]) == bits(&whole[i * n + s..(i + 1) * n]))
+    });
     rows_keep && cols_keep
 }
 

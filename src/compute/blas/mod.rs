@@ -30,6 +30,7 @@
 use std::ffi::c_int;
 use std::path::{Path, PathBuf};
 
+mod core;
 mod cut;
 mod strided;
 
@@ -67,6 +68,8 @@ pub struct Blas {
     mkl: bool,
     /// Whether a row or column of a product has the same bits in any block (`cut.rs`).
     cut_keeps_bits: bool,
+    /// The kernels an OpenBLAS runs (`Haswell`, `SkylakeX`; `core.rs`), where it says.
+    kernels: Option<String>,
     path: PathBuf,
     // Keeps the library mapped while `sgemm` may be called.
     _library: libloading::Library,
@@ -138,9 +141,27 @@ impl Blas {
             }
             threads(1);
         }
+        let corename = [
+            &b"scipy_openblas_get_corename\0"[..],
+            b"openblas_get_corename\0",
+        ]
+        .into_iter()
+        .find_map(|name| unsafe {
+            let f = library
+                .get::<unsafe extern "C" fn() -> *const std::ffi::c_char>(name)
+                .ok()?;
+            let name = f();
+            // SAFETY: OpenBLAS returns a static NUL-terminated string.
+            (!name.is_null()).then(|| {
+                std::ffi::CStr::from_ptr(name)
+                    .to_string_lossy()
+                    .into_owned()
+            })
+        });
         let mut blas = Blas {
             sgemm,
             mkl: setter.starts_with(b"MKL"),
+            kernels: corename,
             cut_keeps_bits: true,
             path: path.to_path_buf(),
             _library: library,
@@ -164,6 +185,11 @@ impl Blas {
         }
     }
 
+    /// The kernels an OpenBLAS runs (`Haswell`, `SkylakeX`), where it says.
+    pub fn kernels(&self) -> Option<&str> {
+        self.kernels.as_deref()
+    }
+
     /// The fewest multiply-adds of a product with a transposed first operand (a weight
     /// gradient), and of any other product, this library runs faster than ONNX Runtime's
     /// MLAS on the intra-op threads, one block each (`cargo bench --bench products`,
@@ -180,22 +206,53 @@ impl Blas {
 
     /// The library `PIPETRAIN_BLAS` names, else MKL's (`scripts/setup.sh` on an Intel CPU) or
     /// `scipy-openblas32`'s beside the ONNX Runtime library `ort` (all from pip, in one
-    /// environment); `None` where there is none or `PIPETRAIN_BLAS=off`.
+    /// environment); `None` where there is none or `PIPETRAIN_BLAS=off`, or where the one
+    /// found is an OpenBLAS whose kernels leave the CPU's AVX-512 unused (`core.rs`), with
+    /// why.
     ///
     /// # Errors
     /// Where `PIPETRAIN_BLAS` names a file that does not load.
-    pub fn find(ort: &Path) -> Result<Option<Blas>, String> {
+    pub fn find(ort: &Path) -> Result<(Option<Blas>, Option<String>), String> {
         match std::env::var_os(BLAS_ENV).filter(|v| !v.is_empty()) {
-            Some(v) if v == "off" => Ok(None),
+            Some(v) if v == "off" => Ok((None, None)),
             Some(v) => Blas::open(Path::new(&v))
-                .map(Some)
+                .map(|b| (Some(b), None))
                 .map_err(|e| format!("{BLAS_ENV}: {e}")),
-            None => Ok(beside(ort).and_then(|p| {
-                Blas::open(&p)
-                    .map_err(|e| tracing::warn!("BLAS not used: {e}"))
-                    .ok()
-            })),
+            None => Ok(match beside(ort).map(|p| Blas::open(&p)) {
+                None => (None, None),
+                Some(Err(e)) => {
+                    tracing::warn!("BLAS not used: {e}");
+                    (None, Some(e))
+                }
+                Some(Ok(blas)) => match blas.idles_avx512() {
+                    Some(why) => {
+                        tracing::info!("{why}");
+                        (None, Some(why))
+                    }
+                    None => (Some(blas), None),
+                },
+            }),
         }
+    }
+
+    /// Why an OpenBLAS whose kernels leave the CPU's AVX-512 unused is not worth using
+    /// (ONNX Runtime's MLAS uses it: `core.rs`); `None` for any other library.
+    fn idles_avx512(&self) -> Option<String> {
+        let kernels = self.kernels.as_deref()?;
+        let chosen = match std::env::var("OPENBLAS_CORETYPE") {
+            Ok(v) => format!(" (OPENBLAS_CORETYPE={v})"),
+            Err(_) => String::new(),
+        };
+        core::idles_avx512(kernels).then(|| {
+            format!(
+                "{} runs its {kernels} kernels{chosen}, which leave this CPU's AVX-512 \
+                 unused: ONNX Runtime's own products are faster, and run them \
+                 (OPENBLAS_CORETYPE=SkylakeX gives OpenBLAS's AVX-512 kernels; \
+                 PIPETRAIN_BLAS={} uses it as it is)",
+                self.path.display(),
+                self.path.display()
+            )
+        })
     }
 
     /// The library's file.
@@ -302,8 +359,12 @@ mod tests {
     use super::*;
 
     /// The runtime's library, where `scripts/setup.sh` installed it.
+    /// The library beside this checkout's ONNX Runtime, whether or not the runtime
+    /// uses it (it declines an OpenBLAS whose kernels idle the CPU's AVX-512).
     pub(super) fn venv_blas() -> Option<std::sync::Arc<Blas>> {
-        crate::compute::Runtime::from_env().ok()?.blas().cloned()
+        let rt = crate::compute::Runtime::from_env().ok()?;
+        let path = beside(&rt.info().library)?;
+        Blas::open(&path).ok().map(std::sync::Arc::new)
     }
 
     pub(super) fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f64> {
