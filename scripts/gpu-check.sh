@@ -18,7 +18,8 @@
 #   at once);
 # - two data-parallel replicas on one GPU summing their gradients in device memory
 #   (`compute/replicas.rs`) against the same run reducing on the host: bitwise the same
-#   losses, and each step's host traffic;
+#   losses, and each step's host traffic; and the step's NCCL all-reduce over a one-rank
+#   communicator (`debug.nccl_one_rank`) against the plain run: bitwise the same losses;
 # - checkpoint and resume on the GPU: 20 steps straight against 10 + 10 resumed, bitwise;
 # - mixed precision: float16 and bfloat16 curves against float32 (PRECISION_TOL, default
 #   0.05 in the loss), and an injected float16 overflow skipping its step, scale halved;
@@ -155,6 +156,18 @@ last = steps[-1] if steps else ""
 field = lambda k: (re.search(k + r"=(\d+)", last) or [None, "?"])[1]
 print(f"dp=2 host traffic of a step, per replica: {field('to_device')} bytes in, {field('to_host')} out ({len(steps)} lines)")
 PY
+  fi
+  # The step's NCCL all-reduce through a one-rank communicator (`debug.nccl_one_rank`):
+  # the sum over one rank is the gradients themselves, so the losses are the plain run's.
+  one=$(config tiny_gpt_adamw "$device" nccl_one_rank) plain=$(config tiny_gpt_adamw "$device" nccl_plain)
+  sed -i 's/^num_train_steps = .*/num_train_steps = 20/' "$one" "$plain"
+  printf '\n[debug]\nnccl_one_rank = true\n' >> "$one"
+  if RUST_LOG=info train nccl_one_rank "$one" && train nccl_plain "$plain"; then
+    grep -q 'one-rank NCCL communicator' "$out/nccl_one_rank.log" \
+      || fail "nccl: the one-rank communicator was not in the step (see nccl_one_rank.log)"
+    python3 "$root/benches/gpu/losses_diff.py" \
+      "the step's NCCL all-reduce over one rank against none" \
+      "$out/nccl_one_rank.jsonl" "$out/nccl_plain.jsonl" >> "$summary"
   fi
 fi
 

@@ -85,14 +85,14 @@ impl<C: StageCompute, K: Collective> StageActor<C, K> {
                 .put_buckets(sums)
                 .map_err(|source| self.failed(action, source));
         }
+        if self.compute(s)?.reduces_own_grads() {
+            let summed = self.compute(s)?.all_reduce_own().await;
+            return summed.map_err(|source| self.failed(action, source));
+        }
         if self.places.replicas() == 1 {
             // A sum over one replica is its own gradients: nothing to take or put back
             // (a stage keeping them on a device would copy them out and in for nothing).
             return Ok(());
-        }
-        if self.compute(s)?.reduces_own_grads() {
-            let summed = self.compute(s)?.all_reduce_own().await;
-            return summed.map_err(|source| self.failed(action, source));
         }
         let grads = self.compute(s)?.take_grads();
         // A replica updating its part of the stage needs only that part summed.

@@ -123,7 +123,7 @@ pub fn id_from_hex(text: &str) -> Result<Id, String> {
 
 /// NCCL's library under a name cudarc looks for: PyPI's `nvidia-nccl-cu13` ships only
 /// `libnccl.so.2`, so a link named `libnccl.so` on `LD_LIBRARY_PATH` is needed.
-const NO_NCCL: &str = "NCCL not found: put a folder with libnccl.so on LD_LIBRARY_PATH (PyPI's nvidia-nccl wheel has libnccl.so.2 only: link libnccl.so to it)";
+pub(super) const NO_NCCL: &str = "NCCL not found: put a folder with libnccl.so on LD_LIBRARY_PATH (PyPI's nvidia-nccl wheel has libnccl.so.2 only: link libnccl.so to it)";
 
 /// Sums `[1, 2, 3, 4]` over an NCCL communicator of one rank on device `index` and reads
 /// it back: the check `pipetrain doctor` runs that NCCL loads, makes a communicator and

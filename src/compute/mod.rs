@@ -18,6 +18,8 @@ mod cuda_launch;
 #[cfg(feature = "cuda")]
 mod cuda_layer_norm;
 #[cfg(feature = "cuda")]
+mod cuda_nccl;
+#[cfg(feature = "cuda")]
 pub mod cuda_ops;
 #[cfg(feature = "cuda")]
 pub mod cuda_state;

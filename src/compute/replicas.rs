@@ -11,8 +11,10 @@
 //! once the device has done it ([`GradBuffer`]), so a barrier orders the replicas'
 //! streams as it orders their threads.
 //!
-//! Replicas on different devices, or in other processes, reduce through the host's
-//! collectives as before: NCCL in the step is not built (issue 38, item 4).
+//! A link may instead be an NCCL communicator (`cuda_nccl.rs`), whose all-reduce sums the
+//! same buffer in place; only a one-rank communicator is made so far
+//! (`debug.nccl_one_rank`). Replicas on different devices, or in other processes, reduce
+//! through the host's collectives as before.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -33,16 +35,50 @@ pub struct ReplicaGroup {
     gathered_all: Barrier,
 }
 
-/// One replica's place in a [`ReplicaGroup`].
+/// How one replica's gradients reach its replicas': its place in a [`ReplicaGroup`], or
+/// an NCCL communicator.
 #[derive(Clone)]
 pub struct ReplicaLink {
     group: Arc<ReplicaGroup>,
     rank: usize,
+    #[cfg(feature = "cuda")]
+    nccl: Option<Arc<super::cuda_nccl::NcclReduce>>,
 }
 
 impl std::fmt::Debug for ReplicaLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "replica {} of {}", self.rank, self.group.members)
+        let (rank, of) = self.rank();
+        write!(f, "replica {rank} of {of}")
+    }
+}
+
+impl ReplicaLink {
+    /// A link of one replica through a one-rank NCCL communicator on `device`: the step's
+    /// NCCL all-reduce, whose sum is the gradients themselves (`debug.nccl_one_rank`).
+    ///
+    /// # Errors
+    /// `Device` where NCCL or the device is missing, or in a build without CUDA.
+    pub fn one_rank_nccl(device: super::Device) -> Result<ReplicaLink> {
+        let super::Device::Cuda(index) = device else {
+            return Err(Error::Device {
+                device: device.to_string(),
+                reason: "NCCL needs a CUDA device".into(),
+            });
+        };
+        #[cfg(feature = "cuda")]
+        {
+            let nccl = super::cuda_nccl::NcclReduce::one_rank(index)?;
+            Ok(ReplicaLink {
+                group: ReplicaGroup::new(1),
+                rank: 0,
+                nccl: Some(Arc::new(nccl)),
+            })
+        }
+        #[cfg(not(feature = "cuda"))]
+        Err(Error::Device {
+            device: format!("cuda:{index}"),
+            reason: "this build has no CUDA path; build pipetrain with `--features cuda`".into(),
+        })
     }
 }
 
@@ -69,6 +105,8 @@ impl ReplicaGroup {
         ReplicaLink {
             group: self.clone(),
             rank,
+            #[cfg(feature = "cuda")]
+            nccl: None,
         }
     }
 
@@ -99,6 +137,10 @@ impl ReplicaLink {
     /// this replica lent twice, or on a failed device call (the round still completes,
     /// so that no replica waits for ever).
     pub async fn all_reduce<G: GradBuffer + Send + ?Sized>(&self, grads: &mut G) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(nccl) = &self.nccl {
+            return nccl.all_reduce(grads.grads());
+        }
         let (g, rank) = (&*self.group, self.rank);
         let own = grads.grads();
         {

@@ -49,6 +49,11 @@ pub struct DebugConfig {
     /// alive and connected: a live but silent member, for watchdog tests.
     #[serde(default)]
     pub stall: Option<Stall>,
+    /// On a GPU with one data-parallel replica, sum each stage's gradients every step
+    /// through a one-rank NCCL communicator, the path replicas on several GPUs are to
+    /// take (`compute/cuda_nccl.rs`): the sum is the gradients themselves.
+    #[serde(default)]
+    pub nccl_one_rank: bool,
 }
 
 /// A stage held still (see [`DebugConfig::stall`]).
@@ -217,6 +222,23 @@ impl TrainConfig {
                         self.data_parallel_size
                     ),
                 ));
+            }
+        }
+        if self.debug.nccl_one_rank {
+            let rule = match (self.runtime.device, self.data_parallel_size) {
+                (crate::compute::Device::Cpu, _) => {
+                    Some("needs `runtime.device = \"cuda\"`".into())
+                }
+                (_, 1) if !self.runtime.state_on_device => {
+                    Some("needs `runtime.state_on_device` (the gradients on the device)".into())
+                }
+                (_, 1) => None,
+                (_, d) => Some(format!(
+                    "is for one data-parallel replica (a one-rank communicator), not {d}"
+                )),
+            };
+            if let Some(rule) = rule {
+                return Err(bad("debug.nccl_one_rank", rule));
             }
         }
         Ok(())

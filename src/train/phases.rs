@@ -286,7 +286,7 @@ pub(super) fn make_computes(
             ((replica, s), st)
         })
         .collect();
-    join_device_replicas(cfg, session_opts, &mut planned);
+    join_device_replicas(cfg, session_opts, &mut planned)?;
     let mut computes = HashMap::new();
     // The stages' outputs, freed a few actions after they are made, come back for the
     // next micro-batch's (`compute::HostPool`); on the host only.

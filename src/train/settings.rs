@@ -242,10 +242,13 @@ pub(super) fn join_device_replicas(
     cfg: &TrainConfig,
     opts: &SessionOptions,
     planned: &mut [((usize, usize), StageSettings)],
-) {
+) -> Result<()> {
     let d = cfg.data_parallel_size;
+    if cfg.debug.nccl_one_rank {
+        return join_one_rank_nccl(opts, planned);
+    }
     if d < 2 || cfg.horizontal_parallel_size > 1 {
-        return;
+        return Ok(());
     }
     let stages: std::collections::BTreeSet<usize> = planned.iter().map(|((_, s), _)| *s).collect();
     for s in stages {
@@ -266,6 +269,24 @@ pub(super) fn join_device_replicas(
             "stage {s}: its {d} data-parallel replicas sum their gradients in device memory"
         );
     }
+    Ok(())
+}
+
+/// `debug.nccl_one_rank`: each stage that keeps its state on its device sums its
+/// gradients every step through a one-rank NCCL communicator of its own.
+fn join_one_rank_nccl(
+    opts: &SessionOptions,
+    planned: &mut [((usize, usize), StageSettings)],
+) -> Result<()> {
+    for ((_, s), st) in planned.iter_mut() {
+        if !crate::pipeline::state_fits_device(opts, st) {
+            continue;
+        }
+        st.replicas = Some(crate::compute::ReplicaLink::one_rank_nccl(opts.device)?);
+        st.bucket_bytes = 0;
+        tracing::info!("stage {s}: its gradients summed by a one-rank NCCL communicator each step");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -296,6 +317,38 @@ mod tests {
         assert_eq!(intra_op_threads(&set, 4, 7.5e6), 3);
     }
 
+    /// `debug.nccl_one_rank` is refused, naming the field, on the CPU, with the state on
+    /// the host, and with more than one data-parallel replica.
+    #[test]
+    fn one_rank_nccl_is_refused_where_it_cannot_run() {
+        let text = |runtime: &str, dp: usize| {
+            format!(
+                "batch_size = 4\nnum_train_steps = 1\ndata_parallel_size = {dp}\n\
+                 [model]\nkind = \"mlp\"\n\
+                 [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"y\"\n\
+                 [data]\nsynth = {{ kind = \"teacher\", samples = 8 }}\n\
+                 layout = {{ kind = \"arrays\", feeds = {{ x = \"x\", y = \"y\" }} }}\n\
+                 [optimizer]\nkind = \"sgd\"\n[lr_schedule]\nkind = \"constant\"\nlr = 0.1\n\
+                 [debug]\nnccl_one_rank = true\n[runtime]\n{runtime}"
+            )
+        };
+        let parse = |runtime: &str, dp: usize| {
+            TrainConfig::parse(&text(runtime, dp), std::path::Path::new("t.toml"))
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        let cpu = parse("", 1).unwrap_err();
+        assert!(
+            cpu.contains("debug.nccl_one_rank") && cpu.contains("runtime.device"),
+            "{cpu}"
+        );
+        let host = parse("device = \"cuda\"\nstate_on_device = false\n", 1).unwrap_err();
+        assert!(host.contains("state_on_device"), "{host}");
+        let two = parse("device = \"cuda\"\n", 2).unwrap_err();
+        assert!(two.contains("not 2"), "{two}");
+        assert!(parse("device = \"cuda\"\n", 1).is_ok());
+    }
+
     /// Where every data-parallel replica of a stage runs in this process on a GPU, each
     /// keeping its state there, they join one group and go without gradient buckets;
     /// a replica elsewhere, histograms on replica 0 (whose state then stays on the host)
@@ -314,7 +367,7 @@ mod tests {
                 .iter()
                 .map(|&(r, s)| ((r, s), replica_settings(cfg, &shared, (r, s), tap)))
                 .collect();
-            join_device_replicas(cfg, &opts, &mut planned);
+            join_device_replicas(cfg, &opts, &mut planned).unwrap();
             let ranks: Vec<_> = planned
                 .iter()
                 .map(|(_, st)| st.replicas.as_ref().map(|l| l.rank()))

@@ -133,3 +133,25 @@ fn on_a_gpu_the_update_is_bitwise_the_cpus_and_the_norm_repeats() {
         assert!(!dev.grad_sum_sq().unwrap().is_finite());
     }
 }
+
+/// On a GPU with NCCL (skipped without one): the step's NCCL all-reduce over a one-rank
+/// communicator (`debug.nccl_one_rank`) leaves the gradients bitwise as they were.
+#[test]
+fn on_a_gpu_a_one_rank_nccl_sum_is_the_gradients() {
+    if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
+        eprintln!("skipped: no GPU");
+        return;
+    }
+    let n = 300_007;
+    let g = random(n, 77);
+    let mut state = CudaState::new(0, &vec![0.0; n], &[]).unwrap();
+    state.upload(Buffer::Grads, &g).unwrap();
+    let link = crate::compute::ReplicaLink::one_rank_nccl(crate::compute::Device::Cuda(0)).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(link.all_reduce(&mut state)).unwrap();
+    let mut back = vec![0f32; n];
+    state.download(Buffer::Grads, &mut back).unwrap();
+    assert!(back == g, "the one-rank sum changed the gradients");
+}
