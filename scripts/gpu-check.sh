@@ -126,9 +126,11 @@ want curves && for run in mlp_sgd mlp_adamw tiny_gpt_sgd tiny_gpt_adamw; do
 done
 
 # Two pipeline stages on one GPU: a stream each; how long they computed at once.
-if want pipeline && train mlp_pipeline_gpu "$(config mlp_pipeline "$device" mlp_pipeline_gpu)" \
-    --chrome-trace "$out/mlp_pipeline_gpu.trace.json"; then
+if want pipeline && RUST_LOG=info,pipetrain::device=debug train mlp_pipeline_gpu \
+    "$(config mlp_pipeline "$device" mlp_pipeline_gpu)" --chrome-trace "$out/mlp_pipeline_gpu.trace.json"; then
   python3 "$root/benches/gpu/overlap.py" "$out/mlp_pipeline_gpu.trace.json" | sed 's/^/pp=2 /' >> "$summary"
+  # What goes through the host while stage messages and the stash are host tensors.
+  python3 "$root/benches/gpu/traffic.py" "pp=2 host traffic" "$out/mlp_pipeline_gpu.log" >> "$summary"
   # Its micro-batches' gradients added on the device against on the host: the same bits.
   host=$(config mlp_pipeline "$device" mlp_pipeline_host)
   sed -i 's/^\[runtime\]/[runtime]\nstate_on_device = false/' "$host"
@@ -149,13 +151,7 @@ if want replicas; then
     python3 "$root/benches/gpu/losses_diff.py" \
       "dp=2 on one GPU, gradients summed in device memory against on the host" \
       "$out/dp2_gpu.jsonl" "$out/dp2_host.jsonl" >> "$summary"
-    python3 - "$out/dp2_gpu.log" <<'PY' >> "$summary"
-import re, sys
-steps = [l for l in open(sys.argv[1], errors="replace") if "host traffic of the step" in l]
-last = steps[-1] if steps else ""
-field = lambda k: (re.search(k + r"=(\d+)", last) or [None, "?"])[1]
-print(f"dp=2 host traffic of a step, per replica: {field('to_device')} bytes in, {field('to_host')} out ({len(steps)} lines)")
-PY
+    python3 "$root/benches/gpu/traffic.py" "dp=2 host traffic" "$out/dp2_gpu.log" >> "$summary"
   fi
   # The step's NCCL all-reduce through a one-rank communicator (`debug.nccl_one_rank`):
   # the sum over one rank is the gradients themselves, so the losses are the plain run's.
