@@ -5,14 +5,16 @@
 //! leading axes kept in `Y`); `C` the bias, `[N]`, `[1, N]` or `[M, N]`
 //! (`graph::fusion::blas_products` writes it only where the shapes fit).
 //!
-//! The product is cut into one block per intra-op thread, along the longer of `Y`'s two
-//! axes: each thread packs the other operand once, as OpenBLAS's own threads would. Where
-//! the library sums a value of `Y` in the same order whatever block it is in (MKL,
-//! OpenBLAS on Intel's cores: `compute/blas/cut.rs` asks it), results then do not depend
-//! on the thread count. Where it does not (OpenBLAS's Haswell kernels, on AMD's cores),
-//! the product is cut into one block per core of the machine instead, whatever the
-//! session's threads, so that they still do not: a session with fewer threads than
-//! cores runs several blocks on each, packing the other operand once per block.
+//! The product is cut along the longer of `Y`'s two axes, each block packing the other
+//! operand once, as OpenBLAS's own threads would. Where the library sums a value of `Y`
+//! in the same order whatever block it is in (`compute/blas/cut.rs` asks it when it
+//! loads), the cut is one block per intra-op thread, and results do not depend on the
+//! thread count. Where it does not, it is one block per core of the machine, whatever the
+//! session's threads, so that they still do not: a session with fewer threads than cores
+//! runs several blocks on each, packing the other operand once per block. Of the
+//! libraries tried, OpenBLAS's Haswell kernels change a row's bits with any block, MKL's
+//! and OpenBLAS's Skylake-X kernels with blocks of a few rows (which the last block of a
+//! cut can be), and only OpenBLAS's Sandy Bridge kernels never.
 
 use std::sync::Arc;
 
