@@ -149,10 +149,17 @@ async fn data_parallel_replicas_reduce_and_interleaved_ranks_hold_two_stages() {
 }
 
 /// A stage that sums its gradients with its replicas' itself (on its device) is asked to,
-/// once a step per replica, and never to hand them out (`SimStage` panics then).
+/// once a step per replica, and never to hand them out (`SimStage` panics then); a single
+/// replica too (a one-rank NCCL communicator: `debug.nccl_one_rank`).
 #[tokio::test(start_paused = true)]
 async fn stages_that_reduce_their_own_gradients_are_left_to_it() {
-    let (p, replicas, steps) = (2, 3, 4);
+    for replicas in [3, 1] {
+        reduce_own(replicas).await;
+    }
+}
+
+async fn reduce_own(replicas: usize) {
+    let (p, steps) = (2, 4);
     let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let computes = (0..replicas)
         .map(|r| {
