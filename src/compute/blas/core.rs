@@ -1,9 +1,10 @@
 //! Which of its kernels OpenBLAS runs, and whether they use the CPU. Its builds for every
 //! x86 CPU (`DYNAMIC_ARCH`, as PyPI's `scipy-openblas32` is) pick them when the library
 //! loads, from the CPU's family or from `OPENBLAS_CORETYPE`. Where they leave the cores'
-//! AVX-512 unused (OpenBLAS 0.3.34 runs its Haswell kernels on AMD's Zen 5, which it does
-//! not know, or wherever `OPENBLAS_CORETYPE=Haswell` says so), ONNX Runtime's MLAS, which
-//! uses AVX-512, is the faster of the two. On an AMD EPYC of that family (2026-12-02):
+//! AVX-512 unused (`OPENBLAS_CORETYPE=Haswell`, as the environment of the machine below
+//! set it, or an OpenBLAS that does not know the CPU), ONNX Runtime's MLAS, which uses
+//! AVX-512, is the faster of the two. On an AMD EPYC of family 26 (Zen 5; OpenBLAS 0.3.34
+//! picks its Skylake-X kernels there when nothing says otherwise), 2026-12-02:
 //! - one thread at BERT-base's shapes (4096 x 768 x 3072, and the transposed weight
 //!   gradient; `ctypes` against the wheel's library, best of four): Haswell's kernels
 //!   113-118 GFLOP/s, MLAS 146-159, OpenBLAS's Skylake-X kernels 218-223;
