@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream};
-use cudarc::nccl::{Comm, Id, ReduceOp};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
+use cudarc::nccl::Id;
 
 /// A CUDA stream on one device, created by pipetrain and lent to ONNX Runtime.
 #[derive(Debug)]
@@ -121,33 +121,26 @@ pub fn id_from_hex(text: &str) -> Result<Id, String> {
     Ok(Id::uninit(raw))
 }
 
-/// NCCL's library under a name cudarc looks for: PyPI's `nvidia-nccl-cu13` ships only
-/// `libnccl.so.2`, so a link named `libnccl.so` on `LD_LIBRARY_PATH` is needed.
-pub(super) const NO_NCCL: &str = "NCCL not found: put a folder with libnccl.so on LD_LIBRARY_PATH (PyPI's nvidia-nccl wheel has libnccl.so.2 only: link libnccl.so to it)";
-
 /// Sums `[1, 2, 3, 4]` over an NCCL communicator of one rank on device `index` and reads
 /// it back: the check `pipetrain doctor` runs that NCCL loads, makes a communicator and
-/// reduces on a stream of ours.
+/// reduces in place on its stream, as the step's all-reduce does (`cuda_nccl.rs`).
 ///
 /// # Errors
 /// Which step failed, with NCCL's or the driver's error.
 pub fn nccl_self_check(index: usize) -> Result<(), String> {
-    // SAFETY: only tries to open the library (cudarc panics on first use where none is).
-    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-        return Err(NO_NCCL.into());
-    }
-    let stream = DeviceStream::new(index)?.stream;
-    let id = Id::new().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
-    let comm = Comm::from_rank(stream.clone(), 0, 1, id)
-        .map_err(|e| format!("ncclCommInitRank (1 rank): {e:?}"))?;
+    let nccl = super::cuda_nccl::NcclReduce::one_rank(index).map_err(|e| e.to_string())?;
+    let stream = nccl.stream();
     let sent = [1.0f32, 2.0, 3.0, 4.0];
-    let send = stream.clone_htod(&sent).map_err(|e| e.to_string())?;
-    let mut recv = stream
-        .alloc_zeros::<f32>(sent.len())
-        .map_err(|e| e.to_string())?;
-    comm.all_reduce(&send, &mut recv, &ReduceOp::Sum)
-        .map_err(|e| format!("ncclAllReduce: {e:?}"))?;
-    let back = stream.clone_dtoh(&recv).map_err(|e| e.to_string())?;
+    let buf = stream.clone_htod(&sent).map_err(|e| e.to_string())?;
+    let (addr, sync) = buf.device_ptr(&stream);
+    let span = super::DeviceSpan {
+        device: index,
+        addr: addr as usize,
+        len: sent.len(),
+    };
+    nccl.all_reduce(span).map_err(|e| e.to_string())?;
+    drop(sync);
+    let back = stream.clone_dtoh(&buf).map_err(|e| e.to_string())?;
     if back == sent {
         Ok(())
     } else {

@@ -16,6 +16,10 @@ use cudarc::nccl::{Comm, Id, ReduceOp};
 use super::resident::DeviceSpan;
 use crate::{Error, Result};
 
+/// NCCL's library under a name cudarc looks for: PyPI's `nvidia-nccl-cu13` ships only
+/// `libnccl.so.2`, so a link named `libnccl.so` on `LD_LIBRARY_PATH` is needed.
+const NO_NCCL: &str = "NCCL not found: put a folder with libnccl.so on LD_LIBRARY_PATH (PyPI's nvidia-nccl wheel has libnccl.so.2 only: link libnccl.so to it)";
+
 /// An NCCL communicator of one stage's replicas, this replica's rank in it.
 pub(crate) struct NcclReduce {
     device: usize,
@@ -67,7 +71,7 @@ impl NcclReduce {
         let fail = |what| failed(device, what);
         // SAFETY: only tries to open the library.
         if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-            return Err(fail("NCCL")(super::cuda::NO_NCCL.into()));
+            return Err(fail("NCCL")(NO_NCCL.into()));
         }
         super::device::cuda_devices().map_err(fail("the device"))?;
         let ctx =
@@ -82,6 +86,17 @@ impl NcclReduce {
             device,
             comm: Mutex::new(comm),
         })
+    }
+
+    /// This rank and the communicator's size.
+    pub(crate) fn rank(&self) -> (usize, usize) {
+        let comm = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+        (comm.rank(), comm.world_size())
+    }
+
+    /// The stream the communicator reduces on.
+    pub(crate) fn stream(&self) -> Arc<CudaStream> {
+        self.comm.lock().unwrap_or_else(|e| e.into_inner()).stream()
     }
 
     /// Sums `grads` across the communicator's ranks in place; returns once it is done.

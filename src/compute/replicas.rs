@@ -38,11 +38,16 @@ pub struct ReplicaGroup {
 /// How one replica's gradients reach its replicas': its place in a [`ReplicaGroup`], or
 /// an NCCL communicator.
 #[derive(Clone)]
-pub struct ReplicaLink {
-    group: Arc<ReplicaGroup>,
-    rank: usize,
+pub struct ReplicaLink(Link);
+
+#[derive(Clone)]
+enum Link {
+    Group {
+        group: Arc<ReplicaGroup>,
+        rank: usize,
+    },
     #[cfg(feature = "cuda")]
-    nccl: Option<Arc<super::cuda_nccl::NcclReduce>>,
+    Nccl(Arc<super::cuda_nccl::NcclReduce>),
 }
 
 impl std::fmt::Debug for ReplicaLink {
@@ -68,11 +73,7 @@ impl ReplicaLink {
         #[cfg(feature = "cuda")]
         {
             let nccl = super::cuda_nccl::NcclReduce::one_rank(index)?;
-            Ok(ReplicaLink {
-                group: ReplicaGroup::new(1),
-                rank: 0,
-                nccl: Some(Arc::new(nccl)),
-            })
+            Ok(ReplicaLink(Link::Nccl(Arc::new(nccl))))
         }
         #[cfg(not(feature = "cuda"))]
         Err(Error::Device {
@@ -102,12 +103,10 @@ impl ReplicaGroup {
 
     /// Replica `rank`'s link to the group.
     pub fn link(self: &Arc<Self>, rank: usize) -> ReplicaLink {
-        ReplicaLink {
+        ReplicaLink(Link::Group {
             group: self.clone(),
             rank,
-            #[cfg(feature = "cuda")]
-            nccl: None,
-        }
+        })
     }
 
     fn failed(&self, rank: usize, reason: String) -> Error {
@@ -126,7 +125,11 @@ impl ReplicaGroup {
 impl ReplicaLink {
     /// This replica's place and the group's size.
     pub fn rank(&self) -> (usize, usize) {
-        (self.rank, self.group.members)
+        match &self.0 {
+            Link::Group { group, rank } => (*rank, group.members),
+            #[cfg(feature = "cuda")]
+            Link::Nccl(nccl) => nccl.rank(),
+        }
     }
 
     /// Sums `grads` with the other replicas' in place: every replica then holds the
@@ -137,43 +140,53 @@ impl ReplicaLink {
     /// this replica lent twice, or on a failed device call (the round still completes,
     /// so that no replica waits for ever).
     pub async fn all_reduce<G: GradBuffer + Send + ?Sized>(&self, grads: &mut G) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let Some(nccl) = &self.nccl {
-            return nccl.all_reduce(grads.grads());
+        match &self.0 {
+            Link::Group { group, rank } => group.all_reduce(*rank, grads).await,
+            #[cfg(feature = "cuda")]
+            Link::Nccl(nccl) => nccl.all_reduce(grads.grads()),
         }
-        let (g, rank) = (&*self.group, self.rank);
+    }
+}
+
+impl ReplicaGroup {
+    /// [`ReplicaLink::all_reduce`] in this group, from replica `rank`.
+    async fn all_reduce<G: GradBuffer + Send + ?Sized>(
+        &self,
+        rank: usize,
+        grads: &mut G,
+    ) -> Result<()> {
         let own = grads.grads();
         {
-            let mut lent = g.lent();
-            if rank >= g.members || lent[rank].is_some() {
-                return Err(g.failed(rank, "lent its gradients twice to one round".into()));
+            let mut lent = self.lent();
+            if rank >= self.members || lent[rank].is_some() {
+                return Err(self.failed(rank, "lent its gradients twice to one round".into()));
             }
             lent[rank] = Some(own);
         }
-        g.lent_all.wait().await;
-        let all: Vec<DeviceSpan> = g.lent().iter().flatten().copied().collect();
+        self.lent_all.wait().await;
+        let all: Vec<DeviceSpan> = self.lent().iter().flatten().copied().collect();
         let uneven = all
             .iter()
             .position(|s| s.len != own.len || s.device != own.device);
         let n = own.len;
         let mut result = match uneven {
-            Some(r) => Err(g.failed(
+            Some(r) => Err(self.failed(
                 rank,
                 format!(
                     "replica {r}'s gradients are {} values on cuda:{}, these {n} on cuda:{}",
                     all[r].len, all[r].device, own.device
                 ),
             )),
-            None => grads.sum_grads(&all, chunk(n, g.members, rank)),
+            None => grads.sum_grads(&all, chunk(n, self.members, rank)),
         };
-        g.summed_all.wait().await;
+        self.summed_all.wait().await;
         if result.is_ok() {
-            result = (0..g.members)
+            result = (0..self.members)
                 .filter(|&s| s != rank)
-                .try_for_each(|s| grads.copy_grads(all[s], chunk(n, g.members, s)));
+                .try_for_each(|s| grads.copy_grads(all[s], chunk(n, self.members, s)));
         }
-        g.gathered_all.wait().await;
-        g.lent()[rank] = None;
+        self.gathered_all.wait().await;
+        self.lent()[rank] = None;
         result
     }
 }
