@@ -293,15 +293,21 @@ fn join_one_rank_nccl(
 mod tests {
     use super::*;
 
-    fn config(runtime: &str) -> TrainConfig {
+    /// A configuration of the built-in MLP, `top` among its top-level keys and `tail`
+    /// (tables) after the rest.
+    fn parse(top: &str, tail: &str) -> Result<TrainConfig> {
         let text = format!(
-            "batch_size = 4\nnum_train_steps = 1\n[model]\nkind = \"mlp\"\n\
+            "batch_size = 4\nnum_train_steps = 1\n{top}[model]\nkind = \"mlp\"\n\
              [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"y\"\n\
              [data]\nsynth = {{ kind = \"teacher\", samples = 8 }}\n\
              layout = {{ kind = \"arrays\", feeds = {{ x = \"x\", y = \"y\" }} }}\n\
-             [optimizer]\nkind = \"sgd\"\n[lr_schedule]\nkind = \"constant\"\nlr = 0.1\n{runtime}"
+             [optimizer]\nkind = \"sgd\"\n[lr_schedule]\nkind = \"constant\"\nlr = 0.1\n{tail}"
         );
-        TrainConfig::parse(&text, std::path::Path::new("t.toml")).unwrap()
+        TrainConfig::parse(&text, std::path::Path::new("t.toml"))
+    }
+
+    fn config(runtime: &str) -> TrainConfig {
+        parse("", runtime).unwrap()
     }
 
     #[test]
@@ -321,21 +327,10 @@ mod tests {
     /// the host, and with more than one data-parallel replica.
     #[test]
     fn one_rank_nccl_is_refused_where_it_cannot_run() {
-        let text = |runtime: &str, dp: usize| {
-            format!(
-                "batch_size = 4\nnum_train_steps = 1\ndata_parallel_size = {dp}\n\
-                 [model]\nkind = \"mlp\"\n\
-                 [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"y\"\n\
-                 [data]\nsynth = {{ kind = \"teacher\", samples = 8 }}\n\
-                 layout = {{ kind = \"arrays\", feeds = {{ x = \"x\", y = \"y\" }} }}\n\
-                 [optimizer]\nkind = \"sgd\"\n[lr_schedule]\nkind = \"constant\"\nlr = 0.1\n\
-                 [debug]\nnccl_one_rank = true\n[runtime]\n{runtime}"
-            )
-        };
         let parse = |runtime: &str, dp: usize| {
-            TrainConfig::parse(&text(runtime, dp), std::path::Path::new("t.toml"))
-                .map(|_| ())
-                .map_err(|e| e.to_string())
+            let top = format!("data_parallel_size = {dp}\n");
+            let tail = format!("[debug]\nnccl_one_rank = true\n[runtime]\n{runtime}");
+            parse(&top, &tail).map(|_| ()).map_err(|e| e.to_string())
         };
         let cpu = parse("", 1).unwrap_err();
         assert!(
