@@ -290,6 +290,7 @@ fn single_stage(
         deterministic: true,
         mixed_precision: None,
         state_on_device: true,
+        device_path_on_host: false,
         cuda_kernels: true,
     };
     let settings = pipetrain::pipeline::StageSettings::new(cfg.optimizer.clone(), 1.0);

@@ -42,6 +42,7 @@ fn main() {
             deterministic: true,
             mixed_precision: None,
             state_on_device: true,
+            device_path_on_host: false,
             cuda_kernels: true,
         };
         let nospin = SessionOptions {

@@ -17,19 +17,23 @@ use super::DATA;
 use crate::pipeline::Payload;
 use crate::tensor::{DType, Tensor, TensorData};
 
-/// A transfer for the member (`replica`, `rank`), as bytes.
-pub fn encode(replica: usize, rank: usize, t: &Transfer<Payload>) -> Vec<u8> {
+/// A transfer for the member (`replica`, `rank`), as bytes; values in a device's memory
+/// are copied to the host first.
+///
+/// # Errors
+/// What failed to copy a value from its device, in words.
+pub fn encode(replica: usize, rank: usize, t: &Transfer<Payload>) -> Result<Vec<u8>, String> {
     let mut names: Vec<&String> = t.payload.keys().collect();
     names.sort();
+    let tensors = (names.iter())
+        .map(|n| t.payload[*n].to_host(n).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, String>>()?;
     let size = 21
         + names
             .iter()
-            .map(|n| {
-                let tensor = &t.payload[*n];
-                2 + n.len()
-                    + 5
-                    + 8 * tensor.shape.len()
-                    + tensor.shape.iter().product::<usize>() * tensor.dtype().size()
+            .zip(&tensors)
+            .map(|(n, tensor)| {
+                2 + n.len() + 5 + 8 * tensor.shape.len() + tensor.len() * tensor.dtype().size()
             })
             .sum::<usize>();
     let mut out = Vec::with_capacity(size);
@@ -43,8 +47,7 @@ pub fn encode(replica: usize, rank: usize, t: &Transfer<Payload>) -> Vec<u8> {
     for v in [t.stage as u32, t.mb as u32, t.payload.len() as u32] {
         out.extend_from_slice(&v.to_le_bytes());
     }
-    for name in names {
-        let tensor = &t.payload[name];
+    for (name, tensor) in names.into_iter().zip(&tensors) {
         out.extend_from_slice(&(name.len() as u16).to_le_bytes());
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(&tensor.dtype().onnx().to_le_bytes());
@@ -60,7 +63,7 @@ pub fn encode(replica: usize, rank: usize, t: &Transfer<Payload>) -> Vec<u8> {
             TensorData::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
         }
     }
-    out
+    Ok(out)
 }
 
 /// Appends `values` little-endian: in one copy where this machine is little-endian.
@@ -168,7 +171,7 @@ pub fn decode(bytes: &[u8]) -> Result<((usize, usize), Transfer<Payload>), Strin
             DType::Bool => TensorData::Bool(raw.iter().map(|&b| b != 0).collect()),
         };
         let tensor = Tensor::new(shape, data).map_err(|e| format!("`{name}`: {e}"))?;
-        payload.insert(name, Arc::new(tensor));
+        payload.insert(name, Arc::new(tensor.into()));
     }
     if r.at != bytes.len() {
         return Err(format!("{} bytes left over", bytes.len() - r.at));
@@ -204,7 +207,13 @@ pub fn link_transfers(mesh: Arc<Mesh>, owner: Vec<Vec<usize>>) -> (Mailboxes<Pay
             let mesh = mesh.clone();
             tokio::spawn(async move {
                 while let Ok(t) = rx.recv_async().await {
-                    let bytes = encode(replica, rank, &t);
+                    let bytes = match encode(replica, rank, &t) {
+                        Ok(bytes) => bytes,
+                        Err(why) => {
+                            mesh_fail(&mesh, format!("a transfer to node {node} could not be read from its device: {why}"));
+                            return;
+                        }
+                    };
                     if let Err(why) = mesh.send_slice(node, DATA, &bytes).await {
                         tracing::debug!("a transfer to node {node} was not sent: {why}");
                         return;

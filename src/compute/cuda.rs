@@ -42,6 +42,22 @@ impl DeviceStream {
     }
 }
 
+/// Copies `bytes.len()` bytes at device address `addr` of device `index` to `bytes`,
+/// returning once they are there (`cuMemcpyDtoH`, ordered after all work on the device's
+/// legacy stream; a value handed out by a finished run is complete).
+///
+/// # Errors
+/// The driver's error, in words.
+pub(crate) fn copy_to_host(index: usize, addr: usize, bytes: &mut [u8]) -> Result<(), String> {
+    let ctx = CudaContext::new(index).map_err(|e| format!("cuda:{index}: {e}"))?;
+    ctx.bind_to_thread()
+        .map_err(|e| format!("cuda:{index}: {e}"))?;
+    // SAFETY: the caller's `addr` holds `bytes.len()` bytes of a device value it keeps
+    // alive for the call, on this context's device.
+    unsafe { cudarc::driver::result::memcpy_dtoh_sync(bytes, addr as u64) }
+        .map_err(|e| format!("cuda:{index}: copying a value to the host: {e}"))
+}
+
 /// Whether cuBLAS loads (pipetrain's CUDA attention runs its products there), in words.
 pub fn cublas_found() -> &'static str {
     // SAFETY: only tries to open the library.
@@ -134,7 +150,7 @@ pub fn nccl_self_check(index: usize) -> Result<(), String> {
     let buf = stream.clone_htod(&sent).map_err(|e| e.to_string())?;
     let (addr, sync) = buf.device_ptr(&stream);
     let span = super::DeviceSpan {
-        device: index,
+        device: super::Device::Cuda(index),
         addr: addr as usize,
         len: sent.len(),
     };

@@ -105,9 +105,9 @@ impl NcclReduce {
     /// `Device` when the span is on another device or NCCL fails.
     pub(crate) fn all_reduce(&self, grads: DeviceSpan) -> Result<()> {
         let fail = |what| failed(self.device, what);
-        if grads.device != self.device {
+        if grads.device != super::Device::Cuda(self.device) {
             return Err(fail("all-reduce")(format!(
-                "gradients on cuda:{}, the communicator on cuda:{}",
+                "gradients on {}, the communicator on cuda:{}",
                 grads.device, self.device
             )));
         }

@@ -14,6 +14,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr
 use super::cuda_launch::{compile, launch_planned, Launch};
 use super::kernels::{self, SUM_BLOCKS, UPDATE_SOURCE};
 use super::resident::{Buffer, DeviceSpan, DeviceState, GradBuffer};
+use super::Device;
 use crate::optim::ElementwiseStep;
 use crate::{Error, Result};
 
@@ -119,7 +120,7 @@ impl CudaState {
 
     fn span(&self, buf: &CudaSlice<f32>) -> DeviceSpan {
         DeviceSpan {
-            device: self.index,
+            device: Device::Cuda(self.index),
             addr: self.addr(buf),
             len: buf.len(),
         }
@@ -189,13 +190,13 @@ impl CudaState {
 
     /// Refuses a span on another device or of another length than the gradients.
     fn check_peer(&self, span: &DeviceSpan) -> Result<()> {
-        if span.device == self.index && span.len == self.grads.len() {
+        if span.device == Device::Cuda(self.index) && span.len == self.grads.len() {
             return Ok(());
         }
         Err(Error::Device {
             device: format!("cuda:{}", self.index),
             reason: format!(
-                "a replica's gradients are {} values on cuda:{}, these {} on cuda:{}",
+                "a replica's gradients are {} values on {}, these {} on cuda:{}",
                 span.len,
                 span.device,
                 self.grads.len(),

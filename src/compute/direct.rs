@@ -143,25 +143,42 @@ pub(super) fn over(
     shape: &[usize],
     label: &str,
 ) -> Result<DynValue> {
-    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     let bytes = shape.iter().product::<usize>() * size_of::<f32>();
+    let float = ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    // SAFETY: as this function's own contract: `data` is `bytes` bytes of the caller's.
+    unsafe { over_bytes(info, data.cast(), bytes, (shape, float), label) }
+}
+
+/// A tensor value of element type `ty` and `shape` over the `bytes` bytes at `data`, in
+/// the memory `info` describes, which ONNX Runtime neither copies nor frees.
+///
+/// # Safety
+/// `data` must hold `bytes` bytes of that type, `shape`'s count of them, for as long as
+/// the value is used, and be written through it only where the caller lends it to be.
+pub(super) unsafe fn over_bytes(
+    info: &MemoryInfo,
+    data: *mut c_void,
+    bytes: usize,
+    (shape, ty): (&[usize], ONNXTensorElementDataType),
+    label: &str,
+) -> Result<DynValue> {
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     let api = ort::api();
     let mut value: *mut ort::sys::OrtValue = ptr::null_mut();
-    // SAFETY: `data` points at `bytes` bytes of the caller's buffer; the value only
-    // describes them, and is written through only while that buffer is borrowed by a run
-    // (`DirectOutputs::fits`).
+    // SAFETY: `data` points at `bytes` bytes of the caller's buffer (this function's
+    // contract); the value only describes them.
     let status = unsafe {
         (api.CreateTensorWithDataAsOrtValue)(
             info.ptr(),
-            data.cast::<c_void>(),
+            data,
             bytes,
             dims.as_ptr(),
             dims.len(),
-            ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+            ty,
             &mut value,
         )
     };
-    let ctx = || format!("directing the outputs of {label}");
+    let ctx = || format!("lending a buffer to {label}");
     // SAFETY: a status ONNX Runtime just returned, read and released once.
     unsafe { ort::Error::result_from_status(status) }.map_err(Error::ort(ctx()))?;
     let value = NonNull::new(value)

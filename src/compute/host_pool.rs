@@ -23,6 +23,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::Value;
 use crate::tensor::{Tensor, TensorData};
 
 /// Float32 buffers by length, shared by a process's stages (a handle: clones share it).
@@ -62,16 +63,16 @@ impl HostPool {
         }
     }
 
-    /// Takes back the float32 tensors of `tensors` nothing else holds.
-    pub fn recycle(&self, tensors: impl IntoIterator<Item = Arc<Tensor>>) {
+    /// Takes back the float32 host tensors of `values` nothing else holds.
+    pub fn recycle(&self, values: impl IntoIterator<Item = Arc<Value>>) {
         let Ok(mut shelves) = self.0.lock() else {
             return;
         };
-        for t in tensors {
-            if let Ok(Tensor {
+        for t in values {
+            if let Ok(Value::Host(Tensor {
                 data: TensorData::F32(v),
                 ..
-            }) = Arc::try_unwrap(t)
+            })) = Arc::try_unwrap(t)
             {
                 shelves.put(v);
             }
@@ -115,7 +116,7 @@ mod tests {
         let pool = HostPool::new(64);
         let a = pool.copy_of(&[1.0; 8]);
         let at = a.as_ptr();
-        let t = Arc::new(Tensor::f32(vec![8], a).unwrap());
+        let t: Arc<Value> = Arc::new(Tensor::f32(vec![8], a).unwrap().into());
         let held = t.clone();
         pool.recycle([t]);
         assert_eq!(
@@ -128,7 +129,11 @@ mod tests {
         let b = pool.copy_of(&[2.0; 8]);
         assert_eq!((b.as_ptr(), b[7], pool.bytes()), (at, 2.0, 0));
         // More than the bound is let go.
-        let big = Arc::new(Tensor::f32(vec![32], pool.copy_of(&[0.0; 32])).unwrap());
+        let big = Arc::new(
+            Tensor::f32(vec![32], pool.copy_of(&[0.0; 32]))
+                .unwrap()
+                .into(),
+        );
         pool.recycle([big]);
         assert_eq!(pool.bytes(), 0);
     }
@@ -136,7 +141,7 @@ mod tests {
     #[test]
     fn a_buffer_the_pool_did_not_hand_out_is_kept_only_in_place_of_one_that_went_elsewhere() {
         let pool = HostPool::new(1 << 20);
-        let foreign = |n: usize| Arc::new(Tensor::f32(vec![n], vec![0.0; n]).unwrap());
+        let foreign = |n: usize| Arc::new(Tensor::f32(vec![n], vec![0.0; n]).unwrap().into());
         // Of a length never handed out: let go.
         pool.recycle([foreign(8)]);
         assert_eq!(pool.bytes(), 0);

@@ -27,6 +27,7 @@ mod device;
 mod direct;
 mod fused;
 mod host_pool;
+mod host_state;
 pub mod kernels;
 mod lifted;
 mod local_shards;
@@ -41,11 +42,13 @@ mod session;
 mod shard_ops;
 #[cfg(test)]
 mod test_model;
+mod value;
 
 pub use chain::{StageChain, StepOutput, TensorMap, TrainSession};
 pub use device::{check_device, cuda_devices, CudaDevices, Device};
 pub use direct::Target;
 pub use host_pool::HostPool;
+pub use host_state::HostState;
 pub use local_shards::LocalShards;
 pub use open::{intra_threads_for, SessionOptions};
 pub use pinned::PinnedBuffers;
@@ -53,7 +56,8 @@ pub use probe::probe_values;
 pub use replicas::{ReplicaGroup, ReplicaLink};
 pub use resident::{open as open_device_state, Buffer, DeviceSpan, DeviceState, GradBuffer};
 pub use runtime::{find_library, Runtime, RuntimeInfo, ORT_VERSION};
-pub use session::GraphSession;
+pub use session::{BoundInputs, GraphSession};
 #[cfg(feature = "cluster")]
 pub(crate) use shard_ops::TrafficMeter;
 pub use shard_ops::{ShardComm, ShardGroups, ShardLink, ShardTraffic};
+pub use value::{DeviceValue, Value};

@@ -39,6 +39,9 @@ pub struct SessionOptions {
     /// On a GPU: keep a stage's parameters, gradients and optimizer state in device
     /// memory and update there (`compute/resident.rs`), where the stage allows it.
     pub state_on_device: bool,
+    /// On the CPU: take the device path all the same, over host memory
+    /// (`compute/host_state.rs`; `debug.device_path_on_host`), to test it without a GPU.
+    pub device_path_on_host: bool,
     /// On a GPU: pipetrain's CUDA kernels where ONNX Runtime's CUDA provider is slow or
     /// sums in no fixed order (`compute/cuda_ops.rs`: the embedding gradient); off, the
     /// graphs keep standard ops (the embedding gradient as a one-hot product).
@@ -76,6 +79,7 @@ impl Default for SessionOptions {
             deterministic: true,
             mixed_precision: None,
             state_on_device: true,
+            device_path_on_host: false,
             cuda_kernels: true,
         }
     }

@@ -53,6 +53,7 @@ const ONE_OFF: SessionOptions = SessionOptions {
     deterministic: true,
     mixed_precision: None,
     state_on_device: false,
+    device_path_on_host: false,
     cuda_kernels: false,
 };
 

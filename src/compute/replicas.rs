@@ -173,7 +173,7 @@ impl ReplicaGroup {
             Some(r) => Err(self.failed(
                 rank,
                 format!(
-                    "replica {r}'s gradients are {} values on cuda:{}, these {n} on cuda:{}",
+                    "replica {r}'s gradients are {} values on {}, these {n} on {}",
                     all[r].len, all[r].device, own.device
                 ),
             )),

@@ -16,13 +16,14 @@ use super::Device;
 use crate::optim::ElementwiseStep;
 use crate::Result;
 
-/// `len` float32 values at `addr` in the memory of CUDA device `device`.
+/// `len` float32 values at `addr` in the memory of `device` (host memory for
+/// [`Device::Cpu`]: a device state over host memory, `host_state.rs`).
 ///
 /// Whoever hands one out keeps the memory allocated while sessions run with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceSpan {
-    /// The CUDA device's index.
-    pub device: usize,
+    /// The device whose memory holds it.
+    pub device: Device,
     /// The first value's device address.
     pub addr: usize,
     /// How many float32 values.
@@ -49,13 +50,17 @@ impl DeviceSpan {
 
     /// ONNX Runtime's description of this memory.
     pub(crate) fn memory_info(&self) -> ort::Result<MemoryInfo<'static>> {
-        MemoryInfo::new(
-            AllocationDevice::CUDA,
-            self.device as i32,
-            AllocatorType::Device,
-            MemoryType::Default,
-        )
+        memory_info(self.device)
     }
+}
+
+/// ONNX Runtime's description of `device`'s memory.
+pub(crate) fn memory_info(device: Device) -> ort::Result<MemoryInfo<'static>> {
+    let (kind, index) = match device {
+        Device::Cpu => (AllocationDevice::CPU, 0),
+        Device::Cuda(n) => (AllocationDevice::CUDA, n as i32),
+    };
+    MemoryInfo::new(kind, index, AllocatorType::Device, MemoryType::Default)
 }
 
 /// A stage's gradients in device memory, as a reduction across its data-parallel

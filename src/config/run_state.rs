@@ -54,6 +54,12 @@ pub struct DebugConfig {
     /// take (`compute/cuda_nccl.rs`): the sum is the gradients themselves.
     #[serde(default)]
     pub nccl_one_rank: bool,
+    /// On the CPU, take the device path all the same, over host memory: each stage's
+    /// state in a device state (`compute/host_state.rs`), replicas summing in a group,
+    /// stage messages kept where ONNX Runtime made them. For testing that path where no
+    /// GPU is; slower than the host path.
+    #[serde(default)]
+    pub device_path_on_host: bool,
 }
 
 /// A stage held still (see [`DebugConfig::stall`]).

@@ -94,7 +94,7 @@ impl StepData {
     ) -> Result<Payload, BoxError> {
         let mut out: Payload = self.reads[stage]
             .iter()
-            .filter_map(|n| all.remove(n).map(|t| (n.clone(), Arc::new(t))))
+            .filter_map(|n| all.remove(n).map(|t| (n.clone(), Arc::new(t.into()))))
             .collect();
         if let Some((label, ignore)) = &self.count_labels {
             if self.reads[stage].contains(label) {
@@ -106,7 +106,7 @@ impl StepData {
                 let n = labels.iter().filter(|&&l| Some(l) != *ignore).count();
                 out.insert(
                     LOSS_COUNT.into(),
-                    Arc::new(Tensor::f64(vec![], vec![n as f64])?),
+                    Arc::new(Tensor::f64(vec![], vec![n as f64])?.into()),
                 );
             }
         }
@@ -138,7 +138,7 @@ impl DataSource for StepData {
             let key = [self.seed as i64, step as i64, replica as i64, mb as i64];
             out.insert(
                 DROPOUT_KEY.into(),
-                Arc::new(Tensor::i64(vec![4], key.to_vec())?),
+                Arc::new(Tensor::i64(vec![4], key.to_vec())?.into()),
             );
         }
         Ok(out)

@@ -46,5 +46,5 @@ pub use data::{StepData, LOSS_COUNT};
 pub use settings::{HistogramTap, StageSettings, Tapped};
 pub use shard::{whole_parameters, StageShard};
 pub use stage::{OrtStage, Payload};
-pub use stage_device::state_fits_device;
+pub use stage_device::{state_fits_device, HostTraffic};
 pub use zero::{ZeroPart, ZeroSlot};

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::checkpoint::LoadedCheckpoint;
-use crate::compute::{Runtime, SessionOptions};
+use crate::compute::{Runtime, SessionOptions, Value};
 use crate::graph::{LossNormalize, StageGraphs, StageIo, TrainingGraph};
 use crate::optim::{Optimizer, ParamLayout};
 use crate::pipeline::buckets::Chain;
@@ -17,9 +17,10 @@ use crate::pipeline::stage_open::{initial_buffers, initial_params, Sessions};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
-/// Named tensors crossing between stages; shared, so a value both sent on and kept for
-/// the backward is never copied.
-pub type Payload = HashMap<String, Arc<Tensor>>;
+/// Named values crossing between stages (on the host, or left on the device that computed
+/// them: [`Value`]); shared, so a value both sent on and kept for the backward is never
+/// copied.
+pub type Payload = HashMap<String, Arc<Value>>;
 
 /// A stage's sessions and state.
 pub struct OrtStage {
@@ -76,8 +77,11 @@ pub struct OrtStage {
     /// are a host copy, older than the device's while `host_stale`.
     pub(super) device_state: Option<Box<dyn crate::compute::DeviceState>>,
     pub(super) host_stale: bool,
+    /// The outputs a stage with its state on its device leaves there: what it hands to
+    /// its backward and to its neighbours (`stage_device::left_on_device`).
+    pub(super) device_values: std::collections::HashSet<String>,
     /// The bytes this step handed between host and device (`stage_device.rs`).
-    pub(super) host_traffic: super::stage_device::HostTraffic,
+    pub(super) host_traffic: super::stage_device::Traffic,
     /// A device failure inside a method that cannot return it, returned by the next that
     /// can.
     pub(super) device_error: Option<Error>,
@@ -166,9 +170,14 @@ impl OrtStage {
                 ),
             });
         }
+        let device_values = match device_state {
+            Some(_) => super::stage_device::left_on_device(&graphs.io),
+            None => Default::default(),
+        };
         Ok(OrtStage {
             zero,
             tied_handoffs: Default::default(),
+            device_values,
             device_state,
             host_stale: false,
             host_traffic: Default::default(),
@@ -231,9 +240,10 @@ impl OrtStage {
     pub fn restore(&mut self, ckpt: &LoadedCheckpoint) -> Result<()> {
         let mut stats = Vec::with_capacity(self.buffers.len());
         for (name, t) in &self.buffers {
-            let mut v = vec![0f32; t.len()];
-            ckpt.copy_buffer(name, &t.shape, &mut v)?;
-            stats.push((name.clone(), Tensor::f32(t.shape.clone(), v)?));
+            let shape = t.shape();
+            let mut v = vec![0f32; shape.iter().product()];
+            ckpt.copy_buffer(name, shape, &mut v)?;
+            stats.push((name.clone(), Tensor::f32(shape.to_vec(), v)?));
         }
         crate::checkpoint::restore_stage(
             ckpt,
@@ -247,7 +257,7 @@ impl OrtStage {
         )?;
         self.push_to_device(true)?;
         for (name, t) in stats {
-            self.buffers.insert(name, Arc::new(t));
+            self.buffers.insert(name, Arc::new(t.into()));
         }
         self.steps_done = ckpt.manifest.steps_done;
         Ok(())
@@ -262,12 +272,13 @@ impl OrtStage {
         }
     }
 
-    /// The running statistics, by name, sorted.
+    /// The running statistics, by name, sorted (a statistic is always a host value: the
+    /// forward's values that update one come back to the host, `stage_device.rs`).
     pub fn buffer_values(&self) -> Vec<(String, Tensor)> {
         let mut v: Vec<(String, Tensor)> = self
             .buffers
             .iter()
-            .map(|(n, t)| (n.clone(), (**t).clone()))
+            .filter_map(|(n, t)| Some((n.clone(), t.to_host(n).ok()?.into_owned())))
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
@@ -290,7 +301,7 @@ impl OrtStage {
         let n = sources
             .iter()
             .find_map(|s| s.get(LOSS_COUNT))
-            .and_then(|t| t.to_f64_vec().first().copied())
+            .and_then(|t| t.first_f64())
             .ok_or_else(|| Error::MissingValue {
                 role: "stage input",
                 name: LOSS_COUNT.into(),
@@ -320,7 +331,7 @@ impl OrtStage {
         self.optimizer = optimizer;
         self.zero = None;
         if let Some(state) = self.device_state.take() {
-            let device = crate::compute::Device::Cuda(state.params().device);
+            let device = state.params().device;
             let optimizer = self.optimizer.as_ref();
             self.device_state = super::stage_device::open_state(device, &self.params, optimizer)?;
         }

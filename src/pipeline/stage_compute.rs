@@ -42,16 +42,12 @@ impl OrtStage {
     ) -> Result<ForwardOut<Payload>, BoxError> {
         let loss = match outputs.get(LOSS) {
             Some(t) => {
-                let raw = t.to_f64_vec().first().copied().ok_or("empty loss")?;
+                let raw = t.first_f64().ok_or("empty loss")?;
                 Some(self.reported_loss(raw, &[data])?)
             }
             None => None,
         };
-        let scalar = |name: &str| {
-            outputs
-                .get(name)
-                .and_then(|t| t.to_f64_vec().first().copied())
-        };
+        let scalar = |name: &str| outputs.get(name).and_then(|t| t.first_f64());
         let accuracy = scalar(ACC_CORRECT).zip(scalar(ACC_COUNTED));
         let mut send = pick(&self.io.fwd_send, &[outputs, input]);
         (self.tied_handoffs).outgoing(self.steps_done, &self.io.tied, &mut send);
@@ -77,7 +73,7 @@ impl OrtStage {
             .stash
             .values()
             .flat_map(|p| p.values())
-            .map(|t| t.len() * t.dtype().size())
+            .map(|t| t.bytes())
             .sum();
         self.peak_stash = self.peak_stash.max(now);
     }
@@ -181,7 +177,7 @@ impl StageCompute for OrtStage {
             self.keep_buffers(&rest);
             let raw = rest
                 .get(LOSS)
-                .and_then(|t| t.to_f64_vec().first().copied())
+                .and_then(|t| t.first_f64())
                 .ok_or("the fused stage computed no loss")?;
             let loss = self.reported_loss(raw, &[&data])?;
             let send = pick(&self.io.bwd_send, &[&rest, &input]);
@@ -216,7 +212,7 @@ impl StageCompute for OrtStage {
                 .ok_or_else(|| format!("backward of micro-batch {mb} before its forward"))?;
             return Ok((!self.io.bwd_send.is_empty()).then_some(send));
         }
-        let grad = grad.unwrap_or_default();
+        let grad = self.readable(grad.unwrap_or_default())?;
         let stash = match part {
             BackwardPart::Input => self.stash.get(&mb).cloned(),
             BackwardPart::Full | BackwardPart::Weight => self.stash.remove(&mb),

@@ -5,6 +5,7 @@
 //! on the host reads it: a checkpoint, the trained parameters, a data-parallel reduction
 //! over the host.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use pipetrain_actors::GradStats;
@@ -13,10 +14,9 @@ use super::buckets::Chain;
 use super::settings::StageSettings;
 use super::stage::{OrtStage, Payload};
 use super::stage_run::{fed, grad_targets};
-use crate::compute::{Buffer, Device, GraphSession, SessionOptions};
-use crate::graph::LOSS_GRAD;
+use crate::compute::{BoundInputs, Buffer, Device, GraphSession, SessionOptions, Value};
+use crate::graph::{StageIo, ACC_CORRECT, ACC_COUNTED, LOSS, LOSS_GRAD};
 use crate::optim::OptimizerConfig;
-use crate::tensor::TensorView;
 use crate::{Error, Result};
 
 /// Whether a stage opened with `opts` and `settings` keeps its state on its device: on a
@@ -35,7 +35,7 @@ pub(super) fn keeps_state_on_device(
 /// replica of a stage does, in one process, they sum their gradients there
 /// (`StageSettings::replicas`).
 pub fn state_fits_device(opts: &SessionOptions, settings: &StageSettings) -> bool {
-    opts.device != Device::Cpu
+    (opts.device != Device::Cpu || opts.device_path_on_host)
         && opts.state_on_device
         && settings.shard.is_none()
         && settings.adasum.is_none()
@@ -45,7 +45,8 @@ pub fn state_fits_device(opts: &SessionOptions, settings: &StageSettings) -> boo
 }
 
 /// The device state of a stage on `device` holding `params` and `optimizer`'s state
-/// buffers, uploaded (`None` on the CPU).
+/// buffers, uploaded: on the CPU, the device path over host memory
+/// (`debug.device_path_on_host`; [`keeps_state_on_device`] asks for it there only then).
 pub(super) fn open_state(
     device: Device,
     params: &[f32],
@@ -53,32 +54,77 @@ pub(super) fn open_state(
 ) -> Result<Option<Box<dyn crate::compute::DeviceState>>> {
     let state = optimizer.state();
     let bufs: Vec<&[f32]> = state.iter().map(|(_, b)| *b).collect();
+    if device == Device::Cpu {
+        return Ok(Some(Box::new(crate::compute::HostState::new(
+            params, &bufs,
+        ))));
+    }
     crate::compute::open_device_state(device, params, &bufs)
 }
 
-/// What a stage on its device handed between host and device in a step, in bytes: its
-/// host feeds (data, messages, the backward seed) and host outputs (loss, messages), the
-/// gradient statistics, and any state copied for a checkpoint or a reduction over the
-/// host. Copies ONNX Runtime makes inside a run (for a node on the CPU, say) are not
-/// seen here.
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct HostTraffic {
+/// What a stage on its device handed between host and device, in bytes: its host feeds
+/// (data, messages from a stage on the host, the backward seed) and host outputs (loss,
+/// statistics), the gradients' norm, and any state copied for a checkpoint or a
+/// reduction over the host. Copies ONNX Runtime makes inside a run (for a node on the
+/// CPU, say) are not seen here.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct HostTraffic {
+    /// Bytes copied from the host to the device.
     pub to_device: usize,
+    /// Bytes copied from the device to the host.
     pub to_host: usize,
 }
 
-impl HostTraffic {
-    /// Logs the step's traffic (target `pipetrain::device`, debug) and starts the next.
+/// A stage's [`HostTraffic`]: the step's so far, and the run's before it.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Traffic {
+    pub step: HostTraffic,
+    pub run: HostTraffic,
+}
+
+impl Traffic {
+    /// Logs the step's traffic (target `pipetrain::device`, debug), adds it to the
+    /// run's, and starts the next.
     pub(super) fn end_step(&mut self, step: u64) {
-        let HostTraffic { to_device, to_host } = std::mem::take(self);
+        let HostTraffic { to_device, to_host } = std::mem::take(&mut self.step);
+        self.run.to_device += to_device;
+        self.run.to_host += to_host;
         tracing::debug!(target: "pipetrain::device", step, to_device, to_host, "host traffic of the step (bytes)");
     }
 }
 
+/// The outputs of `io`'s graphs a stage with its state on its device leaves there: the
+/// values it hands on (to the next stage, tied weights among them, back to the previous
+/// one, from its forward to its backward, from its input-gradient half to its weight
+/// half), but for those read on the host (the loss, accuracy counts, a running
+/// statistic's update).
+pub(super) fn left_on_device(io: &StageIo) -> HashSet<String> {
+    let read_on_host: HashSet<&str> = (io.buffers.iter().map(|(_, update)| update.as_str()))
+        .chain([LOSS, ACC_CORRECT, ACC_COUNTED])
+        .collect();
+    (io.fwd_send.iter())
+        .chain(&io.bwd_send)
+        .chain(&io.stash)
+        .chain(&io.i_to_w)
+        .filter(|n| !read_on_host.contains(n.as_str()))
+        .cloned()
+        .collect()
+}
+
 impl OrtStage {
+    /// What this stage handed between host and device over the finished steps of the
+    /// run (`None`: it keeps its state on the host).
+    pub fn host_traffic(&self) -> Option<HostTraffic> {
+        self.device_state.as_ref().map(|_| self.host_traffic.run)
+    }
+
     /// [`OrtStage::run`] with the parameters and gradients in device memory: the
     /// parameters fed in place, a step's first gradients written by ONNX Runtime into
-    /// the accumulators, later ones into the scratch buffer and added.
+    /// the accumulators, later ones into the scratch buffer and added. Where the run
+    /// reads a value an earlier run left on the device, or leaves one there
+    /// ([`left_on_device`]), it goes through ONNX Runtime's I/O binding
+    /// (`GraphSession::run_bound`); otherwise through its plain run with the gradients'
+    /// buffers given (`GraphSession::run_device`).
     pub(super) fn run_on_device(
         &mut self,
         session: &mut GraphSession,
@@ -96,24 +142,30 @@ impl OrtStage {
             grad_slot,
             buffers,
             device_state,
+            device_values,
             host_traffic,
             ..
         } = self;
         let state = device_state.as_mut().expect("a stage on its device");
         let params = state.params();
-        let mut host: Vec<(&str, TensorView<'_>)> = Vec::new();
-        let mut device = Vec::new();
+        let mut inputs = BoundInputs {
+            host: Vec::new(),
+            device: Vec::new(),
+            held: Vec::new(),
+        };
         for n in &names {
             if let Some(seed) = seed.as_ref().filter(|_| n == LOSS_GRAD) {
-                host.push((n.as_str(), seed.view()));
+                inputs.host.push((n.as_str(), seed.view()));
             } else if let Some(i) = layout.index_of(n) {
-                device.push((
-                    n.as_str(),
-                    params.part(layout.range(i)),
-                    layout.shapes()[i].as_slice(),
-                ));
+                let shape = layout.shapes()[i].as_slice();
+                inputs
+                    .device
+                    .push((n.as_str(), params.part(layout.range(i)), shape));
             } else {
-                host.push((n.as_str(), fed(n, sources, buffers)?.view()));
+                match &**fed(n, sources, buffers)? {
+                    Value::Host(t) => inputs.host.push((n.as_str(), t.view())),
+                    Value::Device(d) => inputs.held.push((n.as_str(), d)),
+                }
             }
         }
         let (targets, slots) = grad_targets(session.output_names(), grad_slot, layout);
@@ -122,11 +174,19 @@ impl OrtStage {
             true => state.grads(),
             false => state.scratch()?,
         };
-        let rest = session.run_device(&host, &device, out, &targets)?;
-        host_traffic.to_device += host.iter().map(|(_, v)| v.bytes()).sum::<usize>();
-        host_traffic.to_host += rest
-            .iter()
-            .map(|(_, t)| t.len() * t.dtype().size())
+        let keep = |name: &str| device_values.contains(name);
+        let bound = !inputs.held.is_empty() || session.output_names().iter().any(|n| keep(n));
+        let rest: Vec<(String, Value)> = match bound {
+            true => session.run_bound(&inputs, out, &targets, &keep)?,
+            false => (session.run_device(&inputs.host, &inputs.device, out, &targets)?)
+                .into_iter()
+                .map(|(n, t)| (n, t.into()))
+                .collect(),
+        };
+        host_traffic.step.to_device += inputs.host.iter().map(|(_, v)| v.bytes()).sum::<usize>();
+        host_traffic.step.to_host += (rest.iter())
+            .filter(|(_, v)| matches!(v, Value::Host(_)))
+            .map(|(_, v)| v.bytes())
             .sum::<usize>();
         if !first {
             let ranges: Vec<_> = slots
@@ -139,8 +199,8 @@ impl OrtStage {
             written[i] = true;
         }
         let total_ms = started.elapsed().as_secs_f64() * 1e3;
-        tracing::debug!(target: "pipetrain::device", total_ms, "stage run, state on the device");
-        Ok(rest.into_iter().map(|(n, t)| (n, Arc::new(t))).collect())
+        tracing::debug!(target: "pipetrain::device", total_ms, bound, "stage run, state on the device");
+        Ok(rest.into_iter().map(|(n, v)| (n, Arc::new(v))).collect())
     }
 
     /// Zeroes, on the device, the gradients nothing wrote this step.
@@ -161,7 +221,7 @@ impl OrtStage {
     /// and reads as an overflow meanwhile.
     pub(super) fn device_grad_stats(&mut self) -> Option<GradStats> {
         let state = self.device_state.as_mut()?;
-        self.host_traffic.to_host += size_of::<f64>();
+        self.host_traffic.step.to_host += size_of::<f64>();
         Some(match state.grad_sum_sq() {
             Ok(sum_sq) => GradStats { sum_sq },
             Err(e) => {
@@ -202,12 +262,12 @@ impl OrtStage {
             return Ok(());
         }
         state.download(Buffer::Params, &mut self.params)?;
-        self.host_traffic.to_host += size_of_val(self.params.as_slice());
+        self.host_traffic.step.to_host += size_of_val(self.params.as_slice());
         let mut saved = Vec::new();
         for (k, (name, buf)) in self.optimizer.state().iter().enumerate() {
             let mut v = vec![0f32; buf.len()];
             state.download(Buffer::State(k), &mut v)?;
-            self.host_traffic.to_host += size_of_val(v.as_slice());
+            self.host_traffic.step.to_host += size_of_val(v.as_slice());
             saved.push((*name, v));
         }
         let views: Vec<(&str, &[f32])> = saved.iter().map(|(n, v)| (*n, v.as_slice())).collect();
@@ -238,7 +298,7 @@ impl OrtStage {
         let Some(state) = self.device_state.as_mut() else {
             return Ok(());
         };
-        self.host_traffic.to_host += size_of_val(self.grads.as_slice());
+        self.host_traffic.step.to_host += size_of_val(self.grads.as_slice());
         state.download(Buffer::Grads, &mut self.grads)
     }
 
@@ -247,7 +307,7 @@ impl OrtStage {
         let Some(state) = self.device_state.as_mut() else {
             return Ok(());
         };
-        self.host_traffic.to_device += size_of_val(self.grads.as_slice());
+        self.host_traffic.step.to_device += size_of_val(self.grads.as_slice());
         state.upload(Buffer::Grads, &self.grads)
     }
 }

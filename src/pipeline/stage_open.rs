@@ -51,7 +51,7 @@ pub(super) fn initial_buffers(tg: &TrainingGraph, io: &StageIo) -> Payload {
     io.buffers
         .iter()
         .filter_map(|(n, _)| tg.buffers.iter().find(|b| b.name == *n))
-        .map(|b| (b.name.clone(), Arc::new(b.init.clone())))
+        .map(|b| (b.name.clone(), Arc::new(b.init.clone().into())))
         .collect()
 }
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::stage::{OrtStage, Payload};
-use crate::compute::{GraphSession, Target};
+use crate::compute::{GraphSession, Target, Value};
 use crate::graph::LOSS_GRAD;
 use crate::optim::ParamLayout;
 use crate::tensor::{TensorView, ViewData};
@@ -91,7 +91,10 @@ impl OrtStage {
             };
             session.run_views_into(&feeds, &mut sink)?
         };
-        Ok(rest.into_iter().map(|(n, t)| (n, Arc::new(t))).collect())
+        Ok(rest
+            .into_iter()
+            .map(|(n, t)| (n, Arc::new(t.into())))
+            .collect())
     }
 
     /// Runs `session`, a piece of the gradient graph, writing the gradients of `params`
@@ -143,7 +146,10 @@ impl OrtStage {
         )?;
         let no_sink = &mut |_: &str, _: &[f32]| Ok(false);
         let rest = session.run_views_direct(&feeds, bucket, &targets, no_sink)?;
-        Ok(rest.into_iter().map(|(n, t)| (n, Arc::new(t))).collect())
+        Ok(rest
+            .into_iter()
+            .map(|(n, t)| (n, Arc::new(t.into())))
+            .collect())
     }
 
     /// Zeroes the gradients of parameters nothing contributed to this step (their buffer
@@ -201,7 +207,7 @@ fn feeds_of<'a>(
                 data: ViewData::F32(layout.slice(params, i)),
             }
         } else {
-            fed(n, sources, buffers)?.view()
+            fed(n, sources, buffers)?.host(n)?.view()
         };
         feeds.push((n.as_str(), view));
     }
@@ -214,7 +220,7 @@ pub(super) fn fed<'a>(
     n: &str,
     sources: &[&'a Payload],
     buffers: &'a Payload,
-) -> Result<&'a Arc<crate::tensor::Tensor>> {
+) -> Result<&'a Arc<Value>> {
     sources
         .iter()
         .find_map(|s| s.get(n))
@@ -224,6 +230,41 @@ pub(super) fn fed<'a>(
             name: n.into(),
             hint: "; a stage graph needs it and no message, data or stash held it".into(),
         })
+}
+
+impl OrtStage {
+    /// `payload` as this stage reads it: where the stage computes on the host, values a
+    /// neighbour left in its device's memory are copied here first.
+    ///
+    /// # Errors
+    /// `Device` when a copy fails.
+    pub(super) fn readable(&self, payload: Payload) -> Result<Payload> {
+        match self.device_state {
+            Some(_) => Ok(payload),
+            None => on_host(payload),
+        }
+    }
+}
+
+/// `payload` with every value held in a device's memory copied to the host: what a
+/// stage computing on the host receives from one that leaves its values on the device.
+///
+/// # Errors
+/// `Device` when a copy fails.
+fn on_host(payload: Payload) -> Result<Payload> {
+    if payload.values().all(|v| matches!(**v, Value::Host(_))) {
+        return Ok(payload);
+    }
+    payload
+        .into_iter()
+        .map(|(n, v)| {
+            let host = match &*v {
+                Value::Host(_) => v,
+                Value::Device(d) => Arc::new(Value::Host(d.to_host(&n)?)),
+            };
+            Ok((n, host))
+        })
+        .collect()
 }
 
 /// The outputs of a session that are parameter gradients, as targets at their

@@ -14,14 +14,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::stage::{OrtStage, Payload};
-use crate::tensor::Tensor;
+use crate::compute::Value;
 use crate::{Error, Result};
 
 impl OrtStage {
     /// A forward's input from the previous stage, with the tied values it arrived
     /// without.
     pub(super) fn received(&mut self, input: Option<Payload>) -> Result<Payload> {
-        let mut input = input.unwrap_or_default();
+        let mut input = self.readable(input.unwrap_or_default())?;
         let io = &self.io;
         let tied = io.tied.iter().filter(|t| io.fwd_recv.contains(t));
         self.tied_handoffs.incoming(tied, &mut input)?;
@@ -37,7 +37,7 @@ pub(super) struct TiedHandoffs {
     /// The tied values sent this step.
     sent: HashSet<String>,
     /// The last value received of each tied value.
-    kept: HashMap<String, Arc<Tensor>>,
+    kept: HashMap<String, Arc<Value>>,
 }
 
 impl TiedHandoffs {
@@ -46,7 +46,7 @@ impl TiedHandoffs {
         &mut self,
         step: u64,
         tied: &[String],
-        send: &mut HashMap<String, Arc<Tensor>>,
+        send: &mut HashMap<String, Arc<Value>>,
     ) {
         if self.step != step {
             self.step = step;
@@ -67,7 +67,7 @@ impl TiedHandoffs {
     pub(super) fn incoming<'a>(
         &mut self,
         tied: impl Iterator<Item = &'a String>,
-        input: &mut HashMap<String, Arc<Tensor>>,
+        input: &mut HashMap<String, Arc<Value>>,
     ) -> Result<()> {
         for name in tied {
             match input.get(name) {
@@ -91,11 +91,12 @@ impl TiedHandoffs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::Tensor;
 
     #[test]
     fn a_tied_value_crosses_once_a_step_and_every_micro_batch_gets_it() {
         let tied = vec!["w__shared".to_string()];
-        let value = Arc::new(Tensor::f32(vec![2], vec![1.0, 2.0]).unwrap());
+        let value: Arc<Value> = Arc::new(Tensor::f32(vec![2], vec![1.0, 2.0]).unwrap().into());
         let payload = || {
             HashMap::from([
                 ("w__shared".to_string(), value.clone()),

@@ -121,10 +121,10 @@ impl OrtStage {
             tracing::trace!(
                 "handed on between pieces: {} values, {} MB: {:?}",
                 made.len(),
-                made.values().map(|t| t.len() * 4).sum::<usize>() >> 20,
+                made.values().map(|t| t.bytes()).sum::<usize>() >> 20,
                 made.iter()
-                    .filter(|(_, t)| t.len() > 1 << 20)
-                    .map(|(n, t)| (n, &t.shape))
+                    .filter(|(_, t)| t.bytes() > 4 << 20)
+                    .map(|(n, t)| (n, t.shape()))
                     .take(6)
                     .collect::<Vec<_>>()
             );

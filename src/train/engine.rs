@@ -19,7 +19,16 @@ pub(super) type EngineOutput = (
     Vec<StepResult>,
     Option<pipetrain_actors::RunTrace>,
     Vec<(String, Tensor)>,
-    Vec<(usize, usize, Option<crate::compute::ShardTraffic>)>,
+    Vec<StageFacts>,
+);
+
+/// Per stage of replica 0: its peak stash, what its tensor shard's all-reduces carried,
+/// and what it handed between host and device (`None`: not split; state on the host).
+pub(super) type StageFacts = (
+    usize,
+    usize,
+    Option<crate::compute::ShardTraffic>,
+    Option<crate::pipeline::HostTraffic>,
 );
 
 /// Runs the engine over this process's computes, alone or as its part of a cluster.
@@ -49,7 +58,7 @@ pub(super) async fn run_engine<K: Collective>(
             let peaks = first
                 .clone()
                 .enumerate()
-                .map(|(s, c)| (s, c.peak_stash_bytes(), c.shard_traffic()))
+                .map(|(s, c)| (s, c.peak_stash_bytes(), c.shard_traffic(), c.host_traffic()))
                 .collect();
             // Data-parallel replica 0: its tensor shards, each stage's parts together;
             // the other replicas go first, and each stage frees its sessions, gradients
@@ -83,7 +92,14 @@ pub(super) async fn run_engine<K: Collective>(
             let peaks = mine
                 .iter()
                 .filter(|((r, _), _)| *r == 0)
-                .map(|((_, s), c)| (*s, c.peak_stash_bytes(), c.shard_traffic()))
+                .map(|((_, s), c)| {
+                    (
+                        *s,
+                        c.peak_stash_bytes(),
+                        c.shard_traffic(),
+                        c.host_traffic(),
+                    )
+                })
                 .collect();
             // The stages' sessions, gradients and optimizer state go before the gather's
             // copies arrive (a launched rank of a wide GPT with AdamW: its peak 1.31 ->

@@ -193,6 +193,9 @@ pub struct TrainSummary {
     /// What the tensor-shard all-reduces of data-parallel replica 0's shard 0 carried
     /// over the run (this process's stages; `None`: not split).
     pub shard_traffic: Option<crate::compute::ShardTraffic>,
+    /// Per stage this process ran for replica 0 that keeps its state on its device: the
+    /// bytes it handed between host and device over the run's steps.
+    pub host_traffic: Vec<(usize, crate::pipeline::HostTraffic)>,
     /// This process's peak resident bytes: predicted before its sessions opened, and
     /// measured at the end (Linux's `VmHWM`; `None` elsewhere).
     pub peak_memory: (u64, Option<u64>),

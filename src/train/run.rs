@@ -271,10 +271,11 @@ fn summary(
         parameters,
         trace,
         shard_traffic: peaks.iter().filter_map(|p| p.2).reduce(|a, b| a + b),
+        host_traffic: peaks.iter().filter_map(|p| Some((p.0, p.3?))).collect(),
         peak_memory: (0, None),
         stash: peaks
             .into_iter()
-            .map(|(stage, measured, _)| StashPeak {
+            .map(|(stage, measured, _, _)| StashPeak {
                 stage,
                 measured: measured as u64,
                 predicted: predicted.get(stage).copied().unwrap_or(0),

@@ -90,6 +90,7 @@ pub(super) fn session_options(cfg: &TrainConfig, actors: usize, threads: usize) 
         deterministic: cfg.runtime.deterministic,
         mixed_precision: cfg.half(),
         state_on_device: cfg.runtime.state_on_device,
+        device_path_on_host: cfg.debug.device_path_on_host,
         cuda_kernels: cfg.runtime.cuda_kernels && !cfg.runtime.standard_ops_only,
     }
 }

@@ -31,12 +31,13 @@ fn transfer() -> Transfer<pipetrain::pipeline::Payload> {
                 vec![2, 3],
                 vec![1.0, -2.5, 3.25, f32::MIN_POSITIVE, -0.0, 7.0],
             )
-            .unwrap(),
+            .unwrap()
+            .into(),
         ),
     );
     payload.insert(
         "ids".to_string(),
-        Arc::new(Tensor::i64(vec![3], vec![1, -2, i64::MAX]).unwrap()),
+        Arc::new(Tensor::i64(vec![3], vec![1, -2, i64::MAX]).unwrap().into()),
     );
     Transfer {
         flow: Flow::Grad,
@@ -51,7 +52,7 @@ fn parsers_survive_random_and_mutated_input() {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let good_frame = [header(5, 3).as_slice(), b"abc"].concat();
     let good_hello = Hello::new(2, "job").unwrap().encode();
-    let good_transfer = encode(1, 0, &transfer());
+    let good_transfer = encode(1, 0, &transfer()).unwrap();
     let mut runs = 0u64;
     for round in 0..100_000 {
         for seed in [&good_frame, &good_hello, &good_transfer] {
@@ -101,12 +102,18 @@ fn parsers_survive_random_and_mutated_input() {
         (replica, rank, t.stage, t.mb, t.flow),
         (1, 0, 1, 6, Flow::Grad)
     );
-    assert_eq!(t.payload["h"].as_f32().unwrap()[3], f32::MIN_POSITIVE);
     assert_eq!(
-        t.payload["h"].as_f32().unwrap()[4].to_bits(),
+        t.payload["h"].host("h").unwrap().as_f32().unwrap()[3],
+        f32::MIN_POSITIVE
+    );
+    assert_eq!(
+        t.payload["h"].host("h").unwrap().as_f32().unwrap()[4].to_bits(),
         (-0.0f32).to_bits()
     );
-    assert_eq!(t.payload["ids"].as_i64().unwrap(), [1, -2, i64::MAX]);
+    assert_eq!(
+        t.payload["ids"].host("ids").unwrap().as_i64().unwrap(),
+        [1, -2, i64::MAX]
+    );
 }
 
 #[tokio::test]
@@ -371,7 +378,10 @@ async fn three_workers_gather_reduce_and_transfer() {
         .unwrap()
         .unwrap();
     assert_eq!((got.stage, got.mb, got.flow), (1, 6, Flow::Grad));
-    assert_eq!(got.payload["h"], transfer().payload["h"]);
+    assert_eq!(
+        got.payload["h"].host("h").unwrap(),
+        transfer().payload["h"].host("h").unwrap()
+    );
     for m in &meshes {
         m.shutdown().await;
     }

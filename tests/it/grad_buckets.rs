@@ -7,12 +7,10 @@
 
 use crate::common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::common::mlp::{Mlp, ADAMW_COSINE};
 use pipetrain::compute::Runtime;
-use pipetrain::tensor::Tensor;
 
 fn trained(rt: &Runtime, m: &Mlp) -> (Vec<(String, Vec<u32>)>, f64) {
     let dir = tempfile::tempdir().unwrap();
@@ -96,6 +94,7 @@ fn tiny_gpt_stage_of(
         deterministic: true,
         mixed_precision: None,
         state_on_device: true,
+        device_path_on_host: false,
         cuda_kernels: true,
     };
     let settings = pipetrain::pipeline::StageSettings {
@@ -112,12 +111,12 @@ fn a_stage_hands_out_its_steps_gradients_bucket_by_bucket_on_the_last_micro_batc
     use pipetrain_actors::{BackwardPart, GradBucket, StageCompute};
     let rt = Runtime::from_env().unwrap();
     let model = common::PeerModel::load("tiny_gpt");
-    let data: Vec<HashMap<String, Arc<Tensor>>> = (0..2)
+    let data: Vec<pipetrain::pipeline::Payload> = (0..2)
         .map(|step| {
             model
                 .batch(step)
                 .into_iter()
-                .map(|(k, v)| (k, Arc::new(v)))
+                .map(|(k, v)| (k, Arc::new(v.into())))
                 .collect()
         })
         .collect();
@@ -199,8 +198,8 @@ fn a_sharded_stage_keeps_and_writes_only_its_part_of_the_gradients() {
         .unwrap();
     let step = |stage: &mut pipetrain::pipeline::OrtStage| {
         for mb in 0..2 {
-            let d: HashMap<String, Arc<Tensor>> = (model.batch(mb).into_iter())
-                .map(|(k, v)| (k, Arc::new(v)))
+            let d: pipetrain::pipeline::Payload = (model.batch(mb).into_iter())
+                .map(|(k, v)| (k, Arc::new(v.into())))
                 .collect();
             tokio.block_on(async {
                 stage.forward(mb, None, Some(d)).await.unwrap();

@@ -91,6 +91,33 @@ fn four_nodes_on_loopback_train_exactly_as_one_process() {
 }
 
 #[test]
+fn four_nodes_on_the_device_path_train_exactly_as_one_process_on_the_host() {
+    // Each node's stage keeps its state in a device state over host memory and leaves
+    // its messages there (`debug.device_path_on_host`); they are copied out as they go
+    // on the wire.
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 4;
+    let device = "[debug]\ndevice_path_on_host = true\n";
+    let cfg = train_config(dir.path(), "cluster", steps, device);
+    let single = train_config(dir.path(), "single", steps, "");
+    let model = dir.path().join("cluster/model.onnx");
+    let env = [("RUST_LOG", "warn,pipetrain::device=debug")];
+    let outs = job_with_env_equals_one_process(
+        dir.path(),
+        &[cfg.as_path(); 4],
+        (&single, steps, &model),
+        &env,
+    );
+    for (n, o) in NODES.iter().zip(&outs) {
+        let log = stderr(o);
+        assert!(
+            log.contains("run, bound"),
+            "node {n} took another path:\n{log}"
+        );
+    }
+}
+
+#[test]
 fn four_nodes_train_the_peers_tiny_gpt_exactly_as_one_process() {
     let dir = tempfile::tempdir().unwrap();
     let steps = 4;

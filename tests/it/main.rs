@@ -16,6 +16,7 @@ mod config;
 mod crash;
 mod deterministic;
 mod device;
+mod device_path;
 mod direct_outputs;
 mod dropout;
 mod embed;

@@ -115,6 +115,7 @@ fn tiny_gpt_stages_are_bit_identical_without_optimizations_on_one_thread() {
         deterministic: true,
         mixed_precision: None,
         state_on_device: true,
+        device_path_on_host: false,
         cuda_kernels: true,
     };
     let uncut = run_uncut(&rt, &tg, &peer, &opts);

@@ -100,6 +100,7 @@ impl Module {
             deterministic: true,
             mixed_precision: None,
             state_on_device: false,
+            device_path_on_host: false,
             cuda_kernels: false,
         };
         let settings = StageSettings::new(OptimizerConfig::default(), 1.0);
@@ -188,7 +189,10 @@ impl Module {
     fn training_payload(&mut self, batch: &TensorMap) -> Result<Payload> {
         let mut data = payload(batch);
         let key = vec![0, self.steps as i64, 0, self.micro_batch as i64];
-        data.insert(DROPOUT_KEY.into(), Arc::new(Tensor::i64(vec![4], key)?));
+        data.insert(
+            DROPOUT_KEY.into(),
+            Arc::new(Tensor::i64(vec![4], key)?.into()),
+        );
         self.micro_batch += 1;
         Ok(data)
     }
@@ -368,7 +372,7 @@ fn update_on(stage: &mut OrtStage, steps: u64, lr: f64) -> Result<()> {
 fn payload(batch: &TensorMap) -> Payload {
     batch
         .iter()
-        .map(|(k, v)| (k.clone(), Arc::new(v.clone())))
+        .map(|(k, v)| (k.clone(), Arc::new(v.clone().into())))
         .collect()
 }
 

@@ -29,7 +29,7 @@ fn addr(span: &DeviceSpan, offset: usize) -> u64 {
 impl GradBuffer for EmuGrads<'_> {
     fn grads(&self) -> DeviceSpan {
         DeviceSpan {
-            device: 0,
+            device: crate::compute::Device::Cuda(0),
             addr: self.ptr as usize,
             len: self.len,
         }

@@ -88,7 +88,7 @@ impl GraphSession {
 }
 
 /// Checks that ONNX Runtime wrote a directed output where it was told, in `out`.
-fn on_device(
+pub(super) fn on_device(
     value: &DynValue,
     name: &str,
     t: &Target<'_>,

@@ -14,10 +14,13 @@ use crate::onnx::proto::ModelProto;
 use crate::tensor::{DType, Tensor, TensorView};
 use crate::{Error, Result};
 
+mod bound;
 mod device;
 mod run;
 
-use run::{produced, to_host, view};
+pub use bound::BoundInputs;
+pub(crate) use run::to_host;
+use run::{produced, view};
 
 /// A graph ready to run: an ONNX Runtime session and the order of its inputs and outputs.
 pub struct GraphSession {

@@ -249,6 +249,7 @@ impl GradCheck {
                 deterministic: true,
                 mixed_precision: None,
                 state_on_device: true,
+                device_path_on_host: false,
                 cuda_kernels: true,
             },
         )

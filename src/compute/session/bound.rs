@@ -1,0 +1,150 @@
+//! [`GraphSession`] running through ONNX Runtime's I/O binding, for a stage that keeps its
+//! state on its device and leaves the values it hands on there too: the parameters read
+//! and the gradients written in place in the stage's device buffers (as
+//! [`GraphSession::run_device`]), values an earlier run left on the device bound as they
+//! are, and the outputs the stage hands on (to its backward, to the next stage) left
+//! where ONNX Runtime computed them, as [`DeviceValue`]s. ONNX Runtime's plain `Run`
+//! copies every output it did not get a buffer for to the host; a binding can ask for an
+//! output on a device without knowing its shape beforehand
+//! (`IoBinding::bind_output_to_device`).
+//!
+//! Every output is bound anew before each run: ONNX Runtime reuses a bound output's
+//! memory in the next run of the same binding, which would write over a value handed on
+//! from the last one.
+
+use ort::sys::ONNXTensorElementDataType as Elem;
+use ort::value::DynValue;
+
+use super::super::direct::{over, over_bytes, Target};
+use super::super::resident::{memory_info, DeviceSpan};
+use super::super::value::{DeviceValue, Value};
+use super::super::Device;
+use super::device::on_device;
+use super::{to_host, GraphSession};
+use crate::tensor::{TensorView, ViewData};
+use crate::{Error, Result};
+
+/// A bound run's inputs: host tensors, the stage's parameters in device memory (name,
+/// span, shape), and values earlier runs left on the device.
+pub struct BoundInputs<'a> {
+    /// Host tensors (data, the backward's seed, messages from a stage on the host).
+    pub host: Vec<(&'a str, TensorView<'a>)>,
+    /// Parameters read in place from the stage's device buffer.
+    pub device: Vec<(&'a str, DeviceSpan, &'a [usize])>,
+    /// Values left on the device by earlier runs (messages, the stash).
+    pub held: Vec<(&'a str, &'a DeviceValue)>,
+}
+
+impl GraphSession {
+    /// Runs the graph on `inputs`, the float32 outputs named by `targets` written in place
+    /// into their ranges of the device buffer `out`, the outputs `keep` names left in
+    /// `out`'s device's memory, and the others copied to the host; all but the targets
+    /// come back by name, in the graph's order. Returns once the device has finished the
+    /// run (ONNX Runtime synchronizes its stream at a run's end).
+    ///
+    /// # Errors
+    /// As [`GraphSession::run_device`].
+    pub fn run_bound(
+        &mut self,
+        inputs: &BoundInputs<'_>,
+        out: DeviceSpan,
+        targets: &[Target<'_>],
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<(String, Value)>> {
+        let ctx = || format!("running {}", self.label);
+        let info = memory_info(out.device).map_err(Error::ort(ctx()))?;
+        let host_info = memory_info(Device::Cpu).map_err(Error::ort(ctx()))?;
+        let mut binding = self.session.create_binding().map_err(Error::ort(ctx()))?;
+        for (name, t) in &inputs.host {
+            let value = lend(&host_info, t, &self.label)?;
+            binding
+                .bind_input(*name, &value)
+                .map_err(Error::ort(ctx()))?;
+        }
+        for (name, span, shape) in &inputs.device {
+            let value = over(&info, span.addr as *mut f32, shape, &self.label)?;
+            binding
+                .bind_input(*name, &value)
+                .map_err(Error::ort(ctx()))?;
+        }
+        for (name, held) in &inputs.held {
+            binding
+                .bind_input(*name, held.ort())
+                .map_err(Error::ort(ctx()))?;
+        }
+        for (k, name) in self.outputs.iter().enumerate() {
+            let bound = match targets.iter().find(|t| t.output == k) {
+                Some(t) => {
+                    check_fits(t, &out, name)?;
+                    let at = out.addr + t.offset * size_of::<f32>();
+                    let value = over(&info, at as *mut f32, t.shape, &self.label)?;
+                    binding.bind_output(name.as_str(), value)
+                }
+                None if keep(name) => binding.bind_output_to_device(name.as_str(), &info),
+                None => binding.bind_output_to_device(name.as_str(), &host_info),
+            };
+            bound.map_err(Error::ort(ctx()))?;
+        }
+        let started = std::time::Instant::now();
+        let mut outputs = self
+            .session
+            .run_binding(&binding)
+            .map_err(Error::ort(ctx()))?;
+        let run_ms = started.elapsed().as_secs_f64() * 1e3;
+        tracing::debug!(target: "pipetrain::device", session = %self.label, run_ms, "run, bound");
+        let mut result = Vec::with_capacity(self.outputs.len());
+        for (k, name) in self.outputs.iter().enumerate() {
+            let value: DynValue = outputs.remove(name).ok_or_else(|| Error::BadTensor {
+                name: name.clone(),
+                reason: format!("{} did not produce this output", self.label),
+            })?;
+            match targets.iter().find(|t| t.output == k) {
+                Some(t) => on_device(&value, name, t, &out, &self.label)?,
+                None if keep(name) => {
+                    let held = DeviceValue::new(value, name, out.device)?;
+                    result.push((name.clone(), Value::Device(held)));
+                }
+                None => result.push((name.clone(), Value::Host(to_host(&value, name)?))),
+            }
+        }
+        Ok(result)
+    }
+}
+
+/// Refuses a target that does not fit in `out`.
+fn check_fits(t: &Target<'_>, out: &DeviceSpan, name: &str) -> Result<()> {
+    let len: usize = t.shape.iter().product();
+    match t.offset + len <= out.len {
+        true => Ok(()),
+        false => Err(Error::BadTensor {
+            name: name.into(),
+            reason: format!(
+                "values {}..{} do not fit in a buffer of {}",
+                t.offset,
+                t.offset + len,
+                out.len
+            ),
+        }),
+    }
+}
+
+/// A value over a host tensor's elements, lent to a run (ONNX Runtime copies it to the
+/// device where a node there reads it).
+fn lend(info: &ort::memory::MemoryInfo, t: &TensorView<'_>, label: &str) -> Result<DynValue> {
+    let (ptr, ty) = match t.data {
+        ViewData::F32(v) => (
+            v.as_ptr().cast::<u8>(),
+            Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+        ),
+        ViewData::F64(v) => (
+            v.as_ptr().cast(),
+            Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE,
+        ),
+        ViewData::I64(v) => (v.as_ptr().cast(), Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64),
+        ViewData::I32(v) => (v.as_ptr().cast(), Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32),
+        ViewData::Bool(v) => (v.as_ptr().cast(), Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL),
+    };
+    // SAFETY: the view's elements (a `bool` is one byte, as ONNX's) outlive the run
+    // that reads them through the value, and an input is never written.
+    unsafe { over_bytes(info, ptr.cast_mut().cast(), t.bytes(), (t.shape, ty), label) }
+}

@@ -1,0 +1,99 @@
+//! The device path run on the CPU over host memory (`debug.device_path_on_host`): each
+//! stage's state in a device state, the update as the element-wise program the device
+//! kernels are checked against, stage messages and the stash left where ONNX Runtime
+//! computed them (bound with its I/O binding), data-parallel replicas summing in a group.
+//! What a GPU runs, checked here without one: the same bits as the host path, and no
+//! message or stashed value crossing between host and device.
+
+use crate::common::exported::{piped, train_summary, Layout, Run, GPT2};
+use pipetrain::pipeline::HostTraffic;
+use pipetrain::train::TrainSummary;
+
+const DEVICE_PATH: &str = "[debug]\ndevice_path_on_host = true\n";
+
+/// The exported GPT-2 fixture's 16-token rows, 4 a step.
+const TOKENS_PER_STEP: usize = 4 * 16;
+const STEPS: usize = 3;
+
+fn trained(layout: Layout, extra: &str) -> (Vec<f64>, TrainSummary) {
+    let run = Run {
+        model: "model.onnx",
+        optimizer: "adamw",
+        lr: 1e-3,
+        layout,
+        steps: STEPS,
+        extra,
+    };
+    train_summary(&GPT2, &run)
+}
+
+fn bits(v: &[f64]) -> Vec<u64> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Both paths' losses and trained parameters, bit for bit.
+fn assert_same(what: &str, host: &(Vec<f64>, TrainSummary), device: &(Vec<f64>, TrainSummary)) {
+    assert_eq!(bits(&host.0), bits(&device.0), "{what}: losses");
+    let (a, b) = (&host.1.parameters, &device.1.parameters);
+    assert_eq!(a.len(), b.len(), "{what}");
+    for ((n, x), (m, y)) in a.iter().zip(b) {
+        assert_eq!(n, m, "{what}");
+        assert!(x == y, "{what}: parameter {n} differs");
+    }
+}
+
+#[test]
+fn pipelines_on_the_device_path_train_as_the_host_path_and_keep_their_messages_there() {
+    for schedule in ["1f1b", "zb_h1"] {
+        let layout = piped(2, 4, schedule);
+        let host = trained(layout, "");
+        let device = trained(layout, DEVICE_PATH);
+        assert_same(schedule, &host, &device);
+        assert!(
+            host.1.host_traffic.is_empty(),
+            "the host path has no device"
+        );
+        let traffic: Vec<(usize, HostTraffic)> = device.1.host_traffic.clone();
+        assert_eq!(traffic.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 1]);
+        // Stage 0 reads the token ids (its backward takes them from the stash, where
+        // the data stays on the host); it sends its activations on and takes their
+        // gradients back on the device, and hands out only its gradients' norm.
+        let ids = TOKENS_PER_STEP * 8 * STEPS;
+        assert_eq!(traffic[0].1.to_device, ids, "{schedule}: stage 0 in");
+        assert_eq!(traffic[0].1.to_host, 8 * STEPS, "{schedule}: stage 0 out");
+        // Stage 1 reads the labels and each micro-batch's backward seed (one float32),
+        // and hands out each micro-batch's loss (one float32) and its gradients' norm.
+        let seeds = 4 * 4 * STEPS;
+        let stage1 = traffic[1].1;
+        assert_eq!(stage1.to_device, ids + seeds, "{schedule}: stage 1 in");
+        assert_eq!(
+            stage1.to_host,
+            (4 * 4 + 8) * STEPS,
+            "{schedule}: stage 1 out"
+        );
+    }
+}
+
+#[test]
+fn replicas_on_the_device_path_sum_in_their_group_as_the_host_path_sums() {
+    let layout = Layout {
+        pp: 1,
+        dp: 2,
+        micro_batches: 2,
+        schedule: "1f1b",
+    };
+    let host = trained(layout, "");
+    let device = trained(layout, DEVICE_PATH);
+    assert_same("dp 2", &host, &device);
+    // Replica 0's one stage: the gradients never came to the host to be summed.
+    let traffic = &device.1.host_traffic;
+    assert_eq!(traffic.len(), 1);
+    let ids = TOKENS_PER_STEP / 2 * 8 * STEPS;
+    let seeds = 2 * 4 * STEPS;
+    assert_eq!(traffic[0].1.to_device, 2 * ids + seeds, "ids and labels in");
+    assert_eq!(
+        traffic[0].1.to_host,
+        (2 * 4 + 8) * STEPS,
+        "losses and norm out"
+    );
+}
