@@ -15,7 +15,9 @@
 # - the peers' MLP and tiny GPT (SGD, AdamW) trained on the GPU and on the CPU, the loss
 #   curves judged against PyTorch float64 (TF32 off; --peers names peers/data);
 # - a 2-stage pipeline on one GPU with its Chrome trace (how long both stages computed
-#   at once);
+#   at once), its messages and stash left in device memory (`compute/session/bound.rs`):
+#   its host traffic (the data in, losses and norms out) and its losses bitwise those of
+#   the run with the state on the host;
 # - two data-parallel replicas on one GPU summing their gradients in device memory
 #   (`compute/replicas.rs`) against the same run reducing on the host: bitwise the same
 #   losses, and each step's host traffic; and the step's NCCL all-reduce over a one-rank
@@ -129,7 +131,9 @@ done
 if want pipeline && RUST_LOG=info,pipetrain::device=debug train mlp_pipeline_gpu \
     "$(config mlp_pipeline "$device" mlp_pipeline_gpu)" --chrome-trace "$out/mlp_pipeline_gpu.trace.json"; then
   python3 "$root/benches/gpu/overlap.py" "$out/mlp_pipeline_gpu.trace.json" | sed 's/^/pp=2 /' >> "$summary"
-  # What goes through the host while stage messages and the stash are host tensors.
+  # What goes through the host: the data in, the losses and norms out; the stage
+  # messages and the stash stay on the device (kilobytes a step here where they were
+  # megabytes; the CPU's `tests/it/device_path.rs` counts them to the byte).
   python3 "$root/benches/gpu/traffic.py" "pp=2 host traffic" "$out/mlp_pipeline_gpu.log" >> "$summary"
   # Its micro-batches' gradients added on the device against on the host: the same bits.
   host=$(config mlp_pipeline "$device" mlp_pipeline_host)

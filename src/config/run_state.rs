@@ -247,6 +247,18 @@ impl TrainConfig {
                 return Err(bad("debug.nccl_one_rank", rule));
             }
         }
+        if self.debug.device_path_on_host {
+            let rule = match self.runtime.device {
+                crate::compute::Device::Cuda(_) => Some("is for the CPU (`runtime.device = \"cpu\"`): a GPU takes the device path itself"),
+                crate::compute::Device::Cpu if !self.runtime.state_on_device => {
+                    Some("needs `runtime.state_on_device` (the state in the device state it tests)")
+                }
+                crate::compute::Device::Cpu => None,
+            };
+            if let Some(rule) = rule {
+                return Err(bad("debug.device_path_on_host", rule.into()));
+            }
+        }
         Ok(())
     }
 }

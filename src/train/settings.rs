@@ -345,6 +345,30 @@ mod tests {
         assert!(parse("device = \"cuda\"\n", 1).is_ok());
     }
 
+    /// `debug.device_path_on_host` is refused, naming the field, on a GPU and with the
+    /// state on the host; on the CPU it takes the device path.
+    #[test]
+    fn the_device_path_on_the_host_is_refused_where_it_means_nothing() {
+        let parse = |runtime: &str| {
+            let tail = format!("[debug]\ndevice_path_on_host = true\n[runtime]\n{runtime}");
+            parse("", &tail).map_err(|e| e.to_string())
+        };
+        let gpu = parse("device = \"cuda\"\n").unwrap_err();
+        assert!(
+            gpu.contains("debug.device_path_on_host") && gpu.contains("for the CPU"),
+            "{gpu}"
+        );
+        let host = parse("state_on_device = false\n").unwrap_err();
+        assert!(host.contains("state_on_device"), "{host}");
+        let cfg = parse("").unwrap();
+        let opts = session_options(&cfg, 1, 1);
+        assert!(opts.device_path_on_host);
+        let settings = stage_settings(&cfg, 1.0);
+        assert!(crate::pipeline::state_fits_device(&opts, &settings));
+        let plain = session_options(&config(""), 1, 1);
+        assert!(!crate::pipeline::state_fits_device(&plain, &settings));
+    }
+
     /// Where every data-parallel replica of a stage runs in this process on a GPU, each
     /// keeping its state there, they join one group and go without gradient buckets;
     /// a replica elsewhere, histograms on replica 0 (whose state then stays on the host)

@@ -97,3 +97,39 @@ fn replicas_on_the_device_path_sum_in_their_group_as_the_host_path_sums() {
         "losses and norm out"
     );
 }
+
+/// A checkpoint written from device state (its host copy brought up to date first) and
+/// restored into it (copied back up): resuming on the device path, or on the host path,
+/// gives the uninterrupted run's losses and parameters bit for bit.
+#[test]
+fn the_device_path_checkpoints_and_resumes_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpts = dir.path().join("ckpts");
+    let layout = piped(2, 4, "1f1b");
+    let run = |extra: &str| {
+        let run = Run {
+            model: "model.onnx",
+            optimizer: "adamw",
+            lr: 1e-3,
+            layout,
+            steps: 4,
+            extra,
+        };
+        train_summary(&GPT2, &run)
+    };
+    let saving = format!("checkpoints_dir = {ckpts:?}\ncheckpoint_period = 2\n{DEVICE_PATH}");
+    let straight = run(&saving);
+    let from = ckpts.join(pipetrain::checkpoint::folder_name(2));
+    let loading = format!("checkpoint_to_load_path = {from:?}\n");
+    for (what, extra) in [
+        ("device path", format!("{loading}{DEVICE_PATH}")),
+        ("host path", loading.clone()),
+    ] {
+        let resumed = run(&extra);
+        assert_eq!(bits(&resumed.0), bits(&straight.0[2..]), "{what}: losses");
+        assert!(
+            resumed.1.parameters == straight.1.parameters,
+            "{what}: trained parameters"
+        );
+    }
+}

@@ -10,7 +10,10 @@
 //!
 //! Every output is bound anew before each run: ONNX Runtime reuses a bound output's
 //! memory in the next run of the same binding, which would write over a value handed on
-//! from the last one.
+//! from the last one. Host inputs (data, the backward's seed) are copied to a GPU when
+//! bound, outside the session's stream; the binding's inputs are synchronized before the
+//! run (a wait for the whole device: what a stage on a GPU pays for reading the host,
+//! until such inputs are uploaded on the session's own stream).
 
 use ort::sys::ONNXTensorElementDataType as Elem;
 use ort::value::DynValue;
@@ -84,6 +87,11 @@ impl GraphSession {
                 None => binding.bind_output_to_device(name.as_str(), &host_info),
             };
             bound.map_err(Error::ort(ctx()))?;
+        }
+        if out.device != Device::Cpu && !inputs.host.is_empty() {
+            // A host input bound to a session on a GPU is copied there at once, but not
+            // on the session's stream, and ONNX Runtime's run does not wait for it.
+            binding.synchronize_inputs().map_err(Error::ort(ctx()))?;
         }
         let started = std::time::Instant::now();
         let mut outputs = self
