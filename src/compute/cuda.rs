@@ -40,6 +40,31 @@ impl DeviceStream {
     pub(crate) fn raw(&self) -> *mut () {
         self.stream.cu_stream() as *mut ()
     }
+
+    /// `bytes` copied into a new buffer on this stream's device, in stream order: work
+    /// queued on the stream later reads them complete. The buffer lives as long as the
+    /// value returned, and goes back to the device in stream order too.
+    ///
+    /// # Errors
+    /// The driver's error, in words.
+    pub(crate) fn upload(&self, bytes: &[u8]) -> Result<Uploaded, String> {
+        let buf = self
+            .stream
+            .clone_htod(bytes)
+            .map_err(|e| format!("copying {} bytes to the device: {e}", bytes.len()))?;
+        let addr = {
+            let (ptr, _sync) = buf.device_ptr(&self.stream);
+            ptr as usize
+        };
+        Ok(Uploaded { addr, _buf: buf })
+    }
+}
+
+/// A host input copied to the device on a session's stream ([`DeviceStream::upload`]).
+pub(crate) struct Uploaded {
+    /// The first byte's device address.
+    pub addr: usize,
+    _buf: cudarc::driver::CudaSlice<u8>,
 }
 
 /// Copies `bytes.len()` bytes at device address `addr` of device `index` to `bytes`,

@@ -10,11 +10,13 @@
 //!
 //! Every output is bound anew before each run: ONNX Runtime reuses a bound output's
 //! memory in the next run of the same binding, which would write over a value handed on
-//! from the last one. Host inputs (data, the backward's seed) are copied to a GPU when
-//! bound, outside the session's stream; the binding's inputs are synchronized before the
-//! run (a wait for the whole device: what a stage on a GPU pays for reading the host,
-//! until such inputs are uploaded on the session's own stream).
+//! from the last one. Host inputs (data, the backward's seed) are copied to a GPU by
+//! pipetrain, on the session's own stream ahead of the run: a host value bound as it is
+//! would be copied when bound, outside that stream, and the run would not wait for it
+//! (ONNX Runtime leaves that to `SynchronizeBoundInputs`, a wait for the whole device,
+//! which would hold each stage's run until the other stages' work on the GPU is done).
 
+use ort::memory::MemoryInfo;
 use ort::sys::ONNXTensorElementDataType as Elem;
 use ort::value::DynValue;
 
@@ -58,8 +60,9 @@ impl GraphSession {
         let info = memory_info(out.device).map_err(Error::ort(ctx()))?;
         let host_info = memory_info(Device::Cpu).map_err(Error::ort(ctx()))?;
         let mut binding = self.session.create_binding().map_err(Error::ort(ctx()))?;
+        let mut uploads = Vec::new();
         for (name, t) in &inputs.host {
-            let value = lend(&host_info, t, &self.label)?;
+            let value = self.host_input(t, (&info, &host_info), &mut uploads)?;
             binding
                 .bind_input(*name, &value)
                 .map_err(Error::ort(ctx()))?;
@@ -88,11 +91,6 @@ impl GraphSession {
             };
             bound.map_err(Error::ort(ctx()))?;
         }
-        if out.device != Device::Cpu && !inputs.host.is_empty() {
-            // A host input bound to a session on a GPU is copied there at once, but not
-            // on the session's stream, and ONNX Runtime's run does not wait for it.
-            binding.synchronize_inputs().map_err(Error::ort(ctx()))?;
-        }
         let started = std::time::Instant::now();
         let mut outputs = self
             .session
@@ -115,7 +113,65 @@ impl GraphSession {
                 None => result.push((name.clone(), Value::Host(to_host(&value, name)?))),
             }
         }
+        drop(uploads);
         Ok(result)
+    }
+
+    /// A host input as the run reads it: on a GPU, copied to the device on the
+    /// session's own stream, ahead of the run's kernels (the buffer kept in `uploads`
+    /// until the run is over); on the CPU, lent as it is.
+    fn host_input(
+        &self,
+        t: &TensorView<'_>,
+        (info, host_info): (&MemoryInfo, &MemoryInfo),
+        uploads: &mut Vec<Upload>,
+    ) -> Result<DynValue> {
+        #[cfg(feature = "cuda")]
+        if let Some(stream) = self.stream.as_ref() {
+            let up = stream.upload(bytes_of(t)).map_err(|reason| Error::Device {
+                device: self.label.clone(),
+                reason,
+            })?;
+            let at = up.addr as *mut std::ffi::c_void;
+            uploads.push(up);
+            // SAFETY: the upload holds the view's bytes on the device until the run is
+            // over (`uploads` outlives it).
+            return unsafe { over_bytes(info, at, t.bytes(), (t.shape, elem(t)), &self.label) };
+        }
+        let _ = (info, &uploads);
+        // SAFETY: the view's elements outlive the run that reads them through the
+        // value, and an input is never written.
+        let at = bytes_of(t).as_ptr().cast_mut().cast();
+        unsafe { over_bytes(host_info, at, t.bytes(), (t.shape, elem(t)), &self.label) }
+    }
+}
+
+/// What keeps an uploaded host input on the device for a run.
+#[cfg(feature = "cuda")]
+type Upload = super::super::cuda::Uploaded;
+#[cfg(not(feature = "cuda"))]
+type Upload = ();
+
+/// ONNX's element type of a view's elements.
+fn elem(t: &TensorView<'_>) -> Elem {
+    match t.data {
+        ViewData::F32(_) => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+        ViewData::F64(_) => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE,
+        ViewData::I64(_) => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
+        ViewData::I32(_) => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
+        ViewData::Bool(_) => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL,
+    }
+}
+
+/// A view's elements as bytes (a `bool` is one byte, as ONNX's).
+fn bytes_of<'a>(t: &TensorView<'a>) -> &'a [u8] {
+    match t.data {
+        ViewData::F32(v) => bytemuck::cast_slice(v),
+        ViewData::F64(v) => bytemuck::cast_slice(v),
+        ViewData::I64(v) => bytemuck::cast_slice(v),
+        ViewData::I32(v) => bytemuck::cast_slice(v),
+        // SAFETY: a `bool` is one byte holding 0 or 1.
+        ViewData::Bool(v) => unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len()) },
     }
 }
 
@@ -134,25 +190,4 @@ fn check_fits(t: &Target<'_>, out: &DeviceSpan, name: &str) -> Result<()> {
             ),
         }),
     }
-}
-
-/// A value over a host tensor's elements, lent to a run (ONNX Runtime copies it to the
-/// device where a node there reads it).
-fn lend(info: &ort::memory::MemoryInfo, t: &TensorView<'_>, label: &str) -> Result<DynValue> {
-    let (ptr, ty) = match t.data {
-        ViewData::F32(v) => (
-            v.as_ptr().cast::<u8>(),
-            Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
-        ),
-        ViewData::F64(v) => (
-            v.as_ptr().cast(),
-            Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE,
-        ),
-        ViewData::I64(v) => (v.as_ptr().cast(), Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64),
-        ViewData::I32(v) => (v.as_ptr().cast(), Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32),
-        ViewData::Bool(v) => (v.as_ptr().cast(), Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL),
-    };
-    // SAFETY: the view's elements (a `bool` is one byte, as ONNX's) outlive the run
-    // that reads them through the value, and an input is never written.
-    unsafe { over_bytes(info, ptr.cast_mut().cast(), t.bytes(), (t.shape, ty), label) }
 }

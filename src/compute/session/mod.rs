@@ -24,7 +24,7 @@ use run::{produced, view};
 
 /// A graph ready to run: an ONNX Runtime session and the order of its inputs and outputs.
 pub struct GraphSession {
-    /// Declared before `_stream`: ONNX Runtime's session goes first.
+    /// Declared before `stream`: ONNX Runtime's session goes first.
     session: Session,
     label: String,
     inputs: Vec<String>,
@@ -38,7 +38,7 @@ pub struct GraphSession {
     shrink: Option<RunOptions>,
     /// The CUDA stream ONNX Runtime computes on, for a session on a GPU.
     #[cfg(feature = "cuda")]
-    _stream: Option<super::cuda::DeviceStream>,
+    stream: Option<super::cuda::DeviceStream>,
 }
 
 impl std::fmt::Debug for GraphSession {
@@ -133,6 +133,8 @@ impl GraphSession {
         let fixed = rewritten(model, opts)?;
         let model = fixed.as_ref().unwrap_or(model);
         let (session, _stream) = open(rt, model, opts, label, extras)?;
+        #[cfg(feature = "cuda")]
+        let stream = _stream;
         let graph = model.graph.clone().unwrap_or_default();
         Ok(GraphSession {
             session,
@@ -148,7 +150,7 @@ impl GraphSession {
             shrink: None,
             direct: None,
             #[cfg(feature = "cuda")]
-            _stream,
+            stream,
         })
     }
 
