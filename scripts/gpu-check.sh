@@ -9,7 +9,9 @@
 # - kernels: the library's device tests (`compute::cuda_state`, `compute::cuda_ops`: the
 #   NVRTC-compiled update bitwise the CPU's, the gradient norm repeatable, the embedding
 #   gradient bitwise its formula, `compute::cuda_dropout`: the keyed dropout the CPU's
-#   masks, `compute::cuda_attention`: the attention operators the CPU's; then attention's
+#   masks, `compute::cuda_attention`: the attention operators the CPU's,
+#   `compute::session::bound`: a value left on the device by one session read by the
+#   next, and copied back to the host intact; then attention's
 #   two GPU forms timed side by side, KERNELS_ATTENTION_TIMING=0: not), from the lib
 #   test executable in --bin;
 # - the peers' MLP and tiny GPT (SGD, AdamW) trained on the GPU and on the CPU, the loss
@@ -102,9 +104,9 @@ for l in sys.stdin:
     o = json.loads(l)
     if o.get("reason") == "compiler-artifact" and o.get("executable"): print(o["executable"])' | tail -1)
   fi
-  if [ -n "$lib" ] && PIPETRAIN_REQUIRE_NVRTC=1 "$lib" --test-threads 1 --nocapture compute::cuda_ > "$out/kernels.log" 2>&1 \
+  if [ -n "$lib" ] && PIPETRAIN_REQUIRE_NVRTC=1 "$lib" --test-threads 1 --nocapture compute::cuda_ compute::session::bound::tests::on_a_gpu > "$out/kernels.log" 2>&1 \
       && ! grep -q 'skipped' "$out/kernels.log"; then
-    say "kernels: $(grep -c '\.\.\. ok' "$out/kernels.log") device tests passed (update bitwise the CPU's, norm repeatable, RowsAdd bitwise its formula, TanhGelu/SoftmaxGrad their formulas, LayerNormGrad the CPU kernel's, KeyedDropout the CPU's masks, NVRTC compiles)"
+    say "kernels: $(grep -c '\.\.\. ok' "$out/kernels.log") device tests passed (update bitwise the CPU's, norm repeatable, RowsAdd bitwise its formula, TanhGelu/SoftmaxGrad their formulas, LayerNormGrad the CPU kernel's, KeyedDropout the CPU's masks, a value left on the device fed to the next session, NVRTC compiles)"
   else
     fail "kernels (see kernels.log)"; tail -5 "$out/kernels.log"
   fi

@@ -191,3 +191,131 @@ fn check_fits(t: &Target<'_>, out: &DeviceSpan, name: &str) -> Result<()> {
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compute::{Buffer, DeviceState, HostState, Runtime, SessionOptions};
+    use crate::graph::{make_node, untyped_value_info, value_info, ValueMeta};
+    use crate::onnx::proto::{GraphProto, ModelProto, OperatorSetIdProto};
+    use crate::tensor::Tensor;
+
+    fn model(
+        name: &str,
+        nodes: Vec<crate::onnx::proto::NodeProto>,
+        inputs: &[&str],
+        outputs: &[&str],
+    ) -> ModelProto {
+        let meta = ValueMeta::f32(&[2, 3]);
+        ModelProto {
+            ir_version: 8,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: 17,
+            }],
+            graph: Some(GraphProto {
+                name: name.into(),
+                node: nodes,
+                input: inputs.iter().map(|n| value_info(n, &meta)).collect(),
+                output: outputs.iter().map(|o| untyped_value_info(o)).collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// A run leaves `y = x * w` where it computed it and writes `g = x + x` into the
+    /// state's gradient buffer; a second session reads `y` as it is and hands `y + y`
+    /// to the host; `y` copied to the host holds its values.
+    fn hand_off(device: Device, state: Box<dyn DeviceState>) {
+        let rt = Runtime::from_env().unwrap();
+        let opts = SessionOptions {
+            device,
+            ..SessionOptions::default()
+        };
+        let first = model(
+            "first",
+            vec![
+                make_node("Mul", "mul", &["x", "w"], &["y"], vec![]),
+                make_node("Add", "add", &["x", "x"], &["g"], vec![]),
+                make_node("Identity", "id", &["x"], &["x_out"], vec![]),
+            ],
+            &["x", "w"],
+            &["y", "g", "x_out"],
+        );
+        let second = model(
+            "second",
+            vec![make_node("Add", "add", &["y", "y"], &["z"], vec![])],
+            &["y"],
+            &["z"],
+        );
+        let mut a = GraphSession::from_model(&rt, &first, &opts, "first").unwrap();
+        let mut b = GraphSession::from_model(&rt, &second, &opts, "second").unwrap();
+        let x: Vec<f32> = vec![1.0, -2.0, 3.5, 0.25, 8.0, -0.5];
+        let xt = Tensor::f32(vec![2, 3], x.clone()).unwrap();
+        let shape = [2usize, 3];
+        let inputs = BoundInputs {
+            host: vec![("x", xt.view())],
+            device: vec![("w", state.params(), &shape)],
+            held: vec![],
+        };
+        let g = Target {
+            output: 1,
+            offset: 0,
+            shape: &shape,
+        };
+        let out = a
+            .run_bound(&inputs, state.grads(), &[g], &|n| n == "y")
+            .unwrap();
+        let names: Vec<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["y", "x_out"]);
+        let Value::Device(y) = &out[0].1 else {
+            panic!("y came to the host")
+        };
+        assert_eq!(y.device(), device);
+        assert!(
+            matches!(out[1].1, Value::Host(_)),
+            "x_out stays on the host"
+        );
+        let want: Vec<f32> = x.iter().zip(w()).map(|(a, b)| a * b).collect();
+        assert_eq!(y.to_host("y").unwrap().as_f32().unwrap(), want);
+        let mut grads = vec![0f32; 6];
+        state.download(Buffer::Grads, &mut grads).unwrap();
+        assert_eq!(grads, x.iter().map(|v| v + v).collect::<Vec<_>>());
+        let inputs = BoundInputs {
+            host: vec![],
+            device: vec![],
+            held: vec![("y", y)],
+        };
+        let z = b
+            .run_bound(&inputs, state.grads(), &[], &|_| false)
+            .unwrap();
+        let Value::Host(z) = &z[0].1 else {
+            panic!("z stayed on the device")
+        };
+        let twice: Vec<f32> = want.iter().map(|v| v + v).collect();
+        assert_eq!(z.as_f32().unwrap(), twice);
+    }
+
+    fn w() -> Vec<f32> {
+        (0..6).map(|i| i as f32 * 0.5 - 1.0).collect()
+    }
+
+    #[test]
+    fn a_value_left_where_it_was_computed_feeds_the_next_session_and_comes_back_intact() {
+        hand_off(Device::Cpu, Box::new(HostState::new(&w(), &[])));
+    }
+
+    /// The same on a GPU (skipped without one): `y` in device memory, `x` uploaded on
+    /// the session's stream, `y` copied back with the driver.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn on_a_gpu_a_value_left_on_the_device_feeds_the_next_session_and_comes_back_intact() {
+        if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
+            eprintln!("skipped: no GPU");
+            return;
+        }
+        let state = crate::compute::cuda_state::CudaState::new(0, &w(), &[]).unwrap();
+        hand_off(Device::Cuda(0), Box::new(state));
+    }
+}
