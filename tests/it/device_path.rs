@@ -133,3 +133,57 @@ fn the_device_path_checkpoints_and_resumes_bitwise() {
         );
     }
 }
+
+/// The README's built-in GPT-2 example layout (ZB-H1, 2 stages x 2 replicas, 4
+/// micro-batches, evaluation every 5 steps): its input-gradient graph lists a gradient
+/// twice among its outputs, and it evaluates. Both paths, bit for bit.
+#[test]
+fn the_built_in_gpt2_example_layout_trains_and_evaluates_alike_on_both_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &str| {
+        let text = format!(
+            "batch_size = 4\ngradient_accumulation_steps = 4\nnum_train_steps = 40\n\
+             data_parallel_size = 2\npipeline_parallel_size = 2\nevaluation_period = 5\n\
+             eval_micro_batches = 2\n\
+             [model]\nkind = \"gpt2\"\nlayers = 2\nd_model = 32\nheads = 4\nvocab = 64\nseq = 16\n\
+             [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"targets\"\n\
+             [data]\nsynth = {{ kind = \"language\", samples = 512, seq = 16, vocab = 64, seed = 3 }}\n\
+             layout = {{ kind = \"next_token\", array = \"tokens\", input = \"tokens\", label = \"targets\" }}\n\
+             [eval_data]\nsynth = {{ kind = \"language\", samples = 32, seq = 16, vocab = 64, seed = 3, sample_seed = 1 }}\n\
+             layout = {{ kind = \"next_token\", array = \"tokens\", input = \"tokens\", label = \"targets\" }}\n\
+             [optimizer]\nkind = \"adamw\"\n[lr_schedule]\nkind = \"constant\"\nlr = 1e-3\n\
+             [pipeline]\nschedule = \"zb_h1\"\n{extra}"
+        );
+        let path = dir.path().join("gpt2.toml");
+        std::fs::write(&path, &text).unwrap();
+        let cfg = pipetrain::config::TrainConfig::parse(&text, &path).unwrap();
+        let mut reports = Vec::new();
+        let summary = pipetrain::train::train(&crate::common::runtime(), &cfg, &path, false, |r| {
+            reports.push(r.clone())
+        })
+        .unwrap();
+        (reports, summary)
+    };
+    let (host, device) = (run(""), run(DEVICE_PATH));
+    let losses = |r: &[pipetrain::train::StepReport]| -> Vec<u64> {
+        r.iter().map(|s| s.loss.to_bits()).collect()
+    };
+    let evals = |r: &[pipetrain::train::StepReport]| -> Vec<u64> {
+        r.iter()
+            .filter_map(|s| s.eval_loss)
+            .map(f64::to_bits)
+            .collect()
+    };
+    assert_eq!(losses(&host.0), losses(&device.0), "losses");
+    assert_eq!(evals(&host.0).len(), 2, "evaluated twice");
+    assert_eq!(evals(&host.0), evals(&device.0), "evaluation losses");
+    assert!(
+        host.1.parameters == device.1.parameters,
+        "trained parameters"
+    );
+    assert_eq!(
+        device.1.host_traffic.len(),
+        2,
+        "both stages on the device path"
+    );
+}

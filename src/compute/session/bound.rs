@@ -100,6 +100,10 @@ impl GraphSession {
         tracing::debug!(target: "pipetrain::device", session = %self.label, run_ms, "run, bound");
         let mut result = Vec::with_capacity(self.outputs.len());
         for (k, name) in self.outputs.iter().enumerate() {
+            if self.outputs[..k].contains(name) {
+                // A graph may list an output twice; it is bound, and comes back, once.
+                continue;
+            }
             let value: DynValue = outputs.remove(name).ok_or_else(|| Error::BadTensor {
                 name: name.clone(),
                 reason: format!("{} did not produce this output", self.label),
@@ -224,9 +228,10 @@ mod tests {
         }
     }
 
-    /// A run leaves `y = x * w` where it computed it and writes `g = x + x` into the
-    /// state's gradient buffer; a second session reads `y` as it is and hands `y + y`
-    /// to the host; `y` copied to the host holds its values.
+    /// A run leaves `y = x * w` where it computed it (once, though the graph lists it
+    /// twice) and writes `g = x + x` into the state's gradient buffer; a second session
+    /// reads `y` as it is and hands `y + y` to the host; `y` copied to the host holds its
+    /// values.
     fn hand_off(device: Device, state: Box<dyn DeviceState>) {
         let rt = Runtime::from_env().unwrap();
         let opts = SessionOptions {
@@ -241,7 +246,8 @@ mod tests {
                 make_node("Identity", "id", &["x"], &["x_out"], vec![]),
             ],
             &["x", "w"],
-            &["y", "g", "x_out"],
+            // An output listed twice, as a gradient graph may list one.
+            &["y", "g", "x_out", "y"],
         );
         let second = model(
             "second",
