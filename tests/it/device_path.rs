@@ -75,6 +75,25 @@ fn pipelines_on_the_device_path_train_as_the_host_path_and_keep_their_messages_t
 }
 
 #[test]
+fn every_schedule_on_the_device_path_trains_as_on_the_host_path() {
+    for layout in [
+        piped(4, 4, "1f1b"),
+        piped(2, 4, "gpipe"),
+        piped(2, 4, "interleaved_1f1b"),
+        piped(2, 4, "zb_v"),
+        piped(2, 4, "v_half"),
+    ] {
+        let what = format!("pp {} {}", layout.pp, layout.schedule);
+        let device = trained(layout, DEVICE_PATH);
+        assert_same(&what, &trained(layout, ""), &device);
+        assert!(
+            !device.1.host_traffic.is_empty(),
+            "{what}: on the device path"
+        );
+    }
+}
+
+#[test]
 fn replicas_on_the_device_path_sum_in_their_group_as_the_host_path_sums() {
     let layout = Layout {
         pp: 1,
