@@ -206,3 +206,42 @@ fn the_built_in_gpt2_example_layout_trains_and_evaluates_alike_on_both_paths() {
         "both stages on the device path"
     );
 }
+
+/// Mixed precision (float16 products, a dynamic loss scale) with an overflow injected at
+/// step 2: on the device path the unscaling, the overflow check and the skipped step
+/// with its halved scale come out as on the host path, bit for bit.
+#[test]
+fn mixed_precision_and_its_overflow_skip_on_the_device_path_match_the_host_path() {
+    let overflow = "inject_grad_overflow = [{ step = 2, stage = 1 }]\n";
+    let reports = |device: bool| {
+        let extra = match device {
+            true => format!("use_mixed_precision = true\n{DEVICE_PATH}{overflow}"),
+            false => format!("use_mixed_precision = true\n[debug]\n{overflow}"),
+        };
+        let run = Run {
+            model: "model.onnx",
+            optimizer: "adamw",
+            lr: 1e-3,
+            layout: piped(2, 4, "1f1b"),
+            steps: 4,
+            extra: &extra,
+        };
+        crate::common::exported::train_reports(&GPT2, &run)
+    };
+    let (host, device) = (reports(false), reports(true));
+    let seen = |r: &[pipetrain::train::StepReport]| -> Vec<(u64, u64, bool)> {
+        r.iter()
+            .map(|s| (s.loss.to_bits(), s.loss_scale.to_bits(), s.skipped))
+            .collect()
+    };
+    assert_eq!(seen(&host.0), seen(&device.0));
+    assert!(
+        device.0[1].skipped && !device.0[2].skipped,
+        "step 2 alone skipped"
+    );
+    assert_eq!(device.0[2].loss_scale, device.0[1].loss_scale / 2.0);
+    assert!(
+        host.1.parameters == device.1.parameters,
+        "trained parameters"
+    );
+}
