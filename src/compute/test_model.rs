@@ -15,13 +15,27 @@ pub(crate) fn model(
     for n in &mut nodes {
         n.domain = DOMAIN.into();
     }
-    let opset = |domain: &str, version| OperatorSetIdProto {
-        domain: domain.into(),
-        version,
-    };
+    let mut model = standard_model(name, nodes, inputs, outputs);
+    model.opset_import.push(OperatorSetIdProto {
+        domain: DOMAIN.into(),
+        version: 1,
+    });
+    model
+}
+
+/// A model of standard-op `nodes`, opset 17, with typed `inputs` and untyped `outputs`.
+pub(crate) fn standard_model(
+    name: &str,
+    nodes: Vec<NodeProto>,
+    inputs: &[(&str, ValueMeta)],
+    outputs: &[&str],
+) -> ModelProto {
     ModelProto {
         ir_version: 8,
-        opset_import: vec![opset("", 17), opset(DOMAIN, 1)],
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
         graph: Some(GraphProto {
             name: name.into(),
             node: nodes,

@@ -200,8 +200,7 @@ fn check_fits(t: &Target<'_>, out: &DeviceSpan, name: &str) -> Result<()> {
 mod tests {
     use super::*;
     use crate::compute::{Buffer, DeviceState, HostState, Runtime, SessionOptions};
-    use crate::graph::{make_node, untyped_value_info, value_info, ValueMeta};
-    use crate::onnx::proto::{GraphProto, ModelProto, OperatorSetIdProto};
+    use crate::graph::{make_node, ValueMeta};
     use crate::tensor::Tensor;
 
     fn model(
@@ -209,23 +208,11 @@ mod tests {
         nodes: Vec<crate::onnx::proto::NodeProto>,
         inputs: &[&str],
         outputs: &[&str],
-    ) -> ModelProto {
-        let meta = ValueMeta::f32(&[2, 3]);
-        ModelProto {
-            ir_version: 8,
-            opset_import: vec![OperatorSetIdProto {
-                domain: String::new(),
-                version: 17,
-            }],
-            graph: Some(GraphProto {
-                name: name.into(),
-                node: nodes,
-                input: inputs.iter().map(|n| value_info(n, &meta)).collect(),
-                output: outputs.iter().map(|o| untyped_value_info(o)).collect(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+    ) -> crate::onnx::proto::ModelProto {
+        let typed: Vec<(&str, ValueMeta)> = (inputs.iter())
+            .map(|n| (*n, ValueMeta::f32(&[2, 3])))
+            .collect();
+        crate::compute::test_model::standard_model(name, nodes, &typed, outputs)
     }
 
     /// A run leaves `y = x * w` where it computed it (once, though the graph lists it
