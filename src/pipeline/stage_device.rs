@@ -111,6 +111,37 @@ pub(super) fn left_on_device(io: &StageIo) -> HashSet<String> {
         .collect()
 }
 
+/// The inputs of a run on the device of a graph whose inputs are `names`: the backward's
+/// seed and host values on the host, the parameters (`layout` over the device's
+/// `params`) in place, values left on the device by earlier runs as they are.
+fn inputs_of<'a>(
+    names: &'a [String],
+    seed: Option<&'a crate::tensor::Tensor>,
+    (layout, params): (&'a crate::optim::ParamLayout, crate::compute::DeviceSpan),
+    sources: &[&'a Payload],
+    buffers: &'a Payload,
+) -> Result<BoundInputs<'a>> {
+    let mut inputs = BoundInputs {
+        host: Vec::new(),
+        device: Vec::new(),
+        held: Vec::new(),
+    };
+    for n in names {
+        if let Some(seed) = seed.filter(|_| n == LOSS_GRAD) {
+            inputs.host.push((n.as_str(), seed.view()));
+        } else if let Some(i) = layout.index_of(n) {
+            let at = params.part(layout.range(i));
+            (inputs.device).push((n.as_str(), at, layout.shapes()[i].as_slice()));
+        } else {
+            match &**fed(n, sources, buffers)? {
+                Value::Host(t) => inputs.host.push((n.as_str(), t.view())),
+                Value::Device(d) => inputs.held.push((n.as_str(), d)),
+            }
+        }
+    }
+    Ok(inputs)
+}
+
 impl OrtStage {
     /// What this stage handed between host and device over the finished steps of the
     /// run (`None`: it keeps its state on the host).
@@ -147,27 +178,8 @@ impl OrtStage {
             ..
         } = self;
         let state = device_state.as_mut().expect("a stage on its device");
-        let params = state.params();
-        let mut inputs = BoundInputs {
-            host: Vec::new(),
-            device: Vec::new(),
-            held: Vec::new(),
-        };
-        for n in &names {
-            if let Some(seed) = seed.as_ref().filter(|_| n == LOSS_GRAD) {
-                inputs.host.push((n.as_str(), seed.view()));
-            } else if let Some(i) = layout.index_of(n) {
-                let shape = layout.shapes()[i].as_slice();
-                inputs
-                    .device
-                    .push((n.as_str(), params.part(layout.range(i)), shape));
-            } else {
-                match &**fed(n, sources, buffers)? {
-                    Value::Host(t) => inputs.host.push((n.as_str(), t.view())),
-                    Value::Device(d) => inputs.held.push((n.as_str(), d)),
-                }
-            }
-        }
+        let params = (&*layout, state.params());
+        let inputs = inputs_of(&names, seed.as_ref(), params, sources, buffers)?;
         let (targets, slots) = grad_targets(session.output_names(), grad_slot, layout);
         let first = slots.iter().all(|&i| !written[i]);
         let out = match first {
