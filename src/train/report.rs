@@ -170,7 +170,36 @@ impl<W: Write> Reporter<W> {
                 stash.join(", ")
             ),
         };
+        let line = match host_traffic(summary) {
+            Some(traffic) => format!(
+                "{line}
+{traffic}"
+            ),
+            None => line,
+        };
         let _ = self.progress.finish(&line);
         Ok(())
     }
+}
+
+/// What the stages on their device copied between host and device, a step on average
+/// (`None` where every stage keeps its state on the host).
+fn host_traffic(summary: &TrainSummary) -> Option<String> {
+    if summary.host_traffic.is_empty() || summary.steps == 0 {
+        return None;
+    }
+    let per_step = |b: usize| b as f64 / summary.steps as f64;
+    let stages: Vec<String> = (summary.host_traffic.iter())
+        .map(|(stage, t)| {
+            format!(
+                "stage {stage} {:.0} in / {:.0} out",
+                per_step(t.to_device),
+                per_step(t.to_host)
+            )
+        })
+        .collect();
+    Some(format!(
+        "host traffic a step, bytes (replica 0's stages on the device): {}",
+        stages.join(", ")
+    ))
 }

@@ -115,6 +115,12 @@ fn four_nodes_on_the_device_path_train_exactly_as_one_process_on_the_host() {
             "node {n} took another path:\n{log}"
         );
     }
+    // Node 0 closes the run, with its stage's traffic.
+    let log = stderr(&outs[0]);
+    assert!(
+        log.contains("host traffic a step, bytes (replica 0's stages on the device): stage 0 "),
+        "{log}"
+    );
 }
 
 #[test]
