@@ -290,3 +290,36 @@ pub(super) fn grad_targets<'a>(
         .collect();
     (targets, slots)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compute::{Device, DeviceValue, Runtime};
+    use crate::tensor::Tensor;
+
+    /// A stage on the host reads a value a neighbour left on its device as a copy of
+    /// it, and its own host values as they are (the same allocation).
+    #[test]
+    fn values_left_on_a_device_reach_a_host_stage_as_copies() {
+        let _rt = Runtime::from_env().unwrap();
+        let data = vec![1.5f32, -2.0, 0.25, 8.0, -0.5, 3.0];
+        let ort = ort::value::Tensor::from_array((vec![2usize, 3], data.clone())).unwrap();
+        let held = DeviceValue::new(ort.into_dyn(), "h", Device::Cpu).unwrap();
+        let host = Arc::new(Value::from(
+            Tensor::f32(vec![3], vec![1.0, 2.0, 3.0]).unwrap(),
+        ));
+        let payload: Payload = [
+            ("h".to_string(), Arc::new(Value::Device(held))),
+            ("x".to_string(), host.clone()),
+        ]
+        .into();
+        let read = on_host(payload).unwrap();
+        let h = read["h"].host("h").unwrap();
+        assert_eq!(
+            (h.shape.as_slice(), h.as_f32().unwrap()),
+            ([2, 3].as_slice(), data.as_slice())
+        );
+        assert!(Arc::ptr_eq(&read["x"], &host), "a host value is not copied");
+        assert!(read["x"].host("x").is_ok());
+    }
+}
