@@ -161,8 +161,7 @@ mod tests {
     /// bit for bit, over more elements than one grid pass; another key draws another mask.
     #[test]
     fn on_a_gpu_keyed_dropout_draws_the_cpu_s_masks() {
-        if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
-            eprintln!("skipped: no GPU");
+        if crate::compute::test_model::no_gpu() {
             return;
         }
         let key = [3, 7, 1, 2];

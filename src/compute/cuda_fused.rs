@@ -327,8 +327,7 @@ mod tests {
     /// block and not a multiple of it, and a second run gives the same bits.
     #[test]
     fn on_a_gpu_the_fused_kernels_are_their_formulas_and_repeat() {
-        if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
-            eprintln!("skipped: no GPU");
+        if crate::compute::test_model::no_gpu() {
             return;
         }
         let a = check(Device::Cuda(0), 3000, 1000, 9);

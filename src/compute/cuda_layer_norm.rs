@@ -174,8 +174,7 @@ mod tests {
     /// block and more rows than chunks, and the same bits twice.
     #[test]
     fn on_a_gpu_layer_norm_grad_is_its_formula() {
-        if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
-            eprintln!("skipped: no GPU");
+        if crate::compute::test_model::no_gpu() {
             return;
         }
         let (rows, cols) = (1000usize, 700usize);

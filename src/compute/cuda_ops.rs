@@ -176,8 +176,7 @@ mod tests {
     /// on random updates, with repeated, negative and out-of-range indices; twice the same.
     #[test]
     fn on_a_gpu_rows_add_is_its_formula_bit_for_bit() {
-        if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
-            eprintln!("skipped: no GPU");
+        if crate::compute::test_model::no_gpu() {
             return;
         }
         let rt = Runtime::from_env().unwrap();

@@ -36,6 +36,21 @@ impl Target<'_> {
     fn len(&self) -> usize {
         self.shape.iter().product()
     }
+
+    /// Refuses a target (output `name`) whose values do not fit in a buffer of `len`.
+    pub(super) fn check_fits(&self, len: usize, name: &str) -> Result<()> {
+        match self.offset + self.len() <= len {
+            true => Ok(()),
+            false => Err(Error::BadTensor {
+                name: name.into(),
+                reason: format!(
+                    "values {}..{} do not fit in a buffer of {len}",
+                    self.offset,
+                    self.offset + self.len(),
+                ),
+            }),
+        }
+    }
 }
 
 /// The run options that direct a session's outputs into one buffer, made once per
@@ -105,16 +120,7 @@ impl DirectOutputs {
                 name: format!("output {}", t.output),
                 reason: format!("{label} has {} outputs", outputs.len()),
             })?;
-            if t.offset + t.len() > len {
-                return Err(Error::BadTensor {
-                    name: name.clone(),
-                    reason: format!(
-                        "values {}..{} do not fit in a buffer of {len}",
-                        t.offset,
-                        t.offset + t.len(),
-                    ),
-                });
-            }
+            t.check_fits(len, name)?;
             let data = (addr + t.offset * size_of::<f32>()) as *mut f32;
             selector = selector.preallocate(name, over(info, data, t.shape, label)?);
         }

@@ -46,3 +46,14 @@ pub(crate) fn standard_model(
         ..Default::default()
     }
 }
+
+/// Whether this machine has no GPU, saying so (a device test then skips; `gpu-check`
+/// fails its kernels check on the word `skipped`).
+#[cfg(feature = "cuda")]
+pub(crate) fn no_gpu() -> bool {
+    let none = super::cuda_devices().map_or(true, |d| d.names.is_empty());
+    if none {
+        eprintln!("skipped: no GPU");
+    }
+    none
+}

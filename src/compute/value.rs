@@ -75,7 +75,7 @@ impl Value {
     /// The bytes its elements take.
     pub fn bytes(&self) -> usize {
         match self {
-            Value::Host(t) => t.len() * t.dtype().size(),
+            Value::Host(t) => t.view().bytes(),
             Value::Device(d) => d.shape.iter().product::<usize>() * d.dtype.size(),
         }
     }

@@ -13,8 +13,7 @@ use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 /// What the engine hands back: the steps' results, the trace, the trained parameters
-/// (replica 0's, every stage), and each stage's measured stash peak and tensor-shard
-/// traffic (replica 0's shard 0).
+/// (replica 0's, every stage), and what each stage of replica 0 (shard 0) reports.
 pub(super) type EngineOutput = (
     Vec<StepResult>,
     Option<pipetrain_actors::RunTrace>,
@@ -22,14 +21,28 @@ pub(super) type EngineOutput = (
     Vec<StageFacts>,
 );
 
-/// Per stage of replica 0: its peak stash, what its tensor shard's all-reduces carried,
-/// and what it handed between host and device (`None`: not split; state on the host).
-pub(super) type StageFacts = (
-    usize,
-    usize,
-    Option<crate::compute::ShardTraffic>,
-    Option<crate::pipeline::HostTraffic>,
-);
+/// What one stage of replica 0 reports at the end of the run.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StageFacts {
+    pub stage: usize,
+    /// The most bytes its stash held.
+    pub peak_stash: usize,
+    /// What its tensor shard's all-reduces carried (`None`: not split).
+    pub shard_traffic: Option<crate::compute::ShardTraffic>,
+    /// What it handed between host and device (`None`: its state on the host).
+    pub host_traffic: Option<crate::pipeline::HostTraffic>,
+}
+
+impl StageFacts {
+    fn of(stage: usize, c: &OrtStage) -> StageFacts {
+        StageFacts {
+            stage,
+            peak_stash: c.peak_stash_bytes(),
+            shard_traffic: c.shard_traffic(),
+            host_traffic: c.host_traffic(),
+        }
+    }
+}
 
 /// Runs the engine over this process's computes, alone or as its part of a cluster.
 pub(super) async fn run_engine<K: Collective>(
@@ -58,7 +71,7 @@ pub(super) async fn run_engine<K: Collective>(
             let peaks = first
                 .clone()
                 .enumerate()
-                .map(|(s, c)| (s, c.peak_stash_bytes(), c.shard_traffic(), c.host_traffic()))
+                .map(|(s, c)| StageFacts::of(s, c))
                 .collect();
             // Data-parallel replica 0: its tensor shards, each stage's parts together;
             // the other replicas go first, and each stage frees its sessions, gradients
@@ -92,14 +105,7 @@ pub(super) async fn run_engine<K: Collective>(
             let peaks = mine
                 .iter()
                 .filter(|((r, _), _)| *r == 0)
-                .map(|((_, s), c)| {
-                    (
-                        *s,
-                        c.peak_stash_bytes(),
-                        c.shard_traffic(),
-                        c.host_traffic(),
-                    )
-                })
+                .map(|((_, s), c)| StageFacts::of(*s, c))
                 .collect();
             // The stages' sessions, gradients and optimizer state go before the gather's
             // copies arrive (a launched rank of a wide GPT with AdamW: its peak 1.31 ->

@@ -270,15 +270,18 @@ fn summary(
         stages,
         parameters,
         trace,
-        shard_traffic: peaks.iter().filter_map(|p| p.2).reduce(|a, b| a + b),
-        host_traffic: peaks.iter().filter_map(|p| Some((p.0, p.3?))).collect(),
+        shard_traffic: (peaks.iter().filter_map(|p| p.shard_traffic)).reduce(|a, b| a + b),
+        host_traffic: (peaks
+            .iter()
+            .filter_map(|p| Some((p.stage, p.host_traffic?))))
+        .collect(),
         peak_memory: (0, None),
         stash: peaks
             .into_iter()
-            .map(|(stage, measured, _, _)| StashPeak {
-                stage,
-                measured: measured as u64,
-                predicted: predicted.get(stage).copied().unwrap_or(0),
+            .map(|p| StashPeak {
+                stage: p.stage,
+                measured: p.peak_stash as u64,
+                predicted: predicted.get(p.stage).copied().unwrap_or(0),
             })
             .collect(),
     }

@@ -38,8 +38,7 @@ fn packed_causal(h: usize, d: usize, lse: bool) -> Vec<crate::onnx::proto::Attri
 }
 
 fn packed_attention_on_both(lse: bool) {
-    if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
-        eprintln!("skipped: no GPU");
+    if crate::compute::test_model::no_gpu() {
         return;
     }
     let (b, t, h, d) = (2usize, 300usize, 4usize, 32usize);
@@ -113,8 +112,7 @@ fn packed_attention_on_both(lse: bool) {
 #[test]
 #[ignore]
 fn on_a_gpu_time_the_attention_forms() {
-    if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
-        eprintln!("skipped: no GPU");
+    if crate::compute::test_model::no_gpu() {
         return;
     }
     let (b, t, h, d, layers) = (4usize, 1024usize, 12usize, 64usize, 12usize);

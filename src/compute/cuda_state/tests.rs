@@ -15,8 +15,7 @@ fn random(n: usize, seed: u64) -> Vec<f32> {
 #[test]
 fn on_a_gpu_replicas_sum_their_gradients_as_the_host_all_reduce_does() {
     use pipetrain_actors::Collective;
-    if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
-        eprintln!("skipped: no GPU");
+    if crate::compute::test_model::no_gpu() {
         return;
     }
     let n = 1_000_003;
@@ -80,8 +79,7 @@ fn on_a_gpu_replicas_sum_their_gradients_as_the_host_all_reduce_does() {
 /// for bit; an injected infinity makes it infinite.
 #[test]
 fn on_a_gpu_the_update_is_bitwise_the_cpus_and_the_norm_repeats() {
-    if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
-        eprintln!("skipped: no GPU");
+    if crate::compute::test_model::no_gpu() {
         return;
     }
     let n = 3_000_017;
@@ -138,8 +136,7 @@ fn on_a_gpu_the_update_is_bitwise_the_cpus_and_the_norm_repeats() {
 /// communicator (`debug.nccl_one_rank`) leaves the gradients bitwise as they were.
 #[test]
 fn on_a_gpu_a_one_rank_nccl_sum_is_the_gradients() {
-    if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
-        eprintln!("skipped: no GPU");
+    if crate::compute::test_model::no_gpu() {
         return;
     }
     let n = 300_007;

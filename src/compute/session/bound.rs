@@ -81,7 +81,7 @@ impl GraphSession {
         for (k, name) in self.outputs.iter().enumerate() {
             let bound = match targets.iter().find(|t| t.output == k) {
                 Some(t) => {
-                    check_fits(t, &out, name)?;
+                    t.check_fits(out.len, name)?;
                     let at = out.addr + t.offset * size_of::<f32>();
                     let value = over(&info, at as *mut f32, t.shape, &self.label)?;
                     binding.bind_output(name.as_str(), value)
@@ -176,23 +176,6 @@ fn bytes_of<'a>(t: &TensorView<'a>) -> &'a [u8] {
         ViewData::I32(v) => bytemuck::cast_slice(v),
         // SAFETY: a `bool` is one byte holding 0 or 1.
         ViewData::Bool(v) => unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len()) },
-    }
-}
-
-/// Refuses a target that does not fit in `out`.
-fn check_fits(t: &Target<'_>, out: &DeviceSpan, name: &str) -> Result<()> {
-    let len: usize = t.shape.iter().product();
-    match t.offset + len <= out.len {
-        true => Ok(()),
-        false => Err(Error::BadTensor {
-            name: name.into(),
-            reason: format!(
-                "values {}..{} do not fit in a buffer of {}",
-                t.offset,
-                t.offset + len,
-                out.len
-            ),
-        }),
     }
 }
 
@@ -304,8 +287,7 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn on_a_gpu_a_value_left_on_the_device_feeds_the_next_session_and_comes_back_intact() {
-        if crate::compute::cuda_devices().map_or(true, |d| d.names.is_empty()) {
-            eprintln!("skipped: no GPU");
+        if crate::compute::test_model::no_gpu() {
             return;
         }
         let state = crate::compute::cuda_state::CudaState::new(0, &w(), &[]).unwrap();
