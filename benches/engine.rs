@@ -292,6 +292,7 @@ fn single_stage(
         state_on_device: true,
         device_path_on_host: false,
         cuda_kernels: true,
+        cuda_graph: false,
     };
     let settings = pipetrain::pipeline::StageSettings::new(cfg.optimizer.clone(), 1.0);
     let stage =

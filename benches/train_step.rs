@@ -44,6 +44,7 @@ fn main() {
             state_on_device: true,
             device_path_on_host: false,
             cuda_kernels: true,
+            cuda_graph: false,
         };
         let nospin = SessionOptions {
             spin: false,

@@ -11,7 +11,8 @@
 #   gradient bitwise its formula, `compute::cuda_dropout`: the keyed dropout the CPU's
 #   masks, `compute::cuda_attention`: the attention operators the CPU's,
 #   `compute::session::bound`: a value left on the device by one session read by the
-#   next, and copied back to the host intact; then attention's
+#   next, and copied back to the host intact, `compute::session::replay`: a session
+#   recorded as a CUDA graph replayed on new inputs each run; then attention's
 #   two GPU forms timed side by side, KERNELS_ATTENTION_TIMING=0: not), from the lib
 #   test executable in --bin;
 # - the peers' MLP and tiny GPT (SGD, AdamW) trained on the GPU and on the CPU, the loss
@@ -37,6 +38,8 @@
 #   (`runtime.cuda_kernels_untried = true`: attention as one operator each way,
 #   `compute/cuda_attention.rs`, and `LayerNormGrad`); GPT2_FLASH=0 the run with attention
 #   on the flash kernels (`runtime.flash_attention = true`, `compute/kernels/flash.rs`);
+#   GPT2_GRAPH=0 the run recorded once as a CUDA graph and replayed
+#   (`runtime.cuda_graph = true`, `compute/session/replay.rs`);
 #   GPT2_ONEHOT=1 the run without pipetrain's CUDA kernels (`runtime.cuda_kernels = false`:
 #   standard ops instead of `RowsAdd`, `TanhGelu` and `SoftmaxGrad`). Every GPU run has
 #   `cuda_kernels = true` unless GPU_CHECK_CUDA_KERNELS=false.
@@ -104,9 +107,9 @@ for l in sys.stdin:
     o = json.loads(l)
     if o.get("reason") == "compiler-artifact" and o.get("executable"): print(o["executable"])' | tail -1)
   fi
-  if [ -n "$lib" ] && PIPETRAIN_REQUIRE_NVRTC=1 "$lib" --test-threads 1 --nocapture compute::cuda_ compute::session::bound::tests::on_a_gpu > "$out/kernels.log" 2>&1 \
+  if [ -n "$lib" ] && PIPETRAIN_REQUIRE_NVRTC=1 "$lib" --test-threads 1 --nocapture compute::cuda_ compute::session::bound::tests::on_a_gpu compute::session::replay::tests::on_a_gpu > "$out/kernels.log" 2>&1 \
       && ! grep -q 'skipped' "$out/kernels.log"; then
-    say "kernels: $(grep -c '\.\.\. ok' "$out/kernels.log") device tests passed (update bitwise the CPU's, norm repeatable, RowsAdd bitwise its formula, TanhGelu/SoftmaxGrad their formulas, LayerNormGrad the CPU kernel's, KeyedDropout the CPU's masks, a value left on the device fed to the next session, NVRTC compiles)"
+    say "kernels: $(grep -c '\.\.\. ok' "$out/kernels.log") device tests passed (update bitwise the CPU's, norm repeatable, RowsAdd bitwise its formula, TanhGelu/SoftmaxGrad their formulas, LayerNormGrad the CPU kernel's, KeyedDropout the CPU's masks, a value left on the device fed to the next session, a session replayed as a CUDA graph on new inputs each run, NVRTC compiles)"
   else
     fail "kernels (see kernels.log)"; tail -5 "$out/kernels.log"
   fi
@@ -305,6 +308,14 @@ EOF
     && gpt2_variant onehot 's/^cuda_kernels = .*/cuda_kernels = false/' "standard ops (cuda_kernels = false: one-hot embedding gradient, GELU and softmax backward node by node)" \
     && python3 "$root/benches/gpu/losses_diff.py" "gpt2, pipetrain's CUDA kernels (RowsAdd, TanhGelu, SoftmaxGrad) against standard ops" \
       "$out/gpt2_small.jsonl" "$out/gpt2_onehot.jsonl" >> "$summary"
+  # The step recorded once as a CUDA graph and replayed (runtime.cuda_graph, off by
+  # default until measured here): its speed, its losses against the default run's (the
+  # same kernels in the same order: bitwise expected), and how many runs were replays.
+  [ "${GPT2_GRAPH:-1}" = 1 ] \
+    && RUST_LOG=${RUST_LOG:-warn},pipetrain::device=debug gpt2_variant graph 's/^\[runtime\]/[runtime]\ncuda_graph = true/' "replayed as a CUDA graph (cuda_graph = true)" \
+    && python3 "$root/benches/gpu/losses_diff.py" "gpt2, cuda_graph against the default run" \
+      "$out/gpt2_small.jsonl" "$out/gpt2_graph.jsonl" >> "$summary" \
+    && echo "gpt2 graph: $(sed 's/\x1b\[[0-9;]*m//g' "$out/gpt2_graph.log" | grep -c 'as a CUDA graph.* graph=0') runs under graph 0" >> "$summary"
   # The kernels not yet run on a GPU (runtime.cuda_kernels_untried, off by default until
   # measured here: attention as one operator each way, LayerNormGrad): their speed, and
   # their losses against the default run's (float32 noise).

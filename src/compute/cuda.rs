@@ -60,6 +60,49 @@ impl DeviceStream {
     }
 }
 
+impl DeviceStream {
+    /// A buffer of `bytes` bytes (zeroed) on this stream's device, at one address for as
+    /// long as it lives: a fixed home for a value a CUDA graph reads or writes.
+    ///
+    /// # Errors
+    /// The driver's error, in words.
+    pub(crate) fn home(&self, bytes: usize) -> Result<DeviceHome, String> {
+        let buf = (self.stream.alloc_zeros::<u8>(bytes.max(1)))
+            .map_err(|e| format!("allocating {bytes} bytes on the device: {e}"))?;
+        let addr = {
+            let (ptr, _sync) = buf.device_ptr(&self.stream);
+            ptr as usize
+        };
+        Ok(DeviceHome { addr, buf })
+    }
+
+    /// `bytes` copied into `home` in stream order: work queued on the stream later reads
+    /// them (the host's bytes are free to change once this returns: a copy from pageable
+    /// memory has taken them by then).
+    ///
+    /// # Errors
+    /// The driver's error, in words, or a home of another size.
+    pub(crate) fn write(&self, home: &mut DeviceHome, bytes: &[u8]) -> Result<(), String> {
+        if bytes.len() > home.buf.len() {
+            return Err(format!(
+                "{} bytes for a home of {}",
+                bytes.len(),
+                home.buf.len()
+            ));
+        }
+        let mut dst = home.buf.slice_mut(..bytes.len());
+        (self.stream.memcpy_htod(bytes, &mut dst))
+            .map_err(|e| format!("copying {} bytes to the device: {e}", bytes.len()))
+    }
+}
+
+/// A device buffer at a fixed address ([`DeviceStream::home`]).
+pub(crate) struct DeviceHome {
+    /// The first byte's device address.
+    pub addr: usize,
+    buf: cudarc::driver::CudaSlice<u8>,
+}
+
 /// A host input copied to the device on a session's stream ([`DeviceStream::upload`]).
 pub(crate) struct Uploaded {
     /// The first byte's device address.

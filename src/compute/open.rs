@@ -46,6 +46,10 @@ pub struct SessionOptions {
     /// sums in no fixed order (`compute/cuda_ops.rs`: the embedding gradient); off, the
     /// graphs keep standard ops (the embedding gradient as a one-hot product).
     pub cuda_kernels: bool,
+    /// On a GPU: ONNX Runtime captures the session's run as a CUDA graph and replays it
+    /// (`compute/session/replay.rs`); with `device_path_on_host`, the same fixed inputs
+    /// and outputs over host memory, without a graph.
+    pub cuda_graph: bool,
 }
 
 /// Below this many floating-point operations per node of a training step (about, see
@@ -81,6 +85,7 @@ impl Default for SessionOptions {
             state_on_device: true,
             device_path_on_host: false,
             cuda_kernels: true,
+            cuda_graph: false,
         }
     }
 }
@@ -126,7 +131,7 @@ pub(super) fn open(
     } else {
         GraphOptimizationLevel::Disable
     };
-    let (gpu, stream) = gpu_provider(opts.device)?;
+    let (gpu, stream) = gpu_provider(opts.device, opts.cuda_graph)?;
     let session = Session::builder(rt.env())
         .and_then(|b| {
             let cpu = ort::ep::CPU::default()
@@ -227,8 +232,12 @@ pub(super) type OwnStream = Option<super::cuda::DeviceStream>;
 pub(super) type OwnStream = ();
 
 /// ONNX Runtime's CUDA provider for a session on `device` (none for the CPU), computing on
-/// a new stream that the session keeps. TF32 stays off: float32 products as the CPU's.
-fn gpu_provider(device: Device) -> Result<(Option<ort::ep::ExecutionProviderDispatch>, OwnStream)> {
+/// a new stream that the session keeps, capturing its run as a CUDA graph with
+/// `cuda_graph`. TF32 stays off: float32 products as the CPU's.
+fn gpu_provider(
+    device: Device,
+    cuda_graph: bool,
+) -> Result<(Option<ort::ep::ExecutionProviderDispatch>, OwnStream)> {
     let Device::Cuda(index) = device else {
         return Ok((None, OwnStream::default()));
     };
@@ -240,7 +249,8 @@ fn gpu_provider(device: Device) -> Result<(Option<ort::ep::ExecutionProviderDisp
         })?;
         let cuda = ort::ep::CUDA::default()
             .with_device_id(index as i32)
-            .with_tf32(false);
+            .with_tf32(false)
+            .with_cuda_graph(cuda_graph);
         // SAFETY: the stream outlives the session: both belong to the `GraphSession`,
         // which declares (so drops) its ONNX Runtime session first.
         let cuda = unsafe { cuda.with_compute_stream(stream.raw()) };
@@ -248,7 +258,7 @@ fn gpu_provider(device: Device) -> Result<(Option<ort::ep::ExecutionProviderDisp
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = index;
+        let _ = (index, cuda_graph);
         Err(Error::Device {
             device: device.to_string(),
             reason: "this build has no CUDA path; build pipetrain with `--features cuda`".into(),

@@ -55,6 +55,7 @@ const ONE_OFF: SessionOptions = SessionOptions {
     state_on_device: false,
     device_path_on_host: false,
     cuda_kernels: false,
+    cuda_graph: false,
 };
 
 /// [`ONE_OFF`] on every core: for runs that compute a whole forward.

@@ -104,7 +104,37 @@ impl TrainConfig {
         self.validate_checkpoints(&bad)?;
         self.validate_scaling(&bad)?;
         self.validate_logged(&bad)?;
-        self.validate_faults(&bad)
+        self.validate_faults(&bad)?;
+        self.validate_cuda_graph(&bad)
+    }
+
+    /// `runtime.cuda_graph`: a GPU (or the device path over host memory, which tests its
+    /// fixed homes), the state on the device, one stage and one replica.
+    fn validate_cuda_graph(&self, bad: &Bad) -> Result<()> {
+        if !self.runtime.cuda_graph {
+            return Ok(());
+        }
+        let gpu = self.runtime.device != crate::compute::Device::Cpu;
+        let rule = if !gpu && !self.debug.device_path_on_host {
+            Some("needs a GPU (`runtime.device = \"cuda\"`)".to_string())
+        } else if !self.runtime.state_on_device {
+            Some("needs `runtime.state_on_device` (the parameters and gradients at fixed device addresses)".into())
+        } else if self.stages() * self.data_parallel_size * self.horizontal_parallel_size != 1 {
+            Some(format!(
+                "is for one stage and one replica, not {} stages x {} replicas x {} tensor \
+                 shards: ONNX Runtime records a graph while no other stream of the process \
+                 works, and stages hand each other new values every run",
+                self.stages(),
+                self.data_parallel_size,
+                self.horizontal_parallel_size
+            ))
+        } else {
+            None
+        };
+        match rule {
+            Some(rule) => Err(bad("runtime.cuda_graph", rule)),
+            None => Ok(()),
+        }
     }
 
     /// The checkpoints' period, count and folder.

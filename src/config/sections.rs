@@ -224,6 +224,14 @@ pub struct RuntimeConfig {
     /// their probabilities).
     #[serde(default)]
     pub flash_attention: bool,
+    /// On a GPU, ONNX Runtime captures a training session's run as a CUDA graph once and
+    /// replays it each step (its CUDA provider's `enable_cuda_graph`): one launch instead
+    /// of one per kernel. Every step's inputs then have one shape, and their values are
+    /// copied into fixed device buffers before each replay (`compute/session/replay.rs`).
+    /// For one stage and one replica with its state on the device (default off, until a
+    /// lent GPU has measured it).
+    #[serde(default)]
+    pub cuda_graph: bool,
     /// The most memory (GB, resident) each process may use, where the machine sets no
     /// tighter cap (a cgroup's limit or `RLIMIT_AS`, which are read): a run predicted to
     /// need more is refused before it trains, saying what would fit.
@@ -275,6 +283,7 @@ impl Default for RuntimeConfig {
             cuda_kernels: true,
             cuda_kernels_untried: false,
             flash_attention: false,
+            cuda_graph: false,
             memory_limit_gb: None,
             refuse_over_memory_cap: true,
             all_reduce: AllReduce::Ring,

@@ -159,6 +159,18 @@ impl OrtStage {
             true => super::stage_device::open_state(opts.device, &params, optimizer.as_ref())?,
             false => None,
         };
+        if opts.cuda_graph && device_state.is_none() {
+            return Err(Error::Config {
+                path: "<config>".into(),
+                field: "runtime.cuda_graph".into(),
+                rule: format!(
+                    "stage {} keeps its state on the host (LAMB, tensor shards, gradient \
+                     buckets, Adasum, ZeRO or histograms), and a CUDA graph replays only a \
+                     stage whose state is on its device",
+                    graphs.stage
+                ),
+            });
+        }
         if let (Some(link), None) = (&settings.replicas, &device_state) {
             // Its replicas would wait for it in device memory while it reduced on the host.
             return Err(Error::Device {

@@ -86,10 +86,16 @@ impl Sessions {
         opts: &SessionOptions,
         settings: &StageSettings,
     ) -> Result<Sessions> {
-        let session = |g: &Graph| -> Result<Option<GraphSession>> {
+        let session_with = |g: &Graph, opts: &SessionOptions| -> Result<Option<GraphSession>> {
             (!g.nodes.is_empty())
                 .then(|| GraphSession::for_shard(rt, g, opts, &g.name, settings.shard.as_ref()))
                 .transpose()
+        };
+        let session = |g: &Graph| session_with(g, opts);
+        // Evaluation batches may differ in shape from the training batches: never replayed.
+        let not_replayed = SessionOptions {
+            cuda_graph: false,
+            ..*opts
         };
         let split = settings.split_backward;
         let fused = match (&graphs.fused, split) {
@@ -104,7 +110,7 @@ impl Sessions {
             backward_input: when(split, &graphs.backward_input)?,
             backward_weight: when(split, &graphs.backward_weight)?,
             fused,
-            evaluate: session(&graphs.evaluate)?,
+            evaluate: session_with(&graphs.evaluate, &not_replayed)?,
             accumulating: HashMap::new(),
         })
     }

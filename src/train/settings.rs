@@ -92,6 +92,7 @@ pub(super) fn session_options(cfg: &TrainConfig, actors: usize, threads: usize) 
         state_on_device: cfg.runtime.state_on_device,
         device_path_on_host: cfg.debug.device_path_on_host,
         cuda_kernels: cfg.runtime.cuda_kernels && !cfg.runtime.standard_ops_only,
+        cuda_graph: cfg.runtime.cuda_graph,
     }
 }
 
@@ -367,6 +368,29 @@ mod tests {
         assert!(crate::pipeline::state_fits_device(&opts, &settings));
         let plain = session_options(&config(""), 1, 1);
         assert!(!crate::pipeline::state_fits_device(&plain, &settings));
+    }
+
+    /// `runtime.cuda_graph` is refused, naming the field and the rule, on the CPU (but
+    /// over the device path there), with the state on the host, and beyond one stage and
+    /// one replica; allowed, the stage's sessions are opened to record a graph.
+    #[test]
+    fn a_cuda_graph_is_refused_where_it_cannot_replay() {
+        let parse = |top: &str, runtime: &str| {
+            let tail = format!("[runtime]\ncuda_graph = true\n{runtime}");
+            parse(top, &tail).map_err(|e| e.to_string())
+        };
+        let cpu = parse("", "").unwrap_err();
+        assert!(
+            cpu.contains("runtime.cuda_graph") && cpu.contains("needs a GPU"),
+            "{cpu}"
+        );
+        let host = parse("", "device = \"cuda\"\nstate_on_device = false\n").unwrap_err();
+        assert!(host.contains("state_on_device"), "{host}");
+        let two = parse("data_parallel_size = 2\n", "device = \"cuda\"\n").unwrap_err();
+        assert!(two.contains("1 stages x 2 replicas"), "{two}");
+        assert!(parse("", "device = \"cuda\"\n").is_ok());
+        let on_host = parse("", "[debug]\ndevice_path_on_host = true\n").unwrap();
+        assert!(session_options(&on_host, 1, 1).cuda_graph);
     }
 
     /// Where every data-parallel replica of a stage runs in this process on a GPU, each

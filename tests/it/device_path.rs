@@ -245,3 +245,95 @@ fn mixed_precision_and_its_overflow_skip_on_the_device_path_match_the_host_path(
         "trained parameters"
     );
 }
+
+/// `runtime.cuda_graph` over host memory: the step's one session bound at fixed homes,
+/// as a replayed CUDA graph is (the data copied into them each run, the loss read out of
+/// them, the second micro-batch's gradients into the scratch buffer under a graph of
+/// their own; evaluation runs apart), trains and evaluates as the host path, bit for
+/// bit; the binary's log shows the runs recorded under both graphs.
+#[test]
+fn a_step_replayed_at_fixed_homes_trains_and_evaluates_as_the_host_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = |extra: &str| {
+        format!(
+            "batch_size = 4\ngradient_accumulation_steps = 2\nnum_train_steps = 24\n\
+             evaluation_period = 4\neval_micro_batches = 3\n\
+             [model]\nkind = \"gpt2\"\nlayers = 2\nd_model = 32\nheads = 4\nvocab = 64\nseq = 16\n\
+             [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"targets\"\n\
+             [data]\nsynth = {{ kind = \"language\", samples = 256, seq = 16, vocab = 64, seed = 5 }}\n\
+             layout = {{ kind = \"next_token\", array = \"tokens\", input = \"tokens\", label = \"targets\" }}\n\
+             [eval_data]\nsynth = {{ kind = \"language\", samples = 20, seq = 16, vocab = 64, seed = 5, sample_seed = 1 }}\n\
+             layout = {{ kind = \"next_token\", array = \"tokens\", input = \"tokens\", label = \"targets\" }}\n\
+             [optimizer]\nkind = \"adamw\"\n[lr_schedule]\nkind = \"constant\"\nlr = 1e-3\n{extra}"
+        )
+    };
+    let replayed = format!("[runtime]\ncuda_graph = true\n{DEVICE_PATH}");
+    let run = |extra: &str| {
+        let path = dir.path().join("gpt2.toml");
+        std::fs::write(&path, text(extra)).unwrap();
+        let cfg = pipetrain::config::TrainConfig::parse(&text(extra), &path).unwrap();
+        let mut reports = Vec::new();
+        let summary = pipetrain::train::train(&crate::common::runtime(), &cfg, &path, false, |r| {
+            reports.push(r.clone())
+        })
+        .unwrap();
+        (reports, summary)
+    };
+    let (host, device) = (run(""), run(&replayed));
+    let losses = |r: &[pipetrain::train::StepReport]| -> Vec<u64> {
+        r.iter().map(|s| s.loss.to_bits()).collect()
+    };
+    let evals = |r: &[pipetrain::train::StepReport]| -> Vec<u64> {
+        (r.iter().filter_map(|s| s.eval_loss))
+            .map(f64::to_bits)
+            .collect()
+    };
+    assert_eq!(losses(&host.0), losses(&device.0), "losses");
+    assert_eq!(evals(&host.0).len(), 3, "evaluated three times");
+    assert_eq!(evals(&host.0), evals(&device.0), "evaluation losses");
+    assert!(
+        host.1.parameters == device.1.parameters,
+        "trained parameters"
+    );
+
+    let path = dir.path().join("replayed.toml");
+    std::fs::write(&path, text(&replayed)).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipetrain"))
+        .arg("train")
+        .arg(&path)
+        .env("RUST_LOG", "warn,pipetrain::device=debug")
+        .output()
+        .unwrap();
+    let log = plain_text(&String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{log}");
+    let runs = |graph: &str| {
+        log.lines()
+            .filter(|l| l.contains("as a CUDA graph") && l.contains(graph))
+            .count()
+    };
+    // 12 steps of two micro-batches. The first run finds the outputs' shapes; the next,
+    // into the scratch buffer, has the first graph; the later first micro-batches, into
+    // the gradients, the second.
+    assert_eq!(runs("graph=-1"), 1, "{log}");
+    assert_eq!(runs("graph=0"), 12, "{log}");
+    assert_eq!(runs("graph=1"), 11, "{log}");
+}
+
+/// `text` without its terminal colours (`ESC [ ... m`).
+fn plain_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\x1b' => {
+                for c in chars.by_ref() {
+                    if c == 'm' {
+                        break;
+                    }
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}

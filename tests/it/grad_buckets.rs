@@ -96,6 +96,7 @@ fn tiny_gpt_stage_of(
         state_on_device: true,
         device_path_on_host: false,
         cuda_kernels: true,
+        cuda_graph: false,
     };
     let settings = pipetrain::pipeline::StageSettings {
         bucket_bytes,

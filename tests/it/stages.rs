@@ -117,6 +117,7 @@ fn tiny_gpt_stages_are_bit_identical_without_optimizations_on_one_thread() {
         state_on_device: true,
         device_path_on_host: false,
         cuda_kernels: true,
+        cuda_graph: false,
     };
     let uncut = run_uncut(&rt, &tg, &peer, &opts);
     for (name, p, n) in partitions() {

@@ -102,6 +102,7 @@ impl Module {
             state_on_device: false,
             device_path_on_host: false,
             cuda_kernels: false,
+            cuda_graph: false,
         };
         let settings = StageSettings::new(OptimizerConfig::default(), 1.0);
         let stage = OrtStage::new(rt, &tg, &graphs[0], &session, &settings)?;

@@ -56,6 +56,7 @@ impl GraphSession {
         targets: &[Target<'_>],
         keep: &dyn Fn(&str) -> bool,
     ) -> Result<Vec<(String, Value)>> {
+        self.not_replayed()?;
         let ctx = || format!("running {}", self.label);
         let info = memory_info(out.device).map_err(Error::ort(ctx()))?;
         let host_info = memory_info(Device::Cpu).map_err(Error::ort(ctx()))?;
@@ -157,7 +158,7 @@ type Upload = super::super::cuda::Uploaded;
 type Upload = ();
 
 /// ONNX's element type of a view's elements.
-fn elem(t: &TensorView<'_>) -> Elem {
+pub(super) fn elem(t: &TensorView<'_>) -> Elem {
     match t.data {
         ViewData::F32(_) => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
         ViewData::F64(_) => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE,
@@ -168,7 +169,7 @@ fn elem(t: &TensorView<'_>) -> Elem {
 }
 
 /// A view's elements as bytes (a `bool` is one byte, as ONNX's).
-fn bytes_of<'a>(t: &TensorView<'a>) -> &'a [u8] {
+pub(super) fn bytes_of<'a>(t: &TensorView<'a>) -> &'a [u8] {
     match t.data {
         ViewData::F32(v) => bytemuck::cast_slice(v),
         ViewData::F64(v) => bytemuck::cast_slice(v),

@@ -17,7 +17,8 @@ impl GraphSession {
     /// values, shape) and the float32 outputs named by `targets` written in place into
     /// their ranges of the device buffer `out`; the other outputs come back to the host,
     /// by name, in the graph's order. The run returns once the device has finished it
-    /// (ONNX Runtime synchronizes its stream at a run's end).
+    /// (ONNX Runtime synchronizes its stream at a run's end). A session recorded as a
+    /// CUDA graph records or replays it (`replay.rs`).
     ///
     /// # Errors
     /// As [`GraphSession::run`]; `BadTensor` when a target does not fit `out` or ONNX
@@ -29,6 +30,9 @@ impl GraphSession {
         out: DeviceSpan,
         targets: &[Target<'_>],
     ) -> Result<Vec<(String, Tensor)>> {
+        if self.replay.is_some() {
+            return self.run_replayed(host, device, out, targets);
+        }
         let info = out
             .memory_info()
             .map_err(Error::ort(format!("running {}", self.label)))?;

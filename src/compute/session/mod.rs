@@ -16,6 +16,7 @@ use crate::{Error, Result};
 
 mod bound;
 mod device;
+mod replay;
 mod run;
 
 pub use bound::BoundInputs;
@@ -36,6 +37,8 @@ pub struct GraphSession {
     /// Run options that hand the CPU arena's unused regions back after each run
     /// ([`GraphSession::shrink_arena_after_runs`]; `None`: the arena keeps them).
     shrink: Option<RunOptions>,
+    /// The fixed homes of a session recorded as a CUDA graph (`SessionOptions::cuda_graph`).
+    replay: Option<Box<replay::Replay>>,
     /// The CUDA stream ONNX Runtime computes on, for a session on a GPU.
     #[cfg(feature = "cuda")]
     stream: Option<super::cuda::DeviceStream>,
@@ -149,6 +152,7 @@ impl GraphSession {
             pool: None,
             shrink: None,
             direct: None,
+            replay: opts.cuda_graph.then(Default::default),
             #[cfg(feature = "cuda")]
             stream,
         })
@@ -164,6 +168,20 @@ impl GraphSession {
             .end_profiling()
             .map(Into::into)
             .map_err(Error::ort(format!("ending the profile of {}", self.label)))
+    }
+
+    /// Refuses a run other than [`GraphSession::run_device`] of a session recorded as a
+    /// CUDA graph: only that run binds every value at a fixed address.
+    fn not_replayed(&self) -> Result<()> {
+        match self.replay {
+            None => Ok(()),
+            Some(_) => Err(Error::Device {
+                device: self.label.clone(),
+                reason: "recorded as a CUDA graph (`runtime.cuda_graph`), it replays only a \
+                         stage with its state on the device that hands nothing on there"
+                    .into(),
+            }),
+        }
     }
 
     /// The graph's input names, in order.
@@ -201,6 +219,7 @@ impl GraphSession {
         &mut self,
         feeds: &[(&str, TensorView<'_>)],
     ) -> Result<Vec<(DType, Vec<usize>)>> {
+        self.not_replayed()?;
         let label = self.label.clone();
         let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
             Vec::with_capacity(feeds.len());

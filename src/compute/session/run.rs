@@ -83,6 +83,7 @@ impl GraphSession {
         acc: &[(&str, usize)],
         sink: &mut dyn FnMut(&str, &[f32]) -> Result<bool>,
     ) -> Result<Vec<(String, Tensor)>> {
+        self.not_replayed()?;
         let GraphSession {
             session,
             label,

@@ -251,6 +251,7 @@ impl GradCheck {
                 state_on_device: true,
                 device_path_on_host: false,
                 cuda_kernels: true,
+                cuda_graph: false,
             },
         )
         .map_err(|e| e.to_string())?;
