@@ -18,7 +18,7 @@
 # - the peers' MLP and tiny GPT (SGD, AdamW) trained on the GPU and on the CPU, the loss
 #   curves judged against PyTorch float64 (TF32 off; --peers names peers/data);
 # - a 2-stage pipeline on one GPU with its Chrome trace (how long both stages computed
-#   at once), its messages and stash left in device memory (`compute/session/bound.rs`):
+#   at once; and a 4-stage one, PIPELINE_PP4=0: not), its messages and stash left in device memory (`compute/session/bound.rs`):
 #   its host traffic (the data in, losses and norms out) and its losses bitwise those of
 #   the run with the state on the host;
 # - two data-parallel replicas on one GPU summing their gradients in device memory
@@ -147,6 +147,17 @@ if want pipeline && RUST_LOG=info,pipetrain::device=debug train mlp_pipeline_gpu
   train mlp_pipeline_host "$host" && python3 "$root/benches/gpu/losses_diff.py" \
     "pp=2, 4 micro-batches, state on the device against the host" \
     "$out/mlp_pipeline_gpu.jsonl" "$out/mlp_pipeline_host.jsonl" >> "$summary"
+fi
+
+# Four pipeline stages on one GPU (the peers' MLP, 1F1B, 4 micro-batches of 16): how long
+# two, three and four stages' streams computed at once, and its host traffic
+# (PIPELINE_PP4=0: not).
+if want pipeline && [ "${PIPELINE_PP4:-1}" = 1 ]; then
+  pp4=$(config mlp_pipeline "$device" pp4_gpu)
+  sed -i -e 's/^pipeline_parallel_size = .*/pipeline_parallel_size = 4/' -e 's/^num_train_steps = .*/num_train_steps = 160/' "$pp4"
+  RUST_LOG=info,pipetrain::device=debug train pp4_gpu "$pp4" --chrome-trace "$out/pp4_gpu.trace.json" \
+    && python3 "$root/benches/gpu/overlap.py" "$out/pp4_gpu.trace.json" | sed 's/^/pp=4 /' >> "$summary" \
+    && python3 "$root/benches/gpu/traffic.py" "pp=4 host traffic" "$out/pp4_gpu.log" >> "$summary"
 fi
 
 # Two data-parallel replicas on one GPU: their gradients summed in device memory against

@@ -3,7 +3,8 @@
 
     python3 overlap.py TRACE.json
 
-Prints each rank's busy time and the time during which two ranks were busy at once.
+Prints each rank's busy time and the time during which two ranks (and, with more
+tracks, three, four, ...) were busy at once.
 """
 import json
 import sys
@@ -35,16 +36,20 @@ def main():
     if len(keys) < 2:
         print("fewer than two tracks: no overlap to measure")
         return 0
-    # Time covered by at least two tracks at once: sweep over all interval edges.
+    # Time covered by at least n tracks at once, n = 2.. tracks: sweep over all edges.
     edges = sorted([(s, 1) for k in keys for s, _ in busy[k]] +
                    [(e, -1) for k in keys for _, e in busy[k]], key=lambda x: (x[0], x[1]))
-    depth, last, both = 0, None, 0.0
+    at_least = [0.0] * (len(keys) + 1)
+    depth, last = 0, None
     for t, d in edges:
-        if depth >= 2 and last is not None:
-            both += t - last
+        if last is not None:
+            for n in range(2, depth + 1):
+                at_least[n] += t - last
         depth += d
         last = t
-    print(f"two or more tracks busy at once: {both / 1e3:.1f} ms")
+    print(f"two or more tracks busy at once: {at_least[2] / 1e3:.1f} ms")
+    for n in range(3, len(keys) + 1):
+        print(f"{n} or more tracks busy at once: {at_least[n] / 1e3:.1f} ms")
     return 0
 
 
