@@ -302,6 +302,19 @@ EOF
   else
     say "gpt2 eager: PyTorch or transformers not installed: skipped"
   fi
+  # Mixed precision (GPT2_HALF=bf16 or f16): pipetrain's use_mixed_precision against
+  # PyTorch eager under torch.autocast (before the variants: a call's time limit has cut
+  # it when it came last).
+  half=${GPT2_HALF:-}
+  if [ -n "$half" ]; then
+    { echo "use_mixed_precision = true"
+      if [ "$half" = bf16 ]; then echo "use_bfloat16 = true"; else echo "loss_scale = 0"; fi
+      cat "$out/cfg/gpt2_small.toml"; } > "$out/cfg/gpt2_$half.toml"
+    if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train "gpt2_$half" "$out/cfg/gpt2_$half.toml"; then
+      python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_$half.jsonl" $((batch * seq)) "$params" \
+        | sed "s/^pipetrain/pipetrain, $half mixed precision/" >> "$summary"
+    fi
+  fi
   # A variant of that run: its configuration edited by SED, its speed labelled LABEL.
   gpt2_variant() { # TAG SED LABEL
     sed "$2" "$out/cfg/gpt2_small.toml" > "$out/cfg/gpt2_$1.toml"
@@ -354,18 +367,6 @@ EOF
       for f in "$out"/pipetrain_*forward_backward*.json; do
         python3 "$root/benches/ort_profile.py" --skip 1 "$f" 2>&1 | head -25 | sed 's/^/gpt2 ort /' >> "$summary"
       done
-    fi
-  fi
-  # Mixed precision (GPT2_HALF=bf16 or f16): pipetrain's use_mixed_precision against
-  # PyTorch eager under torch.autocast.
-  half=${GPT2_HALF:-}
-  if [ -n "$half" ]; then
-    { echo "use_mixed_precision = true"
-      if [ "$half" = bf16 ]; then echo "use_bfloat16 = true"; else echo "loss_scale = 0"; fi
-      cat "$out/cfg/gpt2_small.toml"; } > "$out/cfg/gpt2_$half.toml"
-    if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train "gpt2_$half" "$out/cfg/gpt2_$half.toml"; then
-      python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_$half.jsonl" $((batch * seq)) "$params" \
-        | sed "s/^pipetrain/pipetrain, $half mixed precision/" >> "$summary"
     fi
   fi
 fi
