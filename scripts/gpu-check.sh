@@ -339,7 +339,7 @@ EOF
     && RUST_LOG=${RUST_LOG:-warn},pipetrain::device=debug gpt2_variant graph 's/^\[runtime\]/[runtime]\ncuda_graph = true/' "replayed as a CUDA graph (cuda_graph = true)" \
     && python3 "$root/benches/gpu/losses_diff.py" "gpt2, cuda_graph against the default run" \
       "$out/gpt2_small.jsonl" "$out/gpt2_graph.jsonl" >> "$summary" \
-    && echo "gpt2 graph: $(sed 's/\x1b\[[0-9;]*m//g' "$out/gpt2_graph.log" | grep -c 'as a CUDA graph.* graph=0') runs under graph 0" >> "$summary"
+    && echo "gpt2 graph: $(sed 's/\x1b\[[0-9;]*m//g' "$out/gpt2_graph.log" | grep -c 'as a CUDA graph.* graph=1') runs under graph 1" >> "$summary"
   # The kernels not yet run on a GPU (runtime.cuda_kernels_untried, off by default until
   # measured here: attention as one operator each way, LayerNormGrad): their speed, and
   # their losses against the default run's (float32 noise).

@@ -312,11 +312,11 @@ fn a_step_replayed_at_fixed_homes_trains_and_evaluates_as_the_host_path() {
             .count()
     };
     // 12 steps of two micro-batches. The first run finds the outputs' shapes; the next,
-    // into the scratch buffer, has the first graph; the later first micro-batches, into
-    // the gradients, the second.
+    // into the scratch buffer, has the first graph (id 1); the later first micro-batches,
+    // into the gradients, the second.
     assert_eq!(runs("graph=-1"), 1, "{log}");
-    assert_eq!(runs("graph=0"), 12, "{log}");
-    assert_eq!(runs("graph=1"), 11, "{log}");
+    assert_eq!(runs("graph=1"), 12, "{log}");
+    assert_eq!(runs("graph=2"), 11, "{log}");
 }
 
 /// `text` without its terminal colours (`ESC [ ... m`).

@@ -135,6 +135,9 @@ impl GraphSession {
     ) -> Result<GraphSession> {
         let fixed = rewritten(model, opts)?;
         let model = fixed.as_ref().unwrap_or(model);
+        if opts.cuda_graph {
+            replay::check_replayable(model, label)?;
+        }
         let (session, _stream) = open(rt, model, opts, label, extras)?;
         #[cfg(feature = "cuda")]
         let stream = _stream;

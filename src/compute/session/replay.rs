@@ -11,10 +11,22 @@
 //!   copied back after the run.
 //!
 //! The first run is an ordinary one (run option `gpu_graph_id = -1`): it finds the
-//! shapes of the outputs, for their homes. ONNX Runtime records on a later run and
-//! replays from then on. Each set of addresses (a step's first micro-batch writes the
-//! gradients, later ones the scratch buffer) has a graph of its own (`gpu_graph_id`), up
-//! to [`MAX_GRAPHS`]; a run with yet another set is not recorded.
+//! shapes of the outputs, for their homes. Each set of addresses (a step's first
+//! micro-batch writes the gradients, later ones the scratch buffer) has a graph of its
+//! own (`gpu_graph_id` 1, 2, ...; 0 is ONNX Runtime's default), up to [`MAX_GRAPHS`]; a
+//! run with yet another set is not recorded (said once, as a warning). On the first run
+//! with a new id, ONNX Runtime's `Run` runs the graph twice more within the call, then
+//! records and replays it: harmless here, where every output is a function of the
+//! inputs alone (the gradients are written, not added to, and no output is also an
+//! input).
+//!
+//! A replay runs none of ONNX Runtime's host-side work: an operator that draws random
+//! numbers with a host-side generator (ONNX's `Dropout`, `Random*`) would replay its
+//! first draw for ever, so a graph holding one is refused ([`check_replayable`];
+//! pipetrain's `KeyedDropout` reads its key on the device). ONNX Runtime keeps a graph
+//! per thread: a stage's actor runs on a thread of its own. It records with
+//! `cudaStreamCaptureModeGlobal`, so no other thread of the process may call CUDA while
+//! it does: hence one stage and one replica (`runtime.cuda_graph`'s rule).
 //!
 //! Over host memory (`debug.device_path_on_host`) the same homes serve without a graph:
 //! that is how they are tested without a GPU.
@@ -42,8 +54,10 @@ pub(super) struct Replay {
     inputs: Vec<Home>,
     /// The homes of the outputs read on the host, by output index (after the first run).
     outputs: Option<Vec<(usize, Home)>>,
-    /// The sets of addresses recorded so far; a set's place is its graph's id.
-    graphs: Vec<Vec<usize>>,
+    /// The sets of (address, length) recorded so far; a set's place + 1 is its graph's id.
+    graphs: Vec<Vec<(usize, usize)>>,
+    /// Whether a run beyond [`MAX_GRAPHS`] sets was reported.
+    warned: bool,
 }
 
 /// A value's fixed home: its name, shape, element type and memory.
@@ -104,7 +118,7 @@ impl GraphSession {
     ) -> Result<Vec<(String, Tensor)>> {
         let ctx = || format!("running {}", self.label);
         let (binding, addrs) = self.bind_fixed(replay, host, device, out, targets)?;
-        let graph = replay.graph_for(addrs);
+        let graph = replay.graph_for(addrs, &self.label);
         let mut options = RunOptions::new().map_err(Error::ort(ctx()))?;
         options
             .set("gpu_graph_id", graph.to_string())
@@ -142,7 +156,7 @@ impl GraphSession {
         device: &[(&str, DeviceSpan, &[usize])],
         out: DeviceSpan,
         targets: &[Target<'_>],
-    ) -> Result<(ort::session::IoBinding, Vec<usize>)> {
+    ) -> Result<(ort::session::IoBinding, Vec<(usize, usize)>)> {
         let ctx = || format!("running {}", self.label);
         let info = memory_info(out.device).map_err(Error::ort(ctx()))?;
         let mut binding = self.session.create_binding().map_err(Error::ort(ctx()))?;
@@ -153,10 +167,11 @@ impl GraphSession {
             (binding.bind_input(*name, &value)).map_err(Error::ort(ctx()))?;
         }
         for (name, span, shape) in device {
-            addrs.push(span.addr);
+            addrs.push((span.addr, shape.iter().product()));
             let value = over(&info, span.addr as *mut f32, shape, &self.label)?;
             (binding.bind_input(*name, &value)).map_err(Error::ort(ctx()))?;
         }
+        let first = replay.outputs.is_none();
         for (k, name) in self.outputs.iter().enumerate() {
             if self.outputs[..k].contains(name) {
                 continue;
@@ -166,14 +181,24 @@ impl GraphSession {
                 (Some(t), _) => {
                     t.check_fits(out.len, name)?;
                     let at = out.addr + t.offset * size_of::<f32>();
-                    addrs.push(at);
+                    addrs.push((at, t.shape.iter().product()));
                     let value = over(&info, at as *mut f32, t.shape, &self.label)?;
                     binding.bind_output(name.as_str(), value)
                 }
                 (None, Some((_, home))) => {
                     binding.bind_output(name.as_str(), home.value(&info, &self.label)?)
                 }
-                (None, None) => binding.bind_output_to_device(name.as_str(), &info),
+                (None, None) if first => binding.bind_output_to_device(name.as_str(), &info),
+                (None, None) => {
+                    return Err(Error::BadTensor {
+                        name: name.clone(),
+                        reason: format!(
+                            "{} is replayed as a CUDA graph (`runtime.cuda_graph`): this \
+                             output was written in place on its first run and is not now",
+                            self.label
+                        ),
+                    })
+                }
             };
             bound.map_err(Error::ort(ctx()))?;
         }
@@ -323,18 +348,60 @@ impl Home {
 impl Replay {
     /// The graph id of a run over `addrs`: -1 (not recorded) for the first run, which
     /// finds the outputs' shapes, and for a set of addresses beyond [`MAX_GRAPHS`].
-    fn graph_for(&mut self, addrs: Vec<usize>) -> i64 {
+    fn graph_for(&mut self, addrs: Vec<(usize, usize)>, label: &str) -> i64 {
         if self.outputs.is_none() {
             return -1;
         }
-        if let Some(id) = self.graphs.iter().position(|g| *g == addrs) {
-            return id as i64;
+        if let Some(at) = self.graphs.iter().position(|g| *g == addrs) {
+            return at as i64 + 1;
         }
         if self.graphs.len() == MAX_GRAPHS {
+            if !std::mem::replace(&mut self.warned, true) {
+                tracing::warn!(
+                    "{label}: its runs bind more than {MAX_GRAPHS} sets of buffers; the \
+                     others run without a CUDA graph"
+                );
+            }
             return -1;
         }
         self.graphs.push(addrs);
-        self.graphs.len() as i64 - 1
+        self.graphs.len() as i64
+    }
+}
+
+/// Refuses, for a session to be recorded as a CUDA graph, a graph with an operator that
+/// draws random numbers on the host each run (a replay would repeat its first draw).
+///
+/// # Errors
+/// `Config` naming `runtime.cuda_graph`, the node and its operator.
+pub(super) fn check_replayable(model: &crate::onnx::proto::ModelProto, label: &str) -> Result<()> {
+    const HOST_DRAWN: [&str; 9] = [
+        "Dropout",
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+        "BiasDropout",
+        "BitmaskDropout",
+    ];
+    let nodes = model.graph.iter().flat_map(|g| &g.node);
+    match nodes
+        .into_iter()
+        .find(|n| HOST_DRAWN.contains(&n.op_type.as_str()))
+    {
+        None => Ok(()),
+        Some(n) => Err(Error::Config {
+            path: "<config>".into(),
+            field: "runtime.cuda_graph".into(),
+            rule: format!(
+                "{label}: node `{}` ({}) draws random numbers on the host each run, and a \
+                 CUDA graph would replay its first draw every step (pipetrain's dropout \
+                 on a GPU, `runtime.cuda_kernels`, draws on the device)",
+                n.name, n.op_type
+            ),
+        }),
     }
 }
 

@@ -127,3 +127,19 @@ fn on_a_gpu_a_replayed_session_reads_each_runs_inputs_and_writes_each_runs_outpu
     let state = crate::compute::cuda_state::CudaState::new(0, &w(), &[]).unwrap();
     replays_as_it_runs(Device::Cuda(0), Box::new(state));
 }
+
+/// A graph with a host-drawn random operator is refused for recording, naming the field,
+/// the node and its operator; without one it is not.
+#[test]
+fn a_graph_that_draws_on_the_host_is_not_recorded() {
+    let mut drawn = model();
+    let g = drawn.graph.as_mut().unwrap();
+    g.node
+        .push(make_node("Dropout", "drop", &["y"], &["y_dropped"], vec![]));
+    let e = check_replayable(&drawn, "stage 0").unwrap_err().to_string();
+    assert!(
+        e.contains("runtime.cuda_graph") && e.contains("`drop` (Dropout)"),
+        "{e}"
+    );
+    assert!(check_replayable(&model(), "stage 0").is_ok());
+}
