@@ -246,6 +246,46 @@ fn mixed_precision_and_its_overflow_skip_on_the_device_path_match_the_host_path(
     );
 }
 
+/// The exported GPT-2 under mixed precision with an overflow at step 2, its step replayed
+/// at fixed homes (`runtime.cuda_graph` over host memory): the backward's seed, which
+/// carries the loss scale, copied into its home every run, so the halved scale reaches
+/// the step after the skipped one; the same losses, scales, skip and parameters as the
+/// host path, bit for bit.
+#[test]
+fn mixed_precision_replayed_at_fixed_homes_matches_the_host_path() {
+    let overflow = "inject_grad_overflow = [{ step = 2, stage = 0 }]\n";
+    let reports = |replayed: bool| {
+        let extra = match replayed {
+            true => format!(
+                "use_mixed_precision = true\n[runtime]\ncuda_graph = true\n{DEVICE_PATH}{overflow}"
+            ),
+            false => format!("use_mixed_precision = true\n[debug]\n{overflow}"),
+        };
+        let run = Run {
+            model: "model.onnx",
+            optimizer: "adamw",
+            lr: 1e-3,
+            layout: crate::common::exported::ONE,
+            steps: 4,
+            extra: &extra,
+        };
+        crate::common::exported::train_reports(&GPT2, &run)
+    };
+    let (host, replayed) = (reports(false), reports(true));
+    let seen = |r: &[pipetrain::train::StepReport]| -> Vec<(u64, u64, bool)> {
+        r.iter()
+            .map(|s| (s.loss.to_bits(), s.loss_scale.to_bits(), s.skipped))
+            .collect()
+    };
+    assert_eq!(seen(&host.0), seen(&replayed.0));
+    assert!(replayed.0[1].skipped, "step 2 skipped");
+    assert_eq!(replayed.0[2].loss_scale, replayed.0[1].loss_scale / 2.0);
+    assert!(
+        host.1.parameters == replayed.1.parameters,
+        "trained parameters"
+    );
+}
+
 /// `runtime.cuda_graph` over host memory: the step's one session bound at fixed homes,
 /// as a replayed CUDA graph is (the data copied into them each run, the loss read out of
 /// them, the second micro-batch's gradients into the scratch buffer under a graph of
