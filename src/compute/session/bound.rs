@@ -99,16 +99,11 @@ impl GraphSession {
             .map_err(Error::ort(ctx()))?;
         let run_ms = started.elapsed().as_secs_f64() * 1e3;
         tracing::debug!(target: "pipetrain::device", session = %self.label, run_ms, "run, bound");
-        let mut result = Vec::with_capacity(self.outputs.len());
-        for (k, name) in self.outputs.iter().enumerate() {
-            if self.outputs[..k].contains(name) {
-                // A graph may list an output twice; it is bound, and comes back, once.
-                continue;
-            }
-            let value: DynValue = outputs.remove(name).ok_or_else(|| Error::BadTensor {
-                name: name.clone(),
-                reason: format!("{} did not produce this output", self.label),
-            })?;
+        let taken = distinct_outputs(&self.outputs, &mut outputs, &self.label)?;
+        drop(outputs);
+        let mut result = Vec::with_capacity(taken.len());
+        for (k, value) in taken {
+            let name = &self.outputs[k];
             match targets.iter().find(|t| t.output == k) {
                 Some(t) => on_device(&value, name, t, &out, &self.label)?,
                 None if keep(name) => {
@@ -149,6 +144,31 @@ impl GraphSession {
         let at = bytes_of(t).as_ptr().cast_mut().cast();
         unsafe { over_bytes(host_info, at, t.bytes(), (t.shape, elem(t)), &self.label) }
     }
+}
+
+/// A bound run's outputs (`names`, the graph's) taken from `outputs` by index, in the
+/// graph's order: each once, since a graph may list an output twice, and it is bound,
+/// and comes back, once.
+///
+/// # Errors
+/// `BadTensor` naming an output the run of `label` did not produce.
+pub(super) fn distinct_outputs(
+    names: &[String],
+    outputs: &mut ort::session::SessionOutputs<'_>,
+    label: &str,
+) -> Result<Vec<(usize, DynValue)>> {
+    let mut taken = Vec::with_capacity(names.len());
+    for (k, name) in names.iter().enumerate() {
+        if names[..k].contains(name) {
+            continue;
+        }
+        let value: DynValue = outputs.remove(name).ok_or_else(|| Error::BadTensor {
+            name: name.clone(),
+            reason: format!("{label} did not produce this output"),
+        })?;
+        taken.push((k, value));
+    }
+    Ok(taken)
 }
 
 /// What keeps an uploaded host input on the device for a run.

@@ -38,7 +38,7 @@ use ort::value::{DynValue, ValueType};
 use super::super::direct::{over, over_bytes, Target};
 use super::super::resident::{memory_info, DeviceSpan};
 use super::super::value::DeviceValue;
-use super::bound::{bytes_of, elem};
+use super::bound::{bytes_of, distinct_outputs, elem};
 use super::device::on_device;
 use super::GraphSession;
 use crate::tensor::{Tensor, TensorView};
@@ -130,17 +130,7 @@ impl GraphSession {
             .map_err(Error::ort(ctx()))?;
         let run_ms = started.elapsed().as_secs_f64() * 1e3;
         tracing::debug!(target: "pipetrain::device", session = %self.label, run_ms, graph, "run, as a CUDA graph");
-        let mut taken = Vec::with_capacity(self.outputs.len());
-        for (k, name) in self.outputs.iter().enumerate() {
-            if self.outputs[..k].contains(name) {
-                continue;
-            }
-            let value: DynValue = outputs.remove(name).ok_or_else(|| Error::BadTensor {
-                name: name.clone(),
-                reason: format!("{} did not produce this output", self.label),
-            })?;
-            taken.push((k, value));
-        }
+        let taken = distinct_outputs(&self.outputs, &mut outputs, &self.label)?;
         drop(outputs);
         self.read_back(replay, taken, out, targets)
     }
