@@ -252,7 +252,9 @@ fi
 if want gpt2; then
   batch=${GPT2_BATCH:-4} steps=${GPT2_STEPS:-12} layers=${GPT2_LAYERS:-12} d=${GPT2_D:-768}
   heads=${GPT2_HEADS:-12} seq=${GPT2_SEQ:-1024} vocab=${GPT2_VOCAB:-50257}
-  params=$((layers * 12 * d * d + 2 * vocab * d + seq * d))
+  # The parameters that take part in products, for model FLOPs (benches/gpu/peak.py):
+  # the blocks and the LM head; the token and position embeddings are lookups.
+  params=$((layers * 12 * d * d + vocab * d))
   cat > "$out/cfg/gpt2_small.toml" <<EOF
 batch_size = $batch
 num_train_steps = $steps
@@ -282,7 +284,7 @@ cuda_kernels = ${GPU_CHECK_CUDA_KERNELS:-true}
 EOF
   if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train gpt2_small "$out/cfg/gpt2_small.toml" \
       --chrome-trace "$out/gpt2_small.trace.json"; then
-    python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_small.jsonl" $((batch * seq)) "$params" >> "$summary"
+    python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_small.jsonl" $((batch * seq)) "$params" "$layers" "$d" "$seq" >> "$summary"
     # Where a step goes: the session run (F, parameters in and gradients out included)
     # against the optimizer (STEP); then ONNX Runtime's own profile of a few steps.
     python3 "$root/benches/gpu/trace_summary.py" "$out/gpt2_small.trace.json" | sed 's/^/gpt2 trace /' >> "$summary"
@@ -293,10 +295,10 @@ EOF
   fi
   # PyTorch eager on the same model and batch, first (a call's time limit cuts the end).
   if python3 -c 'import torch, transformers' 2>/dev/null; then
-    python3 "$root/benches/gpu/gpt2_eager.py" --batch "$batch" --steps "$steps" \
+    python3 "$root/benches/gpu/gpt2_eager.py" --batch "$batch" --steps "$steps" --mfu-params "$params" \
       --layers "$layers" --d "$d" --heads "$heads" --seq "$seq" --vocab "$vocab" >> "$summary" 2>"$out/gpt2_eager.err" \
       || fail "gpt2 eager (see gpt2_eager.err)"
-    [ -z "${GPT2_HALF:-}" ] || python3 "$root/benches/gpu/gpt2_eager.py" --batch "$batch" --steps "$steps" --autocast "${GPT2_HALF:-}" \
+    [ -z "${GPT2_HALF:-}" ] || python3 "$root/benches/gpu/gpt2_eager.py" --batch "$batch" --steps "$steps" --mfu-params "$params" --autocast "${GPT2_HALF:-}" \
       --layers "$layers" --d "$d" --heads "$heads" --seq "$seq" --vocab "$vocab" >> "$summary" 2>"$out/gpt2_eager.err" \
       || fail "gpt2 eager ${GPT2_HALF:-} (see gpt2_eager.err)"
   else
@@ -311,7 +313,7 @@ EOF
       if [ "$half" = bf16 ]; then echo "use_bfloat16 = true"; else echo "loss_scale = 0"; fi
       cat "$out/cfg/gpt2_small.toml"; } > "$out/cfg/gpt2_$half.toml"
     if TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train "gpt2_$half" "$out/cfg/gpt2_$half.toml"; then
-      python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_$half.jsonl" $((batch * seq)) "$params" \
+      python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_$half.jsonl" $((batch * seq)) "$params" "$layers" "$d" "$seq" "$half" \
         | sed "s/^pipetrain/pipetrain, $half mixed precision/" >> "$summary"
     fi
   fi
@@ -319,7 +321,7 @@ EOF
   gpt2_variant() { # TAG SED LABEL
     sed "$2" "$out/cfg/gpt2_small.toml" > "$out/cfg/gpt2_$1.toml"
     TRAIN_TIMEOUT=${GPT2_TIMEOUT:-300} train "gpt2_$1" "$out/cfg/gpt2_$1.toml" || return 1
-    python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_$1.jsonl" $((batch * seq)) "$params" \
+    python3 "$root/benches/gpu/gpt2_speed.py" "$out/gpt2_$1.jsonl" $((batch * seq)) "$params" "$layers" "$d" "$seq" \
       | sed "s/^pipetrain/pipetrain, $3/" >> "$summary"
   }
   # Before the state moved to the device: the same run with it on the host.

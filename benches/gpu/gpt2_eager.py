@@ -8,6 +8,8 @@ no dropout), float32 with TF32 off, plain SGD, random tokens; prints tokens/s. W
                           [--autocast bf16|f16]
 """
 import argparse
+import os
+import sys
 import time
 
 import torch
@@ -21,6 +23,8 @@ def arguments(extra=()):
                  ("seq", 1024), ("vocab", 50257), *extra]:
         ap.add_argument(f"--{k}", type=int, default=v)
     ap.add_argument("--autocast", choices=["bf16", "f16"])
+    ap.add_argument("--mfu-params", type=float,
+                    help="parameters to count model FLOPs with (as gpt2_speed.py is given)")
     return ap.parse_args()
 
 
@@ -71,6 +75,12 @@ def main():
     print(f"pytorch eager{what}: {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}, {params / 1e6:.1f} M parameters, "
           f"batch {a.batch} x {a.seq}, {a.steps} steps in {dt:.2f} s: "
           f"{a.steps * a.batch * a.seq / dt:.0f} tokens/s, loss {loss.item():.4f}")
+    if a.mfu_params and dev == "cuda":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from peak import mfu_text
+        tps = a.steps * a.batch * a.seq / dt
+        print(f"pytorch eager{what}: " + mfu_text(tps, a.mfu_params, a.layers, a.d, a.seq,
+                                                   a.autocast or "f32", torch.cuda.get_device_name()))
 
 
 if __name__ == "__main__":
