@@ -14,11 +14,11 @@
 //! shapes of the outputs, for their homes. Each set of addresses (a step's first
 //! micro-batch writes the gradients, later ones the scratch buffer) has a graph of its
 //! own (`gpu_graph_id` 1, 2, ...; 0 is ONNX Runtime's default), up to [`MAX_GRAPHS`]; a
-//! run with yet another set is not recorded (said once, as a warning). On the first run
-//! with a new id, ONNX Runtime's `Run` runs the graph twice more within the call, then
-//! records and replays it: harmless here, where every output is a function of the
-//! inputs alone (the gradients are written, not added to, and no output is also an
-//! input).
+//! run with yet another set is not recorded (said once, as a warning). The first call
+//! with a new id runs the graph twice as usual, then records it and replays the
+//! recording, all within that call (ONNX Runtime's `Run` calls itself until it has
+//! recorded): harmless here, where every output is a function of the inputs alone (the
+//! gradients are written, not added to, and no output is also an input).
 //!
 //! A replay runs none of ONNX Runtime's host-side work: an operator that draws random
 //! numbers with a host-side generator (ONNX's `Dropout`, `Random*`) would replay its
