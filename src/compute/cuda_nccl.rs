@@ -1,12 +1,17 @@
 //! A stage's gradients summed across its data-parallel replicas by NCCL, in place in the
 //! stage's device memory, on a communication stream of its own (`--features cuda`).
 //!
-//! What is built is the step's side: a communicator on the stage's device and the
-//! all-reduce of the gradient buffer between the backward and the update
-//! ([`super::ReplicaLink`]). Making the communicators of replicas on several GPUs (a
-//! device per replica, the NCCL id carried to every rank) is not: the machines lent to
-//! this project have one GPU, on which NCCL refuses two ranks. `debug.nccl_one_rank` runs
-//! a one-rank communicator through this path, where the sum is the gradients themselves.
+//! A communicator's ranks are a stage's data-parallel replicas, each on a GPU of its own:
+//! [`NcclReduce::ranks`] makes this process's ranks of it (several inside one NCCL group,
+//! as NCCL asks when one thread initializes several), from an id one rank made
+//! ([`new_id`]) and the others received, over the job's bus between processes
+//! (`train/nccl_links.rs`). The all-reduce of the gradient buffer runs between the
+//! backward and the update ([`super::ReplicaLink`]).
+//!
+//! The machines lent to this project have one GPU, on which NCCL refuses two ranks: only
+//! a one-rank communicator has run (`debug.nccl_one_rank`, made by the same
+//! [`NcclReduce::ranks`]), where the sum is the gradients themselves. Two ranks or more,
+//! in one process or across processes, are built and have not run.
 
 use std::sync::{Arc, Mutex};
 
@@ -55,6 +60,19 @@ impl DevicePtrMut<f32> for Span {
     }
 }
 
+/// A new NCCL unique id, made by the rank that hands it to the others.
+///
+/// # Errors
+/// Where NCCL does not load or cannot make one.
+pub(crate) fn new_id() -> std::result::Result<[u8; 128], String> {
+    // SAFETY: only tries to open the library.
+    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
+        return Err(NO_NCCL.into());
+    }
+    let id = Id::new().map_err(|e| format!("{e:?}"))?;
+    Ok(id.internal().map(|b| b as u8))
+}
+
 fn failed(device: usize, what: &str) -> impl Fn(String) -> Error + '_ {
     move |reason| Error::Device {
         device: format!("cuda:{device}"),
@@ -68,24 +86,68 @@ impl NcclReduce {
     /// # Errors
     /// `Device` where NCCL does not load or the communicator cannot be made.
     pub(crate) fn one_rank(device: usize) -> Result<NcclReduce> {
-        let fail = |what| failed(device, what);
+        let id = new_id().map_err(failed(device, "ncclGetUniqueId"))?;
+        let mut made = NcclReduce::ranks(&[(device, 0)], 1, id)?;
+        made.pop()
+            .ok_or_else(|| failed(device, "ncclCommInitRank")("no communicator".into()))
+    }
+
+    /// This process's ranks of a communicator of `world` ranks made from `id`: for each
+    /// (device, rank) of `local`, that rank on that device, on a stream of its own. Every
+    /// rank of the communicator must be made at about the same time, each process making
+    /// its own: NCCL's initialization waits until all have joined.
+    ///
+    /// # Errors
+    /// `Device` where NCCL does not load, a device cannot be opened, or NCCL refuses
+    /// (for instance two ranks on one GPU).
+    pub(crate) fn ranks(
+        local: &[(usize, usize)],
+        world: usize,
+        id: [u8; 128],
+    ) -> Result<Vec<NcclReduce>> {
+        let first = local.first().map_or(0, |&(d, _)| d);
         // SAFETY: only tries to open the library.
         if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-            return Err(fail("NCCL")(NO_NCCL.into()));
+            return Err(failed(first, "NCCL")(NO_NCCL.into()));
         }
-        super::device::cuda_devices().map_err(fail("the device"))?;
-        let ctx =
-            CudaContext::new(device).map_err(|e| fail("opening the device")(e.to_string()))?;
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| fail("creating a stream")(e.to_string()))?;
-        let id = Id::new().map_err(|e| fail("ncclGetUniqueId")(format!("{e:?}")))?;
-        let comm = Comm::from_rank(stream, 0, 1, id)
-            .map_err(|e| fail("ncclCommInitRank (1 rank)")(format!("{e:?}")))?;
-        Ok(NcclReduce {
-            device,
-            comm: Mutex::new(comm),
-        })
+        super::device::cuda_devices().map_err(failed(first, "the device"))?;
+        let mut streams = Vec::with_capacity(local.len());
+        for &(device, _) in local {
+            let fail = |what| failed(device, what);
+            let ctx =
+                CudaContext::new(device).map_err(|e| fail("opening the device")(e.to_string()))?;
+            let stream = ctx
+                .new_stream()
+                .map_err(|e| fail("creating a stream")(e.to_string()))?;
+            streams.push(stream);
+        }
+        let raw = id.map(|b| b as std::ffi::c_char);
+        let grouped = local.len() > 1;
+        let what = format!("ncclCommInitRank ({} of {world} ranks)", local.len());
+        if grouped {
+            cudarc::nccl::result::group_start()
+                .map_err(|e| failed(first, "ncclGroupStart")(format!("{e:?}")))?;
+        }
+        let made: Vec<_> = local
+            .iter()
+            .zip(streams)
+            .map(|(&(device, rank), stream)| {
+                // NCCL takes the device of a rank from the thread's current one.
+                (stream.context().bind_to_thread())
+                    .map_err(|e| failed(device, "binding the device")(e.to_string()))?;
+                Comm::from_rank(stream, rank, world, Id::uninit(raw))
+                    .map_err(|e| failed(device, &what)(format!("{e:?}")))
+                    .map(|comm| NcclReduce {
+                        device,
+                        comm: Mutex::new(comm),
+                    })
+            })
+            .collect();
+        if grouped {
+            cudarc::nccl::result::group_end()
+                .map_err(|e| failed(first, "ncclGroupEnd")(format!("{e:?}")))?;
+        }
+        made.into_iter().collect()
     }
 
     /// This rank and the communicator's size.

@@ -12,9 +12,9 @@
 //! streams as it orders their threads.
 //!
 //! A link may instead be an NCCL communicator (`cuda_nccl.rs`), whose all-reduce sums the
-//! same buffer in place; only a one-rank communicator is made so far
-//! (`debug.nccl_one_rank`). Replicas on different devices, or in other processes, reduce
-//! through the host's collectives as before.
+//! same buffer in place: the replicas of a stage on several GPUs, in this process or in
+//! several ([`ReplicaLink::nccl`]). Only a one-rank communicator has run
+//! (`debug.nccl_one_rank`): the lent machines have one GPU.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -58,28 +58,63 @@ impl std::fmt::Debug for ReplicaLink {
 }
 
 impl ReplicaLink {
-    /// A link of one replica through a one-rank NCCL communicator on `device`: the step's
-    /// NCCL all-reduce, whose sum is the gradients themselves (`debug.nccl_one_rank`).
+    /// A new id for an NCCL communicator, made by one of its ranks and handed to the
+    /// others ([`ReplicaLink::nccl`]).
     ///
     /// # Errors
-    /// `Device` where NCCL or the device is missing, or in a build without CUDA.
-    pub fn one_rank_nccl(device: super::Device) -> Result<ReplicaLink> {
-        let super::Device::Cuda(index) = device else {
-            return Err(Error::Device {
-                device: device.to_string(),
-                reason: "NCCL needs a CUDA device".into(),
-            });
-        };
+    /// `Device` where NCCL does not load, or in a build without CUDA.
+    pub fn nccl_id() -> Result<[u8; 128]> {
+        #[cfg(feature = "cuda")]
+        return super::cuda_nccl::new_id().map_err(|reason| Error::Device {
+            device: "cuda".into(),
+            reason: format!("ncclGetUniqueId: {reason}"),
+        });
+        #[cfg(not(feature = "cuda"))]
+        Err(no_cuda(0))
+    }
+
+    /// This process's links of an NCCL communicator of `world` replicas made from `id`:
+    /// one for each (device, replica) of `local`, in that order.
+    ///
+    /// # Errors
+    /// `Device` where a device is not CUDA's, NCCL does not load or refuses, or in a
+    /// build without CUDA.
+    pub fn nccl(
+        local: &[(super::Device, usize)],
+        world: usize,
+        id: [u8; 128],
+    ) -> Result<Vec<ReplicaLink>> {
+        let mut ranks = Vec::with_capacity(local.len());
+        for &(device, rank) in local {
+            let super::Device::Cuda(index) = device else {
+                return Err(Error::Device {
+                    device: device.to_string(),
+                    reason: "NCCL needs a CUDA device".into(),
+                });
+            };
+            ranks.push((index, rank));
+        }
         #[cfg(feature = "cuda")]
         {
-            let nccl = super::cuda_nccl::NcclReduce::one_rank(index)?;
-            Ok(ReplicaLink(Link::Nccl(Arc::new(nccl))))
+            let made = super::cuda_nccl::NcclReduce::ranks(&ranks, world, id)?;
+            Ok(made
+                .into_iter()
+                .map(|n| ReplicaLink(Link::Nccl(Arc::new(n))))
+                .collect())
         }
         #[cfg(not(feature = "cuda"))]
-        Err(Error::Device {
-            device: format!("cuda:{index}"),
-            reason: "this build has no CUDA path; build pipetrain with `--features cuda`".into(),
-        })
+        {
+            let _ = (world, id);
+            Err(no_cuda(ranks.first().map_or(0, |r| r.0)))
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn no_cuda(index: usize) -> Error {
+    Error::Device {
+        device: format!("cuda:{index}"),
+        reason: "this build has no CUDA path; build pipetrain with `--features cuda`".into(),
     }
 }
 

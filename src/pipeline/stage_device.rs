@@ -111,15 +111,40 @@ pub(super) fn left_on_device(io: &StageIo) -> HashSet<String> {
         .collect()
 }
 
+/// The values among `names` fed from `sources` or `buffers` that an earlier run left on
+/// a device other than `here`: a stage on another GPU handed them on. They are brought
+/// through the host, and the run uploads them as it does the data; peer copies between
+/// GPUs are not built.
+fn carried_from_other_devices(
+    names: &[String],
+    (layout, here): (&crate::optim::ParamLayout, Device),
+    sources: &[&Payload],
+    buffers: &Payload,
+) -> Result<Vec<(String, crate::tensor::Tensor)>> {
+    let mut carried = Vec::new();
+    for n in names {
+        if n == LOSS_GRAD || layout.index_of(n).is_some() {
+            continue;
+        }
+        if let Value::Device(d) = &**fed(n, sources, buffers)? {
+            if d.device() != here {
+                carried.push((n.clone(), d.to_host(n)?));
+            }
+        }
+    }
+    Ok(carried)
+}
+
 /// The inputs of a run on the device of a graph whose inputs are `names`: the backward's
-/// seed and host values on the host, the parameters (`layout` over the device's
-/// `params`) in place, values left on the device by earlier runs as they are.
+/// seed, host values and values `carried` from another device on the host, the
+/// parameters (`layout` over the device's `params`) in place, values left on this
+/// device by earlier runs as they are.
 fn inputs_of<'a>(
     names: &'a [String],
     seed: Option<&'a crate::tensor::Tensor>,
     (layout, params): (&'a crate::optim::ParamLayout, crate::compute::DeviceSpan),
     sources: &[&'a Payload],
-    buffers: &'a Payload,
+    (buffers, carried): (&'a Payload, &'a [(String, crate::tensor::Tensor)]),
 ) -> Result<BoundInputs<'a>> {
     let mut inputs = BoundInputs {
         host: Vec::new(),
@@ -129,6 +154,8 @@ fn inputs_of<'a>(
     for n in names {
         if let Some(seed) = seed.filter(|_| n == LOSS_GRAD) {
             inputs.host.push((n.as_str(), seed.view()));
+        } else if let Some((_, t)) = carried.iter().find(|(c, _)| c == n) {
+            inputs.host.push((n.as_str(), t.view()));
         } else if let Some(i) = layout.index_of(n) {
             let at = params.part(layout.range(i));
             (inputs.device).push((n.as_str(), at, layout.shapes()[i].as_slice()));
@@ -179,7 +206,10 @@ impl OrtStage {
         } = self;
         let state = device_state.as_mut().expect("a stage on its device");
         let params = (&*layout, state.params());
-        let inputs = inputs_of(&names, seed.as_ref(), params, sources, buffers)?;
+        let here = (&*layout, params.1.device);
+        let carried = carried_from_other_devices(&names, here, sources, buffers)?;
+        host_traffic.step.to_host += carried.iter().map(|(_, t)| t.view().bytes()).sum::<usize>();
+        let inputs = inputs_of(&names, seed.as_ref(), params, sources, (buffers, &carried))?;
         let (targets, slots) = grad_targets(session.output_names(), grad_slot, layout);
         let first = slots.iter().all(|&i| !written[i]);
         let out = match first {

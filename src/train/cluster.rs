@@ -20,9 +20,26 @@ pub struct ClusterPart<K> {
     pub dist: Distribution<Payload, K>,
     /// The tensor shards' groups across the job's nodes (`None`: not split).
     pub shard_groups: Option<std::sync::Arc<dyn crate::compute::ShardGroups>>,
+    /// The device of each (replica, pipeline rank) member here that does not compute on
+    /// the configuration's `runtime.device` (a node's `gpus` in the manifest).
+    pub devices: std::collections::HashMap<(usize, usize), crate::compute::Device>,
 }
 
 impl<K> ClusterPart<K> {
+    /// The devices of this process's members by (replica, stage), under the schedule's
+    /// `placement` (pipeline rank by stage).
+    pub(super) fn stage_devices(&self, placement: &[usize]) -> super::replica_links::MemberDevices {
+        let mut out = super::replica_links::MemberDevices::new();
+        for (stage, rank) in placement.iter().enumerate() {
+            for (&(replica, r), &device) in &self.devices {
+                if r == *rank {
+                    out.insert((replica, stage), device);
+                }
+            }
+        }
+        out
+    }
+
     /// Whether this process runs `stage` of `replica`, under the schedule's `placement`
     /// (pipeline rank by stage).
     pub(super) fn owns(&self, replica: usize, stage: usize, placement: &[usize]) -> bool {

@@ -32,6 +32,7 @@ mod engine;
 mod memory;
 pub(crate) mod peak;
 mod phases;
+mod replica_links;
 #[cfg(feature = "cli")]
 mod report;
 mod run;

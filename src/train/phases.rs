@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use pipetrain_schedules::Schedule;
 
-use super::settings::{
-    join_device_replicas, replica_settings, stage_settings, training_graph, warn_about_model,
-};
+use super::replica_links::{join_device_replicas, MemberDevices};
+use super::settings::{replica_settings, stage_settings, training_graph, warn_about_model};
 use super::{apply_init, checkpointing, RunEvent};
 use crate::checkpoint::{model_fingerprint, LoadedCheckpoint};
 use crate::compute::{check_device, HostPool, LocalShards, Runtime, SessionOptions, ShardLink};
@@ -261,15 +260,18 @@ fn write_debug_models(cfg: &TrainConfig, tg: &TrainingGraph) -> Result<()> {
 /// The most bytes of spent stage outputs a process keeps for reuse.
 const HOST_POOL_BYTES: usize = 256 << 20;
 
-/// The stage computes of the (replica, stage) pairs in `owned`, with their debugging
-/// faults, restored from the checkpoint when resuming; replica 0's feed the histograms.
-pub(super) fn make_computes(
+/// The stage computes of the (replica, stage) pairs in `owned`, each on its device
+/// (`devices`; else `session_opts`'), with their debugging faults, restored from the
+/// checkpoint when resuming; replica 0's feed the histograms. `bus` joins the job's
+/// processes, where it has several.
+pub(super) async fn make_computes(
     rt: &Runtime,
     cfg: &TrainConfig,
     built: &Built,
     (owned, groups): (&[(usize, usize)], Option<&dyn crate::compute::ShardGroups>),
     (session_opts, scale): (&SessionOptions, f64),
     (tap, resume): (Option<HistogramTap>, Option<&LoadedCheckpoint>),
+    (devices, bus): (&MemberDevices, Option<&dyn pipetrain_actors::Bus>),
 ) -> Result<HashMap<(usize, usize), OrtStage>> {
     let settings = stage_settings(cfg, scale);
     let mut links = match groups {
@@ -286,14 +288,22 @@ pub(super) fn make_computes(
             ((replica, s), st)
         })
         .collect();
-    join_device_replicas(cfg, session_opts, &mut planned)?;
+    let stages = built.stages.len();
+    join_device_replicas(cfg, session_opts, (&mut planned, devices), stages, bus).await?;
     let mut computes = HashMap::new();
     // The stages' outputs, freed a few actions after they are made, come back for the
     // next micro-batch's (`compute::HostPool`); on the host only.
     let pool = (session_opts.device == crate::compute::Device::Cpu)
         .then(|| HostPool::new(HOST_POOL_BYTES));
     for ((replica, s), st) in planned {
-        let mut stage = OrtStage::new(rt, &built.tg, &built.stages[s], session_opts, &st)?;
+        let opts = SessionOptions {
+            device: devices
+                .get(&(replica, s))
+                .copied()
+                .unwrap_or(session_opts.device),
+            ..*session_opts
+        };
+        let mut stage = OrtStage::new(rt, &built.tg, &built.stages[s], &opts, &st)?;
         if let Some(pool) = &pool {
             stage.use_host_pool(pool);
         }

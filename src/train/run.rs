@@ -79,6 +79,11 @@ pub(super) async fn run_training<K: Collective>(
         .as_ref()
         .map_or(replicas * cfg.pipeline_parallel_size, |c| c.members.len());
     let session_opts = stage_session_options(cfg, &built, local_actors);
+    let placement = built.schedule.placement();
+    let devices = cluster
+        .as_ref()
+        .map(|c| c.stage_devices(placement))
+        .unwrap_or_default();
     let computes = make_computes(
         rt,
         cfg,
@@ -89,7 +94,9 @@ pub(super) async fn run_training<K: Collective>(
         ),
         (&session_opts, scaler.scale),
         (tap, prepared.resume.as_ref()),
-    )?;
+        (&devices, cluster.as_ref().map(|c| c.dist.bus.as_ref())),
+    )
+    .await?;
     // The stages hold the parameters' values now.
     built.tg.release_initial_values();
     laps.lap("opening the sessions");

@@ -236,61 +236,6 @@ pub(super) fn replica_settings(
     st
 }
 
-/// Each stage whose data-parallel replicas all run in this process, on its device, each
-/// keeping its state there, sums their gradients in device memory: they join one group
-/// (`compute::ReplicaGroup`) and go without gradient buckets (a stage with buckets keeps
-/// its state on the host). The others reduce through the engine's collective.
-pub(super) fn join_device_replicas(
-    cfg: &TrainConfig,
-    opts: &SessionOptions,
-    planned: &mut [((usize, usize), StageSettings)],
-) -> Result<()> {
-    let d = cfg.data_parallel_size;
-    if cfg.debug.nccl_one_rank {
-        return join_one_rank_nccl(opts, planned);
-    }
-    if d < 2 || cfg.horizontal_parallel_size > 1 {
-        return Ok(());
-    }
-    let stages: std::collections::BTreeSet<usize> = planned.iter().map(|((_, s), _)| *s).collect();
-    for s in stages {
-        let members: Vec<usize> = (0..planned.len())
-            .filter(|&i| planned[i].0 .1 == s)
-            .collect();
-        let fits = |i: &usize| crate::pipeline::state_fits_device(opts, &planned[*i].1);
-        if members.len() != d || !members.iter().all(fits) {
-            continue;
-        }
-        let group = crate::compute::ReplicaGroup::new(d);
-        for i in members {
-            let ((replica, _), st) = &mut planned[i];
-            st.replicas = Some(group.link(*replica));
-            st.bucket_bytes = 0;
-        }
-        tracing::info!(
-            "stage {s}: its {d} data-parallel replicas sum their gradients in device memory"
-        );
-    }
-    Ok(())
-}
-
-/// `debug.nccl_one_rank`: each stage that keeps its state on its device sums its
-/// gradients every step through a one-rank NCCL communicator of its own.
-fn join_one_rank_nccl(
-    opts: &SessionOptions,
-    planned: &mut [((usize, usize), StageSettings)],
-) -> Result<()> {
-    for ((_, s), st) in planned.iter_mut() {
-        if !crate::pipeline::state_fits_device(opts, st) {
-            continue;
-        }
-        st.replicas = Some(crate::compute::ReplicaLink::one_rank_nccl(opts.device)?);
-        st.bucket_bytes = 0;
-        tracing::info!("stage {s}: its gradients summed by a one-rank NCCL communicator each step");
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,47 +336,5 @@ mod tests {
         assert!(parse("", "device = \"cuda\"\n").is_ok());
         let on_host = parse("", "[debug]\ndevice_path_on_host = true\n").unwrap();
         assert!(session_options(&on_host, 1, 1).cuda_graph);
-    }
-
-    /// Where every data-parallel replica of a stage runs in this process on a GPU, each
-    /// keeping its state there, they join one group and go without gradient buckets;
-    /// a replica elsewhere, histograms on replica 0 (whose state then stays on the host)
-    /// or the state on the host keep them all on the engine's collective.
-    #[test]
-    fn replicas_on_one_gpu_sum_there_only_where_all_of_them_can() {
-        let dp2 = |runtime: &str| {
-            let mut cfg = config(&format!("[runtime]\ndevice = \"cuda\"\n{runtime}"));
-            cfg.data_parallel_size = 2;
-            cfg
-        };
-        let plan = |cfg: &TrainConfig, owned: &[(usize, usize)], tap: Option<&HistogramTap>| {
-            let (opts, shared) = (session_options(cfg, 2, 1), stage_settings(cfg, 1.0));
-            assert!(shared.bucket_bytes > 0, "buckets by default");
-            let mut planned: Vec<_> = owned
-                .iter()
-                .map(|&(r, s)| ((r, s), replica_settings(cfg, &shared, (r, s), tap)))
-                .collect();
-            join_device_replicas(cfg, &opts, &mut planned).unwrap();
-            let ranks: Vec<_> = planned
-                .iter()
-                .map(|(_, st)| st.replicas.as_ref().map(|l| l.rank()))
-                .collect();
-            let buckets: Vec<bool> = planned.iter().map(|(_, st)| st.bucket_bytes > 0).collect();
-            (ranks, buckets)
-        };
-        let cfg = dp2("");
-        let (ranks, buckets) = plan(&cfg, &[(0, 0), (1, 0)], None);
-        assert_eq!(ranks, [Some((0, 2)), Some((1, 2))]);
-        assert_eq!(buckets, [false, false]);
-        assert_eq!(plan(&cfg, &[(1, 0)], None), (vec![None], vec![true]));
-        let tap = HistogramTap {
-            names: vec!["w".into()],
-            shards: 1,
-            tx: flume::unbounded().0,
-        };
-        let none = (vec![None, None], vec![true, true]);
-        assert_eq!(plan(&cfg, &[(0, 0), (1, 0)], Some(&tap)), none);
-        let host = dp2("state_on_device = false\n");
-        assert_eq!(plan(&host, &[(0, 0), (1, 0)], None), none);
     }
 }

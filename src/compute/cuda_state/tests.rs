@@ -143,7 +143,11 @@ fn on_a_gpu_a_one_rank_nccl_sum_is_the_gradients() {
     let g = random(n, 77);
     let mut state = CudaState::new(0, &vec![0.0; n], &[]).unwrap();
     state.upload(Buffer::Grads, &g).unwrap();
-    let link = crate::compute::ReplicaLink::one_rank_nccl(crate::compute::Device::Cuda(0)).unwrap();
+    let id = crate::compute::ReplicaLink::nccl_id().unwrap();
+    let cuda0 = [(crate::compute::Device::Cuda(0), 0)];
+    let link = crate::compute::ReplicaLink::nccl(&cuda0, 1, id)
+        .unwrap()
+        .remove(0);
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
