@@ -378,6 +378,36 @@ impl ClusterManifest {
                 });
             }
         }
-        Ok(())
+        self.check_devices(config, config_path)
+    }
+
+    /// A node's `gpus` need a configuration on a GPU; a launched job's ranks are placed
+    /// by the nodes, not by `runtime.devices`.
+    fn check_devices(&self, config: &crate::config::TrainConfig, config_path: &Path) -> Result<()> {
+        if !config.runtime.devices.is_empty() {
+            return Err(Error::Config {
+                path: config_path.to_path_buf(),
+                field: "runtime.devices".into(),
+                rule: format!(
+                    "places the ranks of one process; in a job launched from {}, each \
+                     node's `gpus` place its ranks",
+                    self.path().display()
+                ),
+            });
+        }
+        let on_gpus = self.nodes().iter().position(|n| n.gpus.is_some());
+        match (on_gpus, config.runtime.device) {
+            (Some(i), crate::compute::Device::Cpu) => Err(Error::Config {
+                path: self.path().to_path_buf(),
+                field: format!("nodes[{i}].gpus"),
+                rule: format!(
+                    "runs the node's ranks on GPUs, but the training configuration {} has \
+                     runtime.device = \"cpu\"; set it to \"cuda\", or give the node \
+                     `cpu_slots` instead",
+                    config_path.display()
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 }

@@ -105,7 +105,8 @@ impl TrainConfig {
         self.validate_scaling(&bad)?;
         self.validate_logged(&bad)?;
         self.validate_faults(&bad)?;
-        self.validate_cuda_graph(&bad)
+        self.validate_cuda_graph(&bad)?;
+        self.validate_devices(&bad)
     }
 
     /// `runtime.cuda_graph`: a GPU (or the device path over host memory, which tests its
@@ -133,6 +134,28 @@ impl TrainConfig {
         };
         match rule {
             Some(rule) => Err(bad("runtime.cuda_graph", rule)),
+            None => Ok(()),
+        }
+    }
+
+    /// `runtime.devices`: GPUs, with `runtime.device` a GPU too.
+    fn validate_devices(&self, bad: &Bad) -> Result<()> {
+        let devices = &self.runtime.devices;
+        if devices.is_empty() {
+            return Ok(());
+        }
+        if self.runtime.device == crate::compute::Device::Cpu {
+            let rule = "places ranks on GPUs: set `runtime.device = \"cuda\"` too".into();
+            return Err(bad("runtime.devices", rule));
+        }
+        match devices
+            .iter()
+            .position(|d| *d == crate::compute::Device::Cpu)
+        {
+            Some(i) => Err(bad(
+                &format!("runtime.devices[{i}]"),
+                "must be a GPU (`\"cuda:N\"`), not the CPU".into(),
+            )),
             None => Ok(()),
         }
     }

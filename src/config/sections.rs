@@ -182,6 +182,12 @@ pub struct RuntimeConfig {
     /// Where to compute: `"cpu"` (default), `"cuda"` or `"cuda:N"`.
     #[serde(default)]
     pub device: crate::compute::Device,
+    /// GPUs to spread this process's ranks over (`["cuda:0", "cuda:1"]`): rank r, in the
+    /// manifest's order (`(dp x pipeline stages + stage) x tensor shards + shard`), on
+    /// entry `r % len`. Empty (default): every rank on `device`. With `device` a GPU;
+    /// a launched job places its ranks by its nodes' `gpus` instead.
+    #[serde(default)]
+    pub devices: Vec<crate::compute::Device>,
     /// Record ONNX Runtime's per-operator profile of every session: a JSON file per
     /// session in the working folder (`pipetrain_<session>_<time>.json`, ONNX Runtime's
     /// `enable_profiling`), written when the run ends.
@@ -276,6 +282,7 @@ impl Default for RuntimeConfig {
             disable_optimizations: false,
             standard_ops_only: false,
             device: Default::default(),
+            devices: Vec::new(),
             profile: false,
             fused_kernels: true,
             deterministic: true,

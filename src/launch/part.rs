@@ -41,7 +41,7 @@ pub(super) fn cluster_part(
         .iter()
         .map(|c| (c.dp * hp + c.tp, c.pp))
         .collect();
-    let devices = member_devices(manifest, cfg, me, &members)?;
+    let devices = member_devices(manifest, me, &members)?;
     let patience = Duration::from_secs_f64(cfg.watchdog_seconds);
     let shard_groups = (hp > 1).then(|| {
         let groups = MeshShardGroups::new(mesh.clone(), by_stage.clone(), hp, patience);
@@ -69,14 +69,13 @@ pub(super) fn cluster_part(
 }
 
 /// The device of each of this node's `members`, in rank order, where the manifest lists
-/// the node's `gpus` and the configuration trains on a GPU: the node's i-th rank on its
-/// i-th GPU. A node listing `gpus` for a configuration on the CPU is refused.
+/// the node's `gpus`: the node's i-th rank on its i-th GPU (the configuration then
+/// trains on a GPU: `ClusterManifest::check_train_config`).
 ///
 /// # Errors
-/// That refusal, or a listed GPU the driver does not have, naming the field.
+/// A listed GPU the driver does not have, naming the field.
 fn member_devices(
     manifest: &ClusterManifest,
-    cfg: &TrainConfig,
     me: usize,
     members: &[(usize, usize)],
 ) -> Result<HashMap<(usize, usize), Device>, String> {
@@ -84,13 +83,6 @@ fn member_devices(
         return Ok(HashMap::new());
     };
     let field = format!("nodes[{me}].gpus");
-    if cfg.runtime.device == Device::Cpu {
-        return Err(format!(
-            "{field}: the node runs its ranks on GPUs {gpus:?}, but the configuration's \
-             runtime.device is \"cpu\"; set runtime.device = \"cuda\", or give the node \
-             `cpu_slots` instead"
-        ));
-    }
     let mut devices = HashMap::new();
     for (&member, &gpu) in members.iter().zip(gpus) {
         let device = Device::Cuda(gpu as usize);
@@ -142,34 +134,14 @@ mod tests {
         [[nodes]]\nname = \"a\"\naddress = \"127.0.0.1\"\nport = 29500\ngpus = [3, 1]\n\
         [[nodes]]\nname = \"b\"\naddress = \"127.0.0.2\"\nport = 29500\ncpu_slots = 2\n";
 
-    fn config(runtime: &str) -> TrainConfig {
-        let text = format!(
-            "batch_size = 4\nnum_train_steps = 1\n[model]\nkind = \"mlp\"\n\
-             [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"y\"\n\
-             [data]\nsynth = {{ kind = \"teacher\", samples = 8 }}\n\
-             layout = {{ kind = \"arrays\", feeds = {{ x = \"x\", y = \"y\" }} }}\n\
-             [optimizer]\nkind = \"sgd\"\n[lr_schedule]\nkind = \"constant\"\nlr = 0.1\n\
-             [runtime]\n{runtime}"
-        );
-        TrainConfig::parse(&text, std::path::Path::new("t.toml")).unwrap()
-    }
-
-    /// A node's `gpus` place its ranks, in order, on those devices where the
-    /// configuration trains on a GPU; with the configuration on the CPU they are
-    /// refused, naming the field; a node of `cpu_slots` keeps the configuration's device.
+    /// A node's `gpus` place its ranks, in order, on those devices; a node of
+    /// `cpu_slots` keeps the configuration's device.
     #[test]
     fn a_nodes_gpus_place_its_ranks_in_order() {
         let m = ClusterManifest::parse(MANIFEST, std::path::Path::new("c.toml")).unwrap();
         let members = [(0, 0), (0, 1)];
-        let cpu = member_devices(&m, &config(""), 0, &members).unwrap_err();
-        assert!(
-            cpu.contains("nodes[0].gpus") && cpu.contains("runtime.device"),
-            "{cpu}"
-        );
-        assert!(member_devices(&m, &config(""), 1, &members)
-            .unwrap()
-            .is_empty());
-        let gpu = member_devices(&m, &config("device = \"cuda\"\n"), 0, &members);
+        assert!(member_devices(&m, 1, &members).unwrap().is_empty());
+        let gpu = member_devices(&m, 0, &members);
         match crate::compute::check_device(Device::Cuda(3)) {
             Ok(()) => {
                 let want = [((0, 0), Device::Cuda(3)), ((0, 1), Device::Cuda(1))];

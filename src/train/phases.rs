@@ -71,6 +71,13 @@ pub(super) fn prepare(
         field: "runtime.device".into(),
         rule,
     })?;
+    for (i, &device) in cfg.runtime.devices.iter().enumerate() {
+        check_device(device).map_err(|rule| Error::Config {
+            path: config_path.to_path_buf(),
+            field: format!("runtime.devices[{i}]"),
+            rule,
+        })?;
+    }
     let mut model = cfg.load_model()?;
     warn_about_model(cfg, &model)?;
     if cfg.use_mixed_precision {

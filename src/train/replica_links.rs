@@ -34,6 +34,28 @@ pub(crate) type MemberDevices = HashMap<(usize, usize), Device>;
 /// This process's (replica, stage) members, each with its settings.
 pub(super) type Planned = [((usize, usize), StageSettings)];
 
+/// The device of each (replica, stage) member of a run in one process, by
+/// `runtime.devices` (empty: none, all on `runtime.device`): rank r, in the manifest's
+/// order, on entry `r % len`. `placement` is the schedule's pipeline rank by stage.
+pub(super) fn spread(
+    cfg: &TrainConfig,
+    owned: &[(usize, usize)],
+    placement: &[usize],
+) -> MemberDevices {
+    let devices = &cfg.runtime.devices;
+    let (hp, pp) = (
+        cfg.horizontal_parallel_size,
+        placement.iter().max().map_or(1, |k| k + 1),
+    );
+    let mut out = MemberDevices::new();
+    for &(replica, stage) in owned.iter().filter(|_| !devices.is_empty()) {
+        let (dp, tp, k) = (replica / hp, replica % hp, placement[stage]);
+        let rank = (dp * pp + k) * hp + tp;
+        out.insert((replica, stage), devices[rank % devices.len()]);
+    }
+    out
+}
+
 /// What a process's members of one stage can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) enum Here {

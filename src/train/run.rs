@@ -80,10 +80,10 @@ pub(super) async fn run_training<K: Collective>(
         .map_or(replicas * cfg.pipeline_parallel_size, |c| c.members.len());
     let session_opts = stage_session_options(cfg, &built, local_actors);
     let placement = built.schedule.placement();
-    let devices = cluster
-        .as_ref()
-        .map(|c| c.stage_devices(placement))
-        .unwrap_or_default();
+    let devices = match cluster.as_ref() {
+        Some(c) => c.stage_devices(placement),
+        None => super::replica_links::spread(cfg, &owned, placement),
+    };
     let computes = make_computes(
         rt,
         cfg,

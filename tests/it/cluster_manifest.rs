@@ -338,3 +338,38 @@ fn a_training_config_must_ask_for_the_manifest_layout() {
     );
     assert!(err.contains("data_parallel_size = 2"), "{err}");
 }
+
+/// A node listing `gpus` needs a training configuration on a GPU, and a launched job's
+/// ranks are placed by its nodes, not by `runtime.devices`: each refusal names its file
+/// and field.
+#[test]
+fn a_node_on_gpus_needs_a_configuration_on_a_gpu() {
+    let config_path = repo("examples/gpt2_pipeline.toml");
+    let text = std::fs::read_to_string(&config_path).unwrap();
+    let load = |text: &str| pipetrain::config::TrainConfig::parse(text, &config_path).unwrap();
+    let on_cpu = load(&text);
+    let on_gpus = parse(&edit(GOOD, &[("cpu_slots = 2\n", "gpus = [0, 1]\n")]));
+    let err = on_gpus
+        .check_train_config(&on_cpu, &config_path)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with(&format!("{PATH}: field `nodes[0].gpus`")) && err.contains("\"cpu\""),
+        "{err}"
+    );
+    assert!(
+        !text.contains("[runtime]"),
+        "the example sets no runtime table"
+    );
+    let cuda = format!("{text}\n[runtime]\ndevice = \"cuda\"\n");
+    on_gpus
+        .check_train_config(&load(&cuda), &config_path)
+        .unwrap();
+    let spread = format!("{cuda}devices = [\"cuda:0\"]\n");
+    let err = parse(GOOD)
+        .check_train_config(&load(&spread), &config_path)
+        .unwrap_err()
+        .to_string();
+    let want = format!("{}: field `runtime.devices`", config_path.display());
+    assert!(err.starts_with(&want), "{err}");
+}

@@ -189,11 +189,19 @@ fn a_peer_without_the_secret_is_refused_and_the_job_goes_on() {
         .build()
         .unwrap();
     let refused = runtime.block_on(async {
+        // Node a listens once it starts; a node that never does (its worker failed to
+        // start) fails the test rather than hanging it.
         let connect = || async {
+            let start = Instant::now();
             loop {
                 if let Ok(s) = tokio::net::TcpStream::connect(rendezvous).await {
                     return s;
                 }
+                let waited = start.elapsed();
+                assert!(
+                    waited < Duration::from_secs(60),
+                    "node a never listened on {rendezvous}"
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };

@@ -12,8 +12,8 @@ use crate::train::settings::{replica_settings, session_options, stage_settings};
 #[cfg(feature = "cluster")]
 const SECRET: &[u8] = b"replica links test secret, 32 bytes+";
 
-/// The built-in MLP's configuration, `tail` (tables) after the rest.
-fn config(tail: &str) -> TrainConfig {
+/// The built-in MLP's configuration, `tail` (tables) after the rest, parsed.
+fn parse(tail: &str) -> Result<TrainConfig> {
     let text = format!(
         "batch_size = 4\nnum_train_steps = 1\n[model]\nkind = \"mlp\"\n\
          [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"y\"\n\
@@ -21,7 +21,11 @@ fn config(tail: &str) -> TrainConfig {
          layout = {{ kind = \"arrays\", feeds = {{ x = \"x\", y = \"y\" }} }}\n\
          [optimizer]\nkind = \"sgd\"\n[lr_schedule]\nkind = \"constant\"\nlr = 0.1\n{tail}"
     );
-    TrainConfig::parse(&text, std::path::Path::new("t.toml")).unwrap()
+    TrainConfig::parse(&text, std::path::Path::new("t.toml"))
+}
+
+fn config(tail: &str) -> TrainConfig {
+    parse(tail).unwrap()
 }
 
 #[test]
@@ -195,4 +199,41 @@ fn replicas_on_one_gpu_sum_there_only_where_all_of_them_can() {
             .to_string();
         assert!(e.contains("--features cuda"), "{e}");
     }
+}
+
+/// `runtime.devices` spreads one process's ranks in the manifest's order, wrapping
+/// around the list; it is refused with the CPU as `runtime.device` or as an entry.
+#[test]
+fn runtime_devices_spread_ranks_in_the_manifests_order() {
+    let mut cfg =
+        config("[runtime]\ndevice = \"cuda\"\ndevices = [\"cuda:0\", \"cuda:1\", \"cuda:2\"]\n");
+    cfg.data_parallel_size = 2;
+    let owned = [(0, 0), (0, 1), (1, 0), (1, 1)];
+    let spread = spread(&cfg, &owned, &[0, 1]);
+    let on = |key| spread[&key];
+    // Ranks 0..4 are (dp 0, stage 0), (0, 1), (1, 0), (1, 1).
+    assert_eq!(
+        [on((0, 0)), on((0, 1)), on((1, 0)), on((1, 1))],
+        [
+            Device::Cuda(0),
+            Device::Cuda(1),
+            Device::Cuda(2),
+            Device::Cuda(0)
+        ]
+    );
+    assert!(super::spread(&config(""), &owned, &[0, 1]).is_empty());
+    let bad = |runtime: &str| {
+        let parsed = parse(&format!("[runtime]\n{runtime}"));
+        parsed.map(|_| ()).unwrap_err().to_string()
+    };
+    let cpu = bad("devices = [\"cuda:0\"]\n");
+    assert!(
+        cpu.contains("runtime.devices") && cpu.contains("runtime.device = "),
+        "{cpu}"
+    );
+    let entry = bad("device = \"cuda\"\ndevices = [\"cuda:0\", \"cpu\"]\n");
+    assert!(
+        entry.contains("runtime.devices[1]") && entry.contains("not the CPU"),
+        "{entry}"
+    );
 }
