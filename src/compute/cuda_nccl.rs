@@ -60,15 +60,24 @@ impl DevicePtrMut<f32> for Span {
     }
 }
 
+/// Whether NCCL's library loads here.
+///
+/// # Errors
+/// Where it is not found, saying how to provide it.
+pub(crate) fn loads() -> std::result::Result<(), String> {
+    // SAFETY: only tries to open the library.
+    match unsafe { cudarc::nccl::sys::is_culib_present() } {
+        true => Ok(()),
+        false => Err(NO_NCCL.into()),
+    }
+}
+
 /// A new NCCL unique id, made by the rank that hands it to the others.
 ///
 /// # Errors
 /// Where NCCL does not load or cannot make one.
 pub(crate) fn new_id() -> std::result::Result<[u8; 128], String> {
-    // SAFETY: only tries to open the library.
-    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-        return Err(NO_NCCL.into());
-    }
+    loads()?;
     let id = Id::new().map_err(|e| format!("{e:?}"))?;
     Ok(id.internal().map(|b| b as u8))
 }
@@ -106,11 +115,10 @@ impl NcclReduce {
         id: [u8; 128],
     ) -> Result<Vec<NcclReduce>> {
         let first = local.first().map_or(0, |&(d, _)| d);
-        // SAFETY: only tries to open the library.
-        if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-            return Err(failed(first, "NCCL")(NO_NCCL.into()));
-        }
+        loads().map_err(failed(first, "NCCL"))?;
         super::device::cuda_devices().map_err(failed(first, "the device"))?;
+        // Every device opened and bound once before the group: a rank that failed inside
+        // it would leave the others waiting for it.
         let mut streams = Vec::with_capacity(local.len());
         for &(device, _) in local {
             let fail = |what| failed(device, what);
@@ -119,6 +127,7 @@ impl NcclReduce {
             let stream = ctx
                 .new_stream()
                 .map_err(|e| fail("creating a stream")(e.to_string()))?;
+            (ctx.bind_to_thread()).map_err(|e| fail("binding the device")(e.to_string()))?;
             streams.push(stream);
         }
         let raw = id.map(|b| b as std::ffi::c_char);

@@ -58,6 +58,17 @@ impl std::fmt::Debug for ReplicaLink {
 }
 
 impl ReplicaLink {
+    /// Whether NCCL loads here: its library is found (no device is touched).
+    ///
+    /// # Errors
+    /// Why not, saying how to provide it; in a build without CUDA, that.
+    pub fn nccl_ready() -> std::result::Result<(), String> {
+        #[cfg(feature = "cuda")]
+        return super::cuda_nccl::loads();
+        #[cfg(not(feature = "cuda"))]
+        Err(no_cuda(0).to_string())
+    }
+
     /// A new id for an NCCL communicator, made by one of its ranks and handed to the
     /// others ([`ReplicaLink::nccl`]).
     ///

@@ -6,7 +6,11 @@
 //! - each on a GPU of its own, in this process or across the job's processes: an NCCL
 //!   communicator of the stage (`ReplicaLink::nccl`), its id made by the process that
 //!   holds replica 0 and carried to the others over the job's bus;
-//! - otherwise the engine's collective, through the host, as on the CPU.
+//! - otherwise the engine's collective, through the host, as on the CPU: where a replica
+//!   keeps its state on the host, where NCCL does not load, or where a GPU would hold two
+//!   ranks (two members of one process, or two processes of one machine on one GPU,
+//!   told apart by the machine's name: NCCL refuses two ranks on one GPU, and two
+//!   communicators on one GPU may wait on each other).
 //!
 //! Every process must take the same way for a stage, so in a job of several processes
 //! each says what its members of each stage can do ([`Here`]) in one gather over the bus,
@@ -16,7 +20,9 @@
 //!
 //! What has run: the group, and the decisions and the ids' trip over a bus (tests on the
 //! CPU). An NCCL communicator of two ranks or more has not run: the lent machines have one
-//! GPU, on which NCCL refuses two ranks.
+//! GPU, on which NCCL refuses two ranks. Not handled: a process that fails while the
+//! others wait in NCCL's initialization or all-reduce leaves them waiting (NCCL's
+//! non-blocking initialization and an abort on the bus's failure would end it).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -57,15 +63,17 @@ pub(super) fn spread(
 }
 
 /// What a process's members of one stage can do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) enum Here {
     /// No member of the stage runs here.
     Absent,
     /// Every replica of the stage runs here, on one device, keeping its state there.
     OneDevice,
-    /// The members here keep their state each on a GPU of its own.
-    OwnGpus,
-    /// A member keeps its state on the host, or two share a GPU among others.
+    /// The members here keep their state each on a GPU of its own, which no other member
+    /// of this process uses, named for the others (`host/cuda:N`): NCCL refuses two
+    /// ranks on one GPU, and two communicators on one GPU may wait on each other.
+    OwnGpus(Vec<String>),
+    /// A member keeps its state on the host, shares its GPU, or NCCL is missing here.
     Cannot,
 }
 
@@ -81,8 +89,14 @@ pub(super) enum Way {
 }
 
 /// What the `members` here (replica, device, whether its state fits its device) of a
-/// stage with `replicas` replicas can do.
-pub(super) fn here(members: &[(usize, Device, bool)], replicas: usize) -> Here {
+/// stage with `replicas` replicas can do. `gpu_name` names GPU `i` for the other
+/// processes, or is `None` where it may not take an NCCL rank (another member of this
+/// process uses it, or NCCL is missing).
+pub(super) fn here(
+    members: &[(usize, Device, bool)],
+    replicas: usize,
+    gpu_name: &dyn Fn(usize) -> Option<String>,
+) -> Here {
     let Some(&(_, first, _)) = members.first() else {
         return Here::Absent;
     };
@@ -92,29 +106,44 @@ pub(super) fn here(members: &[(usize, Device, bool)], replicas: usize) -> Here {
     if members.len() == replicas && members.iter().all(|&(_, d, _)| d == first) {
         return Here::OneDevice;
     }
-    let gpus: Vec<usize> = members
+    let names: Option<Vec<String>> = members
         .iter()
-        .filter_map(|&(_, d, _)| match d {
-            Device::Cuda(i) => Some(i),
+        .map(|&(_, d, _)| match d {
+            Device::Cuda(i) => gpu_name(i),
             Device::Cpu => None,
         })
         .collect();
-    let distinct: std::collections::BTreeSet<_> = gpus.iter().collect();
-    match gpus.len() == members.len() && distinct.len() == gpus.len() {
-        true => Here::OwnGpus,
-        false => Here::Cannot,
+    match names {
+        Some(names) if distinct(&names) => Here::OwnGpus(names),
+        _ => Here::Cannot,
     }
 }
 
+fn distinct(names: &[String]) -> bool {
+    let set: std::collections::BTreeSet<&String> = names.iter().collect();
+    set.len() == names.len()
+}
+
 /// The way every process takes for a stage, from what each process's members of it can
-/// do (`all`, by process): NCCL only where no process holds back.
-pub(super) fn decide(all: &[Here]) -> Way {
-    let present: Vec<Here> = all.iter().copied().filter(|&h| h != Here::Absent).collect();
-    match present.as_slice() {
-        [Here::OneDevice] => Way::Group,
-        [] => Way::Host,
-        some if some.iter().all(|&h| h == Here::OwnGpus) => Way::Nccl([0; 128]),
-        _ => Way::Host,
+/// do (`all`, by process): NCCL only where no process holds back and no GPU is named
+/// twice (two processes of one machine on one GPU).
+pub(super) fn decide(all: &[&Here]) -> Way {
+    let present: Vec<&Here> = all
+        .iter()
+        .copied()
+        .filter(|h| **h != Here::Absent)
+        .collect();
+    let mut gpus = Vec::new();
+    for h in &present {
+        match h {
+            Here::OwnGpus(names) => gpus.extend(names.iter().cloned()),
+            Here::OneDevice if present.len() == 1 => return Way::Group,
+            _ => return Way::Host,
+        }
+    }
+    match !gpus.is_empty() && distinct(&gpus) {
+        true => Way::Nccl([0; 128]),
+        false => Way::Host,
     }
 }
 
@@ -136,8 +165,17 @@ pub(super) async fn agree(
         Some(bus) => gather(bus, "replica links", &mine.to_vec()).await?,
         None => vec![mine.to_vec()],
     };
+    if let Some(node) = all.iter().position(|h| h.len() != mine.len()) {
+        return Err(Error::runtime(ActorError::Peer {
+            reason: format!(
+                "node {node} sent {} stages' replica links, not {}",
+                all[node].len(),
+                mine.len()
+            ),
+        }));
+    }
     let mut ways: Vec<Way> = (0..mine.len())
-        .map(|s| decide(&all.iter().map(|h| h[s]).collect::<Vec<_>>()))
+        .map(|s| decide(&all.iter().map(|h| &h[s]).collect::<Vec<_>>()))
         .collect();
     let mut ids: Vec<Option<Vec<u8>>> = vec![None; ways.len()];
     let mut failure = None;
@@ -225,10 +263,11 @@ pub(super) async fn join_device_replicas(
     let members = |s: usize| by_stage.get(&s).map_or(&[][..], Vec::as_slice);
     // Only a job on GPUs asks the others: every process reads the same configuration.
     let bus = bus.filter(|_| cfg.runtime.device != Device::Cpu);
+    let gpu_name = gpu_names(planned, &device_of);
     // Asking no one, a stage can do without the host only with all its replicas here.
     let mine: Vec<Here> = (0..stages)
-        .map(|s| match here(members(s), d) {
-            Here::OwnGpus if bus.is_none() && members(s).len() < d => Here::Cannot,
+        .map(|s| match here(members(s), d, &gpu_name) {
+            Here::OwnGpus(_) if bus.is_none() && members(s).len() < d => Here::Cannot,
             h => h,
         })
         .collect();
@@ -264,6 +303,29 @@ pub(super) async fn join_device_replicas(
         }
     }
     Ok(())
+}
+
+/// Names GPU `i` for the other processes (`host/cuda:i`), where it may take an NCCL
+/// rank: NCCL loads here, and no more than one of the `planned` members uses it.
+fn gpu_names(
+    planned: &Planned,
+    device_of: &dyn Fn(&(usize, usize)) -> Device,
+) -> impl Fn(usize) -> Option<String> {
+    let mut users: HashMap<usize, usize> = HashMap::new();
+    for (key, _) in planned {
+        if let Device::Cuda(i) = device_of(key) {
+            *users.entry(i).or_default() += 1;
+        }
+    }
+    let nccl = match users.values().any(|&n| n == 1) {
+        true => ReplicaLink::nccl_ready(),
+        false => Ok(()),
+    };
+    if let Err(why) = &nccl {
+        tracing::warn!("replicas on GPUs of their own reduce through the host: {why}");
+    }
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    move |i| (nccl.is_ok() && users.get(&i) == Some(&1)).then(|| format!("{host}/cuda:{i}"))
 }
 
 /// This process's NCCL links of a stage's `local` (replica, device) members, of

@@ -28,30 +28,60 @@ fn config(tail: &str) -> TrainConfig {
     parse(tail).unwrap()
 }
 
-#[test]
-fn what_a_process_can_do_follows_its_members_devices_and_state() {
-    let (cpu, g0, g1) = (Device::Cpu, Device::Cuda(0), Device::Cuda(1));
-    assert_eq!(here(&[], 2), Here::Absent);
-    assert_eq!(here(&[(0, g0, true), (1, g0, true)], 2), Here::OneDevice);
-    assert_eq!(here(&[(0, cpu, true), (1, cpu, true)], 2), Here::OneDevice);
-    assert_eq!(here(&[(0, g0, true), (1, g1, true)], 2), Here::OwnGpus);
-    // One of two replicas here, on a GPU: the other is elsewhere.
-    assert_eq!(here(&[(1, g1, true)], 2), Here::OwnGpus);
-    assert_eq!(here(&[(1, cpu, true)], 2), Here::Cannot);
-    // Two of three on one GPU, the third elsewhere: NCCL refuses two ranks on one GPU.
-    assert_eq!(here(&[(0, g0, true), (1, g0, true)], 3), Here::Cannot);
-    assert_eq!(here(&[(0, g0, true), (1, g1, false)], 2), Here::Cannot);
+/// GPU `i` named as machine `m` would name it, for every GPU but cuda:9 (shared here).
+fn named(m: &'static str) -> impl Fn(usize) -> Option<String> {
+    move |i| (i != 9).then(|| format!("{m}/cuda:{i}"))
+}
+
+fn own(names: &[&str]) -> Here {
+    Here::OwnGpus(names.iter().map(|n| n.to_string()).collect())
 }
 
 #[test]
-fn nccl_is_chosen_only_where_no_process_holds_back() {
+fn what_a_process_can_do_follows_its_members_devices_and_state() {
+    let (cpu, g0, g1, g9) = (
+        Device::Cpu,
+        Device::Cuda(0),
+        Device::Cuda(1),
+        Device::Cuda(9),
+    );
+    let m = named("m");
+    assert_eq!(here(&[], 2, &m), Here::Absent);
+    assert_eq!(
+        here(&[(0, g0, true), (1, g0, true)], 2, &m),
+        Here::OneDevice
+    );
+    assert_eq!(
+        here(&[(0, cpu, true), (1, cpu, true)], 2, &m),
+        Here::OneDevice
+    );
+    let both = here(&[(0, g0, true), (1, g1, true)], 2, &m);
+    assert_eq!(both, own(&["m/cuda:0", "m/cuda:1"]));
+    // One of two replicas here, on a GPU: the other is elsewhere.
+    assert_eq!(here(&[(1, g1, true)], 2, &m), own(&["m/cuda:1"]));
+    assert_eq!(here(&[(1, cpu, true)], 2, &m), Here::Cannot);
+    // Two of three on one GPU, the third elsewhere: NCCL refuses two ranks on one GPU.
+    assert_eq!(here(&[(0, g0, true), (1, g0, true)], 3, &m), Here::Cannot);
+    assert_eq!(here(&[(0, g0, true), (1, g1, false)], 2, &m), Here::Cannot);
+    // A GPU that another member of this process uses (or without NCCL) takes no rank.
+    assert_eq!(here(&[(1, g9, true)], 2, &m), Here::Cannot);
+}
+
+#[test]
+fn nccl_is_chosen_only_where_no_process_holds_back_and_no_gpu_is_named_twice() {
     use Here::*;
-    assert_eq!(decide(&[OneDevice, Absent]), Way::Group);
-    assert_eq!(decide(&[OwnGpus, OwnGpus]), Way::Nccl([0; 128]));
-    assert_eq!(decide(&[Absent, OwnGpus]), Way::Nccl([0; 128]));
-    assert_eq!(decide(&[OwnGpus, Cannot]), Way::Host);
-    assert_eq!(decide(&[Cannot, Absent]), Way::Host);
-    assert_eq!(decide(&[Absent, Absent]), Way::Host);
+    let (a0, b0) = (own(&["a/cuda:0"]), own(&["b/cuda:0"]));
+    assert_eq!(decide(&[&OneDevice, &Absent]), Way::Group);
+    assert_eq!(decide(&[&a0, &b0]), Way::Nccl([0; 128]));
+    assert_eq!(
+        decide(&[&Absent, &own(&["a/cuda:0", "a/cuda:1"])]),
+        Way::Nccl([0; 128])
+    );
+    // Two processes of one machine on one GPU.
+    assert_eq!(decide(&[&a0, &a0.clone()]), Way::Host);
+    assert_eq!(decide(&[&a0, &Cannot]), Way::Host);
+    assert_eq!(decide(&[&Cannot, &Absent]), Way::Host);
+    assert_eq!(decide(&[&Absent, &Absent]), Way::Host);
 }
 
 /// Two processes joined by a real mesh on loopback.
@@ -90,8 +120,8 @@ async fn two_buses() -> Vec<Arc<MeshBus>> {
 async fn ways_of(bus: Arc<MeshBus>, node: usize, id_byte: Option<u8>) -> Result<Vec<Way>> {
     use Here::*;
     let mine = match node {
-        0 => [OwnGpus, OwnGpus, OneDevice],
-        _ => [OwnGpus, Cannot, Absent],
+        0 => [own(&["a/cuda:0"]), own(&["a/cuda:1"]), OneDevice],
+        _ => [own(&["b/cuda:0"]), Cannot, Absent],
     };
     let roots = [node == 0, node == 0, node == 0];
     let make_id = move || match id_byte {
@@ -160,7 +190,7 @@ fn join_members(
 /// a replica elsewhere, histograms on replica 0 (whose state then stays on the host)
 /// or the state on the host keep them all on the engine's collective. Replicas each on
 /// a GPU of its own in this process would take NCCL, which this build or machine
-/// refuses with the reason.
+/// lacks, so they reduce through the host.
 #[test]
 fn replicas_on_one_gpu_sum_there_only_where_all_of_them_can() {
     let dp2 = |runtime: &str| {
@@ -191,13 +221,14 @@ fn replicas_on_one_gpu_sum_there_only_where_all_of_them_can() {
     assert_eq!(plan(&cfg, &[(0, 0), (1, 0)], Some(&tap)), none);
     let host = dp2("state_on_device = false\n");
     assert_eq!(plan(&host, &[(0, 0), (1, 0)], None), none);
-    // Each replica on a GPU of its own: NCCL, which needs the library and a CUDA build.
-    let own: MemberDevices = [((0, 0), Device::Cuda(0)), ((1, 0), Device::Cuda(1))].into();
-    if !cfg!(feature = "cuda") {
-        let e = join_members(&cfg, &[(0, 0), (1, 0)], None, &own)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("--features cuda"), "{e}");
+    // Each replica on a GPU of its own takes NCCL; where it does not load (or in a
+    // build without CUDA), they reduce through the host.
+    let apart: MemberDevices = [((0, 0), Device::Cuda(0)), ((1, 0), Device::Cuda(1))].into();
+    if ReplicaLink::nccl_ready().is_err() {
+        let planned = join_members(&cfg, &[(0, 0), (1, 0)], None, &apart).unwrap();
+        assert!(planned
+            .iter()
+            .all(|(_, st)| st.replicas.is_none() && st.bucket_bytes > 0));
     }
 }
 
