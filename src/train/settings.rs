@@ -237,12 +237,12 @@ pub(super) fn replica_settings(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// A configuration of the built-in MLP, `top` among its top-level keys and `tail`
     /// (tables) after the rest.
-    fn parse(top: &str, tail: &str) -> Result<TrainConfig> {
+    pub(in crate::train) fn parse(top: &str, tail: &str) -> Result<TrainConfig> {
         let text = format!(
             "batch_size = 4\nnum_train_steps = 1\n{top}[model]\nkind = \"mlp\"\n\
              [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"y\"\n\

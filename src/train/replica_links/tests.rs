@@ -14,14 +14,7 @@ const SECRET: &[u8] = b"replica links test secret, 32 bytes+";
 
 /// The built-in MLP's configuration, `tail` (tables) after the rest, parsed.
 fn parse(tail: &str) -> Result<TrainConfig> {
-    let text = format!(
-        "batch_size = 4\nnum_train_steps = 1\n[model]\nkind = \"mlp\"\n\
-         [loss]\nkind = \"softmax_cross_entropy\"\nprediction = \"logits\"\nlabel = \"y\"\n\
-         [data]\nsynth = {{ kind = \"teacher\", samples = 8 }}\n\
-         layout = {{ kind = \"arrays\", feeds = {{ x = \"x\", y = \"y\" }} }}\n\
-         [optimizer]\nkind = \"sgd\"\n[lr_schedule]\nkind = \"constant\"\nlr = 0.1\n{tail}"
-    );
-    TrainConfig::parse(&text, std::path::Path::new("t.toml"))
+    crate::train::settings::tests::parse("", tail)
 }
 
 fn config(tail: &str) -> TrainConfig {
