@@ -5,7 +5,7 @@
 //! [`NcclReduce::ranks`] makes this process's ranks of it (several inside one NCCL group,
 //! as NCCL asks when one thread initializes several), from an id one rank made
 //! ([`new_id`]) and the others received, over the job's bus between processes
-//! (`train/nccl_links.rs`). The all-reduce of the gradient buffer runs between the
+//! (`train/replica_links.rs`). The all-reduce of the gradient buffer runs between the
 //! backward and the update ([`super::ReplicaLink`]).
 //!
 //! The machines lent to this project have one GPU, on which NCCL refuses two ranks: only

@@ -126,7 +126,8 @@ fn distinct(names: &[String]) -> bool {
 
 /// The way every process takes for a stage, from what each process's members of it can
 /// do (`all`, by process): NCCL only where no process holds back and no GPU is named
-/// twice (two processes of one machine on one GPU).
+/// twice (two processes of one machine on one GPU). An NCCL way's id is zeros here;
+/// [`agree`] puts in the one the process holding replica 0 made.
 pub(super) fn decide(all: &[&Here]) -> Way {
     let present: Vec<&Here> = all
         .iter()
